@@ -1,0 +1,103 @@
+"""Backend registry: where index arithmetic runs.
+
+A backend builds an epoch plan (``build_plan``) and maps windows of positions
+to indices (``map_train``, ``sequential``). All backends produce the same bits;
+they differ only in where and how fast. ``"auto"`` prefers the GPU, then the
+native CPU build of the kernel source, then NumPy, and remembers why it chose.
+
+Backends are imported lazily so that ``import umlos_cuda`` never needs CuPy or
+a compiler.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Protocol
+
+import numpy as np
+
+from .. import errors
+from ..errors import UmlosError
+
+#: name -> module that defines ``create()`` returning a backend, or raising
+#: UmlosError(BACKEND_UNAVAILABLE) with the reason.
+_MODULES = {
+    "numpy": "umlos_cuda.backends.numpy_backend",
+    "native": "umlos_cuda.backends.native",
+    "cupy": "umlos_cuda.backends.cupy_backend",
+}
+#: ``"auto"`` tries these in order.
+AUTO_ORDER = ("cupy", "native", "numpy")
+BACKEND_NAMES = tuple(_MODULES) + ("auto",)
+
+
+class Backend(Protocol):
+    name: str
+
+    def build_plan(self, seed16: bytes, n: int, block_size: int): ...
+
+    def map_train(self, plan, start: int, count: int, out=None): ...
+
+    def sequential(self, start: int, count: int, out=None): ...
+
+
+_instances: dict[str, Backend] = {}
+_failures: dict[str, str] = {}
+
+
+def get_backend(name: str = "auto") -> Backend:
+    """Return the backend called ``name`` (``numpy``, ``native``, ``cupy`` or ``auto``)."""
+    if name == "auto":
+        for candidate in AUTO_ORDER:
+            try:
+                return get_backend(candidate)
+            except UmlosError:
+                continue
+        raise UmlosError(errors.BACKEND_UNAVAILABLE, "no backend is usable; " + describe_failures())
+    if name not in _MODULES:
+        raise UmlosError(
+            errors.BACKEND_UNAVAILABLE,
+            f"unknown backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}",
+        )
+    if name in _instances:
+        return _instances[name]
+    if name in _failures:
+        raise UmlosError(errors.BACKEND_UNAVAILABLE, f"backend {name!r} is unavailable: {_failures[name]}")
+    try:
+        module = importlib.import_module(_MODULES[name])
+    except ImportError as exc:
+        _failures[name] = f"not installed ({exc})"
+        raise UmlosError(errors.BACKEND_UNAVAILABLE, f"backend {name!r} is unavailable: {_failures[name]}") from exc
+    try:
+        instance = module.create()
+    except UmlosError as exc:
+        _failures[name] = exc.message
+        raise
+    _instances[name] = instance
+    return instance
+
+
+def available_backends() -> dict[str, str]:
+    """Each backend name mapped to ``"ok"`` or the reason it cannot be used here."""
+    status = {}
+    for name in _MODULES:
+        try:
+            get_backend(name)
+            status[name] = "ok"
+        except UmlosError as exc:
+            status[name] = exc.message
+    return status
+
+
+def describe_failures() -> str:
+    return "; ".join(f"{name}: {why}" for name, why in sorted(_failures.items())) or "no reason recorded"
+
+
+def to_numpy(array) -> np.ndarray:
+    """A host NumPy view or copy of a backend's output array."""
+    if isinstance(array, np.ndarray):
+        return array
+    get = getattr(array, "get", None)  # CuPy
+    if get is not None:
+        return get()
+    return np.asarray(array)

@@ -1,0 +1,70 @@
+"""The data cursor: ``{epoch, global_index}`` per dataset (seed 000 §I.A, §10).
+
+NextBatch_v2 is cursor-pure: it takes a cursor and returns the next one; the
+caller persists it. The CBOR form is a two-key map so a restored cursor is the
+same cursor on any machine, and ``from_cbor`` validates what it reads because
+a checkpoint may come from anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import cbor2
+
+from . import errors
+from .errors import UmlosError, require_uint64
+from .hashing import cbor_canonical
+
+#: Bound on a cursor's CBOR size; a real one is under 30 bytes.
+MAX_CURSOR_CBOR_BYTES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """Position in a dataset's virtual sequence: ``epoch`` and ``global_index`` (uint64)."""
+
+    epoch: int = 0
+    global_index: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epoch", require_uint64(self.epoch, "cursor.epoch"))
+        object.__setattr__(self, "global_index", require_uint64(self.global_index, "cursor.global_index"))
+
+    def to_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "global_index": self.global_index}
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> "Cursor":
+        if not isinstance(state, Mapping) or set(state) != {"epoch", "global_index"}:
+            raise UmlosError(
+                errors.INVALID_MANIFEST,
+                f"a cursor is a mapping with exactly the keys epoch and global_index, got {state!r}",
+            )
+        return cls(state["epoch"], state["global_index"])
+
+    def to_cbor(self) -> bytes:
+        """Canonical CBOR (sorted keys): the bytes checkpoints store."""
+        return cbor_canonical(self.to_dict())
+
+    @classmethod
+    def from_cbor(cls, data: bytes) -> "Cursor":
+        if not isinstance(data, (bytes, bytearray)) or len(data) > MAX_CURSOR_CBOR_BYTES:
+            raise UmlosError(errors.INVALID_MANIFEST, "cursor CBOR must be bytes of at most 1 KiB")
+        try:
+            state = cbor2.loads(bytes(data))
+        except Exception as exc:  # cbor2 raises several types on malformed input
+            raise UmlosError(errors.INVALID_MANIFEST, f"cursor CBOR is malformed: {exc}") from exc
+        return cls.from_dict(state)
+
+
+def as_cursor(value: Any) -> Cursor:
+    """Accept a Cursor, a ``{epoch, global_index}`` mapping, or None (the start)."""
+    if value is None:
+        return Cursor()
+    if isinstance(value, Cursor):
+        return value
+    if isinstance(value, Mapping):
+        return Cursor.from_dict(value)
+    raise UmlosError(errors.INVALID_MANIFEST, f"cursor must be a Cursor or a mapping, got {type(value).__name__}")

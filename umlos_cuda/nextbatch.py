@@ -1,0 +1,366 @@
+"""NextBatch_v2 (seed 000 §5-§6 as settled by resolutions R4-R9) and the bulk
+``epoch_indices`` entry point (R10).
+
+A call is pure: ``(manifest, dataset_key, world_size, rank, stage, cursor)`` in,
+``(indices, cursor_next, metadata)`` out. Rank ``r`` of ``W`` takes the
+contiguous slice ``[gp + r*mb, gp + (r+1)*mb)`` of the global virtual sequence,
+clipped to the epoch, so concatenating ranks 0..W-1 gives the same global batch
+for every W. Validation happens on the host, before any backend runs, in a
+fixed order so that a bad call always reports the same code.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import errors
+from .backends import get_backend
+from .cursor import Cursor, as_cursor
+from .epoch import PlanCache, check_block_budget, count_blocks, epoch_seed
+from .errors import UINT64_MAX, UmlosError, require_uint64
+from .hashing import hash_canonical
+from .manifest import Manifest
+from .presets import Preset, resolve_preset
+
+STAGES = ("train", "eval", "infer")
+#: Seed 000 §0.I mode strings.
+MODE_SHUFFLE = "SHUFFLE_WITHOUT_REPLACEMENT_BLOCK_AFFINE_V1"
+MODE_SEQUENTIAL = "SEQUENTIAL_V1"
+SUBSAMPLING_TRAIN = "SHUFFLE_WITHOUT_REPLACEMENT"
+SUBSAMPLING_NONE = "NONE"
+#: The largest world size: seed 000 §I.B types world_size and rank as uint32.
+MAX_WORLD_SIZE = (1 << 32) - 1
+
+_plans = PlanCache()
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One NextBatch_v2 result: this rank's ``indices``, the ``cursor`` after the
+    call, and the seed's sampling ``metadata``."""
+
+    indices: Any
+    cursor: Cursor
+    metadata: dict[str, Any] = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """A validated call: everything the index arithmetic needs, as plain ints."""
+
+    manifest: Manifest
+    dataset_key: str
+    n: int
+    block_size: int
+    global_batch_size: int
+    drop_last: bool
+    token: bytes
+    preset: Preset
+    epoch_limit: int
+
+
+@functools.lru_cache(maxsize=64)
+def sampler_config_hash(sampling_mode: str, sampler_block_size: int, drop_last: bool) -> bytes:
+    """R9 / seed 000 §0.I ``sampler_config_hash`` (32 bytes)."""
+    return hash_canonical(
+        [
+            sampling_mode,
+            sampler_block_size,
+            drop_last,
+            "epoch_seed_rule_v2",
+            "intra_block_affine_coprime_v1",
+            "rank_contiguous_shard_v1",
+        ]
+    )
+
+
+def data_replay_t(token: bytes, dataset_key: str, epoch: int, global_position: int, world_size: int, rank: int) -> bytes:
+    """R9 / seed 000 §0.B ``data_replay_t`` (32 bytes), from the cursor before the call."""
+    return hash_canonical(["nextbatch_v2", token, dataset_key, epoch, global_position, world_size, rank])
+
+
+def _as_manifest(manifest: Any) -> Manifest:
+    if isinstance(manifest, Manifest):
+        return manifest
+    if isinstance(manifest, Mapping):
+        return Manifest.from_dict(manifest)
+    raise UmlosError(errors.INVALID_MANIFEST, f"expected a Manifest or a mapping, got {type(manifest).__name__}")
+
+
+def _validate(manifest: Any, dataset_key: Any, stage: Any, preset: Any, replay_token: Any) -> _Call:
+    """Checks shared by every entry point, in the order of R8's table."""
+    manifest = _as_manifest(manifest)
+    dataset = manifest.dataset(dataset_key)
+    resolved = resolve_preset(preset, stage)
+    if resolved.stage not in STAGES:
+        raise UmlosError(
+            errors.INVALID_STAGE_TYPE,
+            f"stage {resolved.stage!r} is not one of {', '.join(STAGES)}",
+            dataset_key=dataset_key,
+        )
+    token = manifest.resolve_replay_token(replay_token)
+    n = dataset.cardinality
+    if n == 0:
+        raise UmlosError(
+            errors.CARDINALITY_MISMATCH,
+            f"dataset {dataset_key!r} has cardinality 0; a sampler needs at least one sample",
+            dataset_key=dataset_key,
+        )
+    g = manifest.global_batch_size
+    if g == 0:
+        raise UmlosError(errors.BATCH_SIZE_INCONSISTENT, "global_batch_size is 0; it must be at least 1", dataset_key=dataset_key)
+    block_size = manifest.sampler_block_size
+    if block_size == 0:
+        raise UmlosError(
+            errors.BATCH_SIZE_INCONSISTENT,
+            "data.sampler_block_size is 0; it must be at least 1 (default 1048576)",
+            dataset_key=dataset_key,
+        )
+    drop_last = manifest.drop_last and not resolved.streaming
+    if resolved.stage == "train" and drop_last and g > n:
+        raise UmlosError(
+            errors.BATCH_SIZE_INCONSISTENT,
+            f"train with drop_last needs global_batch_size <= N, got {g} > {n}: every batch would be dropped",
+            dataset_key=dataset_key,
+        )
+    epoch_limit = (n // g) * g if (resolved.stage == "train" and drop_last) else n
+    return _Call(manifest, dataset_key, n, block_size, g, drop_last, token, resolved, epoch_limit)
+
+
+def _validate_rank(world_size: Any, rank: Any, g: int, dataset_key: str) -> tuple[int, int]:
+    world_size = require_uint64(world_size, "world_size")
+    rank = require_uint64(rank, "rank")
+    if world_size == 0 or world_size > MAX_WORLD_SIZE:
+        raise UmlosError(
+            errors.INVALID_RANK, f"world_size {world_size} is outside [1, {MAX_WORLD_SIZE}]", dataset_key=dataset_key
+        )
+    if rank >= world_size:
+        raise UmlosError(errors.INVALID_RANK, f"rank {rank} is outside [0, {world_size - 1}]", dataset_key=dataset_key)
+    if g % world_size:
+        raise UmlosError(
+            errors.BATCH_SIZE_INCONSISTENT,
+            f"global_batch_size {g} is not divisible by world_size {world_size}",
+            dataset_key=dataset_key,
+        )
+    return world_size, rank
+
+
+def _plan(backend, call: _Call, epoch: int):
+    seed16 = epoch_seed(call.token, call.manifest.hash, call.dataset_key, epoch)
+    check_block_budget(call.n, call.block_size)
+    return _plans.get(
+        (backend.name, seed16, call.n, call.block_size),
+        lambda: backend.build_plan(seed16, call.n, call.block_size),
+    )
+
+
+def _emit(backend, call: _Call, epoch: int, start: int, count: int, out=None):
+    """Indices of ``count`` positions from ``start`` of ``epoch`` (no wrap)."""
+    if call.preset.stage == "train":
+        if count == 0:
+            return backend.sequential(0, 0, out)
+        return backend.map_train(_plan(backend, call, epoch), start, count, out)
+    return backend.sequential(start, count, out)
+
+
+def _emit_streaming(backend, call: _Call, epoch: int, start: int, count: int):
+    """The streaming preset: positions past N continue in the next epoch's order."""
+    pieces = []
+    position = start
+    end = start + count
+    while position < end:
+        epoch_offset, local = divmod(position, call.n)
+        length = min(end, (epoch_offset + 1) * call.n) - position
+        if epoch + epoch_offset > UINT64_MAX:
+            raise UmlosError(errors.UINT64_OVERFLOW, "the epoch counter would pass 2^64 - 1", dataset_key=call.dataset_key)
+        pieces.append(_emit(backend, call, epoch + epoch_offset, local, length))
+        position += length
+    if not pieces:
+        return backend.sequential(0, 0)
+    if len(pieces) == 1:
+        return pieces[0]
+    return backend.xp.concatenate(pieces)
+
+
+def _advance(call: _Call, cursor: Cursor) -> tuple[Cursor, int]:
+    """R7 cursor advance (streaming: carry into following epochs)."""
+    g = call.global_batch_size
+    if call.preset.streaming:
+        epochs, index = divmod(cursor.global_index + g, call.n)
+        produced = g
+    else:
+        produced = min(g, call.epoch_limit - cursor.global_index)
+        index = cursor.global_index + produced
+        epochs = 0
+        if index >= call.epoch_limit:
+            epochs, index = 1, 0
+    if cursor.epoch + epochs > UINT64_MAX:
+        raise UmlosError(errors.UINT64_OVERFLOW, "the epoch counter would pass 2^64 - 1", dataset_key=call.dataset_key)
+    return Cursor(cursor.epoch + epochs, index), produced
+
+
+def next_batch(
+    manifest: Manifest | Mapping[str, Any],
+    dataset_key: str,
+    world_size: int = 1,
+    rank: int = 0,
+    stage: str = "train",
+    cursor: Cursor | Mapping[str, int] | None = None,
+    replay_token: bytes | None = None,
+    backend: str = "auto",
+    *,
+    preset: str | None = None,
+    t: int | None = None,
+) -> Batch:
+    """This rank's next micro-batch of sample indices (NextBatch_v2).
+
+    Args:
+        manifest: a :class:`Manifest` (or a mapping, validated on the spot).
+        dataset_key: a key of ``manifest.datasets``.
+        world_size, rank: the data-parallel layout; ``global_batch_size`` must
+            be divisible by ``world_size``. Any layout yields the same global
+            sequence.
+        stage: ``"train"`` (shuffled), ``"eval"`` or ``"infer"`` (sequential,
+            final partial batch emitted).
+        cursor: ``Cursor(epoch, global_index)`` before the call (default: start).
+        replay_token: 32 bytes replacing the manifest's derived token (R3).
+        backend: ``"numpy"``, ``"native"``, ``"cupy"`` or ``"auto"``.
+        preset: a seed §0.M preset name; ``"streaming_infinite"`` crosses epoch
+            boundaries (see docs/nextbatch.md). Overrides ``stage``.
+        t: the caller's step counter, copied into failure records.
+
+    Returns:
+        :class:`Batch` with ``indices`` (uint64; NumPy, or CuPy for ``cupy``),
+        ``cursor`` (after the call) and ``metadata``.
+
+    Raises:
+        UmlosError: with an R8 code on any invalid input; nothing is computed.
+    """
+    context: dict[str, Any] = {"t": t}
+    try:
+        call = _validate(manifest, dataset_key, stage, preset, replay_token)
+        cursor = as_cursor(cursor)
+        world_size, rank = _validate_rank(world_size, rank, call.global_batch_size, call.dataset_key)
+        context["data_replay_t"] = data_replay_t(
+            call.token, call.dataset_key, cursor.epoch, cursor.global_index, world_size, rank
+        ).hex()
+        limit = call.n if call.preset.streaming else call.epoch_limit
+        if cursor.global_index >= limit:
+            raise UmlosError(
+                errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY,
+                f"cursor.global_index {cursor.global_index} is outside the epoch [0, {limit - 1}]",
+                dataset_key=call.dataset_key,
+            )
+        engine = get_backend(backend)
+        micro = call.global_batch_size // world_size
+        first = cursor.global_index + rank * micro
+        if call.preset.streaming:
+            indices = _emit_streaming(engine, call, cursor.epoch, first, micro)
+        else:
+            lo = min(first, call.epoch_limit)
+            hi = min(first + micro, call.epoch_limit)
+            indices = _emit(engine, call, cursor.epoch, lo, hi - lo)
+        cursor_next, produced = _advance(call, cursor)
+    except UmlosError as exc:
+        exc.record["t"] = t
+        for name in ("data_replay_t",):
+            if exc.record.get(name) is None:
+                exc.record[name] = context.get(name)
+        raise
+    metadata = _metadata(call, cursor, cursor_next, world_size, rank, micro, produced, engine.name, context)
+    return Batch(indices, cursor_next, metadata)
+
+
+def _metadata(call: _Call, before: Cursor, after: Cursor, world_size, rank, micro, produced, backend_name, context):
+    shuffled = call.preset.stage == "train"
+    mode = call.preset.sampling_mode(shuffled)
+    seed16 = epoch_seed(call.token, call.manifest.hash, call.dataset_key, before.epoch)
+    from .hashing import sha256
+
+    return {
+        "dataset_key": call.dataset_key,
+        "stage": call.preset.stage,
+        "preset": call.preset.name,
+        "epoch": before.epoch,
+        "global_position": before.global_index,
+        "cursor_before": before.to_dict(),
+        "cursor_after": after.to_dict(),
+        "is_shuffled": shuffled,
+        "world_size": world_size,
+        "rank": rank,
+        "micro_batch_size": micro,
+        "global_batch_size": call.global_batch_size,
+        "effective_batch_size": call.global_batch_size,  # seed 000 §0.I: B_eff = global_batch_size
+        "produced_global_count": produced,
+        "effective_q": float(call.global_batch_size) / float(call.n),
+        "subsampling_mode": SUBSAMPLING_TRAIN if shuffled else SUBSAMPLING_NONE,
+        "sampling_mode": mode,
+        "sampler_block_size": call.block_size,
+        "drop_last": call.drop_last,
+        "sampler_config_hash": sampler_config_hash(mode, call.block_size, call.drop_last).hex(),
+        "blocks_materialized": count_blocks(call.n, call.block_size) if shuffled else 0,
+        "epoch_seed_hash": sha256(seed16).hex(),
+        "data_replay_t": context["data_replay_t"],
+        "manifest_hash": call.manifest.hash.hex(),
+        "backend": backend_name,
+    }
+
+
+def epoch_indices(
+    manifest: Manifest | Mapping[str, Any],
+    dataset_key: str,
+    epoch: int = 0,
+    start: int = 0,
+    count: int | None = None,
+    replay_token: bytes | None = None,
+    backend: str = "auto",
+    *,
+    out=None,
+):
+    """Positions ``[start, start + count)`` of one epoch's train-mode virtual sequence (R10).
+
+    The sequence has ``epoch_limit`` positions: N, or ``floor(N/G)*G`` with
+    ``drop_last``. ``count=None`` runs to its end. Windows of millions of
+    positions are the intended use (prefetchers, offline plans); memory is the
+    output plus O(num_blocks). ``out`` may be a preallocated uint64 array of
+    exactly ``count`` elements (NumPy, or CuPy for the cupy backend).
+    """
+    call = _validate(manifest, dataset_key, "train", None, replay_token)
+    epoch = require_uint64(epoch, "epoch")
+    start = require_uint64(start, "start")
+    if start > call.epoch_limit:
+        raise UmlosError(
+            errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY,
+            f"start {start} is past the end of the epoch ({call.epoch_limit} positions)",
+            dataset_key=call.dataset_key,
+        )
+    if count is None:
+        count = call.epoch_limit - start
+    count = require_uint64(count, "count")
+    if start + count > call.epoch_limit:
+        raise UmlosError(
+            errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY,
+            f"window [{start}, {start + count}) passes the end of the epoch ({call.epoch_limit} positions)",
+            dataset_key=call.dataset_key,
+        )
+    if out is not None and (getattr(out, "shape", None) != (count,) or out.dtype != np.uint64):
+        raise UmlosError(
+            errors.INVALID_MANIFEST, f"out must be a uint64 array of shape ({count},), got {getattr(out, 'shape', out)!r}"
+        )
+    engine = get_backend(backend)
+    return _emit(engine, call, epoch, start, count, out)
+
+
+def check_dataset_length(manifest: Manifest, dataset_key: str, actual_length: int) -> None:
+    """R8: a bound dataset whose real length differs from ``cardinality`` aborts."""
+    declared = _as_manifest(manifest).dataset(dataset_key).cardinality
+    if int(actual_length) != declared:
+        raise UmlosError(
+            errors.CARDINALITY_MISMATCH,
+            f"dataset {dataset_key!r} has {actual_length} samples but the manifest declares cardinality {declared}",
+            dataset_key=dataset_key,
+        )

@@ -1,0 +1,1 @@
+"""One module per ``umlos-cuda`` subcommand; each defines ``register(subparsers)``."""

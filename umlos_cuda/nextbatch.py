@@ -329,6 +329,26 @@ def epoch_indices(
     output plus O(num_blocks). ``out`` may be a preallocated uint64 array of
     exactly ``count`` elements (NumPy, or CuPy for the cupy backend).
     """
+    call, epoch, start, count = _window(manifest, dataset_key, epoch, start, count, replay_token)
+    if out is not None and (getattr(out, "shape", None) != (count,) or out.dtype != np.uint64):
+        raise UmlosError(
+            errors.INVALID_MANIFEST, f"out must be a uint64 array of shape ({count},), got {getattr(out, 'shape', out)!r}"
+        )
+    engine = get_backend(backend)
+    return _emit(engine, call, epoch, start, count, out)
+
+
+def epoch_window(manifest, dataset_key: str, start: int = 0, count: int | None = None) -> tuple[int, int]:
+    """Validate a window of an epoch's train sequence without computing it.
+
+    Returns ``(start, count)`` with ``count`` resolved (``None`` means to the
+    end of the epoch); raises exactly what :func:`epoch_indices` would.
+    """
+    _, _, start, count = _window(manifest, dataset_key, 0, start, count, None)
+    return start, count
+
+
+def _window(manifest, dataset_key, epoch, start, count, replay_token):
     call = _validate(manifest, dataset_key, "train", None, replay_token)
     epoch = require_uint64(epoch, "epoch")
     start = require_uint64(start, "start")
@@ -347,12 +367,7 @@ def epoch_indices(
             f"window [{start}, {start + count}) passes the end of the epoch ({call.epoch_limit} positions)",
             dataset_key=call.dataset_key,
         )
-    if out is not None and (getattr(out, "shape", None) != (count,) or out.dtype != np.uint64):
-        raise UmlosError(
-            errors.INVALID_MANIFEST, f"out must be a uint64 array of shape ({count},), got {getattr(out, 'shape', out)!r}"
-        )
-    engine = get_backend(backend)
-    return _emit(engine, call, epoch, start, count, out)
+    return call, epoch, start, count
 
 
 def check_dataset_length(manifest: Manifest, dataset_key: str, actual_length: int) -> None:

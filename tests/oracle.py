@@ -316,7 +316,9 @@ class Oracle:
         if streaming:
             indices = []
             for p in range(first, first + mb):
-                indices.append(self.epoch(dataset_key, epoch + p // n).index(p % n))
+                if p % n == 0 or p == first:
+                    sequence = self.epoch(dataset_key, epoch + p // n)
+                indices.append(sequence.index(p % n))
             epochs, index = divmod(global_index + g, n)
             cursor = (epoch + epochs, index)
             mode = MODE_STREAMING
@@ -324,7 +326,11 @@ class Oracle:
         else:
             limit = self.epoch_limit(dataset_key, stage)
             lo, hi = min(first, limit), min(first + mb, limit)
-            indices = [self.index(dataset_key, stage, epoch, p) for p in range(lo, hi)]
+            if stage == "train" and hi > lo:
+                sequence = self.epoch(dataset_key, epoch)
+                indices = [sequence.index(p) for p in range(lo, hi)]
+            else:
+                indices = list(range(lo, hi))
             produced = min(g, limit - global_index)
             index = global_index + produced
             cursor = (epoch + 1, 0) if index >= limit else (epoch, index)

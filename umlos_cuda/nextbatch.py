@@ -158,13 +158,16 @@ def _plan(backend, call: _Call, epoch: int):
     )
 
 
-def _emit(backend, call: _Call, epoch: int, start: int, count: int, out=None):
-    """Indices of ``count`` positions from ``start`` of ``epoch`` (no wrap)."""
+def _emit(backend, call: _Call, epoch: int, start: int, count: int, out=None, **launch):
+    """Indices of ``count`` positions from ``start`` of ``epoch`` (no wrap).
+
+    ``launch`` (``dtype``, ``stream``) is passed only to backends that declare
+    ``launch_options = True`` (cupy)."""
     if call.preset.stage == "train":
         if count == 0:
-            return backend.sequential(0, 0, out)
-        return backend.map_train(_plan(backend, call, epoch), start, count, out)
-    return backend.sequential(start, count, out)
+            return backend.sequential(0, 0, out, **launch)
+        return backend.map_train(_plan(backend, call, epoch), start, count, out, **launch)
+    return backend.sequential(start, count, out, **launch)
 
 
 def _emit_streaming(backend, call: _Call, epoch: int, start: int, count: int):
@@ -320,22 +323,44 @@ def epoch_indices(
     backend: str = "auto",
     *,
     out=None,
+    dtype=None,
+    stream=None,
 ):
     """Positions ``[start, start + count)`` of one epoch's train-mode virtual sequence (R10).
 
     The sequence has ``epoch_limit`` positions: N, or ``floor(N/G)*G`` with
     ``drop_last``. ``count=None`` runs to its end. Windows of millions of
     positions are the intended use (prefetchers, offline plans); memory is the
-    output plus O(num_blocks). ``out`` may be a preallocated uint64 array of
-    exactly ``count`` elements (NumPy, or CuPy for the cupy backend).
+    output plus O(num_blocks). ``out`` may be a preallocated array of exactly
+    ``count`` elements (NumPy, or CuPy for the cupy backend); its dtype is the
+    output dtype. ``dtype`` is ``uint64`` (default), ``int64`` or ``int32``, a
+    signed type only when every index of the epoch (``N - 1``) fits in it, else
+    INVALID_MANIFEST. ``stream`` is the CUDA stream the cupy backend launches on
+    (default: the current stream); host backends ignore it.
     """
+    from .backends.cupy_backend import check_fits, output_dtype
+
     call, epoch, start, count = _window(manifest, dataset_key, epoch, start, count, replay_token)
-    if out is not None and (getattr(out, "shape", None) != (count,) or out.dtype != np.uint64):
+    if out is not None and getattr(out, "shape", None) != (count,):
         raise UmlosError(
-            errors.INVALID_MANIFEST, f"out must be a uint64 array of shape ({count},), got {getattr(out, 'shape', out)!r}"
+            errors.INVALID_MANIFEST, f"out must be an array of shape ({count},), got {getattr(out, 'shape', out)!r}"
         )
+    if out is not None:
+        if dtype is not None and output_dtype(dtype) != output_dtype(out.dtype):
+            raise UmlosError(errors.INVALID_MANIFEST, f"dtype {dtype!r} differs from out's dtype {out.dtype}")
+        dtype = out.dtype
+    dtype = output_dtype(dtype)
+    check_fits(dtype, call.n - 1, f"an epoch of N = {call.n}")
     engine = get_backend(backend)
-    return _emit(engine, call, epoch, start, count, out)
+    if getattr(engine, "launch_options", False):
+        return _emit(engine, call, epoch, start, count, out, dtype=dtype, stream=stream)
+    if dtype == np.uint64:
+        return _emit(engine, call, epoch, start, count, out)
+    indices = _emit(engine, call, epoch, start, count).astype(dtype)
+    if out is None:
+        return indices
+    out[...] = indices
+    return out
 
 
 def epoch_window(manifest, dataset_key: str, start: int = 0, count: int | None = None) -> tuple[int, int]:

@@ -1,0 +1,87 @@
+"""Build of the optional C++ extension ``umlos_cuda._native`` (backend "native").
+
+Everything else about the package is declared in pyproject.toml. The extension
+compiles the kernel headers of ``kernels/`` with the host C++ compiler
+(``-O3``, C++17, OpenMP when the compiler has it). It is optional: without a
+working compiler the build prints a warning and the package installs anyway;
+``backend="native"`` then reports itself unavailable and ``"auto"`` falls back
+to NumPy, which produces the same bits.
+
+Set ``UMLOS_NO_NATIVE=1`` to skip the extension on purpose.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+NATIVE = "umlos_cuda._native"
+
+if sys.platform == "win32":
+    BASE_ARGS = ["/O2", "/std:c++17"]
+    OPENMP_COMPILE, OPENMP_LINK = ["/openmp"], []
+else:
+    BASE_ARGS = ["-O3", "-std=c++17", "-fno-strict-aliasing", "-Wall", "-Wextra"]
+    OPENMP_COMPILE, OPENMP_LINK = ["-fopenmp"], ["-fopenmp"]
+
+
+def _warn(message: str) -> None:
+    bar = "=" * 78
+    sys.stderr.write(f"\n{bar}\nWARNING (umlos-cuda): {message}\n{bar}\n\n")
+    sys.stderr.flush()
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that tries OpenMP, then no OpenMP, then gives up with a warning."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # no compiler at all (DistutilsPlatformError and kin)
+            _warn(
+                f"the native extension {NATIVE} was not built ({exc}). umlos-cuda works without it "
+                "(backend 'numpy', same results); install a C++ compiler and reinstall for backend 'native'."
+            )
+
+    def build_extension(self, ext: Extension) -> None:
+        if ext.name != NATIVE:
+            super().build_extension(ext)
+            return
+        if os.environ.get("UMLOS_NO_NATIVE"):
+            _warn(f"UMLOS_NO_NATIVE is set: {NATIVE} is not built; backend 'native' will be unavailable.")
+            return
+        attempts = [(OPENMP_COMPILE, OPENMP_LINK, "with OpenMP"), ([], [], "without OpenMP (one core)")]
+        errors = []
+        for compile_args, link_args, what in attempts:
+            ext.extra_compile_args = BASE_ARGS + compile_args
+            ext.extra_link_args = list(link_args)
+            try:
+                super().build_extension(ext)
+            except Exception as exc:  # CompileError, LinkError, DistutilsExecError, OSError
+                errors.append(f"{what}: {exc}")
+                continue
+            if errors:
+                _warn(f"{NATIVE} was built {what}; the OpenMP build failed ({errors[0]}).")
+            return
+        _warn(
+            f"the native extension {NATIVE} could not be compiled ({'; '.join(errors)}). umlos-cuda works "
+            "without it (backend 'numpy', same results); fix the C++ compiler and reinstall for backend 'native'."
+        )
+
+
+setup(
+    ext_modules=[
+        Extension(
+            NATIVE,
+            sources=["umlos_cuda/_native.cpp"],
+            include_dirs=["kernels"],
+            depends=["kernels/platform.cuh", "kernels/philox.cuh", "kernels/nextbatch.cuh"],
+            language="c++",
+            optional=False,
+        )
+    ],
+    cmdclass={"build_ext": OptionalBuildExt},
+)

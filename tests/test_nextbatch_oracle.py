@@ -112,18 +112,18 @@ def test_r6_affine_parameters_match_oracle(seed16, block_size, data):
             assert (int(a[i]), int(c[i])) == (a_o, c_o)
 
 
-def test_r6_coprime_scan_wraps_past_m_minus_1():
-    """Force a start candidate near m-1 with no coprime before the end, so the
-    scan must wrap to 1, 2, ...: m = 6 has coprimes {1, 5}; start 5 qualifies;
-    m = 10: coprimes {1, 3, 7, 9}. Search seeds until the oracle's start value
-    is m-1's even neighbour with only non-coprimes after it, then compare."""
+def test_r6_coprime_scan_moves_forward_from_the_start_candidate():
+    """The scan starts at ``1 + k0 mod (m-1)`` and takes the first coprime at or
+    after it. For m = 12 (coprimes 1, 5, 7, 11) a start of 8, 9 or 10 must land
+    on 11, not on the nearest or smallest coprime. (Since m - 1 is always
+    coprime with m, the scan never needs to wrap back to 1.) Seeds are searched
+    until five such starts are found."""
     found = 0
+    m = 12
     for s in range(4000):
         seed16 = s.to_bytes(16, "little")
-        m = 12  # coprimes 1, 5, 7, 11; a start of 8, 9 or 10 must move to 11, a start in {11} stays
         k0, _ = oracle.draw(seed16, 0, oracle.DOMAIN_INTRA)
-        start = 1 + k0 % (m - 1)
-        if start not in (8, 9, 10):
+        if 1 + k0 % (m - 1) not in (8, 9, 10):
             continue
         key, w2, w3 = philox_key_words(seed16)
         _, _, a, _ = reference.block_affine_params(np.array([0], dtype=np.uint64), m, m, key, w2, w3)

@@ -93,9 +93,11 @@ def test_drop_last_train_stops_at_whole_batches():
     assert all(len(indices) == 12 for per_rank in steps for indices in per_rank)
     sequence = flatten(steps)
     assert sequence == oracle.Oracle(raw).epoch("train", 0).window(0, 960)
-    # The first 960 positions of the same permutation as without drop_last would
-    # not be the same bits: drop_last is part of the manifest hash, hence of the seed.
     assert len(set(sequence)) == 960
+    # drop_last is part of the manifest hash, hence of the epoch seed: the order
+    # is not the first 960 positions of the drop_last = false order.
+    undropped = flatten(run_epoch(uc.Manifest.from_dict(raw_manifest(n, 64, g, seed=11, drop_last=False)), 4)[0])
+    assert sequence != undropped[:960]
 
 
 def test_drop_last_false_emits_the_partial_train_batch():

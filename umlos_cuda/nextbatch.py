@@ -83,6 +83,23 @@ def data_replay_t(token: bytes, dataset_key: str, epoch: int, global_position: i
     return hash_canonical(["nextbatch_v2", token, dataset_key, epoch, global_position, world_size, rank])
 
 
+def _record_replay_t(manifest, dataset_key, world_size, rank, cursor, replay_token) -> str | None:
+    """``data_replay_t`` (hex) for a failure record, computed from the raw call
+    inputs whenever they are well-typed (R8: the record carries it even when the
+    call fails a semantic check such as ``G % W``); None when they are not."""
+    try:
+        manifest = _as_manifest(manifest)
+        token = manifest.resolve_replay_token(replay_token)
+        cursor = as_cursor(cursor)
+        world_size = require_uint64(world_size, "world_size")
+        rank = require_uint64(rank, "rank")
+    except UmlosError:
+        return None
+    if not isinstance(dataset_key, str) or world_size > MAX_WORLD_SIZE or rank > MAX_WORLD_SIZE:
+        return None
+    return data_replay_t(token, dataset_key, cursor.epoch, cursor.global_index, world_size, rank).hex()
+
+
 def _as_manifest(manifest: Any) -> Manifest:
     if isinstance(manifest, Manifest):
         return manifest
@@ -270,9 +287,10 @@ def next_batch(
         cursor_next, produced = _advance(call, cursor)
     except UmlosError as exc:
         exc.record["t"] = t
-        for name in ("data_replay_t",):
-            if exc.record.get(name) is None:
-                exc.record[name] = context.get(name)
+        if exc.record.get("data_replay_t") is None:
+            exc.record["data_replay_t"] = context.get("data_replay_t") or _record_replay_t(
+                manifest, dataset_key, world_size, rank, cursor, replay_token
+            )
         raise
     metadata = _metadata(call, cursor, cursor_next, world_size, rank, micro, produced, engine.name, context)
     return Batch(indices, cursor_next, metadata)

@@ -270,3 +270,43 @@ def test_any_call_either_matches_the_oracle_or_fails_with_a_violated_code(n, g, 
         expected = model.next_batch(key, world_size, rank, stage, 1, gi)
         assert indices_list(batch) == expected.indices
         assert (batch.cursor.epoch, batch.cursor.global_index) == expected.cursor
+
+
+# --------------------------------------------------------------- failure record values
+def _replay_hex(raw, key, epoch, position, world_size, rank):
+    return oracle.data_replay_t(oracle.replay_token(raw), key, epoch, position, world_size, rank).hex()
+
+
+@pytest.mark.parametrize(
+    "code,raw,key,world_size,rank,stage",
+    [
+        (errors.BATCH_SIZE_INCONSISTENT, raw_manifest(1000, 64, 48), "train", 5, 1, "train"),  # G % W
+        (errors.BATCH_SIZE_INCONSISTENT, raw_manifest(1000, 0, 48), "train", 4, 1, "train"),   # block size 0
+        (errors.BATCH_SIZE_INCONSISTENT, raw_manifest(40, 8, 48, drop_last=True), "train", 4, 3, "train"),
+        (errors.CARDINALITY_MISMATCH, raw_manifest(0, 64, 48), "train", 4, 1, "eval"),
+        (errors.INVALID_RANK, raw_manifest(1000, 64, 48), "train", 4, 4, "train"),
+        (errors.INVALID_RANK, raw_manifest(1000, 64, 48), "train", 0, 0, "train"),
+        (errors.INVALID_DATASET_KEY, raw_manifest(1000, 64, 48), "validation", 4, 1, "train"),
+        (errors.INVALID_STAGE_TYPE, raw_manifest(1000, 64, 48), "train", 4, 1, "test"),
+    ],
+)
+def test_failure_record_carries_data_replay_t_when_the_inputs_are_well_typed(code, raw, key, world_size, rank, stage):
+    """Seed §0.K / R8: the record's data_replay_t is the R9 value of the failed
+    call (cursor before it) whenever the call's inputs are well-typed."""
+    error = expect(code, call, raw, key=key, world_size=world_size, rank=rank, stage=stage, cursor=(6, 17))
+    assert error.record["data_replay_t"] == _replay_hex(raw, key, 6, 17, world_size, rank)
+    assert error.record["t"] == 41
+
+
+@pytest.mark.parametrize(
+    "raw,world_size,rank,cursor,token",
+    [
+        ({**GOOD, "global_batch_size": -1}, 1, 0, (0, 0), None),  # no manifest, no token
+        (GOOD, 1, 0, (0, 0), b"short"),                           # no token
+        (GOOD, -1, 0, (0, 0), None),                              # world size not a uint
+        (GOOD, 1, 0, {"epoch": -1, "global_index": 0}, None),     # no cursor
+    ],
+)
+def test_failure_record_has_no_data_replay_t_when_it_cannot_be_computed(raw, world_size, rank, cursor, token):
+    error = expect(errors.INVALID_MANIFEST, call, raw, world_size=world_size, rank=rank, cursor=cursor, replay_token=token)
+    assert error.record["data_replay_t"] is None

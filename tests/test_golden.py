@@ -196,3 +196,19 @@ def test_oracle_reproduces_a_1e9_window(document):
     window = model.window(spec["start"], spec["count"])
     assert hashlib.sha256(oracle.indices_le_bytes(window)).hexdigest() == case["expected"]["sha256"]
     assert window[:8] == case["expected"]["first_8"] and window[-8:] == case["expected"]["last_8"]
+
+
+def test_pyproject_ships_golden_json_as_umlos_cuda_golden():
+    """The wheel maps golden/ to umlos_cuda._golden and includes *.json (the
+    editable install above proves the lookup; this guards the wheel's mapping)."""
+    import os
+    import tomllib
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
+    if not os.path.exists(path):
+        pytest.skip("not running from a source checkout")
+    with open(path, "rb") as handle:
+        config = tomllib.load(handle)["tool"]["setuptools"]
+    assert config["package-dir"]["umlos_cuda._golden"] == "golden"
+    assert "umlos_cuda._golden" in config["packages"]
+    assert "*.json" in config["package-data"]["umlos_cuda._golden"]

@@ -8,6 +8,8 @@ the same run:
   (4 B/index, N < 2^31);
 * ``cupy.random.permutation(N)``;
 * ``torch.randperm(N, device="cuda")`` when PyTorch with CUDA is installed;
+* a baseline: ``out.fill(0)`` on the same uint64 buffer, the write bandwidth a
+  plain store kernel gets on this device;
 
 and prints indices/s, the bytes the output holds per second (GB/s, 10^9
 bytes), and that as a share of the device's nominal HBM bandwidth where it is
@@ -98,6 +100,9 @@ def measure(cp, backend, sizes, repeat: int, peak: float | None, torch_cuda) -> 
         plan = backend.build_plan(SEED16, n, BLOCK_SIZE)
         plan_s = time.perf_counter() - started
         out = cp.empty(n, dtype=np.uint64)
+        # What this device's memory system gives a plain store of the same bytes.
+        t = time_gpu(cp, repeat, lambda: out.fill(0))
+        rows.append(row(n, "baseline: out.fill(0), uint64", t, 8, peak))
         t = time_gpu(cp, repeat, lambda: backend.map_train(plan, 0, n, out=out))
         rows.append(row(n, "umlos_cuda cupy map_train uint64", t, 8, peak) | {"plan_build_s": plan_s, "plan_builder": plan.builder})
         del out

@@ -15,13 +15,12 @@ from .. import errors
 from ..epoch import EpochPlan, philox_key_words
 from ..errors import UmlosError
 
-#: The output dtypes the map accepts (indices must fit: N - 1 <= the dtype's max).
-MAP_DTYPES = (np.dtype(np.uint64), np.dtype(np.int64), np.dtype(np.int32))
-
-
 class NativeBackend:
     name = "native"
     xp = np
+    #: ``nextbatch.epoch_indices`` passes ``dtype`` (and ``stream``, ignored here):
+    #: int64 / int32 indices are written directly, without a uint64 copy.
+    launch_options = True
 
     def __init__(self, module) -> None:
         self._native = module
@@ -40,28 +39,43 @@ class NativeBackend:
         self._native.build_plan(n, block_size, key[0], key[1], w2, w3, order, base, m, a, c)
         return EpochPlan(n, block_size, seed16, key, w2, w3, order, base, m, a, c)
 
-    def map_train(self, plan: EpochPlan, start: int, count: int, out=None):
-        if out is None:
-            out = np.empty(count, dtype=np.uint64)
-        elif not isinstance(out, np.ndarray) or out.dtype not in MAP_DTYPES or out.shape != (count,):
+    def map_train(self, plan: EpochPlan, start: int, count: int, out=None, *, dtype=None, stream=None):
+        """Indices of train positions ``[start, start + count)`` into ``out`` (uint64, int64 or int32)."""
+        out = _output(out, count, dtype, plan.n - 1 if plan.n else 0)
+        if start + count > plan.n:
             raise UmlosError(
-                errors.INVALID_MANIFEST,
-                f"out must be a NumPy array of shape ({count},) and dtype uint64, int64 or int32",
-            )
-        limit = np.iinfo(out.dtype).max
-        if plan.n - 1 > limit:
-            raise UmlosError(
-                errors.UINT64_OVERFLOW if out.dtype == np.uint64 else errors.INVALID_MANIFEST,
-                f"indices of N = {plan.n} do not fit in {out.dtype} (largest {limit})",
+                errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY,
+                f"window [{start}, {start + count}) is outside the epoch's {plan.n} positions",
             )
         self._native.map_positions(plan.base, plan.m, plan.a, plan.c, plan.block_size, start, count, out)
         return out
 
-    def sequential(self, start: int, count: int, out=None):
-        out = np.empty(count, dtype=np.uint64) if out is None else out
-        out[:] = np.arange(count, dtype=np.uint64)
-        out += np.uint64(start)
+    def sequential(self, start: int, count: int, out=None, *, dtype=None, stream=None):
+        """``start, ..., start + count - 1`` (eval / infer positions are the indices)."""
+        out = _output(out, count, dtype, start + count - 1 if count else 0)
+        out[:] = np.arange(count, dtype=out.dtype)
+        out += out.dtype.type(start)
         return out
+
+
+def _output(out, count: int, dtype, largest: int) -> np.ndarray:
+    """The array to write: ``out`` checked, or a new one of ``dtype`` (default uint64)."""
+    from .cupy_backend import check_fits, output_dtype
+
+    if out is None:
+        resolved = output_dtype(dtype)
+    else:
+        if not isinstance(out, np.ndarray) or out.shape != (count,) or not out.flags.c_contiguous:
+            raise UmlosError(
+                errors.INVALID_MANIFEST,
+                f"out must be a contiguous NumPy array of shape ({count},), got {type(out).__name__} "
+                f"{getattr(out, 'shape', '')}",
+            )
+        resolved = output_dtype(out.dtype)
+        if dtype is not None and output_dtype(dtype) != resolved:
+            raise UmlosError(errors.INVALID_MANIFEST, f"dtype {np.dtype(dtype).name} differs from out's {resolved.name}")
+    check_fits(resolved, largest, f"index {largest}")
+    return np.empty(count, dtype=resolved) if out is None else out
 
 
 def create() -> NativeBackend:

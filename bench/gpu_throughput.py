@@ -105,13 +105,13 @@ def measure(cp, backend, sizes, repeat: int, peak: float | None, torch_cuda) -> 
         rows.append(row(n, "baseline: out.fill(0), uint64", t, 8, peak))
         t = time_gpu(cp, repeat, lambda: backend.map_train(plan, 0, n, out=out))
         rows.append(row(n, "umlos_cuda cupy map_train uint64", t, 8, peak) | {"plan_build_s": plan_s, "plan_builder": plan.builder})
-        del out
+        out = None  # free before the shuffles run
         if n <= (1 << 31):
             out32 = cp.empty(n, dtype=np.int32)
             t = time_gpu(cp, repeat, lambda: backend.map_train(plan, 0, n, out=out32))
             rows.append(row(n, "umlos_cuda cupy map_train int32", t, 4, peak))
-            del out32
-        del plan
+            out32 = None
+        plan = None
         cp.get_default_memory_pool().free_all_blocks()
         try:
             t = time_gpu(cp, repeat, lambda: cp.random.permutation(n))

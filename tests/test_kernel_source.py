@@ -1,0 +1,96 @@
+"""kernel_source(): one string with every header inlined, read from the installed package.
+
+CuPy's on-disk cache keys on the source string, so a header edit must change
+the string; the files must ship inside the package (``umlos_cuda._kernels``),
+not only sit in the checkout; and the kernel names of the ABI must agree
+between the code, the Python constant and kernels/README.md.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import tomllib
+from importlib import resources
+
+import pytest
+
+from umlos_cuda import errors, kernel_source as ks
+from umlos_cuda.errors import UmlosError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HEADERS = ("platform.cuh", "philox.cuh", "nextbatch.cuh")
+
+
+def test_every_include_is_inlined_once():
+    source = ks.kernel_source()
+    assert not re.search(r'^\s*#\s*include\s*"', source, re.M)
+    assert not re.search(r"^\s*#\s*pragma\s+once", source, re.M)
+    assert source.startswith('#line 1 "nextbatch_kernels.cu"')
+    for header in HEADERS:
+        assert source.count(f'#line 1 "{header}"') == 1
+    assert source.count("struct PhiloxCtr {") == 1  # philox.cuh is reached twice, emitted once
+    # Each header's text precedes its user's: platform, then philox, then nextbatch, then the kernels.
+    markers = ("typedef unsigned long long u64;", "struct PhiloxCtr {", "struct EpochKey {", 'extern "C" __global__')
+    positions = [source.index(marker) for marker in markers]
+    assert positions == sorted(positions)
+
+
+def test_a_header_edit_changes_the_source(monkeypatch):
+    original = ks.read_kernel_file
+
+    def edited(name):
+        text = original(name)
+        return text + "\n// edited\n" if name == "philox.cuh" else text
+
+    before = ks.assemble()
+    monkeypatch.setattr(ks, "read_kernel_file", edited)
+    after = ks.assemble()
+    assert after != before and "// edited" in after
+
+
+def test_include_cycles_and_missing_files_raise(monkeypatch):
+    files = {"a.cu": '#include "b.cuh"\n', "b.cuh": '#include "a.cu"\n'}
+    monkeypatch.setattr(ks, "read_kernel_file", files.__getitem__)
+    with pytest.raises(UmlosError) as info:
+        ks.assemble("a.cu")
+    assert info.value.code == errors.BACKEND_UNAVAILABLE and "a.cu -> b.cuh -> a.cu" in info.value.message
+    monkeypatch.undo()
+    with pytest.raises(UmlosError) as info:
+        ks.read_kernel_file("no_such_header.cuh")
+    assert info.value.code == errors.BACKEND_UNAVAILABLE
+
+
+def test_kernel_files_ship_in_the_package():
+    """Every source in kernels/ matches pyproject's package-data for umlos_cuda._kernels,
+    and the package (checkout or wheel) serves the same text as the file in kernels/."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as handle:
+        config = tomllib.load(handle)["tool"]["setuptools"]
+    assert config["package-dir"]["umlos_cuda._kernels"] == "kernels"
+    patterns = config["package-data"]["umlos_cuda._kernels"]
+    sources = [f for f in os.listdir(os.path.join(ROOT, "kernels")) if f.endswith((".cu", ".cuh", ".h"))]
+    assert set(HEADERS) | {"nextbatch_kernels.cu"} <= set(sources)
+    package = resources.files("umlos_cuda._kernels")
+    for name in sources:
+        assert any(fnmatch.fnmatch(name, p) for p in patterns), f"{name} would be left out of the wheel"
+        with open(os.path.join(ROOT, "kernels", name), encoding="utf-8") as handle:
+            assert package.joinpath(name).read_text(encoding="utf-8") == handle.read()
+
+
+def test_kernel_names_agree_with_the_code_and_the_readme():
+    code = ks.read_kernel_file("nextbatch_kernels.cu")
+    defined = re.findall(r'extern "C" __global__ void (\w+)\(', code)
+    assert sorted(defined) == sorted(ks.KERNEL_NAMES)
+    with open(os.path.join(ROOT, "kernels", "README.md"), encoding="utf-8") as handle:
+        readme = handle.read()
+    documented = set(re.findall(r'extern "C" __global__ void (\w+)\(', readme))
+    assert documented == set(ks.KERNEL_NAMES)
+
+
+def test_divider_params_refuses_zero_and_overflow():
+    for bad in (0, 1 << 64, -3):
+        with pytest.raises(UmlosError):
+            ks.divider_params(bad)
+    magic, info = ks.divider_params(1 << 20)
+    assert int(magic) == 0 and int(info) == 20 | ks.DIVIDER_POW2

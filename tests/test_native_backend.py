@@ -1,0 +1,158 @@
+"""The native backend's own contract: its extension, argument checks, fork safety.
+
+Bit identity with NumPy is tested in test_backend_parity.py (public API) and
+for the kernel bodies in test_kernels_host.py; here: the Philox known answers
+through the extension, the tables of ``build_plan``, what happens when the
+extension is missing, refusal of bad buffers and windows (never a write out of
+bounds), and that a forked child (a data-loader worker) still computes after
+the parent ran parallel loops: GCC's OpenMP would hang there without the
+extension's fork guard.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+
+import numpy as np
+import pytest
+
+import umlos_cuda
+from umlos_cuda import errors
+from umlos_cuda.backends import native as native_module
+from umlos_cuda.epoch import build_plan_reference, epoch_seed
+from umlos_cuda.errors import UmlosError
+
+KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
+]
+SEED = epoch_seed(b"\x05" * 32, b"\x06" * 32, "train", 9)
+
+
+@pytest.fixture(scope="module")
+def native():
+    try:
+        return native_module.create()
+    except UmlosError as exc:
+        pytest.skip(f"backend 'native' unavailable: {exc.message}")
+
+
+def test_philox_known_answers(native):
+    for ctr, key, expected in KAT:
+        assert native._native.philox4x32_10(*ctr, *key) == expected
+
+
+@pytest.mark.parametrize(
+    "n,block_size", [(1, 1), (2, 1), (10**6 + 1, 1000), (12_345, 10**9), (2**20 + 1, 2**10), (10**11, 1 << 20)]
+)
+def test_build_plan_tables_match_numpy(native, n, block_size):
+    want = build_plan_reference(SEED, n, block_size)
+    got = native.build_plan(SEED, n, block_size)
+    for name in ("block_order", "base", "m", "a", "c"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+        assert getattr(got, name).dtype == np.uint64
+    assert (got.key, got.w2, got.w3, got.n, got.block_size) == (want.key, want.w2, want.w3, n, block_size)
+
+
+def test_missing_extension_is_reported(monkeypatch):
+    monkeypatch.setitem(sys.modules, "umlos_cuda._native", None)
+    monkeypatch.delattr(umlos_cuda, "_native", raising=False)
+    with pytest.raises(UmlosError) as info:
+        native_module.create()
+    assert info.value.code == errors.BACKEND_UNAVAILABLE
+    assert "umlos_cuda._native is not built" in info.value.message
+    assert "'numpy'" in info.value.message
+
+
+def test_extension_refuses_bad_buffers(native):
+    plan = native.build_plan(SEED, 10_000, 1000)
+    ext = native._native
+    tables = (plan.base, plan.m, plan.a, plan.c)
+    out = np.empty(100, dtype=np.uint64)
+    with pytest.raises(TypeError):
+        ext.map_positions(plan.base.astype(np.int64), *tables[1:], 1000, 0, 100, out)
+    with pytest.raises(TypeError):
+        ext.map_positions(*tables, 1000, 0, 100, np.empty(100, dtype=np.float64))
+    with pytest.raises(TypeError):
+        ext.map_positions(*tables, 1000, 0, 100, out[::2])
+    with pytest.raises(ValueError):
+        ext.map_positions(*tables, 1000, 0, 101, out)  # out too short
+    with pytest.raises(ValueError):
+        ext.map_positions(*tables, 1000, 9_950, 100, out)  # past the last block
+    with pytest.raises(ValueError):
+        ext.map_positions(plan.base[:5], *tables[1:], 1000, 5_000, 100, out)  # tables too short
+    with pytest.raises(OverflowError):
+        ext.map_positions(*tables, 1000, -1, 100, out)
+    with pytest.raises(OverflowError):
+        ext.map_positions(*tables, 1000, 1 << 64, 100, out)
+    with pytest.raises(TypeError):
+        ext.map_positions(*tables, 1000, 0.0, 100, out)
+    with pytest.raises(ValueError):
+        ext.map_positions(*tables, 0, 0, 100, out)
+    with pytest.raises(ValueError):
+        ext.block_affine_params(np.array([10], dtype=np.uint64), 10_000, 1000, 1, 2, 3, 4, *(np.empty(1, np.uint64),) * 4)
+    with pytest.raises(OverflowError):
+        ext.build_plan(10, 1, 1 << 32, 0, 0, 0, *(np.empty(10, np.uint64),) * 5)
+    assert np.array_equal(plan.base, build_plan_reference(SEED, 10_000, 1000).base)  # nothing was scribbled on
+
+
+def test_backend_checks_windows_and_outputs(native):
+    plan = native.build_plan(SEED, 2**31 + 5, 2**20)
+    with pytest.raises(UmlosError) as info:
+        native.map_train(plan, 2**31, 6)
+    assert info.value.code == errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY
+    with pytest.raises(UmlosError) as info:
+        native.map_train(plan, 0, 10, dtype=np.int32)  # N - 1 does not fit in int32
+    assert info.value.code == errors.INVALID_MANIFEST
+    with pytest.raises(UmlosError) as info:
+        native.map_train(plan, 0, 10, out=np.empty(11, dtype=np.uint64))
+    assert info.value.code == errors.INVALID_MANIFEST
+    with pytest.raises(UmlosError) as info:
+        native.map_train(plan, 0, 10, out=np.empty(10, dtype=np.float32))
+    assert info.value.code == errors.INVALID_MANIFEST
+    got = native.map_train(plan, 2**31 - 5, 10, dtype=np.int64)
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got.astype(np.uint64), native.map_train(plan, 2**31 - 5, 10))
+
+
+def test_sequential_near_the_top(native):
+    top = (1 << 64) - 1
+    got = native.sequential(top - 5, 5)
+    assert [int(v) for v in got] == list(range(top - 5, top))
+    assert native.sequential(0, 0).shape == (0,)
+    with pytest.raises(UmlosError):
+        native.sequential(2**31 - 2, 5, dtype=np.int32)
+
+
+def _child_checksum(plan_args, queue) -> None:
+    backend = native_module.create()
+    plan = backend.build_plan(*plan_args)
+    out = backend.map_train(plan, 0, plan.n)
+    queue.put((int(out.sum(dtype=np.uint64)), backend.threads))
+
+
+def test_forked_child_computes_after_parent_ran_parallel_loops(native):
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("this platform has no fork()")
+    plan_args = (SEED, 4 * 10**6 + 7, 1 << 20)
+    plan = native.build_plan(*plan_args)
+    expected = int(native.map_train(plan, 0, plan.n).sum(dtype=np.uint64))  # parallel in the parent
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child_checksum, args=(plan_args, queue))
+    child.start()
+    child.join(120)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail("the forked child hung in the native map (OpenMP after fork)")
+    assert child.exitcode == 0
+    checksum, threads = queue.get(timeout=10)
+    assert checksum == expected
+    assert threads == 1

@@ -32,7 +32,7 @@ def test_every_include_is_inlined_once():
         assert source.count(f'#line 1 "{header}"') == 1
     assert source.count("struct PhiloxCtr {") == 1  # philox.cuh is reached twice, emitted once
     # Each header's text precedes its user's: platform, then philox, then nextbatch, then the kernels.
-    markers = ("typedef unsigned long long u64;", "struct PhiloxCtr {", "struct EpochKey {", 'extern "C" __global__')
+    markers = ("typedef unsigned long long u64;", "struct PhiloxCtr {", "struct EpochKey {", 'extern "C" __global__ void umlos_block_permute_j(')
     positions = [source.index(marker) for marker in markers]
     assert positions == sorted(positions)
 

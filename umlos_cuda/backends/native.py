@@ -9,6 +9,8 @@ the extension is absent and :func:`create` says so; ``"auto"`` then uses NumPy.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from .. import errors
@@ -36,7 +38,8 @@ class NativeBackend:
         blocks = full + (1 if n % block_size else 0)
         order = np.empty(full, dtype=np.uint64)
         base, m, a, c = (np.empty(blocks, dtype=np.uint64) for _ in range(4))
-        self._native.build_plan(n, block_size, key[0], key[1], w2, w3, order, base, m, a, c)
+        with _checked("build_plan"):
+            self._native.build_plan(n, block_size, key[0], key[1], w2, w3, order, base, m, a, c)
         return EpochPlan(n, block_size, seed16, key, w2, w3, order, base, m, a, c)
 
     def map_train(self, plan: EpochPlan, start: int, count: int, out=None, *, dtype=None, stream=None):
@@ -47,7 +50,8 @@ class NativeBackend:
                 errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY,
                 f"window [{start}, {start + count}) is outside the epoch's {plan.n} positions",
             )
-        self._native.map_positions(plan.base, plan.m, plan.a, plan.c, plan.block_size, start, count, out)
+        with _checked("map_train"):
+            self._native.map_positions(plan.base, plan.m, plan.a, plan.c, plan.block_size, start, count, out)
         return out
 
     def sequential(self, start: int, count: int, out=None, *, dtype=None, stream=None):
@@ -56,6 +60,15 @@ class NativeBackend:
         out[:] = np.arange(count, dtype=out.dtype)
         out += out.dtype.type(start)
         return out
+
+
+@contextmanager
+def _checked(what: str):
+    """The extension's own argument checks (TypeError, ValueError, OverflowError) as UmlosError."""
+    try:
+        yield
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise UmlosError(errors.INVALID_MANIFEST, f"native {what}: {exc}") from exc
 
 
 def _output(out, count: int, dtype, largest: int) -> np.ndarray:

@@ -135,6 +135,18 @@ def setup_and_first_batch(n: int, repeat: int) -> None:
     )
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=float, default=1e8, help="positions per epoch for the throughput table")
@@ -148,7 +160,7 @@ def main() -> None:
         raise SystemExit(f"backend 'native' is unavailable: {exc.message}")
     print(
         f"umlos-cuda {uc.__version__} | {platform.python_implementation()} {platform.python_version()} | "
-        f"NumPy {np.__version__} | {platform.machine()} {platform.processor() or ''} | {os.cpu_count()} CPUs | "
+        f"NumPy {np.__version__} | {cpu_model()} | {os.cpu_count()} CPUs | "
         f"{time.strftime('%Y-%m-%d')}"
     )
     throughput(int(args.n), args.repeat, not args.no_numpy)

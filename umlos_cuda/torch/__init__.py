@@ -1,0 +1,30 @@
+"""PyTorch integration: samplers backed by the NextBatch_v2 engine.
+
+* :class:`DistributedSampler`: drop-in for ``torch.utils.data.DistributedSampler``
+  (same arguments), with an O(num_blocks) shuffle, no padding unless asked,
+  and ``state_dict()`` that resumes mid-epoch at any world size.
+* :class:`NextBatchSampler`: a ``batch_sampler`` yielding this rank's
+  NextBatch_v2 micro-batches from a manifest; its state is the cursor.
+* :class:`DistributedEvalSampler` with :class:`MaskedDataset`: exact
+  distributed evaluation (every sample once, equal steps, masked padding).
+
+Importing this package does not need torch; the samplers subclass
+``torch.utils.data.Sampler`` when torch is installed. See docs/integrations.md.
+"""
+
+from ._dist import SamplerArgumentError, resolve_world
+from ._distributed_sampler import DistributedSampler, sampler_manifest
+from ._eval_sampler import DistributedEvalSampler
+from ._nextbatch_sampler import NextBatchSampler
+from ._padding import MaskedDataset, Padding
+
+__all__ = [
+    "DistributedEvalSampler",
+    "DistributedSampler",
+    "MaskedDataset",
+    "NextBatchSampler",
+    "Padding",
+    "SamplerArgumentError",
+    "resolve_world",
+    "sampler_manifest",
+]

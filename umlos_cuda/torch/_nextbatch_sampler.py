@@ -1,0 +1,201 @@
+"""A ``batch_sampler`` that yields this rank's NextBatch_v2 micro-batches.
+
+The sampler owns the cursor: every micro-batch it yields advances it by one
+global batch, and ``state_dict()`` is that cursor (plain, CBOR-safe data). A
+cursor does not depend on the world size, so a checkpoint written by 8 ranks
+resumes on 2 (or 16, any world size that divides ``global_batch_size``) with
+the identical global sequence: rank ``r`` of ``W`` takes the contiguous slice
+``[r * G/W, (r+1) * G/W)`` of each global batch (resolution R7).
+
+One pass of ``iter()`` runs to the end of the cursor's epoch, like any
+sampler; the next pass is the next epoch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, Mapping
+
+from .. import errors
+from ..backends import to_numpy
+from ..cursor import Cursor, as_cursor
+from ..errors import UmlosError
+from ..manifest import Manifest
+from ..nextbatch import check_dataset_length, next_batch
+from ._dist import argument_error, as_argument_error, require_uint64, resolve_world
+from ._padding import Padding
+
+try:
+    from torch.utils.data import Sampler as _SamplerBase
+except ImportError:  # pragma: no cover - exercised where torch is absent
+    _SamplerBase = object  # type: ignore[assignment,misc]
+
+#: ``state_dict()["format"]``.
+STATE_FORMAT = "umlos_cuda.torch.NextBatchSampler/1"
+
+
+def _load_manifest(manifest: Any) -> Manifest:
+    if isinstance(manifest, Manifest):
+        return manifest
+    if isinstance(manifest, (str, os.PathLike)):
+        return Manifest.load(manifest)
+    if isinstance(manifest, Mapping):
+        return Manifest.from_dict(manifest)
+    raise argument_error(
+        errors.INVALID_MANIFEST, f"manifest must be a Manifest, a mapping or a file path, got {type(manifest).__name__}"
+    )
+
+
+class NextBatchSampler(_SamplerBase):  # type: ignore[misc,valid-type]
+    """Batch sampler over a manifest's dataset: ``DataLoader(ds, batch_sampler=...)``.
+
+    Args:
+        manifest: a :class:`~umlos_cuda.Manifest`, a mapping, or a YAML/JSON path.
+            ``global_batch_size`` is the global batch; each rank yields
+            micro-batches of ``global_batch_size // world_size``.
+        dataset_key: a key of ``manifest.datasets``.
+        stage: ``"train"`` (shuffled), ``"eval"`` or ``"infer"`` (sequential).
+        rank, world_size: default: ``torch.distributed`` when initialised,
+            else ``$RANK`` / ``$WORLD_SIZE``, else 0 / 1.
+        backend: engine backend (``"auto"``, ``"numpy"``, ``"native"``, ``"cupy"``).
+        cursor: where to start (default ``Cursor(0, 0)``); see also
+            :meth:`load_state_dict`.
+        pad: pad every micro-batch to ``global_batch_size // world_size`` with
+            :class:`Padding` keys, so that every rank takes the same number of
+            steps; wrap the dataset in :class:`MaskedDataset` and apply the
+            mask. Without it, a short micro-batch is yielded as it is and an
+            empty one (a rank past the end of the epoch's last, partial
+            global batch) is skipped.
+        replay_token: 32 bytes replacing the manifest's derived token (R3).
+        dataset: optional; when given, its ``len()`` must equal the manifest's
+            ``cardinality`` (``CARDINALITY_MISMATCH`` otherwise).
+
+    Items are lists of Python ints (and :class:`Padding` keys with ``pad``).
+
+    Raises:
+        SamplerArgumentError: (a :class:`~umlos_cuda.UmlosError` and a
+            ``ValueError``) with the engine's code on any invalid argument.
+    """
+
+    def __init__(
+        self,
+        manifest: Manifest | Mapping[str, Any] | str | os.PathLike[str],
+        dataset_key: str,
+        stage: str = "train",
+        rank: int | None = None,
+        world_size: int | None = None,
+        backend: str = "auto",
+        *,
+        cursor: Cursor | Mapping[str, int] | None = None,
+        pad: bool = False,
+        replay_token: bytes | None = None,
+        dataset: Any = None,
+    ) -> None:
+        try:
+            self.manifest = _load_manifest(manifest)
+            self.world_size, self.rank = resolve_world(world_size, rank)
+            self.dataset_key = dataset_key
+            self.stage = stage
+            self.backend = backend
+            self.pad = bool(pad)
+            self.replay_token = replay_token
+            self.cursor = as_cursor(cursor)
+            if dataset is not None:
+                check_dataset_length(self.manifest, dataset_key, len(dataset))
+            probe = self._call(self.cursor)  # validates everything the engine checks
+        except UmlosError as exc:
+            raise as_argument_error(exc) from None
+        self.global_batch_size = self.manifest.global_batch_size
+        self.micro_batch_size = probe.metadata["micro_batch_size"]
+        n = self.manifest.dataset(dataset_key).cardinality
+        drop = stage == "train" and self.manifest.drop_last
+        #: Positions per epoch (R7): N, or floor(N / G) * G for train with drop_last.
+        self.epoch_limit = (n // self.global_batch_size) * self.global_batch_size if drop else n
+        #: The metadata of the last micro-batch yielded (sampler_config_hash, data_replay_t, ...).
+        self.last_metadata: dict[str, Any] | None = None
+
+    def _call(self, cursor: Cursor):
+        return next_batch(
+            self.manifest,
+            self.dataset_key,
+            world_size=self.world_size,
+            rank=self.rank,
+            stage=self.stage,
+            cursor=cursor,
+            replay_token=self.replay_token,
+            backend=self.backend,
+        )
+
+    # -- sizes -------------------------------------------------------------
+    @property
+    def steps_per_epoch(self) -> int:
+        """Global batches in a whole epoch: ``ceil(epoch_limit / global_batch_size)``."""
+        return -(-self.epoch_limit // self.global_batch_size)
+
+    def __len__(self) -> int:
+        """Micro-batches this rank yields in a whole epoch (with ``pad``, every
+        rank yields ``steps_per_epoch``; without it, a rank whose slice of the
+        last global batch is empty yields one fewer)."""
+        if self.pad:
+            return self.steps_per_epoch
+        offset = self.rank * self.micro_batch_size
+        if self.epoch_limit <= offset:
+            return 0
+        return -(-(self.epoch_limit - offset) // self.global_batch_size)
+
+    # -- iteration -----------------------------------------------------------
+    def __iter__(self) -> Iterator[list]:
+        epoch = self.cursor.epoch
+        while self.cursor.epoch == epoch:
+            batch = self._call(self.cursor)
+            self.cursor = batch.cursor  # owned: advanced before the consumer sees the batch
+            self.last_metadata = batch.metadata
+            indices = to_numpy(batch.indices).tolist()
+            if self.pad and len(indices) < self.micro_batch_size:
+                fill = indices[0] if indices else 0
+                indices.extend(Padding(fill) for _ in range(self.micro_batch_size - len(indices)))
+            if not indices:
+                continue
+            yield indices
+
+    def set_epoch(self, epoch: int) -> None:
+        """Move the cursor to the start of ``epoch``, unless it is already inside
+        it (a restored mid-epoch cursor is kept), so the usual
+        ``sampler.set_epoch(epoch)`` loop works with resumption."""
+        epoch = require_uint64(epoch, "epoch")
+        if epoch != self.cursor.epoch:
+            self.cursor = Cursor(epoch, 0)
+
+    # -- checkpointing ---------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The cursor and what it belongs to, as plain data (str and int only)."""
+        return {
+            "format": STATE_FORMAT,
+            "cursor": self.cursor.to_dict(),
+            "dataset_key": self.dataset_key,
+            "stage": self.stage,
+            "manifest_hash": self.manifest.hash.hex(),
+            "world_size": self.world_size,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the cursor from :meth:`state_dict` output written at any world
+        size; the manifest, dataset key and stage must be the ones it was written with."""
+        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+            raise argument_error(errors.INVALID_MANIFEST, f"not a NextBatchSampler state (expected format {STATE_FORMAT!r})")
+        for key, mine in (
+            ("manifest_hash", self.manifest.hash.hex()),
+            ("dataset_key", self.dataset_key),
+            ("stage", self.stage),
+        ):
+            if state.get(key) != mine:
+                raise argument_error(
+                    errors.INVALID_MANIFEST,
+                    f"the state was written with {key}={state.get(key)!r} but this sampler has {key}={mine!r}",
+                )
+        try:
+            cursor = as_cursor(state.get("cursor"))
+            self._call(cursor)  # GLOBAL_POSITION_EXCEEDS_CARDINALITY and friends, now
+        except UmlosError as exc:
+            raise as_argument_error(exc) from None
+        self.cursor = cursor

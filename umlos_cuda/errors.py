@@ -25,6 +25,42 @@ BLOCK_TABLE_TOO_LARGE = "BLOCK_TABLE_TOO_LARGE"  # O(num_blocks) table would not
 BACKEND_UNAVAILABLE = "BACKEND_UNAVAILABLE"  # asked for a backend this machine lacks
 GOLDEN_MISMATCH = "GOLDEN_MISMATCH"  # a golden trace no longer reproduces
 
+#: Checkpoint containers, run commits and the trace tape (seed 001, seed 003 V);
+#: each is documented in docs/checkpoint-format.md, "Failure codes".
+CHECKPOINT_NOT_FOUND = "CHECKPOINT_NOT_FOUND"  # no container or store at the path
+CHECKPOINT_IO_ERROR = "CHECKPOINT_IO_ERROR"  # the operating system refused a read or write
+CHECKPOINT_CBOR_INVALID = "CHECKPOINT_CBOR_INVALID"  # malformed, non-canonical or oversized CBOR
+CHECKPOINT_SCHEMA_INVALID = "CHECKPOINT_SCHEMA_INVALID"  # a field missing, unknown or of the wrong type
+CHECKPOINT_SCHEMA_UNSUPPORTED = "CHECKPOINT_SCHEMA_UNSUPPORTED"  # a schema version this reader cannot read
+CHECKPOINT_PATH_INVALID = "CHECKPOINT_PATH_INVALID"  # a path outside the container grammar
+CHECKPOINT_FILE_MISSING = "CHECKPOINT_FILE_MISSING"  # a listed file is absent
+CHECKPOINT_UNEXPECTED_FILE = "CHECKPOINT_UNEXPECTED_FILE"  # a file, link or folder the manifest does not list
+CHECKPOINT_SIZE_MISMATCH = "CHECKPOINT_SIZE_MISMATCH"  # a file is shorter or longer than listed
+CHECKPOINT_HASH_MISMATCH = "CHECKPOINT_HASH_MISMATCH"  # a file's bytes differ from its listed SHA-256
+CHECKPOINT_MERKLE_MISMATCH = "CHECKPOINT_MERKLE_MISMATCH"  # a Merkle root or the header hash does not match
+CHECKPOINT_BINDING_MISMATCH = "CHECKPOINT_BINDING_MISMATCH"  # a header field disagrees with the file it binds
+CHECKPOINT_CONTENT_INVALID = "CHECKPOINT_CONTENT_INVALID"  # a file hashes right but its content is invalid
+CHECKPOINT_IDENTITY_MISMATCH = "CHECKPOINT_IDENTITY_MISMATCH"  # seed 001 II.I restore identity rule
+CHECKPOINT_CHAIN_MISMATCH = "CHECKPOINT_CHAIN_MISMATCH"  # checkpoint_hash_prev or the commit chain is broken
+CHECKPOINT_SIGNATURE_INVALID = "CHECKPOINT_SIGNATURE_INVALID"  # a certificate's signature or key is wrong
+CHECKPOINT_COMMIT_MISMATCH = "CHECKPOINT_COMMIT_MISMATCH"  # a certificate does not bind what the store holds
+CHECKPOINT_UNCOMMITTED = "CHECKPOINT_UNCOMMITTED"  # leftovers of an interrupted commit (run recovery)
+CHECKPOINT_COMMIT_ROLLED_BACK = "CHECKPOINT_COMMIT_ROLLED_BACK"  # failure record of a rolled-back commit
+CHECKPOINT_LOCKED = "CHECKPOINT_LOCKED"  # another writer holds the store
+CHECKPOINT_RESTORE_PROFILE = "CHECKPOINT_RESTORE_PROFILE"  # unknown or undeclared restore_profile_id
+CHECKPOINT_MIGRATION_UNSUPPORTED = "CHECKPOINT_MIGRATION_UNSUPPORTED"  # no migration path between versions
+CHECKPOINT_STATE_INVALID = "CHECKPOINT_STATE_INVALID"  # the state given to save cannot be stored
+TRACE_FORMAT_INVALID = "TRACE_FORMAT_INVALID"  # a tape frame, record or field is malformed
+TRACE_CHAIN_MISMATCH = "TRACE_CHAIN_MISMATCH"  # a tape's hash chain or sequence is broken
+TRACE_TRUNCATED = "TRACE_TRUNCATED"  # a tape ends inside a frame
+
+CHECKPOINT_VALIDATE_OPERATOR = "UML_OS.Checkpoint.ValidateSchema_v1"
+CHECKPOINT_SERIALIZE_OPERATOR = "UML_OS.Checkpoint.Serialize_v1"
+CHECKPOINT_RESTORE_OPERATOR = "UML_OS.Checkpoint.Restore_v1"
+CHECKPOINT_COMMIT_OPERATOR = "UML_OS.Checkpoint.RunCommit_v1"
+CHECKPOINT_MIGRATE_OPERATOR = "UML_OS.Checkpoint.Migrate_v1"
+TAPE_OPERATOR = "UML_OS.IO.WriteTape_v1"
+
 NEXTBATCH_OPERATOR = "UML_OS.Data.NextBatch_v2"
 
 

@@ -27,6 +27,12 @@ def info(iteration, epoch_idx=0):
     return types.SimpleNamespace(iteration=iteration, epoch_idx=epoch_idx)
 
 
+def ints(batch):
+    """A CPU output (one 0-d array per sample) as a list of ints."""
+    assert isinstance(batch, list) and all(isinstance(x, np.ndarray) and x.shape == () for x in batch)
+    return [int(x) for x in batch]
+
+
 def shard_epoch(source, epoch_idx):
     """What DALI would receive in one epoch, until StopIteration."""
     out = []
@@ -57,9 +63,9 @@ def test_batches_are_next_batch_micro_batches(stage):
         assert src.micro_batch_size == 3 and src.num_outputs == 1
         for epoch_idx in (0, 1):
             got = shard_epoch(src, epoch_idx)
-            assert all(isinstance(b, np.ndarray) and b.dtype == np.int64 for b in got)
+            assert all(x.dtype == np.int64 for b in got for x in b)
             expected = [b for b in expected_micro_batches(4, rank, epoch_idx, stage) if b]
-            assert [b.tolist() for b in got] == expected
+            assert [ints(b) for b in got] == expected
 
 
 def test_shards_in_order_equal_the_global_sequence():
@@ -68,7 +74,7 @@ def test_shards_in_order_equal_the_global_sequence():
     for it in range(5):
         for s in sources:
             try:
-                merged.extend(s(info(it, 1)).tolist())
+                merged.extend(ints(s(info(it, 1))))
             except StopIteration:
                 pass
     assert merged == uc.epoch_indices(MANIFEST, "train", epoch=1, backend="numpy").tolist()
@@ -76,9 +82,9 @@ def test_shards_in_order_equal_the_global_sequence():
 
 def test_is_pure_in_iteration_and_epoch():
     src = IndexSource(MANIFEST, "train", shard_id=1, num_shards=2)
-    a = src(info(3, 2)).tolist()
+    a = ints(src(info(3, 2)))
     src(info(0, 0))
-    assert src(info(3, 2)).tolist() == a  # DALI's prefetching may call out of order
+    assert ints(src(info(3, 2))) == a  # DALI's prefetching may call out of order
 
 
 def test_resume_from_a_checkpointed_cursor():
@@ -87,8 +93,8 @@ def test_resume_from_a_checkpointed_cursor():
     saved = src.cursor_after(0, 1)  # the pipeline consumed iterations 0 and 1
     assert saved == uc.Cursor(0, 2 * G)
     resumed = IndexSource(MANIFEST, "train", shard_id=0, num_shards=2, cursor=saved)
-    assert [b.tolist() for b in shard_epoch(resumed, 0)] == [b.tolist() for b in first[2:]]
-    assert [b.tolist() for b in shard_epoch(resumed, 1)] == [b.tolist() for b in shard_epoch(src, 1)]
+    assert [ints(b) for b in shard_epoch(resumed, 0)] == [ints(b) for b in first[2:]]
+    assert [ints(b) for b in shard_epoch(resumed, 1)] == [ints(b) for b in shard_epoch(src, 1)]
     assert src.cursor_after(0, 4) == uc.Cursor(1, 0)
     assert src.cursor_at(0, 5) is None
 
@@ -102,7 +108,7 @@ def test_resume_at_another_shard_count():
     for it in range(3):
         for s in two:
             try:
-                merged.extend(s(info(it, 0)).tolist())
+                merged.extend(ints(s(info(it, 0))))
             except StopIteration:  # shard 1's slice of the last, 2-sample batch is empty
                 assert (it, s.shard_id) == (2, 1)
     assert merged == uc.epoch_indices(MANIFEST, "train", epoch=0, start=2 * G, backend="numpy").tolist()
@@ -111,10 +117,10 @@ def test_resume_at_another_shard_count():
 def test_integer_calls_count_epochs():
     """With batch_info=False DALI passes the iteration only."""
     src = IndexSource(MANIFEST, "train", shard_id=0, num_shards=1)
-    epoch0 = [src(i).tolist() for i in range(5)]
+    epoch0 = [ints(src(i)) for i in range(5)]
     with pytest.raises(StopIteration):
         src(5)
-    epoch1 = [src(i).tolist() for i in range(5)]
+    epoch1 = [ints(src(i)) for i in range(5)]
     assert epoch0 == expected_micro_batches(1, 0, 0) and epoch1 == expected_micro_batches(1, 0, 1)
 
 
@@ -125,9 +131,9 @@ def test_reader_and_pad_outputs():
     assert len(batches) == 5  # padded: every shard takes every iteration
     for indices, samples, valid in batches:
         assert len(indices) == len(samples) == len(valid) == 3
-        assert all(np.array_equal(s, DATA[i]) for i, s in zip(indices.tolist(), samples))
-    assert batches[-1][2].tolist() == [False, False, False]  # shard 3's slice of the last batch is empty
-    assert all(v.all() for _, _, v in batches[:-1])
+        assert all(np.array_equal(s, DATA[i]) for i, s in zip(ints(indices), samples))
+    assert [bool(v) for v in batches[-1][2]] == [False, False, False]  # shard 3's slice of the last batch is empty
+    assert all(bool(v) for _, _, valid in batches[:-1] for v in valid)
 
 
 def test_empty_slice_ends_the_epoch_without_pad():
@@ -222,6 +228,23 @@ def test_cpu_pipeline_resumes_from_a_cursor():
     _, resumed = build(saved)
     rest = [int(i) for b in _run_epoch(resumed, 1) for i in b[0]]
     assert first + rest == uc.epoch_indices(MANIFEST, "train", epoch=0, backend="numpy").tolist()
+
+
+def test_parallel_external_source_in_worker_processes():
+    """DALI's parallel mode pickles the source into worker processes."""
+    _dali()
+    from nvidia.dali import fn, pipeline_def
+
+    src = IndexSource(MANIFEST, "train", shard_id=0, num_shards=2)
+
+    @pipeline_def(batch_size=src.micro_batch_size, num_threads=1, device_id=None, py_num_workers=1, py_start_method="spawn")
+    def pipe():
+        return fn.external_source(source=src, batch=True, batch_info=True, parallel=True)
+
+    p = pipe()
+    p.build()
+    got = [[int(np.array(i)) for i in p.run()[0]] for _ in range(2)]
+    assert got == expected_micro_batches(2, 0, 0)[:2]
 
 
 def test_gpu_pipeline_gets_cupy_batches():

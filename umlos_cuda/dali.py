@@ -23,7 +23,9 @@ its CPU pipelines run on machines without a GPU)::
         indices, jpegs = ud.external_source(source)
         return indices, fn.decoders.image(jpegs, device="mixed")
 
-Outputs, in order: ``indices`` (one int64 scalar per sample); ``samples``
+Outputs, in order: ``indices`` (one int64 scalar per sample, as a list of
+0-d NumPy arrays on the CPU, the form DALI's ``parallel=True`` workers also
+accept, or one CuPy array on the GPU); ``samples``
 when a ``reader`` is given (``reader(index)`` per sample); ``valid`` (one bool
 per sample) when ``pad`` is set. The epoch ends (the source raises
 ``StopIteration``, DALI's end of epoch) after its last global batch, or, without
@@ -192,6 +194,8 @@ class IndexSource:
             outputs.append([xp.asarray(self.reader(i)) for i in to_numpy(indices).tolist()])
         if self.pad:
             outputs.append(valid)
+        if xp is np:  # one 0-d array per sample: the form DALI's parallel (worker) mode accepts too
+            outputs = [o if isinstance(o, list) else [o[k, ...] for k in range(len(o))] for o in outputs]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 

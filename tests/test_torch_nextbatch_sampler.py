@@ -284,3 +284,14 @@ def test_eval_with_dataloader_gives_a_mask():
             assert mask.dtype == torch.bool and values.shape == (2,)
             seen.extend(values[mask].tolist())
     assert sorted(seen) == list(range(100, 110))
+
+
+def test_batches_consumed_overrides_what_was_handed_out():
+    s = NextBatchSampler(manifest(), "train", rank=0, world_size=4, cursor=uc.Cursor(2, 12))
+    it = iter(s)
+    [next(it) for _ in range(3)]  # a loader's prefetch ran ahead of the training loop
+    assert s.state_dict()["cursor"] == {"epoch": 2, "global_index": 48}
+    assert s.state_dict(batches_consumed=1)["cursor"] == {"epoch": 2, "global_index": 24}
+    assert s.state_dict(batches_consumed=4)["cursor"] == {"epoch": 3, "global_index": 0}
+    with pytest.raises(SamplerArgumentError, match="batches_consumed"):
+        s.state_dict(batches_consumed=-1)

@@ -113,6 +113,7 @@ class NextBatchSampler(_SamplerBase):  # type: ignore[misc,valid-type]
         self.epoch_limit = (n // self.global_batch_size) * self.global_batch_size if drop else n
         #: The metadata of the last micro-batch yielded (sampler_config_hash, data_replay_t, ...).
         self.last_metadata: dict[str, Any] | None = None
+        self._iter_start = self.cursor  # the cursor the current pass of iter() began at
 
     def _call(self, cursor: Cursor):
         return next_batch(
@@ -145,6 +146,10 @@ class NextBatchSampler(_SamplerBase):  # type: ignore[misc,valid-type]
 
     # -- iteration -----------------------------------------------------------
     def __iter__(self) -> Iterator[list]:
+        self._iter_start = self.cursor
+        return self._generate()
+
+    def _generate(self) -> Iterator[list]:
         epoch = self.cursor.epoch
         while self.cursor.epoch == epoch:
             batch = self._call(self.cursor)
@@ -167,11 +172,28 @@ class NextBatchSampler(_SamplerBase):  # type: ignore[misc,valid-type]
             self.cursor = Cursor(epoch, 0)
 
     # -- checkpointing ---------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """The cursor and what it belongs to, as plain data (str and int only)."""
+    def _cursor_after(self, batches: int) -> Cursor:
+        """The cursor once ``batches`` micro-batches of the current pass were consumed."""
+        start = self._iter_start
+        position = start.global_index + batches * self.global_batch_size
+        if position >= self.epoch_limit:
+            return Cursor(start.epoch + 1, 0)
+        return Cursor(start.epoch, position)
+
+    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
+        """The cursor and what it belongs to, as plain data (str and int only).
+
+        By default the cursor follows what the sampler has handed out. A plain
+        DataLoader with workers prefetches ahead of the training loop: pass
+        ``batches_consumed`` (micro-batches the loop has used in the current
+        pass, counted on rank 0) or use torchdata's ``StatefulDataLoader``.
+        """
+        cursor = self.cursor
+        if batches_consumed is not None:
+            cursor = self._cursor_after(require_uint64(batches_consumed, "batches_consumed"))
         return {
             "format": STATE_FORMAT,
-            "cursor": self.cursor.to_dict(),
+            "cursor": cursor.to_dict(),
             "dataset_key": self.dataset_key,
             "stage": self.stage,
             "manifest_hash": self.manifest.hash.hex(),
@@ -198,4 +220,4 @@ class NextBatchSampler(_SamplerBase):  # type: ignore[misc,valid-type]
             self._call(cursor)  # GLOBAL_POSITION_EXCEEDS_CARDINALITY and friends, now
         except UmlosError as exc:
             raise as_argument_error(exc) from None
-        self.cursor = cursor
+        self.cursor = self._iter_start = cursor

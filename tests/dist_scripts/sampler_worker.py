@@ -169,7 +169,8 @@ def phase_start(workdir: str, report: dict) -> None:
     x = torch.randn(n_train, 4)
     y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1
     train_set = TensorDataset(x, y)
-    train_sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=False)
+    train_sampler = DistributedSampler(train_set)  # as users call PyTorch's: rank and world from the process group
+    assert (train_sampler.num_replicas, train_sampler.rank) == (world, rank)
     train_loader = DataLoader(train_set, batch_size=8, sampler=train_sampler)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)

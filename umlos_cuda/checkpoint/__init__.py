@@ -1,0 +1,71 @@
+"""Checkpoint containers, the run-commit protocol and the trace tape.
+
+Seed 001 (checkpoint schema contract), seed 000 §7/§10 (trace, cursors) and
+seed 003 V/VIII (tape, checkpoint contents); docs/checkpoint-format.md is the
+normative description. The modules, one job each:
+
+- ``cbor_safe``: strict, bounded canonical-CBOR reader for untrusted files
+- ``merkle``: RFC 6962 Merkle tree over file entries
+- ``paths``: the container path grammar and link-free file access
+- ``atomic``: temp file, fsync, rename, fsync(directory)
+- ``lock``: one writer per store
+- ``signing``: Ed25519 certificates
+- ``schema``: header fields, versions, identity defaults
+- ``state``: ``CheckpointState`` and ``RunIdentity``
+- ``tensors``: safetensors shards
+- ``container``: writing, reading and verifying a container
+- ``restore``: restore profiles, identity rule, chain
+- ``tape``: the trace tape
+- ``commit``: the store, run commits and crash recovery
+- ``migrate``: schema migrations and their certificates
+- ``demo``: checkpoint, crash, restore and compare on a manifest
+
+Typical use::
+
+    from umlos_cuda.checkpoint import CheckpointStore, CheckpointState, RunIdentity
+    identity = RunIdentity("tenant", "run-1", manifest)
+    with CheckpointStore.open("ckpt", identity, signing_key) as store:
+        restored = store.restore_latest()         # None on a fresh store
+        if restored is None:
+            store.start_run("train", world_size=8)
+        ...  # store.tape.append(iter_fields(batch, t)) per next_batch call
+        store.commit(CheckpointState(t, {"train": cursor}, tensors={0: [params]}))
+"""
+
+from .commit import CheckpointStore, CommitRecord, RecoveryReport, is_store, open_store, recover_store, restore_latest, verify_store
+from .container import ContainerBuilder, ContainerInfo, ContainerReader, TraceLink, save_checkpoint, verify_container
+from .restore import RestoredCheckpoint, restore_checkpoint
+from .schema import IDENTITY_FIELDS, RESTORE_PROFILES, SCHEMA_VERSION, SUPPORTED_VERSIONS
+from .state import CheckpointState, RunIdentity
+from .tape import BLOCK_SIZE, MAX_EVENTS, TapeWriter, failure_fields, iter_fields, read_tape
+
+__all__ = [
+    "BLOCK_SIZE",
+    "CheckpointState",
+    "CheckpointStore",
+    "CommitRecord",
+    "ContainerBuilder",
+    "ContainerInfo",
+    "ContainerReader",
+    "IDENTITY_FIELDS",
+    "MAX_EVENTS",
+    "RESTORE_PROFILES",
+    "RecoveryReport",
+    "RestoredCheckpoint",
+    "RunIdentity",
+    "SCHEMA_VERSION",
+    "SUPPORTED_VERSIONS",
+    "TapeWriter",
+    "TraceLink",
+    "failure_fields",
+    "is_store",
+    "iter_fields",
+    "open_store",
+    "read_tape",
+    "recover_store",
+    "restore_checkpoint",
+    "restore_latest",
+    "save_checkpoint",
+    "verify_container",
+    "verify_store",
+]

@@ -1,0 +1,706 @@
+"""Writing and reading checkpoint containers (seed 001 §II.F, §II.G).
+
+A container is a directory::
+
+    checkpoint_manifest.cbor            the header, the entry list, checkpoint_hash
+    tensors/rank=<r>/shard=<k>.bin      tensor shards (safetensors)
+    optimizer/rank=<r>/state.bin        optimizer state per rank (safetensors)
+    dp/accountant_state.cbor            DP accountant state (or "DP disabled")
+    data/cursors.cbor                   {dataset_key: {epoch, global_index}} + sampler_config_hash
+    data/manifest.cbor                  the canonical run manifest (seed 003 VIII.A)
+    tmmu/plan.cbor                      the memory plan
+    trace/link.cbor                     binds the checkpoint to the trace tape's hash chain
+    artifacts/artifact_index.cbor       index of user state
+    artifacts/blob=<name>.bin           user byte blobs
+    artifacts/array=<name>.bin          user arrays (safetensors)
+
+Every file except the manifest is an *entry* ``{path, size, sha256}``; the
+manifest lists the entries in path order and the header binds their Merkle
+root, so ``checkpoint_hash = SHA-256(CBOR_CANONICAL(header))`` fixes every byte
+of the container. docs/checkpoint-format.md is the normative description;
+this module implements it and names each rule it checks.
+
+Writing: :class:`ContainerBuilder` builds the files in memory, then
+:meth:`ContainerBuilder.write` puts them in a directory that must not exist
+yet (the commit protocol writes into a temp name and renames it). Reading:
+:class:`ContainerReader` checks the manifest when opened and the files on
+demand; :func:`verify_container` runs every check.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from .. import errors
+from ..cursor import Cursor
+from ..hashing import cbor_canonical, hash_canonical, sha256
+from ..manifest import Manifest
+from . import atomic, cbor_safe, merkle, paths, schema, tensors
+from .codes import SERIALIZE, error
+from .state import CheckpointState, RunIdentity, check_user_name, dataset_snapshot_id, plain
+
+#: Bounds for untrusted input.
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_ENTRIES = 1 << 16
+MAX_SMALL_CBOR_BYTES = 16 << 20
+MAX_STATE_CBOR_DEPTH = 12
+MAX_RUN_MANIFEST_DEPTH = 70
+MAX_TRACE_SEGMENTS = 1 << 16
+MAX_TENSOR_FILE_BYTES = 1 << 40
+
+MANIFEST_KEYS = frozenset({"format", "header", "entries", "checkpoint_hash"})
+ENTRY_KEYS = frozenset({"path", "size", "sha256"})
+
+
+# -- the trace link --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TraceLink:
+    """``trace/link.cbor``: where the checkpoint sits on the trace tape's hash chain.
+
+    ``segments`` lists the committed tape segments up to this point as
+    ``{path, size, sha256, first_seq, event_count}`` (paths relative to the store).
+    A checkpoint written without a tape has ``event_count = 0``, no segments and
+    zero hashes.
+    """
+
+    trace_root_hash: bytes = schema.ZERO_HASH
+    trace_tail_hash: bytes = schema.ZERO_HASH
+    event_count: int = 0
+    segments: tuple = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "trace_root_hash": self.trace_root_hash,
+            "trace_tail_hash": self.trace_tail_hash,
+            "event_count": self.event_count,
+            "segments": [dict(s) for s in self.segments],
+        }
+
+    @classmethod
+    def from_dict(cls, value: Any, what: str = paths.TRACE_LINK_PATH) -> "TraceLink":
+        code = errors.CHECKPOINT_CONTENT_INVALID
+        keys = {"trace_root_hash", "trace_tail_hash", "event_count", "segments"}
+        if not isinstance(value, dict) or set(value) != keys:
+            raise error(code, f"{what} must be a map with exactly {sorted(keys)}")
+        root = schema.check_hash(value["trace_root_hash"], f"{what}: trace_root_hash", code)
+        tail = schema.check_hash(value["trace_tail_hash"], f"{what}: trace_tail_hash", code)
+        count = schema.check_uint64(value["event_count"], f"{what}: event_count", code)
+        segments = value["segments"]
+        if not isinstance(segments, list) or len(segments) > MAX_TRACE_SEGMENTS:
+            raise error(code, f"{what}: segments must be a list of at most {MAX_TRACE_SEGMENTS}")
+        expected_seq = 0
+        for segment in segments:
+            if not isinstance(segment, dict) or set(segment) != {"path", "size", "sha256", "first_seq", "event_count"}:
+                raise error(code, f"{what}: a segment has exactly path, size, sha256, first_seq, event_count")
+            from .tape import parse_segment_name
+
+            parse_segment_name(segment["path"], code)
+            schema.check_uint64(segment["size"], f"{what}: segment size", code)
+            schema.check_hash(segment["sha256"], f"{what}: segment sha256", code)
+            if segment["first_seq"] != expected_seq:
+                raise error(code, f"{what}: segment {segment['path']} starts at event {segment['first_seq']}, "
+                                  f"expected {expected_seq}")
+            expected_seq += schema.check_uint64(segment["event_count"], f"{what}: segment event_count", code)
+        if expected_seq != count:
+            raise error(code, f"{what}: segments hold {expected_seq} events, event_count says {count}")
+        if count == 0 and (root != schema.ZERO_HASH or tail != schema.ZERO_HASH):
+            raise error(code, f"{what}: an empty trace has zero root and tail hashes")
+        return cls(root, tail, count, tuple(segments))
+
+
+NO_TRACE = TraceLink()
+
+
+# -- writing ---------------------------------------------------------------------------
+
+
+@dataclass
+class ContainerInfo:
+    """What a written or opened container is: its hash, header and entries."""
+
+    checkpoint_hash: bytes
+    header: dict[str, Any]
+    entries: list[dict[str, Any]]
+    manifest_bytes: bytes = field(repr=False, default=b"")
+
+    @property
+    def t(self) -> int:
+        return self.header["t"]
+
+    @property
+    def merkle_root(self) -> bytes:
+        return self.header["checkpoint_merkle_root"]
+
+
+def _component(entries: list[dict], prefix: str) -> list[dict]:
+    return [entry for entry in entries if entry["path"].startswith(prefix)]
+
+
+def component_roots(entries: list[dict]) -> dict[str, bytes]:
+    """The Merkle roots and component manifest hashes the header binds (§II.G binding rule)."""
+    tensor_entries = _component(entries, "tensors/")
+    optimizer_entries = _component(entries, "optimizer/")
+    dp_entries = _component(entries, "dp/")
+    return {
+        "checkpoint_merkle_root": merkle.entries_root(entries),
+        "tensors_root_hash": merkle.entries_root(tensor_entries),
+        "weights_manifest_hash": hash_canonical(tensor_entries),
+        "optimizer_state_root_hash": merkle.entries_root(optimizer_entries),
+        "optimizer_manifest_hash": hash_canonical(optimizer_entries),
+        "dp_accountant_state_root_hash": merkle.entries_root(dp_entries),
+        "dp_accountant_manifest_hash": hash_canonical(dp_entries),
+    }
+
+
+def sort_key(path: str) -> bytes:
+    return path.encode("utf-8")
+
+
+class ContainerBuilder:
+    """Builds a container's files and header; see the module docstring.
+
+    The header needs ``lineage_root_hash``, and the lineage record needs the
+    Merkle root, so building is two steps: construct (files, entries, roots),
+    then :meth:`finish` with the lineage root and the previous checkpoint hash.
+    """
+
+    def __init__(
+        self,
+        identity: RunIdentity,
+        state: CheckpointState,
+        *,
+        trace_link: TraceLink = NO_TRACE,
+        schema_version: str = schema.SCHEMA_VERSION,
+        restore_profiles: Iterable[str] | None = None,
+    ) -> None:
+        if not isinstance(identity, RunIdentity) or not isinstance(state, CheckpointState):
+            raise error(errors.CHECKPOINT_STATE_INVALID, "expected a RunIdentity and a CheckpointState", operator=SERIALIZE)
+        schema.check_version(schema_version)
+        self.identity = identity
+        self.state = state
+        self.schema_version = schema_version
+        self.trace_link = trace_link
+        schema.check_uint64(state.t, "t", errors.CHECKPOINT_STATE_INVALID)
+        if restore_profiles is None:
+            restore_profiles = schema.RESTORE_PROFILES
+        self.restore_profiles = sorted(set(restore_profiles))
+        if schema.FULL_PROFILE not in self.restore_profiles or set(self.restore_profiles) - set(schema.RESTORE_PROFILES):
+            raise error(
+                errors.CHECKPOINT_STATE_INVALID,
+                f"restore_profiles must include {schema.FULL_PROFILE} and only {', '.join(schema.RESTORE_PROFILES)}",
+                operator=SERIALIZE,
+            )
+        self.files = self._build_files()
+        self.entries = [
+            {"path": path, "size": len(data), "sha256": sha256(data)}
+            for path, data in sorted(self.files.items(), key=lambda item: sort_key(item[0]))
+        ]
+        self.roots = component_roots(self.entries)
+        self.header: dict[str, Any] | None = None
+        self.manifest_bytes: bytes | None = None
+        self.checkpoint_hash: bytes | None = None
+
+    @property
+    def merkle_root(self) -> bytes:
+        return self.roots["checkpoint_merkle_root"]
+
+    def _build_files(self) -> dict[str, bytes]:
+        identity, state = self.identity, self.state
+        files: dict[str, bytes] = {}
+        cursors = state.cursor_map()
+        unknown = sorted(set(cursors) - set(identity.manifest.datasets))
+        if unknown:
+            raise error(
+                errors.CHECKPOINT_STATE_INVALID,
+                f"cursor dataset key(s) {', '.join(unknown)} are not in the manifest",
+                operator=SERIALIZE,
+            )
+        files[paths.CURSORS_PATH] = cbor_canonical(
+            {
+                "data_cursors": {key: cursor.to_dict() for key, cursor in cursors.items()},
+                "sampler_config_hash": identity.sampler_config_hash,
+            }
+        )
+        files[paths.RUN_MANIFEST_PATH] = cbor_canonical(identity.manifest.canonical)
+        if state.dp_accountant is None:
+            files[paths.DP_PATH] = cbor_canonical({"dp_enabled": False})
+        else:
+            files[paths.DP_PATH] = cbor_canonical({"dp_enabled": True, "state": plain(state.dp_accountant, "dp_accountant")})
+        files[paths.TMMU_PATH] = cbor_canonical({"plan": plain(state.tmmu_plan, "tmmu_plan")})
+        files[paths.TRACE_LINK_PATH] = cbor_canonical(self.trace_link.to_dict())
+        if not isinstance(state.tensors, Mapping) or not isinstance(state.optimizer, Mapping):
+            raise error(errors.CHECKPOINT_STATE_INVALID, "tensors and optimizer map ranks to state", operator=SERIALIZE)
+        for rank, shards in state.tensors.items():
+            rank = _rank(rank)
+            if isinstance(shards, Mapping) or not isinstance(shards, (list, tuple)):
+                raise error(errors.CHECKPOINT_STATE_INVALID, f"tensors[{rank}] must be a list of shards", operator=SERIALIZE)
+            for shard, arrays in enumerate(shards):
+                files[paths.tensor_path(rank, shard)] = tensors.encode(arrays, f"tensors[{rank}][{shard}]")
+        for rank, arrays in state.optimizer.items():
+            rank = _rank(rank)
+            files[paths.optimizer_path(rank)] = tensors.encode(arrays, f"optimizer[{rank}]")
+        index: dict[str, Any] = {}
+        folded: set[str] = set()
+        if not isinstance(state.user_state, Mapping):
+            raise error(errors.CHECKPOINT_STATE_INVALID, "user_state maps names to bytes or arrays", operator=SERIALIZE)
+        for name, value in state.user_state.items():
+            check_user_name(name)
+            if name.casefold() in folded:
+                raise error(errors.CHECKPOINT_STATE_INVALID, f"user state names differ only by case: {name!r}",
+                            operator=SERIALIZE)
+            folded.add(name.casefold())
+            if isinstance(value, (bytes, bytearray, memoryview)):
+                kind, data = "blob", bytes(value)
+            elif isinstance(value, np.ndarray):
+                kind, data = "array", tensors.encode({"value": value}, f"user_state[{name!r}]")
+            else:
+                raise error(
+                    errors.CHECKPOINT_STATE_INVALID,
+                    f"user_state[{name!r}] is a {type(value).__name__}; store bytes or a NumPy array",
+                    operator=SERIALIZE,
+                )
+            path = paths.artifact_path(kind, name)
+            files[path] = data
+            index[name] = {"kind": kind, "path": path, "size": len(data), "sha256": sha256(data)}
+        files[paths.ARTIFACT_INDEX_PATH] = cbor_canonical({"artifacts": index})
+        return files
+
+    def finish(self, *, lineage_root_hash: bytes = schema.ZERO_HASH, checkpoint_hash_prev: bytes | None = None) -> bytes:
+        """Build the header and manifest; return ``checkpoint_hash``."""
+        identity, manifest = self.identity, self.identity.manifest
+        schema.check_hash(lineage_root_hash, "lineage_root_hash", errors.CHECKPOINT_STATE_INVALID)
+        header: dict[str, Any] = {
+            "tenant_id": identity.tenant_id,
+            "run_id": identity.run_id,
+            "spec_version": manifest.spec_version,
+            "checkpoint_schema_version": self.schema_version,
+            "replay_token": identity.token,
+            "t": self.state.t,
+            "manifest_hash": manifest.hash,
+            "trace_root_hash": self.trace_link.trace_root_hash,
+            "sampler_config_hash": identity.sampler_config_hash,
+            "tmmu_plan_hash": sha256(self.files[paths.TMMU_PATH]),
+            "backend_binary_hash": identity.backend_binary_hash,
+            "checkpoint_merkle_root": self.roots["checkpoint_merkle_root"],
+            "policy_hash": manifest.policy_hash,
+            "determinism_profile_hash": identity.determinism_profile_hash,
+            "dependencies_lock_hash": identity.dependencies_lock_hash,
+            "operator_contracts_root_hash": identity.operator_contracts_root_hash,
+            "runtime_env_hash": manifest.env_manifest_hash,
+            "code_commit_hash": identity.code_commit_hash,
+            "lineage_root_hash": lineage_root_hash,
+            "tensors_root_hash": self.roots["tensors_root_hash"],
+            "optimizer_state_root_hash": self.roots["optimizer_state_root_hash"],
+            "trace_tail_hash_at_checkpoint": self.trace_link.trace_tail_hash,
+            "weights_manifest_hash": self.roots["weights_manifest_hash"],
+            "optimizer_manifest_hash": self.roots["optimizer_manifest_hash"],
+            "dataset_snapshot_id": identity.dataset_snapshot_id,
+            "artifact_index_hash": sha256(self.files[paths.ARTIFACT_INDEX_PATH]),
+            "migration_supported_from": [v for v in schema.SUPPORTED_VERSIONS if v < self.schema_version],
+            "migration_operator": schema.MIGRATION_OPERATOR,
+            "migration_invariants": sorted(schema.MIGRATION_INVARIANTS),
+        }
+        if self.state.dp_accountant is not None:
+            header["dp_accountant_state_root_hash"] = self.roots["dp_accountant_state_root_hash"]
+            header["dp_accountant_manifest_hash"] = self.roots["dp_accountant_manifest_hash"]
+        if checkpoint_hash_prev is not None:
+            header["checkpoint_hash_prev"] = schema.check_hash(
+                checkpoint_hash_prev, "checkpoint_hash_prev", errors.CHECKPOINT_STATE_INVALID
+            )
+        if self.schema_version != "1.0":
+            header["restore_profiles"] = list(self.restore_profiles)
+        schema.validate_header(header)
+        self.header = header
+        self.checkpoint_hash = hash_canonical(header)
+        self.manifest_bytes = encode_manifest(header, self.entries)
+        return self.checkpoint_hash
+
+    def write(self, directory: str) -> ContainerInfo:
+        """Write the container into ``directory`` (created here; it must not exist).
+
+        Files are written and fsynced, then the manifest, then every folder is
+        fsynced. The caller makes the directory visible atomically by renaming it.
+        """
+        if self.manifest_bytes is None:
+            self.finish()
+        atomic.make_dir(directory)
+        made = {""}
+        for path, data in sorted(self.files.items(), key=lambda item: sort_key(item[0])):
+            parts = path.split("/")
+            for depth in range(1, len(parts)):
+                folder = "/".join(parts[:depth])
+                if folder not in made:
+                    atomic.make_dir(os.path.join(directory, folder))
+                    made.add(folder)
+            atomic.write_file(os.path.join(directory, path), data)
+            atomic.crash_point("container_file")
+        atomic.write_file(os.path.join(directory, paths.MANIFEST_NAME), self.manifest_bytes)
+        for folder in sorted(made, key=len, reverse=True):
+            atomic.fsync_dir(os.path.join(directory, folder) if folder else directory)
+        return ContainerInfo(self.checkpoint_hash, self.header, self.entries, self.manifest_bytes)
+
+
+def _rank(rank: Any) -> int:
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= int(rank) <= paths.UINT32_MAX:
+        raise error(errors.CHECKPOINT_STATE_INVALID, f"rank {rank!r} must be an integer in [0, 2^32 - 1]", operator=SERIALIZE)
+    return int(rank)
+
+
+def encode_manifest(header: dict, entries: list[dict]) -> bytes:
+    return cbor_canonical(
+        {
+            "format": schema.CONTAINER_FORMAT,
+            "header": header,
+            "entries": entries,
+            "checkpoint_hash": hash_canonical(header),
+        }
+    )
+
+
+def save_checkpoint(
+    path: str | os.PathLike[str],
+    identity: RunIdentity,
+    state: CheckpointState,
+    *,
+    trace_link: TraceLink = NO_TRACE,
+    lineage_root_hash: bytes = schema.ZERO_HASH,
+    checkpoint_hash_prev: bytes | None = None,
+    schema_version: str = schema.SCHEMA_VERSION,
+    restore_profiles: Iterable[str] | None = None,
+) -> ContainerInfo:
+    """Write one standalone container at ``path`` (which must not exist), atomically:
+    the files go into ``path + ".tmp"``, which is renamed to ``path`` and the
+    parent folder fsynced. For a run with a trace tape, commit certificates and
+    crash recovery, use :class:`umlos_cuda.checkpoint.CheckpointStore`."""
+    path = os.fspath(path)
+    if os.path.lexists(path):
+        raise error(errors.CHECKPOINT_STATE_INVALID, f"{path} already exists; containers are never overwritten",
+                    operator=SERIALIZE)
+    builder = ContainerBuilder(
+        identity, state, trace_link=trace_link, schema_version=schema_version, restore_profiles=restore_profiles
+    )
+    builder.finish(lineage_root_hash=lineage_root_hash, checkpoint_hash_prev=checkpoint_hash_prev)
+    temp = path + ".tmp"
+    atomic.remove(temp)
+    try:
+        info = builder.write(temp)
+        atomic.rename(temp, path)
+    except BaseException:
+        atomic.remove(temp)
+        raise
+    return info
+
+
+# -- reading ---------------------------------------------------------------------------
+
+
+def parse_manifest(data: bytes, what: str = paths.MANIFEST_NAME) -> ContainerInfo:
+    """Decode and check a container manifest without touching any other file.
+
+    Checks, in order: canonical CBOR within bounds, the four top-level keys and
+    the format name, the header schema, ``checkpoint_hash`` against the header,
+    the entry list (grammar, order, required files, shard numbering), and every
+    Merkle root and component manifest hash of the header against the entries.
+    """
+    top = cbor_safe.decode(data, what=what, max_bytes=MAX_MANIFEST_BYTES, max_depth=6, max_items=8 * MAX_ENTRIES + 256)
+    if not isinstance(top, dict) or set(top) != MANIFEST_KEYS:
+        raise error(errors.CHECKPOINT_SCHEMA_INVALID, f"{what} must be a map with exactly {sorted(MANIFEST_KEYS)}")
+    if top["format"] != schema.CONTAINER_FORMAT:
+        raise error(errors.CHECKPOINT_SCHEMA_UNSUPPORTED, f"{what}: format {top['format']!r} is not {schema.CONTAINER_FORMAT}")
+    header = schema.validate_header(top["header"])
+    stored_hash = schema.check_hash(top["checkpoint_hash"], "checkpoint_hash")
+    checkpoint_hash = hash_canonical(header)
+    if stored_hash != checkpoint_hash:
+        raise error(errors.CHECKPOINT_MERKLE_MISMATCH, f"{what}: checkpoint_hash does not match SHA-256 of the header")
+    entries = _check_entries(top["entries"], what)
+    roots = component_roots(entries)
+    for name in ("checkpoint_merkle_root", "tensors_root_hash", "weights_manifest_hash",
+                 "optimizer_state_root_hash", "optimizer_manifest_hash"):
+        if header[name] != roots[name]:
+            raise error(errors.CHECKPOINT_MERKLE_MISMATCH, f"{what}: {name} does not match the entry list")
+    if "dp_accountant_state_root_hash" in header:
+        for name in ("dp_accountant_state_root_hash", "dp_accountant_manifest_hash"):
+            if header[name] != roots[name]:
+                raise error(errors.CHECKPOINT_MERKLE_MISMATCH, f"{what}: {name} does not match the entry list")
+    return ContainerInfo(checkpoint_hash, header, entries, data)
+
+
+def _check_entries(entries: Any, what: str) -> list[dict]:
+    code = errors.CHECKPOINT_SCHEMA_INVALID
+    if not isinstance(entries, list) or len(entries) > MAX_ENTRIES:
+        raise error(code, f"{what}: entries must be a list of at most {MAX_ENTRIES}")
+    previous = b""
+    folded: set[str] = set()
+    shards: dict[int, set[int]] = {}
+    for entry in entries:
+        if not isinstance(entry, dict) or set(entry) != ENTRY_KEYS:
+            raise error(code, f"{what}: an entry has exactly the keys path, size, sha256")
+        info = paths.parse_entry_path(entry["path"])
+        schema.check_uint64(entry["size"], f"size of {entry['path']}")
+        schema.check_hash(entry["sha256"], f"sha256 of {entry['path']}")
+        key = sort_key(entry["path"])
+        if key <= previous:
+            raise error(code, f"{what}: entries are not in strictly increasing path order at {entry['path']!r}")
+        previous = key
+        if entry["path"].casefold() in folded:
+            raise error(errors.CHECKPOINT_PATH_INVALID, f"{what}: paths differ only by case at {entry['path']!r}")
+        folded.add(entry["path"].casefold())
+        if info.kind == "tensor":
+            shards.setdefault(info.rank, set()).add(info.shard)
+    missing = sorted(set(paths.REQUIRED_PATHS) - {entry["path"] for entry in entries})
+    if missing:
+        raise error(code, f"{what}: the entry list lacks required file(s) {', '.join(missing)}")
+    for rank, numbers in shards.items():
+        if numbers != set(range(len(numbers))):
+            raise error(code, f"{what}: the shards of rank {rank} are not numbered 0..{len(numbers) - 1}")
+    return entries
+
+
+class ContainerReader:
+    """An opened container: the manifest is checked on open; files on demand.
+
+    Use as a context manager (it holds a directory descriptor).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._fd = paths.open_root(self.path)
+        try:
+            data = paths.read_bytes(self._fd, paths.MANIFEST_NAME, MAX_MANIFEST_BYTES)
+        except errors.UmlosError as exc:
+            self.close()
+            if exc.code == errors.CHECKPOINT_FILE_MISSING:
+                raise error(errors.CHECKPOINT_NOT_FOUND, f"{self.path} has no {paths.MANIFEST_NAME}") from None
+            raise
+        try:
+            self.info = parse_manifest(data)
+        except BaseException:
+            self.close()
+            raise
+        self.header = self.info.header
+        self.entries = {entry["path"]: entry for entry in self.info.entries}
+        self._cache: dict[str, Any] = {}
+        #: Paths whose bytes were checked against their entries.
+        self.checked: set[str] = set()
+
+    @property
+    def checkpoint_hash(self) -> bytes:
+        return self.info.checkpoint_hash
+
+    def close(self) -> None:
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "ContainerReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- files ---------------------------------------------------------------------
+    def check_file(self, path: str) -> None:
+        """The file at ``path`` exists, is regular and matches its entry's size and hash."""
+        entry = self.entries[path]
+        size, digest = paths.hash_file(self._fd, path)
+        if size != entry["size"]:
+            raise error(errors.CHECKPOINT_SIZE_MISMATCH, f"{path} is {size} bytes; the manifest lists {entry['size']}")
+        if digest != entry["sha256"]:
+            raise error(errors.CHECKPOINT_HASH_MISMATCH, f"{path}: SHA-256 differs from the manifest")
+        self.checked.add(path)
+
+    def read_verified(self, path: str) -> bytes:
+        """The bytes of ``path``, checked against its entry."""
+        entry = self.entries.get(path)
+        if entry is None:
+            raise error(errors.CHECKPOINT_FILE_MISSING, f"the container has no entry {path}")
+        data = paths.read_bytes(self._fd, path, max(entry["size"], 0), code=errors.CHECKPOINT_SIZE_MISMATCH)
+        if len(data) != entry["size"]:
+            raise error(errors.CHECKPOINT_SIZE_MISMATCH, f"{path} is {len(data)} bytes; the manifest lists {entry['size']}")
+        if sha256(data) != entry["sha256"]:
+            raise error(errors.CHECKPOINT_HASH_MISMATCH, f"{path}: SHA-256 differs from the manifest")
+        self.checked.add(path)
+        return data
+
+    def check_all_files(self) -> None:
+        for path in self.entries:
+            self.check_file(path)
+
+    def check_no_extra(self) -> None:
+        """Nothing in the folder that the manifest does not list (files, links, folders)."""
+        listed = set(self.entries) | {paths.MANIFEST_NAME}
+        folders = {"/".join(p.split("/")[:i]) for p in listed for i in range(1, p.count("/") + 1)}
+        for relpath, kind in paths.walk(self._fd):
+            if kind == "file" and relpath in listed:
+                continue
+            if kind == "dir" and relpath in folders:
+                continue
+            raise error(
+                errors.CHECKPOINT_UNEXPECTED_FILE,
+                f"{relpath} ({'folder' if kind == 'dir' else 'link or special file' if kind == 'other' else 'file'}) "
+                "is not listed in the manifest",
+            )
+
+    # -- content -------------------------------------------------------------------
+    def cbor(self, path: str, max_depth: int = MAX_STATE_CBOR_DEPTH) -> Any:
+        if path not in self._cache:
+            entry = self.entries.get(path)
+            if entry is not None and entry["size"] > MAX_SMALL_CBOR_BYTES:
+                raise error(errors.CHECKPOINT_CBOR_INVALID, f"{path} is listed at {entry['size']} bytes; "
+                                                            f"the limit is {MAX_SMALL_CBOR_BYTES}")
+            self._cache[path] = cbor_safe.decode(
+                self.read_verified(path), what=path, max_bytes=MAX_SMALL_CBOR_BYTES, max_depth=max_depth
+            )
+        return self._cache[path]
+
+    def run_manifest(self) -> Manifest:
+        """``data/manifest.cbor`` as a Manifest; bound to manifest_hash, policy, env, spec and datasets."""
+        raw = self.cbor(paths.RUN_MANIFEST_PATH, MAX_RUN_MANIFEST_DEPTH)
+        try:
+            manifest = Manifest.from_dict(raw) if isinstance(raw, dict) else None
+        except errors.UmlosError as exc:
+            raise error(errors.CHECKPOINT_CONTENT_INVALID, f"{paths.RUN_MANIFEST_PATH}: {exc.message}") from None
+        if manifest is None:
+            raise error(errors.CHECKPOINT_CONTENT_INVALID, f"{paths.RUN_MANIFEST_PATH} must be a map")
+        header = self.header
+        checks = {
+            "manifest_hash": manifest.hash,
+            "policy_hash": manifest.policy_hash,
+            "runtime_env_hash": manifest.env_manifest_hash,
+            "dataset_snapshot_id": dataset_snapshot_id(manifest.canonical),
+        }
+        for name, value in checks.items():
+            if header[name] != value:
+                raise error(errors.CHECKPOINT_BINDING_MISMATCH, f"{name} does not match {paths.RUN_MANIFEST_PATH}")
+        if header["spec_version"] != manifest.spec_version:
+            raise error(errors.CHECKPOINT_BINDING_MISMATCH, f"spec_version does not match {paths.RUN_MANIFEST_PATH}")
+        if sha256(self.read_verified(paths.RUN_MANIFEST_PATH)) != manifest.hash:
+            raise error(errors.CHECKPOINT_BINDING_MISMATCH, f"{paths.RUN_MANIFEST_PATH} is not the canonical manifest")
+        return manifest
+
+    def cursors(self) -> dict[str, Cursor]:
+        value = self.cbor(paths.CURSORS_PATH)
+        code = errors.CHECKPOINT_CONTENT_INVALID
+        if not isinstance(value, dict) or set(value) != {"data_cursors", "sampler_config_hash"}:
+            raise error(code, f"{paths.CURSORS_PATH} must be a map with exactly data_cursors and sampler_config_hash")
+        if value["sampler_config_hash"] != self.header["sampler_config_hash"]:
+            raise error(errors.CHECKPOINT_BINDING_MISMATCH, "sampler_config_hash differs between header and cursors")
+        cursors = value["data_cursors"]
+        if not isinstance(cursors, dict):
+            raise error(code, f"{paths.CURSORS_PATH}: data_cursors must be a map")
+        manifest = self.run_manifest()
+        out = {}
+        for key, item in cursors.items():
+            if key not in manifest.datasets:
+                raise error(errors.CHECKPOINT_BINDING_MISMATCH, f"cursor dataset key {key!r} is not in the run manifest")
+            if not isinstance(item, dict) or set(item) != {"epoch", "global_index"}:
+                raise error(code, f"{paths.CURSORS_PATH}: cursor {key!r} has exactly epoch and global_index")
+            out[key] = Cursor(
+                schema.check_uint64(item["epoch"], f"cursor {key!r} epoch", code),
+                schema.check_uint64(item["global_index"], f"cursor {key!r} global_index", code),
+            )
+        return out
+
+    def dp_state(self) -> tuple[bool, Any]:
+        """``(enabled, state)`` from ``dp/accountant_state.cbor``."""
+        value = self.cbor(paths.DP_PATH)
+        if value == {"dp_enabled": False}:
+            enabled, state = False, None
+        elif isinstance(value, dict) and set(value) == {"dp_enabled", "state"} and value["dp_enabled"] is True:
+            enabled, state = True, value["state"]
+        else:
+            raise error(errors.CHECKPOINT_CONTENT_INVALID,
+                        f"{paths.DP_PATH} must be {{dp_enabled: false}} or {{dp_enabled: true, state}}")
+        if enabled != ("dp_accountant_state_root_hash" in self.header):
+            raise error(errors.CHECKPOINT_BINDING_MISMATCH,
+                        "dp_accountant_state_root_hash is present exactly when DP is enabled")
+        return enabled, state
+
+    def tmmu_plan(self) -> Any:
+        value = self.cbor(paths.TMMU_PATH)
+        if sha256(self.read_verified(paths.TMMU_PATH)) != self.header["tmmu_plan_hash"]:
+            raise error(errors.CHECKPOINT_BINDING_MISMATCH, f"tmmu_plan_hash does not match {paths.TMMU_PATH}")
+        if not isinstance(value, dict) or set(value) != {"plan"}:
+            raise error(errors.CHECKPOINT_CONTENT_INVALID, f"{paths.TMMU_PATH} must be a map with exactly the key plan")
+        return value["plan"]
+
+    def trace_link(self) -> TraceLink:
+        link = TraceLink.from_dict(self.cbor(paths.TRACE_LINK_PATH))
+        if link.trace_root_hash != self.header["trace_root_hash"]:
+            raise error(errors.CHECKPOINT_BINDING_MISMATCH, "trace_root_hash differs between header and trace/link.cbor")
+        if link.trace_tail_hash != self.header["trace_tail_hash_at_checkpoint"]:
+            raise error(errors.CHECKPOINT_BINDING_MISMATCH,
+                        "trace_tail_hash_at_checkpoint differs between header and trace/link.cbor")
+        return link
+
+    def artifact_index(self) -> dict[str, dict]:
+        value = self.cbor(paths.ARTIFACT_INDEX_PATH)
+        if sha256(self.read_verified(paths.ARTIFACT_INDEX_PATH)) != self.header["artifact_index_hash"]:
+            raise error(errors.CHECKPOINT_BINDING_MISMATCH, "artifact_index_hash does not match the artifact index")
+        if not isinstance(value, dict) or set(value) != {"artifacts"} or not isinstance(value["artifacts"], dict):
+            raise error(errors.CHECKPOINT_CONTENT_INVALID, f"{paths.ARTIFACT_INDEX_PATH} must be {{artifacts: map}}")
+        index = value["artifacts"]
+        listed = set()
+        for name, item in index.items():
+            if not paths.valid_name(name) or not isinstance(item, dict) or set(item) != {"kind", "path", "size", "sha256"}:
+                raise error(errors.CHECKPOINT_CONTENT_INVALID, f"artifact {name!r}: invalid index entry")
+            if item["kind"] not in ("blob", "array") or item["path"] != paths.artifact_path(item["kind"], name):
+                raise error(errors.CHECKPOINT_CONTENT_INVALID, f"artifact {name!r}: kind and path disagree")
+            entry = self.entries.get(item["path"])
+            if entry is None or entry["size"] != item["size"] or entry["sha256"] != item["sha256"]:
+                raise error(errors.CHECKPOINT_BINDING_MISMATCH, f"artifact {name!r} does not match its manifest entry")
+            listed.add(item["path"])
+        stored = {p for p in self.entries if p.startswith("artifacts/") and p != paths.ARTIFACT_INDEX_PATH}
+        if stored != listed:
+            raise error(errors.CHECKPOINT_BINDING_MISMATCH, "the artifact index and the artifact files differ")
+        return index
+
+    def tensor_layout(self) -> dict[int, int]:
+        """``{rank: number of shards}``."""
+        layout: dict[int, int] = {}
+        for path in self.entries:
+            info = paths.parse_entry_path(path)
+            if info.kind == "tensor":
+                layout[info.rank] = max(layout.get(info.rank, 0), info.shard + 1)
+        return layout
+
+    def optimizer_ranks(self) -> list[int]:
+        return sorted(paths.parse_entry_path(p).rank for p in self.entries if p.startswith("optimizer/"))
+
+    def arrays(self, path: str) -> dict[str, np.ndarray]:
+        return tensors.decode(self.read_verified(path), path)
+
+    def describe_arrays(self, path: str) -> dict[str, dict]:
+        return tensors.describe(self.read_verified(path), path)
+
+    def check_content(self) -> None:
+        """Every binding between header and files, and every file's content."""
+        self.run_manifest()
+        self.cursors()
+        self.dp_state()
+        self.tmmu_plan()
+        self.trace_link()
+        self.artifact_index()
+        for path in self.entries:
+            if path.endswith(".bin") and not path.startswith("artifacts/blob="):
+                self.describe_arrays(path)
+
+
+def verify_container(path: str | os.PathLike[str]) -> ContainerInfo:
+    """Run every check on the container at ``path``; return its info or raise.
+
+    Order: manifest (CBOR, schema, header hash, entries, Merkle roots), each
+    listed file (present, regular, size, SHA-256) in path order, nothing
+    unlisted, then the content of every file and its binding to the header.
+    """
+    with ContainerReader(path) as reader:
+        reader.check_all_files()
+        reader.check_no_extra()
+        reader.check_content()
+        return reader.info

@@ -1,0 +1,203 @@
+"""Restoring a container: profiles, the identity rule and the chain (seed 001 §II.H, §II.I).
+
+A restore names a *profile* (``restore_profile_id``):
+
+``train_full``
+    everything (seed 001 §II.H training restore: model, optimizer, RNG, DP
+    accountant, data cursors, TMMU plan); the container is verified completely
+    first, including the absence of unlisted files. Always allowed.
+``eval_params``
+    the tensor shards and the run manifest (model parameters + minimal runtime config).
+``data_cursors``
+    the data cursors and the run manifest: what a data loader needs to resume.
+``shard_subset``
+    for the ranks given: their tensor shards and optimizer state, plus every
+    small file (cursors, manifest, DP, TMMU, trace link, user state).
+
+A partial profile must be declared by the container (header field
+``restore_profiles``, schema 1.1; a 1.0 container declares only the full
+restore); otherwise ``CHECKPOINT_RESTORE_PROFILE``. Partial restores check the
+manifest completely (header hash, entries, Merkle roots) and each file they
+read, so files they do not need may be absent (a node that fetched only its
+rank's shards restores it).
+
+Before any file is read, the header's identity fields are compared with what
+the caller expects (``expect``, any subset of :data:`schema.IDENTITY_FIELDS`);
+any difference aborts with ``CHECKPOINT_IDENTITY_MISMATCH`` naming the field.
+``expect_prev`` checks the chain (``checkpoint_hash_prev``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from .. import errors
+from ..cursor import Cursor
+from ..manifest import Manifest
+from . import paths, schema
+from .codes import RESTORE, error
+from .container import ContainerReader, TraceLink
+
+_UNSET = object()
+
+
+@dataclass
+class RestoredCheckpoint:
+    """What a restore returns. Fields a profile does not read stay empty/None."""
+
+    restore_profile_id: str
+    checkpoint_hash: bytes
+    header: dict[str, Any]
+    manifest: Manifest | None = None
+    cursors: dict[str, Cursor] = field(default_factory=dict)
+    tensors: dict[int, list[dict[str, np.ndarray]]] = field(default_factory=dict)
+    optimizer: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    dp_enabled: bool | None = None
+    dp_accountant: Any = None
+    tmmu_plan: Any = None
+    user_state: dict[str, Any] = field(default_factory=dict)
+    trace_link: TraceLink | None = None
+    report: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def t(self) -> int:
+        return self.header["t"]
+
+    @property
+    def sampler_config_hash(self) -> bytes:
+        return self.header["sampler_config_hash"]
+
+
+def check_identity(header: Mapping[str, Any], expect: Mapping[str, Any] | None) -> None:
+    """Seed 001 §II.I: abort on any mismatch of an expected identity field."""
+    if not expect:
+        return
+    unknown = sorted(set(expect) - set(schema.IDENTITY_FIELDS))
+    if unknown:
+        raise error(
+            errors.CHECKPOINT_STATE_INVALID,
+            f"expect names field(s) {', '.join(unknown)} outside the identity set {', '.join(schema.IDENTITY_FIELDS)}",
+            operator=RESTORE,
+        )
+    for name in schema.IDENTITY_FIELDS:
+        if name in expect and header.get(name) != expect[name]:
+            have, want = header.get(name), expect[name]
+            show = (lambda v: v.hex() if isinstance(v, bytes) else repr(v))
+            raise error(
+                errors.CHECKPOINT_IDENTITY_MISMATCH,
+                f"{name} of the checkpoint is {show(have)}, this run expects {show(want)}",
+                operator=RESTORE,
+                field=name,
+            )
+
+
+def check_profile(header: Mapping[str, Any], profile: Any) -> str:
+    if profile not in schema.RESTORE_PROFILES:
+        raise error(
+            errors.CHECKPOINT_RESTORE_PROFILE,
+            f"unknown restore profile {profile!r}; choose one of {', '.join(schema.RESTORE_PROFILES)}",
+            operator=RESTORE,
+        )
+    declared = schema.declared_profiles(header)
+    if profile not in declared:
+        raise error(
+            errors.CHECKPOINT_RESTORE_PROFILE,
+            f"restore profile {profile!r} is not declared by this checkpoint (declared: {', '.join(declared)})",
+            operator=RESTORE,
+        )
+    return profile
+
+
+def restore_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    profile: str = schema.FULL_PROFILE,
+    expect: Mapping[str, Any] | None = None,
+    expect_prev: Any = _UNSET,
+    ranks: Iterable[int] | None = None,
+) -> RestoredCheckpoint:
+    """Restore the container at ``path`` under ``profile`` (see the module docstring).
+
+    Args:
+        profile: a ``restore_profile_id``.
+        expect: identity fields the checkpoint must have (seed 001 §II.I).
+        expect_prev: the ``checkpoint_hash_prev`` it must have (None: none).
+        ranks: the ranks to restore, for ``shard_subset`` only.
+
+    Raises:
+        UmlosError: any integrity, identity, chain or profile failure; nothing
+        is returned unless every check of the profile passed.
+    """
+    started = time.perf_counter()
+    with ContainerReader(path) as reader:
+        header = reader.header
+        check_profile(header, profile)
+        check_identity(header, expect)
+        if expect_prev is not _UNSET:
+            if expect_prev is not None:
+                schema.check_hash(expect_prev, "expect_prev", errors.CHECKPOINT_STATE_INVALID)
+            if header.get("checkpoint_hash_prev") != expect_prev:
+                raise error(
+                    errors.CHECKPOINT_CHAIN_MISMATCH,
+                    "checkpoint_hash_prev does not name the expected previous checkpoint",
+                    operator=RESTORE,
+                )
+        if (ranks is not None) != (profile == "shard_subset"):
+            raise error(errors.CHECKPOINT_RESTORE_PROFILE, "ranks= goes with profile shard_subset, and only with it",
+                        operator=RESTORE)
+        out = RestoredCheckpoint(profile, reader.checkpoint_hash, header)
+        if profile == schema.FULL_PROFILE:
+            reader.check_all_files()
+            reader.check_no_extra()
+            reader.check_content()
+        layout = reader.tensor_layout()
+        wanted_ranks: set[int]
+        if profile == "shard_subset":
+            wanted_ranks = set()
+            for rank in ranks:  # type: ignore[union-attr]
+                if isinstance(rank, bool) or not isinstance(rank, int) or rank not in layout and rank not in reader.optimizer_ranks():
+                    raise error(errors.CHECKPOINT_RESTORE_PROFILE, f"rank {rank!r} has no state in this checkpoint",
+                                operator=RESTORE)
+                wanted_ranks.add(rank)
+        else:
+            wanted_ranks = set(layout) | set(reader.optimizer_ranks())
+        out.manifest = reader.run_manifest()
+        if profile in ("train_full", "data_cursors", "shard_subset"):
+            out.cursors = reader.cursors()
+        if profile in ("train_full", "shard_subset"):
+            out.dp_enabled, out.dp_accountant = reader.dp_state()
+            out.tmmu_plan = reader.tmmu_plan()
+            out.trace_link = reader.trace_link()
+            for name, item in sorted(reader.artifact_index().items()):
+                data = reader.read_verified(item["path"])
+                if item["kind"] == "blob":
+                    out.user_state[name] = data
+                else:
+                    arrays = reader.arrays(item["path"])
+                    if set(arrays) != {"value"}:
+                        raise error(errors.CHECKPOINT_CONTENT_INVALID, f"{item['path']} must hold one tensor named value",
+                                    operator=RESTORE)
+                    out.user_state[name] = arrays["value"]
+        if profile in ("train_full", "eval_params", "shard_subset"):
+            for rank in sorted(layout):
+                if rank in wanted_ranks:
+                    out.tensors[rank] = [reader.arrays(paths.tensor_path(rank, k)) for k in range(layout[rank])]
+        if profile in ("train_full", "shard_subset"):
+            for rank in reader.optimizer_ranks():
+                if rank in wanted_ranks:
+                    out.optimizer[rank] = reader.arrays(paths.optimizer_path(rank))
+        out.report = {
+            "restore_profile_id": profile,
+            "checkpoint_hash": reader.checkpoint_hash.hex(),
+            "checkpoint_size_bytes": sum(e["size"] for e in reader.entries.values()) + len(reader.info.manifest_bytes),
+            "compatibility_level": "E0" if header["checkpoint_schema_version"] == schema.SCHEMA_VERSION else "E0-minor",
+            "schema_version": header["checkpoint_schema_version"],
+            "files_checked": len(reader.checked),
+            "restore_time_ms": (time.perf_counter() - started) * 1000.0,
+        }
+        return out

@@ -1,0 +1,244 @@
+"""The checkpoint header (seed 001 §II.F), its versions and field types.
+
+The header is a canonical CBOR map with text keys. Schema ``1.0`` has the
+seed's required fields, its two optional ones, the migration controls of
+§II.F and the fields §II.G/§II.I ask the manifest to hold; ``1.1`` (a MINOR
+step) adds one optional field, ``restore_profiles``. A reader accepts every
+version of its MAJOR up to its own MINOR and refuses newer or other MAJOR
+versions (``CHECKPOINT_SCHEMA_UNSUPPORTED``): it cannot check a field it does
+not know. Within a version, a missing required field, an unknown field or a
+value of the wrong type is ``CHECKPOINT_SCHEMA_INVALID``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from .. import errors
+from ..hashing import hash_canonical
+from . import merkle
+from .codes import error
+
+#: The container format name (the manifest's ``format`` field).
+CONTAINER_FORMAT = "UML_OS.Checkpoint.SchemaContract_v1"
+#: The version this writer emits, and every version this reader accepts.
+SCHEMA_VERSION = "1.1"
+SUPPORTED_VERSIONS = ("1.0", "1.1")
+MIGRATION_OPERATOR = "UML_OS.Checkpoint.Migrate_v1"
+#: What a migration must preserve (recorded in every header, §II.F migration controls).
+MIGRATION_INVARIANTS = (
+    "entries_byte_identical",
+    "identity_fields_unchanged",
+    "checkpoint_merkle_root_unchanged",
+)
+
+ZERO_HASH = bytes(32)
+
+#: Seed 001 §II.F required fields, by type.
+SEED_TEXT_FIELDS = ("tenant_id", "run_id", "spec_version", "checkpoint_schema_version")
+SEED_HASH_FIELDS = (
+    "replay_token",
+    "manifest_hash",
+    "trace_root_hash",
+    "sampler_config_hash",
+    "tmmu_plan_hash",
+    "backend_binary_hash",
+    "checkpoint_merkle_root",
+    "policy_hash",
+    "determinism_profile_hash",
+    "dependencies_lock_hash",
+    "operator_contracts_root_hash",
+    "runtime_env_hash",
+    "code_commit_hash",
+    "lineage_root_hash",
+    "tensors_root_hash",
+    "optimizer_state_root_hash",
+    "trace_tail_hash_at_checkpoint",
+)
+SEED_OPTIONAL_HASH_FIELDS = ("dp_accountant_state_root_hash", "checkpoint_hash_prev")
+#: Fields §II.G (binding rule) and §II.I (dataset_snapshot_id, artifact_index_hash) require.
+BINDING_HASH_FIELDS = ("weights_manifest_hash", "optimizer_manifest_hash", "dataset_snapshot_id", "artifact_index_hash")
+BINDING_OPTIONAL_HASH_FIELDS = ("dp_accountant_manifest_hash",)
+MIGRATION_FIELDS = ("migration_supported_from", "migration_operator", "migration_invariants")
+
+#: Seed 001 §II.I: restore aborts on any mismatch of these.
+IDENTITY_FIELDS = (
+    "tenant_id",
+    "run_id",
+    "replay_token",
+    "trace_root_hash",
+    "checkpoint_merkle_root",
+    "manifest_hash",
+    "sampler_config_hash",
+    "tmmu_plan_hash",
+    "backend_binary_hash",
+    "determinism_profile_hash",
+)
+
+#: Restore profiles (seed 001 §II.H); "train_full" is always allowed.
+RESTORE_PROFILES = ("data_cursors", "eval_params", "shard_subset", "train_full")
+FULL_PROFILE = "train_full"
+
+_REQUIRED_1_0 = frozenset(SEED_TEXT_FIELDS + SEED_HASH_FIELDS + ("t",) + BINDING_HASH_FIELDS + MIGRATION_FIELDS)
+_OPTIONAL_1_0 = frozenset(SEED_OPTIONAL_HASH_FIELDS + BINDING_OPTIONAL_HASH_FIELDS)
+FIELDS = {
+    "1.0": (_REQUIRED_1_0, _OPTIONAL_1_0),
+    "1.1": (_REQUIRED_1_0, _OPTIONAL_1_0 | {"restore_profiles"}),
+}
+
+MAX_TEXT_BYTES = 256
+_VERSION_RE = re.compile(r"(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})\Z")
+
+# -- identity defaults: what this engine is --------------------------------------------
+
+#: The determinism profile the engine guarantees (seed 000 §0.F, §0.C).
+DETERMINISM_PROFILE = {
+    "determinism_level": "BITWISE",
+    "index_arithmetic": "uint64_exact_no_wrap",
+    "prng": "Philox4x32-10",
+    "floating_point_in_index_path": False,
+    "hash": "SHA-256(CBOR_CANONICAL)",
+}
+#: The operators whose contracts the engine implements (seed 000 §0.G, seed 001 §0.G, seed 003 IO).
+OPERATOR_CONTRACTS = (
+    "UML_OS.Checkpoint.Restore_v1",
+    "UML_OS.Checkpoint.Serialize_v1",
+    "UML_OS.Checkpoint.ValidateSchema_v1",
+    "UML_OS.Data.NextBatch_v2",
+    "UML_OS.Data.SeededBlockPermute_v1",
+    "UML_OS.Data.SeededIntraBlockMap_v1",
+    "UML_OS.Error.Emit_v1",
+    "UML_OS.IO.WriteTape_v1",
+)
+#: The index math every backend reproduces bit for bit (resolutions R1-R10).
+BACKEND_CONTRACT = ["umlos_cuda.index_math", "UML_OS.Data.NextBatch_v2", "resolutions R1-R10"]
+#: The declared runtime dependencies (pyproject), not what a machine has installed.
+DECLARED_DEPENDENCIES = ["cbor2>=5.6", "numpy>=2.0", "PyYAML>=6.0"]
+
+
+def determinism_profile_hash() -> bytes:
+    return hash_canonical(DETERMINISM_PROFILE)
+
+
+def operator_contracts_root_hash() -> bytes:
+    return merkle.merkle_root([name.encode("utf-8") for name in OPERATOR_CONTRACTS])
+
+
+def backend_binary_hash() -> bytes:
+    """The index-math contract, not a machine's binary: every backend
+    (numpy, native, cupy) emits the same bits, so a checkpoint restores on any."""
+    return hash_canonical(BACKEND_CONTRACT)
+
+
+def dependencies_lock_hash() -> bytes:
+    return hash_canonical(DECLARED_DEPENDENCIES)
+
+
+def code_commit_hash(version: str) -> bytes:
+    return hash_canonical(["umlos-cuda", version])
+
+
+# -- validation -----------------------------------------------------------------------
+
+
+def parse_version(version: Any) -> tuple[int, int]:
+    if not isinstance(version, str) or not _VERSION_RE.match(version):
+        raise error(errors.CHECKPOINT_SCHEMA_INVALID, f"checkpoint_schema_version {version!r} is not MAJOR.MINOR")
+    major, minor = version.split(".")
+    return int(major), int(minor)
+
+
+def check_version(version: Any) -> str:
+    """Accept a supported schema version; ``CHECKPOINT_SCHEMA_UNSUPPORTED`` otherwise."""
+    major, minor = parse_version(version)
+    ours_major, ours_minor = parse_version(SCHEMA_VERSION)
+    if major != ours_major or minor > ours_minor or version not in FIELDS:
+        raise error(
+            errors.CHECKPOINT_SCHEMA_UNSUPPORTED,
+            f"checkpoint_schema_version {version} is not readable here (supported: {', '.join(SUPPORTED_VERSIONS)})",
+        )
+    return version
+
+
+def check_text(value: Any, what: str, code: str = errors.CHECKPOINT_SCHEMA_INVALID) -> str:
+    if (
+        not isinstance(value, str)
+        or not value
+        or len(value.encode("utf-8")) > MAX_TEXT_BYTES
+        or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value)
+    ):
+        raise error(code, f"{what} must be non-empty text of at most {MAX_TEXT_BYTES} bytes without control characters")
+    return value
+
+
+def check_hash(value: Any, what: str, code: str = errors.CHECKPOINT_SCHEMA_INVALID) -> bytes:
+    if not isinstance(value, bytes) or len(value) != 32:
+        raise error(code, f"{what} must be a 32-byte string")
+    return value
+
+
+def check_uint64(value: Any, what: str, code: str = errors.CHECKPOINT_SCHEMA_INVALID) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= errors.UINT64_MAX:
+        raise error(code, f"{what} must be an integer in [0, 2^64 - 1]")
+    return value
+
+
+def check_text_list(value: Any, what: str, *, sorted_unique: bool = True) -> list[str]:
+    if not isinstance(value, list) or len(value) > 64:
+        raise error(errors.CHECKPOINT_SCHEMA_INVALID, f"{what} must be a list of at most 64 strings")
+    for item in value:
+        check_text(item, f"{what} item")
+    if sorted_unique and value != sorted(set(value)):
+        raise error(errors.CHECKPOINT_SCHEMA_INVALID, f"{what} must be sorted and free of repeats")
+    return value
+
+
+def validate_header(header: Any) -> dict[str, Any]:
+    """Check every field of a decoded header; return it."""
+    if not isinstance(header, dict):
+        raise error(errors.CHECKPOINT_SCHEMA_INVALID, "the header must be a map")
+    if "checkpoint_schema_version" not in header:
+        raise error(errors.CHECKPOINT_SCHEMA_INVALID, "the header lacks checkpoint_schema_version")
+    version = check_version(header["checkpoint_schema_version"])
+    required, optional = FIELDS[version]
+    missing = sorted(required - set(header))
+    if missing:
+        raise error(errors.CHECKPOINT_SCHEMA_INVALID, f"the header lacks required field(s) {', '.join(missing)}")
+    unknown = sorted(set(header) - required - optional)
+    if unknown:
+        raise error(
+            errors.CHECKPOINT_SCHEMA_INVALID,
+            f"the header has field(s) {', '.join(unknown)} unknown to schema {version}",
+        )
+    for name in SEED_TEXT_FIELDS + ("migration_operator",):
+        check_text(header[name], name)
+    for name in SEED_HASH_FIELDS + BINDING_HASH_FIELDS:
+        check_hash(header[name], name)
+    for name in SEED_OPTIONAL_HASH_FIELDS + BINDING_OPTIONAL_HASH_FIELDS:
+        if name in header:
+            check_hash(header[name], name)
+    check_uint64(header["t"], "t")
+    check_text_list(header["migration_supported_from"], "migration_supported_from")
+    for item in header["migration_supported_from"]:
+        parse_version(item)
+    check_text_list(header["migration_invariants"], "migration_invariants")
+    if ("dp_accountant_state_root_hash" in header) != ("dp_accountant_manifest_hash" in header):
+        raise error(
+            errors.CHECKPOINT_SCHEMA_INVALID,
+            "dp_accountant_state_root_hash and dp_accountant_manifest_hash are present together or not at all",
+        )
+    if "restore_profiles" in header:
+        profiles = check_text_list(header["restore_profiles"], "restore_profiles")
+        unknown_profiles = sorted(set(profiles) - set(RESTORE_PROFILES))
+        if unknown_profiles or FULL_PROFILE not in profiles:
+            raise error(
+                errors.CHECKPOINT_SCHEMA_INVALID,
+                f"restore_profiles must include {FULL_PROFILE} and only known profiles ({', '.join(RESTORE_PROFILES)})",
+            )
+    return header
+
+
+def declared_profiles(header: Mapping[str, Any]) -> tuple[str, ...]:
+    """The restore profiles a header permits (schema 1.0: only the full restore)."""
+    return tuple(header.get("restore_profiles", [FULL_PROFILE]))

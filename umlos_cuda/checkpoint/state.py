@@ -1,0 +1,185 @@
+"""What a checkpoint holds (``CheckpointState``) and whose run it is (``RunIdentity``).
+
+``CheckpointState`` is plain data: the step ``t``, the data cursors per
+dataset key, tensor shards per rank, optimizer state per rank, the DP
+accountant's state, the TMMU plan and named user state (byte blobs or
+arrays). ``RunIdentity`` carries the fields a restore must match (seed 001
+§II.I): tenant, run, manifest (hence manifest_hash, replay token, policy and
+env hashes), the stage whose ``sampler_config_hash`` the cursors belong to,
+and the engine's contract hashes (defaults in :mod:`.schema`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .. import __version__ as _version
+from .. import errors
+from ..cursor import Cursor
+from ..hashing import hash_canonical
+from ..manifest import Manifest
+from . import paths, schema
+from .codes import SERIALIZE, error
+
+#: Nesting bound for plain-data state (DP accountant, TMMU plan).
+MAX_STATE_DEPTH = 8
+
+
+@dataclass(frozen=True)
+class CheckpointState:
+    """Everything a checkpoint stores besides identity and trace.
+
+    Args:
+        t: the step counter (uint64).
+        cursors: ``{dataset_key: Cursor}`` (or ``{epoch, global_index}`` maps).
+        tensors: ``{rank: [shard_0, shard_1, ...]}``, each shard ``{name: ndarray}``.
+        optimizer: ``{rank: {name: ndarray}}``.
+        dp_accountant: the DP accountant's state as plain data, or None (no DP).
+        tmmu_plan: the memory plan as plain data.
+        user_state: ``{name: bytes | ndarray}``; names match ``paths.NAME_PATTERN``.
+    """
+
+    t: int
+    cursors: Mapping[str, Any]
+    tensors: Mapping[int, Sequence[Mapping[str, np.ndarray]]] = field(default_factory=dict)
+    optimizer: Mapping[int, Mapping[str, np.ndarray]] = field(default_factory=dict)
+    dp_accountant: Any = None
+    tmmu_plan: Any = field(default_factory=dict)
+    user_state: Mapping[str, Any] = field(default_factory=dict)
+
+    def cursor_map(self) -> dict[str, Cursor]:
+        if not isinstance(self.cursors, Mapping):
+            raise error(errors.CHECKPOINT_STATE_INVALID, "cursors must map dataset keys to cursors", operator=SERIALIZE)
+        out = {}
+        for key, value in self.cursors.items():
+            if not isinstance(key, str) or not key:
+                raise error(errors.CHECKPOINT_STATE_INVALID, f"cursor key {key!r} must be non-empty text", operator=SERIALIZE)
+            try:
+                out[key] = value if isinstance(value, Cursor) else Cursor.from_dict(value)
+            except errors.UmlosError as exc:
+                raise error(errors.CHECKPOINT_STATE_INVALID, f"cursor {key!r}: {exc.message}", operator=SERIALIZE) from None
+        return out
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """Who and what a checkpoint belongs to; see the module docstring."""
+
+    tenant_id: str
+    run_id: str
+    manifest: Manifest
+    stage: str = "train"
+    preset: str | None = None
+    replay_token: bytes | None = None
+    backend_binary_hash: bytes = field(default_factory=schema.backend_binary_hash)
+    determinism_profile_hash: bytes = field(default_factory=schema.determinism_profile_hash)
+    dependencies_lock_hash: bytes = field(default_factory=schema.dependencies_lock_hash)
+    operator_contracts_root_hash: bytes = field(default_factory=schema.operator_contracts_root_hash)
+    code_commit_hash: bytes = field(default_factory=lambda: schema.code_commit_hash(_version))
+
+    def __post_init__(self) -> None:
+        code = errors.CHECKPOINT_STATE_INVALID
+        schema.check_text(self.tenant_id, "tenant_id", code)
+        schema.check_text(self.run_id, "run_id", code)
+        if not isinstance(self.manifest, Manifest):
+            raise error(code, "RunIdentity.manifest must be a umlos_cuda.Manifest", operator=SERIALIZE)
+        for name in ("backend_binary_hash", "determinism_profile_hash", "dependencies_lock_hash",
+                     "operator_contracts_root_hash", "code_commit_hash"):
+            schema.check_hash(getattr(self, name), name, code)
+        self.token  # validates replay_token
+        self.sampler_config_hash  # validates stage / preset
+
+    @property
+    def token(self) -> bytes:
+        try:
+            return self.manifest.resolve_replay_token(self.replay_token)
+        except errors.UmlosError as exc:
+            raise error(errors.CHECKPOINT_STATE_INVALID, exc.message, operator=SERIALIZE) from None
+
+    @property
+    def sampler_config_hash(self) -> bytes:
+        from ..nextbatch import STAGES, sampler_config_hash
+        from ..presets import resolve_preset
+
+        try:
+            preset = resolve_preset(self.preset, self.stage)
+        except errors.UmlosError as exc:
+            raise error(errors.CHECKPOINT_STATE_INVALID, exc.message, operator=SERIALIZE) from None
+        if preset.stage not in STAGES:
+            raise error(errors.CHECKPOINT_STATE_INVALID, f"stage {preset.stage!r} is not one of {', '.join(STAGES)}",
+                        operator=SERIALIZE)
+        drop_last = self.manifest.drop_last and not preset.streaming
+        mode = preset.sampling_mode(preset.stage == "train")
+        return sampler_config_hash(mode, self.manifest.sampler_block_size, drop_last)
+
+    @property
+    def dataset_snapshot_id(self) -> bytes:
+        return dataset_snapshot_id(self.manifest.canonical)
+
+    def expected(self, tmmu_plan: Any = None) -> dict[str, Any]:
+        """The §II.I identity fields this run expects of a checkpoint it restores.
+
+        ``trace_root_hash`` and ``checkpoint_merkle_root`` come from the store
+        (tape and commit certificate); ``tmmu_plan_hash`` only when the plan is given.
+        """
+        expected: dict[str, Any] = {
+            "tenant_id": self.tenant_id,
+            "run_id": self.run_id,
+            "replay_token": self.token,
+            "manifest_hash": self.manifest.hash,
+            "sampler_config_hash": self.sampler_config_hash,
+            "backend_binary_hash": self.backend_binary_hash,
+            "determinism_profile_hash": self.determinism_profile_hash,
+        }
+        if tmmu_plan is not None:
+            expected["tmmu_plan_hash"] = hash_canonical({"plan": plain(tmmu_plan, "tmmu_plan")})
+        return expected
+
+
+def dataset_snapshot_id(canonical_manifest: Mapping[str, Any]) -> bytes:
+    """``SHA-256(CBOR_CANONICAL(manifest.datasets))``: ids, versions, hashes and cardinalities."""
+    return hash_canonical(canonical_manifest["datasets"])
+
+
+def plain(value: Any, where: str, depth: int = 0) -> Any:
+    """``value`` as plain CBOR-able data (text-keyed maps, lists, text, bytes,
+    integers in CBOR range, finite floats, booleans, null); refuse anything else."""
+    code = errors.CHECKPOINT_STATE_INVALID
+    if depth > MAX_STATE_DEPTH:
+        raise error(code, f"{where}: nested deeper than {MAX_STATE_DEPTH} levels", operator=SERIALIZE)
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise error(code, f"{where}: map keys must be text, got {key!r}", operator=SERIALIZE)
+            out[key] = plain(item, f"{where}.{key}", depth + 1)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [plain(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value)]
+    if value is None or isinstance(value, (str, bytes, bool)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        value = int(value)
+        if not -(1 << 64) <= value <= errors.UINT64_MAX:
+            raise error(code, f"{where}: integer {value} is outside the CBOR integer range", operator=SERIALIZE)
+        return value
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        if not math.isfinite(value):
+            raise error(code, f"{where}: {value} is not finite", operator=SERIALIZE)
+        return value
+    raise error(code, f"{where}: {type(value).__name__} is not plain data", operator=SERIALIZE)
+
+
+def check_user_name(name: Any) -> str:
+    if not paths.valid_name(name):
+        raise error(
+            errors.CHECKPOINT_STATE_INVALID,
+            f"user state name {name!r} must match {paths.NAME_PATTERN}",
+            operator=SERIALIZE,
+        )
+    return name

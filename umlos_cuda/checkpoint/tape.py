@@ -1,0 +1,572 @@
+"""The trace tape (seed 000 §7, seed 003 V and IO.WriteTape_v1).
+
+A run's trace is one hash chain of records: ``run_header`` first, then one
+``iter`` per NextBatch call (cursor before and after, ``data_replay_t``),
+``failure``, ``checkpoint`` and ``restore`` records where they happen, and
+``run_end``. Each record is a canonical CBOR map carrying ``seq`` (0, 1, 2, ...)
+and ``prev``, the SHA-256 of the previous record's canonical CBOR (32 zero
+bytes for the first). ``trace_root_hash`` is the hash of the ``run_header``,
+``trace_tail_hash`` the hash of the last record, so the tail fixes every record
+before it.
+
+On disk the chain is cut into *segment* files ``trace/segment=<k>.tape``
+(k = 1, 2, ...). A segment is a sequence of frames, each a 4-byte big-endian
+length and a canonical CBOR payload: a segment header
+``{format, segment_index, first_seq, prev_hash, block_size, max_events}``, then
+*blocks* ``{block_index, records}`` of at most ``BLOCK_SIZE = 512`` records.
+A segment holds at most ``max_events = 500_000`` records; the writer rotates to
+the next segment when it is full (seed 003 IO.WriteTape_v1). Segments are
+written as ``.tmp`` files and renamed by the run-commit protocol, so a
+committed segment is immutable and complete.
+
+The reader checks everything: frame bounds, canonical CBOR, each record's
+schema, sequence numbers, the ``prev`` chain across blocks and segments, and
+the record order (``run_header`` first, nothing but ``restore`` or ``failure``
+after ``run_end``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import numpy as np
+
+from .. import errors
+from ..errors import UmlosError
+from ..hashing import cbor_canonical, sha256
+from . import atomic, cbor_safe, paths
+from .codes import TAPE, error
+
+TAPE_FORMAT = "UML_OS.IO.WriteTape_v1"
+BLOCK_SIZE = 512  # seed 003 IO.WriteTape_v1: records per block
+MAX_EVENTS = 500_000  # seed 003 IO.WriteTape_v1: records per segment before rotation
+ZERO_HASH = bytes(32)
+#: Bounds for untrusted tapes.
+MAX_FRAME_BYTES = 64 << 20
+MAX_RECORD_DEPTH = 6
+SEGMENT_HEADER_KEYS = frozenset({"format", "segment_index", "first_seq", "prev_hash", "block_size", "max_events"})
+_SEGMENT_RE = re.compile(r"trace/segment=([1-9][0-9]{0,9})\.tape\Z")
+TRACE_DIR = "trace"
+
+
+def segment_path(index: int) -> str:
+    """The store-relative path of segment ``index`` (1-based)."""
+    return f"{TRACE_DIR}/segment={index}.tape"
+
+
+def parse_segment_name(path: Any, code: str = errors.TRACE_FORMAT_INVALID) -> int:
+    match = _SEGMENT_RE.match(path) if isinstance(path, str) else None
+    if not match:
+        raise error(code, f"{path!r} is not a tape segment path (trace/segment=<k>.tape)", operator=TAPE)
+    return int(match.group(1))
+
+
+# -- record schemas ----------------------------------------------------------------------
+
+def _uint(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= errors.UINT64_MAX
+
+
+def _hash(v: Any) -> bool:
+    return isinstance(v, bytes) and len(v) == 32
+
+
+def _text(v: Any) -> bool:
+    return isinstance(v, str) and 0 < len(v) <= 1024
+
+
+def _bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _float(v: Any) -> bool:
+    return isinstance(v, float)
+
+
+def _cursor(v: Any) -> bool:
+    return isinstance(v, dict) and set(v) == {"epoch", "global_index"} and _uint(v["epoch"]) and _uint(v["global_index"])
+
+
+def _cursors(v: Any) -> bool:
+    return isinstance(v, dict) and all(_text(k) and _cursor(c) for k, c in v.items())
+
+
+def _nullable(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or check(v)
+
+
+def _text_map(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(x, (str, int, bool)) or x is None for x in v.values())
+
+
+def _cardinalities(v: Any) -> bool:
+    return isinstance(v, dict) and all(_text(k) and _uint(n) for k, n in v.items())
+
+
+def _stage_flags(v: Any) -> bool:
+    return isinstance(v, dict) and set(v) == {"train", "eval", "infer"} and all(_bool(x) for x in v.values())
+
+
+COMMON = {"type": _text, "seq": _uint, "prev": _hash}
+SCHEMAS: dict[str, dict[str, Callable[[Any], bool]]] = {
+    # seed 000 §7 + seed 003 V.B + seed 001 §7
+    "run_header": {
+        "schema_version": _text, "tenant_id": _text, "run_id": _text, "spec_version": _text,
+        "replay_token": _hash, "manifest_hash": _hash, "dataset_key": _text, "cardinality": _uint,
+        "datasets": _cardinalities, "sampler_block_size": _uint, "is_shuffled_per_stage": _stage_flags,
+        "world_size": _uint, "backend_hash": _hash, "task_type": _text, "source_hash": _nullable(_hash),
+    },
+    # seed 000 §7 iter, with cursor before/after and the indices' digest
+    "iter": {
+        "t": _uint, "dataset_key": _text, "stage": _text, "epoch": _uint, "global_position": _uint,
+        "is_shuffled": _bool, "micro_batch_size": _uint, "global_batch_size": _uint,
+        "subsampling_mode": _text, "sampling_mode": _text, "sampler_config_hash": _hash,
+        "effective_q": _float, "epoch_seed_hash": _hash, "data_replay_t": _hash,
+        "cursor_before": _cursor, "cursor_after": _cursor, "world_size": _uint, "rank": _uint,
+        "count": _uint, "indices_sha256": _hash,
+    },
+    # seed 000 §0.K + seed 003 §0.K + seed 001 §0.Z failure record fields
+    "failure": {
+        "t": _nullable(_uint), "failure_code": _text, "failure_operator": _text,
+        "dataset_key": _nullable(_text), "data_replay_t": _nullable(_hash), "replay_token": _nullable(_hash),
+        "rng_fingerprint_t": _nullable(_hash), "state_fp_t": _nullable(_hash), "diagnostics": _text_map,
+    },
+    "checkpoint": {"t": _uint, "commit_seq": _uint},
+    "restore": {"t": _uint, "checkpoint_hash": _hash, "restore_profile_id": _text, "cursors": _cursors},
+    # seed 000 §7 run_end + seed 001 §7 + seed 003 V.B
+    "run_end": {
+        "status": lambda v: v in ("success", "failed"), "final_epoch_count": _uint, "total_samples_seen": _uint,
+        "checkpoint_hash": _nullable(_hash), "restore_status": _text, "final_cursors": _cursors,
+    },
+}
+
+
+def check_record(record: Any, what: str = "record") -> dict:
+    """A record's fields and types match its schema exactly (``TRACE_FORMAT_INVALID``)."""
+    if not isinstance(record, dict) or not isinstance(record.get("type"), str):
+        raise error(errors.TRACE_FORMAT_INVALID, f"{what}: a record is a map with a text type", operator=TAPE)
+    schema = SCHEMAS.get(record["type"])
+    if schema is None:
+        raise error(errors.TRACE_FORMAT_INVALID, f"{what}: unknown record type {record['type']!r} "
+                                                  f"(known: {', '.join(SCHEMAS)})", operator=TAPE)
+    fields = {**COMMON, **schema}
+    if set(record) != set(fields):
+        missing = sorted(set(fields) - set(record))
+        extra = sorted(set(record) - set(fields))
+        raise error(errors.TRACE_FORMAT_INVALID, f"{what} ({record['type']}): missing {missing}, unknown {extra}",
+                    operator=TAPE)
+    for name, check in fields.items():
+        if not check(record[name]):
+            raise error(errors.TRACE_FORMAT_INVALID, f"{what} ({record['type']}): invalid {name}", operator=TAPE)
+    return record
+
+
+def record_hash(record: Mapping[str, Any]) -> bytes:
+    return sha256(cbor_canonical(dict(record)))
+
+
+# -- building records from the engine's objects ------------------------------------------
+
+
+def indices_digest(indices: Any) -> tuple[int, bytes]:
+    """``(count, SHA-256)`` of indices as uint64 little-endian (the golden-trace encoding)."""
+    from ..backends import to_numpy
+
+    array = np.ascontiguousarray(to_numpy(indices).astype("<u8", copy=False))
+    return int(array.size), sha256(array.tobytes())
+
+
+def iter_fields(batch: Any, t: int) -> dict[str, Any]:
+    """The ``iter`` record of one NextBatch call (a :class:`umlos_cuda.Batch`) at step ``t``."""
+    meta = batch.metadata
+    count, digest = indices_digest(batch.indices)
+    return {
+        "type": "iter",
+        "t": t,
+        "dataset_key": meta["dataset_key"],
+        "stage": meta["stage"],
+        "epoch": meta["epoch"],
+        "global_position": meta["global_position"],
+        "is_shuffled": meta["is_shuffled"],
+        "micro_batch_size": meta["micro_batch_size"],
+        "global_batch_size": meta["global_batch_size"],
+        "subsampling_mode": meta["subsampling_mode"],
+        "sampling_mode": meta["sampling_mode"],
+        "sampler_config_hash": bytes.fromhex(meta["sampler_config_hash"]),
+        "effective_q": float(meta["effective_q"]),
+        "epoch_seed_hash": bytes.fromhex(meta["epoch_seed_hash"]),
+        "data_replay_t": bytes.fromhex(meta["data_replay_t"]),
+        "cursor_before": dict(meta["cursor_before"]),
+        "cursor_after": dict(meta["cursor_after"]),
+        "world_size": meta["world_size"],
+        "rank": meta["rank"],
+        "count": count,
+        "indices_sha256": digest,
+    }
+
+
+def failure_fields(
+    exc: UmlosError,
+    *,
+    replay_token: bytes | None = None,
+    rng_fingerprint_t: bytes | None = None,
+    state_fp_t: bytes | None = None,
+) -> dict[str, Any]:
+    """The ``failure`` record of an error: the seeds' fields plus the message."""
+    record = exc.record
+    replay_t = record.get("data_replay_t")
+    if isinstance(replay_t, str):
+        try:
+            replay_t = bytes.fromhex(replay_t)
+        except ValueError:
+            replay_t = None
+    t = record.get("t")
+    return {
+        "type": "failure",
+        "t": t if _uint(t) else None,
+        "failure_code": exc.code,
+        "failure_operator": record.get("failure_operator") or errors.NEXTBATCH_OPERATOR,
+        "dataset_key": record.get("dataset_key") if _text(record.get("dataset_key")) else None,
+        "data_replay_t": replay_t if _hash(replay_t) else None,
+        "replay_token": replay_token,
+        "rng_fingerprint_t": rng_fingerprint_t,
+        "state_fp_t": state_fp_t,
+        "diagnostics": {"message": exc.message[:1024] or "-"},
+    }
+
+
+# -- writing -----------------------------------------------------------------------------
+
+
+@dataclass
+class Segment:
+    """A tape segment: where it is, what it holds, and its file digest."""
+
+    index: int
+    first_seq: int
+    event_count: int
+    size: int
+    sha256: bytes
+
+    @property
+    def path(self) -> str:
+        return segment_path(self.index)
+
+    def link_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "sha256": self.sha256,
+                "first_seq": self.first_seq, "event_count": self.event_count}
+
+
+@dataclass
+class TapeState:
+    """Where a tape's chain stands: next seq, root and tail hashes, committed segments."""
+
+    next_seq: int = 0
+    root_hash: bytes = ZERO_HASH
+    tail_hash: bytes = ZERO_HASH
+    segments: list[Segment] = field(default_factory=list)
+    ended: bool = False
+
+    @property
+    def next_segment_index(self) -> int:
+        return self.segments[-1].index + 1 if self.segments else 1
+
+
+def frame(payload: bytes) -> bytes:
+    return len(payload).to_bytes(4, "big") + payload
+
+
+class _OpenSegment:
+    def __init__(self, store_dir: str, index: int, first_seq: int, prev_hash: bytes, block_size: int, max_events: int):
+        self.index = index
+        self.first_seq = first_seq
+        self.final = os.path.join(store_dir, segment_path(index))
+        self.temp = self.final + ".tmp"
+        atomic.remove(self.temp)
+        try:
+            self.fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as exc:
+            raise error(errors.CHECKPOINT_IO_ERROR, f"cannot create {self.temp}: {exc.strerror}", operator=TAPE) from None
+        self.digest = hashlib.sha256()
+        self.size = 0
+        self.events = 0
+        self.blocks = 0
+        self.write(frame(cbor_canonical({
+            "format": TAPE_FORMAT, "segment_index": index, "first_seq": first_seq, "prev_hash": prev_hash,
+            "block_size": block_size, "max_events": max_events,
+        })))
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.fd, view):]
+        except OSError as exc:
+            raise error(errors.CHECKPOINT_IO_ERROR, f"cannot write {self.temp}: {exc.strerror}", operator=TAPE) from None
+        self.digest.update(data)
+        self.size += len(data)
+
+    def close(self) -> Segment:
+        try:
+            os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
+        return Segment(self.index, self.first_seq, self.events, self.size, self.digest.digest())
+
+    def abandon(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+class TapeWriter:
+    """Appends records to a store's tape; segments stay ``.tmp`` until committed.
+
+    ``state`` is the committed chain to continue (empty for a new run). The
+    store calls :meth:`seal` at each commit and :meth:`committed` after the
+    renames; records appended after the last commit are lost in a crash,
+    which recovery reports with a failure record.
+    """
+
+    def __init__(self, store_dir: str, state: TapeState, *, block_size: int = BLOCK_SIZE, max_events: int = MAX_EVENTS):
+        if not (isinstance(block_size, int) and 1 <= block_size <= BLOCK_SIZE * 64):
+            raise error(errors.CHECKPOINT_STATE_INVALID, f"block_size must be in [1, {BLOCK_SIZE * 64}]", operator=TAPE)
+        if not (isinstance(max_events, int) and 1 <= max_events <= errors.UINT64_MAX):
+            raise error(errors.CHECKPOINT_STATE_INVALID, "max_events must be a positive integer", operator=TAPE)
+        self.store_dir = store_dir
+        self.block_size = block_size
+        self.max_events = max_events
+        self.state = state
+        self.next_seq = state.next_seq
+        self.root_hash = state.root_hash
+        self.tail_hash = state.tail_hash
+        self.ended = state.ended
+        self._next_index = state.next_segment_index
+        self._block: list[dict] = []
+        self._open: _OpenSegment | None = None
+        self._sealed: list[Segment] = []
+
+    @property
+    def event_count(self) -> int:
+        return self.next_seq
+
+    def append(self, fields: Mapping[str, Any]) -> bytes:
+        """Append a record (``type`` and its fields; ``seq`` and ``prev`` are
+        filled here); return its hash. The record is checked against its
+        schema and the record order before anything is written."""
+        record = dict(fields)
+        record["seq"] = self.next_seq
+        record["prev"] = self.tail_hash
+        check_record(record, f"record {self.next_seq}")
+        _check_order(record, self.next_seq, self.ended, f"record {self.next_seq}")
+        digest = record_hash(record)
+        if self.next_seq == 0:
+            self.root_hash = digest
+        self.tail_hash = digest
+        self.next_seq += 1
+        if record["type"] == "run_end":
+            self.ended = True
+        elif record["type"] == "restore":
+            self.ended = False
+        self._block.append(record)
+        if self._open is None:
+            self._open = _OpenSegment(self.store_dir, self._next_index, record["seq"], record["prev"],
+                                      self.block_size, self.max_events)
+            self._next_index += 1
+        self._open.events += 1
+        if len(self._block) >= self.block_size:
+            self._flush_block()
+        if self._open.events >= self.max_events:
+            self._flush_block()
+            self._sealed.append(self._open.close())
+            self._open = None
+        return digest
+
+    def _flush_block(self) -> None:
+        if self._block:
+            self._open.write(frame(cbor_canonical({"block_index": self._open.blocks, "records": self._block})))
+            self._open.blocks += 1
+            self._block = []
+
+    def seal(self) -> list[Segment]:
+        """Close every segment written since the last commit (fsynced ``.tmp`` files)."""
+        if self._open is not None:
+            self._flush_block()
+            self._sealed.append(self._open.close())
+            self._open = None
+        return list(self._sealed)
+
+    def committed(self) -> TapeState:
+        """Record that the sealed segments were renamed to their final names."""
+        self.state = TapeState(self.next_seq, self.root_hash, self.tail_hash,
+                               self.state.segments + self._sealed, self.ended)
+        self._sealed = []
+        return self.state
+
+    def abandon(self) -> None:
+        """Drop the open segment's descriptor (its ``.tmp`` file is left for recovery)."""
+        if self._open is not None:
+            self._open.abandon()
+            self._open = None
+
+
+def _check_order(record: dict, seq: int, ended: bool, what: str) -> None:
+    kind = record["type"]
+    if (seq == 0) != (kind == "run_header"):
+        raise error(errors.TRACE_FORMAT_INVALID, f"{what}: a tape starts with exactly one run_header", operator=TAPE)
+    if ended and kind not in ("restore", "failure"):
+        raise error(errors.TRACE_FORMAT_INVALID, f"{what}: only restore or failure may follow run_end", operator=TAPE)
+
+
+# -- reading -----------------------------------------------------------------------------
+
+
+def _read_exact(handle, count: int, what: str, at: int) -> bytes:
+    data = handle.read(count)
+    if len(data) != count:
+        raise error(errors.TRACE_TRUNCATED, f"{what}: ends inside a frame at byte {at}", operator=TAPE)
+    return data
+
+
+def iter_segment(
+    handle,
+    what: str,
+    *,
+    index: int,
+    first_seq: int,
+    prev_hash: bytes,
+    ended: bool,
+    digest: Any = None,
+) -> Iterator[tuple[dict, bytes]]:
+    """Yield ``(record, record_hash)`` from one segment file, checking everything.
+
+    ``index``, ``first_seq``, ``prev_hash`` and ``ended`` are what the chain so
+    far says the segment must continue; ``digest`` (a hashlib object) receives
+    every byte read.
+    """
+    position = 0
+
+    def next_frame() -> bytes | None:
+        nonlocal position
+        head = handle.read(4)
+        if not head:
+            return None
+        if len(head) != 4:
+            raise error(errors.TRACE_TRUNCATED, f"{what}: ends inside a frame header at byte {position}", operator=TAPE)
+        length = int.from_bytes(head, "big")
+        if length > MAX_FRAME_BYTES:
+            raise error(errors.TRACE_FORMAT_INVALID, f"{what}: a {length}-byte frame at byte {position} exceeds "
+                                                       f"the {MAX_FRAME_BYTES}-byte limit", operator=TAPE)
+        payload = _read_exact(handle, length, what, position)
+        if digest is not None:
+            digest.update(head + payload)
+        position += 4 + length
+        return payload
+
+    first = next_frame()
+    if first is None:
+        raise error(errors.TRACE_TRUNCATED, f"{what}: empty segment", operator=TAPE)
+    header = cbor_safe.decode(first, code=errors.TRACE_FORMAT_INVALID, what=f"{what} header", operator=TAPE,
+                              max_bytes=MAX_FRAME_BYTES, max_depth=2)
+    if not isinstance(header, dict) or set(header) != SEGMENT_HEADER_KEYS or header["format"] != TAPE_FORMAT:
+        raise error(errors.TRACE_FORMAT_INVALID, f"{what}: not a {TAPE_FORMAT} segment header", operator=TAPE)
+    block_size, max_events = header["block_size"], header["max_events"]
+    if not (_uint(block_size) and 1 <= block_size and _uint(max_events) and max_events >= 1):
+        raise error(errors.TRACE_FORMAT_INVALID, f"{what}: invalid block_size or max_events", operator=TAPE)
+    if header["segment_index"] != index or header["first_seq"] != first_seq or header["prev_hash"] != prev_hash:
+        raise error(errors.TRACE_CHAIN_MISMATCH, f"{what}: segment header does not continue the chain "
+                                                   f"(expected segment {index} from event {first_seq})", operator=TAPE)
+    seq, tail, count, block_index = first_seq, prev_hash, 0, 0
+    while True:
+        payload = next_frame()
+        if payload is None:
+            break
+        block = cbor_safe.decode(payload, code=errors.TRACE_FORMAT_INVALID, what=f"{what} block {block_index}",
+                                 operator=TAPE, max_bytes=MAX_FRAME_BYTES, max_depth=MAX_RECORD_DEPTH,
+                                 max_items=64 * block_size + 16)
+        if not isinstance(block, dict) or set(block) != {"block_index", "records"} or block["block_index"] != block_index:
+            raise error(errors.TRACE_FORMAT_INVALID, f"{what}: block {block_index} is malformed or out of order",
+                        operator=TAPE)
+        records = block["records"]
+        if not isinstance(records, list) or not 1 <= len(records) <= block_size:
+            raise error(errors.TRACE_FORMAT_INVALID, f"{what}: block {block_index} holds 1..{block_size} records",
+                        operator=TAPE)
+        for record in records:
+            label = f"{what} record {seq}"
+            check_record(record, label)
+            if record["seq"] != seq or record["prev"] != tail:
+                raise error(errors.TRACE_CHAIN_MISMATCH, f"{label}: seq or prev does not continue the chain",
+                            operator=TAPE)
+            _check_order(record, seq, ended, label)
+            if record["type"] == "run_end":
+                ended = True
+            elif record["type"] == "restore":
+                ended = False
+            tail = record_hash(record)
+            seq += 1
+            count += 1
+            if count > max_events:
+                raise error(errors.TRACE_FORMAT_INVALID, f"{what}: more than max_events = {max_events} records",
+                            operator=TAPE)
+            yield record, tail
+        block_index += 1
+    if count == 0:
+        raise error(errors.TRACE_FORMAT_INVALID, f"{what}: a segment holds at least one record", operator=TAPE)
+
+
+def read_tape(
+    store_dir: str,
+    segments: Iterable[Mapping[str, Any]],
+    *,
+    on_record: Callable[[dict, bytes], None] | None = None,
+) -> TapeState:
+    """Read and check the committed segments ``segments`` (``{path, size,
+    sha256, first_seq, event_count}`` in order) under ``store_dir``; return the
+    chain's state. ``on_record(record, hash)`` sees every record in order."""
+    state = TapeState()
+    for item in segments:
+        index = parse_segment_name(item["path"])
+        if index != state.next_segment_index:
+            raise error(errors.TRACE_CHAIN_MISMATCH, f"segment {index} follows segment {index - 1 if state.segments else 0}",
+                        operator=TAPE)
+        digest = hashlib.sha256()
+        count = 0
+        root_fd = paths.open_root(store_dir)
+        try:
+            fd = paths.open_regular(root_fd, item["path"])
+        finally:
+            os.close(root_fd)
+        with os.fdopen(fd, "rb") as handle:
+            for record, digest_of_record in iter_segment(
+                handle, item["path"], index=index, first_seq=state.next_seq, prev_hash=state.tail_hash,
+                ended=state.ended, digest=digest,
+            ):
+                if record["seq"] == 0:
+                    state.root_hash = digest_of_record
+                state.tail_hash = digest_of_record
+                state.next_seq += 1
+                state.ended = record["type"] == "run_end" or (state.ended and record["type"] != "restore")
+                count += 1
+                if on_record is not None:
+                    on_record(record, digest_of_record)
+            size = handle.tell()
+        if (size, digest.digest()) != (item["size"], item["sha256"]) or count != item["event_count"] \
+                or item["first_seq"] != state.next_seq - count:
+            raise error(errors.TRACE_CHAIN_MISMATCH, f"{item['path']} differs from its commit record "
+                                                       "(size, SHA-256 or event count)", operator=TAPE)
+        state.segments.append(Segment(index, item["first_seq"], count, size, item["sha256"]))
+    return state
+
+
+def read_segment_bytes(data: bytes, *, index: int = 1, first_seq: int = 0, prev_hash: bytes = ZERO_HASH,
+                       ended: bool = False) -> list[dict]:
+    """Every record of one segment held in memory (the fuzzing entry point)."""
+    import io
+
+    return [record for record, _ in iter_segment(io.BytesIO(data), f"segment={index}", index=index,
+                                                 first_seq=first_seq, prev_hash=prev_hash, ended=ended)]

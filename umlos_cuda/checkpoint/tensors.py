@@ -1,0 +1,147 @@
+"""Tensor shards and array artifacts in the safetensors format (via its NumPy API).
+
+safetensors is a standard, documented format (an 8-byte little-endian header
+length, a JSON header of ``{name: {dtype, shape, data_offsets}}``, then raw
+little-endian data) whose reader never executes anything; its serialiser is
+deterministic (tensors ordered by alignment, then name), which the golden
+container test pins. Before the library sees untrusted bytes, :func:`describe`
+checks the header against the file (bounded size, known dtypes, offsets that
+tile the data exactly), so malformed shards fail with
+``CHECKPOINT_CONTENT_INVALID`` and a message rather than a library error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from .. import errors
+from .codes import SERIALIZE, error
+
+#: safetensors dtype names and their NumPy types (those NumPy can hold).
+DTYPES = {
+    "BOOL": np.dtype(np.bool_),
+    "U8": np.dtype(np.uint8),
+    "I8": np.dtype(np.int8),
+    "U16": np.dtype(np.uint16),
+    "I16": np.dtype(np.int16),
+    "U32": np.dtype(np.uint32),
+    "I32": np.dtype(np.int32),
+    "U64": np.dtype(np.uint64),
+    "I64": np.dtype(np.int64),
+    "F16": np.dtype(np.float16),
+    "F32": np.dtype(np.float32),
+    "F64": np.dtype(np.float64),
+}
+_ALLOWED_NUMPY = set(DTYPES.values())
+#: Bound on a shard's JSON header (the format's own reader allows 100 MB).
+MAX_HEADER_BYTES = 16 << 20
+MAX_TENSOR_NAME_BYTES = 1024
+MAX_DIMS = 16
+
+
+def encode(arrays: Mapping[str, Any], what: str) -> bytes:
+    """safetensors bytes of ``{name: ndarray}``; refuse what cannot round-trip exactly."""
+    import safetensors.numpy
+
+    if not isinstance(arrays, Mapping):
+        raise error(errors.CHECKPOINT_STATE_INVALID, f"{what}: expected a mapping of name to array", operator=SERIALIZE)
+    prepared = {}
+    for name, array in arrays.items():
+        if not isinstance(name, str) or not name or len(name.encode("utf-8")) > MAX_TENSOR_NAME_BYTES or name == "__metadata__":
+            raise error(
+                errors.CHECKPOINT_STATE_INVALID,
+                f"{what}: tensor name {name!r} must be non-empty text of at most {MAX_TENSOR_NAME_BYTES} bytes, not __metadata__",
+                operator=SERIALIZE,
+            )
+        if not isinstance(array, np.ndarray):
+            raise error(
+                errors.CHECKPOINT_STATE_INVALID, f"{what}: {name!r} is a {type(array).__name__}, not a NumPy array", operator=SERIALIZE
+            )
+        if array.dtype.newbyteorder("=") not in _ALLOWED_NUMPY:
+            raise error(
+                errors.CHECKPOINT_STATE_INVALID,
+                f"{what}: {name!r} has dtype {array.dtype}; allowed: {', '.join(sorted(str(d) for d in _ALLOWED_NUMPY))}",
+                operator=SERIALIZE,
+            )
+        if array.ndim > MAX_DIMS:
+            raise error(errors.CHECKPOINT_STATE_INVALID, f"{what}: {name!r} has more than {MAX_DIMS} dimensions", operator=SERIALIZE)
+        prepared[name] = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False))
+    try:
+        return safetensors.numpy.save(prepared)
+    except Exception as exc:  # the library's own refusal, reported with our code
+        raise error(errors.CHECKPOINT_STATE_INVALID, f"{what}: cannot serialise: {exc}", operator=SERIALIZE) from None
+
+
+def describe(data: bytes, what: str) -> dict[str, dict[str, Any]]:
+    """Validate a safetensors file's header against its bytes; return
+    ``{name: {"dtype", "shape", "nbytes"}}`` in the file's order."""
+
+    def bad(reason: str):
+        return error(errors.CHECKPOINT_CONTENT_INVALID, f"{what}: not a valid safetensors file: {reason}")
+
+    if len(data) < 8:
+        raise bad("shorter than the 8-byte header length")
+    header_len = int.from_bytes(data[:8], "little")
+    if header_len > MAX_HEADER_BYTES or header_len > len(data) - 8:
+        raise bad(f"header length {header_len} exceeds the file or the {MAX_HEADER_BYTES}-byte limit")
+    try:
+        header = json.loads(data[8 : 8 + header_len].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise bad(f"header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise bad("header is not a JSON object")
+    body = len(data) - 8 - header_len
+    spans = []
+    out: dict[str, dict[str, Any]] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+                raise bad("__metadata__ must map text to text")
+            continue
+        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise bad(f"tensor {name!r} must have exactly dtype, shape and data_offsets")
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if dtype not in DTYPES:
+            raise bad(f"tensor {name!r} has dtype {dtype!r}; readable: {', '.join(DTYPES)}")
+        if (
+            not isinstance(shape, list)
+            or len(shape) > MAX_DIMS
+            or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < (1 << 62) for d in shape)
+        ):
+            raise bad(f"tensor {name!r} has an invalid shape")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1] <= body
+        ):
+            raise bad(f"tensor {name!r} has data_offsets outside the data")
+        nbytes = math.prod(shape) * DTYPES[dtype].itemsize
+        if offsets[1] - offsets[0] != nbytes:
+            raise bad(f"tensor {name!r}: {offsets[1] - offsets[0]} data bytes for shape {shape} of {dtype}")
+        spans.append(tuple(offsets))
+        out[name] = {"dtype": dtype, "shape": list(shape), "nbytes": nbytes}
+    position = 0
+    for start, end in sorted(spans):
+        if start != position:
+            raise bad("tensor data overlaps or leaves gaps")
+        position = end
+    if position != body:
+        raise bad("tensor data does not end at the end of the file")
+    return out
+
+
+def decode(data: bytes, what: str) -> dict[str, np.ndarray]:
+    """``{name: ndarray}`` from validated safetensors bytes (arrays own their memory)."""
+    import safetensors.numpy
+
+    describe(data, what)
+    try:
+        loaded = safetensors.numpy.load(data)
+    except Exception as exc:  # the library's refusal, reported with our code
+        raise error(errors.CHECKPOINT_CONTENT_INVALID, f"{what}: not a valid safetensors file: {exc}") from None
+    return {name: np.array(array, copy=True) for name, array in loaded.items()}

@@ -50,7 +50,8 @@ MAX_SMALL_CBOR_BYTES = 16 << 20
 MAX_STATE_CBOR_DEPTH = 12
 MAX_RUN_MANIFEST_DEPTH = 70
 MAX_TRACE_SEGMENTS = 1 << 16
-MAX_TENSOR_FILE_BYTES = 1 << 40
+#: Files up to this size are kept in memory after their hash is checked (read once).
+KEEP_BYTES = 1 << 20
 
 MANIFEST_KEYS = frozenset({"format", "header", "entries", "checkpoint_hash"})
 ENTRY_KEYS = frozenset({"path", "size", "sha256"})
@@ -488,6 +489,8 @@ class ContainerReader:
         self._cache: dict[str, Any] = {}
         #: Paths whose bytes were checked against their entries.
         self.checked: set[str] = set()
+        self._bytes: dict[str, bytes] = {}
+        self._manifest: Manifest | None = None
 
     @property
     def checkpoint_hash(self) -> bytes:
@@ -517,6 +520,8 @@ class ContainerReader:
 
     def read_verified(self, path: str) -> bytes:
         """The bytes of ``path``, checked against its entry."""
+        if path in self._bytes:
+            return self._bytes[path]
         entry = self.entries.get(path)
         if entry is None:
             raise error(errors.CHECKPOINT_FILE_MISSING, f"the container has no entry {path}")
@@ -526,11 +531,17 @@ class ContainerReader:
         if sha256(data) != entry["sha256"]:
             raise error(errors.CHECKPOINT_HASH_MISMATCH, f"{path}: SHA-256 differs from the manifest")
         self.checked.add(path)
+        if len(data) <= KEEP_BYTES:
+            self._bytes[path] = data
         return data
 
     def check_all_files(self) -> None:
-        for path in self.entries:
-            self.check_file(path)
+        """Every listed file, in path order; small files are kept for the content checks."""
+        for path, entry in self.entries.items():
+            if entry["size"] <= KEEP_BYTES:
+                self.read_verified(path)
+            else:
+                self.check_file(path)
 
     def check_no_extra(self) -> None:
         """Nothing in the folder that the manifest does not list (files, links, folders)."""
@@ -561,6 +572,8 @@ class ContainerReader:
 
     def run_manifest(self) -> Manifest:
         """``data/manifest.cbor`` as a Manifest; bound to manifest_hash, policy, env, spec and datasets."""
+        if self._manifest is not None:
+            return self._manifest
         raw = self.cbor(paths.RUN_MANIFEST_PATH, MAX_RUN_MANIFEST_DEPTH)
         try:
             manifest = Manifest.from_dict(raw) if isinstance(raw, dict) else None
@@ -582,6 +595,7 @@ class ContainerReader:
             raise error(errors.CHECKPOINT_BINDING_MISMATCH, f"spec_version does not match {paths.RUN_MANIFEST_PATH}")
         if sha256(self.read_verified(paths.RUN_MANIFEST_PATH)) != manifest.hash:
             raise error(errors.CHECKPOINT_BINDING_MISMATCH, f"{paths.RUN_MANIFEST_PATH} is not the canonical manifest")
+        self._manifest = manifest
         return manifest
 
     def cursors(self) -> dict[str, Cursor]:

@@ -127,15 +127,28 @@ def artifact_path(kind: str, name: str) -> str:
 # -- reading inside a container ---------------------------------------------------
 
 
-def _os_error(exc: OSError, what: str) -> UmlosError:
-    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-        return UmlosError(errors.CHECKPOINT_FILE_MISSING, f"{what} is missing", operator=errors.CHECKPOINT_VALIDATE_OPERATOR)
-    if exc.errno == errno.ELOOP:
+def _has_link(root_fd: int, parts: list[str]) -> bool:
+    """Whether some component of ``parts`` under ``root_fd`` is a symbolic link."""
+    prefix = ""
+    for part in parts:
+        prefix = f"{prefix}/{part}" if prefix else part
+        try:
+            if stat.S_ISLNK(os.stat(prefix, dir_fd=root_fd, follow_symlinks=False).st_mode):
+                return True
+        except OSError:
+            return False
+    return False
+
+
+def _os_error(exc: OSError, what: str, link: bool = False) -> UmlosError:
+    if link or exc.errno == errno.ELOOP:
         return UmlosError(
             errors.CHECKPOINT_UNEXPECTED_FILE,
-            f"{what} is a symbolic link; links are never followed inside a container",
+            f"{what} passes through a symbolic link; links are never followed inside a container",
             operator=errors.CHECKPOINT_VALIDATE_OPERATOR,
         )
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return UmlosError(errors.CHECKPOINT_FILE_MISSING, f"{what} is missing", operator=errors.CHECKPOINT_VALIDATE_OPERATOR)
     return UmlosError(errors.CHECKPOINT_IO_ERROR, f"cannot read {what}: {exc.strerror}", operator=errors.CHECKPOINT_VALIDATE_OPERATOR)
 
 
@@ -163,7 +176,7 @@ def open_regular(root_fd: int, relpath: str) -> int:
             opened.append(fd)
         file_fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
     except OSError as exc:
-        raise _os_error(exc, relpath) from None
+        raise _os_error(exc, relpath, _has_link(root_fd, parts)) from None
     finally:
         for item in opened:
             os.close(item)

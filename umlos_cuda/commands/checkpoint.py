@@ -1,0 +1,137 @@
+"""``umlos-cuda checkpoint inspect | verify | recover``.
+
+``inspect PATH`` prints a readable summary of a container (header fields,
+files with sizes and hashes, tensors, cursors, trace link, chain) or of a
+store (its commits). ``verify PATH [--public-key K]`` runs every check on a
+container or a whole store and exits 0 only if all pass; otherwise the failure
+code is on stderr (``error CODE: message``, exit 2). ``recover STORE`` rolls
+back what an interrupted writer left, as the next writer would.
+docs/checkpoint-format.md describes the format and every code.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..checkpoint import summary
+from ..checkpoint.commit import recover_store
+
+
+def register(subparsers) -> None:
+    checkpoint = subparsers.add_parser(
+        "checkpoint",
+        help="inspect, verify or recover checkpoint containers and stores",
+        description=__doc__.split("\n\n")[1],
+    )
+    actions = checkpoint.add_subparsers(dest="checkpoint_command", metavar="ACTION")
+    inspect = actions.add_parser("inspect", help="summarise a container or a store (reads the manifest only)")
+    inspect.add_argument("path", help="a container folder or a store folder")
+    inspect.add_argument("--json", action="store_true", help="print one JSON object")
+    inspect.set_defaults(func=run_inspect)
+    verify = actions.add_parser("verify", help="check every byte of a container or a store; exit 0 only if valid")
+    verify.add_argument("path", help="a container folder or a store folder")
+    verify.add_argument("--public-key", metavar="K",
+                        help="trusted Ed25519 public key: 64 hex digits or a file (raw, hex or PEM)")
+    verify.add_argument("--json", action="store_true", help="print one JSON object")
+    verify.set_defaults(func=run_verify)
+    recover = actions.add_parser("recover", help="roll back what an interrupted writer left in a store")
+    recover.add_argument("path", help="a store folder")
+    recover.set_defaults(func=run_recover)
+    checkpoint.set_defaults(func=lambda args: (checkpoint.print_help(), 1)[1])
+
+
+def run_inspect(args) -> int:
+    result = summary.inspect_path(args.path)
+    if args.json:
+        print(json.dumps(result, indent=1, sort_keys=True))
+        return 0
+    if result["kind"] == "store":
+        _print_store(result)
+    else:
+        _print_container(result)
+    return 0
+
+
+def _print_container(result: dict) -> None:
+    header = result["header"]
+    print(f"container        {result['path']}")
+    print(f"checkpoint_hash  {result['checkpoint_hash']}")
+    print(f"format           {result['format']} schema {header['checkpoint_schema_version']}")
+    print(f"size             {result['total_bytes']:,} bytes in {len(result['entries']) + 1} files")
+    print("header")
+    width = max(len(k) for k in header)
+    for name in sorted(header):
+        value = header[name]
+        print(f"  {name:<{width}}  {', '.join(value) if isinstance(value, list) else value}")
+    print("files (path, bytes, sha256)")
+    width = max(len(e["path"]) for e in result["entries"])
+    for entry in result["entries"]:
+        print(f"  {entry['path']:<{width}}  {entry['size']:>12,}  {entry['sha256']}")
+    if result["tensors"]:
+        print("tensors")
+        for path, tensors in result["tensors"].items():
+            if "error" in tensors:
+                print(f"  {path}: {tensors['error']}")
+                continue
+            for name, info in tensors.items():
+                print(f"  {path}: {name} {info['dtype']} {info['shape']}")
+    print("cursors")
+    for key, cursor in result["cursors"].items():
+        print(f"  {key}: {cursor}")
+    link = result["trace_link"]
+    print("trace link")
+    if "error" in link:
+        print(f"  {link['error']}")
+    else:
+        print(f"  events {link['event_count']}, root {link['trace_root_hash']}, tail {link['trace_tail_hash']}, "
+              f"{len(link['segments'])} segment(s)")
+    print("chain")
+    print(f"  checkpoint_hash_prev  {result['chain']['checkpoint_hash_prev'] or '(none: first checkpoint)'}")
+    print(f"restore profiles  {', '.join(result['restore_profiles'])}")
+    print("(inspect reads the manifest only; 'umlos-cuda checkpoint verify' checks every file)")
+
+
+def _print_store(result: dict) -> None:
+    print(f"store       {result['path']}")
+    print(f"tenant/run  {result['tenant_id']} / {result['run_id']}")
+    print(f"public key  {result['public_key']}")
+    print(f"commits     {len(result['commits'])}")
+    for commit in result["commits"]:
+        what = f"{commit['checkpoint']} {commit['checkpoint_hash']}" if commit["checkpoint"] else "(trace only)"
+        print(f"  {commit['seq']:>4}  t={commit['t']:<8} events={commit['trace_events']:<8} {what}")
+    print("(inspect checks certificates and signatures; 'umlos-cuda checkpoint verify' checks every file)")
+
+
+def run_verify(args) -> int:
+    result = summary.verify_path(args.path, args.public_key)
+    if args.json:
+        print(json.dumps(result, indent=1, sort_keys=True))
+        return 0
+    if result["kind"] == "store":
+        print(f"OK store {result['store']}: {result['commits']} commits, {result['checkpoints']} checkpoints, "
+              f"{result['trace_events']} trace events in {result['trace_segments']} segments")
+        print(f"   latest checkpoint {result['latest_checkpoint']} ({result['latest_checkpoint_hash']})")
+        trust = "trusted key" if result["key_trusted"] else "the store's own key (pass --public-key to check who signed)"
+        print(f"   certificates signed by {result['public_key']}, checked against {trust}")
+    else:
+        print(f"OK container {result['path']}: {result['files']} files, schema {result['schema_version']}, t={result['t']}")
+        print(f"   checkpoint_hash {result['checkpoint_hash']}")
+        certificate = result["certificate"]
+        if certificate:
+            trust = "trusted key" if certificate["key_trusted"] else "the store's own key"
+            print(f"   certified by commit {certificate['commit']}, signed by {certificate['public_key']} ({trust})")
+        else:
+            print("   not inside a store: no commit certificate to check")
+    return 0
+
+
+def run_recover(args) -> int:
+    report = recover_store(args.path)
+    print(f"store {args.path}: committed through commit {report.committed_seq}")
+    for path in report.rolled_back:
+        print(f"  rolled back {path}")
+    for path in report.unknown:
+        print(f"  left alone (not a store object) {path}")
+    if not report.rolled_back:
+        print("  nothing to roll back")
+    return 0

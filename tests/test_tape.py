@@ -1,0 +1,280 @@
+"""The trace tape (seed 000 §7, seed 003 V and IO.WriteTape_v1): one iter per
+NextBatch call with cursors and replay token, a hash chain, blocks of
+BLOCK_SIZE records, rotation at max_events, failure records with the seeds'
+fields, and a reader that refuses every broken tape with its code."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+
+import numpy as np
+import pytest
+
+import umlos_cuda as uc
+from umlos_cuda import errors
+from umlos_cuda.checkpoint import CheckpointStore, open_store, read_tape, verify_store
+from umlos_cuda.checkpoint import cbor_safe, tape
+from umlos_cuda.checkpoint.tape import (
+    BLOCK_SIZE,
+    MAX_EVENTS,
+    ZERO_HASH,
+    failure_fields,
+    frame,
+    iter_fields,
+    read_segment_bytes,
+    record_hash,
+)
+from umlos_cuda.hashing import cbor_canonical, sha256
+from test_checkpoint_support import DATASET, KEY, identity, manifest
+
+
+def expect_code(code, function, *args, **kwargs):
+    with pytest.raises(uc.UmlosError) as info:
+        function(*args, **kwargs)
+    assert info.value.code == code, f"expected {code}, got {info.value.code}: {info.value.message}"
+    return info.value
+
+
+def test_seed_constants():
+    assert BLOCK_SIZE == 512 and MAX_EVENTS == 500_000
+
+
+def records_of(store_dir):
+    _, commits = open_store(store_dir)
+    out = []
+    read_tape(store_dir, [s for c in commits for s in c.trace["segments"]], on_record=lambda r, h: out.append((r, h)))
+    return commits, out
+
+
+def write_run(store_dir, steps, world_size=2, **options):
+    m = manifest()
+    cursor = uc.Cursor()
+    batches = []
+    with CheckpointStore.open(store_dir, identity(), KEY, **options) as store:
+        root = store.start_run(DATASET, world_size=world_size)
+        for t in range(1, steps + 1):
+            for rank in range(world_size):
+                batch = uc.next_batch(m, DATASET, world_size, rank, cursor=cursor, backend="numpy", t=t)
+                store.tape.append(iter_fields(batch, t))
+                batches.append(batch)
+            cursor = batch.cursor
+        store.tape.append({"type": "run_end", "status": "success", "final_epoch_count": cursor.epoch,
+                           "total_samples_seen": 8 * steps, "checkpoint_hash": None, "restore_status": "none",
+                           "final_cursors": {DATASET: cursor.to_dict()}})
+        store.commit()
+    return root, batches
+
+
+def test_one_iter_per_call_with_cursors_and_replay_token(tmp_path):
+    store_dir = str(tmp_path / "s")
+    root, batches = write_run(store_dir, 5)
+    commits, records = records_of(store_dir)
+    assert records[0][0]["type"] == "run_header" and records[0][1] == root == commits[-1].trace["root_hash"]
+    header = records[0][0]
+    m = manifest()
+    assert header["dataset_key"] == DATASET and header["cardinality"] == 1000 and header["sampler_block_size"] == 64
+    assert header["is_shuffled_per_stage"] == {"train": True, "eval": False, "infer": False}
+    assert header["replay_token"] == m.replay_token and header["manifest_hash"] == m.hash and header["world_size"] == 2
+    iters = [r for r, _ in records if r["type"] == "iter"]
+    assert len(iters) == len(batches) == 10
+    for record, batch in zip(iters, batches):
+        meta = batch.metadata
+        assert record["cursor_before"] == meta["cursor_before"] and record["cursor_after"] == meta["cursor_after"]
+        assert record["data_replay_t"].hex() == meta["data_replay_t"]
+        assert record["sampler_config_hash"].hex() == meta["sampler_config_hash"]
+        assert record["epoch_seed_hash"].hex() == meta["epoch_seed_hash"]
+        assert record["effective_q"] == meta["effective_q"] == 8 / 1000
+        assert record["rank"] == meta["rank"] and record["count"] == len(batch.indices)
+        assert record["indices_sha256"] == sha256(np.asarray(batch.indices, dtype="<u8").tobytes())
+    assert records[-1][0]["type"] == "run_end"
+    # The chain: seq 0, 1, 2, ...; prev = hash of the previous record; tail = hash of the last.
+    previous = ZERO_HASH
+    for seq, (record, digest) in enumerate(records):
+        assert record["seq"] == seq and record["prev"] == previous and digest == record_hash(record)
+        previous = digest
+    assert commits[-1].trace["tail_hash"] == previous and commits[-1].trace["ended"] is True
+
+
+def test_blocks_and_rotation(tmp_path):
+    store_dir = str(tmp_path / "s")
+    write_run(store_dir, 20, block_size=3, max_events=7)  # 1 + 40 + 1 = 42 records
+    commits, records = records_of(store_dir)
+    segments = commits[-1].trace["segments"]
+    assert [s["event_count"] for s in segments] == [7] * 6
+    assert [s["first_seq"] for s in segments] == [0, 7, 14, 21, 28, 35]
+    for segment in segments:
+        data = open(os.path.join(store_dir, segment["path"]), "rb").read()
+        assert (len(data), sha256(data)) == (segment["size"], segment["sha256"])
+        frames = split_frames(data)
+        header = cbor_safe.decode(frames[0])
+        assert header["block_size"] == 3 and header["max_events"] == 7
+        blocks = [cbor_safe.decode(f) for f in frames[1:]]
+        assert [len(b["records"]) for b in blocks] == [3, 3, 1]
+        assert [b["block_index"] for b in blocks] == [0, 1, 2]
+    assert len(records) == 42
+    verify_store(store_dir)
+
+
+def test_default_block_size_is_512(tmp_path):
+    store_dir = str(tmp_path / "s")
+    write_run(store_dir, 300)  # 1 + 600 + 1 records in one segment
+    commits, _ = records_of(store_dir)
+    segment = commits[-1].trace["segments"][0]
+    frames = split_frames(open(os.path.join(store_dir, segment["path"]), "rb").read())
+    assert [len(cbor_safe.decode(f)["records"]) for f in frames[1:]] == [512, 90]
+
+
+def split_frames(data):
+    frames, position = [], 0
+    while position < len(data):
+        length = int.from_bytes(data[position:position + 4], "big")
+        frames.append(data[position + 4:position + 4 + length])
+        position += 4 + length
+    return frames
+
+
+def test_failure_record_carries_the_seed_fields(tmp_path):
+    m = manifest()
+    with pytest.raises(uc.UmlosError) as info:
+        uc.next_batch(m, DATASET, 3, 0, cursor=uc.Cursor(0, 16), backend="numpy", t=12)  # 8 % 3 != 0
+    exc = info.value
+    store_dir = str(tmp_path / "s")
+    with CheckpointStore.open(store_dir, identity(), KEY) as store:
+        store.start_run(DATASET, world_size=3)
+        store.tape.append(failure_fields(exc, replay_token=m.replay_token, rng_fingerprint_t=bytes([1]) * 32,
+                                         state_fp_t=bytes([2]) * 32))
+        store.commit()
+    _, records = records_of(store_dir)
+    failure = records[-1][0]
+    assert failure["type"] == "failure"
+    assert failure["t"] == 12 and failure["failure_code"] == errors.BATCH_SIZE_INCONSISTENT
+    assert failure["failure_operator"] == "UML_OS.Data.NextBatch_v2" and failure["dataset_key"] == DATASET
+    assert failure["data_replay_t"].hex() == exc.record["data_replay_t"]
+    assert failure["replay_token"] == m.replay_token
+    assert failure["rng_fingerprint_t"] == bytes([1]) * 32 and failure["state_fp_t"] == bytes([2]) * 32
+    assert "divisible" in failure["diagnostics"]["message"]
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"type": "iter"}, "missing"),
+        ({"type": "bogus"}, "unknown record type"),
+        ({"type": "checkpoint", "t": 1, "commit_seq": 1, "extra": 1}, "unknown"),
+        ({"type": "checkpoint", "t": -1, "commit_seq": 1}, "invalid t"),
+        ({"type": "checkpoint", "t": True, "commit_seq": 1}, "invalid t"),
+        ({"type": "restore", "t": 1, "checkpoint_hash": b"x", "restore_profile_id": "p", "cursors": {}}, "invalid"),
+    ],
+)
+def test_writer_refuses_malformed_records(tmp_path, fields, message):
+    with CheckpointStore.open(str(tmp_path / "s"), identity(), KEY) as store:
+        store.start_run(DATASET, world_size=1)
+        error = expect_code(errors.TRACE_FORMAT_INVALID, store.tape.append, fields)
+        assert message in error.message
+        assert store.tape.event_count == 1  # nothing was appended
+
+
+def test_record_order(tmp_path):
+    with CheckpointStore.open(str(tmp_path / "s"), identity(), KEY) as store:
+        expect_code(errors.TRACE_FORMAT_INVALID, store.tape.append, {"type": "checkpoint", "t": 0, "commit_seq": 1})
+        store.start_run(DATASET, world_size=1)
+        expect_code(errors.TRACE_FORMAT_INVALID, store.start_run, DATASET, world_size=1)
+        store.tape.append({"type": "run_end", "status": "failed", "final_epoch_count": 0, "total_samples_seen": 0,
+                           "checkpoint_hash": None, "restore_status": "none", "final_cursors": {}})
+        expect_code(errors.TRACE_FORMAT_INVALID, store.tape.append, {"type": "checkpoint", "t": 0, "commit_seq": 1})
+
+
+# -- the reader, on hand-made segments ---------------------------------------------------
+
+
+def run_header(seq=0, prev=ZERO_HASH):
+    return {"type": "run_header", "seq": seq, "prev": prev, "schema_version": "UML_OS.IO.WriteTape_v1",
+            "tenant_id": "t", "run_id": "r", "spec_version": "s", "replay_token": bytes(32), "manifest_hash": bytes(32),
+            "dataset_key": "train", "cardinality": 10, "datasets": {"train": 10}, "sampler_block_size": 4,
+            "is_shuffled_per_stage": {"train": True, "eval": False, "infer": False}, "world_size": 1,
+            "backend_hash": bytes(32), "task_type": "x", "source_hash": None}
+
+
+def checkpoint(seq, prev, t=1):
+    return {"type": "checkpoint", "seq": seq, "prev": prev, "t": t, "commit_seq": 1}
+
+
+def chain(n):
+    records = [run_header()]
+    for seq in range(1, n):
+        records.append(checkpoint(seq, record_hash(records[-1]), t=seq))
+    return records
+
+
+def segment(blocks, *, index=1, first_seq=0, prev=ZERO_HASH, block_size=4, max_events=100):
+    header = {"format": tape.TAPE_FORMAT, "segment_index": index, "first_seq": first_seq, "prev_hash": prev,
+              "block_size": block_size, "max_events": max_events}
+    data = frame(cbor_canonical(header))
+    for i, records in enumerate(blocks):
+        data += frame(cbor_canonical({"block_index": i, "records": records}))
+    return data
+
+
+def test_reader_accepts_a_good_segment():
+    records = chain(6)
+    assert read_segment_bytes(segment([records[:4], records[4:]])) == records
+
+
+@pytest.mark.parametrize(
+    "build, code",
+    [
+        (lambda r: segment([r[:4], r[4:]])[:-1], errors.TRACE_TRUNCATED),
+        (lambda r: segment([r[:4], r[4:]])[:-40], errors.TRACE_TRUNCATED),
+        (lambda r: segment([r[:4], r[4:]]) + b"\x00\x00", errors.TRACE_TRUNCATED),
+        (lambda r: segment([r[:4], r[4:]]) + b"\xff\xff\xff\xff", errors.TRACE_FORMAT_INVALID),
+        (lambda r: b"", errors.TRACE_TRUNCATED),
+        (lambda r: segment([]), errors.TRACE_FORMAT_INVALID),
+        (lambda r: segment([r[:5], r[5:]]), errors.TRACE_FORMAT_INVALID),  # block larger than block_size
+        (lambda r: segment([r[:4], []]), errors.TRACE_FORMAT_INVALID),  # empty block
+        (lambda r: segment([r[:2], r[3:]]), errors.TRACE_CHAIN_MISMATCH),  # a record missing
+        (lambda r: segment([[r[0], r[2], r[1]]]), errors.TRACE_CHAIN_MISMATCH),  # reordered
+        (lambda r: segment([r[1:4]]), errors.TRACE_CHAIN_MISMATCH),  # starts mid-chain
+        (lambda r: segment([r[:4]], index=2), errors.TRACE_CHAIN_MISMATCH),
+        (lambda r: segment([r[:4]], prev=b"\x01" * 32), errors.TRACE_CHAIN_MISMATCH),
+        (lambda r: segment([r[:4], r[4:]], max_events=5), errors.TRACE_FORMAT_INVALID),
+        (lambda r: segment([[r[0], dict(r[1], prev=b"\x00" * 32)]]), errors.TRACE_CHAIN_MISMATCH),
+        (lambda r: segment([[r[0], dict(r[1], seq=5)]]), errors.TRACE_CHAIN_MISMATCH),
+        (lambda r: segment([[r[0], dict(r[1], t="1")]]), errors.TRACE_FORMAT_INVALID),
+        (lambda r: segment([[r[0], run_header(1, record_hash(r[0]))]]), errors.TRACE_FORMAT_INVALID),
+        (lambda r: segment([[checkpoint(0, ZERO_HASH)]]), errors.TRACE_FORMAT_INVALID),
+        (lambda r: frame(cbor_canonical({"format": "other"})), errors.TRACE_FORMAT_INVALID),
+        (lambda r: frame(b"\xbf\xff"), errors.TRACE_FORMAT_INVALID),
+    ],
+)
+def test_reader_refuses_broken_segments(build, code):
+    expect_code(code, read_segment_bytes, build(chain(6)))
+
+
+def test_every_byte_of_a_committed_tape_is_covered(tmp_path):
+    store_dir = str(tmp_path / "s")
+    write_run(store_dir, 1, world_size=1)
+    commits, _ = records_of(store_dir)
+    segments = [s for c in commits for s in c.trace["segments"]]
+    path = os.path.join(store_dir, segments[0]["path"])
+    original = open(path, "rb").read()
+    for position in range(0, len(original)):
+        changed = bytearray(original)
+        changed[position] ^= 0x41
+        open(path, "wb").write(changed)
+        with pytest.raises(uc.UmlosError) as info:
+            read_tape(store_dir, segments)
+        assert info.value.code in (errors.TRACE_FORMAT_INVALID, errors.TRACE_CHAIN_MISMATCH, errors.TRACE_TRUNCATED)
+    open(path, "wb").write(original)
+    verify_store(store_dir)
+    print(f"\ntape byte changes: {len(original)} tried, {len(original)} detected")
+
+
+def test_iter_fields_accepts_any_backend_output():
+    m = manifest()
+    batch = uc.next_batch(m, DATASET, 1, 0, backend="numpy")
+    count, digest = tape.indices_digest(batch.indices)
+    assert count == 8 and digest == hashlib.sha256(batch.indices.astype("<u8").tobytes()).digest()
+    assert tape.indices_digest(np.array([], dtype=np.uint64)) == (0, sha256(b""))
+    assert read_segment_bytes(io.BytesIO(b"").getvalue() or segment([chain(1)]))[0]["type"] == "run_header"

@@ -62,7 +62,9 @@ def _decode_value(data: bytes, max_depth: int, max_items: int, fail) -> tuple[An
         end = pos + length
         if end > size:
             raise fail("unexpected end of data", at)
-        arg = from_bytes(data[pos:end], "big")
+        # One-byte arguments (the common case) are read by indexing, which is
+        # faster than slicing and never goes through a shared 1-byte bytes object.
+        arg = data[pos] if length == 1 else from_bytes(data[pos:end], "big")
         if major != 7 and arg < _MIN_FOR_LENGTH[length]:
             raise fail("an integer or length is not in its shortest form", at)
         return arg, end

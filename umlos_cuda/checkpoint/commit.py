@@ -38,18 +38,19 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from .. import errors
-from ..hashing import cbor_canonical, hash_canonical, sha256
+from ..hashing import cbor_canonical, sha256
 from . import atomic, cbor_safe, paths, schema, signing
 from .codes import COMMIT, RESTORE, error
-from .container import ContainerBuilder, ContainerReader, TraceLink, verify_container
+from .container import ContainerBuilder, TraceLink, verify_container
 from .lock import LOCK_NAME, StoreLock
 from .restore import RestoredCheckpoint, restore_checkpoint
 from .state import CheckpointState, RunIdentity
-from .tape import Segment, TapeState, TapeWriter, parse_segment_name, read_tape, segment_path
+from .tape import Segment, TapeState, TapeWriter, parse_segment_name, read_tape
 
 STORE_FORMAT = "UML_OS.Checkpoint.Store_v1"
 MARKER_NAME = "store.cbor"
@@ -620,11 +621,11 @@ def restore_committed(store_dir: str, record: CommitRecord, expect: Mapping[str,
     expected.setdefault("checkpoint_merkle_root", record.checkpoint["checkpoint_merkle_root"])
     path = os.path.join(store_dir, record.checkpoint["path"])
     restored = restore_checkpoint(path, profile=profile, expect=expected, ranks=ranks)
-    _check_bound(restored.checkpoint_hash, restored.header, record)
+    check_bound(restored.checkpoint_hash, restored.header, record)
     return restored
 
 
-def _check_bound(checkpoint_hash: bytes, header: Mapping[str, Any], record: CommitRecord) -> None:
+def check_bound(checkpoint_hash: bytes, header: Mapping[str, Any], record: CommitRecord) -> None:
     if checkpoint_hash != record.checkpoint_hash:
         raise error(errors.CHECKPOINT_COMMIT_MISMATCH,
                     f"{record.checkpoint['path']} is not the checkpoint commit {record.seq} certifies")
@@ -693,9 +694,7 @@ def verify_store(store_dir: str | os.PathLike[str], public_key: Any = None, *, s
                 mode = os.stat(folder, dir_fd=root, follow_symlinks=False).st_mode
             except FileNotFoundError:
                 continue
-            import stat as _stat
-
-            if not _stat.S_ISDIR(mode):
+            if not stat.S_ISDIR(mode):
                 raise error(errors.CHECKPOINT_UNEXPECTED_FILE, f"{folder} is not a folder (links are not followed)")
         previous_lineage = schema.ZERO_HASH
         previous_checkpoint: bytes | None = None
@@ -719,7 +718,7 @@ def verify_store(store_dir: str | os.PathLike[str], public_key: Any = None, *, s
             previous_lineage = record.lineage_root_hash
             if record.checkpoint:
                 info = verify_container(os.path.join(store_dir, record.checkpoint["path"]))
-                _check_bound(info.checkpoint_hash, info.header, record)
+                check_bound(info.checkpoint_hash, info.header, record)
                 if info.header["checkpoint_merkle_root"] != record.checkpoint["checkpoint_merkle_root"] \
                         or info.header["trace_root_hash"] != record.trace["root_hash"]:
                     raise error(errors.CHECKPOINT_COMMIT_MISMATCH, f"commit {record.seq}: header differs from the certificate")

@@ -42,6 +42,7 @@ from ..manifest import Manifest
 from . import atomic, cbor_safe, merkle, paths, schema, tensors
 from .codes import SERIALIZE, error
 from .state import CheckpointState, RunIdentity, check_user_name, dataset_snapshot_id, plain
+from .tape import parse_segment_name
 
 #: Bounds for untrusted input.
 MAX_MANIFEST_BYTES = 64 << 20
@@ -99,8 +100,6 @@ class TraceLink:
         for segment in segments:
             if not isinstance(segment, dict) or set(segment) != {"path", "size", "sha256", "first_seq", "event_count"}:
                 raise error(code, f"{what}: a segment has exactly path, size, sha256, first_seq, event_count")
-            from .tape import parse_segment_name
-
             parse_segment_name(segment["path"], code)
             schema.check_uint64(segment["size"], f"{what}: segment size", code)
             schema.check_hash(segment["sha256"], f"{what}: segment sha256", code)

@@ -13,7 +13,7 @@ from typing import Any
 from .. import errors
 from . import paths, schema
 from .codes import error
-from .commit import MARKER_NAME, CommitRecord, is_store, open_store
+from .commit import MARKER_NAME, CommitRecord, check_bound, is_store, open_store
 from .container import ContainerReader, verify_container
 
 def _hex(value: Any) -> Any:
@@ -141,9 +141,7 @@ def verify_path(path: str, public_key: Any = None) -> dict[str, Any]:
         "certificate": None,
     }
     if record is not None:
-        from .commit import _check_bound
-
-        _check_bound(info.checkpoint_hash, info.header, record)
+        check_bound(info.checkpoint_hash, info.header, record)
         if info.header["checkpoint_merkle_root"] != record.checkpoint["checkpoint_merkle_root"]:
             raise error(errors.CHECKPOINT_COMMIT_MISMATCH, "the Merkle root differs from the certificate")
         result["certificate"] = {"commit": record.seq, "public_key": record.public_key.hex(),

@@ -324,8 +324,9 @@ class CheckpointStore:
     kept, so commit before closing.
     """
 
-    def __init__(self, *_args, **_kwargs) -> None:  # pragma: no cover - use open()
-        raise TypeError("use CheckpointStore.open(path, identity, signing_key)")
+    def __init__(self, *_args, **_kwargs) -> None:
+        raise error(errors.CHECKPOINT_STATE_INVALID, "open a store with CheckpointStore.open(path, identity, signing_key)",
+                    operator=COMMIT)
 
     @classmethod
     def open(

@@ -389,3 +389,15 @@ def test_inspect_only_reads_the_manifest(container):
 
 def test_missing_container():
     expect_code(errors.CHECKPOINT_NOT_FOUND, verify_container, "/nonexistent/ckpt")
+
+
+def test_every_checkpoint_code_is_documented():
+    """docs/checkpoint-format.md §12 lists exactly the CHECKPOINT_* and TRACE_* codes of errors.py."""
+    import re
+
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "checkpoint-format.md")).read()
+    table = doc.split("## 12. Failure codes", 1)[1].split("## 13.", 1)[0]
+    documented = set(re.findall(r"^\| `((?:CHECKPOINT|TRACE)_[A-Z_]+)` \|", table, re.M))
+    defined = {value for name, value in vars(errors).items()
+               if name.startswith(("CHECKPOINT_", "TRACE_")) and not name.endswith("_OPERATOR")}
+    assert documented == defined

@@ -44,12 +44,12 @@ def _compile(nvrtc, source: str, name: str, options: list[str]):
         encoded = [o.encode() for o in options]
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
         err, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * size
+        log = bytearray(size)
         nvrtc.nvrtcGetProgramLog(prog, log)
         ptx_text, cubin_size = "", 0
         if result == nvrtc.nvrtcResult.NVRTC_SUCCESS:
             err, size = nvrtc.nvrtcGetPTXSize(prog)
-            ptx = b" " * size
+            ptx = bytearray(size)
             nvrtc.nvrtcGetPTX(prog, ptx)
             ptx_text = ptx.rstrip(b"\0").decode()
             err, cubin_size = nvrtc.nvrtcGetCUBINSize(prog)

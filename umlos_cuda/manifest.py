@@ -159,6 +159,8 @@ def read_manifest_file(path: str | os.PathLike[str]) -> Any:
             return json.loads(text)
         except ValueError as exc:
             raise UmlosError(errors.INVALID_MANIFEST, f"{path}: not valid JSON: {exc}") from exc
+        except RecursionError as exc:  # a hostile file nested deeper than the parser's stack
+            raise UmlosError(errors.INVALID_MANIFEST, f"{path}: nested too deeply to parse") from exc
     import yaml
 
     try:
@@ -167,6 +169,8 @@ def read_manifest_file(path: str | os.PathLike[str]) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise UmlosError(errors.INVALID_MANIFEST, f"{path}: not valid YAML: {exc}") from exc
+    except RecursionError as exc:
+        raise UmlosError(errors.INVALID_MANIFEST, f"{path}: nested too deeply to parse") from exc
 
 
 def canonicalize(raw: Any) -> dict[str, Any]:

@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 # The CPU build of PyTorch for the integration tests; pinned so that pip never
 # pulls a multi-gigabyte CUDA build on a machine without a GPU.
 TORCH_CPU ?= torch==2.13.0
-TEST_EXTRAS := test,checkpoint,nvrtc
+TEST_EXTRAS := test,checkpoint,nvrtc,torch,dali
 DEMO_EXTRAS := checkpoint
 DEMO_WORKDIR ?= demo-workdir
 
@@ -23,7 +23,7 @@ venv: $(BIN)/python
 
 demo: venv
 	$(BIN)/pip install --quiet -e '.[$(DEMO_EXTRAS)]'
-	$(BIN)/umlos-cuda demo
+	$(BIN)/umlos-cuda demo --workdir $(DEMO_WORKDIR)
 
 test: venv
 	$(BIN)/pip install --quiet $(TORCH_CPU)

@@ -45,6 +45,13 @@ def register(subparsers) -> None:
     demo.add_argument("--epoch", type=int, default=0)
     demo.add_argument("--global-index", type=int, default=0, help="cursor position to start from")
     demo.add_argument("--backend", default="auto", choices=("auto",) + AUTO_ORDER)
+    demo.add_argument(
+        "--workdir",
+        default=None,
+        help="also write a checkpoint store here every --every-k steps, crash, restore, and check the continuation",
+    )
+    demo.add_argument("--steps", type=int, default=48, help="training steps of the checkpoint part (default 48)")
+    demo.add_argument("--every-k", type=int, default=8, help="checkpoint interval of the checkpoint part (default 8)")
     demo.add_argument("--quiet", action="store_true", help="no progress line")
     demo.set_defaults(func=run)
 
@@ -61,7 +68,38 @@ def run(args) -> int:
         show_progress=not args.quiet,
     )
     print_table(summary, throughput(manifest, args.dataset))
+    if args.workdir:
+        checkpoint_part(manifest, args)
     return 0
+
+
+def checkpoint_part(manifest, args) -> None:
+    """Write, crash, restore and compare through a real checkpoint store (docs/checkpoint-format.md)."""
+    from ..checkpoint.demo import run_checkpoint_demo
+
+    print(f"\ncheckpoint store in {args.workdir}: a checkpoint every {args.every_k} of {args.steps} steps")
+    result = run_checkpoint_demo(
+        args.workdir,
+        manifest,
+        dataset_key=args.dataset,
+        world_size=args.world_size,
+        steps=args.steps,
+        every_k=args.every_k,
+        backend=args.backend,
+        log=(lambda line: None) if args.quiet else (lambda line: print(f"  {line}")),
+    )
+    rows = [
+        ("commits", result["commits"]),
+        ("crashed after step", result["crash_after_step"]),
+        ("restored from step", result["restored_from_step"]),
+        ("steps compared", f"{result['steps_compared']} (identical: {result['identical']})"),
+        ("latest checkpoint", result["container"]),
+        ("checkpoint_hash", result["checkpoint_hash"]),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value}")
+    print(f"  verify it:  umlos-cuda checkpoint verify {result['store']} --public-key {result['public_key']}")
 
 
 def stream_and_check(manifest, dataset_key, *, world_size, batches, cursor, backend, show_progress=True) -> dict:

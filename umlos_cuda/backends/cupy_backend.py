@@ -35,6 +35,7 @@ import numpy as np
 from .. import errors
 from ..epoch import EpochPlan, build_plan_reference
 from ..errors import UmlosError
+from ..philox import PHILOX_KATS
 
 #: Output element types, in order of preference (uint64 is the default).
 OUTPUT_DTYPES = (np.dtype(np.uint64), np.dtype(np.int64), np.dtype(np.int32))
@@ -378,7 +379,7 @@ class CupyBackend:
 
 
 #: R1's first known answer: counter 0, key 0 (checked on the device by ``create``).
-_KAT_ZERO = (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)
+_KAT_ZERO = PHILOX_KATS[0][2]
 
 
 def create_with(cp) -> CupyBackend:

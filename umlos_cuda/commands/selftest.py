@@ -32,18 +32,9 @@ from ..backends import BACKEND_NAMES, get_backend, to_numpy
 from ..epoch import build_plan_reference, epoch_seed
 from ..manifest import Manifest
 from ..nextbatch import MODE_SHUFFLE, epoch_indices, sampler_config_hash
-from ..philox import philox4x32_10
+from ..philox import PHILOX_KATS, philox4x32_10
 from ..progress import Progress
 
-#: R1's known-answer vectors: (counter, key, output), Random123 ``kat_vectors``.
-PHILOX_KATS = (
-    ((0x00000000, 0x00000000, 0x00000000, 0x00000000), (0x00000000, 0x00000000),
-     (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
-    ((0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF), (0xFFFFFFFF, 0xFFFFFFFF),
-     (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
-     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
-)
 #: R9: the train ``sampler_config_hash`` for the default block size and drop_last = false.
 R9_SELF_CHECK = "fd98df5908735429e5bc7ee2e4bffd7a4d91987c51c80697f112512562ecd90b"
 DEFAULT_BLOCK_SIZE = 1 << 20

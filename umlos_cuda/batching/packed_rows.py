@@ -19,17 +19,28 @@ and where in it the segment starts: 0 unless the sample was split).
 Rows are not padded: a row is as long as what it holds (at most the
 packing's ``max_length``); padding is the collator's job. This module only
 lays out rows; which sequences share a row is ``pack_lengths``'s job.
+
+All rows of one call share four flat arrays, each row's arrays being views
+of them. They are written by ``umlos_cuda._packing.layout`` (C++, one pass
+that writes each value once) or, without the extension, by the NumPy
+whole-array operations of :func:`_numpy_layout`, which define the result;
+the tests compare the two bit for bit.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from .. import errors
-from .packing_config import MAX_TOKEN_ID, PackingConfig, packing_error, require_int
+from .packing import BACKENDS, native_module
+from .packing_config import MAX_TOKEN_ID, PackingConfig, config_error, packing_error, require_int
+
+#: What :func:`layout_rows` reads of each segment (one C-level map each).
+_SEGMENT_FIELDS = tuple(map(operator.attrgetter, ("input_ids", "loss_mask", "sample_id", "offset")))
 
 
 def input_error(message: str):
@@ -169,19 +180,33 @@ def build_rows(rows: Sequence[Sequence[SequenceToPack]], separator_ids: Sequence
 
 
 def layout_rows(segments: Sequence[SequenceToPack], counts: np.ndarray, separator_ids: Sequence[int] = (),
-                lengths: np.ndarray | None = None) -> tuple[list[PackedRow], int]:
+                lengths: np.ndarray | None = None, *, backend: str = "auto") -> tuple[list[PackedRow], int]:
     """:func:`build_rows` on the segments of all rows in one list (row ``r``
     holds the next ``counts[r] >= 1`` of them), with the segments' token
     counts when the caller knows them; also returns the loss tokens of all
-    rows (one sum, not one per row)."""
+    rows (one sum, not one per row).
+
+    ``backend`` (the names of :func:`~umlos_cuda.batching.packing.pack_lengths`):
+    ``python`` (NumPy whole-array operations; the definition), ``native``
+    (``umlos_cuda._packing.layout``: the four token arrays in one pass, each
+    output value written once) or ``auto`` (native when built). Both give
+    the same arrays bit for bit (tests/test_batching_packing.py).
+    """
+    if backend not in BACKENDS:
+        raise config_error(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    module = native_module() if backend != "python" else None
+    if backend == "native" and module is None:
+        raise config_error("backend 'native' is unavailable: the extension umlos_cuda._packing is not built "
+                           "(reinstall with a C++ compiler), use backend 'auto' or 'python'")
     if counts.shape[0] == 0:
         return [], 0
     separator = np.asarray(separator_ids, dtype=np.int32)
     sep_len = int(separator.shape[0])
     first = np.zeros(counts.shape[0] + 1, dtype=np.int64)  # index of each row's first segment
     np.cumsum(counts, out=first[1:])
+    ids, masks, sample_ids, offsets = (tuple(map(field, segments)) for field in _SEGMENT_FIELDS)
     if lengths is None:
-        lengths = np.fromiter(map(len, [s.input_ids for s in segments]), dtype=np.int64, count=len(segments))
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     seg_lengths = lengths + sep_len
     seg_lengths[first[1:] - 1] = lengths[first[1:] - 1]  # no separator after a row's last segment
     cu = np.zeros(len(segments) + 1, dtype=np.int64)
@@ -189,8 +214,26 @@ def layout_rows(segments: Sequence[SequenceToPack], counts: np.ndarray, separato
     row_tokens = np.diff(cu[first])
     if int(row_tokens.max()) > MAX_TOKEN_ID:
         raise input_error(f"a packed row of {int(row_tokens.max())} tokens is longer than 2^31 - 1")
-    tokens = np.concatenate([s.input_ids for s in segments])
-    masks = np.concatenate([s.loss_mask for s in segments])
+    if module is not None:
+        arrays = _native_layout(module, ids, masks, first, lengths, separator, int(cu[-1]))
+    else:
+        arrays = _numpy_layout(ids, masks, first, counts, lengths, seg_lengths, cu, separator)
+    return _rows(arrays, sample_ids, offsets, counts, first, cu, sep_len)
+
+
+def _native_layout(module, ids, masks, first, lengths, separator, total):
+    """The four arrays and the loss tokens, by ``umlos_cuda._packing.layout``."""
+    arrays = [np.empty(total, dtype=np.int32) for _ in range(4)]
+    loss = module.layout(ids, masks, np.ascontiguousarray(lengths, dtype=np.int64), first, separator,
+                         *arrays)
+    return (*arrays, loss)
+
+
+def _numpy_layout(ids, masks, first, counts, lengths, seg_lengths, cu, separator):
+    """The four arrays and the loss tokens, by whole-array operations (the definition)."""
+    sep_len = int(separator.shape[0])
+    tokens = np.concatenate(ids)
+    masks = np.concatenate(masks)
     if sep_len:
         total = int(cu[-1])
         input_ids = np.empty(total, dtype=np.int32)
@@ -199,21 +242,25 @@ def layout_rows(segments: Sequence[SequenceToPack], counts: np.ndarray, separato
         where = np.arange(tokens.shape[0], dtype=np.int64) + np.repeat(cu[:-1] - source_starts, lengths)
         input_ids[where] = tokens
         loss_mask[where] = masks
-        followed = np.ones(len(segments), dtype=bool)
+        followed = np.ones(len(ids), dtype=bool)
         followed[first[1:] - 1] = False
         sep_starts = (cu[:-1] + lengths)[followed]
         input_ids[(sep_starts[:, None] + np.arange(sep_len)).reshape(-1)] = np.tile(separator, sep_starts.shape[0])
     else:
         input_ids, loss_mask = tokens.astype(np.int32, copy=False), masks.astype(np.int32, copy=False)
-    segment_ids = np.repeat((np.arange(len(segments)) - np.repeat(first[:-1], counts)).astype(np.int32), seg_lengths)
+    segment_ids = np.repeat((np.arange(len(ids)) - np.repeat(first[:-1], counts)).astype(np.int32), seg_lengths)
     # Positions by one running sum in place (no temporary as long as the tokens):
     # steps of 1, and at each segment's first token the step back to 0.
     position_ids = np.ones(int(cu[-1]), dtype=np.int32)
     position_ids[cu[1:-1]] = 1 - seg_lengths[:-1]
     position_ids[0] = 0
     np.cumsum(position_ids, out=position_ids)
-    sample_ids = [s.sample_id for s in segments]
-    offsets = [s.offset for s in segments]
+    return input_ids, loss_mask, segment_ids, position_ids, int(masks.sum(dtype=np.int64))
+
+
+def _rows(arrays, sample_ids, offsets, counts, first, cu, sep_len) -> tuple[list[PackedRow], int]:
+    """Each row's views of the flat arrays, and the loss tokens."""
+    input_ids, loss_mask, segment_ids, position_ids, loss_tokens = arrays
     # Every row's cu_seqlens in one array: row r's are at [first[r] + r, first[r + 1] + r + 1).
     num_rows = int(counts.shape[0])
     row_of = np.repeat(np.arange(num_rows, dtype=np.int64), counts + 1)
@@ -224,10 +271,26 @@ def layout_rows(segments: Sequence[SequenceToPack], counts: np.ndarray, separato
     for r in range(num_rows):
         a, b = firsts[r], firsts[r + 1]
         lo, hi = starts[r], starts[r + 1]
-        out.append(PackedRow(input_ids[lo:hi], loss_mask[lo:hi], segment_ids[lo:hi], position_ids[lo:hi],
-                             cu_rows[a + r:b + r + 1], tuple(sample_ids[a:b]), tuple(offsets[a:b]),
-                             sep_len * (b - a - 1)))
-    return out, int(masks.sum(dtype=np.int64))
+        out.append(_packed_row({"input_ids": input_ids[lo:hi], "loss_mask": loss_mask[lo:hi],
+                                "segment_ids": segment_ids[lo:hi], "position_ids": position_ids[lo:hi],
+                                "cu_seqlens": cu_rows[a + r:b + r + 1], "sample_ids": sample_ids[a:b],
+                                "sample_offsets": offsets[a:b], "separator_tokens": sep_len * (b - a - 1)}))
+    return out, loss_tokens
+
+
+def _packed_row(fields: dict) -> PackedRow:
+    """A :class:`PackedRow` from fields that :func:`layout_rows` has checked.
+
+    The dataclass's own ``__init__`` sets a frozen instance's fields one
+    ``object.__setattr__`` at a time, which is most of the cost of a row when
+    thousands are made in one call; this sets them in one step and gives
+    the same object (same fields, same ``__dict__``)."""
+    row = _new_object(PackedRow)
+    _set_attribute(row, "__dict__", fields)
+    return row
+
+
+_new_object, _set_attribute = object.__new__, object.__setattr__
 
 
 def pack_rows(rows: Iterable[Iterable], separator_ids: Sequence[int] = (), *, max_length: int | None = None,

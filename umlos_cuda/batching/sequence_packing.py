@@ -9,18 +9,20 @@ The steps:
    truncated or split, each counted;
 3. :func:`pack_lengths` assigns every piece a row;
 4. each row holds its pieces in input order, all rows laid out at once by
-   :func:`layout_rows` (whole-array operations; the only work per sequence
-   is gathering its object and its token array).
+   :func:`layout_rows` (one native pass that writes every output value
+   once, or whole-array NumPy operations without the extension; the only
+   Python work per sequence is gathering its arrays and names).
 """
 
 from __future__ import annotations
 
+import operator
 from typing import Iterable
 
 import numpy as np
 
 from .. import errors
-from .packed_rows import as_sequence, layout_rows
+from .packed_rows import SequenceToPack, as_sequence, layout_rows
 from .packing import pack_lengths
 from .packing_config import OversizePolicy, PackingConfig, PackingMode, packing_error
 from .packing_metrics import PackingMetrics
@@ -34,6 +36,19 @@ class PackedRows(list):
         super().__init__(rows)
         self.metrics = metrics
         self.config = config
+
+
+_INPUT_IDS = operator.attrgetter("input_ids")
+
+
+def as_sequences(sequences: Iterable) -> list[SequenceToPack]:
+    """Every input as a :class:`SequenceToPack` (:func:`as_sequence`), the
+    ``i``-th named ``str(i)`` when it has no id of its own. A list that
+    already holds only ``SequenceToPack`` objects is taken as it is (their
+    checks ran when they were made), in one C-level type scan."""
+    if isinstance(sequences, list) and set(map(type, sequences)) <= {SequenceToPack}:
+        return sequences
+    return [as_sequence(item, i) for i, item in enumerate(sequences)]
 
 
 def oversize_pieces(lengths: np.ndarray, max_length: int, oversize: OversizePolicy | str,
@@ -75,12 +90,14 @@ def pack_sequences(sequences: Iterable, max_length: int = 2048, mode: PackingMod
     ``config`` (a :class:`PackingConfig`) replaces ``max_length``, ``mode``,
     ``separator_ids`` and ``oversize``. Rows are in the order they are
     opened; ``result.metrics`` counts what was packed, skipped, truncated
-    and split.
+    and split. ``backend`` (``auto``, ``native`` or ``python``) picks the
+    implementation of both steps, the packing and the layout of the rows;
+    all give the same rows bit for bit.
     """
     if config is None:
         config = PackingConfig(max_length, mode, tuple(separator_ids), oversize)
-    items = [as_sequence(item, i) for i, item in enumerate(sequences)]
-    lengths = np.fromiter(map(len, [s.input_ids for s in items]), dtype=np.int64, count=len(items))
+    items = as_sequences(sequences)
+    lengths = np.fromiter(map(len, map(_INPUT_IDS, items)), dtype=np.int64, count=len(items))
     refused = config.oversize is OversizePolicy.REFUSE and bool((lengths > config.max_length).any())
     source, start, piece = oversize_pieces(lengths, config.max_length, config.oversize,
                                            [s.sample_id for s in items] if refused else None)
@@ -93,7 +110,7 @@ def pack_sequences(sequences: Iterable, max_length: int = 2048, mode: PackingMod
     pieces = list(map(items.__getitem__, sources.tolist()))
     for p, s, stop in zip(cut.tolist(), start[order][cut].tolist(), (start + piece)[order][cut].tolist()):
         pieces[p] = pieces[p].piece(s, stop)
-    rows, loss_tokens = layout_rows(pieces, counts, config.separator_ids, piece[order])
+    rows, loss_tokens = layout_rows(pieces, counts, config.separator_ids, piece[order], backend=backend)
     over = lengths > config.max_length
     skipped = over & (config.oversize is OversizePolicy.SKIP)
     truncated = over & (config.oversize is OversizePolicy.TRUNCATE)

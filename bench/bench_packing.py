@@ -3,7 +3,7 @@
 The same lognormal lengths as bench/bench_batching.py (median 245, sigma 1),
 clipped to the row length 2048 so that every sequence fits a row (the seed's
 library drops longer ones silently; this package would refuse them), are
-packed by first-fit, best-fit and greedy. Columns, one run each:
+packed by first-fit, best-fit and greedy. Columns:
 
 * ``lengths/s``: sequences per second of ``pack_lengths`` (the rows from the
   lengths; backend native, the C++ extension) and ``python/s`` of its Python
@@ -15,9 +15,13 @@ packed by first-fit, best-fit and greedy. Columns, one run each:
   validated input objects, built before the clock starts: ours
   ``SequenceToPack`` (int32 NumPy arrays), theirs its pydantic
   ``SequenceToPack`` (tuples of ints, as its model holds them); every timing
-  follows a garbage collection and a warm-up call. ``x seq`` is the ratio of the
-  two, ``x len`` that of ``lengths/s`` to ``chuk/s`` (the packing decision
-  alone, the part that is quadratic in chuk-lazarus);
+  follows a garbage collection, each mode has a warm-up call at 200
+  sequences, and each size one of ``pack_sequences`` (and of chuk-lazarus up
+  to 10^4 sequences). ``sequences/s`` is the median of 5 runs up to 10^5 sequences,
+  ``chuk/s`` of 3 runs up to 10^4 (a run takes seconds there; above, one
+  run); ``lengths/s`` and ``python/s`` are one run. ``x seq`` is the ratio
+  of the two, ``x len`` that of ``lengths/s`` to ``chuk/s`` (the packing
+  decision alone, the part that is quadratic in chuk-lazarus);
 * ``rows`` against the lower bound ``ceil(sum of lengths / 2048)``, and
   whether chuk-lazarus's rows hold the same sequences, row by row (they
   should: both follow the same definitions; greedy lists a row's sequences
@@ -64,6 +68,27 @@ def chuk_pack(batching, sequences, mode):
     return batching.pack_sequences(sequences, config)
 
 
+def repeats(n: int, most: int) -> int:
+    """Timed runs of a call on ``n`` sequences: ``most`` up to 10^5 sequences,
+    one above. The first call at a new size pays one-off costs of the process
+    (the kernel handing it hundreds of MB it never had: one run up to 4x the
+    next), and single runs of a few milliseconds vary by 2x with the
+    allocator's state; the median of several runs is the steady rate."""
+    return most if n <= 100_000 else 1
+
+
+def median_timed(runs: int, function, *args):
+    """The result of the last of ``runs`` timed calls (each after a garbage
+    collection, the previous result freed first) and their median seconds."""
+    seconds = []
+    result = None
+    for _ in range(runs):
+        result = None
+        result, elapsed = timed(function, *args)
+        seconds.append(elapsed)
+    return result, float(np.median(seconds))
+
+
 def rate(n: int, seconds: float) -> str:
     return f"{n / seconds:,.0f}"
 
@@ -96,6 +121,10 @@ def run(sizes: list[int], chuk_max: int, python_max: int, rows_max: int) -> None
             tokens = tuple(range(int(lengths.max())))
             theirs = [batching.SequenceToPack(sample_id=str(i), input_ids=tokens[:length], loss_mask=(1,) * length)
                       for i, length in enumerate(lengths.tolist())]
+        if with_rows:  # the first call at a size pays one-off costs of the process (see repeats)
+            pack_sequences(ours, MAX_LENGTH, MODES[0])
+            if theirs is not None and n <= 10_000:
+                chuk_pack(batching, theirs, MODES[0])
         for mode in MODES:
             rows, seconds = timed(pack_lengths, lengths, MAX_LENGTH, mode)
             count = int(rows.max()) + 1
@@ -107,7 +136,7 @@ def run(sizes: list[int], chuk_max: int, python_max: int, rows_max: int) -> None
             line = f"{n:>10,} {mode:<9} | {rate(n, seconds):>11} {python:>9} "
             packed_rate, packed = None, None
             if with_rows:
-                packed, packed_seconds = timed(pack_sequences, ours, MAX_LENGTH, mode)
+                packed, packed_seconds = median_timed(repeats(n, 5), pack_sequences, ours, MAX_LENGTH, mode)
                 assert len(packed) == count
                 packed_rate = n / packed_seconds
                 line += f"{packed_rate:>11,.0f} | "
@@ -115,7 +144,7 @@ def run(sizes: list[int], chuk_max: int, python_max: int, rows_max: int) -> None
                 line += f"{'-':>11} | "
             same = "-"
             if theirs is not None:
-                chuk_rows, chuk_seconds = timed(chuk_pack, batching, theirs, mode)
+                chuk_rows, chuk_seconds = median_timed(3 if n <= 10_000 else 1, chuk_pack, batching, theirs, mode)
                 same = "yes" if [sorted(r.sample_ids) for r in chuk_rows] == [sorted(r.sample_ids) for r in packed] \
                     else "NO"
                 line += (f"{rate(n, chuk_seconds):>7} {packed_rate * chuk_seconds / n:>5.0f}x "

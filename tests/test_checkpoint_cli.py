@@ -47,6 +47,24 @@ def test_inspect_store(tmp_path, capsys):
     assert code == 0 and "commits     3" in out and "checkpoints/commit=3" in out
     document = json.loads(run(capsys, "checkpoint", "inspect", store, "--json")[1])
     assert [c["t"] for c in document["commits"]] == [2, 4, 6]
+    assert document["collected_through"] == 0 and not any(c["collected"] for c in document["commits"])
+    assert "collected" not in out
+
+
+def test_inspect_store_marks_collected_checkpoints(tmp_path, capsys):
+    """After ``checkpoint gc``, inspect says which commits' containers were
+    collected (their certificates still list them) and which remain."""
+    store = str(tmp_path / "s")
+    build_store(store)
+    assert run(capsys, "checkpoint", "gc", store, "--keep-last", "1")[0] == 0
+    code, out, _ = run(capsys, "checkpoint", "inspect", store)
+    assert code == 0 and "checkpoints of commits 1..2 collected" in out
+    lines = [line for line in out.splitlines() if "checkpoints/commit=" in line]
+    assert [line.endswith("(collected)") for line in lines] == [True, True, False]
+    document = json.loads(run(capsys, "checkpoint", "inspect", store, "--json")[1])
+    assert document["collected_through"] == 2
+    assert [c["collected"] for c in document["commits"]] == [True, True, False]
+    assert [os.path.isdir(os.path.join(store, c["checkpoint"])) for c in document["commits"]] == [False, False, True]
 
 
 def test_verify_with_trusted_keys(tmp_path, capsys):

@@ -14,6 +14,7 @@ from .. import errors
 from . import paths, schema
 from .codes import error
 from .container import ContainerReader, verify_container
+from .retention import collected_for
 from .store import MARKER_NAME, CommitRecord, is_store, open_store
 from .store_readers import check_bound, verify_store
 
@@ -92,18 +93,24 @@ def inspect_container(path: str) -> dict[str, Any]:
 
 
 def inspect_store(path: str) -> dict[str, Any]:
+    """The store's commits, each marked ``collected`` when retention has
+    removed its checkpoint (``retention.cbor``): its certificate and hash
+    stay, its container is gone or going."""
     marker, commits = open_store(path)
+    collected_through = collected_for(path, commits)
     return {
         "kind": "store",
         "path": os.path.abspath(path),
         "tenant_id": marker["tenant_id"],
         "run_id": marker["run_id"],
         "public_key": marker["public_key"].hex(),
+        "collected_through": collected_through,
         "commits": [
             {
                 "seq": r.seq,
                 "t": r.t,
                 "checkpoint": r.checkpoint["path"] if r.checkpoint else None,
+                "collected": bool(r.checkpoint) and r.seq <= collected_through,
                 "checkpoint_hash": r.checkpoint_hash.hex() if r.checkpoint else None,
                 "lineage_root_hash": r.lineage_root_hash.hex(),
                 "trace_events": r.trace["event_count"],

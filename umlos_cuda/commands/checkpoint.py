@@ -113,8 +113,13 @@ def _print_store(result: dict) -> None:
     print(f"tenant/run  {result['tenant_id']} / {result['run_id']}")
     print(f"public key  {result['public_key']}")
     print(f"commits     {len(result['commits'])}")
+    if result["collected_through"]:
+        print(f"retention   checkpoints of commits 1..{result['collected_through']} collected "
+              "(their certificates and hashes are kept)")
     for commit in result["commits"]:
         what = f"{commit['checkpoint']} {commit['checkpoint_hash']}" if commit["checkpoint"] else "(trace only)"
+        if commit["collected"]:
+            what += " (collected)"
         print(f"  {commit['seq']:>4}  t={commit['t']:<8} events={commit['trace_events']:<8} {what}")
     print("(inspect checks certificates and signatures; 'umlos-cuda checkpoint verify' checks every file)")
 

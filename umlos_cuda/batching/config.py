@@ -153,7 +153,9 @@ class BatchingConfig:
         return self.pad_policy is PadPolicy.PAD_TO_BUCKET
 
     def to_dict(self) -> dict:
-        """Plain data, as meta.json stores it."""
+        """Plain data, as meta.json's ``config`` stores it. ``pack`` is not
+        here: meta.json keeps it apart as ``pack_config``
+        (:meth:`PackConfig.to_dict`), so unpacked plans hash as they always did."""
         return {
             "token_budget": self.token_budget,
             "bucket_edges": list(self.bucket_edges),

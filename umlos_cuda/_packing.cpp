@@ -307,8 +307,17 @@ class ListViews {
             return false;
         }
         const Py_ssize_t n = PySequence_Fast_GET_SIZE(arrays);
-        views_.reserve((size_t)n);
+        try {
+            views_.reserve((size_t)n);  // push_back below never reallocates
+        } catch (const std::bad_alloc&) {
+            PyErr_NoMemory();
+            return false;
+        }
         for (Py_ssize_t i = 0; i < n; ++i) {
+            if (PySequence_Fast_GET_SIZE(arrays) != n) {  // an exporter's Python code changed the list
+                PyErr_Format(PyExc_RuntimeError, "%s changed while its buffers were taken", what);
+                return false;
+            }
             Py_buffer view;
             if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(arrays, i), &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
                 PyErr_Clear();

@@ -278,6 +278,18 @@ def test_native_layout_checks_its_buffers():
             NATIVE.layout(*args)
 
 
+@needs_native
+def test_native_layout_refuses_arrays_changed_behind_sequence_to_pack():
+    """A SequenceToPack whose array was swapped for one the extension cannot
+    read gets the project's error, and nothing is returned."""
+    from umlos_cuda.batching.packed_rows import layout_rows
+
+    odd = SequenceToPack("a", [1, 2, 3])
+    object.__setattr__(odd, "input_ids", np.arange(6, dtype=np.int32)[::2])
+    expect(errors.PACKING_INPUT_INVALID, layout_rows, [odd], np.ones(1, dtype=np.int64), backend="native",
+           mention="not what SequenceToPack holds")
+
+
 def test_layout_rows_refuses_an_unknown_backend(monkeypatch):
     from umlos_cuda.batching import packed_rows
 

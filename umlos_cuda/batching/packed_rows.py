@@ -222,10 +222,17 @@ def layout_rows(segments: Sequence[SequenceToPack], counts: np.ndarray, separato
 
 
 def _native_layout(module, ids, masks, first, lengths, separator, total):
-    """The four arrays and the loss tokens, by ``umlos_cuda._packing.layout``."""
+    """The four arrays and the loss tokens, by ``umlos_cuda._packing.layout``.
+
+    ``SequenceToPack`` keeps contiguous int32 arrays, which is what the
+    extension reads; one changed behind its back (``object.__setattr__``)
+    is refused as PACKING_INPUT_INVALID, not as the extension's TypeError."""
     arrays = [np.empty(total, dtype=np.int32) for _ in range(4)]
-    loss = module.layout(ids, masks, np.ascontiguousarray(lengths, dtype=np.int64), first, separator,
-                         *arrays)
+    try:
+        loss = module.layout(ids, masks, np.ascontiguousarray(lengths, dtype=np.int64), first, separator,
+                             *arrays)
+    except (TypeError, ValueError) as exc:
+        raise input_error(f"a sequence's arrays are not what SequenceToPack holds ({exc})") from None
     return (*arrays, loss)
 
 

@@ -1,17 +1,20 @@
 """Compiling test-only C++ (tests/kernel_harness/) with the host compiler.
 
-Shared by tests/test_kernels_host.py (the kernel bodies as a ctypes library) and
-tests/test_modes.py (a toy sampling mode's native entry point as a CPython
-extension module). A machine without a C++ compiler skips those tests.
+Shared by tests/test_kernels_host.py and tests/test_feistel.py (the kernel
+bodies as a ctypes library, :func:`load_harness`) and tests/test_modes.py (a
+toy sampling mode's native entry point as a CPython extension module). A
+machine without a C++ compiler skips those tests.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
 from importlib import resources
 
+import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,3 +46,19 @@ def build_shared(source: str, output: str, include_dirs: tuple[str, ...] = (), o
     assert result.returncode == 0, f"build failed:\n{' '.join(command)}\n{result.stderr}"
     assert result.stderr == "", f"build warned:\n{result.stderr}"
     return str(output)
+
+
+def load_harness(folder, signatures: dict[str, list]) -> ctypes.CDLL:
+    """tests/kernel_harness/harness.cpp built into ``folder`` and loaded, each
+    function of ``signatures`` given its argument types (all return void)."""
+    lib = ctypes.CDLL(build_shared("harness.cpp", os.path.join(folder, "harness.so")))
+    for name, argtypes in signatures.items():
+        getattr(lib, name).argtypes = argtypes
+        getattr(lib, name).restype = None
+    return lib
+
+
+def pointer(array: np.ndarray) -> int:
+    """The address of a C-contiguous array, for a ``ctypes.c_void_p`` argument."""
+    assert array.flags.c_contiguous
+    return array.ctypes.data

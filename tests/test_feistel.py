@@ -20,7 +20,7 @@ import types
 
 import numpy as np
 import pytest
-from native_build import build_shared
+from native_build import load_harness, pointer
 from spec_examples_feistel import spec_feistel, spec_feistel_inverse
 
 import umlos_cuda as uc
@@ -64,8 +64,6 @@ def numpy_backend():
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
-    library = build_shared("harness.cpp", tmp_path_factory.mktemp("feistel_harness") / "harness.so")
-    lib = ctypes.CDLL(library)
     u32, u64, ptr, i = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int
     signatures = {
         "harness_feistel": [i, u64, ptr, ptr, u64, ptr],
@@ -74,15 +72,7 @@ def harness(tmp_path_factory):
         "harness_block_feistel_map": [u32, u32, i, ptr, ptr, ptr, ptr, ptr, ptr, u64, u64, u32, u64, u64, u64, ptr],
         "harness_block_feistel_params": [ptr, u64, u64, u64, u32, u32, u32, u32, ptr, ptr, ptr, ptr, ptr, ptr],
     }
-    for name, argtypes in signatures.items():
-        getattr(lib, name).argtypes = argtypes
-        getattr(lib, name).restype = None
-    return lib
-
-
-def _p(array: np.ndarray) -> int:
-    assert array.flags.c_contiguous
-    return array.ctypes.data
+    return load_harness(tmp_path_factory.mktemp("feistel_harness"), signatures)
 
 
 def _random_values(rng, n: int, count: int) -> np.ndarray:
@@ -104,7 +94,7 @@ def test_header_functions_equal_the_reference(harness, n):
         (3, x, feistel_invert(x, n, keys)),
     ):
         out = np.zeros_like(values)
-        harness.harness_feistel(op, n, _p(words), _p(values), values.shape[0], _p(out))
+        harness.harness_feistel(op, n, pointer(words), pointer(values), values.shape[0], pointer(out))
         assert np.array_equal(out, want), op
     assert [spec_feistel(int(v), n, keys) for v in x[:50]] == [int(v) for v in feistel_permute(x[:50], n, keys)]
 
@@ -114,7 +104,7 @@ def test_round_keys_come_from_the_domains_draws(harness, domain, first):
     key, w2, w3 = philox_key_words(SEED16)
     words = feistel_key(key, w2, w3, domain, first)
     out = np.zeros(8, dtype=np.uint32)
-    harness.harness_feistel_key(key[0], key[1], w2, w3, domain, first, _p(out))
+    harness.harness_feistel_key(key[0], key[1], w2, w3, domain, first, pointer(out))
     assert out.tolist() == [(w >> s) & 0xFFFFFFFF for w in words for s in (0, 32)]
 
 
@@ -126,7 +116,7 @@ def test_feistel_kernel_bodies_equal_the_reference(harness, numpy_backend, grid,
     for start, count, stride in ((0, 1000, 1), (n - 777, 777, 1), (5, 400, (n - 6) // 400)):
         want = numpy_backend.map_train(plan, start, count, stride=stride, dtype=DTYPES[dtype])
         out = np.full(count, 0x5A5A5A5A, dtype=DTYPES[dtype])  # garbage an unwritten element shows
-        harness.harness_feistel_map(grid, block, dtype, *(int(v) for v in plan.kernel_params()), start, count, stride, _p(out))
+        harness.harness_feistel_map(grid, block, dtype, *(int(v) for v in plan.kernel_params()), start, count, stride, pointer(out))
         assert np.array_equal(out, want)
 
 
@@ -138,15 +128,15 @@ def test_block_feistel_kernel_bodies_and_tables_equal_the_reference(harness, num
     key, w2, w3 = philox_key_words(SEED16)
     ids = np.append(plan.block_order, np.uint64(n // block_size))
     tables = [np.zeros(ids.shape[0], dtype=np.uint64) for _ in range(6)]
-    harness.harness_block_feistel_params(_p(ids), ids.shape[0], n, block_size, key[0], key[1], w2, w3, *map(_p, tables))
+    harness.harness_block_feistel_params(pointer(ids), ids.shape[0], n, block_size, key[0], key[1], w2, w3, *map(pointer, tables))
     assert all(np.array_equal(a, b) for a, b in zip(tables, plan.kernel_tables()))
     size, magic, info = (int(v) for v in plan.kernel_params())
     assert (magic, info) == tuple(int(v) for v in divider_params(block_size))
     for start, count, stride in ((0, 5000, 1), (n - 3000, 3000, 1), (7, 900, 1111)):
         want = numpy_backend.map_train(plan, start, count, stride=stride, dtype=DTYPES[dtype])
         out = np.full(count, 0x5A5A5A5A, dtype=DTYPES[dtype])  # garbage an unwritten element shows
-        harness.harness_block_feistel_map(grid, block, dtype, *map(_p, plan.kernel_tables()), size, magic, info,
-                                          start, count, stride, _p(out))  # fmt: skip
+        harness.harness_block_feistel_map(grid, block, dtype, *map(pointer, plan.kernel_tables()), size, magic, info,
+                                          start, count, stride, pointer(out))  # fmt: skip
         assert np.array_equal(out, want)
 
 

@@ -20,7 +20,7 @@ import math
 import numpy as np
 import oracle
 import pytest
-from native_build import build_shared
+from native_build import load_harness, pointer
 
 from umlos_cuda import reference
 from umlos_cuda.epoch import build_plan_reference, epoch_seed
@@ -39,8 +39,6 @@ KAT = oracle.PHILOX_KATS  # R1, from the independent oracle
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
     """The harness shared library, compiled from the installed kernel files."""
-    library = build_shared("harness.cpp", tmp_path_factory.mktemp("kernel_harness") / "harness.so")
-    lib = ctypes.CDLL(library)
     u32, u64, ptr = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p
     signatures = {
         "harness_block_permute_j": [u64, u32, u32, u32, u32, ptr],
@@ -56,15 +54,7 @@ def harness(tmp_path_factory):
         "harness_gcd": [ptr, ptr, u64, ptr],
         "harness_map_run": [u64, u64, u64, u64, u64, u64, u64, ptr],
     }
-    for name, argtypes in signatures.items():
-        getattr(lib, name).argtypes = argtypes
-        getattr(lib, name).restype = None
-    return lib
-
-
-def _p(array: np.ndarray) -> int:
-    assert array.flags.c_contiguous
-    return array.ctypes.data
+    return load_harness(tmp_path_factory.mktemp("kernel_harness"), signatures)
 
 
 def _u64(values) -> np.ndarray:
@@ -89,7 +79,7 @@ def _sentinel(count: int, dtype=np.uint64) -> np.ndarray:
 def test_philox_known_answers_through_the_kernel(harness, grid, block):
     rows = np.array([ctr + key for ctr, key, _ in KAT] * 3, dtype=np.uint32)
     out = np.zeros((len(rows), 4), dtype=np.uint32)
-    harness.harness_philox4x32_10_batch(grid, block, _p(rows), len(rows), _p(out))
+    harness.harness_philox4x32_10_batch(grid, block, pointer(rows), len(rows), pointer(out))
     for row, (_, _, expected) in zip(out, KAT * 3):
         assert tuple(int(w) for w in row) == expected
 
@@ -98,7 +88,7 @@ def test_philox_kernel_matches_numpy_on_random_words(harness):
     rng = np.random.default_rng(5)
     rows = rng.integers(0, 1 << 32, size=(4097, 6), dtype=np.uint64).astype(np.uint32)
     out = np.zeros((len(rows), 4), dtype=np.uint32)
-    harness.harness_philox4x32_10_batch(3, 5, _p(rows), len(rows), _p(out))
+    harness.harness_philox4x32_10_batch(3, 5, pointer(rows), len(rows), pointer(out))
     for lane in range(0, len(rows), 257):
         c0, c1, c2, c3, k0, k1 = (int(v) for v in rows[lane])
         expected = [int(x) for x in philox4x32_10(c0, c1, c2, c3, k0, k1)]
@@ -112,7 +102,7 @@ def test_philox_kernel_matches_numpy_on_random_words(harness):
 def test_block_permute_j_header(harness, num_full_blocks):
     plan = _plan(10**6, 1000)
     j = _sentinel(num_full_blocks)
-    harness.harness_block_permute_j(num_full_blocks, plan.key[0], plan.key[1], plan.w2, plan.w3, _p(j))
+    harness.harness_block_permute_j(num_full_blocks, plan.key[0], plan.key[1], plan.w2, plan.w3, pointer(j))
     expected = reference.block_permute_j(num_full_blocks, plan.key, plan.w2, plan.w3)
     np.testing.assert_array_equal(j, expected)
     assert np.all(j <= np.arange(num_full_blocks, dtype=np.uint64))
@@ -141,7 +131,7 @@ def test_block_affine_params_header(harness, n, block_size):
     ids = np.ascontiguousarray(ids, dtype=np.uint64)
     tables = [_sentinel(len(ids)) for _ in range(4)]
     harness.harness_block_affine_params(
-        _p(ids), len(ids), n, block_size, plan.key[0], plan.key[1], plan.w2, plan.w3, *(_p(t) for t in tables),
+        pointer(ids), len(ids), n, block_size, plan.key[0], plan.key[1], plan.w2, plan.w3, *(pointer(t) for t in tables),
     )  # fmt: skip
     for name, got in zip(("base", "m", "a", "c"), tables):
         np.testing.assert_array_equal(got, getattr(plan, name), err_msg=name)
@@ -175,8 +165,8 @@ def test_map_positions_kernel_u64(harness, n, block_size, windows):
         for start, count in windows:
             out = _sentinel(count)
             harness.harness_map_positions(
-                grid, block, 0, _p(plan.base), _p(plan.m), _p(plan.a), _p(plan.c),
-                block_size, int(magic), int(info), start, count, 1, _p(out),
+                grid, block, 0, pointer(plan.base), pointer(plan.m), pointer(plan.a), pointer(plan.c),
+                block_size, int(magic), int(info), start, count, 1, pointer(out),
             )  # fmt: skip
             expected = reference.map_positions(plan, start, count, np.empty(count, dtype=np.uint64))
             np.testing.assert_array_equal(out, expected, err_msg=f"grid {grid}x{block} window {start}+{count}")
@@ -202,8 +192,8 @@ def test_map_positions_kernel_strided(harness, n, block_size, windows):
             assert start + (count - 1) * stride < n
             out = _sentinel(count)
             harness.harness_map_positions(
-                grid, block, 0, _p(plan.base), _p(plan.m), _p(plan.a), _p(plan.c),
-                block_size, int(magic), int(info), start, count, stride, _p(out),
+                grid, block, 0, pointer(plan.base), pointer(plan.m), pointer(plan.a), pointer(plan.c),
+                block_size, int(magic), int(info), start, count, stride, pointer(out),
             )  # fmt: skip
             expected = reference.map_positions(plan, start, count, np.empty(count, dtype=np.uint64), stride)
             one_by_one = [int(reference.map_positions(plan, start + i * stride, 1, np.empty(1, np.uint64))[0])
@@ -220,8 +210,8 @@ def test_map_positions_kernel_signed(harness, dtype, code):
     for start, count in ((0, 5000), (n - 3000, 3000), (2**21, 1)):
         out = _sentinel(count, dtype)
         harness.harness_map_positions(
-            3, 5, code, _p(plan.base), _p(plan.m), _p(plan.a), _p(plan.c), block_size, int(magic), int(info),
-            start, count, 1, _p(out),
+            3, 5, code, pointer(plan.base), pointer(plan.m), pointer(plan.a), pointer(plan.c), block_size, int(magic), int(info),
+            start, count, 1, pointer(out),
         )  # fmt: skip
         expected = reference.map_positions(plan, start, count, np.empty(count, dtype=np.uint64))
         np.testing.assert_array_equal(out.astype(np.uint64), expected)
@@ -232,7 +222,7 @@ def test_sequential_kernel_near_the_top(harness, grid, block):
     for start, count, stride in ((0, 0, 1), (0, 1, 1), (U64 - 1000, 1000, 1), (12345, 777, 1), (7, 500, 3),
                                  (U64 - 2 * 999, 1000, 2), (0, 2, U64)):  # fmt: skip
         out = _sentinel(count)
-        harness.harness_sequential_u64(grid, block, start, count, stride, _p(out))
+        harness.harness_sequential_u64(grid, block, start, count, stride, pointer(out))
         assert [int(v) for v in out] == [start + i * stride for i in range(count)]
 
 
@@ -246,7 +236,7 @@ def test_map_run_matches_the_reference(harness):
             if count < 1 or step < 1 or l0 + (count - 1) * step >= m:
                 continue
             out = _sentinel(count)
-            harness.harness_map_run(int(plan.base[b]), m, int(plan.a[b]), int(plan.c[b]), l0, step, count, _p(out))
+            harness.harness_map_run(int(plan.base[b]), m, int(plan.a[b]), int(plan.c[b]), l0, step, count, pointer(out))
             start = b * block_size + l0
             expected = reference.map_positions(plan, start, count, np.empty(count, dtype=np.uint64), step)
             np.testing.assert_array_equal(out, expected, err_msg=f"block {b} l0 {l0} count {count} step {step}")
@@ -282,7 +272,7 @@ def test_divider_divides_exactly(harness):
         edges = [d - 1, d, d + 1, 2 * d - 1, 2 * d, (U64 // d) * d, (U64 // d) * d - 1]
         values = np.concatenate([x, _u64(v for v in edges if v <= U64)])
         q = _sentinel(len(values))
-        harness.harness_divide(d, _p(values), len(values), _p(q))
+        harness.harness_divide(d, pointer(values), len(values), pointer(q))
         assert [int(v) for v in q] == [int(v) // d for v in values], d
 
 
@@ -299,7 +289,7 @@ def test_mulmod_add_is_exact(harness, symbol):
             rows.append(tuple(int(v) % m for v in _random_u64(rng, 3)) + (m,))
     a, x, c, m = (_u64(column) for column in zip(*rows))
     out = _sentinel(len(rows))
-    getattr(harness, symbol)(_p(a), _p(x), _p(c), _p(m), len(rows), _p(out))
+    getattr(harness, symbol)(pointer(a), pointer(x), pointer(c), pointer(m), len(rows), pointer(out))
     assert [int(v) for v in out] == [(ai * xi + ci) % mi for ai, xi, ci, mi in rows]
     np.testing.assert_array_equal(out, reference.mulmod_add(a, x, c, m, int(m.max())))
 
@@ -310,7 +300,7 @@ def test_mulmod_add_divider_is_exact(harness):
         rows = [(d - 1, d - 1, d - 1), (0, 0, 0)] + [tuple(int(v) % d for v in _random_u64(rng, 3)) for _ in range(300)]
         a, x, c = (_u64(column) for column in zip(*rows))
         out = _sentinel(len(rows))
-        harness.harness_mulmod_add_divider(d, _p(a), _p(x), _p(c), len(rows), _p(out))
+        harness.harness_mulmod_add_divider(d, pointer(a), pointer(x), pointer(c), len(rows), pointer(out))
         assert [int(v) for v in out] == [(ai * xi + ci) % d for ai, xi, ci in rows], d
 
 
@@ -322,5 +312,5 @@ def test_gcd_matches_math_gcd(harness):
     pairs += [(int(p), int(q)) for p, q in small]
     a, b = _u64([p for p, _ in pairs]), _u64([q for _, q in pairs])
     out = _sentinel(len(pairs))
-    harness.harness_gcd(_p(a), _p(b), len(pairs), _p(out))
+    harness.harness_gcd(pointer(a), pointer(b), len(pairs), pointer(out))
     assert [int(v) for v in out] == [math.gcd(p, q) for p, q in pairs]

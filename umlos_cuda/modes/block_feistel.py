@@ -30,6 +30,7 @@ from ..feistel import feistel_invert, feistel_permute
 from ..philox import philox_draws
 from .base import SamplingMode
 from .block_affine import block_kernel_params, count_blocks, virtual_blocks
+from .feistel import MAP_CHUNK  # the same rounds, the same cache-sized steps
 
 NAME = "block_feistel"
 #: Seed 000 §0.I ``sampling_mode`` strings of this order.
@@ -39,9 +40,6 @@ STREAMING_MODE = "STREAMING_SHUFFLE_BLOCK_FEISTEL_V1"
 CONFIG_TOKENS = ("epoch_seed_rule_v2", "intra_block_feistel_cycle_walk_v1", "rank_contiguous_shard_v1")
 #: The R4 draw domain of the blocks' round keys (draws 2 pb and 2 pb + 1).
 DOMAIN = reference.DOMAIN_BLOCK_FEISTEL
-#: Positions mapped per step of the NumPy map: small enough that the round's
-#: arrays stay in the core's cache (2^14 is about three times faster than 2^18).
-MAP_CHUNK = 1 << 14
 
 
 @dataclass(frozen=True, eq=False)

@@ -179,7 +179,19 @@ struct Buffer {
     }
 };
 
-bool get_array(PyObject* obj, Buffer& buf, bool writable, const char* what, char code, const char* type) {
+// Whether `view` is one-dimensional with items of `itemsize` bytes whose
+// format character (byte-order prefix aside) is one of `codes`.
+bool is_1d(const Py_buffer& view, Py_ssize_t itemsize, const char* codes) {
+    const char* f = view.format ? view.format : "B";
+    if (*f == '@' || *f == '=' || *f == '<') ++f;
+    return view.ndim <= 1 && view.itemsize == itemsize && f[0] != '\0' && f[1] == '\0' &&
+           std::strchr(codes, f[0]) != nullptr;
+}
+
+// Acquire `obj` as a contiguous 1-D array of `type` (items of `itemsize`
+// bytes, format one of `codes`); TypeError naming `what` otherwise.
+bool get_typed(PyObject* obj, Buffer& buf, bool writable, const char* what, Py_ssize_t itemsize, const char* codes,
+               const char* type) {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, &buf.view, flags) != 0) {
         PyErr_Clear();
@@ -187,30 +199,20 @@ bool get_array(PyObject* obj, Buffer& buf, bool writable, const char* what, char
         return false;
     }
     buf.held = true;
-    const char* f = buf.view.format ? buf.view.format : "B";
-    if (*f == '@' || *f == '=' || *f == '<') ++f;
-    if (buf.view.ndim > 1 || buf.view.itemsize != 4 || f[0] != code || f[1] != '\0') {
+    if (!is_1d(buf.view, itemsize, codes)) {
         PyErr_Format(PyExc_TypeError, "%s must be a 1-D %s array", what, type);
         return false;
     }
     return true;
 }
 
+bool get_array(PyObject* obj, Buffer& buf, bool writable, const char* what, char code, const char* type) {
+    const char codes[2] = {code, '\0'};
+    return get_typed(obj, buf, writable, what, 4, codes, type);
+}
+
 bool get_int64(PyObject* obj, Buffer& buf, bool writable, const char* what) {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, &buf.view, flags) != 0) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s must be a %scontiguous int64 array", what, writable ? "writable " : "");
-        return false;
-    }
-    buf.held = true;
-    const char* f = buf.view.format ? buf.view.format : "B";
-    if (*f == '@' || *f == '=' || *f == '<') ++f;
-    if (buf.view.ndim > 1 || buf.view.itemsize != 8 || (f[0] != 'q' && f[0] != 'l') || f[1] != '\0') {
-        PyErr_Format(PyExc_TypeError, "%s must be a 1-D int64 array", what);
-        return false;
-    }
-    return true;
+    return get_typed(obj, buf, writable, what, 8, "ql", "int64");
 }
 
 PyObject* py_pack(PyObject*, PyObject* args) {
@@ -325,9 +327,7 @@ class ListViews {
                 return false;
             }
             views_.push_back(view);
-            const char* f = view.format ? view.format : "B";
-            if (*f == '@' || *f == '=' || *f == '<') ++f;
-            if (view.ndim > 1 || view.itemsize != 4 || f[0] != 'i' || f[1] != '\0') {
+            if (!is_1d(view, 4, "i")) {
                 PyErr_Format(PyExc_TypeError, "%s[%zd] must be a 1-D int32 array", what, i);
                 return false;
             }

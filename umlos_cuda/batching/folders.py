@@ -22,6 +22,8 @@ import stat
 import tempfile
 from typing import Any, Callable, Iterator
 
+import numpy as np
+
 from .. import durable, errors
 from ..errors import UmlosError
 
@@ -114,3 +116,21 @@ def read_json(path: str | os.PathLike[str], error: Callable[[str], UmlosError]) 
 
 def _error(code: str, message: str, operator: str) -> UmlosError:
     return UmlosError(code, message, operator=operator)
+
+
+def read_npy(path: str, dtype: str, shape: tuple[int, ...] | None, mmap: bool,
+             error: Callable[[str], UmlosError], expected: str = "expected") -> np.ndarray:
+    """The one-dimensional array of ``dtype`` (and ``shape`` when given) in the
+    .npy file at ``path``, memory-mapped read-only when ``mmap``; ``error(message)``
+    is raised when it is missing, unreadable or of another type or shape
+    (the message says ``{expected} {dtype} of shape ...``). Never unpickles."""
+    try:
+        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except FileNotFoundError:
+        raise error(f"{path} is missing") from None
+    except (OSError, ValueError) as exc:
+        raise error(f"{path} is not a readable .npy file ({exc})") from None
+    if array.dtype.str != dtype or array.ndim != 1 or (shape is not None and array.shape != shape):
+        want = f"{dtype} of shape {shape}" if shape is not None else f"one-dimensional {dtype}"
+        raise error(f"{path} holds {array.dtype.str} of shape {array.shape}; {expected} {want}")
+    return array

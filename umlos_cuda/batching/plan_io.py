@@ -41,7 +41,8 @@ from .. import durable, errors
 from ..errors import UmlosError
 from .builder import sample_ids_lines
 from .config import BatchingConfig
-from .folders import atomic_folder, check_output_folder, fsynced_file
+from .folders import atomic_folder, check_output_folder, fsynced_file, read_npy
+from .folders import read_json as folders_read_json
 from .plan import PLAN_FORMAT, BatchPlan, BatchPlanMeta, EpochPlan, plan_error
 from .plan_packing import PackConfig
 
@@ -136,7 +137,7 @@ def load_plan(directory, *, mmap: bool = True) -> BatchPlan:
         raise plan_error(errors.PLAN_NOT_FOUND, f"no batch plan at {root}: {meta_path} does not exist "
                                                 "(build one with `umlos-cuda plan build`)")
     meta = meta_from_json(read_json(meta_path))
-    lengths = load_npy(os.path.join(root, "lengths.npy"), "<u4", (meta.num_samples,), mmap)
+    lengths = read_npy(os.path.join(root, "lengths.npy"), "<u4", (meta.num_samples,), mmap, _format)
     sample_ids = None
     if meta.sample_ids_sha256 is not None:
         sample_ids = read_sample_ids(os.path.join(root, "sample_ids.jsonl"), meta.num_samples)
@@ -153,7 +154,7 @@ def _load_epoch(root: str, epoch: int, meta: BatchPlanMeta, lengths, sample_ids,
     if os.path.exists(os.path.join(folder, "offsets.npy")):
         arrays = {}
         for name, dtype in ARRAYS + (PACK_ARRAYS if meta.config.pack is not None else ()):
-            arrays[name] = load_npy(os.path.join(folder, f"{name}.npy"), dtype or meta.index_dtype, None, mmap)
+            arrays[name] = read_npy(os.path.join(folder, f"{name}.npy"), dtype or meta.index_dtype, None, mmap, _format)
     elif os.path.exists(os.path.join(folder, "microbatches.jsonl")):
         arrays = read_microbatches_jsonl(os.path.join(folder, "microbatches.jsonl"), meta, sample_ids, base, step)
     else:
@@ -216,28 +217,11 @@ def _int(value, what: str, low: int, where: str = "meta.json") -> int:
 
 
 def read_json(path: str):
+    """A plan file's JSON (folders.read_json), PLAN_FORMAT_INVALID when missing too."""
     try:
-        with open(path, "rb") as handle:
-            return json.loads(handle.read().decode("utf-8"))
+        return folders_read_json(path, _format)
     except FileNotFoundError:
         raise _format(f"{path} is missing") from None
-    except OSError as exc:
-        raise _format(f"cannot read {path}: {exc.strerror or exc}") from exc
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise _format(f"{path} is not valid JSON ({exc})") from None
-
-
-def load_npy(path: str, dtype: str, shape, mmap: bool) -> np.ndarray:
-    try:
-        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except FileNotFoundError:
-        raise _format(f"{path} is missing") from None
-    except (OSError, ValueError) as exc:
-        raise _format(f"{path} is not a readable .npy file ({exc})") from None
-    if array.dtype.str != dtype or array.ndim != 1 or (shape is not None and array.shape != shape):
-        want = f"{dtype} of shape {shape}" if shape is not None else f"one-dimensional {dtype}"
-        raise _format(f"{path} holds {array.dtype.str} of shape {array.shape}; expected {want}")
-    return array
 
 
 def read_sample_ids(path: str, count: int) -> list[str]:

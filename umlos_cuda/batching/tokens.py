@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import errors
 from ..errors import UmlosError
-from .folders import read_json
+from .folders import read_json, read_npy
 from .lengths import LengthCache
 from .plan_fingerprint import sha256_array
 from .samples import Sample, SampleMeta
@@ -206,15 +206,7 @@ def _read_meta(path: str) -> dict:
 
 
 def _load(root: str, name: str, dtype: str, count: int, mmap: bool) -> np.ndarray:
-    path = os.path.join(root, f"{name}.npy")
-    try:
-        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except FileNotFoundError:
-        raise _invalid(f"{path} is missing") from None
-    except (OSError, ValueError) as exc:
-        raise _invalid(f"{path} is not a readable .npy file ({exc})") from None
-    if array.dtype.str != dtype or array.shape != (count,):
-        raise _invalid(f"{path} holds {array.dtype.str} of shape {array.shape}; meta.json says {dtype} of shape ({count},)")
+    array = read_npy(os.path.join(root, f"{name}.npy"), dtype, (count,), mmap, _invalid, expected="meta.json says")
     if not mmap:
         array.flags.writeable = False
     return array

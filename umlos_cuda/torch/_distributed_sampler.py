@@ -35,14 +35,10 @@ from .. import errors
 from ..errors import UINT64_MAX
 from ..manifest import DEFAULT_BLOCK_SIZE, Manifest
 from ._dist import argument_error, require_int, require_uint64, resolve_world, type_error
+from ._sampler_base import SamplerBase as _SamplerBase
 from ..modes import get_mode
 from ._order import (DEFAULT_SAMPLING_MODE, LEGACY_SAMPLING_MODE, MAX_SEED, RankOrder, check_effective_seed,
                      sampler_manifest)
-
-try:  # the Sampler base only when torch is installed; the logic needs none of it
-    from torch.utils.data import Sampler as _SamplerBase
-except ImportError:  # pragma: no cover - exercised where torch is absent
-    _SamplerBase = object  # type: ignore[assignment,misc]
 
 #: ``state_dict()["format"]``.
 STATE_FORMAT = "umlos_cuda.torch.DistributedSampler/1"

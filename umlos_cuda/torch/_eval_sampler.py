@@ -18,14 +18,10 @@ from .. import errors
 from ..cursor import Cursor
 from ..errors import UINT64_MAX
 from ._dist import require_int, resolve_world
+from ._sampler_base import SamplerBase as _SamplerBase
 from ._distributed_sampler import _dataset_length
 from ._nextbatch_sampler import NextBatchSampler
 from ._order import DATASET_KEY
-
-try:
-    from torch.utils.data import Sampler as _SamplerBase
-except ImportError:  # pragma: no cover - exercised where torch is absent
-    _SamplerBase = object  # type: ignore[assignment,misc]
 
 DATASET_ID = "umlos_cuda.torch.DistributedEvalSampler"
 

@@ -27,12 +27,9 @@ from ..errors import UmlosError
 from ..manifest import Manifest, as_manifest
 from ..nextbatch import check_dataset_length, next_batch
 from ._dist import argument_error, as_argument_error, require_uint64, resolve_world
+from ._sampler_base import SamplerBase as _SamplerBase
 from ._padding import Padding
 
-try:
-    from torch.utils.data import Sampler as _SamplerBase
-except ImportError:  # pragma: no cover - exercised where torch is absent
-    _SamplerBase = object  # type: ignore[assignment,misc]
 
 #: ``state_dict()["format"]``.
 STATE_FORMAT = "umlos_cuda.torch.NextBatchSampler/1"

@@ -26,11 +26,7 @@ from typing import Any, Iterator, Mapping
 from .. import errors
 from ..errors import UmlosError
 from ._dist import argument_error, as_argument_error, require_uint64, resolve_world
-
-try:
-    from torch.utils.data import Sampler as _SamplerBase
-except ImportError:  # pragma: no cover - exercised where torch is absent
-    _SamplerBase = object  # type: ignore[assignment,misc]
+from ._sampler_base import SamplerBase as _SamplerBase
 
 #: ``state_dict()["format"]``.
 STATE_FORMAT = "umlos_cuda.torch.PlanBatchSampler/1"

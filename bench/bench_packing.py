@@ -20,8 +20,10 @@ packed by first-fit, best-fit and greedy. Columns:
   to 10^4 sequences). ``sequences/s`` is the median of 5 runs up to 10^5 sequences,
   ``chuk/s`` of 3 runs up to 10^4 (a run takes seconds there; above, one
   run); ``lengths/s`` and ``python/s`` are one run. ``x seq`` is the ratio
-  of the two, ``x len`` that of ``lengths/s`` to ``chuk/s`` (the packing
-  decision alone, the part that is quadratic in chuk-lazarus);
+  of the two whole calls; ``x dec`` that of the packing decisions alone:
+  ``pack_lengths`` against chuk-lazarus's call less the time spent in its
+  ``PackingBin.to_packed_sequence`` (its row layout, timed by wrapping that
+  method; what is left is its bin scan, the part that is quadratic);
 * ``rows`` against the lower bound ``ceil(sum of lengths / 2048)``, and
   whether chuk-lazarus's rows hold the same sequences, row by row (they
   should: both follow the same definitions; greedy lists a row's sequences
@@ -29,6 +31,13 @@ packed by first-fit, best-fit and greedy. Columns:
 
 ``sequences/s`` is measured up to ``--rows-max`` sequences (its arrays hold
 every token: about 400 per sequence here).
+
+A second table splits each library's call where both ran: milliseconds of
+the packing decision and of the row layout (``pack_sequences`` less
+``pack_lengths`` here; ``to_packed_sequence`` there), each pair's ratio.
+The layout's output is fixed by what the rows hold (here four int32 arrays
+per token, written into memory the process has not touched before), so its
+ratio says how much of the whole call's ratio is left to gain.
 
 chuk-lazarus is loaded as bench/bench_batching.py does (its top-level package
 imports MLX); without it, its columns are empty. Sizes beyond ``--chuk-max``
@@ -68,6 +77,33 @@ def chuk_pack(batching, sequences, mode):
     return batching.pack_sequences(sequences, config)
 
 
+def chuk_timed(batching, sequences, mode, runs: int):
+    """chuk-lazarus's rows (of the last run), and the median seconds of its
+    whole call and of the part spent laying out rows
+    (``PackingBin.to_packed_sequence``, wrapped for the call)."""
+    spent = [0.0]
+    original = batching.planning.packing.PackingBin.to_packed_sequence
+
+    def layout(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - start
+
+    totals, layouts, rows = [], [], None
+    batching.planning.packing.PackingBin.to_packed_sequence = layout
+    try:
+        for _ in range(runs):
+            rows, spent[0] = None, 0.0
+            rows, seconds = timed(chuk_pack, batching, sequences, mode)
+            totals.append(seconds)
+            layouts.append(spent[0])
+    finally:
+        batching.planning.packing.PackingBin.to_packed_sequence = original
+    return rows, float(np.median(totals)), float(np.median(layouts))
+
+
 def repeats(n: int, most: int) -> int:
     """Timed runs of a call on ``n`` sequences: ``most`` up to 10^5 sequences,
     one above. The first call at a new size pays one-off costs of the process
@@ -102,9 +138,10 @@ def run(sizes: list[int], chuk_max: int, python_max: int, rows_max: int) -> None
         print("umlos_cuda._packing is not built: lengths/s is the Python fallback")
     print(f"lognormal lengths (median 245, sigma 1) clipped to {MAX_LENGTH}; rows of {MAX_LENGTH} tokens")
     header = (f"{'N':>10} {'mode':<9} | {'lengths/s':>11} {'python/s':>9} {'sequences/s':>11} | {'chuk/s':>7} "
-              f"{'x seq':>6} {'x len':>6} | {'rows':>9} {'bound':>9} {'over':>7} | same rows")
+              f"{'x seq':>6} {'x dec':>6} | {'rows':>9} {'bound':>9} {'over':>7} | same rows")
     print(header)
     print("-" * len(header))
+    split = []  # (n, mode, chuk decision, chuk layout, our decision, our layout), seconds
     warm = lengths_of(200)
     for mode in MODES:  # imports and first calls, outside the timings
         pack_sequences(our_sequences(warm), MAX_LENGTH, mode)
@@ -144,17 +181,32 @@ def run(sizes: list[int], chuk_max: int, python_max: int, rows_max: int) -> None
                 line += f"{'-':>11} | "
             same = "-"
             if theirs is not None:
-                chuk_rows, chuk_seconds = median_timed(3 if n <= 10_000 else 1, chuk_pack, batching, theirs, mode)
+                chuk_rows, chuk_seconds, chuk_layout = chuk_timed(batching, theirs, mode, 3 if n <= 10_000 else 1)
                 same = "yes" if [sorted(r.sample_ids) for r in chuk_rows] == [sorted(r.sample_ids) for r in packed] \
                     else "NO"
                 line += (f"{rate(n, chuk_seconds):>7} {packed_rate * chuk_seconds / n:>5.0f}x "
-                         f"{chuk_seconds / seconds:>5.0f}x | ")
+                         f"{(chuk_seconds - chuk_layout) / seconds:>5.0f}x | ")
+                split.append((n, mode, chuk_seconds - chuk_layout, chuk_layout, seconds, n / packed_rate - seconds))
                 del chuk_rows
             else:
                 line += f"{'-':>7} {'-':>6} {'-':>6} | "
             line += f"{count:>9,} {bound:>9,} {100 * (count / bound - 1):>6.2f}% | {same}"
             print(line, flush=True)
             packed = None  # free this mode's rows before the next mode is timed
+    if split:
+        print_split(split)
+
+
+def print_split(split) -> None:
+    """Milliseconds of each library's packing decision and row layout, and their ratios."""
+    print()
+    header = (f"{'N':>10} {'mode':<9} | {'chuk decide':>11} {'chuk layout':>11} | {'decide':>8} {'layout':>8} | "
+              f"{'x decide':>8} {'x layout':>8}")
+    print(header)
+    print("-" * len(header))
+    for n, mode, chuk_decide, chuk_layout, decide, layout in split:
+        print(f"{n:>10,} {mode:<9} | {chuk_decide * 1e3:>11.1f} {chuk_layout * 1e3:>11.1f} | "
+              f"{decide * 1e3:>8.2f} {layout * 1e3:>8.2f} | {chuk_decide / decide:>7.0f}x {chuk_layout / layout:>7.1f}x")
 
 
 def main() -> None:

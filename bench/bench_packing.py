@@ -182,11 +182,14 @@ def run(sizes: list[int], chuk_max: int, python_max: int, rows_max: int) -> None
             same = "-"
             if theirs is not None:
                 chuk_rows, chuk_seconds, chuk_layout = chuk_timed(batching, theirs, mode, 3 if n <= 10_000 else 1)
-                same = "yes" if [sorted(r.sample_ids) for r in chuk_rows] == [sorted(r.sample_ids) for r in packed] \
-                    else "NO"
-                line += (f"{rate(n, chuk_seconds):>7} {packed_rate * chuk_seconds / n:>5.0f}x "
-                         f"{(chuk_seconds - chuk_layout) / seconds:>5.0f}x | ")
-                split.append((n, mode, chuk_seconds - chuk_layout, chuk_layout, seconds, n / packed_rate - seconds))
+                whole = "-"
+                if packed is not None:  # sizes above --rows-max have no rows of ours to compare
+                    same = "yes" if [sorted(r.sample_ids) for r in chuk_rows] == \
+                        [sorted(r.sample_ids) for r in packed] else "NO"
+                    whole = f"{packed_rate * chuk_seconds / n:.0f}x"
+                    split.append((n, mode, chuk_seconds - chuk_layout, chuk_layout, seconds,
+                                  n / packed_rate - seconds))
+                line += f"{rate(n, chuk_seconds):>7} {whole:>6} {(chuk_seconds - chuk_layout) / seconds:>5.0f}x | "
                 del chuk_rows
             else:
                 line += f"{'-':>7} {'-':>6} {'-':>6} | "

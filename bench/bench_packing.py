@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from unittest import mock
 
 import numpy as np
 
@@ -78,30 +79,26 @@ def chuk_pack(batching, sequences, mode):
 
 
 def chuk_timed(batching, sequences, mode, runs: int):
-    """chuk-lazarus's rows (of the last run), and the median seconds of its
-    whole call and of the part spent laying out rows
-    (``PackingBin.to_packed_sequence``, wrapped for the call)."""
-    spent = [0.0]
+    """chuk-lazarus's rows and the median seconds of its whole call
+    (:func:`median_timed`) and of the part spent laying out rows
+    (``PackingBin.to_packed_sequence``, wrapped for the calls)."""
     original = batching.planning.packing.PackingBin.to_packed_sequence
+    layouts = []
 
     def layout(self, *args, **kwargs):
         start = time.perf_counter()
         try:
             return original(self, *args, **kwargs)
         finally:
-            spent[0] += time.perf_counter() - start
+            layouts[-1] += time.perf_counter() - start
 
-    totals, layouts, rows = [], [], None
-    batching.planning.packing.PackingBin.to_packed_sequence = layout
-    try:
-        for _ in range(runs):
-            rows, spent[0] = None, 0.0
-            rows, seconds = timed(chuk_pack, batching, sequences, mode)
-            totals.append(seconds)
-            layouts.append(spent[0])
-    finally:
-        batching.planning.packing.PackingBin.to_packed_sequence = original
-    return rows, float(np.median(totals)), float(np.median(layouts))
+    def call():
+        layouts.append(0.0)
+        return chuk_pack(batching, sequences, mode)
+
+    with mock.patch.object(batching.planning.packing.PackingBin, "to_packed_sequence", layout):
+        rows, seconds = median_timed(runs, call)
+    return rows, seconds, float(np.median(layouts))
 
 
 def repeats(n: int, most: int) -> int:
@@ -187,8 +184,7 @@ def run(sizes: list[int], chuk_max: int, python_max: int, rows_max: int) -> None
                     same = "yes" if [sorted(r.sample_ids) for r in chuk_rows] == \
                         [sorted(r.sample_ids) for r in packed] else "NO"
                     whole = f"{packed_rate * chuk_seconds / n:.0f}x"
-                    split.append((n, mode, chuk_seconds - chuk_layout, chuk_layout, seconds,
-                                  n / packed_rate - seconds))
+                    split.append((n, mode, chuk_seconds - chuk_layout, chuk_layout, seconds, packed_seconds - seconds))
                 line += f"{rate(n, chuk_seconds):>7} {whole:>6} {(chuk_seconds - chuk_layout) / seconds:>5.0f}x | "
                 del chuk_rows
             else:
@@ -209,7 +205,8 @@ def print_split(split) -> None:
     print("-" * len(header))
     for n, mode, chuk_decide, chuk_layout, decide, layout in split:
         print(f"{n:>10,} {mode:<9} | {chuk_decide * 1e3:>11.1f} {chuk_layout * 1e3:>11.1f} | "
-              f"{decide * 1e3:>8.2f} {layout * 1e3:>8.2f} | {chuk_decide / decide:>7.0f}x {chuk_layout / layout:>7.1f}x")
+              f"{decide * 1e3:>8.2f} {layout * 1e3:>8.2f} | "
+              f"{chuk_decide / decide:>7.0f}x {chuk_layout / layout:>7.1f}x")
 
 
 def main() -> None:

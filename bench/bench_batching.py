@@ -47,7 +47,7 @@ import types
 import numpy as np
 
 from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder
-from umlos_cuda.batching.planner import bucket_mix_drift
+from umlos_cuda.batching.plans.planner import bucket_mix_drift
 
 EDGES = (128, 256, 512, 1024, 2048)
 OVERFLOW = 4096

@@ -63,10 +63,10 @@ def main() -> None:
     parser.add_argument("--folder", default=None)
     args = parser.parse_args()
     from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder
-    from umlos_cuda.batching.batch_reader import BatchReader
-    from umlos_cuda.batching.batch_writer import BatchWriter
+    from umlos_cuda.batching.batches.reader import BatchReader
+    from umlos_cuda.batching.batches.writer import BatchWriter
     from umlos_cuda.batching.collate import collate_microbatch
-    from umlos_cuda.batching.megatron import MegatronDataset
+    from umlos_cuda.batching.tokens.megatron import MegatronDataset
 
     folder = args.folder or tempfile.mkdtemp(prefix="bench-collate-")
     os.makedirs(folder, exist_ok=True)

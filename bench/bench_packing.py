@@ -57,7 +57,7 @@ import numpy as np
 
 from bench_batching import load_chuk, lognormal_lengths, timed
 from umlos_cuda.batching import SequenceToPack, pack_lengths, pack_sequences
-from umlos_cuda.batching.packing import native_module
+from umlos_cuda.batching.packing.pack import native_module
 
 MAX_LENGTH = 2048
 MODES = ("first_fit", "best_fit", "greedy")

@@ -52,7 +52,7 @@ def episodes_per_second(episodes: int) -> None:
 
     folder = tempfile.mkdtemp()
     port_file = os.path.join(folder, "port")
-    server = subprocess.Popen([sys.executable, "-m", "umlos_cuda.streams.gym_server", "--port", "0",
+    server = subprocess.Popen([sys.executable, "-m", "umlos_cuda.streams.gym.server", "--port", "0",
                                "--port-file", port_file], start_new_session=True)
     try:
         deadline = time.monotonic() + 60

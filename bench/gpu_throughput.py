@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from umlos_cuda import device_info
+from umlos_cuda.commands import _device_info as device_info
 from umlos_cuda.errors import UmlosError
 
 #: Nominal HBM bandwidth (GB/s, 10^9 B/s) by device-name fragment, from the vendors' data

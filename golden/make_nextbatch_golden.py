@@ -11,7 +11,7 @@ version bump), and say so in the commit. Bump GENERATOR_VERSION whenever the
 case list below changes.
 
 What it holds (the byte encoding and case kinds are documented in
-``umlos_cuda/golden.py``):
+``umlos_cuda/commands/_golden_vectors.py``):
 
 * N = 10^6, G = 3072, blocks of 4096 (244 full blocks and a tail of 576):
   5 seeds x world sizes {1, 8, 12} x {train, eval}, each a whole epoch through
@@ -144,7 +144,7 @@ def generate(raws: dict, todo: list[dict], *, out: str, backend: str, spec: str,
     """Compute every case of ``todo`` over the manifests ``raws`` on ``backend`` and
     write the golden document to ``out`` (atomically). Shared by the golden generators."""
     import umlos_cuda
-    from umlos_cuda import golden
+    from umlos_cuda.commands import _golden_vectors as golden
 
     document = {
         "format": golden.FORMAT,
@@ -177,7 +177,7 @@ def generate(raws: dict, todo: list[dict], *, out: str, backend: str, spec: str,
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from umlos_cuda import golden
+    from umlos_cuda.commands import _golden_vectors as golden
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), golden.GOLDEN_NAME))

@@ -59,7 +59,7 @@ def digest(indices) -> str:
 
 
 def shard_case(name: str, raw: dict, epoch: int, world_size: int) -> dict:
-    from umlos_cuda.nextbatch_v1 import next_batch_v1
+    from umlos_cuda.rng.nextbatch_v1 import next_batch_v1
 
     ranks = []
     order = None
@@ -74,7 +74,7 @@ def shard_case(name: str, raw: dict, epoch: int, world_size: int) -> dict:
 
 
 def draws_cases(name: str, raw: dict) -> list[dict]:
-    from umlos_cuda.rng import STREAMS, draws_at, RngStreams
+    from umlos_cuda.rng.streams import STREAMS, draws_at, RngStreams
 
     streams = RngStreams.from_manifest(raw)
     cases = []

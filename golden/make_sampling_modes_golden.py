@@ -7,7 +7,7 @@ Run from the repository root::
     python golden/make_sampling_modes_golden.py --out F    # somewhere else
 
 The file has the format of golden/nextbatch_v2.json (cases ``manifest``,
-``epoch_run``, ``batch``, ``window``, ``positions``; ``umlos_cuda/golden.py``),
+``epoch_run``, ``batch``, ``window``, ``positions``; ``umlos_cuda/commands/_golden_vectors.py``),
 so ``umlos-cuda golden verify --file golden/sampling_modes.json`` and the tests
 recompute it on any backend. Regenerate it only for a deliberate,
 reproducibility-breaking change of a mode (a new ``_V2`` mode string), and

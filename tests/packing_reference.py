@@ -1,7 +1,7 @@
 """The definitions of packing, written as plainly as possible (O(n x rows) loops).
 
 docs/batching.md, "Packing", states them; the fast implementations
-(umlos_cuda/batching/packing_trees.py, umlos_cuda/_packing.cpp) must give
+(umlos_cuda/batching/packing/trees.py, umlos_cuda/_packing.cpp) must give
 exactly these rows. Nothing here is clever: every open row is scanned for
 every sequence, and rows are built token by token.
 """

@@ -17,10 +17,10 @@ import numpy as np
 import oracle
 import umlos_cuda as uc
 from umlos_cuda.hashing import cbor_canonical, sha256
-from umlos_cuda.nextbatch_v1 import derived_manifest, next_batch_v1
-from umlos_cuda.probes import functional_fp, functional_fp_preimage, probe_indices
-from umlos_cuda.rng import MASTER_DERIVATION, STREAMS, RngStreams, draws_at, master_words
-from umlos_cuda.state_fingerprint import StateFingerprint, encode, order_hash
+from umlos_cuda.rng.nextbatch_v1 import derived_manifest, next_batch_v1
+from umlos_cuda.rng.probes import functional_fp, functional_fp_preimage, probe_indices
+from umlos_cuda.rng.streams import MASTER_DERIVATION, STREAMS, RngStreams, draws_at, master_words
+from umlos_cuda.rng.state_fingerprint import StateFingerprint, encode, order_hash
 
 RNG_EXAMPLES = {}
 

@@ -2,7 +2,7 @@
 relay that breaks one connection on purpose, fake servers that misbehave,
 and a small tokenizer.
 
-``puzzle_server()`` starts ``python -m umlos_cuda.streams.gym_server --port
+``puzzle_server()`` starts ``python -m umlos_cuda.streams.gym.server --port
 0`` in its own process group, waits (with a deadline, polling) for the port
 file it writes once listening, and kills the group in a ``finally``. Only
 127.0.0.1 is used.
@@ -38,7 +38,7 @@ def puzzle_server(tmp_path):
     """``(host, port)`` of a real puzzle server, stopped afterwards."""
     require_gym()
     port_file = tmp_path / f"server-{time.monotonic_ns()}.port"
-    process = subprocess.Popen([sys.executable, "-m", "umlos_cuda.streams.gym_server", "--port", "0",
+    process = subprocess.Popen([sys.executable, "-m", "umlos_cuda.streams.gym.server", "--port", "0",
                                 "--port-file", str(port_file)], start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

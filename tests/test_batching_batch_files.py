@@ -30,13 +30,13 @@ from batching_cases import expect
 from token_cases import make_store
 from umlos_cuda import errors
 from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder
-from umlos_cuda.batching.batch_files import batch_file_name, npz_bytes, read_batch_file
-from umlos_cuda.batching.batch_fingerprint import (BatchFingerprint, batch_fingerprint, compute_batch_fingerprint,
+from umlos_cuda.batching.batches.npz import batch_file_name, npz_bytes, read_batch_file
+from umlos_cuda.batching.batches.fingerprint import (BatchFingerprint, batch_fingerprint, compute_batch_fingerprint,
                                                    fingerprint_plan, microbatch_digest, verify_batch_fingerprint)
-from umlos_cuda.batching.batch_reader import BatchReader
-from umlos_cuda.batching.batch_writer import BatchWriter, write_batches
+from umlos_cuda.batching.batches.reader import BatchReader
+from umlos_cuda.batching.batches.writer import BatchWriter, write_batches
 from umlos_cuda.batching.collate import FIELDS, collate_microbatch
-from umlos_cuda.batching.token_writer import NPY_HEADER_BYTES
+from umlos_cuda.batching.tokens.writer import NPY_HEADER_BYTES
 from umlos_cuda.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -186,7 +186,7 @@ def consistently_edited_tokens(folder):
 
 def replace_digest(index: dict, epoch: int, position: int, digest: str) -> None:
     """Change one file's digest in batches.json, and in its batch fingerprint when it is there."""
-    from umlos_cuda.batching.batch_fingerprint import combine_digests
+    from umlos_cuda.batching.batches.fingerprint import combine_digests
 
     index["epochs"][epoch]["digests"][position] = digest
     fingerprint = index["batch_fingerprint"]
@@ -241,7 +241,7 @@ def test_a_second_run_rewrites_a_damaged_file(world, tmp_path):
 KILLER = """
 import os, signal, sys
 from umlos_cuda.batching import batch_writer
-from umlos_cuda.batching.batch_writer import BatchWriter
+from umlos_cuda.batching.batches.writer import BatchWriter
 
 calls = 0
 collate = batch_writer.collate_microbatch
@@ -502,7 +502,7 @@ def test_every_code_of_the_block_is_documented():
 
 # ====================================================================== packed plans
 def packed_plan(store, separator_len: int):
-    from umlos_cuda.batching.plan_packing import PackConfig
+    from umlos_cuda.batching.plans.packing import PackConfig
 
     config = BatchingConfig(1024, (), 256, "pad_to_bucket", 11, pack=PackConfig("first_fit", 256, separator_len))
     return BatchPlanBuilder(store.length_cache(), config).build(2)
@@ -510,7 +510,7 @@ def packed_plan(store, separator_len: int):
 
 @pytest.mark.parametrize("separators", [(), (2,), (2, 1)])
 def test_packed_plans_collate_row_by_packed_row(world, tmp_path, separators):
-    from umlos_cuda.batching.packed_rows import pack_rows
+    from umlos_cuda.batching.packing.rows import pack_rows
 
     root, store, _, _ = world
     plan = packed_plan(store, len(separators))

@@ -3,7 +3,7 @@
 * default_collate equals a position-by-position reference of the documented
   rules (hypothesis over single and packed rows, pad ids, both pad policies);
 * every kind of row it accepts gives the same arrays: Sample, tuple, mapping,
-  and the packed rows of umlos_cuda.batching.packed_rows (labels ignored at
+  and the packed rows of umlos_cuda.batching.packing.rows (labels ignored at
   separators and segment ends, its position_ids kept);
 * every refused input raises COLLATE_INPUT_INVALID;
 * a DataLoader with PlanBatchSampler, TokenDataset and PlanCollator, with
@@ -23,7 +23,7 @@ from umlos_cuda import errors
 from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, Sample, SampleMeta
 from umlos_cuda.batching.collate import (FIELDS, IGNORE_INDEX, CollatedBatch, collate_arrays, collate_microbatch,
                                          default_collate)
-from umlos_cuda.batching.packed_rows import pack_rows
+from umlos_cuda.batching.packing.rows import pack_rows
 
 
 def reference(rows, width: int, pad_id: int = 0) -> dict:

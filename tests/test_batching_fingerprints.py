@@ -18,7 +18,7 @@ import pytest
 from batching_cases import expect, from_json, tokenizer_json, train_tokenizer, write_model_dir
 from umlos_cuda import errors
 from umlos_cuda.batching import dataset_fingerprint, load_tokenizer, tokenizer_fingerprint
-from umlos_cuda.batching.fingerprints import DATASET_DOMAIN, canonical_tokenizer
+from umlos_cuda.batching.lengths.fingerprints import DATASET_DOMAIN, canonical_tokenizer
 
 
 @pytest.fixture(scope="module")

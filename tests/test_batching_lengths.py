@@ -24,8 +24,8 @@ from hypothesis import given, settings, strategies as st
 from batching_cases import corpus, expect, train_tokenizer, write_model_dir
 from umlos_cuda import errors
 from umlos_cuda.batching import LengthCache, SampleMeta, build_lengths, dataset_fingerprint, sft_sample
-from umlos_cuda.batching import length_stats, lengths as lengths_module
-from umlos_cuda.batching.lengths import LengthCacheWriter, read_sidecar_header, sidecar_path
+from umlos_cuda.batching.lengths import stats as length_stats, cache as lengths_module
+from umlos_cuda.batching.lengths.cache import LengthCacheWriter, read_sidecar_header, sidecar_path
 from umlos_cuda.batching.templates import sft_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

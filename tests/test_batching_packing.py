@@ -27,7 +27,7 @@ from umlos_cuda.batching import (
     pack_rows,
     pack_sequences,
 )
-from umlos_cuda.batching import packing, packing_trees
+from umlos_cuda.batching.packing import pack as packing, trees as packing_trees
 from umlos_cuda.errors import UmlosError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -196,7 +196,7 @@ def test_layout_rows_of_one_flat_list_equal_row_by_row_layouts(backend):
     without known lengths) gives each row exactly what build_row gives it
     alone (NumPy layout), and the loss tokens of all rows in one sum; the
     native layout gives the same rows bit for bit."""
-    from umlos_cuda.batching.packed_rows import SequenceToPack, build_row, layout_rows
+    from umlos_cuda.batching.packing.rows import SequenceToPack, build_row, layout_rows
 
     rng = np.random.default_rng(11)
     segments = [SequenceToPack(str(i), rng.integers(0, 50, n), rng.integers(0, 2, n), offset=i % 3)
@@ -282,7 +282,7 @@ def test_native_layout_checks_its_buffers():
 def test_native_layout_refuses_arrays_changed_behind_sequence_to_pack():
     """A SequenceToPack whose array was swapped for one the extension cannot
     read gets the project's error, and nothing is returned."""
-    from umlos_cuda.batching.packed_rows import layout_rows
+    from umlos_cuda.batching.packing.rows import layout_rows
 
     odd = SequenceToPack("a", [1, 2, 3])
     object.__setattr__(odd, "input_ids", np.arange(6, dtype=np.int32)[::2])
@@ -291,7 +291,7 @@ def test_native_layout_refuses_arrays_changed_behind_sequence_to_pack():
 
 
 def test_layout_rows_refuses_an_unknown_backend(monkeypatch):
-    from umlos_cuda.batching import packed_rows
+    from umlos_cuda.batching.packing import rows as packed_rows
 
     one = [SequenceToPack("a", [1, 2])]
     expect(errors.PACKING_CONFIG_INVALID, packed_rows.layout_rows, one, np.ones(1, dtype=np.int64), backend="gpu",

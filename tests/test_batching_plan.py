@@ -9,11 +9,11 @@ from hypothesis import given, settings, strategies as st
 
 import umlos_cuda as uc
 from umlos_cuda import errors
-from umlos_cuda.batching.buckets import BucketSpec
-from umlos_cuda.batching.builder import BatchPlanBuilder, TokenBudgetBatchSampler
-from umlos_cuda.batching.config import SAMPLING_MODES, BatchingConfig, PadPolicy
-from umlos_cuda.batching.packing import native_module
-from umlos_cuda.batching.planner import (PLAN_DATASET_KEY, bucket_mix_drift, cuts_by_lifting, cuts_by_scan, greedy_cuts,
+from umlos_cuda.batching.plans.buckets import BucketSpec
+from umlos_cuda.batching.plans.builder import BatchPlanBuilder, TokenBudgetBatchSampler
+from umlos_cuda.batching.plans.config import SAMPLING_MODES, BatchingConfig, PadPolicy
+from umlos_cuda.batching.packing.pack import native_module
+from umlos_cuda.batching.plans.planner import (PLAN_DATASET_KEY, bucket_mix_drift, cuts_by_lifting, cuts_by_scan, greedy_cuts,
                                          greedy_cuts_and_longest, plan_manifest)
 
 SHUFFLE, SEQUENTIAL, STREAMING = SAMPLING_MODES
@@ -133,7 +133,7 @@ def test_native_cut_refuses_short_outputs_and_other_dtypes():
 
 
 def test_greedy_cuts_across_chunks(monkeypatch):
-    import umlos_cuda.batching.planner as planner
+    import umlos_cuda.batching.plans.planner as planner
 
     monkeypatch.setattr(planner, "CUT_CHUNK", 16)  # many chunks, each with look-ahead
     lengths = np.random.default_rng(3).integers(1, 40, 3000).astype(np.uint32)
@@ -286,7 +286,7 @@ def test_drift_measures_what_it_says():
 
 
 def test_bucket_ids_table_and_search_agree(monkeypatch):
-    import umlos_cuda.batching.buckets as buckets
+    import umlos_cuda.batching.plans.buckets as buckets
 
     spec = BucketSpec((128, 256, 512, 1024, 2048), 4096, 3)
     lengths = np.random.default_rng(2).integers(0, 6000, 20_000).astype(np.uint32)

@@ -13,7 +13,7 @@ import pytest
 import umlos_cuda as uc
 from umlos_cuda import errors
 from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder
-from umlos_cuda.batching.checkpoint_kinds import PlanCursor
+from umlos_cuda.batching.plans.checkpoint_kinds import PlanCursor
 from umlos_cuda.checkpoint import CheckpointStore, cursor_kinds, restore_latest, verify_store
 from test_checkpoint_support import DATASET, KEY, files_of, identity, state
 

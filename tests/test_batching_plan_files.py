@@ -13,13 +13,13 @@ import pytest
 
 import umlos_cuda as uc
 from umlos_cuda import errors
-from umlos_cuda.batching import plan_io
-from umlos_cuda.batching.builder import BatchPlanBuilder
-from umlos_cuda.batching.config import BatchingConfig
-from umlos_cuda.batching.lengths import LengthCache
-from umlos_cuda.batching.plan import BatchPlan, EpochPlan
-from umlos_cuda.batching.plan_fingerprint import finish_meta
-from umlos_cuda.batching.plan_verify import verify_plan
+from umlos_cuda.batching.plans import io as plan_io
+from umlos_cuda.batching.plans.builder import BatchPlanBuilder
+from umlos_cuda.batching.plans.config import BatchingConfig
+from umlos_cuda.batching.lengths.cache import LengthCache
+from umlos_cuda.batching.plans.plan import BatchPlan, EpochPlan
+from umlos_cuda.batching.plans.fingerprint import finish_meta
+from umlos_cuda.batching.plans.verify import verify_plan
 from umlos_cuda.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,11 +15,11 @@ import pytest
 
 import umlos_cuda as uc
 from umlos_cuda import errors
-from umlos_cuda.batching.builder import BatchPlanBuilder
-from umlos_cuda.batching.config import BatchingConfig
-from umlos_cuda.batching.plan_io import load_plan
-from umlos_cuda.batching.plan_verify import verify_plan
-from umlos_cuda.batching.planner import PLAN_DATASET_KEY, plan_manifest
+from umlos_cuda.batching.plans.builder import BatchPlanBuilder
+from umlos_cuda.batching.plans.config import BatchingConfig
+from umlos_cuda.batching.plans.io import load_plan
+from umlos_cuda.batching.plans.verify import verify_plan
+from umlos_cuda.batching.plans.planner import PLAN_DATASET_KEY, plan_manifest
 from umlos_cuda.cli import main
 
 
@@ -79,7 +79,7 @@ def test_an_unknown_order_is_refused_naming_the_modes():
 
 def test_plan_build_takes_the_order(tmp_path, capsys):
     lengths = tmp_path / "lengths.jsonl"
-    from umlos_cuda.batching.lengths import LengthCache
+    from umlos_cuda.batching.lengths.cache import LengthCache
     LengthCache.from_arrays(None, lengths_of(300), "tok").write(str(lengths))
     out = tmp_path / "plan"
     assert main(["plan", "build", "--lengths", str(lengths), "--bucket-edges", "128,256,512,1024",

@@ -17,11 +17,11 @@ import umlos_cuda as uc
 from packing_reference import reference_pack_lengths
 from umlos_cuda import errors
 from umlos_cuda.batching import BatchingConfig, BatchPlan, BatchPlanBuilder, LengthCache
-from umlos_cuda.batching.plan import EpochPlan
-from umlos_cuda.batching.plan_fingerprint import finish_meta
-from umlos_cuda.batching.plan_packing import PackConfig
-from umlos_cuda.batching.plan_verify import verify_plan
-from umlos_cuda.batching.planner import epoch_order, plan_manifest
+from umlos_cuda.batching.plans.plan import EpochPlan
+from umlos_cuda.batching.plans.fingerprint import finish_meta
+from umlos_cuda.batching.plans.packing import PackConfig
+from umlos_cuda.batching.plans.verify import verify_plan
+from umlos_cuda.batching.plans.planner import epoch_order, plan_manifest
 from umlos_cuda.cli import main
 
 
@@ -233,7 +233,7 @@ def overfill_a_row(epoch):
 def restat(change):
     """``change`` then stats recomputed, so that only the row checks can tell."""
     def forged(epoch):
-        from umlos_cuda.batching.plan_stats import epoch_stats
+        from umlos_cuda.batching.plans.stats import epoch_stats
 
         epoch = change(epoch)
         plan_config = packed_config()

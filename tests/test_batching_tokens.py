@@ -25,11 +25,11 @@ from batching_cases import expect, train_tokenizer, write_model_dir
 from token_cases import random_sequences, write_dataset, write_megatron
 from umlos_cuda import errors
 from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, LengthCache, SampleMeta, build_lengths, sft_sample
-from umlos_cuda.batching.batch_reader import BatchReader
-from umlos_cuda.batching.megatron import MegatronDataset
-from umlos_cuda.batching.token_sources import open_token_source
-from umlos_cuda.batching.token_writer import NPY_HEADER_BYTES, tokenize_dataset
-from umlos_cuda.batching.tokens import TokenStore
+from umlos_cuda.batching.batches.reader import BatchReader
+from umlos_cuda.batching.tokens.megatron import MegatronDataset
+from umlos_cuda.batching.tokens.sources import open_token_source
+from umlos_cuda.batching.tokens.writer import NPY_HEADER_BYTES, tokenize_dataset
+from umlos_cuda.batching.tokens.store import TokenStore
 from umlos_cuda.cli import main
 
 

@@ -1,4 +1,4 @@
-"""umlos_cuda.durable: the durable-write steps the CLI's outputs and the
+"""umlos_cuda.files.durable: the durable-write steps the CLI's outputs and the
 checkpoint store share (create exclusively, write all, fsync, rename, fsync
 the folder), and each front end's own policy on top of them."""
 
@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from umlos_cuda import atomic_file, durable, errors
+from umlos_cuda.files import atomic as atomic_file, durable
+from umlos_cuda import errors
 from umlos_cuda.checkpoint import atomic
 
 
@@ -37,7 +38,7 @@ def test_write_all_finishes_short_writes(tmp_path, monkeypatch):
 
 def test_both_front_ends_take_the_shared_steps(tmp_path, monkeypatch):
     """The CLI output and the store's atomic write create their files and fsync
-    their folders through umlos_cuda.durable, each keeping its temp names."""
+    their folders through umlos_cuda.files.durable, each keeping its temp names."""
     created, synced = [], []
     real_create, real_sync = durable.create_exclusive, durable.fsync_directory
     monkeypatch.setattr(durable, "create_exclusive", lambda path, mode: created.append(path) or real_create(path, mode))

@@ -15,7 +15,7 @@ import pytest
 from batching_cases import corpus, train_tokenizer, write_model_dir
 from umlos_cuda import errors
 from umlos_cuda.batching import LengthCache, dataset_fingerprint, tokenizer_fingerprint
-from umlos_cuda.batching.length_stats import optimal_bucket_choices, percentiles
+from umlos_cuda.batching.lengths.stats import optimal_bucket_choices, percentiles
 from umlos_cuda.cli import main
 
 

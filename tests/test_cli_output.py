@@ -1,5 +1,5 @@
 """``--out`` of ``umlos-cuda next-batch`` and ``umlos-cuda indices``
-(umlos_cuda/atomic_file.py): only a new name or, with ``--force``, an existing
+(umlos_cuda/files/atomic.py): only a new name or, with ``--force``, an existing
 regular file is written; the umask decides the mode; a full disk, a file size
 limit or a signal is an ordinary failure that leaves no temp file behind.
 
@@ -27,7 +27,8 @@ import pytest
 
 import oracle
 from nbcases import raw_manifest
-from umlos_cuda import atomic_file, cli, errors
+from umlos_cuda.files import atomic as atomic_file
+from umlos_cuda import cli, errors
 
 RAW = raw_manifest(1000, 64, 48, seed=5)
 WINDOW = oracle.Oracle(RAW).epoch("train", 0).window(0, 1000)

@@ -1,4 +1,4 @@
-"""``umlos_cuda.device_info`` (NVML, never raising) and ``umlos-cuda env [--json]``."""
+"""``umlos_cuda.commands._device_info`` (NVML, never raising) and ``umlos-cuda env [--json]``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import types
 
 import pytest
 
-from umlos_cuda import __version__, backends, cli, device_info
+from umlos_cuda import __version__, backends, cli
+from umlos_cuda.commands import _device_info as device_info
 
 
 class NVMLError(Exception):

@@ -66,7 +66,7 @@ def demo_batches(batches):
 
 
 def order_hash(epoch):
-    from umlos_cuda.state_fingerprint import order_hash
+    from umlos_cuda.rng.state_fingerprint import order_hash
 
     return order_hash(GOOD, "train", epoch)
 

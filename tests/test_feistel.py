@@ -24,7 +24,8 @@ from native_build import load_harness, pointer
 from spec_examples_feistel import spec_feistel, spec_feistel_inverse
 
 import umlos_cuda as uc
-from umlos_cuda import errors, golden
+from umlos_cuda import errors
+from umlos_cuda.commands import _golden_vectors as golden
 from umlos_cuda.backends import get_backend
 from umlos_cuda.backends.native import NativeBackend
 from umlos_cuda.errors import UmlosError

@@ -13,7 +13,8 @@ import pytest
 
 import oracle
 import umlos_cuda as uc
-from umlos_cuda import errors, golden
+from umlos_cuda import errors
+from umlos_cuda.commands import _golden_vectors as golden
 from umlos_cuda.cli import main
 
 

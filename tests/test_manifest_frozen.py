@@ -1,4 +1,4 @@
-"""A Manifest cannot change once hashed (umlos_cuda/manifest.py, manifest_view.py).
+"""A Manifest cannot change once hashed (umlos_cuda/manifest/core.py, manifest/view.py).
 
 ``manifest_hash`` binds a run: the metadata of every batch carries it. If
 ``m.canonical["global_batch_size"] = 8`` were allowed, ``next_batch`` would
@@ -21,7 +21,7 @@ import pytest
 import umlos_cuda as uc
 from umlos_cuda import errors
 from umlos_cuda.hashing import hash_canonical
-from umlos_cuda.manifest import as_manifest
+from umlos_cuda.manifest.core import as_manifest
 
 RAW = {
     "seed": 7,

@@ -19,8 +19,9 @@ import yaml
 import oracle
 import umlos_cuda as uc
 from nbcases import raw_manifest
-from umlos_cuda import cli, errors, manifest as manifest_module, yaml_safe
-from umlos_cuda.manifest_schema import ALL_PATHS
+from umlos_cuda import cli, errors
+from umlos_cuda.manifest import core as manifest_module, yaml_safe
+from umlos_cuda.manifest.schema import ALL_PATHS
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "manifest.md"

@@ -15,9 +15,9 @@ import umlos_cuda as uc
 from nbcases import raw_manifest
 from umlos_cuda import errors
 from umlos_cuda.cli import main
-from umlos_cuda.nextbatch_v1 import derived_manifest, next_batch_v1, shard_size
-from umlos_cuda.rng import RngStreams, consumes, draws_at
-from umlos_cuda.state_fingerprint import order_hash
+from umlos_cuda.rng.nextbatch_v1 import derived_manifest, next_batch_v1, shard_size
+from umlos_cuda.rng.streams import RngStreams, consumes, draws_at
+from umlos_cuda.rng.state_fingerprint import order_hash
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "..", "golden", "nextbatch_v1.json")
 RAW = raw_manifest(1000, 64, 48, seed=8)
@@ -58,7 +58,7 @@ def test_shards_partition_the_epoch_and_are_strided(n, block_size, world_size):
 
 
 def test_strides_longer_than_a_chunk(monkeypatch):
-    from umlos_cuda import nextbatch_v1
+    from umlos_cuda.rng import nextbatch_v1
 
     whole = next_batch_v1(RAW, "train", 1, 0, 0, backend="numpy").indices
     monkeypatch.setattr(nextbatch_v1, "CHUNK", 10)

@@ -371,4 +371,4 @@ def test_wheel_declares_the_checkpoint_entry_points(built):
     with zipfile.ZipFile(wheel) as archive:
         (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt")]
         text = archive.read(name).decode()
-    assert "[umlos_cuda.checkpoint]" in text and "rng = umlos_cuda.rng_checkpoint" in text
+    assert "[umlos_cuda.checkpoint]" in text and "rng = umlos_cuda.rng.checkpoint_kinds" in text

@@ -1,4 +1,4 @@
-"""The functional probe set and fingerprint (seed 003 §V.C; umlos_cuda.probes)."""
+"""The functional probe set and fingerprint (seed 003 §V.C; umlos_cuda.rng.probes)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import oracle
 import umlos_cuda as uc
 from nbcases import raw_manifest
 from umlos_cuda import errors
-from umlos_cuda.probes import PROBE_SIZE, functional_fp, functional_fp_preimage, probe_dataset, probe_indices
+from umlos_cuda.rng.probes import PROBE_SIZE, functional_fp, functional_fp_preimage, probe_dataset, probe_indices
 
 
 def two_datasets(train_n: int = 5000, val_n: int = 300) -> dict:

@@ -14,7 +14,7 @@ import oracle
 import umlos_cuda as uc
 from nbcases import raw_manifest
 from umlos_cuda import errors
-from umlos_cuda.rng import STATE_FORMAT, STREAMS, RngStreams, consumes, draws_at, master_seed, resolve_backend
+from umlos_cuda.rng.streams import STATE_FORMAT, STREAMS, RngStreams, consumes, draws_at, master_seed, resolve_backend
 
 RAW = raw_manifest(1000, 64, 48, seed=3)
 

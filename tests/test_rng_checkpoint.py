@@ -1,4 +1,4 @@
-"""The RNG state and fingerprints in checkpoints and on the tape (umlos_cuda.rng_checkpoint):
+"""The RNG state and fingerprints in checkpoints and on the tape (umlos_cuda.rng.checkpoint_kinds):
 saved, verified and restored through the checkpoint store to identical draws,
 also after the writer is killed with SIGKILL at any step of a commit; the
 ``rng.iter`` and violation records pass the tape reader; a reader in another
@@ -14,11 +14,12 @@ import sys
 import pytest
 
 import umlos_cuda as uc
-from umlos_cuda import errors, rng_checkpoint
+from umlos_cuda import errors
+from umlos_cuda.rng import checkpoint_kinds as rng_checkpoint
 from umlos_cuda.checkpoint import CheckpointState, CheckpointStore, atomic, open_store, restore_latest, verify_store
 from umlos_cuda.checkpoint.tape import iter_fields, read_tape
-from umlos_cuda.nextbatch_v1 import next_batch_v1
-from umlos_cuda.rng import RngStreams, consumes
+from umlos_cuda.rng.nextbatch_v1 import next_batch_v1
+from umlos_cuda.rng.streams import RngStreams, consumes
 from test_checkpoint_crash import kill_hook
 from test_checkpoint_support import DATASET, KEY, identity
 
@@ -224,7 +225,7 @@ def test_verify_in_a_fresh_process_finds_the_kinds_through_the_entry_point(tmp_p
                           cwd=str(tmp_path), timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("OK store")
-    probe = "import sys; import umlos_cuda.checkpoint.tape as t; t.record_schema('rng.iter'); print(sorted(sys.modules).count('umlos_cuda.rng_checkpoint'))"
+    probe = "import sys; import umlos_cuda.checkpoint.tape as t; t.record_schema('rng.iter'); print(sorted(sys.modules).count('umlos_cuda.rng.checkpoint_kinds'))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=str(tmp_path), timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr
 

@@ -1,4 +1,4 @@
-"""The RNG consumption contract (seed 003 §0.S; umlos_cuda.rng_contract): one
+"""The RNG consumption contract (seed 003 §0.S; umlos_cuda.rng.contract): one
 test per violation shape (too many, too few, wrong stream, nested operators),
 the failure record and its tape record, the declaration table."""
 
@@ -9,7 +9,7 @@ import pytest
 import umlos_cuda as uc
 from nbcases import raw_manifest
 from umlos_cuda import errors
-from umlos_cuda.rng import RngStreams, consumes
+from umlos_cuda.rng.streams import RngStreams, consumes
 
 RAW = raw_manifest(1000, 64, 48, seed=11)
 
@@ -186,7 +186,7 @@ def test_the_tape_record_has_the_seeds_fields_and_passes_the_tape_schema():
 
 
 def test_the_default_state_fingerprint_holds_the_cursor_and_the_rng():
-    from umlos_cuda.state_fingerprint import StateFingerprint
+    from umlos_cuda.rng.state_fingerprint import StateFingerprint
 
     streams, _ = streams_with_tape()
     order = bytes(range(32))

@@ -517,7 +517,7 @@ def test_worked_example_matches_the_code(name):
 
 
 def test_the_index_counts_the_golden_cases_right():
-    from umlos_cuda.golden import load_golden
+    from umlos_cuda.commands._golden_vectors import load_golden
 
     with open(os.path.join(SPEC_DIR, "README.md"), encoding="utf-8") as handle:
         cases, manifests = map(int, re.search(r"(\d+) cases over (\d+) manifests", handle.read()).groups())

@@ -16,9 +16,9 @@ import oracle
 import umlos_cuda as uc
 from nbcases import raw_manifest
 from umlos_cuda import errors
-from umlos_cuda.nextbatch_v1 import next_batch_v1
-from umlos_cuda.rng import RngStreams
-from umlos_cuda.state_fingerprint import ITEMS, StateFingerprint, data_plane_fingerprint, encode, order_hash
+from umlos_cuda.rng.nextbatch_v1 import next_batch_v1
+from umlos_cuda.rng.streams import RngStreams
+from umlos_cuda.rng.state_fingerprint import ITEMS, StateFingerprint, data_plane_fingerprint, encode, order_hash
 
 RAW = raw_manifest(5000, 256, 48, seed=21)
 

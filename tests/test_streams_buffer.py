@@ -10,9 +10,9 @@ import pytest
 from umlos_cuda import errors
 from streams_support import expect
 from umlos_cuda.hashing import hash_canonical
-from umlos_cuda.rng import RngStreams, substream_blocks
+from umlos_cuda.rng.streams import RngStreams, substream_blocks
 from umlos_cuda.streams import BufferRng, MockGymStream, ReplayBuffer, stream_manifest
-from umlos_cuda.streams.replay_buffer import check_state
+from umlos_cuda.streams.buffer.replay_buffer import check_state
 
 SAMPLES = list(MockGymStream(400, seed=2, max_length=64))
 

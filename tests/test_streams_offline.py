@@ -11,7 +11,7 @@ import pytest
 from umlos_cuda import errors
 from umlos_cuda.batching.samples import SampleMeta
 from umlos_cuda.batching.templates import sft_sample
-from umlos_cuda.batching.token_writer import tokenize_dataset
+from umlos_cuda.batching.tokens.writer import tokenize_dataset
 from umlos_cuda.errors import UmlosError
 from umlos_cuda.streams import (AsyncOfflineDatasetStream, OfflineDatasetStream, ReplayBuffer, StreamSample,
                                 TokenStoreStream)

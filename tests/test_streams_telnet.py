@@ -9,7 +9,7 @@ import pytest
 
 from umlos_cuda import errors
 from umlos_cuda.streams import GymConfig, GymEpisodeStream, TelnetGymClient
-from umlos_cuda.streams.telnet_wire import IAC, NOP, SB, SE, WILL, TelnetLines, TelnetStripper, answer_of
+from umlos_cuda.streams.gym.telnet_wire import IAC, NOP, SB, SE, WILL, TelnetLines, TelnetStripper, answer_of
 from streams_support import EOS, TcpServer, expect, puzzle_server, relay, scripted, tokenizer
 
 

@@ -48,7 +48,7 @@ def write_dataset(path, count: int = 300, seed: int = 0, *, ids: bool = True) ->
 def make_store(root, count: int, seed: int):
     """A model directory, a dataset of ``count`` records and its token store
     (prompt/response records: loss masks with zeros), all under ``root``."""
-    from umlos_cuda.batching.token_writer import tokenize_dataset
+    from umlos_cuda.batching.tokens.writer import tokenize_dataset
 
     write_model_dir(root / "model", train_tokenizer(), {"eos_token": "</s>"})
     write_dataset(root / "train.jsonl", count, seed=seed)

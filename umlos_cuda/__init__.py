@@ -20,14 +20,14 @@ The UML_OS kernel's data-plane contracts (docs/rng.md): ``RngStreams``
 
 from .cursor import Cursor
 from .errors import UmlosError
-from .manifest import Manifest
+from .manifest.core import Manifest
 from .nextbatch import Batch, check_dataset_length, epoch_indices, next_batch, sampler_config_hash
-from .nextbatch_v1 import BatchV1, next_batch_v1
+from .rng.nextbatch_v1 import BatchV1, next_batch_v1
 from .position import position_of
 from .presets import PRESETS
-from .probes import functional_fp, probe_indices
-from .rng import RngStreams
-from .state_fingerprint import StateFingerprint
+from .rng.probes import functional_fp, probe_indices
+from .rng.streams import RngStreams
+from .rng.state_fingerprint import StateFingerprint
 
 __version__ = "0.1.0"
 

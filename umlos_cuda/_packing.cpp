@@ -6,14 +6,14 @@
 // its sequences and none after the last), mode 0 first-fit, 1 best-fit,
 // 2 greedy; rows (int64, as long as needs) receives each item's row, rows
 // numbered in the order they are opened. Returns the number of rows.
-// umlos_cuda/batching/packing.py validates the input (every need at most the
+// umlos_cuda/batching/packing/pack.py validates the input (every need at most the
 // capacity) and documents the definitions; this file checks the buffers and
 // that invariant again, so a wrong call raises instead of writing out of
-// bounds. The Python twin is umlos_cuda/batching/packing_trees.py; the tests
+// bounds. The Python twin is umlos_cuda/batching/packing/trees.py; the tests
 // compare both with the plain O(n x rows) definitions.
 //
 // A second entry point, cut(lengths, budget, cap, starts, longest), is the
-// batch planner's greedy pad_to_max cut (umlos_cuda/batching/planner.py):
+// batch planner's greedy pad_to_max cut (umlos_cuda/batching/plans/planner.py):
 // lengths a contiguous uint32 array, a microbatch ends when the next sample
 // would make count x longest exceed budget or count exceed cap (a microbatch
 // always takes at least one sample); starts (int64) and longest (uint32),
@@ -23,7 +23,7 @@
 //
 // A third entry point, layout(tokens, masks, lengths, row_first, separator,
 // input_ids, loss_mask, segment_ids, position_ids), writes the token arrays of
-// packed rows (umlos_cuda/batching/packed_rows.py, whose NumPy path is its
+// packed rows (umlos_cuda/batching/packing/rows.py, whose NumPy path is its
 // twin and the definition): tokens and masks are lists or tuples of 1-D
 // int32 arrays, one per segment, all rows' segments in row order; row r holds
 // segments [row_first[r], row_first[r + 1]); separator (int32) follows every

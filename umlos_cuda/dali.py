@@ -46,7 +46,7 @@ from . import errors
 from .backends import to_numpy
 from .cursor import Cursor, as_cursor
 from .errors import UmlosError
-from .manifest import Manifest, as_manifest
+from .manifest.core import Manifest, as_manifest
 from .nextbatch import next_batch
 from .world import resolve_world
 

@@ -23,7 +23,7 @@ from .dtypes import check_fits, output_dtype
 from .epoch import PlanCache, check_plan_budget, epoch_seed, limit_setting
 from .errors import MAX_WORLD_SIZE, UINT64_MAX, UmlosError, require_uint64  # noqa: F401  (MAX_WORLD_SIZE: re-exported)
 from .hashing import hash_canonical, sha256
-from .manifest import Manifest, as_manifest
+from .manifest.core import Manifest, as_manifest
 from .modes import SEQUENTIAL_MODE, block_affine
 from .presets import STAGES
 from .sampler import SamplerConfig, resolve_sampler, sampler_config_hash

@@ -21,7 +21,7 @@ import functools
 from dataclasses import dataclass
 
 from .hashing import hash_canonical
-from .manifest import Manifest
+from .manifest.core import Manifest
 from .modes import DEFAULT_MODE, SEQUENTIAL_MODE, SamplingMode, get_mode
 from .presets import resolve_preset
 

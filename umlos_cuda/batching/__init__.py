@@ -6,33 +6,32 @@ Each step of the pipeline is one module; this package only re-exports.
 """
 
 from .attention_mask import create_segment_attention_mask
-from .batch_fingerprint import (BatchFingerprint, compute_batch_fingerprint, fingerprint_plan,
-                                verify_batch_fingerprint)
-from .batch_reader import BatchReader
-from .batch_writer import BatchWriteReport, BatchWriter, write_batches
-from .buckets import BucketSpec
-from .builder import BatchPlanBuilder, TokenBudgetBatchSampler
+from .batches.fingerprint import BatchFingerprint, compute_batch_fingerprint, fingerprint_plan, verify_batch_fingerprint
+from .batches.reader import BatchReader
+from .batches.writer import BatchWriteReport, BatchWriter, write_batches
+from .plans.buckets import BucketSpec
+from .plans.builder import BatchPlanBuilder, TokenBudgetBatchSampler
 from .collate import CollatedBatch, collate_microbatch, default_collate
-from .config import BatchingConfig, PadPolicy
-from .fingerprints import dataset_fingerprint, tokenizer_fingerprint
-from .length_builder import build_lengths
-from .length_stats import BucketChoice, optimal_bucket_choices, optimal_bucket_edges, percentiles
-from .lengths import LengthCache
-from .megatron import MegatronDataset
-from .packed_rows import PackedRow, SequenceToPack, build_row, pack_rows
-from .packing import pack_lengths
-from .packing_config import OversizePolicy, PackingConfig, PackingMode
-from .packing_metrics import PackingMetrics, compute_packing_metrics
-from .plan import BatchPlan, BatchPlanMeta, EpochPlan, MicrobatchSpec
-from .plan_verify import verify_plan
+from .plans.config import BatchingConfig, PadPolicy
+from .lengths.fingerprints import dataset_fingerprint, tokenizer_fingerprint
+from .lengths.builder import build_lengths
+from .lengths.stats import BucketChoice, optimal_bucket_choices, optimal_bucket_edges, percentiles
+from .lengths.cache import LengthCache
+from .tokens.megatron import MegatronDataset
+from .packing.rows import PackedRow, SequenceToPack, build_row, pack_rows
+from .packing.pack import pack_lengths
+from .packing.config import OversizePolicy, PackingConfig, PackingMode
+from .packing.metrics import PackingMetrics, compute_packing_metrics
+from .plans.plan import BatchPlan, BatchPlanMeta, EpochPlan, MicrobatchSpec
+from .plans.verify import verify_plan
 from .samples import PreferenceSample, Sample, SampleMeta
-from .sequence_packing import PackedRows, oversize_pieces, pack_sequences
-from .sharding import shard_plan
+from .packing.sequences import PackedRows, oversize_pieces, pack_sequences
+from .plans.sharding import shard_plan
 from .templates import sft_sample
-from .token_sources import open_token_source
-from .token_writer import tokenize_dataset
-from .tokens import TokenStore
-from .tokenizer_files import LoadedTokenizer, load_tokenizer
+from .tokens.sources import open_token_source
+from .tokens.writer import tokenize_dataset
+from .tokens.store import TokenStore
+from .lengths.tokenizer import LoadedTokenizer, load_tokenizer
 
 __all__ = [
     "BatchFingerprint",

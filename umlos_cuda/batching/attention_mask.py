@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .packing_config import config_error
+from .packing.config import config_error
 
 FRAMEWORKS = ("auto", "numpy", "torch")
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from .. import errors
 from ..errors import UmlosError
-from .config import PadPolicy
+from .plans.config import PadPolicy
 
 #: Label of a position that is not trained on (PyTorch's ``cross_entropy`` default ``ignore_index``).
 IGNORE_INDEX = -100
@@ -231,12 +231,12 @@ def collate_error(message: str) -> UmlosError:
 
 def collate_microbatch(source: Any, microbatch: Any, *, pad_id: int = 0,
                        separator_ids: Sequence[int] = ()) -> CollatedBatch:
-    """A plan microbatch (:class:`~umlos_cuda.batching.plan.MicrobatchSpec`)
-    collated from a token source (umlos_cuda/batching/token_sources.py),
+    """A plan microbatch (:class:`~umlos_cuda.batching.plans.plan.MicrobatchSpec`)
+    collated from a token source (umlos_cuda/batching/tokens/sources.py),
     padded to its ``max_len`` (the pad length under either policy).
 
     One row per sample; in a packed plan, one row per packed row, laid out by
-    :func:`~umlos_cuda.batching.packed_rows.pack_rows` (``separator_ids``
+    :func:`~umlos_cuda.batching.packing.rows.pack_rows` (``separator_ids``
     between a row's samples, as many as the plan's ``separator_len``; see
     :func:`plan_separator_ids`)."""
     width = int(microbatch.max_len)
@@ -244,7 +244,7 @@ def collate_microbatch(source: Any, microbatch: Any, *, pad_id: int = 0,
     if packed is None:
         pairs = [source.arrays(row) for row in np.asarray(microbatch.rows).tolist()]
         return collate_arrays([p[0] for p in pairs], [p[1] for p in pairs], width, pad_id=pad_id, max_len=width)
-    from .packed_rows import pack_rows
+    from .packing.rows import pack_rows
 
     ids = iter(microbatch.samples)
     rows = [[dict(zip(("input_ids", "loss_mask"), source.arrays(r)), sample_id=next(ids)) for r in row.tolist()]

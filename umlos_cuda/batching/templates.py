@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from .samples import Sample, SampleMeta
-from .tokenizer_files import load_tokenizer
+from .lengths.tokenizer import load_tokenizer
 
 PROMPT_TEMPLATE = "### Instruction:\n{prompt}\n\n### Response:\n"
 #: Tokens the rule appends after the encoded text: the end-of-sequence token.

@@ -1,7 +1,7 @@
 """Durable writes: temp object, ``fsync(file)``, ``rename``, ``fsync(directory)``.
 
 Seed 001 §II.G prescribes this sequence; every write of the checkpoint package
-goes through these helpers, which take the steps of :mod:`umlos_cuda.durable`
+goes through these helpers, which take the steps of :mod:`umlos_cuda.files.durable`
 (shared with the CLI's outputs) and add the store's policy: temp objects have
 fixed names (``<name>.tmp``) that recovery recognises, and every failure is
 ``CHECKPOINT_IO_ERROR`` naming the step. A rename is atomic on POSIX file
@@ -20,7 +20,8 @@ import shutil
 import stat
 from typing import Callable
 
-from .. import durable, errors
+from ..files import durable
+from .. import errors
 from ..errors import UmlosError
 
 #: Installed by crash tests only: called with the label of each commit step.

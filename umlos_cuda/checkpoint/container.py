@@ -39,7 +39,7 @@ import numpy as np
 from .. import errors
 from ..cursor import Cursor
 from ..hashing import cbor_canonical, hash_canonical, sha256
-from ..manifest import Manifest
+from ..manifest.core import Manifest
 from . import atomic, cbor_safe, extensions, limits, merkle, paths, schema, tensors
 from .codes import SERIALIZE, VALIDATE, error
 from .state import CheckpointState, RunIdentity, check_user_name, dataset_snapshot_id, plain

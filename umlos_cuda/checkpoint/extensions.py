@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .. import errors
-from ..manifest import Manifest
+from ..manifest.core import Manifest
 from . import paths, plugins
 from .codes import SERIALIZE, error
 from .tape import register_record_type

@@ -7,7 +7,7 @@ interpreter) learns of it through an *entry point* of the group
 :data:`GROUP`, declared by the package that ships the subsystem::
 
     [project.entry-points."umlos_cuda.checkpoint"]
-    batching = "umlos_cuda.batching.checkpoint_kinds"
+    batching = "umlos_cuda.batching.plans.checkpoint_kinds"
 
 The first time a reader meets a kind or record type no one registered, it
 imports every module the group names (once per process) and looks again.

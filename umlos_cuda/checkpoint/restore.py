@@ -39,7 +39,7 @@ import numpy as np
 
 from .. import errors
 from ..cursor import Cursor
-from ..manifest import Manifest
+from ..manifest.core import Manifest
 from . import paths, schema
 from .codes import RESTORE, error
 from .container import ContainerReader, TraceLink

@@ -21,7 +21,7 @@ from .. import __version__ as _version
 from .. import errors
 from ..cursor import Cursor
 from ..hashing import hash_canonical
-from ..manifest import Manifest
+from ..manifest.core import Manifest
 from ..sampler import resolve_sampler
 from . import limits, paths, schema
 from .codes import SERIALIZE, error

@@ -39,7 +39,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from .. import durable, errors
+from ..files import durable
+from .. import errors
 from ..errors import UmlosError
 from ..hashing import ZERO_HASH, cbor_canonical, sha256
 from . import atomic, cbor_safe, paths, plugins, tape_fast

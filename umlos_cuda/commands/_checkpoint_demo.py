@@ -39,7 +39,7 @@ from ..checkpoint.tape import iter_fields, read_tape
 from ..cursor import Cursor
 from ..errors import UmlosError
 from ..hashing import sha256
-from ..manifest import Manifest, as_manifest
+from ..manifest.core import Manifest, as_manifest
 from ..nextbatch import next_batch
 
 DEMO_TENANT = "umlos-demo"

@@ -1,7 +1,7 @@
 """What the commands that encode a JSONL dataset share: their arguments and
 their run with a progress line (``data lengths build``, ``data tokenize``).
 
-Both read the dataset the same way (umlos_cuda/batching/length_builder.py),
+Both read the dataset the same way (umlos_cuda/batching/lengths/builder.py),
 so they take the same options: the dataset, the tokenizer, one text field or
 a prompt and a response field, the id field, the end-of-sequence token, the
 chunk size, ``--force`` and ``--quiet``.
@@ -41,7 +41,7 @@ def add_dataset_arguments(parser, *, output_metavar: str, output_help: str, verb
 def run_with_progress(args, parser, label: str, build: Callable[..., Any]) -> tuple[Any, float]:
     """``build(dataset, tokenizer, output, **options)`` with a progress line
     on stderr; returns its result and the seconds it took."""
-    from ..progress import Progress
+    from ._progress import Progress
 
     if (args.prompt_field is None) != (args.response_field is None):
         parser.error("--prompt-field and --response-field go together")

@@ -11,7 +11,7 @@ manifest's own check).
 
 from __future__ import annotations
 
-from ..manifest import Manifest
+from ..manifest.core import Manifest
 from ..modes import DEFAULT_MODE, mode_names
 
 HELP = (f"the train order: {', '.join(mode_names())} (default: the manifest's data.sampling_mode, else {DEFAULT_MODE}; "

@@ -39,7 +39,7 @@ def register_actions(actions) -> None:
 
 
 def run_tokenize(args, parser) -> int:
-    from ..batching.token_writer import tokenize_dataset
+    from ..batching.tokens.writer import tokenize_dataset
 
     store, elapsed = run_with_progress(args, parser, f"tokenize {args.output}", tokenize_dataset)
     print(f"wrote token store {args.output}: {len(store)} samples, {store.num_tokens} tokens "
@@ -51,8 +51,8 @@ def run_tokenize(args, parser) -> int:
 
 
 def run_megatron(args) -> int:
-    from ..batching.fingerprints import tokenizer_fingerprint
-    from ..batching.megatron import UNKNOWN_TOKENIZER, MegatronDataset
+    from ..batching.lengths.fingerprints import tokenizer_fingerprint
+    from ..batching.tokens.megatron import UNKNOWN_TOKENIZER, MegatronDataset
 
     tokenizer_hash = tokenizer_fingerprint(args.tokenizer) if args.tokenizer else UNKNOWN_TOKENIZER
     dataset = MegatronDataset.open(args.prefix, tokenizer_hash=tokenizer_hash)

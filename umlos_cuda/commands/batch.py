@@ -98,8 +98,8 @@ def _separator_ids(args) -> tuple[int, ...]:
 
 
 def run_generate(args) -> int:
-    from ..batching.batch_writer import BatchWriter
-    from ..progress import Progress
+    from ..batching.batches.writer import BatchWriter
+    from ._progress import Progress
 
     started = time.perf_counter()
     writer = BatchWriter(args.plan, args.output, args.store, workers=args.workers, force=args.force,
@@ -117,8 +117,8 @@ def run_generate(args) -> int:
 
 
 def run_check(args) -> int:
-    from ..batching.batch_reader import BatchReader
-    from ..batching.buckets import config_error
+    from ..batching.batches.reader import BatchReader
+    from ..batching.plans.buckets import config_error
 
     reader = BatchReader(args.batches)
     if (args.rank is None) != (args.world_size is None):
@@ -133,7 +133,7 @@ def run_check(args) -> int:
 
 
 def run_fingerprint(args) -> int:
-    from ..atomic_file import check_output_path
+    from ..files.atomic import check_output_path
 
     if args.output:
         check_output_path(args.output, args.force)
@@ -146,7 +146,7 @@ def run_fingerprint(args) -> int:
 
 
 def run_verify(args) -> int:
-    from ..batching.batch_fingerprint import BatchFingerprint, compare_fingerprints
+    from ..batching.batches.fingerprint import BatchFingerprint, compare_fingerprints
 
     expected = args.expected_fingerprint
     if os.path.isfile(expected):
@@ -163,9 +163,9 @@ def run_verify(args) -> int:
 
 
 def _fingerprint(args, n_batches: int):
-    from ..batching.batch_fingerprint import fingerprint_plan
-    from ..batching.plan_io import load_plan
-    from ..batching.token_sources import open_token_source
+    from ..batching.batches.fingerprint import fingerprint_plan
+    from ..batching.plans.io import load_plan
+    from ..batching.tokens.sources import open_token_source
 
     plan = load_plan(args.plan)
     source = open_token_source(args.store, tokenizer_hash=plan.meta.tokenizer_hash)

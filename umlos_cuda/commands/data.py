@@ -63,7 +63,7 @@ def register(subparsers) -> None:
 
 
 def run_build(args, parser) -> int:
-    from ..batching.length_builder import build_lengths
+    from ..batching.lengths.builder import build_lengths
 
     cache, elapsed = run_with_progress(args, parser, f"lengths {args.output}", build_lengths)
     lengths = cache.lengths
@@ -76,8 +76,8 @@ def run_build(args, parser) -> int:
 
 
 def run_stats(args) -> int:
-    from ..batching.length_stats import optimal_bucket_choices, percentiles, power_of_two_histogram
-    from ..batching.lengths import LengthCache
+    from ..batching.lengths.stats import optimal_bucket_choices, percentiles, power_of_two_histogram
+    from ..batching.lengths.cache import LengthCache
 
     cache = LengthCache.load(args.lengths)
     lengths = cache.lengths

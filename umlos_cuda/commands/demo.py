@@ -22,9 +22,9 @@ from .. import errors
 from ..backends import AUTO_ORDER, available_backends, get_backend, to_numpy
 from ..cursor import Cursor
 from ..errors import UmlosError
-from ..manifest import Manifest
+from ..manifest.core import Manifest
 from ..nextbatch import epoch_indices, next_batch
-from ..progress import Progress
+from ._progress import Progress
 from ._sampling_mode import add_sampling_mode_argument, with_sampling_mode
 
 #: Positions timed per backend for the throughput column.

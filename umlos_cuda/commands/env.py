@@ -17,7 +17,8 @@ import sys
 from importlib import metadata
 from typing import Any
 
-from .. import __version__, device_info
+from .. import __version__
+from . import _device_info as device_info
 from ..distribution import core_requirements, requirement_name
 from ..backends import AUTO_ORDER, available_backends
 

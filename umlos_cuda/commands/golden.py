@@ -40,7 +40,7 @@ def register(subparsers) -> None:
 
 
 def run_verify(args) -> int:
-    from ..golden import verify
+    from ._golden_vectors import verify
 
     def progress(done: int, total: int, case_id: str, passed: bool) -> None:
         print(f"{'PASS' if passed else 'FAIL'} {case_id}  [{done}/{total}]", flush=True)

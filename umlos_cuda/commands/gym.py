@@ -85,15 +85,15 @@ def _address(parser) -> None:
 def run_serve(args) -> int:
     import asyncio
 
-    from ..streams.gym_server import serve
+    from ..streams.gym.server import serve
 
     asyncio.run(serve(args.host, args.port, args.port_file))
     return 0
 
 
 def run_info(args) -> int:
-    from ..streams.gym_server import server_version
-    from ..streams.telnet_client import TelnetGymClient
+    from ..streams.gym.server import server_version
+    from ..streams.gym.telnet_client import TelnetGymClient
 
     with TelnetGymClient(host=args.host, port=args.port, timeout=args.timeout) as client:
         games, difficulties = client.games(), client.difficulties()
@@ -114,9 +114,9 @@ def run_info(args) -> int:
 
 def run_run(args) -> int:
     from ..batching import BatchingConfig
-    from ..batching.plan_packing import PackConfig
-    from ..batching.fingerprints import tokenizer_fingerprint
-    from ..batching.tokenizer_files import load_tokenizer
+    from ..batching.plans.packing import PackConfig
+    from ..batching.lengths.fingerprints import tokenizer_fingerprint
+    from ..batching.lengths.tokenizer import load_tokenizer
     from ..streams import GymConfig, GymEpisodeStream, ReplayBuffer, RollingBatchPlanWindow, load_policies
     from ..streams.failures import failure
     from .. import errors

@@ -5,7 +5,7 @@ epoch's train sequence to a ``.npy`` file. Large windows are computed in
 chunks and written with ordinary ``write`` calls, so memory stays bounded, a
 progress line shows how far it got, and a full disk is an error message
 rather than the SIGBUS a memory-mapped file gets. Output files are written by
-``umlos_cuda.atomic_file``: only to a new name or (``--force``) an existing
+``umlos_cuda.files.atomic``: only to a new name or (``--force``) an existing
 regular file, appearing under their name only when complete.
 """
 
@@ -17,12 +17,12 @@ import sys
 
 import numpy as np
 
-from ..atomic_file import atomic_output, check_output_path
+from ..files.atomic import atomic_output, check_output_path
 from ..backends import BACKEND_NAMES, to_numpy
-from ..manifest import Manifest
+from ..manifest.core import Manifest
 from ..nextbatch import STAGES, epoch_indices, epoch_window, next_batch
 from ..presets import PRESETS
-from ..progress import Progress
+from ._progress import Progress
 from ._args import non_negative_int, positive_int
 from ._sampling_mode import add_sampling_mode_argument, with_sampling_mode
 

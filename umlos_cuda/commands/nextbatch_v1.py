@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import sys
 
-from ..atomic_file import check_output_path
+from ..files.atomic import check_output_path
 from ..backends import BACKEND_NAMES
-from ..manifest import Manifest
-from ..nextbatch_v1 import next_batch_v1
-from ..rng import STATE_FORMAT, RngStreams
+from ..manifest.core import Manifest
+from ..rng.nextbatch_v1 import next_batch_v1
+from ..rng.streams import STATE_FORMAT, RngStreams
 from ._args import non_negative_int, positive_int
 from .nextbatch import BACKEND_HELP, PREVIEW, write_npy
 

@@ -100,13 +100,13 @@ def register(subparsers) -> None:
 
 
 def run_build(args) -> int:
-    from ..batching.builder import BatchPlanBuilder
-    from ..batching.buckets import config_error
-    from ..batching.config import BatchingConfig
-    from ..batching.lengths import LengthCache
-    from ..batching.plan_io import check_output_dir
-    from ..batching.plan_packing import PackConfig
-    from ..progress import Progress
+    from ..batching.plans.builder import BatchPlanBuilder
+    from ..batching.plans.buckets import config_error
+    from ..batching.plans.config import BatchingConfig
+    from ..batching.lengths.cache import LengthCache
+    from ..batching.plans.io import check_output_dir
+    from ..batching.plans.packing import PackConfig
+    from ._progress import Progress
 
     pack = None
     if args.pack:
@@ -145,12 +145,12 @@ def run_build(args) -> int:
 
 
 def run_info(args) -> int:
-    from ..batching.plan_io import load_plan
-    from ..batching.sharding import check_rank, rank_shares
+    from ..batching.plans.io import load_plan
+    from ..batching.plans.sharding import check_rank, rank_shares
 
     plan = load_plan(args.plan)
     if args.rank is not None and args.world_size is None:
-        from ..batching.buckets import config_error
+        from ..batching.plans.buckets import config_error
 
         raise config_error("--rank needs --world-size")
     if args.world_size is not None:
@@ -199,8 +199,8 @@ def packing_line(packing: dict) -> str:
 
 
 def run_verify(args) -> int:
-    from ..batching.lengths import LengthCache
-    from ..batching.plan_verify import verify_plan
+    from ..batching.lengths.cache import LengthCache
+    from ..batching.plans.verify import verify_plan
 
     lengths = LengthCache.load(args.lengths) if args.lengths else None
     report = verify_plan(args.plan, expected_fingerprint=args.expected_fingerprint, lengths=lengths,
@@ -212,8 +212,8 @@ def run_verify(args) -> int:
 
 
 def run_shard(args) -> int:
-    from ..batching.plan_io import check_output_dir, load_plan, save_shards
-    from ..batching.sharding import check_rank
+    from ..batching.plans.io import check_output_dir, load_plan, save_shards
+    from ..batching.plans.sharding import check_rank
 
     check_rank(0, args.world_size)
     check_output_dir(args.output, args.force)  # fail before the work

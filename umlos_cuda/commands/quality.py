@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from ..atomic_file import check_output_path
+from ..files.atomic import check_output_path
 from ..backends import BACKEND_NAMES
 from ..quality import QualityConfig, candidates, class_sorted_labels, describe, format_table, load_labels, run_report
 from ..quality.figure import matplotlib_missing, write_png

@@ -31,10 +31,10 @@ import numpy as np
 
 from ..backends import BACKEND_NAMES, get_backend, to_numpy
 from ..epoch import build_plan_reference, epoch_seed
-from ..manifest import Manifest
+from ..manifest.core import Manifest
 from ..nextbatch import MODE_SHUFFLE, epoch_indices, sampler_config_hash
 from ..philox import PHILOX_KATS, philox4x32_10
-from ..progress import Progress
+from ._progress import Progress
 
 #: R9: the train ``sampler_config_hash`` for the default block size and drop_last = false.
 R9_SELF_CHECK = "fd98df5908735429e5bc7ee2e4bffd7a4d91987c51c80697f112512562ecd90b"

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from ..atomic_file import atomic_output
+from ..files.atomic import atomic_output
 from .report import QualityReport, Row
 from .statistics import JumpStatistics, random_jump_cdf
 
@@ -59,7 +59,7 @@ def render_png(report: QualityReport) -> bytes:
 
 
 def write_png(report: QualityReport, path: str | os.PathLike[str], *, force: bool = False) -> None:
-    """Render the figure and write it to ``path`` atomically (``umlos_cuda.atomic_file``'s rules)."""
+    """Render the figure and write it to ``path`` atomically (``umlos_cuda.files.atomic``'s rules)."""
     data = render_png(report)
     with atomic_output(path, force=force, size=len(data)) as handle:
         handle.write(data)

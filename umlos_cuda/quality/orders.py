@@ -25,7 +25,7 @@ import numpy as np
 from .. import errors
 from ..backends import AUTO_ORDER, Backend, get_backend, to_numpy
 from ..errors import QUALITY_OPERATOR, UmlosError
-from ..manifest import DEFAULT_BLOCK_SIZE, Manifest
+from ..manifest.core import DEFAULT_BLOCK_SIZE, Manifest
 from ..modes import DEFAULT_MODE, get_mode, mode_names
 from ..nextbatch import epoch_indices
 

@@ -6,25 +6,25 @@ Each job is one module; this package only re-exports. Importing it
 registers the ``plan_window`` checkpoint cursor kind.
 """
 
-from .buffer_rng import BufferRng, stream_manifest
-from .checkpoint_kind import WindowCheckpoint
-from .curriculum_metrics import plot_curriculum, window_metrics
-from .episodes import PuzzleEpisode, episode_samples, play_episode, puzzle_seed
-from .gym_stream import GymConfig, GymEpisodeStream
-from .mock import MockGymStream
+from .buffer.rng import BufferRng, stream_manifest
+from .window.checkpoint_kinds import WindowCheckpoint
+from .curriculum.metrics import plot_curriculum, window_metrics
+from .gym.episodes import PuzzleEpisode, episode_samples, play_episode, puzzle_seed
+from .gym.stream import GymConfig, GymEpisodeStream
+from .gym.mock import MockGymStream
 from .offline import AsyncOfflineDatasetStream, OfflineDatasetStream, TokenStoreStream
-from .policies import HintPolicy, RandomPolicy, hint_command, make_policy
-from .policy_config import load_policies, policies_from_data, policies_from_yaml
+from .gym.players import HintPolicy, RandomPolicy, hint_command, make_policy
+from .curriculum.config import load_policies, policies_from_data, policies_from_yaml
 from .protocols import AsyncSampleStream, Policy, PolicyContext, SampleStream
-from .replay import ReplayReport, replay_log
-from .replay_buffer import EvictionPolicy, ReplayBuffer
-from .sampling import (ComposedPolicy, DifficultyBucketPolicy, FailureReplayPolicy, LengthQuotaPolicy, NoveltyPolicy,
-                       SamplingPolicy)
-from .snapshot import BufferSnapshot
-from .telnet_client import GameInfo, PuzzleObservation, StepResult, TelnetClientConfig, TelnetGymClient
+from .window.replay import ReplayReport, replay_log
+from .buffer.replay_buffer import EvictionPolicy, ReplayBuffer
+from .curriculum.policies import (ComposedPolicy, DifficultyBucketPolicy, FailureReplayPolicy, LengthQuotaPolicy,
+                                  NoveltyPolicy, SamplingPolicy)
+from .buffer.snapshot import BufferSnapshot
+from .gym.telnet_client import GameInfo, PuzzleObservation, StepResult, TelnetClientConfig, TelnetGymClient
 from .types import StreamMetrics, StreamSample
-from .window import RollingBatchPlanWindow, Window
-from .window_log import WindowLog, read_log
+from .window.rolling import RollingBatchPlanWindow, Window
+from .window.log import WindowLog, read_log
 
 __all__ = [
     "AsyncOfflineDatasetStream", "AsyncSampleStream", "BufferRng", "BufferSnapshot", "ComposedPolicy",

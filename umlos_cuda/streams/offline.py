@@ -7,7 +7,7 @@ end-of-sequence token appended). Optional fields give the provenance that
 curricula read: ``difficulty_field`` (a name), ``game_field``. What comes
 out: :class:`~.types.StreamSample` objects in file order, ``seq`` the
 0-based line number, ``source`` ``offline:<file name>``. Records are read in
-chunks (``umlos_cuda.batching.dataset_jsonl``), so memory holds one chunk;
+chunks (``umlos_cuda.batching.lengths.jsonl``), so memory holds one chunk;
 bad lines raise the dataset codes of the batching package naming the line.
 """
 
@@ -18,10 +18,10 @@ import os
 from typing import Any, AsyncIterator, Iterator
 
 from .. import errors
-from ..batching.dataset_jsonl import read_chunks
+from ..batching.lengths.jsonl import read_chunks
 from ..batching.samples import Sample, SampleMeta
 from ..batching.templates import sft_sample
-from ..batching.tokenizer_files import load_tokenizer
+from ..batching.lengths.tokenizer import load_tokenizer
 from .failures import failure
 from .types import StreamSample, difficulty_rank
 
@@ -88,7 +88,7 @@ class TokenStoreStream:
     ``start`` onwards (a resume)."""
 
     def __init__(self, directory: str | os.PathLike[str], *, start: int = 0) -> None:
-        from ..batching.tokens import TokenStore
+        from ..batching.tokens.store import TokenStore
 
         self.store = directory if isinstance(directory, TokenStore) else TokenStore.open(directory)
         self.start = start

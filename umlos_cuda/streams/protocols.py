@@ -16,7 +16,7 @@ from typing import AsyncIterator, Callable, Iterator, Protocol, runtime_checkabl
 
 import numpy as np
 
-from .telnet_client import PuzzleObservation
+from .gym.telnet_client import PuzzleObservation
 from .types import StreamSample
 
 

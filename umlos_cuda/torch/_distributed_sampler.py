@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import errors
 from ..errors import UINT64_MAX
-from ..manifest import DEFAULT_BLOCK_SIZE, Manifest
+from ..manifest.core import DEFAULT_BLOCK_SIZE, Manifest
 from ._dist import argument_error, require_int, require_uint64, resolve_world, type_error
 from ._sampler_base import SamplerBase as _SamplerBase
 from ..modes import get_mode

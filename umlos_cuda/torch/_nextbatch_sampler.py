@@ -24,7 +24,7 @@ from .. import errors
 from ..backends import to_numpy
 from ..cursor import Cursor, as_cursor
 from ..errors import UmlosError
-from ..manifest import Manifest, as_manifest
+from ..manifest.core import Manifest, as_manifest
 from ..nextbatch import check_dataset_length, next_batch
 from ._dist import argument_error, as_argument_error, require_uint64, resolve_world
 from ._sampler_base import SamplerBase as _SamplerBase

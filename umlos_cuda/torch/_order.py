@@ -31,7 +31,7 @@ import numpy as np
 from .. import errors
 from ..backends import to_numpy
 from ..errors import UINT64_MAX
-from ..manifest import DEFAULT_BLOCK_SIZE, Manifest
+from ..manifest.core import DEFAULT_BLOCK_SIZE, Manifest
 from ..nextbatch import epoch_indices
 from ._dist import argument_error
 

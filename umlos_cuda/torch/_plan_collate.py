@@ -6,7 +6,7 @@ microbatch into a dict of int32 tensors with
 :func:`~umlos_cuda.batching.collate.collate_arrays`. With
 :class:`~umlos_cuda.torch.PlanBatchSampler` as ``batch_sampler``, each batch
 is one plan microbatch, padded as the plan says: the collator needs only
-the plan's :class:`~umlos_cuda.batching.config.BatchingConfig` (pad to the
+the plan's :class:`~umlos_cuda.batching.plans.config.BatchingConfig` (pad to the
 bucket of the microbatch, whose samples all share it, or to the longest),
 not the sampler's state, so it runs in worker processes, which take the
 dataset and collator by pickle: a token source pickles as its path and is
@@ -16,7 +16,7 @@ A packed plan's rows cannot be told from the samples alone, so
 :class:`PackedBatchSampler` wraps the sampler and hands out ``(row, k)``
 pairs, ``k`` the packed row of the sample within its microbatch; the
 collator lays each packed row out with
-:func:`~umlos_cuda.batching.packed_rows.pack_rows` and pads it to the
+:func:`~umlos_cuda.batching.packing.rows.pack_rows` and pads it to the
 plan's row length.
 """
 
@@ -42,7 +42,7 @@ class TokenDataset(_DatasetBase):  # type: ignore[misc,valid-type]
     """
 
     def __init__(self, store: Any, *, tokenizer_hash: str | None = None) -> None:
-        from ..batching.token_sources import open_token_source
+        from ..batching.tokens.sources import open_token_source
 
         self.source = open_token_source(store, tokenizer_hash=tokenizer_hash)
 
@@ -97,15 +97,15 @@ class PlanCollator:
     Returns ``{"input_ids", "labels", "loss_mask", "attention_mask",
     "segment_ids", "position_ids"}`` (int32 ``[rows, width]`` tensors) and
     ``"rows"`` (int64 dataset rows). ``plan``: a
-    :class:`~umlos_cuda.batching.plan.BatchPlan`, a plan folder or a
-    :class:`~umlos_cuda.batching.config.BatchingConfig`. For a packed plan,
+    :class:`~umlos_cuda.batching.plans.plan.BatchPlan`, a plan folder or a
+    :class:`~umlos_cuda.batching.plans.config.BatchingConfig`. For a packed plan,
     items carry their packed row (:class:`PackedBatchSampler`) and
     ``separator_ids`` are the plan's separator tokens.
     """
 
     def __init__(self, plan: Any, *, pad_id: int = 0, separator_ids=()) -> None:
-        from ..batching.config import BatchingConfig
-        from ..batching.plan import BatchPlan
+        from ..batching.plans.config import BatchingConfig
+        from ..batching.plans.plan import BatchPlan
 
         if isinstance(plan, BatchingConfig):
             self.config = plan
@@ -118,7 +118,7 @@ class PlanCollator:
 
     def width(self, longest: int) -> int:
         """The pad length of a microbatch whose longest sample has ``longest`` tokens."""
-        from ..batching.config import PadPolicy
+        from ..batching.plans.config import PadPolicy
 
         if self.config.pad_policy is not PadPolicy.PAD_TO_BUCKET:
             return longest
@@ -144,7 +144,7 @@ class PlanCollator:
 
     def _packed(self, items: list):
         from ..batching.collate import collate_arrays, collate_error
-        from ..batching.packed_rows import pack_rows
+        from ..batching.packing.rows import pack_rows
 
         if any(len(item) != 4 for item in items):
             raise collate_error("a packed plan's items carry their packed row: wrap the sampler in "

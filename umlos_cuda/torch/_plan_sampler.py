@@ -36,7 +36,7 @@ class PlanBatchSampler(_SamplerBase):  # type: ignore[misc,valid-type]
     """Batch sampler over a plan: ``DataLoader(ds, batch_sampler=PlanBatchSampler(plan))``.
 
     Args:
-        plan: a :class:`~umlos_cuda.batching.plan.BatchPlan` or a plan folder.
+        plan: a :class:`~umlos_cuda.batching.plans.plan.BatchPlan` or a plan folder.
             A pre-sharded plan (``umlos-cuda plan shard``) works at its own
             rank and world size only.
         rank, world_size: default: ``torch.distributed`` when initialised,
@@ -54,7 +54,7 @@ class PlanBatchSampler(_SamplerBase):  # type: ignore[misc,valid-type]
 
     def __init__(self, plan, rank: int | None = None, world_size: int | None = None, *,
                  epoch: int = 0, microbatch_index: int = 0) -> None:
-        from ..batching.plan import BatchPlan, check_cursor
+        from ..batching.plans.plan import BatchPlan, check_cursor
 
         try:
             if not isinstance(plan, BatchPlan):
@@ -166,7 +166,7 @@ class PlanBatchSampler(_SamplerBase):  # type: ignore[misc,valid-type]
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a cursor written at any world size; the plan must be the same
         (same fingerprint), else PLAN_FINGERPRINT_MISMATCH."""
-        from ..batching.plan import check_cursor
+        from ..batching.plans.plan import check_cursor
 
         if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
             raise argument_error(errors.PLAN_CURSOR_INVALID,

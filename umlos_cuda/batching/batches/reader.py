@@ -1,0 +1,176 @@
+"""Read a folder of batch files: by epoch, by index, by rank, and verified.
+
+What goes in: a folder that ``umlos-cuda batch generate``
+(:class:`~umlos_cuda.batching.batches.writer.BatchWriter`) finished. What
+comes out: each microbatch's arrays as a ``dict`` of NumPy arrays (the
+:class:`~umlos_cuda.batching.collate.CollatedBatch` fields plus
+``sample_ids``, ``rows``, ``bucket_id``, ``epoch``, ``index``, ``max_len``,
+``plan_fingerprint``, ``fingerprint``), in the plan's order.
+
+The reader needs nothing but the folder: the plan is its ``plan/``
+subfolder. Reading a file checks only that it is the one asked for (its
+``epoch`` and ``index``), so iteration costs about what ``numpy.load``
+costs; :meth:`BatchReader.verify` checks every file completely against the
+plan and the digests of ``batches.json``, and, given the token source,
+against a fresh collation (byte for byte).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ... import errors
+from ...errors import UmlosError
+from .npz import (FILES_FORMAT, INDEX_FILE, PLAN_FOLDER, batch_file_name, check_batch_file, file_arrays, file_error,
+                  npz_bytes, read_batch_file)
+from .fingerprint import BatchFingerprint
+from ...files.folders import read_json
+from ..plans.plan import BatchPlan, plan_error
+from ..plans.io import load_plan
+
+
+class BatchReader:
+    """``BatchReader(dir)``: the batch files of a finished folder.
+
+    Args:
+        directory: the folder ``batch generate`` wrote.
+        plan: the plan to read by (default: ``directory/plan``); a shard of
+            it reads only that rank's files (see :meth:`shard`).
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, plan: BatchPlan | None = None) -> None:
+        self.root = os.path.abspath(os.fspath(directory))
+        self.index = read_index(os.path.join(self.root, INDEX_FILE))
+        self.plan = plan if plan is not None else load_plan(os.path.join(self.root, PLAN_FOLDER))
+        if self.index["plan_fingerprint"] not in (self.plan.fingerprint, self.plan.meta.source_fingerprint):
+            raise file_error(f"{self.root} was written for plan {self.index['plan_fingerprint']}, not "
+                             f"{self.plan.fingerprint}")  # a shard of the folder's plan names it as its source
+        self.pad_id = self.index["pad_id"]
+        self.fingerprint = BatchFingerprint.from_json(self.index["batch_fingerprint"])
+        self._digests: dict[tuple[int, int], str] = {}
+        for row in self.index["epochs"]:
+            self._digests.update(((row["epoch"], i), d) for i, d in zip(row["indices"], row["digests"]))
+        positions = self.fingerprint.positions or ()
+        if len(positions) != len(self.fingerprint.digests) or \
+                any(self._digests.get(tuple(p)) != d for p, d in zip(positions, self.fingerprint.digests)):
+            raise file_error(f"{INDEX_FILE} in {self.root}: its batch fingerprint disagrees with its file digests")
+
+    def __repr__(self) -> str:
+        return f"BatchReader({self.root!r}, {len(self)} microbatches, {self.plan.num_epochs} epochs)"
+
+    def __len__(self) -> int:
+        return self.plan.total_microbatches
+
+    @property
+    def num_epochs(self) -> int:
+        return self.plan.num_epochs
+
+    @property
+    def plan_fingerprint(self) -> str:
+        return self.index["plan_fingerprint"]
+
+    def path(self, epoch: int, index: int) -> str:
+        return os.path.join(self.root, batch_file_name(epoch, index))
+
+    # ------------------------------------------------------------------ reading
+    def load(self, epoch: int, index: int) -> dict[str, np.ndarray]:
+        """Global microbatch ``index`` of ``epoch`` (random access)."""
+        self._local(epoch, index)
+        path = self.path(epoch, index)
+        arrays = read_batch_file(path)
+        if arrays["epoch"].shape != () or arrays["index"].shape != () or \
+                (int(arrays["epoch"]), int(arrays["index"])) != (int(epoch), int(index)):
+            raise file_error(f"{path} holds epoch {arrays['epoch']} microbatch {arrays['index']}, "
+                             f"not epoch {epoch} microbatch {index}")
+        return arrays
+
+    def __getitem__(self, key: tuple[int, int]) -> dict[str, np.ndarray]:
+        epoch, index = key
+        return self.load(epoch, index)
+
+    def iter_epoch(self, epoch: int) -> Iterator[dict[str, np.ndarray]]:
+        """The microbatches of ``epoch`` in order (this rank's, for a shard)."""
+        plan = self.plan.get_epoch(epoch)
+        for j in range(len(plan)):
+            yield self.load(epoch, plan.global_index(j))
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        for epoch in range(self.num_epochs):
+            yield from self.iter_epoch(epoch)
+
+    def shard(self, rank: int, world_size: int) -> "BatchReader":
+        """A reader of rank ``rank``'s files: global microbatch ``i`` of each
+        epoch goes to rank ``i % world_size`` (the plan's sharding)."""
+        return BatchReader(self.root, plan=self.plan.shard(rank, world_size))
+
+    def _local(self, epoch: int, index: int) -> int:
+        plan = self.plan.get_epoch(epoch)
+        local = plan.local_index(index) if isinstance(index, (int, np.integer)) and not isinstance(index, bool) else None
+        if local is None or not 0 <= local < len(plan):
+            raise plan_error(errors.PLAN_CURSOR_INVALID, f"microbatch {index!r} is not one of epoch {epoch} "
+                             f"of this {'shard' if self.plan.meta.shard else 'plan'}")
+        return local
+
+    # ------------------------------------------------------------------ checks
+    def verify(self, store: Any = None, *, progress: Callable[[int, int], None] | None = None) -> dict:
+        """Check every file of the plan (of the shard): it loads, it is its
+        plan microbatch's (epoch, index, rows, ids, bucket, pad length), its
+        arrays are consistent, its digest is the one ``batches.json``
+        records; with ``store`` (the token source), its bytes are exactly
+        those a fresh collation gives. BATCH_FILE_INVALID names the first
+        file that fails."""
+        from ..collate import collate_microbatch
+        from ..tokens.sources import check_source_matches_plan, open_token_source
+
+        source = None
+        if store is not None:
+            source = open_token_source(store, tokenizer_hash=self.plan.meta.tokenizer_hash)
+            check_source_matches_plan(source, self.plan)
+        total, done = len(self), 0
+        for epoch in range(self.num_epochs):
+            for microbatch in self.plan.iter_epoch(epoch):
+                path = self.path(epoch, microbatch.index)
+                arrays = read_batch_file(path)
+                check_batch_file(path, arrays, epoch, microbatch, self.plan_fingerprint,
+                                 self._digests.get((epoch, microbatch.index)), pad_id=self.pad_id)
+                if source is not None:
+                    batch = collate_microbatch(source, microbatch, pad_id=self.pad_id,
+                                               separator_ids=self.index.get("separator_ids") or ())
+                    with open(path, "rb") as handle:
+                        if handle.read() != npz_bytes(file_arrays(epoch, microbatch, batch, self.plan_fingerprint)):
+                            raise file_error(f"{path} differs from what the token store collates for epoch {epoch} "
+                                             f"microbatch {microbatch.index}")
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+        return {"files": done, "plan_fingerprint": self.plan_fingerprint,
+                "batch_fingerprint": self.fingerprint.fingerprint, "against_store": source is not None}
+
+
+def read_index(path: str, *, require_complete: bool = True) -> dict:
+    """batches.json: BATCH_FILES_NOT_FOUND when missing or unfinished, BATCH_FILE_INVALID when malformed."""
+    folder = os.path.dirname(path)
+    try:
+        data = read_json(path, file_error)
+    except FileNotFoundError:
+        raise _not_found(f"no batch files at {folder}: {path} does not exist (write them with "
+                         "`umlos-cuda batch generate`)") from None
+    if not isinstance(data, dict) or data.get("format") != FILES_FORMAT:
+        raise file_error(f"{path} is not a batch folder index (format {FILES_FORMAT!r})")
+    if require_complete:
+        if data.get("complete") is not True:
+            raise _not_found(f"the batch files in {folder} are unfinished: writing stopped before the end (run "
+                             "`umlos-cuda batch generate` again with the same arguments to finish)")
+        epochs = data.get("epochs")
+        if not isinstance(epochs, list) or not all(isinstance(e, dict) and {"epoch", "indices", "digests"} <= set(e)
+                                                   and len(e["indices"]) == len(e["digests"]) for e in epochs) \
+                or not isinstance(data.get("batch_fingerprint"), dict):
+            raise file_error(f"{path} lacks the per-epoch digests or the batch fingerprint of a finished folder")
+    return data
+
+
+def _not_found(message: str) -> UmlosError:
+    return UmlosError(errors.BATCH_FILES_NOT_FOUND, message, operator=errors.BATCHING_OPERATOR)

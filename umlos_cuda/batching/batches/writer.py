@@ -1,0 +1,236 @@
+"""Write a plan's microbatches as batch files (``umlos-cuda batch generate``).
+
+What goes in: a batch plan, the token source it was built from (a token
+store or a Megatron dataset; BATCH_STORE_MISMATCH otherwise) and an output
+folder. What comes out: the folder of umlos_cuda/batching/batches/npz.py,
+one ``.npz`` per microbatch of every epoch, and a report of what was done.
+
+A packed plan's microbatches are collated row by packed row
+(:func:`~umlos_cuda.batching.collate.collate_microbatch`).
+
+Parallel: microbatches are collated, encoded and written by a pool of
+threads (collation and hashing are NumPy and ``hashlib`` work that releases
+the GIL on large buffers, and writing is I/O), a bounded number in flight.
+
+Atomic per file, resumable: each file is written to a hidden temp name,
+fsynced and renamed, so a crash or a kill leaves only finished files (and
+temp files, removed on the next run). ``batches.json`` is written first,
+marked unfinished, with what the files are made from (plan fingerprint,
+tokenizer, lengths, pad and separator ids); a later run into the same folder checks that it
+is the same job (BATCH_OUTPUT_MISMATCH otherwise, unless ``force``, which
+starts over), keeps every finished file whose bytes are exactly those it
+would write (the files are deterministic, so this verifies each one
+completely), rewrites any other, and writes the missing ones. The last step
+marks ``batches.json`` finished, with every file's digest and the batch
+fingerprint of the first microbatches; only then does a
+:class:`~umlos_cuda.batching.batches.reader.BatchReader` open the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ... import errors
+from ...files.atomic import atomic_output
+from ...errors import UmlosError
+from .npz import FILES_FORMAT, INDEX_FILE, PLAN_FOLDER, batch_file_name, file_arrays, npz_bytes
+from .fingerprint import DEFAULT_N_BATCHES, BatchFingerprint, combine_digests
+from ..collate import collate_microbatch, plan_separator_ids
+from ..plans.plan import BatchPlan
+from ..plans.io import load_plan
+from ..tokens.sources import check_source_matches_plan, open_token_source
+
+#: The fields of batches.json that say what the files are made from.
+IDENTITY = ("format", "plan_fingerprint", "tokenizer_hash", "lengths_sha256", "pad_id", "separator_ids")
+_OUR_FILES = re.compile(r"^(\.tmp-[0-9a-f]{8}-)?epoch_\d+_batch_\d+\.npz$")
+#: The index's temp file, which a run killed while writing it leaves behind.
+_INDEX_TEMP = re.compile(r"^\.tmp-[0-9a-f]{8}-batches\.json$")
+
+
+@dataclass(frozen=True)
+class BatchWriteReport:
+    """What :meth:`BatchWriter.write_all` did: ``written`` new files, ``kept``
+    finished files found byte-identical, ``rewritten`` files found different
+    and replaced; ``fingerprint`` of the first microbatches."""
+
+    files: int
+    written: int
+    kept: int
+    rewritten: int
+    fingerprint: BatchFingerprint
+
+
+class BatchWriter:
+    """``BatchWriter(plan, output_dir, store).write_all()``.
+
+    Args:
+        plan: a :class:`BatchPlan` or a plan folder.
+        output_dir: the batch folder (created; its parent must exist).
+        store: the token source: a token store, a Megatron dataset, or a path to one.
+        pad_id: the token id at padding.
+        separator_ids: for a plan packed with separators, the token ids put
+            between a row's samples (exactly ``separator_len`` of them).
+        workers: threads (default: the CPU count, at most 8).
+        force: replace an existing batch folder of another job instead of refusing.
+        n_batches: microbatches the batch fingerprint covers (default 100).
+    """
+
+    def __init__(self, plan: BatchPlan | str | os.PathLike[str], output_dir: str | os.PathLike[str], store: Any, *,
+                 pad_id: int = 0, separator_ids=(), workers: int | None = None, force: bool = False,
+                 n_batches: int = DEFAULT_N_BATCHES) -> None:
+        self.plan = plan if isinstance(plan, BatchPlan) else load_plan(plan)
+        self.separator_ids = plan_separator_ids(self.plan, separator_ids)
+        self.source = open_token_source(store, tokenizer_hash=self.plan.meta.tokenizer_hash)
+        check_source_matches_plan(self.source, self.plan)
+        self.output = os.path.abspath(os.fspath(output_dir))
+        self.pad_id = pad_id
+        self.workers = workers or min(8, os.cpu_count() or 1)
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"workers must be a positive integer, got {workers!r}",
+                             operator=errors.BATCHING_OPERATOR)
+        self.force = force
+        self.n_batches = n_batches
+
+    def identity(self) -> dict:
+        """What the files are made from (the fields a resumed run must match)."""
+        return {"format": FILES_FORMAT, "plan_fingerprint": self.plan.fingerprint,
+                "tokenizer_hash": self.plan.meta.tokenizer_hash, "lengths_sha256": self.plan.meta.lengths_sha256,
+                "pad_id": self.pad_id, "separator_ids": list(self.separator_ids)}
+
+    def write_all(self, progress: Callable[[int, int], None] | None = None) -> BatchWriteReport:
+        """Write (or keep, after verifying) every microbatch's file; ``progress(done, total)`` as files finish."""
+        self._prepare()
+        total = self.plan.total_microbatches
+        digests: dict[tuple[int, int], str] = {}
+        counts = {"written": 0, "kept": 0, "rewritten": 0}
+        window = 4 * self.workers
+        with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="umlos-batches") as pool:
+            pending: set = set()
+            try:
+                for epoch, index, microbatch in self.plan.iter_from(0, 0):
+                    if len(pending) >= window:
+                        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                        self._collect(done, digests, counts, progress, total)
+                    pending.add(pool.submit(self._one, epoch, microbatch))
+                done, _ = wait(pending)
+                self._collect(done, digests, counts, progress, total)
+            except BaseException:
+                for future in pending:
+                    future.cancel()
+                raise
+        fingerprint = self._finish(digests)
+        return BatchWriteReport(total, counts["written"], counts["kept"], counts["rewritten"], fingerprint)
+
+    # ------------------------------------------------------------------ steps
+    def _prepare(self) -> None:
+        out = self.output
+        parent = os.path.dirname(out)
+        if not os.path.isdir(parent):
+            raise UmlosError(errors.OUTPUT_PATH_INVALID, f"cannot write batch files to {out}: folder {parent} does "
+                             "not exist", operator=errors.BATCHING_OPERATOR)
+        if os.path.lexists(out) and not os.path.isdir(out):
+            raise UmlosError(errors.OUTPUT_PATH_INVALID, f"{out} exists and is not a folder; batch files go in a folder",
+                             operator=errors.BATCHING_OPERATOR)
+        os.makedirs(out, exist_ok=True)
+        index = os.path.join(out, INDEX_FILE)
+        if os.path.exists(index):
+            if self.force or _read_identity(index) != self.identity():
+                if not self.force:
+                    raise _mismatch(f"{out} holds batch files of another job ({INDEX_FILE} differs in "
+                                    f"{_differences(_read_identity(index), self.identity())}); pass --force to replace "
+                                    "them, or write to another folder")
+                _clear(out)
+        elif any(not _INDEX_TEMP.match(name) for name in os.listdir(out)):
+            raise _mismatch(f"{out} is a non-empty folder without {INDEX_FILE}: not a batch folder, so nothing in it is "
+                            "replaced; write to a new or empty folder")
+        _write_index(index, {**self.identity(), "complete": False})  # unreadable until every file is checked
+        for name in os.listdir(out):  # what a killed run left half-written
+            if (name.startswith(".tmp-") and _OUR_FILES.match(name)) or _INDEX_TEMP.match(name):
+                os.unlink(os.path.join(out, name))
+            elif name.startswith(f".tmp-{PLAN_FOLDER}-") or name.startswith(f".old-{PLAN_FOLDER}-"):
+                shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+        plan_dir = os.path.join(out, PLAN_FOLDER)
+        if os.path.exists(os.path.join(plan_dir, "meta.json")):
+            if load_plan(plan_dir).fingerprint != self.plan.fingerprint:
+                raise _mismatch(f"{plan_dir} holds another plan than {self.plan.fingerprint}")
+        else:
+            self.plan.save(plan_dir, force=os.path.exists(plan_dir))
+
+    def _one(self, epoch: int, microbatch) -> tuple[int, int, str, str]:
+        batch = collate_microbatch(self.source, microbatch, pad_id=self.pad_id, separator_ids=self.separator_ids)
+        arrays = file_arrays(epoch, microbatch, batch, self.plan.fingerprint)
+        data = npz_bytes(arrays)
+        path = os.path.join(self.output, batch_file_name(epoch, microbatch.index))
+        status = "written"
+        if os.path.exists(path):
+            with open(path, "rb") as handle:
+                if handle.read() == data:
+                    return epoch, microbatch.index, arrays["fingerprint"].item(), "kept"
+            status = "rewritten"
+        with atomic_output(path, force=True) as handle:
+            handle.write(data)
+        return epoch, microbatch.index, arrays["fingerprint"].item(), status
+
+    def _collect(self, done, digests: dict, counts: dict, progress, total: int) -> None:
+        for future in done:
+            epoch, index, digest, status = future.result()
+            digests[(epoch, index)] = digest
+            counts[status] += 1
+        if progress is not None:
+            progress(len(digests), total)
+
+    def _finish(self, digests: dict[tuple[int, int], str]) -> BatchFingerprint:
+        order = [(epoch.epoch, epoch.global_index(j)) for epoch in self.plan.epochs for j in range(len(epoch))]
+        first = order[:self.n_batches]
+        fingerprint = BatchFingerprint(combine_digests(digests[p] for p in first), self.n_batches,
+                                       tuple(digests[p] for p in first), tuple(first), self.plan.fingerprint)
+        epochs = []
+        for epoch in self.plan.epochs:
+            indices = [epoch.global_index(j) for j in range(len(epoch))]
+            epochs.append({"epoch": epoch.epoch, "indices": indices,
+                           "digests": [digests[(epoch.epoch, i)] for i in indices]})
+        _write_index(os.path.join(self.output, INDEX_FILE), {**self.identity(), "complete": True, "epochs": epochs,
+                                                             "batch_fingerprint": fingerprint.to_json()})
+        return fingerprint
+
+
+def write_batches(plan, output_dir, store, **kwargs) -> BatchWriteReport:
+    """``BatchWriter(plan, output_dir, store, **kwargs).write_all()``; ``progress`` goes to ``write_all``."""
+    progress = kwargs.pop("progress", None)
+    return BatchWriter(plan, output_dir, store, **kwargs).write_all(progress)
+
+
+def _read_identity(path: str) -> dict:
+    from .reader import read_index
+
+    data = read_index(path, require_complete=False)
+    return {key: data.get(key) for key in IDENTITY}
+
+
+def _differences(a: dict, b: dict) -> str:
+    return ", ".join(key for key in IDENTITY if a.get(key) != b.get(key)) or "nothing"
+
+
+def _clear(out: str) -> None:
+    """Remove a batch folder's own files (never anything else in it)."""
+    for name in os.listdir(out):
+        path = os.path.join(out, name)
+        if _OUR_FILES.match(name) or name == INDEX_FILE:
+            os.unlink(path)
+        elif name == PLAN_FOLDER and os.path.isdir(path):
+            shutil.rmtree(path)
+
+
+def _write_index(path: str, data: dict) -> None:
+    with atomic_output(path, force=True) as handle:
+        handle.write((json.dumps(data, separators=(",", ":")) + "\n").encode("ascii"))
+
+
+def _mismatch(message: str) -> UmlosError:
+    return UmlosError(errors.BATCH_OUTPUT_MISMATCH, message, operator=errors.BATCHING_OPERATOR)

@@ -1,0 +1,179 @@
+"""Build a length cache from a JSONL dataset and a tokenizer.
+
+What goes in: the dataset, a tokenizer and what to count: one text field, or
+a prompt and a response field put through the instruction template
+(umlos_cuda/batching/templates.py, end-of-sequence token included). What
+comes out: ``lengths.jsonl`` and its sidecar (umlos_cuda/batching/lengths/cache.py),
+in dataset order, and the :class:`~umlos_cuda.batching.lengths.LengthCache`.
+
+The file is streamed in chunks (:class:`DatasetEncoding`, which the token
+store of umlos_cuda/batching/tokens/store.py reads through as well): while the
+tokenizer encodes one chunk on every core (``encode_batch_fast`` runs in
+Rust, outside the GIL), this thread parses the next, so memory holds two
+chunks plus 12 bytes a sample (the length, and a 64-bit hash of the id to
+find a repeated id at the end; a repeat raises DATASET_RECORD_INVALID naming
+both lines, and nothing is written). The dataset's fingerprint is computed
+from the same bytes.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator, TypeVar
+
+import numpy as np
+
+from ... import errors
+from ...files.atomic import check_output_path
+from ...errors import UmlosError
+from .jsonl import DEFAULT_ID_FIELD, RecordChunk, invalid_record, read_chunks, require_dataset_file
+from .fingerprints import dataset_digest, tokenizer_fingerprint
+from .cache import LengthCache, LengthCacheWriter, sidecar_path
+from ..templates import sft_length, sft_prompt, sft_text
+from .tokenizer import load_tokenizer
+
+DEFAULT_TEXT_FIELD = "text"
+DEFAULT_CHUNK = 4096
+T = TypeVar("T")
+
+
+class DatasetEncoding:
+    """A JSONL dataset opened for encoding with a tokenizer, chunk by chunk.
+
+    What to encode: ``text_field`` (default ``"text"``), or ``prompt_field``
+    and ``response_field`` through the instruction template, whose
+    end-of-sequence token (``eos_id``) is appended after the encoded text.
+    :meth:`stream` hands each chunk to a function run in a worker thread
+    while the next chunk is read; :meth:`finish` then refuses repeated ids
+    and returns the dataset fingerprint of the bytes read.
+    """
+
+    def __init__(self, dataset: str | os.PathLike[str], tokenizer: Any, *, text_field: str | None = None,
+                 prompt_field: str | None = None, response_field: str | None = None,
+                 id_field: str = DEFAULT_ID_FIELD, eos_token: str | None = None,
+                 outputs: tuple[str | os.PathLike[str], ...] = (), force: bool = False) -> None:
+        self.fields, self.to_text, self.appended = _mode(text_field, prompt_field, response_field)
+        self.dataset = require_dataset_file(dataset)
+        for output in outputs:  # checked before the tokenizer loads: a wrong path fails at once
+            check_output_path(output, force)
+        self.loaded = load_tokenizer(tokenizer)
+        self.eos_id = self.loaded.eos_token_id(eos_token) if self.appended else None  # the template appends it
+        self.tokenizer_hash = tokenizer_fingerprint(self.loaded)
+        self.encoder = self.loaded.tokenizer
+        if self.encoder.padding is not None:  # padding would make a length depend on its chunk
+            from tokenizers import Tokenizer
+
+            self.encoder = Tokenizer.from_str(self.encoder.to_str())
+            self.encoder.no_padding()
+        self.id_field = id_field
+        self.total_bytes = os.path.getsize(self.dataset)
+        self._digest = dataset_digest(self.tokenizer_hash)
+        self._id_hashes: list[np.ndarray] = []
+
+    @property
+    def is_template(self) -> bool:
+        """True for prompt/response records (the instruction template)."""
+        return bool(self.appended)
+
+    def texts(self, chunk: RecordChunk) -> list[str]:
+        """The text each record of ``chunk`` is encoded from."""
+        return self.to_text(chunk.values)
+
+    def prompts(self, chunk: RecordChunk) -> list[str]:
+        """The prompt part of each record's template text (the loss-masked tokens)."""
+        return list(map(sft_prompt, chunk.values[0]))
+
+    def encode(self, texts: list[str], chunk: RecordChunk) -> list:
+        """``encode_batch_fast`` with the special tokens; a tokenizer that
+        fails (an error, or a Rust panic) raises TOKENIZER_INVALID naming the
+        chunk's lines."""
+        try:
+            return self.encoder.encode_batch_fast(texts, add_special_tokens=True)
+        except BaseException as exc:  # a Rust panic arrives as pyo3's PanicException, a BaseException
+            if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+                raise
+            last = chunk.first_line + len(chunk.sample_ids)
+            raise UmlosError(errors.TOKENIZER_INVALID, f"the tokenizer failed on lines {chunk.first_line + 1}-{last} "
+                             f"of {self.dataset}: {str(exc).strip() or type(exc).__name__}",
+                             operator=errors.BATCHING_OPERATOR) from exc
+
+    def lengths(self, chunk: RecordChunk) -> list[int]:
+        """The token count of each record of ``chunk`` (what the length cache holds)."""
+        return [len(encoding) + self.appended for encoding in self.encode(self.texts(chunk), chunk)]
+
+    def stream(self, work: Callable[[RecordChunk], T], chunk_size: int = DEFAULT_CHUNK) -> Iterator[tuple[RecordChunk, T]]:
+        """Yield ``(chunk, work(chunk))`` in file order; ``work`` runs in a
+        worker thread while this one reads and checks the next chunk."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="umlos-encode") as pool:
+            pending = None
+            for chunk in read_chunks(self.dataset, self.fields, id_field=self.id_field, chunk_size=chunk_size,
+                                     digest=self._digest):
+                future = pool.submit(work, chunk)
+                self._id_hashes.append(np.fromiter(map(hash, chunk.sample_ids), dtype=np.int64,
+                                                   count=len(chunk.sample_ids)))
+                if pending is not None:
+                    yield pending[0], pending[1].result()
+                pending = (chunk, future)
+            yield pending[0], pending[1].result()
+
+    def finish(self, ids_are_line_numbers: bool) -> str:
+        """After the stream: refuse repeated ids (DATASET_RECORD_INVALID naming
+        both lines) and return the dataset fingerprint."""
+        if not ids_are_line_numbers:
+            _refuse_repeated_ids(self.dataset, self.id_field, np.concatenate(self._id_hashes))
+        return self._digest.hexdigest()
+
+
+def build_lengths(dataset: str | os.PathLike[str], tokenizer: Any, output: str | os.PathLike[str], *,
+                  text_field: str | None = None, prompt_field: str | None = None,
+                  response_field: str | None = None, id_field: str = DEFAULT_ID_FIELD,
+                  eos_token: str | None = None, force: bool = False, chunk_size: int = DEFAULT_CHUNK,
+                  progress: Callable[[int, int], None] | None = None) -> LengthCache:
+    """Count every record's tokens and write the length cache at ``output``.
+
+    Give ``text_field`` (default ``"text"``) or both ``prompt_field`` and
+    ``response_field``. ``progress(bytes_read, bytes_total)`` is called
+    after each chunk. Output paths are checked before any work.
+    """
+    source = DatasetEncoding(dataset, tokenizer, text_field=text_field, prompt_field=prompt_field,
+                             response_field=response_field, id_field=id_field, eos_token=eos_token,
+                             outputs=(output, sidecar_path(output)), force=force)
+    with LengthCacheWriter(output, source.tokenizer_hash, force=force) as writer:
+        for chunk, lengths in source.stream(source.lengths, chunk_size):
+            writer.add(chunk.sample_ids, lengths)
+            if progress is not None:
+                progress(chunk.bytes_read, source.total_bytes)
+        writer.dataset_hash = source.finish(writer.ids_are_line_numbers)
+    return writer.cache()
+
+
+def _mode(text_field, prompt_field, response_field) -> tuple[tuple[str, ...], Callable, int]:
+    """The fields to read, how they become the encoded text, and the tokens
+    appended after it."""
+    if prompt_field is None and response_field is None:
+        field = DEFAULT_TEXT_FIELD if text_field is None else text_field
+        return (field,), lambda values: values[0], 0
+    if text_field is not None or prompt_field is None or response_field is None:
+        raise UmlosError(errors.LENGTHS_INVALID, "count either one text field, or a prompt field and a response "
+                         f"field together; got text_field={text_field!r}, prompt_field={prompt_field!r}, "
+                         f"response_field={response_field!r}", operator=errors.BATCHING_OPERATOR)
+    return (prompt_field, response_field), lambda values: list(map(sft_text, *values)), sft_length(0)
+
+
+def _refuse_repeated_ids(dataset: str, id_field: str, hashes: np.ndarray) -> None:
+    """Raise when two records share an id. The hashes only nominate
+    candidates (64 bits may collide); a second pass over the ids decides."""
+    ordered = np.sort(hashes)
+    candidates = set(ordered[1:][ordered[1:] == ordered[:-1]].tolist())
+    if not candidates:
+        return
+    first_line: dict[str, int] = {}
+    for chunk in read_chunks(dataset, (), id_field=id_field):
+        for line, sample_id in enumerate(chunk.sample_ids, chunk.first_line):
+            if hash(sample_id) not in candidates:
+                continue
+            if sample_id in first_line:
+                raise invalid_record(dataset, line, f"repeats the id {sample_id!r} of line {first_line[sample_id] + 1}"
+                                     "; ids must be unique (records without an id get their 0-based line number)")
+            first_line[sample_id] = line

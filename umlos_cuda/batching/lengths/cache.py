@@ -1,0 +1,421 @@
+"""The length cache: one token count per sample, in dataset order.
+
+What goes in: sample ids, lengths and the fingerprint of the tokenizer that
+counted them. What comes out: two files written atomically side by side,
+
+* ``lengths.jsonl``, the interchange format, one row per sample::
+
+      {"sample_id": "train_00001", "tokenizer_hash": "ab12...", "length": 247}
+
+* ``lengths.jsonl.u32``, a binary sidecar for fast loading: the same lengths
+  as little-endian uint32 after a small JSON header that binds them to the
+  JSONL (row count, tokenizer hash, size and SHA-256 of the JSONL bytes,
+  SHA-256 of the length bytes). docs/batching.md, "Length cache files",
+  gives the byte layout.
+
+The JSONL is the source of truth; the sidecar only saves parsing it. So
+:meth:`LengthCache.load` uses the sidecar when it is present and agrees with
+the JSONL, and otherwise parses the JSONL (``sidecar="require"`` makes a
+missing or stale sidecar an error instead). Lengths live in one NumPy array
+(4 bytes a sample); the ids, which cost a Python string each, are read from
+the JSONL only when asked for, and not at all when they are the line numbers
+``"0"``, ``"1"``, ... .
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import struct
+import warnings
+from json.encoder import encode_basestring_ascii
+from typing import BinaryIO, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from ... import errors
+from ...files.atomic import atomic_output, check_output_path
+from ...errors import UINT32_MAX, UmlosError
+from .fingerprints import feed_file
+
+#: Suffix of the binary sidecar, appended to the JSONL's name.
+SIDECAR_SUFFIX = ".u32"
+SIDECAR_MAGIC = b"UMLOSLEN"
+SIDECAR_VERSION = 1
+#: The length bytes start at a multiple of this, so the array maps aligned.
+SIDECAR_ALIGN = 16
+SIDECAR_MODES = ("auto", "require", "ignore")
+
+
+def sidecar_path(path: str | os.PathLike[str]) -> str:
+    """The sidecar that belongs to the JSONL at ``path``."""
+    return os.fspath(path) + SIDECAR_SUFFIX
+
+
+class LengthCache:
+    """Token lengths of a dataset's samples, in dataset order.
+
+    ``lengths`` is a read-only ``uint32`` array; ``sample_ids[i]`` names the
+    sample of ``lengths[i]``; ``tokenizer_hash`` is the
+    :func:`~umlos_cuda.batching.lengths.fingerprints.tokenizer_fingerprint` of the
+    tokenizer that counted them. ``dataset_hash`` is the
+    :func:`~umlos_cuda.batching.lengths.fingerprints.dataset_fingerprint` when the
+    cache was built from a dataset and loaded with its sidecar, else None.
+    """
+
+    __slots__ = ("lengths", "tokenizer_hash", "dataset_hash", "ids_are_line_numbers", "_sample_ids", "_ids_source")
+
+    def __init__(self, lengths: np.ndarray, tokenizer_hash: str, *, sample_ids: list[str] | None = None,
+                 ids_are_line_numbers: bool = False, ids_source: str | None = None,
+                 dataset_hash: str | None = None) -> None:
+        # Internal: use from_arrays() or load(), which validate.
+        self.lengths = lengths
+        self.tokenizer_hash = tokenizer_hash
+        self.dataset_hash = dataset_hash
+        self.ids_are_line_numbers = ids_are_line_numbers
+        self._sample_ids = sample_ids
+        self._ids_source = ids_source
+
+    # ------------------------------------------------------------------ access
+    def __len__(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def __repr__(self) -> str:
+        return f"LengthCache({len(self)} samples, tokenizer_hash={self.tokenizer_hash[:12]}...)"
+
+    @property
+    def sample_ids(self) -> list[str]:
+        """The ids, read on first use (from the JSONL, or made from line numbers)."""
+        if self._sample_ids is None:
+            if self.ids_are_line_numbers:
+                self._sample_ids = [str(i) for i in range(len(self))]
+            else:
+                ids, lengths, _ = _parse_jsonl(self._ids_source)
+                if not np.array_equal(lengths, self.lengths):  # the JSONL changed since load()
+                    raise UmlosError(errors.LENGTHS_SIDECAR_MISMATCH,
+                                     f"{self._ids_source} changed after it was loaded; load it again",
+                                     operator=errors.BATCHING_OPERATOR)
+                self._sample_ids = ids
+        return self._sample_ids
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_arrays(cls, sample_ids: Sequence[str] | None, lengths: Iterable[int] | np.ndarray,
+                    tokenizer_hash: str, *, dataset_hash: str | None = None) -> "LengthCache":
+        """A cache from ids and lengths in dataset order.
+
+        ``sample_ids=None`` means the line numbers ``"0"``, ``"1"``, ...
+        (what ``data lengths build`` writes for records without ``id``),
+        without making N strings. Ids must be distinct strings, lengths
+        integers in [0, 2^32 - 1], and there must be at least one sample.
+        """
+        _check_hash(tokenizer_hash, "tokenizer_hash")
+        if dataset_hash is not None:
+            _check_hash(dataset_hash, "dataset_hash")
+        array = _as_lengths(lengths)
+        ids = None
+        if sample_ids is not None:
+            ids = list(sample_ids)
+            if len(ids) != array.shape[0]:
+                raise _invalid(f"{len(ids)} sample ids but {array.shape[0]} lengths; give one id per length")
+            for position, sample_id in enumerate(ids):
+                if not isinstance(sample_id, str):
+                    raise _invalid(f"sample id #{position} is {type(sample_id).__name__} {sample_id!r}; ids are strings")
+            _check_unique(ids, "sample ids")
+        array.flags.writeable = False
+        return cls(array, tokenizer_hash, sample_ids=ids, ids_are_line_numbers=ids is None, dataset_hash=dataset_hash)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, sidecar: str = "auto") -> "LengthCache":
+        """Read the cache at ``path`` (the JSONL).
+
+        ``sidecar``: ``"auto"`` (default) reads the lengths from the sidecar
+        when it exists and matches the JSONL (its size and SHA-256 are
+        checked, which reads the JSONL once but parses nothing), otherwise
+        parses the JSONL, with a warning when a sidecar was there but stale;
+        ``"require"`` raises LENGTHS_SIDECAR_MISMATCH instead of parsing;
+        ``"ignore"`` always parses.
+        """
+        path = os.fspath(path)
+        if sidecar not in SIDECAR_MODES:
+            raise _invalid(f"sidecar must be one of {', '.join(SIDECAR_MODES)}, got {sidecar!r}")
+        _require_file(path)
+        if sidecar != "ignore":
+            try:
+                return _load_with_sidecar(path)
+            except UmlosError as exc:
+                if sidecar == "require" or exc.code != errors.LENGTHS_SIDECAR_MISMATCH:
+                    raise
+                if os.path.exists(sidecar_path(path)):
+                    warnings.warn(f"{exc.message}; reading the lengths from {path} instead", stacklevel=2)
+        ids, lengths, tokenizer_hash = _parse_jsonl(path)
+        lengths.flags.writeable = False
+        line_numbers = all(sample_id == str(i) for i, sample_id in enumerate(ids))
+        return cls(lengths, tokenizer_hash, sample_ids=ids, ids_are_line_numbers=line_numbers)
+
+    # ------------------------------------------------------------------ output
+    def write(self, path: str | os.PathLike[str], *, force: bool = False) -> None:
+        """Write the JSONL and its sidecar, each atomically (temp file, fsync,
+        rename). ``force`` replaces existing files; otherwise an existing one
+        raises OUTPUT_EXISTS before anything is written."""
+        with LengthCacheWriter(path, self.tokenizer_hash, force=force, dataset_hash=self.dataset_hash) as writer:
+            step = 1 << 16
+            for start in range(0, len(self), step):
+                stop = min(start + step, len(self))
+                ids = None if self.ids_are_line_numbers else self.sample_ids[start:stop]
+                writer.add(ids, self.lengths[start:stop])
+
+
+class LengthCacheWriter:
+    """Stream rows into a length cache: ``add()`` chunks, then close.
+
+    Memory stays at the lengths array (4 bytes a sample) whatever the ids
+    are: rows go to the JSONL's temp file as they come. On a clean exit the
+    JSONL is published, then the sidecar; on an exception neither file
+    appears (and a replaced pair's old sidecar is already gone, so a stale
+    sidecar never sits beside a new JSONL). ``dataset_hash`` may be set
+    until the block ends; :meth:`cache` gives the result afterwards.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], tokenizer_hash: str, *, force: bool = False,
+                 dataset_hash: str | None = None) -> None:
+        _check_hash(tokenizer_hash, "tokenizer_hash")
+        self.path = check_output_path(path, force)
+        self.sidecar = check_output_path(sidecar_path(self.path), force)
+        self.force = force
+        self.tokenizer_hash = tokenizer_hash
+        self.dataset_hash = dataset_hash
+        self.ids_are_line_numbers = True  # until an id says otherwise
+        self._lengths: np.ndarray | None = None
+        self._row_tail = f', "tokenizer_hash": {encode_basestring_ascii(tokenizer_hash)}, "length": '
+        self._chunks: list[np.ndarray] = []
+        self._count = 0
+        self._digest = hashlib.sha256()
+        self._size = 0
+        self._stack: contextlib.ExitStack | None = None
+        self._handle: BinaryIO | None = None
+
+    def __enter__(self) -> "LengthCacheWriter":
+        self._stack = contextlib.ExitStack()
+        self._handle = self._stack.enter_context(atomic_output(self.path, force=self.force))
+        return self
+
+    def add(self, sample_ids: Sequence[str] | None, lengths: Sequence[int] | np.ndarray) -> None:
+        """Append rows; ``sample_ids=None`` means the line numbers ``str(row)``."""
+        array = _as_lengths(lengths, allow_empty=True)
+        if sample_ids is None:
+            sample_ids = range(self._count, self._count + array.shape[0])
+        elif len(sample_ids) != array.shape[0]:
+            raise _invalid(f"{len(sample_ids)} sample ids but {array.shape[0]} lengths")
+        elif self.ids_are_line_numbers:
+            self.ids_are_line_numbers = all(sample_id == str(row)
+                                            for row, sample_id in enumerate(sample_ids, self._count))
+        tail = self._row_tail
+        text = "".join(
+            f'{{"sample_id": {encode_basestring_ascii(str(sample_id))}{tail}{length}}}\n'
+            for sample_id, length in zip(sample_ids, array.tolist())
+        ).encode("ascii")
+        self._handle.write(text)
+        self._digest.update(text)
+        self._size += len(text)
+        self._chunks.append(array)
+        self._count += array.shape[0]
+
+    def __exit__(self, kind, value, traceback) -> bool:
+        stack, self._stack = self._stack, None
+        if kind is not None:
+            return stack.__exit__(kind, value, traceback)  # removes the temp file
+        if self._count == 0:
+            with stack:  # removes the temp file as the error passes through
+                raise _invalid(f"no rows were written to {self.path}; a length cache holds at least one sample")
+        if self.force:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.sidecar)  # never leave the old sidecar beside the new JSONL
+        stack.close()  # publishes the JSONL
+        lengths = np.concatenate(self._chunks).astype("<u4", copy=False)
+        self._chunks = []
+        _write_sidecar(self.sidecar, lengths, {
+            "count": self._count,
+            "tokenizer_hash": self.tokenizer_hash,
+            "dataset_hash": self.dataset_hash,
+            "jsonl_size": self._size,
+            "jsonl_sha256": self._digest.hexdigest(),
+            "sample_ids": "line_numbers" if self.ids_are_line_numbers else "jsonl",
+        }, force=self.force)
+        lengths.flags.writeable = False
+        self._lengths = lengths
+        return False
+
+    def cache(self) -> LengthCache:
+        """The cache just written (its ids are read from the file when asked for)."""
+        if self._lengths is None:
+            raise _invalid(f"{self.path} has not been written yet")
+        return LengthCache(self._lengths, self.tokenizer_hash, ids_are_line_numbers=self.ids_are_line_numbers,
+                           ids_source=self.path, dataset_hash=self.dataset_hash)
+
+
+# ---------------------------------------------------------------------- sidecar
+def _write_sidecar(path: str, lengths: np.ndarray, fields: dict, *, force: bool) -> None:
+    data = lengths.tobytes()
+    header = dict(fields, format_version=SIDECAR_VERSION, lengths_sha256=hashlib.sha256(data).hexdigest())
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("ascii")
+    prefix = SIDECAR_MAGIC + struct.pack("<I", len(text)) + text
+    prefix += b"\0" * (-len(prefix) % SIDECAR_ALIGN)
+    with atomic_output(path, force=force, size=len(prefix) + len(data)) as handle:
+        handle.write(prefix)
+        handle.write(data)
+
+
+def read_sidecar_header(path: str) -> tuple[dict, int]:
+    """The sidecar's header fields and the offset of its length bytes."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(SIDECAR_MAGIC) + 4)
+            if len(head) < len(SIDECAR_MAGIC) + 4 or head[:len(SIDECAR_MAGIC)] != SIDECAR_MAGIC:
+                raise _sidecar_error(f"{path} is not a length cache sidecar (no {SIDECAR_MAGIC.decode()} magic)")
+            (size,) = struct.unpack("<I", head[len(SIDECAR_MAGIC):])
+            text = handle.read(size)
+    except FileNotFoundError:
+        raise _sidecar_error(f"{path} does not exist") from None
+    except OSError as exc:
+        raise _sidecar_error(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        header = json.loads(text.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        header = None
+    if not isinstance(header, dict) or len(text) != size:
+        raise _sidecar_error(f"{path} has a truncated or malformed header")
+    if header.get("format_version") != SIDECAR_VERSION:
+        raise _sidecar_error(f"{path} has format_version {header.get('format_version')!r}; "
+                             f"this reader reads {SIDECAR_VERSION}")
+    offset = len(SIDECAR_MAGIC) + 4 + size
+    return header, offset + (-offset % SIDECAR_ALIGN)
+
+
+def _load_with_sidecar(path: str) -> LengthCache:
+    side = sidecar_path(path)
+    header, offset = read_sidecar_header(side)
+    count = header.get("count")
+    if not isinstance(count, int) or count < 1:
+        raise _sidecar_error(f"{side} has count {count!r}")
+    try:
+        jsonl_size = os.stat(path).st_size
+        data_size = os.stat(side).st_size - offset
+    except OSError as exc:
+        raise _sidecar_error(f"cannot stat {path} or {side}: {exc.strerror or exc}") from exc
+    if data_size != 4 * count:
+        raise _sidecar_error(f"{side} holds {data_size} bytes of lengths; {count} samples need {4 * count}")
+    if header.get("jsonl_size") != jsonl_size:
+        raise _sidecar_error(f"{side} was written for a JSONL of {header.get('jsonl_size')} bytes; "
+                             f"{path} has {jsonl_size}")
+    if _file_sha256(path) != header.get("jsonl_sha256"):
+        raise _sidecar_error(f"{side} was written for other JSONL content than {path} holds now")
+    lengths = np.asarray(np.memmap(side, dtype="<u4", mode="r", offset=offset, shape=(count,)))
+    if hashlib.sha256(lengths.data).hexdigest() != header.get("lengths_sha256"):
+        raise _sidecar_error(f"{side}: its length bytes do not match their SHA-256 in the header")
+    tokenizer_hash, dataset_hash = header.get("tokenizer_hash"), header.get("dataset_hash")
+    if not isinstance(tokenizer_hash, str) or not (dataset_hash is None or isinstance(dataset_hash, str)):
+        raise _sidecar_error(f"{side} has a malformed tokenizer_hash or dataset_hash")
+    ids_kind = header.get("sample_ids")
+    if ids_kind not in ("line_numbers", "jsonl"):
+        raise _sidecar_error(f"{side} has sample_ids {ids_kind!r}; expected line_numbers or jsonl")
+    return LengthCache(lengths, tokenizer_hash, ids_are_line_numbers=ids_kind == "line_numbers",
+                       ids_source=path, dataset_hash=dataset_hash)
+
+
+# ---------------------------------------------------------------------- JSONL
+def _parse_jsonl(path: str) -> tuple[list[str], np.ndarray, str]:
+    ids: list[str] = []
+    lengths: list[int] = []
+    tokenizer_hash = None
+    for number, line in _lines(path):
+        try:
+            row = json.loads(line)
+        except UnicodeDecodeError:
+            raise _invalid(f"{path} line {number + 1} is not UTF-8") from None
+        except ValueError as exc:
+            raise _invalid(f"{path} line {number + 1} is not JSON ({exc})") from None
+        if not isinstance(row, dict):
+            raise _invalid(f"{path} line {number + 1} is {type(row).__name__}; rows are JSON objects")
+        sample_id, row_hash, length = row.get("sample_id"), row.get("tokenizer_hash"), row.get("length")
+        if not isinstance(sample_id, str):
+            raise _invalid(f"{path} line {number + 1}: sample_id must be a string, got {sample_id!r}")
+        if not isinstance(row_hash, str) or not row_hash:
+            raise _invalid(f"{path} line {number + 1}: tokenizer_hash must be a non-empty string, got {row_hash!r}")
+        if tokenizer_hash is None:
+            tokenizer_hash = row_hash
+        elif row_hash != tokenizer_hash:
+            raise _invalid(f"{path} line {number + 1} has tokenizer_hash {row_hash!r} but line 1 has "
+                           f"{tokenizer_hash!r}; one cache holds the lengths of one tokenizer")
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= UINT32_MAX:
+            raise _invalid(f"{path} line {number + 1}: length must be an integer in [0, 2^32 - 1], got {length!r}")
+        ids.append(sample_id)
+        lengths.append(length)
+    if tokenizer_hash is None:
+        raise _invalid(f"{path} has no rows; a length cache holds at least one sample")
+    _check_unique(ids, f"sample ids of {path}")
+    return ids, np.asarray(lengths, dtype=np.uint32), tokenizer_hash
+
+
+def _lines(path: str) -> Iterator[tuple[int, bytes]]:
+    try:
+        with open(path, "rb") as handle:
+            for number, line in enumerate(handle):
+                if not line.strip():
+                    raise _invalid(f"{path} line {number + 1} is empty")
+                yield number, line
+    except OSError as exc:
+        raise _invalid(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+# ---------------------------------------------------------------------- checks
+def _as_lengths(values, *, allow_empty: bool = False) -> np.ndarray:
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise _invalid(f"lengths must be one-dimensional, got shape {array.shape}")
+    if array.shape[0] == 0:
+        if allow_empty:
+            return np.zeros(0, dtype=np.uint32)
+        raise _invalid("no lengths; a length cache holds at least one sample")
+    if array.dtype.kind not in "iu":
+        raise _invalid(f"lengths must be integers, got dtype {array.dtype}")
+    if int(array.min()) < 0 or int(array.max()) > UINT32_MAX:
+        raise _invalid(f"lengths must lie in [0, 2^32 - 1], got [{int(array.min())}, {int(array.max())}]")
+    return array.astype(np.uint32, copy=True)
+
+
+def _check_hash(value, what: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise _invalid(f"{what} must be a non-empty string (a hex digest), got {value!r}")
+
+
+def _check_unique(ids: list[str], what: str) -> None:
+    if len(set(ids)) == len(ids):
+        return
+    seen: dict[str, int] = {}
+    for position, sample_id in enumerate(ids):
+        if sample_id in seen:
+            raise _invalid(f"{what}: {sample_id!r} appears at #{seen[sample_id]} and #{position}; ids are unique")
+        seen[sample_id] = position
+
+
+def _require_file(path: str) -> None:
+    if not os.path.isfile(path):
+        what = "is not a regular file" if os.path.exists(path) else "does not exist"
+        raise _invalid(f"length cache {path} {what} (build one with `umlos-cuda data lengths build`)")
+
+
+def _file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    feed_file(digest, path, _invalid)
+    return digest.hexdigest()
+
+
+def _invalid(message: str) -> UmlosError:
+    return UmlosError(errors.LENGTHS_INVALID, message, operator=errors.BATCHING_OPERATOR)
+
+
+def _sidecar_error(message: str) -> UmlosError:
+    return UmlosError(errors.LENGTHS_SIDECAR_MISMATCH, message, operator=errors.BATCHING_OPERATOR)

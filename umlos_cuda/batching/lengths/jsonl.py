@@ -1,0 +1,123 @@
+"""Stream the records of a JSONL dataset in chunks, checking each line.
+
+What goes in: a JSONL file (one JSON object per line, UTF-8) and the names
+of the string fields wanted. What comes out: chunks of sample ids and field
+values, in file order, with the number of bytes read so far (for a progress
+bar). Memory holds one chunk, whatever the file's size.
+
+A record's id is its ``id`` field (a string, or an integer written as its
+decimal text) or, when it has none, its 0-based line number as text. Any
+other line raises DATASET_RECORD_INVALID naming the line (1-based, as editors
+count): not UTF-8, not JSON, not an object, empty, a wanted field missing or
+not a string, an id that is empty or of another type.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from ... import errors
+from ...errors import UmlosError
+
+DEFAULT_ID_FIELD = "id"
+
+
+@dataclass
+class RecordChunk:
+    """Consecutive records: ``values[f][i]`` is field ``fields[f]`` of record ``i``."""
+
+    sample_ids: list[str]
+    values: list[list[str]]
+    first_line: int  # 0-based line number of the chunk's first record
+    bytes_read: int  # bytes of the file consumed so far
+
+
+def require_dataset_file(path: str | os.PathLike[str]) -> str:
+    """``path`` as a string when it is an existing regular file; else DATASET_UNREADABLE."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        what = "is not a regular file" if os.path.exists(path) else "does not exist"
+        raise unreadable(f"dataset {path} {what}")
+    return path
+
+
+def read_chunks(path: str | os.PathLike[str], fields: tuple[str, ...], *, id_field: str = DEFAULT_ID_FIELD,
+                chunk_size: int = 1024, digest: Any = None) -> Iterator[RecordChunk]:
+    """Yield the records of ``path`` in chunks of ``chunk_size``; every byte
+    read also goes to ``digest.update`` when a digest is given."""
+    path = require_dataset_file(path)
+    ids: list[str] = []
+    values: list[list[str]] = [[] for _ in fields]
+    first = 0
+    consumed = 0
+    number = -1
+    try:
+        with open(path, "rb") as handle:
+            for number, raw in enumerate(handle):
+                consumed += len(raw)
+                if digest is not None:
+                    digest.update(raw)
+                record = _record(path, number, raw)
+                ids.append(_sample_id(path, number, record, id_field))
+                for column, name in zip(values, fields):
+                    column.append(_field(path, number, record, name))
+                if len(ids) == chunk_size:
+                    yield RecordChunk(ids, values, first, consumed)
+                    ids, values, first = [], [[] for _ in fields], number + 1
+    except OSError as exc:
+        raise unreadable(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if ids:
+        yield RecordChunk(ids, values, first, consumed)
+    if number < 0:
+        raise UmlosError(errors.DATASET_EMPTY, f"dataset {path} holds no record (the file is empty)",
+                         operator=errors.BATCHING_OPERATOR)
+
+
+def _record(path: str, number: int, raw: bytes) -> dict:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise invalid_record(path, number, f"is not UTF-8 (byte {exc.start} of the line)") from None
+    if not text.strip():
+        raise invalid_record(path, number, "is empty; every line holds one JSON object")
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        raise invalid_record(path, number, f"is not JSON: {exc}") from None
+    if not isinstance(record, dict):
+        raise invalid_record(path, number, f"holds a JSON {type(record).__name__}; every line holds one object")
+    return record
+
+
+def _sample_id(path: str, number: int, record: dict, id_field: str) -> str:
+    if id_field not in record:
+        return str(number)
+    value = record[id_field]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str) or not value:
+        raise invalid_record(path, number, f"has {id_field!r} = {value!r}; an id is a non-empty string or an integer")
+    return value
+
+
+def _field(path: str, number: int, record: dict, name: str) -> str:
+    try:
+        value = record[name]
+    except KeyError:
+        keys = ", ".join(sorted(map(str, record))[:8]) or "none"
+        raise invalid_record(path, number, f"lacks the field {name!r} (its fields: {keys})") from None
+    if not isinstance(value, str):
+        raise invalid_record(path, number, f"has {name!r} of type {type(value).__name__}; it must be a string")
+    return value
+
+
+def invalid_record(path: str, number: int, problem: str) -> UmlosError:
+    return UmlosError(errors.DATASET_RECORD_INVALID, f"{path} line {number + 1} {problem}",
+                      operator=errors.BATCHING_OPERATOR)
+
+
+def unreadable(message: str) -> UmlosError:
+    return UmlosError(errors.DATASET_UNREADABLE, message, operator=errors.BATCHING_OPERATOR)

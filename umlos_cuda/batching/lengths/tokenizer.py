@@ -1,0 +1,147 @@
+"""Load a Hugging Face ``tokenizers`` tokenizer from local files, no network.
+
+What goes in: a path, either a ``tokenizer.json`` file or a model directory
+holding one (as ``save_pretrained`` writes it). What comes out: a
+:class:`LoadedTokenizer`, the ``tokenizers.Tokenizer`` plus what the
+directory adds around it and what changes the token ids a training run sees:
+the chat template (``chat_template.jinja``, else ``chat_template`` in
+``tokenizer_config.json``) and the special tokens named there or in
+``special_tokens_map.json`` (``eos_token`` and the like).
+
+Only the fast ``tokenizer.json`` format is read: a directory with only
+SentencePiece or vocab files raises TOKENIZER_INVALID saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ... import errors
+from ...errors import UmlosError
+
+TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+#: The special-token roles of tokenizer_config.json read here.
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+                      "additional_special_tokens")
+
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    """A tokenizer and the files around it that change what a model sees."""
+
+    tokenizer: Any  # tokenizers.Tokenizer
+    chat_template: str | list | None = None
+    special_tokens: dict[str, Any] = field(default_factory=dict)
+    path: str | None = None
+
+    def eos_token_id(self, override: str | None = None) -> int:
+        """The id of the end-of-sequence token: ``override`` (a token's text)
+        or the directory's ``eos_token``. Raises TOKENIZER_INVALID when there
+        is none or the vocabulary lacks it."""
+        token = override if override is not None else self.special_tokens.get("eos_token")
+        where = self.path or "this tokenizer"
+        if token is None:
+            raise _invalid(f"{where} names no eos_token (tokenizer_config.json or special_tokens_map.json); "
+                           "pass the end-of-sequence token's text, e.g. --eos-token '</s>'")
+        token_id = self.tokenizer.token_to_id(token)
+        if token_id is None:
+            raise _invalid(f"the end-of-sequence token {token!r} is not in the vocabulary of {where}")
+        return token_id
+
+
+def load_tokenizer(source: Any) -> LoadedTokenizer:
+    """``source``: a path (file or directory), a ``tokenizers.Tokenizer`` or a
+    :class:`LoadedTokenizer` (returned as is)."""
+    if isinstance(source, LoadedTokenizer):
+        return source
+    from tokenizers import Tokenizer
+
+    if isinstance(source, Tokenizer):
+        return LoadedTokenizer(source)
+    if not isinstance(source, (str, os.PathLike)):
+        raise _invalid(f"a tokenizer is a path, a tokenizers.Tokenizer or a LoadedTokenizer, "
+                       f"got {type(source).__name__}")
+    path = os.fspath(source)
+    if os.path.isdir(path):
+        file = os.path.join(path, TOKENIZER_FILE)
+        if not os.path.isfile(file):
+            raise _invalid(f"{path} has no {TOKENIZER_FILE}; only the fast tokenizer format of the tokenizers "
+                           "library is read (convert the tokenizer with transformers' save_pretrained)")
+        config = _read_json(os.path.join(path, CONFIG_FILE))
+        special = _special_tokens(config, _read_json(os.path.join(path, SPECIAL_TOKENS_FILE)))
+        template = _read_text(os.path.join(path, CHAT_TEMPLATE_FILE))
+        if template is None:
+            template = config.get("chat_template")
+        if template is not None and not isinstance(template, (str, list)):
+            raise _invalid(f"{os.path.join(path, CONFIG_FILE)}: chat_template must be a string or a list, "
+                           f"got {type(template).__name__}")
+        return LoadedTokenizer(_tokenizer_from_file(Tokenizer, file), template, special, path)
+    if not os.path.exists(path):
+        raise _invalid(f"no tokenizer at {path}: give a tokenizer.json file or a directory holding one "
+                       "(tokenizers are read from local files, never downloaded)")
+    return LoadedTokenizer(_tokenizer_from_file(Tokenizer, path), path=path)
+
+
+def _tokenizer_from_file(tokenizer_class, path: str):
+    try:
+        return tokenizer_class.from_file(path)
+    except Exception as exc:  # the library raises plain Exception for every parse error
+        raise _invalid(f"the tokenizers library cannot load {path}: {exc}") from exc
+
+
+def _special_tokens(config: dict, special_map: dict) -> dict[str, Any]:
+    """The special-token roles, as token text (the files store either the text
+    or an AddedToken object with a ``content`` field)."""
+    found = {}
+    for key in SPECIAL_TOKEN_KEYS:
+        value = config.get(key, special_map.get(key))
+        if value is None:
+            continue
+        if key == "additional_special_tokens":
+            if not isinstance(value, list):
+                raise _invalid(f"additional_special_tokens must be a list, got {type(value).__name__}")
+            found[key] = [_token_text(item, key) for item in value]
+        else:
+            found[key] = _token_text(value, key)
+    return found
+
+
+def _token_text(value: Any, key: str) -> str:
+    if isinstance(value, dict):
+        value = value.get("content")
+    if not isinstance(value, str):
+        raise _invalid(f"{key} must be a token's text or an object with 'content', got {value!r}")
+    return value
+
+
+def _read_json(path: str) -> dict:
+    text = _read_text(path)
+    if text is None:
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise _invalid(f"{path} is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise _invalid(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _invalid(f"cannot read {path}: {exc}") from exc
+
+
+def _invalid(message: str) -> UmlosError:
+    return UmlosError(errors.TOKENIZER_INVALID, message, operator=errors.BATCHING_OPERATOR)

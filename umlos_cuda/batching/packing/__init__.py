@@ -1,0 +1,10 @@
+"""Sequence packing: several sequences in one row of ``max_length`` tokens.
+
+Modules:
+    config     :class:`PackingConfig`: row length, mode, separator, oversize policy
+    trees      first-fit and best-fit in O(n log n), the Python fallback
+    pack       :func:`pack_lengths`: the row of every sequence, from lengths alone
+    rows       :class:`PackedRow` and its layout: ids, loss mask, segments, positions
+    sequences  :func:`pack_sequences`: token sequences in, packed rows and metrics out
+    metrics    how well a packing fills its rows
+"""

@@ -1,0 +1,121 @@
+"""What a packing is decided by: row length, mode, separator, oversize policy.
+
+Packing puts several sequences into one row of at most ``max_length``
+tokens (docs/batching.md, "Packing"). The three modes have exact
+definitions (``pack_lengths``), so that every implementation can be
+checked against them:
+
+* ``first_fit``: each sequence, in input order, goes into the
+  lowest-numbered open row that has room, else into a new row;
+* ``best_fit``: into the open row with the least remaining room that still
+  fits, ties to the lowest-numbered, else a new row;
+* ``greedy``: a stable sort by length, longest first, then first-fit.
+
+Rows are numbered in the order they are opened. A separator of
+``separator_len`` tokens goes between consecutive sequences of a row (none
+after the last), so a row of ``k`` sequences uses their lengths plus
+``(k - 1) x separator_len`` tokens.
+
+A sequence longer than ``max_length`` fits no row. It is never dropped
+silently: :class:`OversizePolicy` says whether it is refused (an error
+naming it), skipped (left out, counted and listed by id), truncated to its
+first ``max_length`` tokens, or split into pieces of ``max_length`` tokens
+(each piece its own segment); the metrics count each case.
+"""
+
+from __future__ import annotations
+
+import enum
+import numbers
+from dataclasses import dataclass
+
+from ... import errors
+from ...errors import UmlosError
+
+#: Longest row: positions and ``cu_seqlens`` are int32.
+MAX_PACK_LENGTH = (1 << 31) - 1
+#: Largest token id a packed row holds (int32 arrays).
+MAX_TOKEN_ID = (1 << 31) - 1
+
+
+def packing_error(code: str, message: str) -> UmlosError:
+    return UmlosError(code, message, operator=errors.PACKING_OPERATOR)
+
+
+def config_error(message: str) -> UmlosError:
+    return packing_error(errors.PACKING_CONFIG_INVALID, message)
+
+
+class _Choice(str, enum.Enum):
+    @classmethod
+    def parse(cls, value):
+        if isinstance(value, cls):
+            return value
+        for choice in cls:
+            if value == choice.value or (isinstance(value, str) and value.lower() == choice.value):
+                return choice
+        what = cls.__doc__.split(":")[0]
+        raise config_error(f"{what} must be one of {', '.join(c.value for c in cls)}, got {value!r}")
+
+
+class PackingMode(_Choice):
+    """pack mode: which open row a sequence goes into."""
+
+    FIRST_FIT = "first_fit"
+    BEST_FIT = "best_fit"
+    GREEDY = "greedy"
+
+
+class OversizePolicy(_Choice):
+    """oversize policy: what happens to a sequence longer than max_length."""
+
+    REFUSE = "refuse"  # PACKING_SEQUENCE_TOO_LONG naming it; nothing is packed
+    SKIP = "skip"  # left out of every row, counted and listed in the metrics
+    TRUNCATE = "truncate"  # its first max_length tokens are packed
+    SPLIT = "split"  # pieces of max_length tokens (the last shorter), each a segment
+
+
+def require_int(value, what: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= int(value) <= high:
+        raise config_error(f"{what} must be an integer in [{low}, {high}], got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class PackingConfig:
+    """A packing (checked on construction).
+
+    Args:
+        max_length: tokens a row may hold, in [1, 2^31 - 1].
+        mode: :class:`PackingMode` or its value.
+        separator_ids: token ids placed between consecutive sequences of a
+            row (e.g. ``(eos_id,)``); their count is the separator length.
+            They belong to the segment before them and are never trained on
+            (loss mask 0).
+        oversize: :class:`OversizePolicy` or its value (default ``refuse``).
+    """
+
+    max_length: int = 2048
+    mode: PackingMode = PackingMode.FIRST_FIT
+    separator_ids: tuple[int, ...] = ()
+    oversize: OversizePolicy = OversizePolicy.REFUSE
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "max_length", require_int(self.max_length, "max_length", 1, MAX_PACK_LENGTH))
+        set_(self, "mode", PackingMode.parse(self.mode))
+        set_(self, "oversize", OversizePolicy.parse(self.oversize))
+        if isinstance(self.separator_ids, (str, bytes)) or not hasattr(self.separator_ids, "__iter__"):
+            raise config_error(f"separator_ids must be a sequence of token ids, got {self.separator_ids!r}")
+        ids = tuple(require_int(t, "a separator id", 0, MAX_TOKEN_ID) for t in self.separator_ids)
+        if len(ids) >= self.max_length:
+            raise config_error(f"{len(ids)} separator tokens leave no room in rows of max_length {self.max_length}")
+        set_(self, "separator_ids", ids)
+
+    @property
+    def separator_len(self) -> int:
+        return len(self.separator_ids)
+
+    def to_dict(self) -> dict:
+        return {"max_length": self.max_length, "mode": self.mode.value, "separator_ids": list(self.separator_ids),
+                "oversize": self.oversize.value}

@@ -1,0 +1,125 @@
+"""``pack_sequences``: token sequences in, packed rows and their metrics out.
+
+The steps:
+
+1. each input becomes a :class:`SequenceToPack` (a ``Sample``, a mapping
+   with ``input_ids``, a list of ids, ...);
+2. sequences longer than ``max_length`` are handled by the config's
+   :class:`OversizePolicy` (:func:`oversize_pieces`): refused, skipped,
+   truncated or split, each counted;
+3. :func:`pack_lengths` assigns every piece a row;
+4. each row holds its pieces in input order, all rows laid out at once by
+   :func:`layout_rows` (one native pass that writes every output value
+   once, or whole-array NumPy operations without the extension; the only
+   Python work per sequence is gathering its arrays and names).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Iterable
+
+import numpy as np
+
+from ... import errors
+from .rows import SequenceToPack, as_sequence, layout_rows
+from .pack import pack_lengths
+from .config import OversizePolicy, PackingConfig, PackingMode, packing_error
+from .metrics import PackingMetrics
+
+
+class PackedRows(list):
+    """The rows of :func:`pack_sequences` (a list of :class:`PackedRow`) with
+    ``metrics`` (:class:`PackingMetrics`) and ``config``."""
+
+    def __init__(self, rows, metrics: PackingMetrics, config: PackingConfig) -> None:
+        super().__init__(rows)
+        self.metrics = metrics
+        self.config = config
+
+
+_INPUT_IDS = operator.attrgetter("input_ids")
+
+
+def as_sequences(sequences: Iterable) -> list[SequenceToPack]:
+    """Every input as a :class:`SequenceToPack` (:func:`as_sequence`), the
+    ``i``-th named ``str(i)`` when it has no id of its own. A list that
+    already holds only ``SequenceToPack`` objects is taken as it is (their
+    checks ran when they were made), in one C-level type scan."""
+    if isinstance(sequences, list) and set(map(type, sequences)) <= {SequenceToPack}:
+        return sequences
+    return [as_sequence(item, i) for i, item in enumerate(sequences)]
+
+
+def oversize_pieces(lengths: np.ndarray, max_length: int, oversize: OversizePolicy | str,
+                    sample_ids=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pieces to pack: ``(source, start, length)`` arrays, in input order.
+
+    Sequences of at most ``max_length`` tokens are one piece each. A longer
+    one is, by ``oversize``: refused (PACKING_SEQUENCE_TOO_LONG naming the
+    first ones, by ``sample_ids`` when given), skipped (no piece), truncated
+    (one piece of ``max_length``), or split (pieces of ``max_length``, the
+    last one shorter).
+    """
+    oversize = OversizePolicy.parse(oversize)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    over = lengths > max_length
+    if oversize is OversizePolicy.REFUSE and over.any():
+        where = np.flatnonzero(over)
+        named = ", ".join(f"{'position ' + str(int(i)) if sample_ids is None else repr(sample_ids[int(i)])} "
+                          f"({int(lengths[i])} tokens)" for i in where[:5])
+        raise packing_error(errors.PACKING_SEQUENCE_TOO_LONG,
+                            f"{where.size} sequence(s) longer than max_length {max_length}: {named}"
+                            f"{', ...' if where.size > 5 else ''}; set oversize to skip, truncate or split")
+    if oversize is OversizePolicy.SPLIT:
+        counts = np.maximum(-(-lengths // max_length), 1)
+    else:
+        counts = np.where(over & (oversize is OversizePolicy.SKIP), 0, 1)
+    source = np.repeat(np.arange(lengths.shape[0], dtype=np.int64), counts)
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    start = (np.arange(source.shape[0], dtype=np.int64) - first) * max_length
+    piece = np.minimum(lengths[source] - start, max_length)
+    return source, start, piece
+
+
+def pack_sequences(sequences: Iterable, max_length: int = 2048, mode: PackingMode | str = PackingMode.FIRST_FIT, *,
+                   separator_ids=(), oversize: OversizePolicy | str = OversizePolicy.REFUSE,
+                   config: PackingConfig | None = None, backend: str = "auto") -> PackedRows:
+    """Pack ``sequences`` into rows of at most ``max_length`` tokens (see the module docstring).
+
+    ``config`` (a :class:`PackingConfig`) replaces ``max_length``, ``mode``,
+    ``separator_ids`` and ``oversize``. Rows are in the order they are
+    opened; ``result.metrics`` counts what was packed, skipped, truncated
+    and split. ``backend`` (``auto``, ``native`` or ``python``) picks the
+    implementation of both steps, the packing and the layout of the rows;
+    all give the same rows bit for bit.
+    """
+    if config is None:
+        config = PackingConfig(max_length, mode, tuple(separator_ids), oversize)
+    items = as_sequences(sequences)
+    lengths = np.fromiter(map(len, map(_INPUT_IDS, items)), dtype=np.int64, count=len(items))
+    refused = config.oversize is OversizePolicy.REFUSE and bool((lengths > config.max_length).any())
+    source, start, piece = oversize_pieces(lengths, config.max_length, config.oversize,
+                                           [s.sample_id for s in items] if refused else None)
+    rows_of = pack_lengths(piece, config.max_length, config.mode, config.separator_len, backend=backend)
+    num_rows = int(rows_of.max()) + 1 if rows_of.size else 0
+    order = np.argsort(rows_of, kind="stable")  # pieces grouped by row, input order inside a row
+    counts = np.bincount(rows_of, minlength=num_rows)
+    sources = source[order]
+    cut = np.flatnonzero((start[order] != 0) | (piece[order] != lengths[sources]))  # pieces, not whole items
+    pieces = list(map(items.__getitem__, sources.tolist()))
+    for p, s, stop in zip(cut.tolist(), start[order][cut].tolist(), (start + piece)[order][cut].tolist()):
+        pieces[p] = pieces[p].piece(s, stop)
+    rows, loss_tokens = layout_rows(pieces, counts, config.separator_ids, piece[order], backend=backend)
+    over = lengths > config.max_length
+    skipped = over & (config.oversize is OversizePolicy.SKIP)
+    truncated = over & (config.oversize is OversizePolicy.TRUNCATE)
+    metrics = PackingMetrics(
+        config.max_length, len(items), int(piece.shape[0]), num_rows, int(piece.sum()),
+        config.separator_len * (int(piece.shape[0]) - num_rows), loss_tokens,
+        skipped=int(skipped.sum()), truncated=int(truncated.sum()),
+        truncated_tokens=int((lengths[truncated] - config.max_length).sum()),
+        split=int((over & (config.oversize is OversizePolicy.SPLIT)).sum()),
+        skipped_ids=tuple(items[i].sample_id for i in np.flatnonzero(skipped).tolist()),
+    )
+    return PackedRows(rows, metrics, config)

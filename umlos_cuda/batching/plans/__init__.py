@@ -1,0 +1,16 @@
+"""Batch plans: token-budget microbatches of every epoch, on the engine's order.
+
+Modules:
+    config            :class:`BatchingConfig`: buckets, token budget, pad policy, seed, order
+    buckets           which bucket a length belongs to
+    planner           one epoch's microbatches, in NumPy
+    packing           packed plans: microbatches of rows, each row several samples
+    builder           :class:`BatchPlanBuilder`: lengths and a config to a plan
+    plan              :class:`BatchPlan` in memory
+    stats             the numbers of one epoch (``stats.json``)
+    fingerprint       SHA-256 over a plan's canonical content
+    io                plan folders on disk
+    verify            every invariant of a plan folder, and that it rebuilds
+    sharding          split a plan across ranks
+    checkpoint_kinds  the ``plan`` cursor kind inside checkpoints
+"""

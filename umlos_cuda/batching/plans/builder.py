@@ -1,0 +1,151 @@
+"""Build a :class:`BatchPlan` from lengths and a :class:`BatchingConfig`.
+
+What goes in: a :class:`~umlos_cuda.batching.lengths.LengthCache` (or a
+``uint32`` array of lengths with a tokenizer hash), the config and a number
+of epochs. What comes out: the plan with its statistics and fingerprint.
+Each epoch is :func:`planner.build_epoch`; memory is a few arrays of N.
+
+:class:`TokenBudgetBatchSampler` is the seed's sampler interface over the
+same planner: batches of sample ids, epoch by epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from .buckets import BucketSpec, config_error
+from .config import BatchingConfig, PadPolicy
+from .plan import BatchPlan, BatchPlanMeta, EpochPlan
+from .fingerprint import finish_meta, sha256_array
+from .stats import epoch_stats, skipped_ids
+from .planner import build_epoch, engine_metadata, index_dtype, plan_manifest
+
+#: Most epochs one plan may have (each epoch is a few arrays of N).
+MAX_EPOCHS = 1 << 16
+
+
+class BatchPlanBuilder:
+    """``BatchPlanBuilder(lengths, batching_config).build(num_epochs)``.
+
+    Args:
+        lengths: a LengthCache, or a one-dimensional integer array of lengths
+            (then ``tokenizer_hash`` names what counted them, and
+            ``sample_ids`` may name the rows; default: the row numbers).
+        batching_config: a :class:`BatchingConfig`.
+        backend: the engine backend that computes the order (any gives the same order).
+    """
+
+    def __init__(self, lengths, batching_config: BatchingConfig, *, tokenizer_hash: str | None = None,
+                 sample_ids: Sequence[str] | None = None, dataset_hash: str | None = None,
+                 backend: str = "auto") -> None:
+        if not isinstance(batching_config, BatchingConfig):
+            raise config_error(f"batching_config must be a BatchingConfig, got {type(batching_config).__name__}")
+        self.config = batching_config
+        self.backend = backend
+        if hasattr(lengths, "lengths") and hasattr(lengths, "tokenizer_hash"):  # a LengthCache
+            self.lengths = np.asarray(lengths.lengths, dtype=np.uint32)
+            self.tokenizer_hash = lengths.tokenizer_hash
+            self.dataset_hash = getattr(lengths, "dataset_hash", None)
+            line_numbers = getattr(lengths, "ids_are_line_numbers", False)
+            self.sample_ids = None if line_numbers else list(lengths.sample_ids)
+        else:
+            self.lengths = _as_lengths(lengths)
+            self.tokenizer_hash = tokenizer_hash or "unknown"
+            self.dataset_hash = dataset_hash
+            self.sample_ids = None if sample_ids is None else list(sample_ids)
+        if self.sample_ids is not None and len(self.sample_ids) != self.lengths.shape[0]:
+            raise config_error(f"{len(self.sample_ids)} sample ids for {self.lengths.shape[0]} lengths")
+        if self.lengths.shape[0] == 0:
+            raise config_error("no samples: a plan needs at least one length")
+
+    def build(self, num_epochs: int = 1, progress: Callable[[int, int], None] | None = None) -> BatchPlan:
+        """The plan of epochs ``0 .. num_epochs - 1``; ``progress(done, total)`` after each epoch."""
+        from .buckets import require_int
+
+        num_epochs = require_int(num_epochs, "num_epochs", 1, MAX_EPOCHS)
+        n = int(self.lengths.shape[0])
+        manifest = plan_manifest(self.config, n)
+        metadata = engine_metadata(self.config, manifest)
+        ids = self.sample_ids
+        epochs = []
+        for epoch in range(num_epochs):
+            arrays = build_epoch(self.lengths, self.config, epoch, manifest=manifest, backend=self.backend)
+            skipped = skipped_ids(arrays.skipped, (lambda r: str(r)) if ids is None else ids.__getitem__)
+            stats = epoch_stats(epoch, arrays.offsets, arrays.samples, arrays.bucket_ids, arrays.max_len,
+                                self.lengths, self.config.bucket_spec, skipped, row_offsets=arrays.row_offsets,
+                                pack_rows=arrays.pack_rows, pack=self.config.pack)
+            epochs.append(EpochPlan(epoch, arrays.offsets, arrays.samples, arrays.bucket_ids, arrays.max_len, stats,
+                                    row_offsets=arrays.row_offsets, pack_rows=arrays.pack_rows))
+            if progress is not None:
+                progress(epoch + 1, num_epochs)
+        meta = BatchPlanMeta(
+            config=self.config,
+            num_epochs=num_epochs,
+            num_samples=n,
+            tokenizer_hash=self.tokenizer_hash,
+            dataset_hash=self.dataset_hash,
+            lengths_sha256=sha256_array(self.lengths.astype("<u4", copy=False)),
+            sample_ids_sha256=None if ids is None else sample_ids_sha256(ids),
+            sampling_mode=metadata["sampling_mode"],
+            sampler_config_hash=metadata["sampler_config_hash"],
+            manifest_hash=metadata["manifest_hash"],
+            index_dtype=index_dtype(n).str,
+        )
+        return BatchPlan(finish_meta(meta, epochs), epochs, self.lengths, ids)
+
+
+def sample_ids_lines(ids: Sequence[str]) -> Iterator[bytes]:
+    """sample_ids.jsonl, chunk by chunk: one JSON string per line."""
+    step = 1 << 16
+    for start in range(0, len(ids), step):
+        yield "".join(json.dumps(i) + "\n" for i in ids[start:start + step]).encode("ascii")
+
+
+def sample_ids_sha256(ids: Sequence[str]) -> str:
+    digest = hashlib.sha256()
+    for chunk in sample_ids_lines(ids):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _as_lengths(values) -> np.ndarray:
+    array = np.asarray(values)
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise config_error(f"lengths must be a one-dimensional integer array, got {array.dtype} {array.shape}")
+    if array.size and (int(array.min()) < 0 or int(array.max()) > 0xFFFFFFFF):
+        raise config_error("lengths must lie in [0, 2^32 - 1]")
+    return array.astype(np.uint32, copy=False)
+
+
+class TokenBudgetBatchSampler:
+    """The seed's sampler: token-budget batches of sample ids, one epoch at a time.
+
+    ``lengths`` is a mapping ``sample_id -> length`` (its order is the row
+    order) or a LengthCache. Iterating yields epoch 0; :meth:`iter_epoch`
+    any epoch. The order is the engine's, from ``seed`` and the epoch.
+    """
+
+    def __init__(self, lengths, bucket_spec: BucketSpec, token_budget: int, seed: int = 42, *,
+                 pad_policy: PadPolicy | str = PadPolicy.PAD_TO_BUCKET, **config) -> None:
+        if isinstance(lengths, Mapping):
+            ids, values = list(lengths.keys()), np.fromiter(lengths.values(), dtype=np.int64, count=len(lengths))
+            self._builder_args = dict(lengths=values, sample_ids=[str(i) for i in ids])
+        else:
+            self._builder_args = dict(lengths=lengths)
+        self.config = BatchingConfig(token_budget, bucket_spec.edges, bucket_spec.overflow_max, pad_policy, seed,
+                                     min_length=bucket_spec.min_length, **config)
+        self._builder = BatchPlanBuilder(self._builder_args.pop("lengths"), self.config, **self._builder_args)
+
+    def iter_epoch(self, epoch: int = 0) -> Iterator[list[str]]:
+        arrays = build_epoch(self._builder.lengths, self.config, epoch, backend=self._builder.backend)
+        ids = self._builder.sample_ids
+        for j in range(arrays.num_microbatches):
+            rows = arrays.samples[arrays.offsets[j]:arrays.offsets[j + 1]].tolist()
+            yield [str(r) for r in rows] if ids is None else [ids[r] for r in rows]
+
+    def __iter__(self) -> Iterator[list[str]]:
+        return self.iter_epoch(0)

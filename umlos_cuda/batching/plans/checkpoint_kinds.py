@@ -1,0 +1,87 @@
+"""The ``plan`` cursor kind: a batch plan's cursor inside checkpoints.
+
+Importing this module registers it (:mod:`umlos_cuda.checkpoint.extensions`),
+so a checkpoint saves the plan cursor beside the NextBatch cursors::
+
+    store.commit(CheckpointState(t, {"train": cursor}, extra_cursors={"plan": PlanCursor.of(sampler)}))
+    restored = store.restore_latest().extra_cursors["plan"]      # a PlanCursor
+    restored.restore_into(sampler)      # PLAN_FINGERPRINT_MISMATCH for another plan
+
+What is stored is ``{plan_fingerprint, epoch, microbatch_index}``: the cursor
+is global (the same at every world size) and bound to the plan's
+fingerprint, so a restore into a sampler over another plan is refused.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ... import errors
+from ...checkpoint.extensions import CursorKind, register_cursor_kind
+from .plan import check_cursor, plan_error
+
+KIND = "plan"
+_FINGERPRINT = re.compile(r"[0-9a-f]{64}\Z")
+_UINT64_MAX = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class PlanCursor:
+    """``(epoch, microbatch_index)`` of the global microbatch sequence of the plan ``plan_fingerprint``."""
+
+    plan_fingerprint: str
+    epoch: int
+    microbatch_index: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.plan_fingerprint, str) or not _FINGERPRINT.match(self.plan_fingerprint):
+            raise plan_error(errors.PLAN_CURSOR_INVALID,
+                             f"plan_fingerprint must be 64 lowercase hex digits, got {self.plan_fingerprint!r}")
+        for value, what in ((self.epoch, "epoch"), (self.microbatch_index, "microbatch_index")):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _UINT64_MAX:
+                raise plan_error(errors.PLAN_CURSOR_INVALID, f"{what} must be an integer in [0, 2^64 - 1], got {value!r}")
+
+    @classmethod
+    def of(cls, sampler) -> "PlanCursor":
+        """The cursor of a :class:`~umlos_cuda.torch.PlanBatchSampler` (or anything with its ``state_dict``)."""
+        state = sampler.state_dict()
+        return cls(state["plan_fingerprint"], state["epoch"], state["microbatch_index"])
+
+    def to_state(self) -> dict[str, Any]:
+        return {"plan_fingerprint": self.plan_fingerprint, "epoch": self.epoch, "microbatch_index": self.microbatch_index}
+
+    @classmethod
+    def from_state(cls, state: Any, manifest: Any = None) -> "PlanCursor":
+        if not isinstance(state, Mapping) or set(state) != {"plan_fingerprint", "epoch", "microbatch_index"}:
+            raise plan_error(errors.PLAN_CURSOR_INVALID,
+                             "a plan cursor is a map with exactly plan_fingerprint, epoch and microbatch_index")
+        return cls(state["plan_fingerprint"], state["epoch"], state["microbatch_index"])
+
+    def check(self, plan) -> None:
+        """Refuse a plan with another fingerprint (PLAN_FINGERPRINT_MISMATCH) or a cursor outside it."""
+        if plan.meta.source_fingerprint != self.plan_fingerprint:
+            raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH,
+                             f"the checkpoint's plan cursor belongs to plan {self.plan_fingerprint}; "
+                             f"this plan is {plan.meta.source_fingerprint}")
+        check_cursor(plan, self.epoch, self.microbatch_index)
+
+    def restore_into(self, sampler) -> None:
+        """Move a PlanBatchSampler to this cursor (its plan must be this cursor's)."""
+        self.check(sampler.plan)
+        from ...torch._plan_sampler import STATE_FORMAT
+
+        sampler.load_state_dict({"format": STATE_FORMAT, **self.to_state()})
+
+
+register_cursor_kind(CursorKind(KIND, encode=lambda cursor: _as_cursor(cursor).to_state(), decode=PlanCursor.from_state,
+                                description="batch plan cursor (plan fingerprint, epoch, microbatch index)"))
+
+
+def _as_cursor(value) -> PlanCursor:
+    if isinstance(value, PlanCursor):
+        return value
+    if hasattr(value, "state_dict"):
+        return PlanCursor.of(value)
+    return PlanCursor.from_state(value)

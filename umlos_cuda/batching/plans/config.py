@@ -1,0 +1,184 @@
+"""What a batch plan is built from: buckets, token budget, pad policy, seed, order.
+
+``BatchingConfig.predictable()`` pads every sample to its bucket's length
+(fixed shapes per bucket: ``count x bucket_max <= token_budget``);
+``BatchingConfig.throughput()`` pads to the longest sample of each
+microbatch (``count x longest <= token_budget``, fewer padding tokens, a
+different shape per microbatch). Both keep every accepted sample: there is
+no ``drop_last``, so each sample that is not skipped is in exactly one
+microbatch per epoch (the last microbatch of a bucket may be smaller).
+
+``pack`` (a :class:`~umlos_cuda.batching.plans.packing.PackConfig`) makes a
+packed plan: microbatches of ``token_budget // pack.max_length`` rows, each
+row several samples (plan_packing.py); ``overflow_max`` must then fit in a
+row, so every accepted sample has one.
+
+``sampling_mode`` names the engine order the plan follows (one of the
+engine's mode strings): the shuffled train order (default), the sequential
+order, or the streaming preset's order (within an epoch the same
+permutation as train, under its own ``sampler_config_hash``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from ...errors import UINT64_MAX
+from ...manifest.core import DEFAULT_BLOCK_SIZE
+from ...nextbatch import MODE_SEQUENTIAL, MODE_SHUFFLE
+from ...modes import DEFAULT_MODE, mode_names
+from ...presets import MODE_STREAMING
+from .buckets import MAX_LENGTH, BucketSpec, config_error, require_int
+from .packing import PackConfig
+
+#: The engine orders a plan can follow.
+SAMPLING_MODES = (MODE_SHUFFLE, MODE_SEQUENTIAL, MODE_STREAMING)
+
+
+class PadPolicy(str, enum.Enum):
+    """How a microbatch is padded, hence how it is cut."""
+
+    PAD_TO_BUCKET = "pad_to_bucket"  # predictable: every row is the bucket's length
+    PAD_TO_MAX_IN_BATCH = "pad_to_max"  # throughput: rows are the longest sample's length
+
+    @classmethod
+    def parse(cls, value) -> "PadPolicy":
+        if isinstance(value, cls):
+            return value
+        for policy in cls:
+            if value == policy.value:
+                return policy
+        raise config_error(f"pad_policy must be one of {', '.join(p.value for p in cls)}, got {value!r}")
+
+
+class BatchingMode(str, enum.Enum):
+    PREDICTABLE = "predictable"
+    THROUGHPUT = "throughput"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingConfig:
+    """Everything that decides a plan besides the lengths (validated on construction).
+
+    Args:
+        token_budget: tokens a microbatch may hold after padding.
+        bucket_edges, overflow_max, min_length: the :class:`BucketSpec`.
+        pad_policy: :class:`PadPolicy` or its value.
+        seed: the plan seed (uint64); it seeds the engine's epoch order.
+        sampling_mode: one of :data:`SAMPLING_MODES`.
+        sampler_block_size: the engine's block size (default 2^20).
+        mode: ``"predictable"`` or ``"throughput"``; informational, the
+            factories set it with the matching pad policy.
+        pack: None (each sample its own padded row) or a :class:`PackConfig`.
+        order: the engine's sampling mode behind a shuffled order, a name of
+            the mode registry (``block_affine``, ``feistel``, ``block_feistel``;
+            docs/sampling-modes.md). ``sampling_mode`` chooses shuffled,
+            sequential or streaming; ``order`` chooses which shuffle. Omitted
+            from :meth:`to_dict` when it is the default, so plans built before
+            it existed keep their fingerprints.
+    """
+
+    token_budget: int = 4096
+    bucket_edges: tuple[int, ...] = (128, 256, 512, 1024)
+    overflow_max: int = 2048
+    pad_policy: PadPolicy = PadPolicy.PAD_TO_MAX_IN_BATCH
+    seed: int = 42
+    sampling_mode: str = MODE_SHUFFLE
+    sampler_block_size: int = DEFAULT_BLOCK_SIZE
+    min_length: int = 1
+    mode: BatchingMode = BatchingMode.THROUGHPUT
+    pack: PackConfig | None = None
+    order: str = DEFAULT_MODE
+    bucket_spec: BucketSpec = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        spec = BucketSpec(self.bucket_edges, self.overflow_max, self.min_length)
+        set_ = object.__setattr__
+        set_(self, "bucket_spec", spec)
+        set_(self, "bucket_edges", spec.edges)
+        set_(self, "pad_policy", PadPolicy.parse(self.pad_policy))
+        try:
+            set_(self, "mode", BatchingMode(self.mode))
+        except ValueError:
+            raise config_error(f"mode must be predictable or throughput, got {self.mode!r}") from None
+        budget = require_int(self.token_budget, "token_budget", 1, MAX_LENGTH)
+        if budget < spec.overflow_max:
+            raise config_error(
+                f"token_budget {budget} is below overflow_max {spec.overflow_max}: a sample of the longest "
+                f"accepted length would not fit in any microbatch; raise the budget or lower overflow_max"
+            )
+        set_(self, "token_budget", budget)
+        set_(self, "seed", require_int(self.seed, "seed", 0, UINT64_MAX))
+        set_(self, "sampler_block_size", require_int(self.sampler_block_size, "sampler_block_size", 1, UINT64_MAX))
+        if self.sampling_mode not in SAMPLING_MODES:
+            raise config_error(f"sampling_mode must be one of {', '.join(SAMPLING_MODES)}, got {self.sampling_mode!r}")
+        if not isinstance(self.order, str) or self.order not in mode_names():
+            raise config_error(f"order must be one of {', '.join(mode_names())}, got {self.order!r}")
+        if self.pack is not None:
+            self._check_pack()
+
+    def _check_pack(self) -> None:
+        if not isinstance(self.pack, PackConfig):
+            raise config_error(f"pack must be None or a PackConfig, got {type(self.pack).__name__}")
+        if self.pack.max_length > self.token_budget:
+            raise config_error(f"pack max_length {self.pack.max_length} is above the token budget {self.token_budget}: "
+                               "a microbatch holds at least one row")
+        if self.bucket_spec.overflow_max > self.pack.max_length:
+            raise config_error(f"overflow_max {self.bucket_spec.overflow_max} is above pack max_length "
+                               f"{self.pack.max_length}: a sample of the longest accepted length would fit no row; "
+                               "lower overflow_max (longer samples are skipped and listed)")
+
+    @property
+    def rows_per_microbatch(self) -> int | None:
+        """Rows of a packed microbatch (None when the plan does not pack)."""
+        return None if self.pack is None else self.token_budget // self.pack.max_length
+
+    @classmethod
+    def predictable(cls, token_budget: int = 4096, bucket_edges=(128, 256, 512, 1024), overflow_max: int = 2048,
+                    seed: int = 42, **kwargs) -> "BatchingConfig":
+        """Fixed shapes: pad to the bucket's length."""
+        return cls(token_budget, tuple(bucket_edges), overflow_max, PadPolicy.PAD_TO_BUCKET, seed,
+                   mode=BatchingMode.PREDICTABLE, **kwargs)
+
+    @classmethod
+    def throughput(cls, token_budget: int = 4096, bucket_edges=(128, 256, 512, 1024), overflow_max: int = 2048,
+                   seed: int = 42, **kwargs) -> "BatchingConfig":
+        """Fewest padding tokens: pad to the longest sample of each microbatch."""
+        return cls(token_budget, tuple(bucket_edges), overflow_max, PadPolicy.PAD_TO_MAX_IN_BATCH, seed,
+                   mode=BatchingMode.THROUGHPUT, **kwargs)
+
+    @property
+    def is_predictable(self) -> bool:
+        return self.pad_policy is PadPolicy.PAD_TO_BUCKET
+
+    def to_dict(self) -> dict:
+        """Plain data, as meta.json's ``config`` stores it. ``pack`` is not
+        here: meta.json keeps it apart as ``pack_config``
+        (:meth:`PackConfig.to_dict`), so unpacked plans hash as they always did."""
+        return {
+            "token_budget": self.token_budget,
+            "bucket_edges": list(self.bucket_edges),
+            "overflow_max": self.overflow_max,
+            "min_length": self.min_length,
+            "pad_policy": self.pad_policy.value,
+            "mode": self.mode.value,
+            "seed": self.seed,
+            "sampling_mode": self.sampling_mode,
+            "sampler_block_size": self.sampler_block_size,
+            **({} if self.order == DEFAULT_MODE else {"order": self.order}),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "BatchingConfig":
+        if not isinstance(data, dict):
+            raise config_error(f"a batching config is a mapping, got {type(data).__name__}")
+        known = {"token_budget", "bucket_edges", "overflow_max", "min_length", "pad_policy", "mode", "seed",
+                 "sampling_mode", "sampler_block_size", "order"}
+        unknown = set(data) - known
+        if unknown:
+            raise config_error(f"unknown batching config keys {sorted(unknown)}; known: {sorted(known)}")
+        values = dict(data)
+        if "bucket_edges" in values and isinstance(values["bucket_edges"], list):
+            values["bucket_edges"] = tuple(values["bucket_edges"])
+        return cls(**values)

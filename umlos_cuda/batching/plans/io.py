@@ -1,0 +1,313 @@
+"""Plan folders: the seed's layout plus a binary form, written atomically.
+
+Layout (docs/batching.md, "Plan files")::
+
+    DIR/meta.json                     BatchPlanMeta, seed, engine mode, fingerprint
+    DIR/lengths.npy                   uint32 lengths the plan was built from (row order)
+    DIR/sample_ids.jsonl              one JSON string per row (absent: ids are row numbers)
+    DIR/epoch_<e>/microbatches.jsonl  {"index", "samples", "bucket_id", "max_len", "packs"} per line
+    DIR/epoch_<e>/stats.json          counts, tokens, padding, bucket histogram, skipped ids
+    DIR/epoch_<e>/offsets.npy         int64 [M + 1]
+    DIR/epoch_<e>/samples.npy         uint32 (uint64 past 2^32 rows) [S]: dataset rows
+    DIR/epoch_<e>/bucket_ids.npy      int16 [M]
+    DIR/epoch_<e>/max_len.npy         uint32 [M]
+    DIR/epoch_<e>/row_offsets.npy     packed plans: int64 [R + 1], row r is samples[row_offsets[r]:row_offsets[r+1]]
+    DIR/epoch_<e>/pack_rows.npy       packed plans: int64 [M + 1], microbatch j is rows pack_rows[j]:pack_rows[j+1]
+
+The binary form is always written and is what :func:`load_plan` maps into
+memory. The JSONL is the interchange format: ``jsonl="always"`` writes it,
+``"never"`` does not, ``"auto"`` (default) writes it unless the plan holds
+more than :data:`JSONL_AUTO_LIMIT` sample entries over all its epochs (a
+10^8-sample epoch is gigabytes of JSON and minutes to write). A folder with
+only the JSONL (written by another tool in the seed's layout, with
+meta.json and lengths.npy) also loads.
+
+Atomic: everything is written and fsynced in a hidden sibling folder
+(``.tmp-<name>-<random>``), which is then renamed to ``DIR`` in one step; a
+crash leaves at most that hidden folder, never a ``DIR`` that loads half a
+plan. ``force`` replaces an existing plan folder (and only a plan folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+
+from ...files import durable
+from ... import errors
+from ...errors import UmlosError
+from .builder import sample_ids_lines
+from .config import BatchingConfig
+from ...files.folders import atomic_folder, check_output_folder, fsynced_file, read_npy
+from ...files.folders import read_json as folders_read_json
+from .plan import PLAN_FORMAT, BatchPlan, BatchPlanMeta, EpochPlan, plan_error
+from .packing import PackConfig
+
+JSONL_MODES = ("auto", "always", "never")
+#: ``jsonl="auto"`` writes microbatches.jsonl up to this many sample entries (all epochs).
+JSONL_AUTO_LIMIT = 10_000_000
+ARRAYS = (("offsets", "<i8"), ("samples", None), ("bucket_ids", "<i2"), ("max_len", "<u4"))
+#: The arrays a packed plan's epoch adds (plan_packing.py).
+PACK_ARRAYS = (("row_offsets", "<i8"), ("pack_rows", "<i8"))
+_CONFIG_KEYS = ("token_budget", "bucket_edges", "overflow_max", "min_length", "pad_policy", "mode", "seed",
+                "sampling_mode", "sampler_block_size")
+
+
+# ---------------------------------------------------------------------- writing
+def save_plan(plan: BatchPlan, directory, *, jsonl: str = "auto", force: bool = False,
+              progress: Callable[[int, int], None] | None = None) -> str:
+    """Write ``plan`` to the folder ``directory`` (see the module docstring); returns its path."""
+    if jsonl not in JSONL_MODES:
+        raise plan_error(errors.BATCHING_CONFIG_INVALID, f"jsonl must be one of {', '.join(JSONL_MODES)}, got {jsonl!r}")
+    directory = check_output_dir(directory, force)
+    entries = sum(int(e.samples.shape[0]) for e in plan.epochs)
+    write_jsonl = jsonl == "always" or (jsonl == "auto" and entries <= JSONL_AUTO_LIMIT)
+    with _atomic_folder(directory) as temp:
+        _write_contents(plan, temp, write_jsonl, progress)
+    return directory
+
+
+def save_shards(plan: BatchPlan, world_size: int, directory, *, jsonl: str = "auto", force: bool = False) -> list[dict]:
+    """Write ``directory/rank_<r>`` (the shard of rank ``r``) for every rank and
+    ``directory/shards.json``, all in one atomic step; returns one row per rank."""
+    directory = check_output_dir(directory, force)
+    rows = []
+    with _atomic_folder(directory) as temp:
+        for rank in range(world_size):
+            shard = plan.shard(rank, world_size)
+            save_plan(shard, os.path.join(temp, f"rank_{rank}"), jsonl=jsonl)
+            rows.append({"rank": rank, "fingerprint": shard.fingerprint, "microbatches": shard.total_microbatches})
+        index = {"world_size": world_size, "source_fingerprint": plan.fingerprint, "shards": rows}
+        _write_json(os.path.join(temp, "shards.json"), index)
+    return rows
+
+
+def _write_contents(plan: BatchPlan, root: str, write_jsonl: bool, progress) -> None:
+    _write_npy(os.path.join(root, "lengths.npy"), np.asarray(plan.lengths, dtype="<u4"))
+    if plan.sample_ids is not None:
+        with fsynced_file(os.path.join(root, "sample_ids.jsonl")) as handle:
+            for chunk in sample_ids_lines(plan.sample_ids):
+                handle.write(chunk)
+    for done, epoch in enumerate(plan.epochs):
+        folder = os.path.join(root, f"epoch_{epoch.epoch}")
+        os.mkdir(folder)
+        for name, _ in ARRAYS + (PACK_ARRAYS if epoch.pack_rows is not None else ()):
+            _write_npy(os.path.join(folder, f"{name}.npy"), np.asarray(getattr(epoch, name)))
+        _write_json(os.path.join(folder, "stats.json"), epoch.stats)
+        if write_jsonl:
+            with fsynced_file(os.path.join(folder, "microbatches.jsonl")) as handle:
+                for j in range(len(epoch)):
+                    handle.write((json.dumps(plan.microbatch(epoch.epoch, j).to_json()) + "\n").encode("ascii"))
+        durable.fsync_directory(folder)
+        if progress is not None:
+            progress(done + 1, len(plan.epochs))
+    _write_json(os.path.join(root, "meta.json"), plan.meta.to_json())  # last: the plan is complete
+    durable.fsync_directory(root)
+
+
+def check_output_dir(directory, force: bool) -> str:
+    """The absolute path of a plan folder to write, refused before any work
+    (OUTPUT_PATH_INVALID, OUTPUT_EXISTS) when it cannot be written."""
+    return check_output_folder(directory, force, "plan", "meta.json", operator=errors.BATCH_PLAN_OPERATOR)
+
+
+def _atomic_folder(directory: str):
+    return atomic_folder(directory, "plan", operator=errors.BATCH_PLAN_OPERATOR)
+
+
+def _write_npy(path: str, array: np.ndarray) -> None:
+    with fsynced_file(path) as handle:
+        np.save(handle, np.ascontiguousarray(array), allow_pickle=False)
+
+
+def _write_json(path: str, value) -> None:
+    with fsynced_file(path) as handle:
+        handle.write((json.dumps(value, indent=2) + "\n").encode("ascii"))
+
+
+# ---------------------------------------------------------------------- reading
+def load_plan(directory, *, mmap: bool = True) -> BatchPlan:
+    """The plan in ``directory``; arrays are memory-mapped unless ``mmap=False``."""
+    root = os.fspath(directory)
+    meta_path = os.path.join(root, "meta.json")
+    if not os.path.isfile(meta_path):
+        raise plan_error(errors.PLAN_NOT_FOUND, f"no batch plan at {root}: {meta_path} does not exist "
+                                                "(build one with `umlos-cuda plan build`)")
+    meta = meta_from_json(read_json(meta_path))
+    lengths = read_npy(os.path.join(root, "lengths.npy"), "<u4", (meta.num_samples,), mmap, _format)
+    sample_ids = None
+    if meta.sample_ids_sha256 is not None:
+        sample_ids = read_sample_ids(os.path.join(root, "sample_ids.jsonl"), meta.num_samples)
+    epochs = [_load_epoch(root, e, meta, lengths, sample_ids, mmap) for e in range(meta.num_epochs)]
+    return BatchPlan(meta, epochs, lengths, sample_ids)
+
+
+def _load_epoch(root: str, epoch: int, meta: BatchPlanMeta, lengths, sample_ids, mmap: bool) -> EpochPlan:
+    folder = os.path.join(root, f"epoch_{epoch}")
+    stats = read_json(os.path.join(folder, "stats.json"))
+    if not isinstance(stats, dict) or "microbatches" not in stats:
+        raise _format(f"{folder}/stats.json is not a stats object")
+    base, step = (meta.shard["rank"], meta.shard["world_size"]) if meta.shard else (0, 1)
+    if os.path.exists(os.path.join(folder, "offsets.npy")):
+        arrays = {}
+        for name, dtype in ARRAYS + (PACK_ARRAYS if meta.config.pack is not None else ()):
+            arrays[name] = read_npy(os.path.join(folder, f"{name}.npy"), dtype or meta.index_dtype, None, mmap, _format)
+    elif os.path.exists(os.path.join(folder, "microbatches.jsonl")):
+        arrays = read_microbatches_jsonl(os.path.join(folder, "microbatches.jsonl"), meta, sample_ids, base, step)
+    else:
+        raise _format(f"{folder} holds neither offsets.npy nor microbatches.jsonl")
+    offsets = arrays["offsets"]
+    m = int(arrays["bucket_ids"].shape[0])
+    if offsets.shape != (m + 1,) or arrays["max_len"].shape != (m,) or int(offsets[0]) != 0 \
+            or int(offsets[-1]) != int(arrays["samples"].shape[0]):
+        raise _format(f"{folder}: offsets, samples, bucket_ids and max_len do not fit together "
+                      f"({offsets.shape[0]} offsets for {m} microbatches)")
+    if meta.config.pack is not None:
+        row_offsets, pack_rows = arrays["row_offsets"], arrays["pack_rows"]
+        if pack_rows.shape != (m + 1,) or row_offsets.shape[0] < 1 or int(pack_rows[-1]) != row_offsets.shape[0] - 1 \
+                or int(row_offsets[-1]) != int(arrays["samples"].shape[0]):
+            raise _format(f"{folder}: row_offsets and pack_rows do not fit the microbatches "
+                          f"({pack_rows.shape[0]} row bounds for {m} microbatches)")
+    return EpochPlan(epoch, offsets, arrays["samples"], arrays["bucket_ids"], arrays["max_len"], stats, base, step,
+                     arrays.get("row_offsets"), arrays.get("pack_rows"))
+
+
+def meta_from_json(data) -> BatchPlanMeta:
+    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+        got = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise _format(f"meta.json has format {got!r}; this reader reads {PLAN_FORMAT!r}")
+    try:
+        order = {"order": data["order"]} if "order" in data else {}  # written only when not the default
+        config = BatchingConfig.from_dict({**{k: data[k] for k in _CONFIG_KEYS}, **order})
+        if data["pack_config"] is not None:
+            config = replace(config, pack=PackConfig.from_dict(data["pack_config"]))
+        shard = data["shard"]
+        if shard is not None and (not isinstance(shard, dict) or set(shard) != {"rank", "world_size", "source_fingerprint"}):
+            raise _format(f"meta.json shard must be null or {{rank, world_size, source_fingerprint}}, got {shard!r}")
+        meta = BatchPlanMeta(
+            config=config, num_epochs=_int(data["num_epochs"], "num_epochs", 1),
+            num_samples=_int(data["num_samples"], "num_samples", 1), tokenizer_hash=data["tokenizer_hash"],
+            dataset_hash=data["dataset_hash"], lengths_sha256=data["lengths_sha256"],
+            sample_ids_sha256=data["sample_ids_sha256"], sampling_mode=config.sampling_mode,
+            sampler_config_hash=data["sampler_config_hash"], manifest_hash=data["manifest_hash"],
+            index_dtype=data["index_dtype"], shard=shard, fingerprint=data["fingerprint"],
+            epoch_digests=tuple(data["epoch_digests"]),
+        )
+    except KeyError as exc:
+        raise _format(f"meta.json lacks the field {exc.args[0]!r}") from None
+    except UmlosError as exc:
+        if exc.code == errors.PLAN_FORMAT_INVALID:
+            raise
+        raise _format(f"meta.json: {exc.message}") from None
+    if meta.index_dtype not in ("<u4", "<u8"):
+        raise _format(f"meta.json index_dtype must be <u4 or <u8, got {meta.index_dtype!r}")
+    if set(data) != set(meta.to_json()):
+        extra = sorted(set(data) - set(meta.to_json()))
+        raise _format(f"meta.json has unknown fields {extra}")
+    return meta
+
+
+def _int(value, what: str, low: int, where: str = "meta.json") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise _format(f"{where}: {what} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def read_json(path: str):
+    """A plan file's JSON (folders.read_json), PLAN_FORMAT_INVALID when missing too."""
+    try:
+        return folders_read_json(path, _format)
+    except FileNotFoundError:
+        raise _format(f"{path} is missing") from None
+
+
+def read_sample_ids(path: str, count: int) -> list[str]:
+    ids = []
+    try:
+        with open(path, "rb") as handle:
+            for number, line in enumerate(handle):
+                try:
+                    value = json.loads(line)
+                except ValueError:
+                    value = None
+                if not isinstance(value, str):
+                    raise _format(f"{path} line {number + 1} is not a JSON string")
+                ids.append(value)
+    except FileNotFoundError:
+        raise _format(f"{path} is missing (meta.json says the ids are stored)") from None
+    except OSError as exc:
+        raise _format(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if len(ids) != count:
+        raise _format(f"{path} has {len(ids)} ids for {count} samples")
+    return ids
+
+
+def read_microbatches_jsonl(path: str, meta: BatchPlanMeta, sample_ids, base: int, step: int) -> dict:
+    """Arrays from the seed's microbatches.jsonl (ids mapped back to rows)."""
+    lookup = None if sample_ids is None else {sid: row for row, sid in enumerate(sample_ids)}
+    n = meta.num_samples
+    sizes, rows, bucket_ids, max_len, row_sizes, pack_sizes = [], [], [], [], [], []
+    packed = meta.config.pack is not None
+    try:
+        handle = open(path, "rb")
+    except OSError as exc:
+        raise _format(f"cannot read {path}: {exc.strerror or exc}") from exc
+    with handle:
+        for number, line in enumerate(handle):
+            where = f"{path} line {number + 1}"
+            try:
+                item = json.loads(line)
+            except ValueError:
+                raise _format(f"{where} is not JSON") from None
+            if not isinstance(item, dict) or set(item) != {"index", "samples", "bucket_id", "max_len", "packs"}:
+                raise _format(f"{where} must have exactly index, samples, bucket_id, max_len, packs")
+            if item["index"] != base + number * step:
+                raise _format(f"{where} has index {item['index']!r}; expected {base + number * step}")
+            samples = item["samples"]
+            if not isinstance(samples, list) or not samples:
+                raise _format(f"{where}: samples must be a non-empty list of sample ids")
+            if packed:
+                packs = item["packs"]
+                if not isinstance(packs, list) or not all(isinstance(p, list) and p for p in packs) \
+                        or [sid for p in packs for sid in p] != samples:
+                    raise _format(f"{where}: packs must be non-empty lists of sample ids that, joined, are samples")
+                row_sizes.extend(len(p) for p in packs)
+                pack_sizes.append(len(packs))
+            elif item["packs"] is not None:
+                raise _format(f"{where} has packs but meta.json has no pack_config")
+            for sid in samples:
+                row = _row_of(sid, lookup, n)
+                if row is None:
+                    raise _format(f"{where}: sample {sid!r} is not a sample of this plan")
+                rows.append(row)
+            sizes.append(len(samples))
+            bucket_ids.append(_int(item["bucket_id"], "bucket_id", 0, where))
+            max_len.append(_int(item["max_len"], "max_len", 1, where))
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(sizes, dtype=np.int64), out=offsets[1:])
+    arrays = {"offsets": offsets, "samples": np.asarray(rows, dtype=meta.index_dtype),
+              "bucket_ids": np.asarray(bucket_ids, dtype="<i2"), "max_len": np.asarray(max_len, dtype="<u4")}
+    if packed:
+        for name, counts in (("row_offsets", row_sizes), ("pack_rows", pack_sizes)):
+            arrays[name] = np.zeros(len(counts) + 1, dtype=np.int64)
+            np.cumsum(np.asarray(counts, dtype=np.int64), out=arrays[name][1:])
+    return arrays
+
+
+def _row_of(sample_id, lookup, n: int):
+    if not isinstance(sample_id, str):
+        return None
+    if lookup is not None:
+        return lookup.get(sample_id)
+    if not sample_id.isdigit() or (len(sample_id) > 1 and sample_id[0] == "0"):
+        return None
+    row = int(sample_id)
+    return row if row < n else None
+
+
+def _format(message: str) -> UmlosError:
+    return plan_error(errors.PLAN_FORMAT_INVALID, message)

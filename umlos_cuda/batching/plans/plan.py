@@ -1,0 +1,297 @@
+"""A batch plan in memory: metadata, and per epoch the microbatches as arrays.
+
+What goes in: :class:`BatchPlanMeta` and one :class:`EpochPlan` per epoch
+(arrays from the planner, or memory-mapped from a plan folder). What comes
+out: microbatches, one at a time (:class:`MicrobatchSpec`, the seed's
+fields plus the dataset ``rows``), from any position (``iter_from``), for
+any rank (``shard``). Nothing here is per sample: a 10^8-sample plan is
+four arrays per epoch.
+
+Microbatch indices are *global*: the position in the epoch's sequence of the
+unsharded plan. A shard keeps them (its microbatch ``j`` is global
+``rank + j * world_size``), so a cursor ``(epoch, microbatch_index)`` means
+the same thing at every world size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ... import errors
+from ...errors import UmlosError
+from .config import BatchingConfig
+
+#: meta.json ``format``.
+PLAN_FORMAT = "umlos_cuda.batch_plan/1"
+#: The seed's ``version`` field.
+PLAN_VERSION = "1.0"
+
+
+def plan_error(code: str, message: str) -> UmlosError:
+    return UmlosError(code, message, operator=errors.BATCH_PLAN_OPERATOR)
+
+
+@dataclass(frozen=True)
+class MicrobatchSpec:
+    """One microbatch: the seed's fields (``samples`` are sample ids) and ``rows``,
+    the dataset rows (what a ``DataLoader`` indexes). In a packed plan
+    ``packs`` lists each packed row's sample ids (their concatenation is
+    ``samples``) and ``pack_sizes`` their counts; both are None otherwise."""
+
+    index: int
+    samples: tuple[str, ...]
+    bucket_id: int
+    max_len: int
+    rows: np.ndarray = field(repr=False, compare=False)
+    packs: tuple[tuple[str, ...], ...] | None = None
+    pack_sizes: tuple[int, ...] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.samples)
+
+    def packed_rows(self) -> list[np.ndarray] | None:
+        """The dataset rows of each packed row (None when the plan does not pack)."""
+        if self.pack_sizes is None:
+            return None
+        return np.split(self.rows, np.cumsum(self.pack_sizes)[:-1])
+
+    def to_json(self) -> dict:
+        """The microbatches.jsonl object (key order fixed: the files are byte-identical)."""
+        return {"index": self.index, "samples": list(self.samples), "bucket_id": self.bucket_id,
+                "max_len": self.max_len, "packs": None if self.packs is None else [list(p) for p in self.packs]}
+
+
+@dataclass(frozen=True)
+class BatchPlanMeta:
+    """What a plan was built from and what it is (meta.json).
+
+    ``config`` is the :class:`BatchingConfig`; ``sampling_mode`` and
+    ``sampler_config_hash`` are the engine's, from its metadata;
+    ``manifest_hash`` names the manifest the order comes from
+    (``planner.plan_manifest``). ``lengths_sha256`` binds the lengths
+    (uint32 little-endian bytes), ``sample_ids_sha256`` the ids (None when
+    they are the row numbers). ``shard`` is None for a full plan, else
+    ``{"rank", "world_size", "source_fingerprint"}``. ``fingerprint`` is
+    filled once the content is known (plan_fingerprint.py).
+    """
+
+    config: BatchingConfig
+    num_epochs: int
+    num_samples: int
+    tokenizer_hash: str
+    dataset_hash: str | None
+    lengths_sha256: str
+    sample_ids_sha256: str | None
+    sampling_mode: str
+    sampler_config_hash: str
+    manifest_hash: str
+    index_dtype: str
+    shard: dict | None = None
+    fingerprint: str | None = None
+    epoch_digests: tuple[str, ...] = ()
+
+    @property
+    def source_fingerprint(self) -> str | None:
+        """The full plan's fingerprint (a shard's source; the plan's own otherwise)."""
+        return self.shard["source_fingerprint"] if self.shard else self.fingerprint
+
+    def header(self) -> dict:
+        """The fields the fingerprint covers (everything but the fingerprint and digests)."""
+        return {
+            "format": PLAN_FORMAT,
+            "version": PLAN_VERSION,
+            **self.config.to_dict(),
+            "base_seed": self.config.seed,
+            "pack_config": None if self.config.pack is None else self.config.pack.to_dict(),
+            "num_epochs": self.num_epochs,
+            "num_samples": self.num_samples,
+            "tokenizer_hash": self.tokenizer_hash,
+            "dataset_hash": self.dataset_hash,
+            "lengths_sha256": self.lengths_sha256,
+            "sample_ids": "line_numbers" if self.sample_ids_sha256 is None else "file",
+            "sample_ids_sha256": self.sample_ids_sha256,
+            "sampler_config_hash": self.sampler_config_hash,
+            "manifest_hash": self.manifest_hash,
+            "index_dtype": self.index_dtype,
+            "shard": self.shard,
+        }
+
+    def to_json(self) -> dict:
+        return {**self.header(), "fingerprint": self.fingerprint, "epoch_digests": list(self.epoch_digests)}
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One epoch: ``offsets`` (int64, M + 1), ``samples`` (rows), ``bucket_ids``
+    (int16, M), ``max_len`` (uint32, M); microbatch ``j`` has global index
+    ``index_base + j * index_step``. ``stats`` is what stats.json holds.
+    A packed plan's epoch also has ``row_offsets`` and ``pack_rows``
+    (plan_packing.py); they are None otherwise."""
+
+    epoch: int
+    offsets: np.ndarray
+    samples: np.ndarray
+    bucket_ids: np.ndarray
+    max_len: np.ndarray
+    stats: dict
+    index_base: int = 0
+    index_step: int = 1
+    row_offsets: np.ndarray | None = None
+    pack_rows: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self.bucket_ids.shape[0])
+
+    @property
+    def num_microbatches(self) -> int:
+        return len(self)
+
+    def global_index(self, j: int) -> int:
+        return self.index_base + j * self.index_step
+
+    def local_index(self, global_index: int) -> int | None:
+        """The position of global microbatch ``global_index`` in this epoch (None: not here)."""
+        offset = global_index - self.index_base
+        if offset < 0 or offset % self.index_step:
+            return None
+        return offset // self.index_step
+
+    def first_local_at_or_after(self, global_index: int) -> int:
+        """The first local microbatch whose global index is ``>= global_index``."""
+        return max(0, -(-(global_index - self.index_base) // self.index_step))
+
+    def rows(self, j: int) -> np.ndarray:
+        return np.asarray(self.samples[int(self.offsets[j]):int(self.offsets[j + 1])])
+
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def padded_rows(self) -> np.ndarray:
+        """Padded rows of each microbatch: its packed rows, or its samples when the plan does not pack."""
+        return np.diff(np.asarray(self.pack_rows if self.pack_rows is not None else self.offsets, dtype=np.int64))
+
+
+class BatchPlan:
+    """A batch plan: :class:`BatchPlanMeta`, one :class:`EpochPlan` per epoch,
+    the lengths it was built from and the sample ids (None: row numbers).
+
+    Build one with :class:`~umlos_cuda.batching.plans.builder.BatchPlanBuilder`,
+    read one with :meth:`load` (memory-mapped binary form).
+    """
+
+    def __init__(self, meta: BatchPlanMeta, epochs: Sequence[EpochPlan], lengths: np.ndarray,
+                 sample_ids: Sequence[str] | None = None) -> None:
+        self.meta = meta
+        self.epochs = list(epochs)
+        self.lengths = lengths
+        self.sample_ids = sample_ids
+
+    def __repr__(self) -> str:
+        shard = f", shard {self.meta.shard['rank']}/{self.meta.shard['world_size']}" if self.meta.shard else ""
+        return (f"BatchPlan({self.num_epochs} epochs, {self.total_microbatches} microbatches, "
+                f"{self.meta.num_samples} samples{shard}, fingerprint={self.fingerprint})")
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def fingerprint(self) -> str | None:
+        return self.meta.fingerprint
+
+    @property
+    def config(self) -> BatchingConfig:
+        return self.meta.config
+
+    @property
+    def num_epochs(self) -> int:
+        return len(self.epochs)
+
+    @property
+    def total_microbatches(self) -> int:
+        return sum(len(e) for e in self.epochs)
+
+    def get_epoch(self, epoch: int) -> EpochPlan:
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= epoch < self.num_epochs:
+            raise plan_error(errors.PLAN_CURSOR_INVALID,
+                             f"epoch {epoch!r} is not in the plan; it has epochs 0 to {self.num_epochs - 1}")
+        return self.epochs[int(epoch)]
+
+    def epoch_microbatches(self, epoch: int) -> int:
+        """Microbatches of ``epoch`` in the full (unsharded) plan."""
+        stats = self.get_epoch(epoch).stats
+        return int(stats.get("global_microbatches", stats["microbatches"]))
+
+    # ------------------------------------------------------------------ ids
+    def sample_id(self, row: int) -> str:
+        return str(int(row)) if self.sample_ids is None else self.sample_ids[int(row)]
+
+    def _ids(self, rows: np.ndarray) -> tuple[str, ...]:
+        if self.sample_ids is None:
+            return tuple(str(r) for r in rows.tolist())
+        ids = self.sample_ids
+        return tuple(ids[r] for r in rows.tolist())
+
+    # ------------------------------------------------------------------ iteration
+    def microbatch(self, epoch: int, j: int) -> MicrobatchSpec:
+        """Local microbatch ``j`` of ``epoch``."""
+        plan = self.get_epoch(epoch)
+        rows = plan.rows(j)
+        ids = self._ids(rows)
+        packs = sizes = None
+        if plan.pack_rows is not None:
+            bounds = np.asarray(plan.row_offsets[int(plan.pack_rows[j]):int(plan.pack_rows[j + 1]) + 1], dtype=np.int64)
+            bounds = (bounds - bounds[0]).tolist()
+            sizes = tuple(b - a for a, b in zip(bounds, bounds[1:]))
+            packs = tuple(ids[a:b] for a, b in zip(bounds, bounds[1:]))
+        return MicrobatchSpec(plan.global_index(j), ids, int(plan.bucket_ids[j]), int(plan.max_len[j]), rows,
+                              packs, sizes)
+
+    def iter_epoch(self, epoch: int) -> Iterator[MicrobatchSpec]:
+        plan = self.get_epoch(epoch)
+        for j in range(len(plan)):
+            yield self.microbatch(epoch, j)
+
+    def iter_from(self, epoch: int, microbatch_index: int) -> Iterator[tuple[int, int, MicrobatchSpec]]:
+        """``(epoch, global index, microbatch)`` from the plan cursor
+        ``(epoch, microbatch_index)`` to the end of the plan (resume). The
+        index may be the epoch's length (the epoch is done)."""
+        check_cursor(self, epoch, microbatch_index)
+        for e in range(int(epoch), self.num_epochs):
+            plan = self.epochs[e]
+            first = plan.first_local_at_or_after(microbatch_index) if e == epoch else 0
+            for j in range(first, len(plan)):
+                spec = self.microbatch(e, j)
+                yield e, spec.index, spec
+
+    def shard(self, rank: int, world_size: int) -> "BatchPlan":
+        """This rank's microbatches (global microbatch ``i`` goes to rank ``i % world_size``)."""
+        from .sharding import shard_plan
+
+        return shard_plan(self, rank, world_size)
+
+    # ------------------------------------------------------------------ files
+    def save(self, directory, *, jsonl: str = "auto", force: bool = False, progress=None) -> None:
+        from .io import save_plan
+
+        save_plan(self, directory, jsonl=jsonl, force=force, progress=progress)
+
+    @classmethod
+    def load(cls, directory, *, mmap: bool = True) -> "BatchPlan":
+        from .io import load_plan
+
+        return load_plan(directory, mmap=mmap)
+
+
+def check_cursor(plan: BatchPlan, epoch: Any, microbatch_index: Any) -> None:
+    """A plan cursor must name an epoch of the plan and an index in ``[0, M]``."""
+    for value, what in ((epoch, "epoch"), (microbatch_index, "microbatch_index")):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise plan_error(errors.PLAN_CURSOR_INVALID, f"{what} must be a non-negative integer, got {value!r}")
+    plan.get_epoch(epoch)
+    limit = plan.epoch_microbatches(epoch)
+    if microbatch_index > limit:
+        raise plan_error(errors.PLAN_CURSOR_INVALID,
+                         f"microbatch_index {microbatch_index} is past the end of epoch {epoch} "
+                         f"({limit} microbatches; {limit} itself means the epoch is done)")

@@ -1,0 +1,364 @@
+"""Token-budget microbatches of one epoch, on the engine's order, in NumPy.
+
+What goes in: the lengths (``uint32``, one per dataset row), a
+:class:`BatchingConfig` and an epoch number. What comes out:
+:class:`EpochArrays`: the rows of every microbatch concatenated
+(``samples``), where each microbatch starts (``offsets``), its bucket and
+its pad length (``max_len``), plus the skipped rows.
+
+The steps, each a few array operations (no Python loop per sample):
+
+1. **Order.** The epoch's order is the engine's (``epoch_indices`` of a
+   manifest with one dataset of cardinality N, seeded with the plan seed),
+   fetched in windows so memory stays at a few bytes per sample. It does not
+   depend on any world size.
+2. **Buckets.** Each position's bucket (``BucketSpec.bucket_ids``); rows are
+   grouped by bucket, keeping the epoch order inside each bucket.
+3. **Cutting.** Each bucket's rows are cut in order, a microbatch ending when
+   the next sample would break the budget: ``count x bucket_max <= budget``
+   for ``pad_to_bucket`` (fixed-size chunks), ``count x longest <= budget``
+   for ``pad_to_max``. The greedy ``pad_to_max`` cut is one pass per bucket
+   in the native extension (``umlos_cuda._packing.cut``) when it is built;
+   the NumPy fallback gives the same cuts, in buckets of short samples by
+   scanning one microbatch's window at a time, and in the others for every
+   start at once by binary lifting over window maxima (log2 of the largest
+   count levels), following the chain of cuts from the first row, one step
+   per microbatch. A packed plan (``config.pack``)
+   instead packs each bucket's rows into rows of ``pack.max_length`` tokens
+   and cuts every ``token_budget // pack.max_length`` rows (plan_packing.py).
+4. **Interleaving.** Microbatch ``j`` of a bucket with ``n`` microbatches gets
+   the key ``(j + u) / n`` with ``u`` a Philox draw in [0, 1) (a jittered
+   stratified merge); all microbatches are sorted by key (integer keys,
+   ties by bucket). Every prefix of the epoch then holds each bucket in
+   proportion, within one microbatch, so the bucket mix is the same at the
+   start and at the end of an epoch, and the jitter keeps the pattern from
+   repeating across epochs (a fixed pattern would hand the same buckets to
+   the same ranks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...epoch import epoch_seed, philox_key_words
+from ...hashing import hash_canonical
+from ...manifest.core import Manifest
+from ...nextbatch import MODE_SEQUENTIAL, epoch_indices, next_batch
+from ...philox import philox_draws
+from ...presets import MODE_STREAMING
+from .buckets import SKIPPED
+from .config import BatchingConfig, PadPolicy
+from ..packing.pack import native_module
+from .packing import arrange_rows, pack_bucket
+
+#: Positions fetched from the engine per call (memory: a few bytes each).
+ORDER_WINDOW = 1 << 22
+#: Rows per pad_to_max lifting chunk.
+CUT_CHUNK = 1 << 20
+#: pad_to_max cuts a bucket by scanning when its microbatches hold this many samples on average.
+SCAN_MIN_COUNT = 48
+#: The dataset key of the manifest a plan's order comes from.
+PLAN_DATASET_KEY = "train"
+#: Philox domain of the interleaving jitter (the engine's draws use others).
+INTERLEAVE_DOMAIN = 0x504C414E  # "PLAN"
+
+
+@dataclass(frozen=True)
+class EpochArrays:
+    """One epoch's microbatches as arrays (``M`` microbatches, ``S`` rows)."""
+
+    offsets: np.ndarray  # int64 [M + 1]: microbatch i is samples[offsets[i]:offsets[i+1]]
+    samples: np.ndarray  # uint32 or uint64 [S]: dataset rows
+    bucket_ids: np.ndarray  # int16 [M]
+    max_len: np.ndarray  # uint32 [M]: the pad length
+    skipped: np.ndarray  # the rows no bucket accepts, ascending
+    row_offsets: np.ndarray | None = None  # packed: int64 [R + 1], row r is samples[row_offsets[r]:row_offsets[r+1]]
+    pack_rows: np.ndarray | None = None  # packed: int64 [M + 1], microbatch i is rows pack_rows[i]:pack_rows[i+1]
+
+    @property
+    def num_microbatches(self) -> int:
+        return int(self.bucket_ids.shape[0])
+
+
+def index_dtype(n: int) -> np.dtype:
+    """Row dtype of a plan over ``n`` samples: uint32 when it fits, else uint64."""
+    return np.dtype("<u4") if n <= (1 << 32) else np.dtype("<u8")
+
+
+def plan_manifest(config: BatchingConfig, n: int) -> Manifest:
+    """The manifest whose dataset ``"train"`` (cardinality ``n``) gives the plan's order."""
+    return Manifest.from_dict({
+        "seed": config.seed,
+        "global_batch_size": 1,
+        "data": {"sampler_block_size": config.sampler_block_size, "drop_last": False, "sampling_mode": config.order},
+        "datasets": {PLAN_DATASET_KEY: {"id": "umlos_cuda.batching.plans.plan", "version": 1, "hash": "", "cardinality": n}},
+    })
+
+
+def engine_metadata(config: BatchingConfig, manifest: Manifest) -> dict:
+    """The engine's own metadata for the order the plan follows (its
+    ``sampling_mode`` and ``sampler_config_hash`` are copied into meta.json)."""
+    if config.sampling_mode == MODE_SEQUENTIAL:
+        batch = next_batch(manifest, PLAN_DATASET_KEY, stage="eval", backend="numpy")
+    elif config.sampling_mode == MODE_STREAMING:
+        batch = next_batch(manifest, PLAN_DATASET_KEY, preset="streaming_infinite", backend="numpy")
+    else:
+        batch = next_batch(manifest, PLAN_DATASET_KEY, stage="train", backend="numpy")
+    return batch.metadata
+
+
+def epoch_order(config: BatchingConfig, manifest: Manifest, n: int, epoch: int, backend: str = "auto"):
+    """Yield the epoch's rows in order, window by window (arrays of :func:`index_dtype`)."""
+    dtype = index_dtype(n)
+    for start in range(0, n, ORDER_WINDOW):
+        count = min(ORDER_WINDOW, n - start)
+        if config.sampling_mode == MODE_SEQUENTIAL:
+            yield np.arange(start, start + count, dtype=dtype)
+        else:  # the streaming preset's epoch e is the train order of epoch e
+            yield epoch_indices(manifest, PLAN_DATASET_KEY, epoch, start, count, backend=backend).astype(dtype)
+
+
+def build_epoch(lengths: np.ndarray, config: BatchingConfig, epoch: int, *, manifest: Manifest | None = None,
+                backend: str = "auto") -> EpochArrays:
+    """The microbatches of ``epoch`` (see the module docstring)."""
+    n = int(lengths.shape[0])
+    manifest = manifest or plan_manifest(config, n)
+    spec = config.bucket_spec
+    rows, buckets = _ordered_rows_and_buckets(lengths, config, manifest, n, epoch, backend)
+    counts = np.bincount(buckets.astype(np.int64) + 1, minlength=spec.num_buckets + 1)
+    skipped = np.sort(rows[buckets == SKIPPED])
+    # Group rows by bucket, keeping the epoch order inside each bucket.
+    grouped = np.empty(n - int(counts[0]), dtype=rows.dtype)
+    bases = np.concatenate(([0], np.cumsum(counts[1:])))
+    for k in range(spec.num_buckets):
+        if counts[k + 1]:
+            grouped[bases[k]:bases[k + 1]] = rows[buckets == k]
+    del rows, buckets
+    starts, bucket_of, max_len = [], [], []
+    row_sizes, microbatch_rows = [], []  # packed plans only
+    for k in range(spec.num_buckets):
+        if not counts[k + 1]:
+            continue
+        bucket_lengths = lengths[grouped[bases[k]:bases[k + 1]]]
+        if config.pack is None:
+            cut, longest = _cut_bucket(bucket_lengths, k, config)
+        else:
+            permutation, cut, rows_of_batches, sizes_of_rows = pack_bucket(bucket_lengths, config.pack,
+                                                                           config.rows_per_microbatch)
+            grouped[bases[k]:bases[k + 1]] = grouped[bases[k]:bases[k + 1]][permutation]
+            longest = np.full(cut.shape[0], config.pack.max_length, dtype=np.uint32)
+            row_sizes.append(sizes_of_rows)
+            microbatch_rows.append(rows_of_batches)
+        starts.append(cut + bases[k])
+        bucket_of.append(np.full(cut.shape[0], k, dtype=np.int16))
+        max_len.append(longest)
+    if not starts:
+        empty = (np.zeros(1, np.int64), np.zeros(1, np.int64)) if config.pack is not None else (None, None)
+        return EpochArrays(np.zeros(1, np.int64), grouped, np.zeros(0, np.int16), np.zeros(0, np.uint32), skipped,
+                           *empty)
+    starts = np.concatenate(starts)
+    bucket_of = np.concatenate(bucket_of)
+    max_len = np.concatenate(max_len)
+    ends = np.append(starts[1:], grouped.shape[0])
+    order = _interleave(bucket_of, spec.num_buckets, manifest, epoch)
+    sizes = (ends - starts)[order]
+    offsets = np.zeros(order.shape[0] + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    samples = gather_batches(grouped, starts[order], sizes, offsets)
+    rows = arrange_rows(row_sizes, microbatch_rows, order, gather_batches) if config.pack is not None else (None, None)
+    return EpochArrays(offsets, samples, bucket_of[order], max_len[order].astype(np.uint32), skipped, *rows)
+
+
+def _ordered_rows_and_buckets(lengths, config, manifest, n, epoch, backend):
+    rows = np.empty(n, dtype=index_dtype(n))
+    buckets = np.empty(n, dtype=np.int16)
+    start = 0
+    for window in epoch_order(config, manifest, n, epoch, backend):
+        stop = start + window.shape[0]
+        rows[start:stop] = window
+        buckets[start:stop] = config.bucket_spec.bucket_ids(lengths[window])
+        start = stop
+    return rows, buckets
+
+
+def _cut_bucket(bucket_lengths: np.ndarray, k: int, config: BatchingConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Start of each microbatch (int64, relative to the bucket) and its pad length."""
+    m = int(bucket_lengths.shape[0])
+    budget = config.token_budget
+    bucket_max = int(config.bucket_spec.max_lengths[k])
+    if config.pad_policy is PadPolicy.PAD_TO_BUCKET:
+        starts = np.arange(0, m, budget // bucket_max, dtype=np.int64)
+        return starts, np.full(starts.shape[0], bucket_max, dtype=np.uint32)
+    shortest = max(config.bucket_spec.bucket_range(k)[0], 1)
+    largest_count = min(budget // shortest, m)
+    return greedy_cuts_and_longest(bucket_lengths, budget, largest_count)
+
+
+def greedy_cuts(lengths: np.ndarray, budget: int, largest_count: int, *, backend: str = "auto") -> np.ndarray:
+    """Starts of the greedy ``count x longest <= budget`` microbatches of ``lengths``.
+
+    Every length must be at most ``budget``; no microbatch holds more than
+    ``largest_count`` samples (``budget // shortest possible length``) when
+    the cut is found by lifting (see :func:`greedy_cuts_and_longest`).
+    """
+    return greedy_cuts_and_longest(lengths, budget, largest_count, backend=backend)[0]
+
+
+def greedy_cuts_and_longest(lengths: np.ndarray, budget: int, largest_count: int, *,
+                            backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+    """:func:`greedy_cuts` and the longest length of each microbatch (uint32).
+
+    ``backend``: ``native`` (one pass in ``umlos_cuda._packing.cut``, uint32
+    lengths), ``numpy``, or ``auto`` (native when built and the lengths are
+    uint32). In NumPy, long microbatches (short samples: few cuts, many
+    samples each) are found one at a time with a vectorised scan of a window;
+    short ones (many cuts) by binary lifting over all starts at once, which
+    also caps a microbatch at ``largest_count`` samples (in a plan, a cap
+    that only binds for zero lengths). The native pass applies the same cap in the
+    same cases, so every backend gives the same cuts, bit for bit.
+    """
+    m = int(lengths.shape[0])
+    if m == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint32)
+    by_scan = budget * m / max(1, int(lengths.sum(dtype=np.uint64))) >= SCAN_MIN_COUNT
+    cap = m if by_scan else max(1, min(largest_count, m))
+    module = native_module() if backend != "numpy" else None
+    if module is not None and lengths.dtype == np.uint32:
+        return _native_cuts(module, np.ascontiguousarray(lengths), budget, cap)
+    if backend == "native":
+        raise ValueError("the native cut needs umlos_cuda._packing and uint32 lengths")
+    starts = cuts_by_scan(lengths, budget) if by_scan else cuts_by_lifting(lengths, budget, cap)
+    return starts, np.maximum.reduceat(lengths, starts).astype(np.uint32)
+
+
+def _native_cuts(module, lengths: np.ndarray, budget: int, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """The native pass, its outputs sized by a bound on the microbatches:
+    every microbatch but the last holds at least ``min(cap, budget // longest)``
+    samples (one more would have broken neither the budget nor the cap)."""
+    m = int(lengths.shape[0])
+    least = max(1, min(cap, budget // max(1, int(lengths.max()))))
+    room = -(-m // least)
+    starts = np.empty(room, dtype=np.int64)
+    longest = np.empty(room, dtype=np.uint32)
+    count = module.cut(lengths, budget, cap, starts, longest)
+    return starts[:count].copy(), longest[:count].copy()
+
+
+def cuts_by_scan(lengths: np.ndarray, budget: int) -> np.ndarray:
+    """:func:`greedy_cuts` one microbatch at a time: the running maximum of a
+    window (twice the last count, doubled until the budget breaks inside it)."""
+    m = int(lengths.shape[0])
+    starts = []
+    position, window = 0, 64
+    while position < m:
+        while True:
+            stop = min(position + window, m)
+            running = np.maximum.accumulate(lengths[position:stop]).astype(np.uint64)
+            running *= np.arange(1, stop - position + 1, dtype=np.uint64)
+            first_over = int(np.argmax(running > budget))
+            if running[first_over] > budget:
+                count = first_over
+                break
+            if stop == m:
+                count = stop - position
+                break
+            window *= 2
+        starts.append(position)
+        position += count
+        window = max(16, 2 * count)
+    return np.asarray(starts, dtype=np.int64)
+
+
+def cuts_by_lifting(lengths: np.ndarray, budget: int, largest_count: int) -> np.ndarray:
+    """:func:`greedy_cuts` by binary lifting, in chunks of :data:`CUT_CHUNK`
+    rows (plus ``largest_count`` of look-ahead), so memory is
+    O(chunk x log2(largest_count))."""
+    m = int(lengths.shape[0])
+    largest_count = max(1, min(largest_count, m))
+    chunk = max(CUT_CHUNK, 2 * largest_count)
+    starts = []
+    position = 0
+    for base in range(0, m, chunk):
+        if position >= m:
+            break
+        stop = min(base + chunk, m)
+        window = lengths[base:min(stop + largest_count, m)].astype(np.uint64)
+        ends = _batch_ends(window, budget, largest_count, stop - base) + base
+        while position < stop:
+            starts.append(position)
+            position = int(ends[position - base])
+    return np.asarray(starts, dtype=np.int64)
+
+
+def _batch_ends(window: np.ndarray, budget: int, largest_count: int, wanted: int) -> np.ndarray:
+    """For each of the first ``wanted`` positions ``i`` of ``window``, the end of
+    the longest run ``window[i:j]`` with ``(j - i) x max <= budget`` (binary
+    lifting over window maxima: ``levels[l][i] = max(window[i:i + 2^l])``)."""
+    m = int(window.shape[0])
+    levels = [window]
+    while (1 << len(levels)) <= largest_count:
+        previous, half = levels[-1], 1 << (len(levels) - 1)
+        levels.append(np.maximum(previous[:-half], previous[half:]))
+    i = np.arange(wanted, dtype=np.int64)
+    count = np.zeros(wanted, dtype=np.int64)
+    current = np.zeros(wanted, dtype=np.uint64)
+    budget = np.uint64(budget)
+    for level in range(len(levels) - 1, -1, -1):
+        table, step = levels[level], 1 << level
+        candidate = count + step
+        fits = (i + candidate <= m) & (candidate <= largest_count)
+        longest = np.maximum(current, table[np.minimum(i + count, table.shape[0] - 1)])
+        fits &= candidate.astype(np.uint64) * longest <= budget
+        count = np.where(fits, candidate, count)
+        current = np.where(fits, longest, current)
+    return i + np.maximum(count, 1)
+
+
+def interleave_key_words(manifest: Manifest, epoch: int) -> tuple[tuple[int, int], int, int]:
+    """Philox key and counter words of the interleaving jitter of ``epoch``:
+    derived from the engine's epoch seed, so a plan's seed decides both."""
+    seed16 = epoch_seed(manifest.replay_token, manifest.hash, PLAN_DATASET_KEY, epoch)
+    return philox_key_words(hash_canonical(["umlos_batch_plan_interleave_v1", seed16])[:16])
+
+
+def _interleave(bucket_of: np.ndarray, num_buckets: int, manifest: Manifest, epoch: int) -> np.ndarray:
+    """The merged order of microbatches given bucket by bucket (see the module docstring)."""
+    total = bucket_of.shape[0]
+    per_bucket = np.bincount(bucket_of, minlength=num_buckets).astype(np.uint64)
+    first = np.concatenate(([0], np.cumsum(per_bucket)[:-1])).astype(np.int64)
+    j = (np.arange(total, dtype=np.int64) - first[bucket_of]).astype(np.uint64)
+    key, w2, w3 = interleave_key_words(manifest, epoch)
+    r0, _ = philox_draws(np.arange(total, dtype=np.uint64), key, w2, w3, INTERLEAVE_DOMAIN)
+    jitter = r0 >> np.uint64(32)
+    keys = ((j << np.uint64(32)) + jitter) // per_bucket[bucket_of]
+    return np.argsort(keys, kind="stable")
+
+
+def gather_batches(grouped: np.ndarray, sources: np.ndarray, sizes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Copy microbatch ``b`` (``grouped[sources[b]:sources[b] + sizes[b]]``) to
+    ``offsets[b]``, a bounded number of rows at a time."""
+    out = np.empty(int(offsets[-1]), dtype=grouped.dtype)
+    batches = sizes.shape[0]
+    first = 0
+    while first < batches:
+        last = int(np.searchsorted(offsets, offsets[first] + ORDER_WINDOW, side="right")) - 1
+        last = min(max(last, first + 1), batches)
+        lo, hi = int(offsets[first]), int(offsets[last])
+        shift = np.repeat(sources[first:last] - offsets[first:last], sizes[first:last])
+        out[lo:hi] = grouped[np.arange(lo, hi, dtype=np.int64) + shift]
+        first = last
+    return out
+
+
+def bucket_mix_drift(bucket_ids: np.ndarray, num_buckets: int, fraction: float = 0.1) -> float:
+    """Total-variation distance between the bucket mix of the first and the last
+    ``fraction`` of microbatches (0: the same mix; 1: no bucket in common)."""
+    total = int(bucket_ids.shape[0])
+    if total == 0:
+        return 0.0
+    take = max(1, int(round(total * fraction)))
+    head = np.bincount(bucket_ids[:take], minlength=num_buckets) / take
+    tail = np.bincount(bucket_ids[total - take:], minlength=num_buckets) / take
+    return float(0.5 * np.abs(head - tail).sum())

@@ -1,0 +1,207 @@
+"""Read a Megatron-LM indexed dataset (``PREFIX.idx`` + ``PREFIX.bin``) as a token source.
+
+What goes in: the path prefix of a dataset written by Megatron-LM's
+``IndexedDatasetBuilder`` (``tools/preprocess_data.py``). What comes out:
+the same read interface as :class:`~umlos_cuda.batching.tokens.TokenStore`
+(``lengths``, ``arrays(row)``, ``length_cache()``), so a plan is built from
+the ``.idx`` sizes and batches are collated from the ``.bin``, with no
+re-tokenizing. Each *sequence* of the index is one sample, its id the row
+number; Megatron stores no loss mask, so every token is trained on.
+
+The ``.idx`` layout (Megatron-LM ``megatron/core/datasets/indexed_dataset.py``,
+``_IndexWriter``; all integers little-endian)::
+
+    9 bytes        magic  b"MMIDIDX\\x00\\x00"
+    uint64         version, 1
+    uint8          dtype code of the .bin tokens: 1 uint8, 2 int8, 3 int16,
+                   4 int32, 5 int64, 6 float64, 7 float32, 8 uint16
+    uint64         S, the sequence count
+    uint64         D, the document count (the length of document_indices)
+    int32   [S]    sequence lengths, in tokens
+    int64   [S]    sequence pointers: byte offsets into the .bin
+    int64   [D]    document indices: sequence index where each document
+                   ends, from 0 to S (D = documents + 1)
+    int8    [S]    sequence modes, only in multimodal datasets
+
+Everything is checked when the pair opens (MEGATRON_INDEX_INVALID): magic,
+version, an integer dtype code, a file size that fits the counts exactly,
+sizes that are not negative, pointers aligned to the dtype and inside the
+``.bin``, document indices ascending from 0 to S. Both files are
+memory-mapped; nothing is one Python object per sequence.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import numpy as np
+
+from ... import errors
+from ...errors import UmlosError
+from ..lengths.cache import LengthCache
+
+IDX_MAGIC = b"MMIDIDX\x00\x00"
+IDX_VERSION = 1
+#: Megatron-LM's DType codes.
+DTYPE_CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
+               8: np.uint16}
+#: magic, version, dtype code, sequence count, document count.
+HEADER_BYTES = len(IDX_MAGIC) + 8 + 1 + 8 + 8
+#: Tokenizer hash of a dataset opened without naming its tokenizer.
+UNKNOWN_TOKENIZER = "unknown"
+
+
+def idx_path(prefix: str) -> str:
+    return prefix + ".idx"
+
+
+def bin_path(prefix: str) -> str:
+    return prefix + ".bin"
+
+
+class MegatronDataset:
+    """A Megatron-LM indexed dataset opened for reading (:meth:`open`).
+
+    ``sizes`` (int32), ``pointers`` (int64), ``document_indices`` (int64)
+    and ``modes`` (int8, or None) are the index's arrays, memory-mapped;
+    ``lengths`` is ``sizes`` as uint32. ``tokenizer_hash`` is what the caller
+    names (the index does not record its tokenizer).
+    """
+
+    def __init__(self, prefix: str, dtype: np.dtype, sizes: np.ndarray, pointers: np.ndarray,
+                 document_indices: np.ndarray, modes: np.ndarray | None, data: np.ndarray,
+                 tokenizer_hash: str) -> None:
+        self.prefix = prefix
+        self.dtype = dtype
+        self.sizes = sizes
+        self.pointers = pointers
+        self.document_indices = document_indices
+        self.modes = modes
+        self.data = data  # the .bin as bytes
+        self.tokenizer_hash = tokenizer_hash
+        self.dataset_hash = None
+        self.ids_are_line_numbers = True
+        self.lengths = sizes.astype(np.uint32)
+        self.lengths.flags.writeable = False
+        self._ones = np.ones(int(sizes.max(initial=0)), dtype=np.uint8)
+        self._ones.flags.writeable = False
+
+    @classmethod
+    def open(cls, prefix: str | os.PathLike[str], *, tokenizer_hash: str = UNKNOWN_TOKENIZER) -> "MegatronDataset":
+        """The pair ``prefix.idx`` / ``prefix.bin`` (a path ending in ``.idx`` or ``.bin`` is taken as its prefix)."""
+        prefix = os.fspath(prefix)
+        if prefix.endswith((".idx", ".bin")):
+            prefix = prefix[:-4]
+        if not isinstance(tokenizer_hash, str) or not tokenizer_hash:
+            raise _invalid(f"tokenizer_hash must be a non-empty string, got {tokenizer_hash!r}")
+        index = _map(idx_path(prefix))
+        if index.shape[0] < HEADER_BYTES:
+            raise _invalid(f"{idx_path(prefix)} has {index.shape[0]} bytes; the header alone has {HEADER_BYTES}")
+        header = index[:HEADER_BYTES].tobytes()
+        if header[:len(IDX_MAGIC)] != IDX_MAGIC:
+            raise _invalid(f"{idx_path(prefix)} does not start with {IDX_MAGIC!r}: not a Megatron-LM index "
+                           "(MMapIndexedDataset)")
+        version, code, count, documents = struct.unpack("<QBQQ", header[len(IDX_MAGIC):])
+        if version != IDX_VERSION:
+            raise _invalid(f"{idx_path(prefix)} has version {version}; this reader reads version {IDX_VERSION}")
+        if code not in DTYPE_CODES or np.dtype(DTYPE_CODES[code]).kind not in "iu":
+            named = DTYPE_CODES[code].__name__ if code in DTYPE_CODES else "none"
+            raise _invalid(f"{idx_path(prefix)} has dtype code {code} ({named}); token ids need an integer code, one "
+                           "of " + ", ".join(f"{c} {t.__name__}" for c, t in DTYPE_CODES.items() if np.dtype(t).kind in "iu"))
+        dtype = np.dtype(DTYPE_CODES[code]).newbyteorder("<")
+        plain = HEADER_BYTES + 12 * count + 8 * documents
+        if index.shape[0] not in (plain, plain + count):
+            raise _invalid(f"{idx_path(prefix)} has {index.shape[0]} bytes; {count} sequences and {documents} document "
+                           f"indices need {plain} (or {plain + count} with sequence modes)")
+        sizes = _view(index, HEADER_BYTES, "<i4", count)
+        pointers = _view(index, HEADER_BYTES + 4 * count, "<i8", count)
+        document_indices = _view(index, HEADER_BYTES + 12 * count, "<i8", documents)
+        modes = _view(index, plain, "i1", count) if index.shape[0] > plain else None
+        data = _map(bin_path(prefix))
+        _check(prefix, dtype, sizes, pointers, document_indices, int(data.shape[0]))
+        return cls(prefix, dtype, sizes, pointers, document_indices, modes, data, tokenizer_hash)
+
+    def __reduce__(self):
+        return (_reopen, (self.prefix, self.tokenizer_hash))
+
+    def __repr__(self) -> str:
+        return f"MegatronDataset({self.prefix!r}, {len(self)} sequences, {self.dtype})"
+
+    def __len__(self) -> int:
+        return int(self.sizes.shape[0])
+
+    @property
+    def num_samples(self) -> int:
+        return len(self)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.sizes.sum(dtype=np.int64))
+
+    def sample_id(self, row: int) -> str:
+        return str(int(row))
+
+    def length_cache(self) -> LengthCache:
+        """Lengths from the ``.idx`` sizes, ids the row numbers: build a plan from it."""
+        return LengthCache.from_arrays(None, self.lengths, self.tokenizer_hash)
+
+    def input_ids(self, row: int) -> np.ndarray:
+        """Sequence ``row``'s tokens (a read-only view of the ``.bin``)."""
+        if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < len(self):
+            raise _invalid(f"sequence {row!r} is not in {self.prefix}; rows are 0 to {len(self) - 1}")
+        start, size = int(self.pointers[row]), int(self.sizes[row])
+        return self.data[start:start + size * self.dtype.itemsize].view(self.dtype)
+
+    def loss_mask(self, row: int) -> np.ndarray:
+        """All ones: an indexed dataset trains on every token."""
+        return self._ones[:len(self.input_ids(row))]
+
+    def arrays(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        ids = self.input_ids(row)
+        return ids, self._ones[:ids.shape[0]]
+
+    def __getitem__(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.arrays(row)
+
+
+def _reopen(prefix: str, tokenizer_hash: str) -> MegatronDataset:
+    return MegatronDataset.open(prefix, tokenizer_hash=tokenizer_hash)
+
+
+def _check(prefix: str, dtype: np.dtype, sizes, pointers, document_indices, bin_size: int) -> None:
+    count = sizes.shape[0]
+    if count == 0:
+        raise _invalid(f"{idx_path(prefix)} holds no sequence")
+    if int(sizes.min()) < 0:
+        raise _invalid(f"{idx_path(prefix)}: sequence {int(np.argmin(sizes))} has a negative length")
+    width = dtype.itemsize
+    ends = pointers + sizes.astype(np.int64) * width
+    bad = np.flatnonzero((pointers < 0) | (pointers % width != 0) | (ends > bin_size))
+    if bad.size:
+        row = int(bad[0])
+        raise _invalid(f"{idx_path(prefix)}: sequence {row} points at bytes {int(pointers[row])} to {int(ends[row])}, "
+                       f"outside the {bin_size}-byte {bin_path(prefix)} or not aligned to {width} bytes")
+    if document_indices.shape[0] < 1 or int(document_indices[0]) != 0 or int(document_indices[-1]) != count \
+            or (document_indices.shape[0] > 1 and int(np.diff(document_indices).min()) < 0):
+        raise _invalid(f"{idx_path(prefix)}: document indices must ascend from 0 to the sequence count {count}")
+
+
+def _map(path: str) -> np.ndarray:
+    try:
+        if os.path.getsize(path) == 0:
+            return np.zeros(0, dtype=np.uint8)
+        return np.memmap(path, dtype=np.uint8, mode="r")
+    except FileNotFoundError:
+        raise _invalid(f"{path} does not exist (a Megatron dataset is PREFIX.idx with PREFIX.bin)") from None
+    except (OSError, ValueError) as exc:
+        raise _invalid(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+
+
+def _view(buffer: np.ndarray, offset: int, dtype: str, count: int) -> np.ndarray:
+    return np.frombuffer(buffer, dtype=dtype, count=count, offset=offset)
+
+
+def _invalid(message: str) -> UmlosError:
+    return UmlosError(errors.MEGATRON_INDEX_INVALID, message, operator=errors.BATCHING_OPERATOR)
+

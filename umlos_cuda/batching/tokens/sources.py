@@ -1,0 +1,69 @@
+"""Where collation reads tokens from: a token store or a Megatron-LM indexed dataset.
+
+What goes in: a path, a token store folder (``umlos-cuda data tokenize``)
+or the prefix of a Megatron ``.idx``/``.bin`` pair. What comes out: an
+opened source. Both kinds answer the same calls, which is all collation,
+batch files and fingerprints use:
+
+* ``len(source)``, ``source.lengths`` (uint32, dataset order),
+  ``source.tokenizer_hash``, ``source.ids_are_line_numbers``,
+  ``source.sample_id(row)``, ``source.length_cache()``;
+* ``source.arrays(row)`` -> ``(input_ids, loss_mask)``, read-only views.
+
+:func:`check_source_matches_plan` refuses a source that is not the one a
+plan was built from (BATCH_STORE_MISMATCH): another sample count, other
+lengths, another tokenizer or other sample ids.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ... import errors
+from ...errors import UmlosError
+from .megatron import MegatronDataset, idx_path
+from ..plans.fingerprint import sha256_array
+from .store import TokenStore
+
+
+def open_token_source(path: Any, *, tokenizer_hash: str | None = None):
+    """A :class:`TokenStore` for a folder, a :class:`MegatronDataset` for a
+    prefix whose ``.idx`` exists (``tokenizer_hash`` names its tokenizer);
+    an already opened source is returned as is."""
+    if hasattr(path, "arrays") and hasattr(path, "lengths"):
+        return path
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        return TokenStore.open(path)
+    prefix = path[:-4] if path.endswith((".idx", ".bin")) else path
+    if os.path.isfile(idx_path(prefix)):
+        return MegatronDataset.open(prefix, **({} if tokenizer_hash is None else {"tokenizer_hash": tokenizer_hash}))
+    raise UmlosError(errors.TOKEN_STORE_NOT_FOUND, f"{path} is neither a token store folder nor the prefix of a "
+                     f"Megatron dataset ({idx_path(prefix)} does not exist)", operator=errors.BATCHING_OPERATOR)
+
+
+def check_source_matches_plan(source, plan) -> None:
+    """BATCH_STORE_MISMATCH unless ``source`` holds the samples ``plan`` was built from."""
+    meta = plan.meta
+    where = getattr(source, "root", None) or getattr(source, "prefix", None) or type(source).__name__
+    if len(source) != meta.num_samples:
+        raise _mismatch(f"{where} holds {len(source)} samples; the plan was built from {meta.num_samples}")
+    if source.tokenizer_hash != meta.tokenizer_hash:
+        raise _mismatch(f"{where} was tokenized by {source.tokenizer_hash}; the plan names {meta.tokenizer_hash}")
+    if sha256_array(np.asarray(source.lengths, dtype="<u4")) != meta.lengths_sha256:
+        raise _mismatch(f"the lengths of {where} differ from those the plan was built from")
+    if (meta.sample_ids_sha256 is None) != bool(source.ids_are_line_numbers):
+        raise _mismatch(f"{where} names its samples {'by row number' if source.ids_are_line_numbers else 'by id'}; "
+                        f"the plan {'by row number' if meta.sample_ids_sha256 is None else 'by id'}")
+    if meta.sample_ids_sha256 is not None:
+        from ..plans.builder import sample_ids_sha256
+
+        if sample_ids_sha256(source.length_cache().sample_ids) != meta.sample_ids_sha256:
+            raise _mismatch(f"the sample ids of {where} differ from those of the plan")
+
+
+def _mismatch(message: str) -> UmlosError:
+    return UmlosError(errors.BATCH_STORE_MISMATCH, message, operator=errors.BATCHING_OPERATOR)

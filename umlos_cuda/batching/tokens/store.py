@@ -1,0 +1,221 @@
+"""The token store: a tokenized dataset as flat, memory-mapped arrays.
+
+What goes in: a folder written by ``umlos-cuda data tokenize``
+(umlos_cuda/batching/tokens/writer.py). What comes out: random access to
+sample ``i``'s token ids and loss mask, as read-only views of memory-mapped
+files, whatever the dataset's size. Layout (docs/batching.md, "Token store")::
+
+    DIR/meta.json           format, counts, token dtype, hashes (below)
+    DIR/tokens.npy          every sample's token ids, concatenated (uint16, or uint32 past 65,536 ids)
+    DIR/loss_mask.npy       one uint8 per token: 1 where the token is trained on
+    DIR/offsets.npy         int64 [N + 1]: sample i is tokens[offsets[i]:offsets[i + 1]]
+    DIR/lengths.jsonl(.u32) the length cache of the same samples (ids, lengths)
+
+Like Megatron-LM's indexed dataset, nothing is one Python object per
+sample; :meth:`TokenStore.sample` builds a :class:`Sample` for the edges.
+The length cache carries the sample ids, so a plan is built from
+``DIR/lengths.jsonl`` like from any other cache. Opening checks shapes and
+counts (cheap); :meth:`TokenStore.verify` also re-hashes the arrays.
+
+A pickled store is its path: a ``DataLoader`` worker reopens the files
+instead of copying them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ... import errors
+from ...errors import UmlosError
+from ...files.folders import read_json, read_npy
+from ..lengths.cache import LengthCache
+from ..plans.fingerprint import sha256_array
+from ..samples import Sample, SampleMeta
+
+#: meta.json ``format``.
+STORE_FORMAT = "umlos_cuda.token_store/1"
+TOKEN_DTYPES = ("<u2", "<u4")
+META_FIELDS = ("format", "num_samples", "num_tokens", "token_dtype", "tokenizer_hash", "dataset_hash", "loss_mask",
+               "sample_ids", "tokens_sha256", "loss_mask_sha256", "offsets_sha256")
+#: ``loss_mask`` in meta.json: every token trained on, or the instruction template's rule.
+LOSS_MASK_RULES = ("all", "template")
+LENGTHS_FILE = "lengths.jsonl"
+
+
+class TokenStore:
+    """A token store opened for reading (:meth:`open`).
+
+    ``tokens``, ``loss_mask`` and ``offsets`` are the three arrays (read-only,
+    memory-mapped unless ``mmap=False``); ``lengths`` is ``uint32 [N]``.
+    ``tokenizer_hash`` and ``dataset_hash`` are those of the length cache.
+    """
+
+    def __init__(self, root: str, meta: dict, tokens: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray) -> None:
+        self.root = root
+        self.meta = meta
+        self.tokens = tokens
+        self.loss_mask_array = loss_mask
+        self.offsets = offsets
+        self.lengths = np.diff(offsets).astype(np.uint32)
+        self.lengths.flags.writeable = False
+        self._cache: LengthCache | None = None
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike[str], *, mmap: bool = True) -> "TokenStore":
+        """The store in ``directory``; TOKEN_STORE_NOT_FOUND when there is none."""
+        root = os.path.abspath(os.fspath(directory))
+        meta_path = os.path.join(root, "meta.json")
+        if not os.path.isfile(meta_path):
+            raise store_error(errors.TOKEN_STORE_NOT_FOUND, f"no token store at {root}: {meta_path} does not exist "
+                              "(write one with `umlos-cuda data tokenize`)")
+        meta = _read_meta(meta_path)
+        n, total = meta["num_samples"], meta["num_tokens"]
+        tokens = _load(root, "tokens", meta["token_dtype"], total, mmap)
+        loss_mask = _load(root, "loss_mask", "|u1", total, mmap)
+        offsets = _load(root, "offsets", "<i8", n + 1, mmap)
+        if int(offsets[0]) != 0 or int(offsets[-1]) != total or (n and int(np.diff(offsets).min()) < 0):
+            raise _invalid(f"{root}/offsets.npy does not cut the {total} tokens into {n} samples "
+                           "(it must rise from 0 to the token count)")
+        return cls(root, meta, tokens, loss_mask, offsets)
+
+    def __reduce__(self):
+        return (_reopen, (self.root, isinstance(self.tokens, np.memmap)))
+
+    def __repr__(self) -> str:
+        return f"TokenStore({self.root!r}, {len(self)} samples, {self.num_tokens} tokens)"
+
+    # ------------------------------------------------------------------ sizes and hashes
+    def __len__(self) -> int:
+        return int(self.meta["num_samples"])
+
+    @property
+    def num_samples(self) -> int:
+        return len(self)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.meta["num_tokens"])
+
+    @property
+    def tokenizer_hash(self) -> str:
+        return self.meta["tokenizer_hash"]
+
+    @property
+    def dataset_hash(self) -> str | None:
+        return self.meta["dataset_hash"]
+
+    def length_cache(self) -> LengthCache:
+        """The store's length cache (``DIR/lengths.jsonl``): build a plan from it."""
+        if self._cache is None:
+            path = os.path.join(self.root, LENGTHS_FILE)
+            try:
+                cache = LengthCache.load(path)
+            except UmlosError as exc:
+                raise _invalid(f"the store's length cache: {exc.message}") from None
+            if not np.array_equal(cache.lengths, self.lengths) or cache.tokenizer_hash != self.tokenizer_hash:
+                raise _invalid(f"{path} disagrees with the store's offsets or tokenizer hash")
+            self._cache = cache
+        return self._cache
+
+    @property
+    def sample_ids(self) -> list[str]:
+        return self.length_cache().sample_ids
+
+    @property
+    def ids_are_line_numbers(self) -> bool:
+        return self.meta["sample_ids"] == "line_numbers"
+
+    def sample_id(self, row: int) -> str:
+        return str(int(row)) if self.ids_are_line_numbers else self.sample_ids[int(row)]
+
+    # ------------------------------------------------------------------ access
+    def _span(self, row: int) -> tuple[int, int]:
+        if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < len(self):
+            raise _invalid(f"sample {row!r} is not in the store; rows are 0 to {len(self) - 1}")
+        return int(self.offsets[row]), int(self.offsets[row + 1])
+
+    def input_ids(self, row: int) -> np.ndarray:
+        """Sample ``row``'s token ids (a read-only view)."""
+        start, stop = self._span(row)
+        return self.tokens[start:stop]
+
+    def loss_mask(self, row: int) -> np.ndarray:
+        """Sample ``row``'s loss mask (uint8, a read-only view)."""
+        start, stop = self._span(row)
+        return self.loss_mask_array[start:stop]
+
+    def arrays(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(input_ids, loss_mask)`` of sample ``row``: what collation reads."""
+        start, stop = self._span(row)
+        return self.tokens[start:stop], self.loss_mask_array[start:stop]
+
+    def __getitem__(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.arrays(row)
+
+    def sample(self, row: int, dataset_id: str = "train") -> Sample:
+        """Sample ``row`` as a validated :class:`Sample` (one object: for the edges)."""
+        ids, mask = self.arrays(row)
+        return Sample(ids, mask, None, SampleMeta(self.sample_id(row), dataset_id))
+
+    # ------------------------------------------------------------------ checks
+    def verify(self) -> dict:
+        """Re-hash the three arrays (SHA-256 of their bytes) against
+        meta.json and check the length cache; TOKEN_STORE_INVALID names the
+        first file that differs."""
+        arrays = {"tokens": self.tokens, "loss_mask": self.loss_mask_array, "offsets": self.offsets}
+        for name, array in arrays.items():
+            if sha256_array(np.asarray(array)) != self.meta[f"{name}_sha256"]:
+                raise _invalid(f"{self.root}/{name}.npy does not hash to meta.json's {name}_sha256: "
+                               "the file changed after it was written")
+        if int(self.loss_mask_array.max(initial=0)) > 1:
+            raise _invalid(f"{self.root}/loss_mask.npy holds values other than 0 and 1")
+        self.length_cache()
+        return {"samples": len(self), "tokens": self.num_tokens, "tokenizer_hash": self.tokenizer_hash}
+
+
+def _reopen(root: str, mmap: bool) -> TokenStore:
+    return TokenStore.open(root, mmap=mmap)
+
+
+def _read_meta(path: str) -> dict:
+    try:
+        meta = read_json(path, _invalid)
+    except FileNotFoundError:
+        raise _invalid(f"{path} is missing") from None
+    if not isinstance(meta, dict) or meta.get("format") != STORE_FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise _invalid(f"{path} has format {got!r}; this reader reads {STORE_FORMAT!r}")
+    if set(meta) != set(META_FIELDS):
+        raise _invalid(f"{path} must have exactly the fields {', '.join(META_FIELDS)}; "
+                       f"missing {sorted(set(META_FIELDS) - set(meta))}, unknown {sorted(set(meta) - set(META_FIELDS))}")
+    for name in ("num_samples", "num_tokens"):
+        value = meta[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "num_samples" else 0):
+            raise _invalid(f"{path}: {name} must be a {'positive' if name == 'num_samples' else 'non-negative'} "
+                           f"integer, got {value!r}")
+    checks = (("token_dtype", TOKEN_DTYPES), ("loss_mask", LOSS_MASK_RULES), ("sample_ids", ("line_numbers", "jsonl")))
+    for name, allowed in checks:
+        if meta[name] not in allowed:
+            raise _invalid(f"{path}: {name} must be one of {', '.join(allowed)}, got {meta[name]!r}")
+    if not isinstance(meta["tokenizer_hash"], str) or not meta["tokenizer_hash"] or \
+            not (meta["dataset_hash"] is None or isinstance(meta["dataset_hash"], str)):
+        raise _invalid(f"{path}: tokenizer_hash must be a non-empty string and dataset_hash a string or null")
+    return meta
+
+
+def _load(root: str, name: str, dtype: str, count: int, mmap: bool) -> np.ndarray:
+    array = read_npy(os.path.join(root, f"{name}.npy"), dtype, (count,), mmap, _invalid, expected="meta.json says")
+    if not mmap:
+        array.flags.writeable = False
+    return array
+
+
+def store_error(code: str, message: str) -> UmlosError:
+    return UmlosError(code, message, operator=errors.BATCHING_OPERATOR)
+
+
+def _invalid(message: str) -> UmlosError:
+    return store_error(errors.TOKEN_STORE_INVALID, message)
+

@@ -1,0 +1,173 @@
+"""Write a token store from a JSONL dataset (``umlos-cuda data tokenize``).
+
+What goes in: the dataset, a tokenizer and what to encode, exactly as for
+the length cache (one text field, or a prompt and a response field through
+the instruction template). What comes out: the store folder of
+umlos_cuda/batching/tokens/store.py, its length cache included, in dataset order.
+
+The dataset is read through the length builder's
+:class:`~umlos_cuda.batching.lengths.builder.DatasetEncoding` (same chunks,
+same worker thread, same checks and fingerprints), so the store's lengths are
+what ``data lengths build`` counts. Loss masks: 1 on every token of a text
+record; for a prompt/response record, the rule of ``sft_sample``: 0 over the
+first ``len(encode(prompt part))`` tokens, 1 over the rest. Tokens and masks
+stream to disk chunk by chunk; memory holds two chunks plus 20 bytes a
+sample (offset, length, id hash).
+
+Atomic: everything is written and fsynced in a hidden sibling folder, then
+renamed to the target in one step (umlos_cuda/files/folders.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from itertools import chain
+from typing import Any, Callable
+
+import numpy as np
+
+from ... import errors
+from ...errors import UmlosError
+from ..lengths.jsonl import DEFAULT_ID_FIELD, RecordChunk
+from ...files.folders import atomic_folder, check_output_folder, fsynced_file
+from ..lengths.builder import DEFAULT_CHUNK, DatasetEncoding
+from ..lengths.cache import LengthCacheWriter
+from ..plans.fingerprint import sha256_array
+from .store import LENGTHS_FILE, STORE_FORMAT, TokenStore
+
+#: Bytes reserved for a streamed .npy header (the shape is known only at the end).
+NPY_HEADER_BYTES = 128
+#: Vocabularies up to this size store token ids as uint16.
+UINT16_VOCAB = 1 << 16
+
+
+def tokenize_dataset(dataset: str | os.PathLike[str], tokenizer: Any, output: str | os.PathLike[str], *,
+                     text_field: str | None = None, prompt_field: str | None = None,
+                     response_field: str | None = None, id_field: str = DEFAULT_ID_FIELD,
+                     eos_token: str | None = None, force: bool = False, chunk_size: int = DEFAULT_CHUNK,
+                     progress: Callable[[int, int], None] | None = None) -> TokenStore:
+    """Encode every record and write the token store folder ``output``.
+
+    ``progress(bytes_read, bytes_total)`` is called after each chunk. The
+    output is checked before any work: an existing folder raises
+    OUTPUT_EXISTS unless ``force`` (which replaces only a token store).
+    """
+    target = check_output_folder(output, force, "token store", "meta.json")
+    source = DatasetEncoding(dataset, tokenizer, text_field=text_field, prompt_field=prompt_field,
+                             response_field=response_field, id_field=id_field, eos_token=eos_token)
+    vocab = source.encoder.get_vocab_size(with_added_tokens=True)
+    token_dtype = np.dtype("<u2" if vocab <= UINT16_VOCAB else "<u4")
+    with atomic_folder(target, "token store") as temp:
+        _write_store(source, temp, token_dtype, chunk_size, progress)
+    return TokenStore.open(target)
+
+
+def _write_store(source: DatasetEncoding, root: str, token_dtype: np.dtype, chunk_size: int, progress) -> None:
+    def encode(chunk: RecordChunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return encode_chunk(source, chunk, token_dtype)
+
+    sizes: list[np.ndarray] = []
+    with NpyStream(os.path.join(root, "tokens.npy"), token_dtype) as tokens, \
+            NpyStream(os.path.join(root, "loss_mask.npy"), np.dtype("|u1")) as masks, \
+            LengthCacheWriter(os.path.join(root, LENGTHS_FILE), source.tokenizer_hash) as lengths:
+        for chunk, (chunk_lengths, ids, mask) in source.stream(encode, chunk_size):
+            tokens.write(ids)
+            masks.write(mask)
+            lengths.add(chunk.sample_ids, chunk_lengths)
+            sizes.append(chunk_lengths)
+            if progress is not None:
+                progress(chunk.bytes_read, source.total_bytes)
+        lengths.dataset_hash = source.finish(lengths.ids_are_line_numbers)
+    offsets = np.zeros(sum(s.shape[0] for s in sizes) + 1, dtype="<i8")
+    np.cumsum(np.concatenate(sizes), out=offsets[1:])
+    with fsynced_file(os.path.join(root, "offsets.npy")) as handle:
+        np.save(handle, offsets, allow_pickle=False)
+    meta = {
+        "format": STORE_FORMAT,
+        "num_samples": int(offsets.shape[0] - 1),
+        "num_tokens": int(offsets[-1]),
+        "token_dtype": token_dtype.str,
+        "tokenizer_hash": source.tokenizer_hash,
+        "dataset_hash": lengths.dataset_hash,
+        "loss_mask": "template" if source.is_template else "all",
+        "sample_ids": "line_numbers" if lengths.ids_are_line_numbers else "jsonl",
+        "tokens_sha256": tokens.sha256,
+        "loss_mask_sha256": masks.sha256,
+        "offsets_sha256": sha256_array(offsets),
+    }
+    with fsynced_file(os.path.join(root, "meta.json")) as handle:  # last: the store is complete
+        handle.write((json.dumps(meta, indent=2) + "\n").encode("ascii"))
+
+
+def encode_chunk(source: DatasetEncoding, chunk: RecordChunk, token_dtype: np.dtype
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(lengths, token ids, loss mask)`` of one chunk, the ids and masks
+    of its records concatenated."""
+    encodings = source.encode(source.texts(chunk), chunk)
+    encoded = np.fromiter((len(e) for e in encodings), dtype=np.int64, count=len(encodings))
+    total = int(encoded.sum())
+    ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=total)
+    if not source.is_template:
+        return encoded, _as_tokens(ids, token_dtype), np.ones(total, dtype=np.uint8)
+    lengths = encoded + source.appended
+    ends = np.cumsum(encoded)
+    ids = np.insert(ids, ends, source.eos_id)  # the end-of-sequence token after each record's text
+    prompts = source.encode(source.prompts(chunk), chunk)
+    masked = np.minimum(np.fromiter((len(e) for e in prompts), dtype=np.int64, count=len(prompts)), lengths)
+    starts = np.cumsum(lengths) - lengths
+    position = np.arange(ids.shape[0], dtype=np.int64) - np.repeat(starts, lengths)
+    mask = (position >= np.repeat(masked, lengths)).astype(np.uint8)
+    return lengths, _as_tokens(ids, token_dtype), mask
+
+
+def _as_tokens(ids: np.ndarray, token_dtype: np.dtype) -> np.ndarray:
+    if ids.size and int(ids.max()) > np.iinfo(token_dtype).max:
+        raise UmlosError(errors.TOKENIZER_INVALID, f"token id {int(ids.max())} does not fit {token_dtype}; the "
+                         "tokenizer reports a smaller vocabulary than it produces", operator=errors.BATCHING_OPERATOR)
+    return ids.astype(token_dtype)
+
+
+class NpyStream:
+    """A one-dimensional ``.npy`` file written in pieces: the header, whose
+    shape is known only at the end, is a fixed :data:`NPY_HEADER_BYTES`
+    slot rewritten on close. ``sha256`` is that of the array's bytes (what
+    :func:`~umlos_cuda.batching.plans.fingerprint.sha256_array` gives)."""
+
+    def __init__(self, path: str, dtype: np.dtype) -> None:
+        self.path = path
+        self.dtype = np.dtype(dtype)
+        self.count = 0
+        self._digest = hashlib.sha256()
+        self.sha256: str | None = None
+
+    def __enter__(self) -> "NpyStream":
+        self._handle = open(self.path, "xb")
+        self._handle.write(b"\0" * NPY_HEADER_BYTES)
+        return self
+
+    def write(self, array: np.ndarray) -> None:
+        data = memoryview(np.ascontiguousarray(array, dtype=self.dtype)).cast("B")
+        self._handle.write(data)
+        self._digest.update(data)
+        self.count += len(data) // self.dtype.itemsize
+
+    def __exit__(self, kind, value, traceback) -> bool:
+        with self._handle:
+            if kind is None:
+                self._handle.seek(0)
+                self._handle.write(npy_header(self.dtype, self.count))
+                self._handle.flush()
+                os.fsync(self._handle.fileno())
+                self.sha256 = self._digest.hexdigest()
+        return False
+
+
+def npy_header(dtype: np.dtype, count: int) -> bytes:
+    """The ``.npy`` version 1.0 header of a one-dimensional array, padded to :data:`NPY_HEADER_BYTES`."""
+    text = repr({"descr": np.dtype(dtype).str, "fortran_order": False, "shape": (count,)})
+    prefix = b"\x93NUMPY\x01\x00"
+    room = NPY_HEADER_BYTES - len(prefix) - 2
+    body = (text + " " * (room - len(text) - 1) + "\n").encode("latin1")
+    return prefix + len(body).to_bytes(2, "little") + body

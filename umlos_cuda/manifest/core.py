@@ -1,0 +1,430 @@
+"""Manifests: loading, validation, canonicalisation, ``manifest_hash``, replay token.
+
+Resolution R3 fixes the bytes. A manifest is a mapping with at least
+``global_batch_size`` and ``datasets: {KEY: {id, version, hash, cardinality}}``
+(or the list of seed 003 §0.Q, which becomes that map: manifest/datasets.py).
+Defaults are filled *before* hashing so that stating a default and omitting it
+hash the same. The replay token hashes what the manifest declares (``policy``,
+``env``), never the machine, so a sequence is the same everywhere.
+
+Type errors and unknown keys are caught here, at load (``INVALID_MANIFEST``,
+with a pointer to docs/manifest.md, which lists every key); whether the values
+make a usable configuration for one call (``global_batch_size = 0``, a world
+size that does not divide it, ...) is checked by the call, with R8's codes,
+because it depends on the call's arguments. Reading files (size bounds, YAML
+aliases, duplicate keys) is manifest/file.py's job; the allowed keys are
+manifest/schema.py's.
+
+A :class:`Manifest` cannot change once built: its hashes and the fields the
+engine reads are computed together from a private copy, and what it shows
+(``canonical``, ``datasets``) are read-only views (manifest/view.py), so an
+edit can never make ``next_batch`` use values other than those ``hash``
+names. :func:`as_manifest` is the one conversion from what entry points
+accept (a Manifest, a mapping, a file path).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .. import errors
+from ..errors import UmlosError
+from ..hashing import hash_canonical, sha256
+from .file import MAX_EXPANDED_BYTES, MAX_EXPANDED_NODES, MAX_MANIFEST_BYTES, MAX_NESTING, read_manifest_file
+from .datasets import check_split, datasets_as_map
+from .schema import (DATA_KEYS, DATASET_KEYS, DATASET_OPTIONAL_KEYS, DOCS, FREE_FORM_KEYS, TOP_LEVEL_KEYS,
+                     invalid_manifest, refuse_unknown_keys, require_manifest_uint64)
+from .view import HOW_TO_CHANGE, ReadOnlyDict, freeze, thaw
+from ..modes import DEFAULT_MODE, mode_names
+
+__all__ = ["DatasetSpec", "Manifest", "as_manifest", "canonicalize", "read_manifest_file", "MAX_MANIFEST_BYTES", "MAX_NESTING"]
+
+#: R3 defaults, filled before hashing.
+DEFAULT_SPEC_VERSION = "UML_OS-v3.8-OS"
+DEFAULT_SEED = 0
+DEFAULT_BLOCK_SIZE = 1 << 20  # seed 000 §0.C DEFAULT_BLOCK_SIZE = 1_048_576
+DEFAULT_DROP_LAST = False
+#: ``data.sampling_mode`` when absent. Unlike the defaults above it is never
+#: written into the canonical manifest (stating it is removed instead), so
+#: manifests from before sampling modes keep their hashes and their bits.
+DEFAULT_SAMPLING_MODE = DEFAULT_MODE
+
+#: The dataset fields seed 000 §0.F makes mandatory.
+DATASET_REQUIRED_FIELDS = DATASET_KEYS
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetSpec:
+    """One entry of ``manifest.datasets``, frozen; ``cardinality`` is N; ``split``
+    is ``"train"``, ``"val"`` or None (not stated)."""
+
+    key: str
+    cardinality: int
+    id: Any
+    version: Any
+    hash: Any
+    split: str | None = None
+
+
+class Manifest:
+    """A validated, canonicalised manifest that cannot change once hashed.
+
+    Build one with :meth:`load` (YAML or JSON file), :meth:`from_dict` (or
+    ``Manifest(raw)``, the same) or :func:`as_manifest`. ``hash`` is
+    ``manifest_hash`` and ``replay_token`` is ``kernel_replay_token``, 32
+    bytes each (R3).
+
+    Everything is computed once, from a private plain copy of the input: the
+    hashes and the typed fields the engine reads (``spec_version``, ``seed``,
+    ``global_batch_size``, ``sampler_block_size``, ``drop_last``,
+    ``sampling_mode``, ``datasets``), so what a call does is always what ``hash`` names.
+    ``canonical`` (the manifest with defaults filled) and ``datasets`` (key ->
+    frozen :class:`DatasetSpec`) are deep read-only views (manifest/view.py).
+
+    Immutability is enforced with Python's own errors: setting or deleting an
+    attribute raises ``AttributeError``, changing ``canonical`` or
+    ``datasets`` at any depth raises ``TypeError``. Trying to edit a manifest
+    is a mistake in the calling code, not bad input data, so these are not
+    ``UmlosError`` failures with a code. To change a manifest, build a new one:
+    :meth:`with_overrides`, or :meth:`from_dict` on an edited :meth:`to_dict`.
+
+    Two manifests are equal when their ``manifest_hash`` is, and ``hash(m)``
+    follows it, so a manifest can key a dict. ``copy.copy`` and
+    ``copy.deepcopy`` return the manifest itself; ``pickle`` stores the plain
+    canonical data and unpickling validates and hashes it again (PyTorch
+    DataLoader workers unpickle samplers that hold manifests).
+    """
+
+    __slots__ = (
+        "canonical",
+        "hash",
+        "replay_token",
+        "policy_hash",
+        "env_manifest_hash",
+        "datasets",
+        "spec_version",
+        "seed",
+        "global_batch_size",
+        "sampler_block_size",
+        "drop_last",
+        "sampling_mode",
+        "_plain",
+        "__weakref__",
+    )
+
+    canonical: Mapping[str, Any]
+    hash: bytes
+    replay_token: bytes
+    policy_hash: bytes
+    env_manifest_hash: bytes
+    datasets: Mapping[str, DatasetSpec]
+    spec_version: str
+    seed: int
+    global_batch_size: int
+    sampler_block_size: int
+    drop_last: bool
+    sampling_mode: str
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        """Validate ``raw``, fill the R3 defaults and compute the hashes (``INVALID_MANIFEST`` on bad input)."""
+        try:
+            plain = canonicalize(raw)
+        except UmlosError as exc:
+            raise _pointing_to_docs(exc) from None
+        policy_hash = hash_canonical(plain.get("policy") or {})
+        env_manifest_hash = hash_canonical(plain.get("env") or {})
+        token = sha256(
+            plain["spec_version"].encode("utf-8") + policy_hash + env_manifest_hash + struct.pack(">Q", plain["seed"])
+        )
+        datasets = {
+            key: DatasetSpec(key, entry["cardinality"], entry["id"], entry["version"], entry["hash"], entry.get("split"))
+            for key, entry in plain["datasets"].items()
+        }
+        fields = {
+            "_plain": plain,
+            "canonical": freeze(plain),
+            "hash": hash_canonical(plain),
+            "replay_token": token,
+            "policy_hash": policy_hash,
+            "env_manifest_hash": env_manifest_hash,
+            "datasets": ReadOnlyDict(datasets),
+            "spec_version": plain["spec_version"],
+            "seed": plain["seed"],
+            "global_batch_size": plain["global_batch_size"],
+            "sampler_block_size": plain["data"]["sampler_block_size"],
+            "drop_last": plain["data"]["drop_last"],
+            "sampling_mode": plain["data"].get("sampling_mode", DEFAULT_SAMPLING_MODE),
+        }
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+    # -- construction -----------------------------------------------------
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "Manifest":
+        """Validate ``raw``, fill the R3 defaults and compute the hashes; ``raw`` is copied, never kept."""
+        return cls(raw)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, max_bytes: int = MAX_MANIFEST_BYTES) -> "Manifest":
+        """Load a JSON (``.json``) or YAML (any other suffix) manifest file of at most ``max_bytes``."""
+        try:
+            raw = read_manifest_file(path, max_bytes=max_bytes)
+        except UmlosError as exc:
+            raise _pointing_to_docs(exc) from None
+        return cls(raw)
+
+    # -- immutability -----------------------------------------------------
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"cannot set Manifest.{name}: {HOW_TO_CHANGE}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete Manifest.{name}: {HOW_TO_CHANGE}")
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self._plain,)
+
+    def __copy__(self) -> "Manifest":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "Manifest":
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Manifest):
+            return NotImplemented
+        return self.hash == other.hash
+
+    def __hash__(self) -> int:
+        return hash(self.hash)
+
+    def __repr__(self) -> str:
+        return f"Manifest(hash={self.hash.hex()!r}, canonical={self._plain!r})"
+
+    # -- accessors --------------------------------------------------------
+    def dataset(self, dataset_key: Any) -> DatasetSpec:
+        """The dataset entry for ``dataset_key``, or ``INVALID_DATASET_KEY``."""
+        if not isinstance(dataset_key, str) or dataset_key not in self.datasets:
+            known = ", ".join(sorted(self.datasets)) or "(none)"
+            raise UmlosError(
+                errors.INVALID_DATASET_KEY,
+                f"dataset_key {dataset_key!r} is not in the manifest; known keys: {known}",
+                dataset_key=dataset_key if isinstance(dataset_key, str) else None,
+                operator=errors.MANIFEST_OPERATOR,
+            )
+        return self.datasets[dataset_key]
+
+    def with_overrides(self, **top_level: Any) -> "Manifest":
+        """A new manifest with some top-level fields replaced (re-validated, re-hashed)."""
+        raw = self.to_dict()
+        raw.update(top_level)
+        return Manifest.from_dict(raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The canonical manifest (defaults filled) as new plain, mutable ``dict`` and ``list`` data."""
+        return thaw(self._plain)
+
+    def resolve_replay_token(self, replay_token: bytes | None) -> bytes:
+        """R3: an explicit 32-byte token replaces the derived one."""
+        if replay_token is None:
+            return self.replay_token
+        if not isinstance(replay_token, (bytes, bytearray)) or len(replay_token) != 32:
+            raise invalid_manifest(
+                f"replay_token must be 32 bytes, got {type(replay_token).__name__}"
+                + (f" of length {len(replay_token)}" if isinstance(replay_token, (bytes, bytearray)) else ""),
+            )
+        return bytes(replay_token)
+
+
+def as_manifest(value: Any) -> Manifest:
+    """A :class:`Manifest` from what every entry point accepts: a Manifest (returned as is),
+    a mapping (:meth:`Manifest.from_dict`) or the path of a YAML or JSON file (:meth:`Manifest.load`).
+
+    Anything else is ``INVALID_MANIFEST``, naming the three accepted kinds.
+    """
+    if isinstance(value, Manifest):
+        return value
+    if isinstance(value, Mapping):
+        return Manifest.from_dict(value)
+    if isinstance(value, (str, os.PathLike)):
+        return Manifest.load(value)
+    raise invalid_manifest(
+        f"a manifest must be a Manifest, a mapping or the path of a YAML or JSON file, "
+        f"got {type(value).__name__} (see {DOCS})",
+    )
+
+
+def _pointing_to_docs(exc: UmlosError) -> UmlosError:
+    """The same failure, its message ending with where every manifest key is described."""
+    return UmlosError(exc.code, f"{exc.message} (see {DOCS})", operator=exc.record["failure_operator"])
+
+
+def canonicalize(raw: Any) -> dict[str, Any]:
+    """Validate a raw manifest and return its canonical form (R3 defaults filled).
+
+    Only plain data hashes reproducibly, so every value must be a mapping with
+    text keys, a list, text, bytes, an integer, a finite float, a boolean or null.
+    Every mapping has a fixed set of keys (manifest/schema.py) except the
+    free-form ``policy``, ``env`` and ``extra``.
+    """
+    if not isinstance(raw, Mapping):
+        raise invalid_manifest(f"a manifest must be a mapping, got {type(raw).__name__}")
+    manifest = _PlainCopy().copy(raw, "manifest", 0)
+    refuse_unknown_keys(manifest, TOP_LEVEL_KEYS, "manifest")
+
+    manifest.setdefault("spec_version", DEFAULT_SPEC_VERSION)
+    if not isinstance(manifest["spec_version"], str):
+        raise invalid_manifest("spec_version must be a string")
+    manifest.setdefault("seed", DEFAULT_SEED)
+    manifest["seed"] = require_manifest_uint64(manifest["seed"], "seed")
+
+    if "global_batch_size" not in manifest:
+        raise invalid_manifest("manifest lacks global_batch_size")
+    manifest["global_batch_size"] = require_manifest_uint64(manifest["global_batch_size"], "global_batch_size")
+
+    data = manifest.setdefault("data", {})
+    if data is None:
+        data = manifest["data"] = {}
+    if not isinstance(data, dict):
+        raise invalid_manifest(f"data must be a mapping, got {type(data).__name__}")
+    refuse_unknown_keys(data, DATA_KEYS, "data")
+    data.setdefault("sampler_block_size", DEFAULT_BLOCK_SIZE)
+    data["sampler_block_size"] = require_manifest_uint64(data["sampler_block_size"], "data.sampler_block_size")
+    data.setdefault("drop_last", DEFAULT_DROP_LAST)
+    if not isinstance(data["drop_last"], bool):
+        raise invalid_manifest(f"data.drop_last must be true or false, got {data['drop_last']!r}")
+    _canonical_sampling_mode(data)
+
+    for name in FREE_FORM_KEYS:
+        # null is kept as written (it hashes as it did before keys were checked);
+        # anything but a mapping is refused, so `policy: false` cannot pass for
+        # "no policy" in the replay token (R3 hashes `policy or {}`).
+        value = manifest.get(name)
+        if value is not None and not isinstance(value, dict):
+            raise invalid_manifest(
+                f"{name} must be a mapping (or null, or left out), got {type(value).__name__} {value!r}",
+            )
+
+    datasets = datasets_as_map(manifest.get("datasets"))  # the list form becomes the map (manifest/datasets.py)
+    if not isinstance(datasets, dict):
+        raise invalid_manifest(
+            "manifest needs datasets: {KEY: {id, version, hash, cardinality}} or a list of "
+            "{id, version, hash, split, cardinality}"
+            + ("" if datasets is None else f", got {type(datasets).__name__}"),
+        )
+    manifest["datasets"] = datasets
+    for key, entry in datasets.items():
+        if not isinstance(entry, dict):
+            raise invalid_manifest(f"datasets.{key} must be a mapping")
+        refuse_unknown_keys(entry, DATASET_KEYS + DATASET_OPTIONAL_KEYS, f"datasets.{key}")
+        if "split" in entry:
+            check_split(entry["split"], f"datasets.{key}.split")
+        missing = [name for name in DATASET_REQUIRED_FIELDS if name not in entry]
+        if missing:
+            raise invalid_manifest(f"datasets.{key} lacks {', '.join(missing)} (seed 000 §0.F)")
+        entry["cardinality"] = require_manifest_uint64(entry["cardinality"], f"datasets.{key}.cardinality")
+        for name in ("id", "version", "hash"):
+            value = entry[name]
+            if isinstance(value, bool) or not isinstance(value, (str, int, bytes)):
+                raise invalid_manifest(
+                    f"datasets.{key}.{name} must be a string or integer, got {type(value).__name__}",
+                )
+    return manifest
+
+
+def _canonical_sampling_mode(data: dict[str, Any]) -> None:
+    """Check ``data.sampling_mode`` against the registered modes, and drop it when it
+    names the default: stating ``block_affine`` and leaving it out hash the same,
+    as manifests written before the key existed do."""
+    if "sampling_mode" not in data:
+        return
+    mode = data["sampling_mode"]
+    if not isinstance(mode, str) or mode not in mode_names():
+        raise invalid_manifest(
+            f"data.sampling_mode must be one of {', '.join(mode_names())}, got {_short(mode)}",
+        )
+    if mode == DEFAULT_SAMPLING_MODE:
+        del data["sampling_mode"]
+
+
+class _PlainCopy:
+    """Deep-copies a manifest as plain data, refusing anything that would not hash reproducibly.
+
+    It also counts what it copies: a mapping built in Python can share one list
+    many times over (as a YAML alias does), and copying and hashing expands
+    every share, so the copy stops at :data:`MAX_EXPANDED_NODES` values or
+    :data:`MAX_EXPANDED_BYTES` bytes of text.
+    """
+
+    def __init__(self) -> None:
+        self.nodes = 0
+        self.bytes = 0
+
+    def copy(self, value: Any, where: str, depth: int) -> Any:
+        if depth > MAX_NESTING:
+            raise invalid_manifest(f"{where}: nested deeper than {MAX_NESTING} levels")
+        self.nodes += 1
+        if self.nodes > MAX_EXPANDED_NODES:
+            raise invalid_manifest(f"a manifest may hold at most {MAX_EXPANDED_NODES} values")
+        if isinstance(value, Mapping):
+            out = {}
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise invalid_manifest(
+                        f"{where}: map keys must be text, got {_short(key)} (R2)"
+                    )
+                self._count_text(key, f"{where}: key")
+                out[key] = self.copy(item, f"{where}.{key}", depth + 1)
+            return out
+        if isinstance(value, (list, tuple)):
+            return [self.copy(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value)]
+        if isinstance(value, str):
+            self._count_text(value, where)
+            return value
+        if isinstance(value, bytes):
+            self._count_bytes(len(value))
+            return value
+        if value is None or isinstance(value, bool):
+            return value
+        if isinstance(value, int):
+            if value < -(1 << 64) or value > errors.UINT64_MAX:
+                raise invalid_manifest(
+                    f"{where}: integer {_short(value)} is outside the CBOR integer range"
+                )
+            return int(value)
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise invalid_manifest(f"{where}: {value} is not a finite number")
+            return value
+        if isinstance(value, numbers.Integral):  # NumPy scalars and other Integral types that are not int subclasses
+            self.nodes -= 1
+            return self.copy(int(value), where, depth)
+        raise invalid_manifest(
+            f"{where}: {type(value).__name__} values are not allowed in a manifest (plain data only)",
+        )
+
+    def _count_text(self, text: str, where: str) -> None:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise invalid_manifest(
+                f"{where}: {_short(text)} is not valid Unicode text (a lone surrogate such as \\ud800 has no UTF-8 form)",
+            ) from None
+        self._count_bytes(size)
+
+    def _count_bytes(self, size: int) -> None:
+        self.bytes += size
+        if self.bytes > MAX_EXPANDED_BYTES:
+            raise invalid_manifest(f"a manifest may hold at most {MAX_EXPANDED_BYTES} bytes of text")
+
+
+def _short(value: Any) -> str:
+    """``repr`` for messages, cut short: an integer of 5000 digits cannot even be printed."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

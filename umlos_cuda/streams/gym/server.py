@@ -1,0 +1,78 @@
+"""Run the puzzle server (``chuk-puzzles-gym``) on a chosen address.
+
+The package's own entry point, ``chuk-puzzles-server``, always listens on
+0.0.0.0:8023. Tests, examples and ``umlos-cuda gym serve`` need a server on
+127.0.0.1 and a free port, so this module starts the same server class
+(``TelnetServer`` with the package's ``ArcadeHandler``) on the address it is
+given. With port 0 the system picks a free port; the address actually bound
+is printed as one line ``listening HOST PORT`` and, with ``--port-file``,
+written to that file (atomically), which is how a parent process learns it.
+
+Run as ``python -m umlos_cuda.streams.gym.server --port 0 --port-file F``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from ... import errors
+from ..failures import failure
+
+
+def _server_classes():
+    try:
+        from chuk_protocol_server.servers.telnet_server import TelnetServer
+        from chuk_puzzles_gym.server import ArcadeHandler
+    except ImportError as exc:
+        raise failure(errors.GYM_CONFIG_INVALID, f"the puzzle server is not installed ({exc}); install the extra: "
+                                                 "pip install 'umlos-cuda[gym]'") from None
+    return TelnetServer, ArcadeHandler
+
+
+def server_version() -> str | None:
+    """The installed ``chuk-puzzles-gym`` version, or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("chuk-puzzles-gym")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+async def serve(host: str, port: int, port_file: str | None = None, log_level: str = "WARNING") -> None:
+    """Listen on ``host:port`` until cancelled; announce the bound port."""
+    telnet_server, handler = _server_classes()
+    logging.getLogger().setLevel(log_level)  # the server's module configures INFO when imported
+    server = telnet_server(host, port, handler)
+    server.server = await server._create_server()
+    bound_host, bound_port = server.server.sockets[0].getsockname()[:2]
+    if port_file:
+        temporary = f"{port_file}.tmp{os.getpid()}"
+        with open(temporary, "w", encoding="ascii") as handle:
+            handle.write(f"{bound_host} {bound_port}\n")
+        os.replace(temporary, port_file)
+    print(f"listening {bound_host} {bound_port}", flush=True)
+    async with server.server:
+        await server.server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m umlos_cuda.streams.gym.server", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0: a free port chosen by the system")
+    parser.add_argument("--port-file", help="write 'HOST PORT' here once listening")
+    parser.add_argument("--log-level", default="WARNING", help="the server's logging level (default WARNING)")
+    args = parser.parse_args(argv)
+    try:
+        asyncio.run(serve(args.host, args.port, args.port_file, args.log_level))
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -240,7 +240,7 @@ def test_a_second_run_rewrites_a_damaged_file(world, tmp_path):
 # ====================================================================== crash and resume
 KILLER = """
 import os, signal, sys
-from umlos_cuda.batching import batch_writer
+from umlos_cuda.batching.batches import writer as batch_writer
 from umlos_cuda.batching.batches.writer import BatchWriter
 
 calls = 0

@@ -242,7 +242,8 @@ def test_a_file_size_limit_is_refused_before_any_work(manifest, tmp_path):
 #: during the work (or a quota) would.
 MID_WRITE = """
 import resource, sys
-from umlos_cuda import atomic_file, cli
+from umlos_cuda import cli
+from umlos_cuda.files import atomic as atomic_file
 from umlos_cuda.commands import nextbatch
 resource.setrlimit(resource.RLIMIT_FSIZE, (20000, resource.RLIM_INFINITY))
 atomic_file.check_free_space = lambda path, size: None

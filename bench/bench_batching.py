@@ -46,7 +46,7 @@ import types
 
 import numpy as np
 
-from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder
+from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, save_plan
 from umlos_cuda.batching.plans.planner import bucket_mix_drift
 
 EDGES = (128, 256, 512, 1024, 2048)
@@ -172,7 +172,7 @@ def huge(n: int, mode: str, keep: str | None) -> None:
     folder = keep or tempfile.mkdtemp(prefix="plan-bench-")
     target = os.path.join(folder, "plan")
     start = time.perf_counter()
-    plan.save(target, jsonl="never")
+    save_plan(plan, target, jsonl="never")
     saved = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     stats = plan.epochs[0].stats

@@ -29,7 +29,7 @@ import pytest
 from batching_cases import expect
 from token_cases import make_store
 from umlos_cuda import errors
-from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder
+from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, save_plan, shard_plan
 from umlos_cuda.batching.batches.npz import batch_file_name, npz_bytes, read_batch_file
 from umlos_cuda.batching.batches.fingerprint import (BatchFingerprint, batch_fingerprint, compute_batch_fingerprint,
                                                    fingerprint_plan, microbatch_digest, verify_batch_fingerprint)
@@ -49,7 +49,7 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("batches")
     store = make_store(root, 240, seed=4)
     plan = BatchPlanBuilder(store.length_cache(), CONFIG).build(2)
-    plan.save(root / "plan")
+    save_plan(plan, root / "plan")
     report = BatchWriter(root / "plan", root / "out", root / "store", workers=3).write_all()
     return root, store, plan, report
 
@@ -130,7 +130,7 @@ def test_random_access_and_shards(world):
 
 def test_a_pre_sharded_plan_writes_and_reads_its_own_files(world, tmp_path):
     root, store, plan, _ = world
-    shard = plan.shard(1, 3)
+    shard = shard_plan(plan, 1, 3)
     report = write_batches(shard, tmp_path / "rank_1", store)
     reader = BatchReader(tmp_path / "rank_1")
     assert report.files == len(reader) == shard.total_microbatches
@@ -455,7 +455,7 @@ def test_verify_names_the_first_differing_microbatch(world, tmp_path, capsys):
                "--output", tmp_path / "fp.json")[0] == 0
     # another seed: another plan over the same store differs from its first microbatch
     reseeded = BatchPlanBuilder(store.length_cache(), BatchingConfig.predictable(1024, (32, 64, 128), 256, seed=8))
-    reseeded.build(2).save(tmp_path / "plan8")
+    save_plan(reseeded.build(2), tmp_path / "plan8")
     code, _, err = run(capsys, "batch", "verify", "--plan", tmp_path / "plan8", "--store", root / "store",
                        "--expected-fingerprint", tmp_path / "fp.json")
     assert code == 2 and "error BATCH_FINGERPRINT_MISMATCH" in err and "epoch 0 microbatch 0 (position 0)" in err

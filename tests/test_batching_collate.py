@@ -20,7 +20,7 @@ from hypothesis import given, settings, strategies as st
 from batching_cases import expect
 from token_cases import make_store
 from umlos_cuda import errors
-from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, Sample, SampleMeta
+from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, Sample, SampleMeta, save_plan
 from umlos_cuda.batching.collate import (FIELDS, IGNORE_INDEX, CollatedBatch, collate_arrays, collate_microbatch,
                                          default_collate)
 from umlos_cuda.batching.packing.rows import pack_rows
@@ -163,7 +163,7 @@ def planned(tmp_path_factory):
         config = getattr(BatchingConfig, policy)(token_budget=1024, bucket_edges=(32, 64, 128), overflow_max=256,
                                                  seed=5)
         plans[policy] = BatchPlanBuilder(store.length_cache(), config).build(2)
-        plans[policy].save(root / f"plan-{policy}")
+        save_plan(plans[policy], root / f"plan-{policy}")
     return root, store, plans
 
 

@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 import umlos_cuda as uc
 from umlos_cuda import errors
+from umlos_cuda.batching import shard_plan
 from umlos_cuda.batching.plans.buckets import BucketSpec
 from umlos_cuda.batching.plans.builder import BatchPlanBuilder, TokenBudgetBatchSampler
 from umlos_cuda.batching.plans.config import SAMPLING_MODES, BatchingConfig, PadPolicy
@@ -237,7 +238,7 @@ def test_determinism_and_seed_sensitivity():
 def test_shards_deal_out_the_one_global_sequence(world_size):
     lengths = lognormal(3000, 2)
     plan = BatchPlanBuilder(lengths, BatchingConfig.predictable(8192, (128, 512, 1024), 2048), tokenizer_hash="t").build(2)
-    shards = [plan.shard(r, world_size) for r in range(world_size)]
+    shards = [shard_plan(plan, r, world_size) for r in range(world_size)]
     for e in range(2):
         merged = sorted((mb.index, mb.samples) for s in shards for mb in s.iter_epoch(e))
         assert merged == [(mb.index, mb.samples) for mb in plan.iter_epoch(e)]
@@ -246,8 +247,8 @@ def test_shards_deal_out_the_one_global_sequence(world_size):
     assert len({s.fingerprint for s in shards}) == world_size
     assert all(s.meta.shard == {"rank": r, "world_size": world_size, "source_fingerprint": plan.fingerprint}
                for r, s in enumerate(shards))
-    expect(errors.INVALID_RANK, plan.shard, world_size, world_size)
-    expect(errors.BATCHING_CONFIG_INVALID, shards[0].shard, 0, 1)
+    expect(errors.INVALID_RANK, shard_plan, plan, world_size, world_size)
+    expect(errors.BATCHING_CONFIG_INVALID, shard_plan, shards[0], 0, 1)
 
 
 def test_iter_from_resumes_the_sequence():
@@ -257,7 +258,7 @@ def test_iter_from_resumes_the_sequence():
     for epoch, index in [(0, 0), (0, 17), (1, 0), (2, len(plan.epochs[2]) - 1), (2, len(plan.epochs[2]))]:
         tail = [(e, i, mb.samples) for e, i, mb in plan.iter_from(epoch, index)]
         assert tail == [x for x in everything if (x[0], x[1]) >= (epoch, index)]
-    shard = plan.shard(1, 3)
+    shard = shard_plan(plan, 1, 3)
     assert [(e, i) for e, i, _ in shard.iter_from(1, 5)] == [(e, i) for e, i, _ in plan.iter_from(1, 5) if i % 3 == 1]
     for bad in [(3, 0), (0, len(plan.epochs[0]) + 1), (-1, 0), (0, -1), (True, 0), (0, 1.5)]:
         expect(errors.PLAN_CURSOR_INVALID, lambda: list(plan.iter_from(*bad)))

@@ -17,6 +17,7 @@ from umlos_cuda.batching.plans import io as plan_io
 from umlos_cuda.batching.plans.builder import BatchPlanBuilder
 from umlos_cuda.batching.plans.config import BatchingConfig
 from umlos_cuda.batching.lengths.cache import LengthCache
+from umlos_cuda.batching import load_plan, save_plan, shard_plan
 from umlos_cuda.batching.plans.plan import BatchPlan, EpochPlan
 from umlos_cuda.batching.plans.fingerprint import finish_meta
 from umlos_cuda.batching.plans.verify import verify_plan
@@ -48,7 +49,7 @@ def build(n=1500, ids=True, epochs=2, config=None):
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     folder = tmp_path_factory.mktemp("plans") / "plan"
-    build().save(folder)
+    save_plan(build(), folder)
     return str(folder)
 
 
@@ -68,7 +69,7 @@ def test_the_seed_layout(saved):
                   "version", "seed", "sampling_mode", "sampler_config_hash", "fingerprint", "num_epochs"):
         assert field in meta
     assert meta["pad_policy"] == "pad_to_bucket" and meta["pack_config"] is None and meta["seed"] == 11
-    plan = BatchPlan.load(saved)
+    plan = load_plan(saved)
     with open(os.path.join(saved, "epoch_1", "microbatches.jsonl")) as handle:
         lines = handle.read().splitlines()
     assert len(lines) == len(plan.epochs[1])
@@ -86,7 +87,7 @@ def test_the_seed_layout(saved):
 
 
 def test_files_are_byte_identical(tmp_path, saved):
-    build().save(tmp_path / "again")
+    save_plan(build(), tmp_path / "again")
     for folder, _, files in os.walk(saved):
         for name in files:
             other = os.path.join(tmp_path / "again", os.path.relpath(os.path.join(folder, name), saved))
@@ -94,23 +95,23 @@ def test_files_are_byte_identical(tmp_path, saved):
 
 
 def test_jsonl_modes_and_jsonl_only_folders(tmp_path, saved):
-    plan = BatchPlan.load(saved)
-    plan.save(tmp_path / "never", jsonl="never")
+    plan = load_plan(saved)
+    save_plan(plan, tmp_path / "never", jsonl="never")
     assert not os.path.exists(tmp_path / "never" / "epoch_0" / "microbatches.jsonl")
-    assert BatchPlan.load(tmp_path / "never").fingerprint == plan.fingerprint
+    assert load_plan(tmp_path / "never").fingerprint == plan.fingerprint
     only = copy(saved, tmp_path)
     for e in range(2):
         for name in ("offsets", "samples", "bucket_ids", "max_len"):
             os.unlink(os.path.join(only, f"epoch_{e}", f"{name}.npy"))
     assert verify_plan(only)["fingerprint"] == plan.fingerprint  # the JSONL carries the whole plan
-    expect(errors.BATCHING_CONFIG_INVALID, plan.save, tmp_path / "x", jsonl="sometimes")
+    expect(errors.BATCHING_CONFIG_INVALID, save_plan, plan, tmp_path / "x", jsonl="sometimes")
 
 
 def test_row_number_ids_store_no_id_file(tmp_path):
     plan = build(300, ids=False, epochs=1)
-    plan.save(tmp_path / "p")
+    save_plan(plan, tmp_path / "p")
     assert "sample_ids.jsonl" not in os.listdir(tmp_path / "p")
-    assert next(BatchPlan.load(tmp_path / "p").iter_epoch(0)).samples == tuple(str(r) for r in next(plan.iter_epoch(0)).rows)
+    assert next(load_plan(tmp_path / "p").iter_epoch(0)).samples == tuple(str(r) for r in next(plan.iter_epoch(0)).rows)
 
 
 # --------------------------------------------------------------- atomic writes
@@ -126,32 +127,32 @@ def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
 
     original = plan_io._write_npy
     monkeypatch.setattr(plan_io, "_write_npy", failing)
-    expect(errors.OUTPUT_WRITE_FAILED, plan.save, tmp_path / "plan")
+    expect(errors.OUTPUT_WRITE_FAILED, save_plan, plan, tmp_path / "plan")
     assert os.listdir(tmp_path) == []  # neither the plan nor its temp folder
 
 
 def test_existing_outputs(tmp_path):
     plan = build(200, epochs=1)
-    plan.save(tmp_path / "plan")
-    expect(errors.OUTPUT_EXISTS, plan.save, tmp_path / "plan")
+    save_plan(plan, tmp_path / "plan")
+    expect(errors.OUTPUT_EXISTS, save_plan, plan, tmp_path / "plan")
     other = build(200, epochs=2)
-    other.save(tmp_path / "plan", force=True)
-    assert BatchPlan.load(tmp_path / "plan").fingerprint == other.fingerprint
+    save_plan(other, tmp_path / "plan", force=True)
+    assert load_plan(tmp_path / "plan").fingerprint == other.fingerprint
     assert sorted(os.listdir(tmp_path)) == ["plan"]
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "keep.txt").write_text("mine")
-    expect(errors.OUTPUT_PATH_INVALID, plan.save, tmp_path / "notes", force=True)
+    expect(errors.OUTPUT_PATH_INVALID, save_plan, plan, tmp_path / "notes", force=True)
     assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
     (tmp_path / "file").write_text("")
-    expect(errors.OUTPUT_PATH_INVALID, plan.save, tmp_path / "file", force=True)
-    expect(errors.OUTPUT_PATH_INVALID, plan.save, tmp_path / "missing" / "plan")
+    expect(errors.OUTPUT_PATH_INVALID, save_plan, plan, tmp_path / "file", force=True)
+    expect(errors.OUTPUT_PATH_INVALID, save_plan, plan, tmp_path / "missing" / "plan")
 
 
 def test_a_half_written_folder_does_not_load(tmp_path, saved):
     folder = copy(saved, tmp_path)
     os.unlink(os.path.join(folder, "meta.json"))  # meta.json is written last
-    expect(errors.PLAN_NOT_FOUND, BatchPlan.load, folder)
-    expect(errors.PLAN_NOT_FOUND, BatchPlan.load, tmp_path / "nothing")
+    expect(errors.PLAN_NOT_FOUND, load_plan, folder)
+    expect(errors.PLAN_NOT_FOUND, load_plan, tmp_path / "nothing")
 
 
 # --------------------------------------------------------------- load and verify failures
@@ -169,7 +170,7 @@ def edit_npy(path, change):
 
 
 def test_verify_passes(saved):
-    report = verify_plan(saved, expected_fingerprint=BatchPlan.load(saved).fingerprint)
+    report = verify_plan(saved, expected_fingerprint=load_plan(saved).fingerprint)
     assert len(report["checks"]) == 5
 
 
@@ -189,7 +190,7 @@ def tamper_cases():
         open(path, "w").write("\n".join(lines) + "\n")
 
     def swap_microbatches(d):
-        plan = BatchPlan.load(d, mmap=False)
+        plan = load_plan(d, mmap=False)
         epoch = plan.epochs[0]
         sizes, ids = epoch.sizes(), np.asarray(epoch.bucket_ids)
         a = 0
@@ -200,7 +201,7 @@ def tamper_cases():
         swapped = EpochPlan(0, epoch.offsets, samples, epoch.bucket_ids, epoch.max_len, epoch.stats)
         epochs = [swapped] + plan.epochs[1:]
         forged = BatchPlan(finish_meta(plan.meta, epochs), epochs, plan.lengths, plan.sample_ids)
-        forged.save(d, force=True)
+        save_plan(forged, d, force=True)
 
     return [
         ("PLAN_NOT_FOUND", lambda d: os.unlink(os.path.join(d, "meta.json"))),
@@ -234,8 +235,9 @@ def test_verify_names_what_is_wrong(tmp_path, saved, code, damage, capsys):
     damage(folder)
     if code == "PLAN_NOT_REPRODUCIBLE" and json.load(open(os.path.join(folder, "meta.json")))["sampler_config_hash"] == "ab" * 32:
         # an edited meta field changes the fingerprint: re-seal it so that only the rebuild can tell
-        plan = BatchPlan.load(folder, mmap=False)
-        BatchPlan(finish_meta(plan.meta, plan.epochs), plan.epochs, plan.lengths, plan.sample_ids).save(folder, force=True)
+        plan = load_plan(folder, mmap=False)
+        resealed = BatchPlan(finish_meta(plan.meta, plan.epochs), plan.epochs, plan.lengths, plan.sample_ids)
+        save_plan(resealed, folder, force=True)
     expect(getattr(errors, code), verify_plan, folder)
     assert main(["plan", "verify", folder]) == 2
     assert f"error {code}:" in capsys.readouterr().err
@@ -243,7 +245,7 @@ def test_verify_names_what_is_wrong(tmp_path, saved, code, damage, capsys):
 
 def test_verify_against_an_expected_fingerprint_and_a_length_cache(tmp_path, saved):
     expect(errors.PLAN_FINGERPRINT_MISMATCH, verify_plan, saved, expected_fingerprint="f" * 64)
-    plan = BatchPlan.load(saved)
+    plan = load_plan(saved)
     same = LengthCache.from_arrays(plan.sample_ids, np.asarray(plan.lengths), "tok")
     assert verify_plan(saved, lengths=same, reproduce=False)["fingerprint"] == plan.fingerprint
     for cache in (LengthCache.from_arrays(plan.sample_ids, np.asarray(plan.lengths), "other-tokenizer"),
@@ -253,10 +255,10 @@ def test_verify_against_an_expected_fingerprint_and_a_length_cache(tmp_path, sav
 
 
 def test_verify_checks_shards(tmp_path, saved):
-    plan = BatchPlan.load(saved)
-    plan.shard(1, 3).save(tmp_path / "shard")
-    assert verify_plan(tmp_path / "shard")["fingerprint"] == plan.shard(1, 3).fingerprint
-    plan.shard(1, 3).save(tmp_path / "binary", jsonl="never")
+    plan = load_plan(saved)
+    save_plan(shard_plan(plan, 1, 3), tmp_path / "shard")
+    assert verify_plan(tmp_path / "shard")["fingerprint"] == shard_plan(plan, 1, 3).fingerprint
+    save_plan(shard_plan(plan, 1, 3), tmp_path / "binary", jsonl="never")
     for folder, code in ((tmp_path / "shard", errors.PLAN_JSONL_MISMATCH),  # its JSONL indices say rank 1
                          (tmp_path / "binary", errors.PLAN_FINGERPRINT_MISMATCH)):
         edit_json(folder / "meta.json", lambda m: m["shard"].update(rank=2))
@@ -274,7 +276,7 @@ def test_cli_pipeline(tmp_path, capsys):
     assert main(args) == 0
     printed = capsys.readouterr().out
     fingerprint = re.search(r"fingerprint ([0-9a-f]{64})", printed).group(1)
-    plan = BatchPlan.load(out)
+    plan = load_plan(out)
     assert plan.fingerprint == fingerprint and plan.config.sampling_mode == "SEQUENTIAL_V1"
     assert main(["plan", "verify", out, "--expected-fingerprint", fingerprint,
                  "--lengths", str(tmp_path / "lengths.jsonl")]) == 0
@@ -290,8 +292,8 @@ def test_cli_pipeline(tmp_path, capsys):
     index = json.load(open(tmp_path / "shards" / "shards.json"))
     assert index["source_fingerprint"] == fingerprint and len(index["shards"]) == 3
     for row in index["shards"]:
-        shard = BatchPlan.load(tmp_path / "shards" / f"rank_{row['rank']}")
-        assert shard.fingerprint == row["fingerprint"] == plan.shard(row["rank"], 3).fingerprint
+        shard = load_plan(tmp_path / "shards" / f"rank_{row['rank']}")
+        assert shard.fingerprint == row["fingerprint"] == shard_plan(plan, row["rank"], 3).fingerprint
     assert main(["plan", "verify", str(tmp_path / "shards" / "rank_2"), "--no-rebuild"]) == 0
     capsys.readouterr()
     assert main(args) == 2 and "error OUTPUT_EXISTS" in capsys.readouterr().err

@@ -17,7 +17,7 @@ import umlos_cuda as uc
 from umlos_cuda import errors
 from umlos_cuda.batching.plans.builder import BatchPlanBuilder
 from umlos_cuda.batching.plans.config import BatchingConfig
-from umlos_cuda.batching.plans.io import load_plan
+from umlos_cuda.batching.plans.io import load_plan, save_plan
 from umlos_cuda.batching.plans.verify import verify_plan
 from umlos_cuda.batching.plans.planner import PLAN_DATASET_KEY, plan_manifest
 from umlos_cuda.cli import main
@@ -51,7 +51,7 @@ def test_a_plan_follows_the_engine_order_of_its_mode(tmp_path, order):
     assert plan.meta.sampling_mode.endswith(f"{order.upper()}_V1")
 
     folder = tmp_path / "plan"
-    plan.save(folder)
+    save_plan(plan, folder)
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["order"] == order
     loaded = load_plan(folder)

@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 import umlos_cuda as uc
 from packing_reference import reference_pack_lengths
 from umlos_cuda import errors
-from umlos_cuda.batching import BatchingConfig, BatchPlan, BatchPlanBuilder, LengthCache
+from umlos_cuda.batching import BatchingConfig, BatchPlan, BatchPlanBuilder, LengthCache, load_plan, save_plan, shard_plan
 from umlos_cuda.batching.plans.plan import EpochPlan
 from umlos_cuda.batching.plans.fingerprint import finish_meta
 from umlos_cuda.batching.plans.packing import PackConfig
@@ -116,11 +116,11 @@ def test_files_round_trip_and_verify(tmp_path):
     config = packed_config("best_fit", (512,), separator=2)
     plan = BatchPlanBuilder(lengths, config, tokenizer_hash="tok").build(2)
     folder = str(tmp_path / "plan")
-    plan.save(folder)
+    save_plan(plan, folder)
     meta = json.load(open(os.path.join(folder, "meta.json")))
     assert meta["pack_config"] == {"mode": "best_fit", "max_length": 2048, "separator_len": 2}
     assert {"row_offsets.npy", "pack_rows.npy"} <= set(os.listdir(os.path.join(folder, "epoch_0")))
-    loaded = BatchPlan.load(folder)
+    loaded = load_plan(folder)
     assert loaded.fingerprint == plan.fingerprint and loaded.config == config
     first = json.loads(open(os.path.join(folder, "epoch_0", "microbatches.jsonl")).readline())
     assert first == plan.microbatch(0, 0).to_json() and first["packs"] and isinstance(first["packs"][0], list)
@@ -131,7 +131,7 @@ def test_files_round_trip_and_verify(tmp_path):
     for e in range(2):
         for name in ("offsets", "samples", "bucket_ids", "max_len", "row_offsets", "pack_rows"):
             os.unlink(os.path.join(jsonl_only, f"epoch_{e}", f"{name}.npy"))
-    again = BatchPlan.load(jsonl_only)
+    again = load_plan(jsonl_only)
     for a, b in zip(again.epochs, plan.epochs):
         assert np.array_equal(a.row_offsets, b.row_offsets) and np.array_equal(a.pack_rows, b.pack_rows)
     assert verify_plan(jsonl_only)["fingerprint"] == plan.fingerprint
@@ -144,11 +144,11 @@ def test_files_round_trip_and_verify(tmp_path):
 def test_shards_deal_out_the_packed_rows(tmp_path):
     lengths = lengths_of()
     plan = BatchPlanBuilder(lengths, packed_config(), tokenizer_hash="tok").build(1)
-    shards = [plan.shard(r, 3) for r in range(3)]
+    shards = [shard_plan(plan, r, 3) for r in range(3)]
     dealt = sorted((mb.index, mb.packs) for s in shards for mb in s.iter_epoch(0))
     assert dealt == [(mb.index, mb.packs) for mb in plan.iter_epoch(0)]
     assert sum(s.epochs[0].stats["packing"]["rows"] for s in shards) == plan.epochs[0].stats["packing"]["rows"]
-    shards[1].save(tmp_path / "rank_1")
+    save_plan(shards[1], tmp_path / "rank_1")
     assert verify_plan(tmp_path / "rank_1")["fingerprint"] == shards[1].fingerprint
 
 
@@ -183,7 +183,7 @@ def test_pack_config_is_checked():
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     folder = tmp_path_factory.mktemp("packed") / "plan"
-    BatchPlanBuilder(lengths_of(), packed_config(), tokenizer_hash="tok").build(1).save(folder)
+    save_plan(BatchPlanBuilder(lengths_of(), packed_config(), tokenizer_hash="tok").build(1), folder)
     return str(folder)
 
 
@@ -195,9 +195,9 @@ def edit_npy(path, change):
 
 def forge(folder, change):
     """Rewrite epoch 0 through ``change(epoch) -> EpochPlan`` and re-seal the fingerprint."""
-    plan = BatchPlan.load(folder, mmap=False)
+    plan = load_plan(folder, mmap=False)
     epochs = [change(plan.epochs[0])]
-    BatchPlan(finish_meta(plan.meta, epochs), epochs, plan.lengths, plan.sample_ids).save(folder, force=True)
+    save_plan(BatchPlan(finish_meta(plan.meta, epochs), epochs, plan.lengths, plan.sample_ids), folder, force=True)
 
 
 def merge_first_two(epoch):
@@ -281,7 +281,7 @@ def test_verify_checks_the_rows(tmp_path, saved, code, damage, capsys):
 
 def test_unpacked_plans_refuse_packs_in_their_jsonl(tmp_path):
     folder = str(tmp_path / "plan")
-    BatchPlanBuilder(lengths_of(300), BatchingConfig(8192, (512,), 2048)).build(1).save(folder)
+    save_plan(BatchPlanBuilder(lengths_of(300), BatchingConfig(8192, (512,), 2048)).build(1), folder)
     path = os.path.join(folder, "epoch_0", "microbatches.jsonl")
     lines = open(path).read().splitlines()
     item = json.loads(lines[0])
@@ -300,7 +300,7 @@ def test_plan_build_pack(tmp_path, capsys):
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "packing: " in printed and "lower bound" in printed
-    plan = BatchPlan.load(out)
+    plan = load_plan(out)
     assert plan.config.pack == PackConfig("first_fit", 2048, 0) and plan.config.bucket_edges == ()
     assert plan.config.overflow_max == 2048 and plan.epochs[0].stats["skipped_samples"] == int((lengths > 2048).sum())
     assert main(["plan", "info", out]) == 0

@@ -12,7 +12,7 @@ import pytest
 
 import umlos_cuda as uc
 from umlos_cuda import errors
-from umlos_cuda.batching import BatchingConfig, BatchPlan, BatchPlanBuilder
+from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, save_plan, shard_plan
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
@@ -108,13 +108,13 @@ def test_refusals(tmp_path):
     with pytest.raises(SamplerArgumentError) as info:
         PlanBatchSampler(12)
     assert info.value.code == errors.PLAN_NOT_FOUND
-    shard = PLAN.shard(1, 2)
+    shard = shard_plan(PLAN, 1, 2)
     assert list(PlanBatchSampler(shard, rank=1, world_size=2)) == list(PlanBatchSampler(PLAN, rank=1, world_size=2))
     assert PlanBatchSampler(shard, rank=1, world_size=2).state_dict()["plan_fingerprint"] == PLAN.fingerprint
     with pytest.raises(SamplerArgumentError) as info:
         PlanBatchSampler(shard, rank=0, world_size=2)
     assert info.value.code == errors.INVALID_RANK
-    PLAN.save(tmp_path / "plan")
+    save_plan(PLAN, tmp_path / "plan")
     assert list(PlanBatchSampler(str(tmp_path / "plan"), rank=0, world_size=3)) == sequence(PLAN, 0)[0::3]
 
 
@@ -123,7 +123,7 @@ def test_torchrun_stop_at_4_ranks_resume_at_2(tmp_path):
     from the saved cursor. The microbatches consumed, in global order, are the
     single-process sequence: none lost, none twice."""
     plan = make_plan(n=1200, epochs=2, seed=8)
-    plan.save(tmp_path / "plan")
+    save_plan(plan, tmp_path / "plan")
     finish(launch(4, "plan_worker.py", "--phase", "start", "--workdir", str(tmp_path)), "torchrun W=4 (start)")
     state = json.load(open(tmp_path / "state.json"))
     assert state["world_size"] == 4 and (state["epoch"], state["microbatch_index"]) == (1, 5 * 4)

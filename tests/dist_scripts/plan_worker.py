@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
-from umlos_cuda.batching import BatchPlan
+from umlos_cuda.batching import load_plan
 from umlos_cuda.torch import PlanBatchSampler, run_distributed
 
 STOP_EPOCH = 1
@@ -32,7 +32,7 @@ STOP_STEP = 5
 
 
 def main(args) -> None:
-    plan = BatchPlan.load(os.path.join(args.workdir, "plan"))
+    plan = load_plan(os.path.join(args.workdir, "plan"))
     sampler = PlanBatchSampler(plan)  # rank and world size from the process group
     if args.phase == "resume":
         with open(os.path.join(args.workdir, "state.json")) as handle:

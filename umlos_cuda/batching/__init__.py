@@ -22,6 +22,7 @@ from .packing.rows import PackedRow, SequenceToPack, build_row, pack_rows
 from .packing.pack import pack_lengths
 from .packing.config import OversizePolicy, PackingConfig, PackingMode
 from .packing.metrics import PackingMetrics, compute_packing_metrics
+from .plans.io import load_plan, save_plan
 from .plans.plan import BatchPlan, BatchPlanMeta, EpochPlan, MicrobatchSpec
 from .plans.verify import verify_plan
 from .samples import PreferenceSample, Sample, SampleMeta
@@ -76,6 +77,7 @@ __all__ = [
     "compute_packing_metrics",
     "create_segment_attention_mask",
     "dataset_fingerprint",
+    "load_plan",
     "load_tokenizer",
     "optimal_bucket_choices",
     "optimal_bucket_edges",
@@ -84,6 +86,7 @@ __all__ = [
     "pack_rows",
     "pack_sequences",
     "percentiles",
+    "save_plan",
     "sft_sample",
     "shard_plan",
     "tokenizer_fingerprint",

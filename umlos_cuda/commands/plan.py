@@ -104,7 +104,7 @@ def run_build(args) -> int:
     from ..batching.plans.buckets import config_error
     from ..batching.plans.config import BatchingConfig
     from ..batching.lengths.cache import LengthCache
-    from ..batching.plans.io import check_output_dir
+    from ..batching.plans.io import check_output_dir, save_plan
     from ..batching.plans.packing import PackConfig
     from ._progress import Progress
 
@@ -129,7 +129,7 @@ def run_build(args) -> int:
     cache = LengthCache.load(args.lengths)
     progress = Progress(args.epochs * 2, f"plan {args.output}", enabled=not args.quiet)
     plan = BatchPlanBuilder(cache, config).build(args.epochs, progress=lambda done, _: progress.update(done))
-    plan.save(args.output, jsonl=args.jsonl, force=args.force,
+    save_plan(plan, args.output, jsonl=args.jsonl, force=args.force,
               progress=lambda done, _: progress.update(args.epochs + done))
     progress.close()
     seconds = time.perf_counter() - started

@@ -105,12 +105,13 @@ class PlanCollator:
 
     def __init__(self, plan: Any, *, pad_id: int = 0, separator_ids=()) -> None:
         from ..batching.plans.config import BatchingConfig
+        from ..batching.plans.io import load_plan
         from ..batching.plans.plan import BatchPlan
 
         if isinstance(plan, BatchingConfig):
             self.config = plan
         else:
-            self.config = (plan if isinstance(plan, BatchPlan) else BatchPlan.load(plan)).config
+            self.config = (plan if isinstance(plan, BatchPlan) else load_plan(plan)).config
         self.pad_id = pad_id
         from ..batching.collate import plan_separator_ids
 

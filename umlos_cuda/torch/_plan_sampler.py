@@ -54,6 +54,7 @@ class PlanBatchSampler(_SamplerBase):  # type: ignore[misc,valid-type]
 
     def __init__(self, plan, rank: int | None = None, world_size: int | None = None, *,
                  epoch: int = 0, microbatch_index: int = 0) -> None:
+        from ..batching.plans.io import load_plan
         from ..batching.plans.plan import BatchPlan, check_cursor
 
         try:
@@ -61,7 +62,7 @@ class PlanBatchSampler(_SamplerBase):  # type: ignore[misc,valid-type]
                 if not isinstance(plan, (str, os.PathLike)):
                     raise argument_error(errors.PLAN_NOT_FOUND,
                                          f"plan must be a BatchPlan or a plan folder, got {type(plan).__name__}")
-                plan = BatchPlan.load(plan)
+                plan = load_plan(plan)
             self.plan = plan
             self.world_size, self.rank = resolve_world(world_size, rank)
             shard = plan.meta.shard

@@ -30,6 +30,7 @@ from .fingerprint import BatchFingerprint
 from ...files.folders import read_json
 from ..plans.plan import BatchPlan, plan_error
 from ..plans.io import load_plan
+from ..plans.sharding import shard_plan
 
 
 class BatchReader:
@@ -104,7 +105,7 @@ class BatchReader:
     def shard(self, rank: int, world_size: int) -> "BatchReader":
         """A reader of rank ``rank``'s files: global microbatch ``i`` of each
         epoch goes to rank ``i % world_size`` (the plan's sharding)."""
-        return BatchReader(self.root, plan=self.plan.shard(rank, world_size))
+        return BatchReader(self.root, plan=shard_plan(self.plan, rank, world_size))
 
     def _local(self, epoch: int, index: int) -> int:
         plan = self.plan.get_epoch(epoch)

@@ -43,7 +43,7 @@ from .npz import FILES_FORMAT, INDEX_FILE, PLAN_FOLDER, batch_file_name, file_ar
 from .fingerprint import DEFAULT_N_BATCHES, BatchFingerprint, combine_digests
 from ..collate import collate_microbatch, plan_separator_ids
 from ..plans.plan import BatchPlan
-from ..plans.io import load_plan
+from ..plans.io import load_plan, save_plan
 from ..tokens.sources import check_source_matches_plan, open_token_source
 
 #: The fields of batches.json that say what the files are made from.
@@ -160,7 +160,7 @@ class BatchWriter:
             if load_plan(plan_dir).fingerprint != self.plan.fingerprint:
                 raise _mismatch(f"{plan_dir} holds another plan than {self.plan.fingerprint}")
         else:
-            self.plan.save(plan_dir, force=os.path.exists(plan_dir))
+            save_plan(self.plan, plan_dir, force=os.path.exists(plan_dir))
 
     def _one(self, epoch: int, microbatch) -> tuple[int, int, str, str]:
         batch = collate_microbatch(self.source, microbatch, pad_id=self.pad_id, separator_ids=self.separator_ids)

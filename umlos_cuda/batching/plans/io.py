@@ -46,12 +46,13 @@ from ...files.folders import atomic_folder, check_output_folder, fsynced_file, r
 from ...files.folders import read_json as folders_read_json
 from .plan import PLAN_FORMAT, BatchPlan, BatchPlanMeta, EpochPlan, plan_error
 from .packing import PackConfig
+from .sharding import shard_plan
 
 JSONL_MODES = ("auto", "always", "never")
 #: ``jsonl="auto"`` writes microbatches.jsonl up to this many sample entries (all epochs).
 JSONL_AUTO_LIMIT = 10_000_000
 ARRAYS = (("offsets", "<i8"), ("samples", None), ("bucket_ids", "<i2"), ("max_len", "<u4"))
-#: The arrays a packed plan's epoch adds (plan_packing.py).
+#: The arrays a packed plan's epoch adds (:mod:`.packing`).
 PACK_ARRAYS = (("row_offsets", "<i8"), ("pack_rows", "<i8"))
 _CONFIG_KEYS = ("token_budget", "bucket_edges", "overflow_max", "min_length", "pad_policy", "mode", "seed",
                 "sampling_mode", "sampler_block_size")
@@ -78,7 +79,7 @@ def save_shards(plan: BatchPlan, world_size: int, directory, *, jsonl: str = "au
     rows = []
     with _atomic_folder(directory) as temp:
         for rank in range(world_size):
-            shard = plan.shard(rank, world_size)
+            shard = shard_plan(plan, rank, world_size)
             save_plan(shard, os.path.join(temp, f"rank_{rank}"), jsonl=jsonl)
             rows.append({"rank": rank, "fingerprint": shard.fingerprint, "microbatches": shard.total_microbatches})
         index = {"world_size": world_size, "source_fingerprint": plan.fingerprint, "shards": rows}

@@ -3,9 +3,10 @@
 What goes in: :class:`BatchPlanMeta` and one :class:`EpochPlan` per epoch
 (arrays from the planner, or memory-mapped from a plan folder). What comes
 out: microbatches, one at a time (:class:`MicrobatchSpec`, the seed's
-fields plus the dataset ``rows``), from any position (``iter_from``), for
-any rank (``shard``). Nothing here is per sample: a 10^8-sample plan is
-four arrays per epoch.
+fields plus the dataset ``rows``), from any position (``iter_from``).
+Nothing here is per sample: a 10^8-sample plan is four arrays per epoch.
+Plan folders (:mod:`.io`) and shards (:mod:`.sharding`) are built on this
+module, which imports neither.
 
 Microbatch indices are *global*: the position in the epoch's sequence of the
 unsharded plan. A shard keeps them (its microbatch ``j`` is global
@@ -76,7 +77,7 @@ class BatchPlanMeta:
     (uint32 little-endian bytes), ``sample_ids_sha256`` the ids (None when
     they are the row numbers). ``shard`` is None for a full plan, else
     ``{"rank", "world_size", "source_fingerprint"}``. ``fingerprint`` is
-    filled once the content is known (plan_fingerprint.py).
+    filled once the content is known (:mod:`.fingerprint`).
     """
 
     config: BatchingConfig
@@ -130,7 +131,7 @@ class EpochPlan:
     (int16, M), ``max_len`` (uint32, M); microbatch ``j`` has global index
     ``index_base + j * index_step``. ``stats`` is what stats.json holds.
     A packed plan's epoch also has ``row_offsets`` and ``pack_rows``
-    (plan_packing.py); they are None otherwise."""
+    (:mod:`.packing`); they are None otherwise."""
 
     epoch: int
     offsets: np.ndarray
@@ -179,8 +180,11 @@ class BatchPlan:
     """A batch plan: :class:`BatchPlanMeta`, one :class:`EpochPlan` per epoch,
     the lengths it was built from and the sample ids (None: row numbers).
 
-    Build one with :class:`~umlos_cuda.batching.plans.builder.BatchPlanBuilder`,
-    read one with :meth:`load` (memory-mapped binary form).
+    Build one with :class:`~umlos_cuda.batching.plans.builder.BatchPlanBuilder`;
+    write and read one with :func:`~umlos_cuda.batching.plans.io.save_plan` and
+    :func:`~umlos_cuda.batching.plans.io.load_plan` (memory-mapped binary form);
+    split one across ranks with :func:`~umlos_cuda.batching.plans.sharding.shard_plan`.
+    This module knows neither files nor ranks, so those modules build on it.
     """
 
     def __init__(self, meta: BatchPlanMeta, epochs: Sequence[EpochPlan], lengths: np.ndarray,
@@ -264,24 +268,6 @@ class BatchPlan:
             for j in range(first, len(plan)):
                 spec = self.microbatch(e, j)
                 yield e, spec.index, spec
-
-    def shard(self, rank: int, world_size: int) -> "BatchPlan":
-        """This rank's microbatches (global microbatch ``i`` goes to rank ``i % world_size``)."""
-        from .sharding import shard_plan
-
-        return shard_plan(self, rank, world_size)
-
-    # ------------------------------------------------------------------ files
-    def save(self, directory, *, jsonl: str = "auto", force: bool = False, progress=None) -> None:
-        from .io import save_plan
-
-        save_plan(self, directory, jsonl=jsonl, force=force, progress=progress)
-
-    @classmethod
-    def load(cls, directory, *, mmap: bool = True) -> "BatchPlan":
-        from .io import load_plan
-
-        return load_plan(directory, mmap=mmap)
 
 
 def check_cursor(plan: BatchPlan, epoch: Any, microbatch_index: Any) -> None:

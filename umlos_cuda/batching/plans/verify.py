@@ -39,6 +39,7 @@ from .plan import BatchPlan, EpochPlan, plan_error
 from .fingerprint import epoch_plan_digest, plan_fingerprint, sha256_array
 from .io import load_plan, read_microbatches_jsonl
 from .packing import check_packs
+from .sharding import shard_plan
 from .stats import epoch_stats
 
 
@@ -186,7 +187,7 @@ def _check_reproduces(plan: BatchPlan, digests: tuple[str, ...]) -> None:
     rebuilt = BatchPlanBuilder(np.asarray(plan.lengths), plan.config, tokenizer_hash=plan.meta.tokenizer_hash,
                                sample_ids=plan.sample_ids, dataset_hash=plan.meta.dataset_hash).build(plan.num_epochs)
     if plan.meta.shard is not None:
-        rebuilt = rebuilt.shard(plan.meta.shard["rank"], plan.meta.shard["world_size"])
+        rebuilt = shard_plan(rebuilt, plan.meta.shard["rank"], plan.meta.shard["world_size"])
         if plan.meta.shard["source_fingerprint"] != rebuilt.meta.shard["source_fingerprint"]:
             raise plan_error(errors.PLAN_NOT_REPRODUCIBLE,
                              "the shard names a source plan its configuration does not build")

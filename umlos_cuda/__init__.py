@@ -18,6 +18,7 @@ The UML_OS kernel's data-plane contracts (docs/rng.md): ``RngStreams``
 ``next_batch_v1`` (NextBatch_v1).
 """
 
+from ._version import __version__ as __version__  # re-exported: umlos_cuda.__version__
 from .cursor import Cursor
 from .errors import UmlosError
 from .manifest.core import Manifest
@@ -28,8 +29,6 @@ from .presets import PRESETS
 from .rng.probes import functional_fp, probe_indices
 from .rng.streams import RngStreams
 from .rng.state_fingerprint import StateFingerprint
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Batch",

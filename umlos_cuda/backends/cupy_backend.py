@@ -40,6 +40,7 @@ from ..errors import UmlosError
 from ..modes import DEFAULT_MODE, Plan, SamplingMode, get_mode, mode_names
 from ..philox import PHILOX_KATS
 from ._host import backend_error, check_window, last_position
+from .native import create as create_native
 #: Threads per block; grids are capped at BLOCKS_PER_SM blocks per multiprocessor
 #: (every kernel is a grid-stride loop, so the cap only bounds launch overhead).
 THREADS = 256
@@ -99,11 +100,13 @@ def require_device(cp) -> int:
 
 
 def host_plan(seed16: bytes, n: int, block_size: int, mode: str = DEFAULT_MODE) -> tuple[Plan, str]:
-    """Build an epoch plan on the host: the native backend's builder if it is usable, else NumPy's."""
-    from . import get_backend
+    """Build an epoch plan on the host: the native backend's builder if it is usable, else NumPy's.
 
+    The native backend comes from its own module, not from the registry in
+    ``backends/__init__.py``, which imports this module by name: the two would
+    import each other."""
     try:
-        native = get_backend("native")
+        native = create_native()
     except UmlosError:
         return get_mode(mode).build_plan(seed16, n, block_size), "numpy"
     return native.build_plan(seed16, n, block_size, mode), "native"

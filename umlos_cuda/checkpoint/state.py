@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .. import __version__ as _version
+from .._version import __version__ as _version
 from .. import errors
 from ..cursor import Cursor
 from ..hashing import hash_canonical

@@ -68,11 +68,13 @@ class PlanCursor:
         check_cursor(plan, self.epoch, self.microbatch_index)
 
     def restore_into(self, sampler) -> None:
-        """Move a PlanBatchSampler to this cursor (its plan must be this cursor's)."""
-        self.check(sampler.plan)
-        from ...torch._plan_sampler import STATE_FORMAT
+        """Move a PlanBatchSampler to this cursor (its plan must be this cursor's).
 
-        sampler.load_state_dict({"format": STATE_FORMAT, **self.to_state()})
+        The state handed to ``load_state_dict`` is the sampler's own
+        ``state_dict`` (its format) with this cursor's fields, so this layer
+        never imports the torch integration above it."""
+        self.check(sampler.plan)
+        sampler.load_state_dict({**sampler.state_dict(), **self.to_state()})
 
 
 register_cursor_kind(CursorKind(KIND, encode=lambda cursor: _as_cursor(cursor).to_state(), decode=PlanCursor.from_state,

@@ -7,9 +7,6 @@ a manifest into the sampler that calls report and checkpoints bind."""
 
 from __future__ import annotations
 
-import ast
-import os
-
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -171,28 +168,3 @@ def test_bad_stages_and_presets_name_the_allowed_values(stage, preset, message):
     with pytest.raises(uc.UmlosError) as info:
         uc.next_batch(manifest, "train", 1, 0, stage, backend="numpy", preset=preset)
     assert (info.value.code, info.value.message) == (errors.INVALID_STAGE_TYPE, message)
-
-
-def _imported_modules(path: str) -> set[str]:
-    """Every module ``path`` imports, at any depth of its code (relative imports as written)."""
-    with open(path, encoding="utf-8") as handle:
-        tree = ast.parse(handle.read())
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            names.add("." * node.level + (node.module or ""))
-        elif isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-    return names
-
-
-def test_the_sampler_layers_never_import_the_entry_points():
-    """presets, sampler and the mode registry sit below nextbatch: none imports it,
-    not even inside a function (no import cycle hidden by a lazy import)."""
-    package = os.path.dirname(uc.__file__)
-    paths = [os.path.join(package, name) for name in ("presets.py", "sampler.py")]
-    paths += [os.path.join(package, "modes", name) for name in sorted(os.listdir(os.path.join(package, "modes")))
-              if name.endswith(".py")]  # fmt: skip
-    for path in paths:
-        imported = _imported_modules(path)
-        assert not {name for name in imported if name.rsplit(".", 1)[-1] in ("nextbatch", "backends")}, (path, imported)

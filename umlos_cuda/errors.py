@@ -82,7 +82,7 @@ LENGTHS_INVALID = "LENGTHS_INVALID"  # a length cache is missing, empty or malfo
 LENGTHS_SIDECAR_MISMATCH = "LENGTHS_SIDECAR_MISMATCH"  # the binary sidecar is malformed or disagrees with its JSONL
 
 #: The kernel's RNG sub-streams, their consumption contract and the state and
-#: functional fingerprints (umlos_cuda.rng, rng_contract, state_fingerprint,
+#: functional fingerprints (umlos_cuda.rng: streams, contract, state_fingerprint,
 #: probes; seed 003 §0.S, §IV, §V.C). Each is documented in docs/nextbatch.md,
 #: "Failure codes", and docs/rng.md, "Failure codes".
 RNG_CONSUMPTION_VIOLATION = "RNG_CONSUMPTION_VIOLATION"  # seed 003 §0.S: an operator drew other than it declared

@@ -22,7 +22,7 @@ and its exception goes on unchanged.
 Declarations are kept per master stream, one per operator name, so that
 :meth:`Accountant.declarations` is the audit table of what may draw what.
 This module knows streams only through the object it is given (``STREAMS``,
-``offsets``, ``fingerprint()``), which keeps it free of :mod:`.rng`.
+``offsets``, ``fingerprint()``), which keeps it free of :mod:`.streams`.
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ class RngStreams:
 
     Build it with :meth:`from_manifest`; draw with :meth:`draw`; save and
     restore with :meth:`state_dict` and :meth:`load_state_dict`. Every
-    instance has an :attr:`accountant` (:class:`rng_contract.Accountant`)
+    instance has an :attr:`accountant` (:class:`~.contract.Accountant`)
     that checks the operators declared with :func:`consumes` and keeps the
     table of their declarations.
 

@@ -5,7 +5,7 @@ A :class:`SampleStream` is anything iterable over
 puzzle server, a test double); an :class:`AsyncSampleStream` the same for
 ``async for``. A :class:`Policy` plays a puzzle: given an observation and a
 :class:`PolicyContext`, it returns the next command (``"place 1 5 7"``) or
-None to give up. An LLM is a policy; :mod:`.policies` ships ``hint`` and
+None to give up. An LLM is a policy; :mod:`.gym.players` ships ``hint`` and
 ``random`` for data collection and tests.
 """
 

@@ -4,7 +4,7 @@ What goes in: the dataset, a tokenizer and what to count: one text field, or
 a prompt and a response field put through the instruction template
 (umlos_cuda/batching/templates.py, end-of-sequence token included). What
 comes out: ``lengths.jsonl`` and its sidecar (umlos_cuda/batching/lengths/cache.py),
-in dataset order, and the :class:`~umlos_cuda.batching.lengths.LengthCache`.
+in dataset order, and the :class:`~umlos_cuda.batching.lengths.cache.LengthCache`.
 
 The file is streamed in chunks (:class:`DatasetEncoding`, which the token
 store of umlos_cuda/batching/tokens/store.py reads through as well): while the

@@ -2,7 +2,7 @@
 
 This is the core that ``pack_sequences`` and packed plans are built on. It
 returns one int64 row number per length, rows numbered in the order they
-are opened, under the exact definitions of ``packing_config`` (first-fit,
+are opened, under the exact definitions of :mod:`.config` (first-fit,
 best-fit, greedy; a separator between the sequences of a row).
 
 Implementations, all O(n log n) and bit-for-bit the same:
@@ -11,7 +11,7 @@ Implementations, all O(n log n) and bit-for-bit the same:
   ``umlos_cuda/_packing.cpp``): a segment tree over the rows' remaining room
   for first-fit, an ordered set keyed by (remaining room, row) for
   best-fit, a counting sort for greedy's order;
-* ``python``: :mod:`packing_trees` (the same trees in Python; slow, but what
+* ``python``: :mod:`.trees` (the same trees in Python; slow, but what
   runs without a compiler);
 * ``auto`` (default): native when the extension is built, else python.
 

@@ -186,7 +186,7 @@ def layout_rows(segments: Sequence[SequenceToPack], counts: np.ndarray, separato
     counts when the caller knows them; also returns the loss tokens of all
     rows (one sum, not one per row).
 
-    ``backend`` (the names of :func:`~umlos_cuda.batching.packing.pack_lengths`):
+    ``backend`` (the names of :func:`~umlos_cuda.batching.packing.pack.pack_lengths`):
     ``python`` (NumPy whole-array operations; the definition), ``native``
     (``umlos_cuda._packing.layout``: the four token arrays in one pass, each
     output value written once) or ``auto`` (native when built). Both give

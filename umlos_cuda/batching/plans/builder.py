@@ -1,6 +1,6 @@
 """Build a :class:`BatchPlan` from lengths and a :class:`BatchingConfig`.
 
-What goes in: a :class:`~umlos_cuda.batching.lengths.LengthCache` (or a
+What goes in: a :class:`~umlos_cuda.batching.lengths.cache.LengthCache` (or a
 ``uint32`` array of lengths with a tokenizer hash), the config and a number
 of epochs. What comes out: the plan with its statistics and fingerprint.
 Each epoch is :func:`planner.build_epoch`; memory is a few arrays of N.

@@ -10,7 +10,7 @@ microbatch per epoch (the last microbatch of a bucket may be smaller).
 
 ``pack`` (a :class:`~umlos_cuda.batching.plans.packing.PackConfig`) makes a
 packed plan: microbatches of ``token_budget // pack.max_length`` rows, each
-row several samples (plan_packing.py); ``overflow_max`` must then fit in a
+row several samples (:mod:`.packing`); ``overflow_max`` must then fit in a
 row, so every accepted sample has one.
 
 ``sampling_mode`` names the engine order the plan follows (one of the

@@ -25,7 +25,7 @@ The steps, each a few array operations (no Python loop per sample):
    count levels), following the chain of cuts from the first row, one step
    per microbatch. A packed plan (``config.pack``)
    instead packs each bucket's rows into rows of ``pack.max_length`` tokens
-   and cuts every ``token_budget // pack.max_length`` rows (plan_packing.py).
+   and cuts every ``token_budget // pack.max_length`` rows (:mod:`.packing`).
 4. **Interleaving.** Microbatch ``j`` of a bucket with ``n`` microbatches gets
    the key ``(j + u) / n`` with ``u`` a Philox draw in [0, 1) (a jittered
    stratified merge); all microbatches are sorted by key (integer keys,

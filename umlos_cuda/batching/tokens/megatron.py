@@ -2,7 +2,7 @@
 
 What goes in: the path prefix of a dataset written by Megatron-LM's
 ``IndexedDatasetBuilder`` (``tools/preprocess_data.py``). What comes out:
-the same read interface as :class:`~umlos_cuda.batching.tokens.TokenStore`
+the same read interface as :class:`~umlos_cuda.batching.tokens.store.TokenStore`
 (``lengths``, ``arrays(row)``, ``length_cache()``), so a plan is built from
 the ``.idx`` sizes and batches are collated from the ``.bin``, with no
 re-tokenizing. Each *sequence* of the index is one sample, its id the row

@@ -18,7 +18,7 @@ next free slot; once it is full the eviction policy decides:
 probability ``p_i^alpha / sum_j p_j^alpha`` (``alpha`` is
 ``priority_exponent``; 0 gives uniform draws), from the ``sample``
 sub-stream, over the samples in key order. All randomness comes from
-:class:`~.buffer_rng.BufferRng`, keyed by the run's manifest.
+:class:`~.rng.BufferRng`, keyed by the run's manifest.
 
 ``state_dict()`` is what a checkpoint stores: the configuration, the RNG
 key and offsets, and which key each slot holds with its priority and draw

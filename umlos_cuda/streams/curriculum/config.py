@@ -16,7 +16,7 @@ The file is read with the project's strict YAML loader (duplicate keys and
 alias bombs refused). An unknown top-level key, policy type or policy key is
 ``SAMPLING_POLICY_INVALID`` naming it and what is allowed; a value of the
 wrong type or range likewise. :func:`load_policies` returns a
-:class:`~.sampling.ComposedPolicy`; :func:`policies_from_data` does the same
+:class:`~.policies.ComposedPolicy`; :func:`policies_from_data` does the same
 for the parsed data (window logs store it, as JSON, with length quota edges
 written as text).
 """

@@ -1,7 +1,7 @@
 """Curriculum sampling policies: which buffer samples a window trains on.
 
 A :class:`SamplingPolicy` turns per-sample weights into new weights over a
-:class:`~.snapshot.BufferSnapshot`; :class:`ComposedPolicy` applies a list
+:class:`~..buffer.snapshot.BufferSnapshot`; :class:`ComposedPolicy` applies a list
 of them and draws. Definitions (``w`` the weights so far, starting at the
 samples' priorities):
 

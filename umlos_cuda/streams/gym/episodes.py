@@ -1,7 +1,7 @@
 """One episode of a puzzle, played by a policy, and the samples it becomes.
 
 What goes in: a connected :class:`~.telnet_client.TelnetGymClient`, the
-game, difficulty and puzzle seed, a :class:`~.protocols.Policy` and a step
+game, difficulty and puzzle seed, a :class:`~..protocols.Policy` and a step
 limit. What comes out: a :class:`PuzzleEpisode` (every command with the
 grid it answered, and how the episode ended: ``solved``, ``game_over`` or
 ``gave_up``), and from it, :func:`episode_samples`: training samples whose

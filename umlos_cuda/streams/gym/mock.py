@@ -2,9 +2,9 @@
 
 Each episode is one sample: token ids and a length drawn from the episode's
 Philox stream (:func:`~.episodes.episode_seed`), games and difficulties in
-the same cycle as :class:`~.gym_stream.GymConfig`, solved with probability
+the same cycle as :class:`~.stream.GymConfig`, solved with probability
 ``solve_rate``. The integration tests and every real run use the puzzle
-server (:class:`~.gym_stream.GymEpisodeStream`).
+server (:class:`~.stream.GymEpisodeStream`).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ class GymConfig:
         host, port, timeout: the server and the seconds one command may take.
         games: game names (the server's short names, menu names or numbers).
         difficulties: difficulty names of the server.
-        policy: ``"hint"``, ``"random"`` or a :class:`~.protocols.Policy`.
+        policy: ``"hint"``, ``"random"`` or a :class:`~..protocols.Policy`.
         episodes: how many episodes (None: without end).
         max_steps: commands per episode before the policy gives up.
         seed: the run seed (puzzle seeds and policy draws derive from it).
@@ -106,7 +106,7 @@ class GymConfig:
 
 
 class GymEpisodeStream:
-    """A :class:`~.protocols.SampleStream` of puzzle episodes (see the module docstring).
+    """A :class:`~..protocols.SampleStream` of puzzle episodes (see the module docstring).
 
     Args:
         config: a :class:`GymConfig`.

@@ -3,9 +3,9 @@
 Each :meth:`RollingBatchPlanWindow.next_window`:
 
 1. takes the samples added since the last window from the buffer's journal
-   and a :class:`~.snapshot.BufferSnapshot`;
+   and a :class:`~..buffer.snapshot.BufferSnapshot`;
 2. selects rows: every sample of the snapshot once, or, with a
-   :class:`~.sampling.ComposedPolicy`, ``samples_per_window`` draws of it
+   :class:`~..curriculum.policies.ComposedPolicy`, ``samples_per_window`` draws of it
    (the ``policy`` sub-stream);
 3. draws the window's plan seed (two words of the ``window`` sub-stream)
    and builds a one-epoch plan over the selected samples' lengths with the
@@ -81,14 +81,14 @@ class RollingBatchPlanWindow:
     """Windows of ``window_microbatches`` microbatches over ``buffer`` (see the module docstring).
 
     Args:
-        buffer: the :class:`~.replay_buffer.ReplayBuffer`.
+        buffer: the :class:`~..buffer.replay_buffer.ReplayBuffer`.
         window_microbatches: microbatches per window (at most; fewer when the plan has fewer).
         batching: the :class:`~umlos_cuda.batching.BatchingConfig` (its seed is replaced per window).
         pack: a :class:`~umlos_cuda.batching.plans.packing.PackConfig` to build packed plans (it replaces
             ``batching.pack``; the configuration's checks apply: ``overflow_max <= max_length <= token_budget``).
-        policy: a :class:`~.sampling.ComposedPolicy`, or None (every sample once).
+        policy: a :class:`~..curriculum.policies.ComposedPolicy`, or None (every sample once).
         samples_per_window: draws per window with a policy (default: the snapshot's size).
-        log: a path for a new window log, a :class:`~.window_log.WindowLog`, or None.
+        log: a path for a new window log, a :class:`~.log.WindowLog`, or None.
         tokenizer_hash: recorded in the plans (``tokenizer_fingerprint`` of the stream's tokenizer).
     """
 

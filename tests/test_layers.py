@@ -1,13 +1,13 @@
 """The package's imports follow the layer table of docs/architecture.md.
 
 The table ("Layers") gives every module of ``umlos_cuda/`` a layer, from the
-index math at the bottom to the command line at the top. Every import is read
-from the source, wherever it is written (at module level, inside a function,
-under ``if TYPE_CHECKING``), relative or absolute, and so is every
-``importlib.import_module`` of a name written in the code. The imports must
-form no cycle, and none may reach a layer above its own module's. The table
-must place every module and name nothing that is not there, so the table and
-the code cannot drift apart.
+foundation (errors, hashing, files) at the bottom to the command line at the
+top. Every import is read from the source, wherever it is written (at module
+level, inside a function, under ``if TYPE_CHECKING``), relative or absolute,
+and so is every ``importlib.import_module`` of a name written in the code.
+The imports must form no cycle, and none may reach a layer above its own
+module's. The table must place every module and name nothing that is not
+there, so the table and the code cannot drift apart.
 
 The checker's functions take any package folder and any table; the tests at
 the end run them on small packages written to ``tmp_path`` to show that they

@@ -502,9 +502,10 @@ def test_every_code_of_the_block_is_documented():
 
 # ====================================================================== packed plans
 def packed_plan(store, separator_len: int):
-    from umlos_cuda.batching.plans.packing import PackConfig
+    from umlos_cuda.batching import PackingConfig
 
-    config = BatchingConfig(1024, (), 256, "pad_to_bucket", 11, pack=PackConfig("first_fit", 256, separator_len))
+    config = BatchingConfig(1024, (), 256, "pad_to_bucket", 11,
+                            pack=PackingConfig(256, "first_fit", separator_len=separator_len))
     return BatchPlanBuilder(store.length_cache(), config).build(2)
 
 

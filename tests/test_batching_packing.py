@@ -458,6 +458,9 @@ def test_native_entry_point_checks_its_buffers():
     (dict(separator_ids="ab"), "separator_ids"),
     (dict(separator_ids=(1, -1)), "separator id"),
     (dict(separator_ids=(1, 2), max_length=2), "leave no room"),
+    (dict(separator_len=2, max_length=2), "leave no room"),
+    (dict(separator_len=-1), "separator_len"),
+    (dict(separator_ids=(1, 2), separator_len=1), "does not match the 2 separator_ids"),
 ])
 def test_packing_config_refuses(kwargs, mention):
     expect(errors.PACKING_CONFIG_INVALID, PackingConfig, **kwargs, mention=mention)
@@ -465,8 +468,18 @@ def test_packing_config_refuses(kwargs, mention):
 
 def test_packing_config_round_trip():
     config = PackingConfig(1024, "BEST_FIT", [2], "split")
-    assert config.to_dict() == {"max_length": 1024, "mode": "best_fit", "separator_ids": [2], "oversize": "split"}
-    assert config.separator_len == 1
+    assert config.to_dict() == {"mode": "best_fit", "max_length": 1024, "separator_len": 1, "separator_ids": [2],
+                                "oversize": "split"}
+    assert config.separator_len == 1 and PackingConfig.from_dict(config.to_dict()) == config
+    assert PackingConfig(1024, separator_ids=[2, 3], separator_len=2).separator_len == 2
+    assert PackingConfig(1024, separator_len=2) != PackingConfig(1024, separator_ids=[2, 3])  # lengths vs ids
+
+
+def test_a_length_only_config_lays_out_no_tokens():
+    """A plan's config knows the separator's length, not its ids: packing tokens with it is refused."""
+    plan_config = PackingConfig(8, separator_len=1)
+    expect(errors.PACKING_CONFIG_INVALID, pack_sequences, [[1, 2], [3]], config=plan_config, mention="no separator_ids")
+    expect(errors.PACKING_CONFIG_INVALID, pack_rows, [[[1, 2], [3]]], config=plan_config, mention="no separator_ids")
 
 
 @pytest.mark.parametrize("args, mention", [

@@ -16,10 +16,10 @@ from hypothesis import given, settings, strategies as st
 import umlos_cuda as uc
 from packing_reference import reference_pack_lengths
 from umlos_cuda import errors
-from umlos_cuda.batching import BatchingConfig, BatchPlan, BatchPlanBuilder, LengthCache, load_plan, save_plan, shard_plan
+from umlos_cuda.batching import (BatchingConfig, BatchPlan, BatchPlanBuilder, LengthCache, PackingConfig, load_plan,
+                                save_plan, shard_plan)
 from umlos_cuda.batching.plans.plan import EpochPlan
 from umlos_cuda.batching.plans.fingerprint import finish_meta
-from umlos_cuda.batching.plans.packing import PackConfig
 from umlos_cuda.batching.plans.verify import verify_plan
 from umlos_cuda.batching.plans.planner import epoch_order, plan_manifest
 from umlos_cuda.cli import main
@@ -39,7 +39,7 @@ def lengths_of(n=1500, seed=0, top=3000):
 
 def packed_config(mode="first_fit", edges=(), budget=8192, max_length=2048, separator=0, overflow=None, **kwargs):
     return BatchingConfig(budget, edges, max_length if overflow is None else overflow, seed=7,
-                          pack=PackConfig(mode, max_length, separator), **kwargs)
+                          pack=PackingConfig(max_length, mode, separator_len=separator), **kwargs)
 
 
 def expected_rows(lengths, config, epoch):
@@ -104,7 +104,8 @@ def test_packed_plans_follow_the_definition(mode, edges):
        rows=st.integers(1, 4), seed=st.integers(0, 3))
 def test_packed_plan_invariants(lengths, edges, mode, separator, rows, seed):
     lengths = np.asarray(lengths, dtype=np.uint32)
-    config = BatchingConfig(64 * rows, edges, 64, seed=seed, min_length=0, pack=PackConfig(mode, 64, separator))
+    config = BatchingConfig(64 * rows, edges, 64, seed=seed, min_length=0,
+                            pack=PackingConfig(64, mode, separator_len=separator))
     plan = BatchPlanBuilder(lengths, config).build(1)
     check_plan(plan, lengths, config)
     planned = sorted(int(r) for mb in plan.iter_epoch(0) for r in mb.rows)
@@ -171,12 +172,25 @@ def test_packed_configs_are_refused(kwargs, mention):
 
 
 def test_pack_config_is_checked():
-    expect(errors.BATCHING_CONFIG_INVALID, PackConfig, "next_fit")
-    expect(errors.BATCHING_CONFIG_INVALID, PackConfig, "greedy", 0)
-    expect(errors.BATCHING_CONFIG_INVALID, PackConfig, "greedy", 16, 16)
-    expect(errors.BATCHING_CONFIG_INVALID, PackConfig.from_dict, {"mode": "greedy"})
+    expect(errors.PACKING_CONFIG_INVALID, PackingConfig, mode="next_fit")
+    expect(errors.PACKING_CONFIG_INVALID, PackingConfig, 0, "greedy")
+    expect(errors.PACKING_CONFIG_INVALID, PackingConfig, 16, "greedy", separator_len=16)
+    expect(errors.PACKING_CONFIG_INVALID, PackingConfig.from_dict, {"mode": "greedy"})
     expect(errors.BATCHING_CONFIG_INVALID, BatchingConfig, 4096, (), 2048, pack={"mode": "greedy"})
-    assert PackConfig.from_dict(PackConfig("greedy", 16, 1).to_dict()) == PackConfig("greedy", 16, 1)
+    pack = PackingConfig(16, "greedy", separator_len=1)
+    assert pack.to_dict() == {"mode": "greedy", "max_length": 16, "separator_len": 1}  # meta.json's pack_config
+    assert PackingConfig.from_dict(pack.to_dict()) == pack
+
+
+@pytest.mark.parametrize("pack, mention", [
+    (PackingConfig(2048, separator_ids=(2,)), "not its ids [2]"),
+    (PackingConfig(2048, oversize="split"), "no oversize policy (split)"),
+])
+def test_a_plan_packs_lengths_only(pack, mention):
+    """A plan records {mode, max_length, separator_len}: separator ids and an
+    oversize policy, which it could not record, are refused, not dropped."""
+    error = expect(errors.BATCHING_CONFIG_INVALID, BatchingConfig, 4096, (), 2048, pack=pack)
+    assert mention in error.message
 
 
 # --------------------------------------------------------------- verify failures
@@ -301,7 +315,7 @@ def test_plan_build_pack(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "packing: " in printed and "lower bound" in printed
     plan = load_plan(out)
-    assert plan.config.pack == PackConfig("first_fit", 2048, 0) and plan.config.bucket_edges == ()
+    assert plan.config.pack == PackingConfig(2048, "first_fit") and plan.config.bucket_edges == ()
     assert plan.config.overflow_max == 2048 and plan.epochs[0].stats["skipped_samples"] == int((lengths > 2048).sum())
     assert main(["plan", "info", out]) == 0
     assert "packed: first_fit, rows of 2048 tokens, 4 rows per microbatch" in capsys.readouterr().out

@@ -181,9 +181,9 @@ def test_every_streams_code_is_documented():
 def test_packed_windows_record_their_packing_and_replay_bit_for_bit(tmp_path):
     """Windows over a packed configuration build packed plans; the log's header
     records the pack configuration, so replay rebuilds the same windows."""
-    from umlos_cuda.batching.plans.packing import PackConfig
+    from umlos_cuda.batching import PackingConfig
 
-    pack = PackConfig(max_length=1024)
+    pack = PackingConfig(max_length=1024)
     log = tmp_path / "windows.jsonl"
     buffer = ReplayBuffer(80, "reservoir", manifest=identity().manifest, priority_exponent=0.5)
     window = RollingBatchPlanWindow(buffer, 6, batching=BATCHING, pack=pack, log=log)

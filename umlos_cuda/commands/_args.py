@@ -35,7 +35,7 @@ def _integer(what: str, lowest: int, kind: str) -> Callable[[str], int]:
 
 def add_pack_arguments(parser: argparse.ArgumentParser, *, what: str, default_max_len: int) -> None:
     """``--pack``, ``--pack-mode``, ``--pack-max-len`` and ``--pack-separator-len``
-    (a :class:`~umlos_cuda.batching.plans.packing.PackConfig`), one spelling
+    (a :class:`~umlos_cuda.batching.packing.config.PackingConfig`), one spelling
     for every command that builds packed plans; ``what`` says what packs."""
     parser.add_argument("--pack", action="store_true",
                         help=f"{what}: microbatches of token-budget // pack-max-len rows, each row several samples")

@@ -114,7 +114,7 @@ def run_info(args) -> int:
 
 def run_run(args) -> int:
     from ..batching import BatchingConfig
-    from ..batching.plans.packing import PackConfig
+    from ..batching.packing.config import PackingConfig
     from ..batching.lengths.fingerprints import tokenizer_fingerprint
     from ..batching.lengths.tokenizer import load_tokenizer
     from ..streams import GymConfig, GymEpisodeStream, ReplayBuffer, RollingBatchPlanWindow, load_policies
@@ -128,7 +128,8 @@ def run_run(args) -> int:
     except ValueError:
         raise failure(errors.GYM_CONFIG_INVALID, f"--bucket-edges must be comma-separated integers, "
                                                  f"got {args.bucket_edges!r}") from None
-    pack = PackConfig(args.pack_mode, args.pack_max_len, args.pack_separator_len) if args.pack else None
+    pack = (PackingConfig(max_length=args.pack_max_len, mode=args.pack_mode, separator_len=args.pack_separator_len)
+            if args.pack else None)
     batching = BatchingConfig.throughput(args.token_budget, edges, args.overflow_max, pack=pack)
     tokenizer = load_tokenizer(args.tokenizer)
     config = GymConfig(host=args.host, port=args.port, games=tuple(args.game.split(",")),

@@ -105,12 +105,12 @@ def run_build(args) -> int:
     from ..batching.plans.config import BatchingConfig
     from ..batching.lengths.cache import LengthCache
     from ..batching.plans.io import check_output_dir, save_plan
-    from ..batching.plans.packing import PackConfig
+    from ..batching.packing.config import PackingConfig
     from ._progress import Progress
 
     pack = None
     if args.pack:
-        pack = PackConfig(args.pack_mode, args.pack_max_len, args.pack_separator_len)
+        pack = PackingConfig(max_length=args.pack_max_len, mode=args.pack_mode, separator_len=args.pack_separator_len)
         args.bucket_edges = "" if args.bucket_edges is None else args.bucket_edges
         args.overflow_max = args.pack_max_len if args.overflow_max is None else args.overflow_max
     for value, flag in ((args.bucket_edges, "--bucket-edges"), (args.overflow_max, "--overflow-max")):

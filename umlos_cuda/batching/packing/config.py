@@ -21,6 +21,12 @@ silently: :class:`OversizePolicy` says whether it is refused (an error
 naming it), skipped (left out, counted and listed by id), truncated to its
 first ``max_length`` tokens, or split into pieces of ``max_length`` tokens
 (each piece its own segment); the metrics count each case.
+
+One :class:`PackingConfig` serves both places that pack: ``pack_sequences``
+packs token sequences, and a packed batch plan (``BatchingConfig.pack``)
+decides its rows from lengths alone. A plan records only the separator's
+length (meta.json ``pack_config`` is ``{mode, max_length, separator_len}``);
+its separator ids are given when its rows are collated.
 """
 
 from __future__ import annotations
@@ -89,16 +95,20 @@ class PackingConfig:
         max_length: tokens a row may hold, in [1, 2^31 - 1].
         mode: :class:`PackingMode` or its value.
         separator_ids: token ids placed between consecutive sequences of a
-            row (e.g. ``(eos_id,)``); their count is the separator length.
-            They belong to the segment before them and are never trained on
-            (loss mask 0).
+            row (e.g. ``(eos_id,)``). They belong to the segment before them
+            and are never trained on (loss mask 0).
         oversize: :class:`OversizePolicy` or its value (default ``refuse``).
+        separator_len: tokens between consecutive sequences of a row. With
+            ``separator_ids`` it is their count (0, the default, or that
+            count); without them it stands alone, as in a batch plan, which
+            packs lengths and is given its separator ids when collated.
     """
 
     max_length: int = 2048
     mode: PackingMode = PackingMode.FIRST_FIT
     separator_ids: tuple[int, ...] = ()
     oversize: OversizePolicy = OversizePolicy.REFUSE
+    separator_len: int = 0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -108,14 +118,41 @@ class PackingConfig:
         if isinstance(self.separator_ids, (str, bytes)) or not hasattr(self.separator_ids, "__iter__"):
             raise config_error(f"separator_ids must be a sequence of token ids, got {self.separator_ids!r}")
         ids = tuple(require_int(t, "a separator id", 0, MAX_TOKEN_ID) for t in self.separator_ids)
-        if len(ids) >= self.max_length:
-            raise config_error(f"{len(ids)} separator tokens leave no room in rows of max_length {self.max_length}")
         set_(self, "separator_ids", ids)
+        length = require_int(self.separator_len, "separator_len", 0, MAX_PACK_LENGTH)
+        if ids and length not in (0, len(ids)):
+            raise config_error(f"separator_len {length} does not match the {len(ids)} separator_ids {list(ids)}")
+        length = len(ids) or length
+        if length >= self.max_length:
+            raise config_error(f"{length} separator tokens leave no room in rows of max_length {self.max_length}")
+        set_(self, "separator_len", length)
 
-    @property
-    def separator_len(self) -> int:
-        return len(self.separator_ids)
+    def layout_separator(self) -> tuple[int, ...]:
+        """The separator ids that rows of tokens are laid out with. A config
+        with a separator length but no ids (a plan's) cannot lay out tokens."""
+        if self.separator_len != len(self.separator_ids):
+            raise config_error(f"this config gives separator_len {self.separator_len} but no separator_ids; "
+                               "token rows need the ids (a plan's are given when it is collated)")
+        return self.separator_ids
 
     def to_dict(self) -> dict:
-        return {"max_length": self.max_length, "mode": self.mode.value, "separator_ids": list(self.separator_ids),
-                "oversize": self.oversize.value}
+        """Plain data, as a packed plan's meta.json ``pack_config`` and a window
+        log's ``pack`` store it: ``{mode, max_length, separator_len}``, then
+        ``separator_ids`` and ``oversize`` only when they are not the defaults
+        (a plan's never are), so every plan keeps its bytes and fingerprint."""
+        data: dict = {"mode": self.mode.value, "max_length": self.max_length, "separator_len": self.separator_len}
+        if self.separator_ids:
+            data["separator_ids"] = list(self.separator_ids)
+        if self.oversize is not OversizePolicy.REFUSE:
+            data["oversize"] = self.oversize.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data) -> "PackingConfig":
+        """The config :meth:`to_dict` gave."""
+        required, optional = {"mode", "max_length", "separator_len"}, {"separator_ids", "oversize"}
+        if not isinstance(data, dict) or not required <= set(data) <= required | optional:
+            raise config_error(f"a packing config is {{mode, max_length, separator_len}} and optionally "
+                               f"separator_ids and oversize, got {data!r}")
+        return cls(data["max_length"], data["mode"], data.get("separator_ids", ()),
+                   data.get("oversize", OversizePolicy.REFUSE), data["separator_len"])

@@ -311,7 +311,7 @@ def pack_rows(rows: Iterable[Iterable], separator_ids: Sequence[int] = (), *, ma
     (separators included) is refused with PACKING_INPUT_INVALID.
     """
     if config is not None:
-        separator_ids, max_length = config.separator_ids, config.max_length
+        separator_ids, max_length = config.layout_separator(), config.max_length
     separator_ids = tuple(require_int(t, "a separator id", 0, MAX_TOKEN_ID) for t in separator_ids)
     packed = build_rows([[as_sequence(item, k) for k, item in enumerate(row)] for row in rows], separator_ids)
     for r, row in enumerate(packed):

@@ -96,6 +96,7 @@ def pack_sequences(sequences: Iterable, max_length: int = 2048, mode: PackingMod
     """
     if config is None:
         config = PackingConfig(max_length, mode, tuple(separator_ids), oversize)
+    separator = config.layout_separator()
     items = as_sequences(sequences)
     lengths = np.fromiter(map(len, map(_INPUT_IDS, items)), dtype=np.int64, count=len(items))
     refused = config.oversize is OversizePolicy.REFUSE and bool((lengths > config.max_length).any())
@@ -110,7 +111,7 @@ def pack_sequences(sequences: Iterable, max_length: int = 2048, mode: PackingMod
     pieces = list(map(items.__getitem__, sources.tolist()))
     for p, s, stop in zip(cut.tolist(), start[order][cut].tolist(), (start + piece)[order][cut].tolist()):
         pieces[p] = pieces[p].piece(s, stop)
-    rows, loss_tokens = layout_rows(pieces, counts, config.separator_ids, piece[order], backend=backend)
+    rows, loss_tokens = layout_rows(pieces, counts, separator, piece[order], backend=backend)
     over = lengths > config.max_length
     skipped = over & (config.oversize is OversizePolicy.SKIP)
     truncated = over & (config.oversize is OversizePolicy.TRUNCATE)

@@ -8,10 +8,12 @@ different shape per microbatch). Both keep every accepted sample: there is
 no ``drop_last``, so each sample that is not skipped is in exactly one
 microbatch per epoch (the last microbatch of a bucket may be smaller).
 
-``pack`` (a :class:`~umlos_cuda.batching.plans.packing.PackConfig`) makes a
-packed plan: microbatches of ``token_budget // pack.max_length`` rows, each
-row several samples (:mod:`.packing`); ``overflow_max`` must then fit in a
-row, so every accepted sample has one.
+``pack`` (a :class:`~umlos_cuda.batching.packing.config.PackingConfig`)
+makes a packed plan: microbatches of ``token_budget // pack.max_length``
+rows, each row several samples (:mod:`.packing`); ``overflow_max`` must then
+fit in a row, so every accepted sample has one and the oversize policy stays
+``refuse``. A plan records the separator's length only; its ids are given
+when it is collated.
 
 ``sampling_mode`` names the engine order the plan follows (one of the
 engine's mode strings): the shuffled train order (default), the sequential
@@ -30,7 +32,7 @@ from ...nextbatch import MODE_SEQUENTIAL, MODE_SHUFFLE
 from ...modes import DEFAULT_MODE, mode_names
 from ...presets import MODE_STREAMING
 from .buckets import MAX_LENGTH, BucketSpec, config_error, require_int
-from .packing import PackConfig
+from ..packing.config import OversizePolicy, PackingConfig
 
 #: The engine orders a plan can follow.
 SAMPLING_MODES = (MODE_SHUFFLE, MODE_SEQUENTIAL, MODE_STREAMING)
@@ -70,7 +72,8 @@ class BatchingConfig:
         sampler_block_size: the engine's block size (default 2^20).
         mode: ``"predictable"`` or ``"throughput"``; informational, the
             factories set it with the matching pad policy.
-        pack: None (each sample its own padded row) or a :class:`PackConfig`.
+        pack: None (each sample its own padded row) or a :class:`PackingConfig`
+            with ``separator_len`` but no ``separator_ids`` and the ``refuse`` oversize policy.
         order: the engine's sampling mode behind a shuffled order, a name of
             the mode registry (``block_affine``, ``feistel``, ``block_feistel``;
             docs/sampling-modes.md). ``sampling_mode`` chooses shuffled,
@@ -88,7 +91,7 @@ class BatchingConfig:
     sampler_block_size: int = DEFAULT_BLOCK_SIZE
     min_length: int = 1
     mode: BatchingMode = BatchingMode.THROUGHPUT
-    pack: PackConfig | None = None
+    pack: PackingConfig | None = None
     order: str = DEFAULT_MODE
     bucket_spec: BucketSpec = field(init=False, repr=False, compare=False)
 
@@ -119,8 +122,14 @@ class BatchingConfig:
             self._check_pack()
 
     def _check_pack(self) -> None:
-        if not isinstance(self.pack, PackConfig):
-            raise config_error(f"pack must be None or a PackConfig, got {type(self.pack).__name__}")
+        if not isinstance(self.pack, PackingConfig):
+            raise config_error(f"pack must be None or a PackingConfig, got {type(self.pack).__name__}")
+        if self.pack.separator_ids:
+            raise config_error(f"a plan records the separator's length, not its ids {list(self.pack.separator_ids)}: "
+                               f"give separator_len={self.pack.separator_len} and the ids when collating")
+        if self.pack.oversize is not OversizePolicy.REFUSE:
+            raise config_error(f"a plan's pack takes no oversize policy ({self.pack.oversize.value}): samples above "
+                               "overflow_max are skipped and listed, and overflow_max fits in a row")
         if self.pack.max_length > self.token_budget:
             raise config_error(f"pack max_length {self.pack.max_length} is above the token budget {self.token_budget}: "
                                "a microbatch holds at least one row")
@@ -155,7 +164,7 @@ class BatchingConfig:
     def to_dict(self) -> dict:
         """Plain data, as meta.json's ``config`` stores it. ``pack`` is not
         here: meta.json keeps it apart as ``pack_config``
-        (:meth:`PackConfig.to_dict`), so unpacked plans hash as they always did."""
+        (:meth:`PackingConfig.to_dict`), so unpacked plans hash as they always did."""
         return {
             "token_budget": self.token_budget,
             "bucket_edges": list(self.bucket_edges),

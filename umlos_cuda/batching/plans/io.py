@@ -45,7 +45,7 @@ from .config import BatchingConfig
 from ...files.folders import atomic_folder, check_output_folder, fsynced_file, read_npy
 from ...files.folders import read_json as folders_read_json
 from .plan import PLAN_FORMAT, BatchPlan, BatchPlanMeta, EpochPlan, plan_error
-from .packing import PackConfig
+from ..packing.config import PackingConfig
 from .sharding import shard_plan
 
 JSONL_MODES = ("auto", "always", "never")
@@ -185,7 +185,7 @@ def meta_from_json(data) -> BatchPlanMeta:
         order = {"order": data["order"]} if "order" in data else {}  # written only when not the default
         config = BatchingConfig.from_dict({**{k: data[k] for k in _CONFIG_KEYS}, **order})
         if data["pack_config"] is not None:
-            config = replace(config, pack=PackConfig.from_dict(data["pack_config"]))
+            config = replace(config, pack=PackingConfig.from_dict(data["pack_config"]))
         shard = data["shard"]
         if shard is not None and (not isinstance(shard, dict) or set(shard) != {"rank", "world_size", "source_fingerprint"}):
             raise _format(f"meta.json shard must be null or {{rank, world_size, source_fingerprint}}, got {shard!r}")

@@ -1,8 +1,9 @@
 """Packed plans: each microbatch is rows of ``max_length`` tokens, each row several samples.
 
-With a :class:`PackConfig` in ``BatchingConfig.pack`` (``plan build --pack``),
-step 3 of the planner (cutting) packs instead of padding; the order, the
-buckets and the interleaving are unchanged:
+With a :class:`~umlos_cuda.batching.packing.config.PackingConfig` in
+``BatchingConfig.pack`` (``plan build --pack``), step 3 of the planner
+(cutting) packs instead of padding; the order, the buckets and the
+interleaving are unchanged:
 
 1. each bucket's samples, in the epoch's order, are packed by
    :func:`pack_lengths` (the pack mode, ``max_length``, ``separator_len``)
@@ -27,47 +28,16 @@ Two arrays per epoch hold the rows: ``row_offsets`` (int64, rows + 1: row
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ... import errors
 from ...errors import UmlosError
-from .buckets import config_error, require_int
 from ..packing.pack import pack_lengths
-from ..packing.config import MAX_PACK_LENGTH, PackingMode
+from ..packing.config import PackingConfig
 from ..packing.metrics import PackingMetrics
 
 
-@dataclass(frozen=True, slots=True)
-class PackConfig:
-    """How a plan packs (meta.json ``pack_config``): mode, row length, separator length."""
-
-    mode: PackingMode = PackingMode.FIRST_FIT
-    max_length: int = 2048
-    separator_len: int = 0
-
-    def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "mode", PackingMode.parse(self.mode))
-        except UmlosError:
-            raise config_error(f"pack mode must be one of {', '.join(m.value for m in PackingMode)}, "
-                               f"got {self.mode!r}") from None
-        object.__setattr__(self, "max_length", require_int(self.max_length, "pack max_length", 1, MAX_PACK_LENGTH))
-        object.__setattr__(self, "separator_len",
-                           require_int(self.separator_len, "pack separator_len", 0, self.max_length - 1))
-
-    def to_dict(self) -> dict:
-        return {"mode": self.mode.value, "max_length": self.max_length, "separator_len": self.separator_len}
-
-    @classmethod
-    def from_dict(cls, data) -> "PackConfig":
-        if not isinstance(data, dict) or set(data) != {"mode", "max_length", "separator_len"}:
-            raise config_error(f"a pack config is {{mode, max_length, separator_len}}, got {data!r}")
-        return cls(data["mode"], data["max_length"], data["separator_len"])
-
-
-def pack_bucket(bucket_lengths: np.ndarray, pack: PackConfig, rows_per_microbatch: int):
+def pack_bucket(bucket_lengths: np.ndarray, pack: PackingConfig, rows_per_microbatch: int):
     """One bucket's rows and microbatches (relative to the bucket).
 
     Returns ``(permutation, starts, microbatch_rows, row_sizes)``: the
@@ -122,7 +92,7 @@ def row_tokens(row_offsets: np.ndarray, samples: np.ndarray, lengths: np.ndarray
     return np.diff(cumulative[row_offsets]) + separator_len * np.maximum(counts - 1, 0)
 
 
-def plan_packing_metrics(row_offsets, samples, lengths, pack: PackConfig) -> PackingMetrics:
+def plan_packing_metrics(row_offsets, samples, lengths, pack: PackingConfig) -> PackingMetrics:
     """:class:`PackingMetrics` of an epoch's rows (loss tokens are unknown in a plan)."""
     rows = int(np.asarray(row_offsets).shape[0]) - 1
     segments = int(np.asarray(samples).shape[0])
@@ -130,7 +100,7 @@ def plan_packing_metrics(row_offsets, samples, lengths, pack: PackConfig) -> Pac
     return PackingMetrics(pack.max_length, segments, segments, rows, tokens, pack.separator_len * (segments - rows))
 
 
-def check_packs(epoch, pack: PackConfig, token_budget: int, lengths: np.ndarray) -> None:
+def check_packs(epoch, pack: PackingConfig, token_budget: int, lengths: np.ndarray) -> None:
     """The row invariants of a packed epoch (PLAN_PACKS_INVALID, PLAN_BUDGET_EXCEEDED)."""
     e = epoch.epoch
     offsets = np.asarray(epoch.offsets, dtype=np.int64)

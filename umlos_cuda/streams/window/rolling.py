@@ -11,7 +11,7 @@ Each :meth:`RollingBatchPlanWindow.next_window`:
    and builds a one-epoch plan over the selected samples' lengths with the
    batching planner (``BatchPlanBuilder``; the engine's order, buckets,
    token budget; packed rows when the batching configuration has a
-   :class:`~umlos_cuda.batching.plans.packing.PackConfig`): the window is its
+   :class:`~umlos_cuda.batching.packing.config.PackingConfig`): the window is its
    first ``window_microbatches`` microbatches;
 4. records the window in the log: the added samples, the snapshot's, plan's
    and window's fingerprints, the RNG offsets and the curriculum metrics.
@@ -42,7 +42,7 @@ import numpy as np
 
 from ... import errors
 from ...batching import BatchingConfig, BatchPlan, BatchPlanBuilder
-from ...batching.plans.packing import PackConfig
+from ...batching.packing.config import PackingConfig
 from ..buffer.rng import BufferRng
 from ..curriculum.metrics import window_metrics
 from ..failures import failure
@@ -84,7 +84,7 @@ class RollingBatchPlanWindow:
         buffer: the :class:`~..buffer.replay_buffer.ReplayBuffer`.
         window_microbatches: microbatches per window (at most; fewer when the plan has fewer).
         batching: the :class:`~umlos_cuda.batching.BatchingConfig` (its seed is replaced per window).
-        pack: a :class:`~umlos_cuda.batching.plans.packing.PackConfig` to build packed plans (it replaces
+        pack: a :class:`~umlos_cuda.batching.packing.config.PackingConfig` to build packed plans (it replaces
             ``batching.pack``; the configuration's checks apply: ``overflow_max <= max_length <= token_budget``).
         policy: a :class:`~..curriculum.policies.ComposedPolicy`, or None (every sample once).
         samples_per_window: draws per window with a policy (default: the snapshot's size).
@@ -93,7 +93,7 @@ class RollingBatchPlanWindow:
     """
 
     def __init__(self, buffer: ReplayBuffer, window_microbatches: int = 1000, *, batching: BatchingConfig | None = None,
-                 pack: PackConfig | None = None, policy: ComposedPolicy | None = None, samples_per_window: int | None = None, log: Any = None,
+                 pack: PackingConfig | None = None, policy: ComposedPolicy | None = None, samples_per_window: int | None = None, log: Any = None,
                  tokenizer_hash: str = "unknown") -> None:
         if not isinstance(buffer, ReplayBuffer):
             raise failure(errors.REPLAY_BUFFER_INVALID, f"buffer must be a ReplayBuffer, got {type(buffer).__name__}")
@@ -142,7 +142,7 @@ class RollingBatchPlanWindow:
             policies = header["policies"]
             pack = header.get("pack")
             return cls(buffer, header["window_microbatches"], batching=BatchingConfig.from_dict(header["batching"]),
-                       pack=None if pack is None else PackConfig.from_dict(pack),
+                       pack=None if pack is None else PackingConfig.from_dict(pack),
                        policy=None if policies is None else policies_from_data(policies, "the log's policies"),
                        samples_per_window=header["samples_per_window"], log=log,
                        tokenizer_hash=header["tokenizer_hash"])

@@ -11,7 +11,7 @@ import umlos_cuda as uc
 from umlos_cuda import errors
 from umlos_cuda.batching import shard_plan
 from umlos_cuda.batching.plans.buckets import BucketSpec
-from umlos_cuda.batching.plans.builder import BatchPlanBuilder, TokenBudgetBatchSampler
+from umlos_cuda.batching.plans.builder import BatchPlanBuilder
 from umlos_cuda.batching.plans.config import SAMPLING_MODES, BatchingConfig, PadPolicy
 from umlos_cuda.batching.packing.pack import native_module
 from umlos_cuda.batching.plans.planner import (PLAN_DATASET_KEY, bucket_mix_drift, cuts_by_lifting, cuts_by_scan, greedy_cuts,
@@ -192,15 +192,13 @@ def test_plan_invariants(lengths, edges, budget_step, policy, mode, seed, block)
     check_invariants(plan, lengths, config)
 
 
-def test_sample_ids_and_the_seed_sampler():
+def test_sample_ids_name_the_rows():
     lengths = lognormal(500, 4)
     ids = [f"row-{i}" for i in range(500)]
     config = BatchingConfig.throughput(8192, (128, 256, 512, 1024), 2048, seed=9)
     plan = BatchPlanBuilder(lengths, config, sample_ids=ids, tokenizer_hash="t").build(1)
     check_invariants(plan, lengths, config)
-    sampler = TokenBudgetBatchSampler(dict(zip(ids, lengths.tolist())), config.bucket_spec, 8192, 9,
-                                      pad_policy="pad_to_max")
-    assert list(sampler) == [list(mb.samples) for mb in plan.iter_epoch(0)]
+    assert all(list(mb.samples) == [ids[r] for r in mb.rows] for mb in plan.iter_epoch(0))
 
 
 def test_engine_metadata_is_recorded():

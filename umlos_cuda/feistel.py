@@ -31,8 +31,6 @@ from .philox import philox_draws
 FEISTEL_ROUNDS = 8
 #: The odd 32-bit multiplier of the round function (Philox4x32's M0).
 FEISTEL_M = 0xD2511F53
-#: Largest n (the positions and indices are uint64).
-FEISTEL_MAX_N = (1 << 64) - 1
 
 _U32 = np.uint64(0xFFFFFFFF)
 _32 = np.uint64(32)

@@ -10,7 +10,7 @@ from .batches.fingerprint import BatchFingerprint, compute_batch_fingerprint, fi
 from .batches.reader import BatchReader
 from .batches.writer import BatchWriteReport, BatchWriter, write_batches
 from .plans.buckets import BucketSpec
-from .plans.builder import BatchPlanBuilder, TokenBudgetBatchSampler
+from .plans.builder import BatchPlanBuilder
 from .collate import CollatedBatch, collate_microbatch, default_collate
 from .plans.config import BatchingConfig, PadPolicy
 from .lengths.fingerprints import dataset_fingerprint, tokenizer_fingerprint
@@ -65,7 +65,6 @@ __all__ = [
     "PackingMode",
     "SequenceToPack",
     "PadPolicy",
-    "TokenBudgetBatchSampler",
     "BucketChoice",
     "LengthCache",
     "LoadedTokenizer",

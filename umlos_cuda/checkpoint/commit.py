@@ -279,9 +279,6 @@ class CheckpointStore:
                 return record
         return None
 
-    def container_path(self, record: CommitRecord) -> str:
-        return os.path.join(self.path, record.checkpoint["path"])
-
     def _usable(self) -> None:
         if self._closed:
             raise error(errors.CHECKPOINT_STATE_INVALID, "the store session is closed", operator=COMMIT)

@@ -26,7 +26,6 @@ from typing import ClassVar
 import numpy as np
 
 from .. import reference
-from ..hashing import sha256
 from .base import SamplingMode
 
 NAME = "block_affine"
@@ -67,11 +66,6 @@ class BlockAffinePlan:
     @property
     def num_blocks(self) -> int:
         return int(self.base.shape[0])
-
-    @property
-    def epoch_seed_hash(self) -> str:
-        """SHA-256 of the epoch seed (hex): the trace's ``epoch_seed_hash`` (seed 000 §7)."""
-        return sha256(self.epoch_seed).hex()
 
     def kernel_tables(self) -> tuple[np.ndarray, ...]:
         return (self.base, self.m, self.a, self.c)

@@ -146,10 +146,6 @@ class PackedRow:
         return len(self.sample_ids)
 
     @property
-    def segment_lengths(self) -> np.ndarray:
-        return np.diff(self.cu_seqlens)
-
-    @property
     def loss_tokens(self) -> int:
         return int(self.loss_mask.sum())
 

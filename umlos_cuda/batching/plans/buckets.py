@@ -97,10 +97,6 @@ class BucketSpec:
         return len(self.edges) + 1
 
     @property
-    def overflow_bucket_id(self) -> int:
-        return len(self.edges)
-
-    @property
     def max_lengths(self) -> np.ndarray:
         """Pad length of each bucket (uint32, ``num_buckets`` entries)."""
         return np.asarray(self.edges + (self.overflow_max,), dtype=np.uint32)
@@ -118,9 +114,6 @@ class BucketSpec:
     def get_bucket_id(self, length: int) -> int:
         """The bucket of one length (-1 when skipped); see :meth:`bucket_ids`."""
         return int(self.bucket_ids(np.asarray([require_int(length, "length", 0, MAX_LENGTH)], dtype=np.uint32))[0])
-
-    def should_skip(self, length: int) -> bool:
-        return self.get_bucket_id(length) == SKIPPED
 
     def bucket_ids(self, lengths: np.ndarray) -> np.ndarray:
         """Bucket id of each length (``int16``, -1 where the sample is skipped).

@@ -4,21 +4,18 @@ What goes in: a :class:`~umlos_cuda.batching.lengths.cache.LengthCache` (or a
 ``uint32`` array of lengths with a tokenizer hash), the config and a number
 of epochs. What comes out: the plan with its statistics and fingerprint.
 Each epoch is :func:`planner.build_epoch`; memory is a few arrays of N.
-
-:class:`TokenBudgetBatchSampler` is the seed's sampler interface over the
-same planner: batches of sample ids, epoch by epoch.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .buckets import BucketSpec, config_error
-from .config import BatchingConfig, PadPolicy
+from .buckets import config_error
+from .config import BatchingConfig
 from .plan import BatchPlan, BatchPlanMeta, EpochPlan
 from .fingerprint import finish_meta, sha256_array
 from .stats import epoch_stats, skipped_ids
@@ -120,32 +117,3 @@ def _as_lengths(values) -> np.ndarray:
         raise config_error("lengths must lie in [0, 2^32 - 1]")
     return array.astype(np.uint32, copy=False)
 
-
-class TokenBudgetBatchSampler:
-    """The seed's sampler: token-budget batches of sample ids, one epoch at a time.
-
-    ``lengths`` is a mapping ``sample_id -> length`` (its order is the row
-    order) or a LengthCache. Iterating yields epoch 0; :meth:`iter_epoch`
-    any epoch. The order is the engine's, from ``seed`` and the epoch.
-    """
-
-    def __init__(self, lengths, bucket_spec: BucketSpec, token_budget: int, seed: int = 42, *,
-                 pad_policy: PadPolicy | str = PadPolicy.PAD_TO_BUCKET, **config) -> None:
-        if isinstance(lengths, Mapping):
-            ids, values = list(lengths.keys()), np.fromiter(lengths.values(), dtype=np.int64, count=len(lengths))
-            self._builder_args = dict(lengths=values, sample_ids=[str(i) for i in ids])
-        else:
-            self._builder_args = dict(lengths=lengths)
-        self.config = BatchingConfig(token_budget, bucket_spec.edges, bucket_spec.overflow_max, pad_policy, seed,
-                                     min_length=bucket_spec.min_length, **config)
-        self._builder = BatchPlanBuilder(self._builder_args.pop("lengths"), self.config, **self._builder_args)
-
-    def iter_epoch(self, epoch: int = 0) -> Iterator[list[str]]:
-        arrays = build_epoch(self._builder.lengths, self.config, epoch, backend=self._builder.backend)
-        ids = self._builder.sample_ids
-        for j in range(arrays.num_microbatches):
-            rows = arrays.samples[arrays.offsets[j]:arrays.offsets[j + 1]].tolist()
-            yield [str(r) for r in rows] if ids is None else [ids[r] for r in rows]
-
-    def __iter__(self) -> Iterator[list[str]]:
-        return self.iter_epoch(0)

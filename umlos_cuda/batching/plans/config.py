@@ -157,10 +157,6 @@ class BatchingConfig:
         return cls(token_budget, tuple(bucket_edges), overflow_max, PadPolicy.PAD_TO_MAX_IN_BATCH, seed,
                    mode=BatchingMode.THROUGHPUT, **kwargs)
 
-    @property
-    def is_predictable(self) -> bool:
-        return self.pad_policy is PadPolicy.PAD_TO_BUCKET
-
     def to_dict(self) -> dict:
         """Plain data, as meta.json's ``config`` stores it. ``pack`` is not
         here: meta.json keeps it apart as ``pack_config``

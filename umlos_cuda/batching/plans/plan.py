@@ -147,10 +147,6 @@ class EpochPlan:
     def __len__(self) -> int:
         return int(self.bucket_ids.shape[0])
 
-    @property
-    def num_microbatches(self) -> int:
-        return len(self)
-
     def global_index(self, j: int) -> int:
         return self.index_base + j * self.index_step
 

@@ -77,10 +77,6 @@ class EpochArrays:
     row_offsets: np.ndarray | None = None  # packed: int64 [R + 1], row r is samples[row_offsets[r]:row_offsets[r+1]]
     pack_rows: np.ndarray | None = None  # packed: int64 [M + 1], microbatch i is rows pack_rows[i]:pack_rows[i+1]
 
-    @property
-    def num_microbatches(self) -> int:
-        return int(self.bucket_ids.shape[0])
-
 
 def index_dtype(n: int) -> np.dtype:
     """Row dtype of a plan over ``n`` samples: uint32 when it fits, else uint64."""

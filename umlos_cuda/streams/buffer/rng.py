@@ -16,7 +16,6 @@ so far); restoring it gives the same draws after.
 
 from __future__ import annotations
 
-import struct
 from typing import Any, Mapping
 
 import numpy as np
@@ -101,9 +100,6 @@ class BufferRng:
             raise failure(errors.REPLAY_BUFFER_INVALID, "the saved buffer RNG belongs to another run (another manifest "
                                                         "or replay token): its key differs from this buffer's")
         self._offsets = _checked_offsets(state["offsets"])
-
-    def fingerprint_bytes(self) -> bytes:
-        return self.seed16 + b"".join(struct.pack(">Q", self._offsets[name]) for name in STREAMS)
 
 
 def _checked_offsets(offsets: Any) -> dict[str, int]:

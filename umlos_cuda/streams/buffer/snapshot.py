@@ -3,8 +3,7 @@
 What goes in: the buffer's samples and their keys (the order they were
 added: key ``k`` is the ``k``-th sample ever added), priorities and draw
 counts. What comes out: read-only arrays in key order (``keys``,
-``lengths``, ``priorities``, ``rewards`` (NaN for none), ``solved`` (-1 for
-unknown), ``draw_counts``), the samples as a tuple, and
+``lengths``, ``priorities``, ``solved`` (-1 for unknown), ``draw_counts``), the samples as a tuple, and
 :attr:`BufferSnapshot.fingerprint`::
 
     SHA-256( canonical JSON {"format", "count", "added"} || keys (int64 LE)
@@ -68,10 +67,6 @@ class BufferSnapshot:
     @cached_property
     def sample_ids(self) -> list[str]:
         return [s.sample_id for s in self.samples]
-
-    @cached_property
-    def rewards(self) -> np.ndarray:
-        return np.array([np.nan if s.reward is None else s.reward for s in self.samples], dtype=np.float64)
 
     @cached_property
     def solved(self) -> np.ndarray:

@@ -37,8 +37,6 @@ from ..types import StreamSample, difficulty_rank
 
 EPISODE_DERIVATION = "umlos_gym_episode_v1"
 PUZZLE_DERIVATION = "umlos_gym_puzzle_v1"
-#: How an episode ends.
-OUTCOMES = ("solved", "game_over", "gave_up")
 OUTPUT_MODES = ("episode", "steps")
 
 

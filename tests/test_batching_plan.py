@@ -12,12 +12,12 @@ from umlos_cuda import errors
 from umlos_cuda.batching import shard_plan
 from umlos_cuda.batching.plans.buckets import BucketSpec
 from umlos_cuda.batching.plans.builder import BatchPlanBuilder
-from umlos_cuda.batching.plans.config import SAMPLING_MODES, BatchingConfig, PadPolicy
+from umlos_cuda.batching.plans.config import PLAN_STAGES, BatchingConfig, PadPolicy
 from umlos_cuda.batching.packing.pack import native_module
 from umlos_cuda.batching.plans.planner import (PLAN_DATASET_KEY, bucket_mix_drift, cuts_by_lifting, cuts_by_scan, greedy_cuts,
                                          greedy_cuts_and_longest, plan_manifest)
 
-SHUFFLE, SEQUENTIAL, STREAMING = SAMPLING_MODES
+SHUFFLE, SEQUENTIAL, STREAMING = PLAN_STAGES
 
 
 def expect(code, function, *args, **kwargs):
@@ -62,7 +62,7 @@ def test_bad_bucket_specs_are_refused(edges, overflow, min_length):
 @pytest.mark.parametrize("kwargs", [
     dict(token_budget=1024, overflow_max=2048),  # the longest sample would not fit
     dict(token_budget=0), dict(pad_policy="pad_to_nothing"), dict(seed=-1), dict(seed=1 << 64),
-    dict(sampling_mode="RANDOM"), dict(sampler_block_size=0), dict(mode="fast"),
+    dict(stage="RANDOM"), dict(sampler_block_size=0), dict(profile="fast"),
 ])
 def test_bad_configs_are_refused(kwargs):
     error = expect(errors.BATCHING_CONFIG_INVALID, BatchingConfig, **kwargs)
@@ -148,7 +148,7 @@ def check_invariants(plan, lengths, config):
     skipped = {i for i, x in enumerate(lengths.tolist()) if x < spec.min_length or x > spec.overflow_max}
     manifest = plan_manifest(config, len(lengths))
     for e, epoch in enumerate(plan.epochs):
-        if config.sampling_mode == SEQUENTIAL:
+        if config.stage == SEQUENTIAL:
             order = list(range(len(lengths)))
         else:
             order = uc.epoch_indices(manifest, PLAN_DATASET_KEY, epoch=e, backend="numpy").tolist()
@@ -181,13 +181,13 @@ def check_invariants(plan, lengths, config):
 @given(
     st.lists(st.integers(0, 700), min_size=1, max_size=300),
     st.sampled_from([(), (32,), (16, 64, 256), (100, 200, 300, 400)]),
-    st.integers(0, 3), st.sampled_from(list(PadPolicy)), st.sampled_from(SAMPLING_MODES),
+    st.integers(0, 3), st.sampled_from(list(PadPolicy)), st.sampled_from(PLAN_STAGES),
     st.integers(0, 2**64 - 1), st.sampled_from([8, 64, 1 << 20]),
 )
-def test_plan_invariants(lengths, edges, budget_step, policy, mode, seed, block):
+def test_plan_invariants(lengths, edges, budget_step, policy, stage, seed, block):
     lengths = np.asarray(lengths, dtype=np.uint32)
     overflow = 500
-    config = BatchingConfig(overflow * (1 + budget_step) + 7 * budget_step, edges, overflow, policy, seed, mode, block)
+    config = BatchingConfig(overflow * (1 + budget_step) + 7 * budget_step, edges, overflow, policy, seed, stage, block)
     plan = BatchPlanBuilder(lengths, config, tokenizer_hash="t").build(2)
     check_invariants(plan, lengths, config)
 
@@ -203,11 +203,11 @@ def test_sample_ids_name_the_rows():
 
 def test_engine_metadata_is_recorded():
     lengths = lognormal(100)
-    for mode in SAMPLING_MODES:
-        config = BatchingConfig(4096, (128,), 2048, seed=1, sampling_mode=mode, sampler_block_size=32)
+    for stage in PLAN_STAGES:
+        config = BatchingConfig(4096, (128,), 2048, seed=1, stage=stage, sampler_block_size=32)
         meta = BatchPlanBuilder(lengths, config, tokenizer_hash="t").build(1).meta
-        assert meta.sampling_mode == mode
-        assert meta.sampler_config_hash == uc.sampler_config_hash(mode, 32, False).hex()
+        assert meta.sampling_mode == stage
+        assert meta.sampler_config_hash == uc.sampler_config_hash(stage, 32, False).hex()
         assert meta.manifest_hash == plan_manifest(config, 100).hash.hex()
 
 

@@ -277,7 +277,7 @@ def test_cli_pipeline(tmp_path, capsys):
     printed = capsys.readouterr().out
     fingerprint = re.search(r"fingerprint ([0-9a-f]{64})", printed).group(1)
     plan = load_plan(out)
-    assert plan.fingerprint == fingerprint and plan.config.sampling_mode == "SEQUENTIAL_V1"
+    assert plan.fingerprint == fingerprint and plan.config.stage == "SEQUENTIAL_V1"
     assert main(["plan", "verify", out, "--expected-fingerprint", fingerprint,
                  "--lengths", str(tmp_path / "lengths.jsonl")]) == 0
     capsys.readouterr()

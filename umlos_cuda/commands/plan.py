@@ -121,9 +121,10 @@ def run_build(args) -> int:
     except ValueError:
         raise config_error(f"--bucket-edges must be comma-separated integers, got {args.bucket_edges!r}") from None
     config = BatchingConfig(args.token_budget, edges, args.overflow_max, args.pad_policy, args.seed,
-                            MODE_ALIASES.get(args.sampling_mode, args.sampling_mode), args.block_size,
-                            args.min_length, "predictable" if args.pad_policy == "pad_to_bucket" else "throughput",
-                            pack, args.order)
+                            stage=MODE_ALIASES.get(args.sampling_mode, args.sampling_mode),
+                            sampler_block_size=args.block_size, min_length=args.min_length,
+                            profile="predictable" if args.pad_policy == "pad_to_bucket" else "throughput",
+                            pack=pack, order=args.order)
     check_output_dir(args.output, args.force)  # fail before the work
     started = time.perf_counter()
     cache = LengthCache.load(args.lengths)
@@ -174,7 +175,7 @@ def run_info(args) -> int:
     print(f"  fingerprint {meta.fingerprint}")
     print(f"  {meta.num_samples} samples, {plan.num_epochs} epoch(s), budget {config.token_budget}, "
           f"{config.pad_policy.value}, edges {list(config.bucket_edges)} + overflow {config.overflow_max}, "
-          f"seed {config.seed}, {config.sampling_mode}")
+          f"seed {config.seed}, {config.stage}")
     if pack is not None:
         print(f"  packed: {pack.mode.value}, rows of {pack.max_length} tokens, {config.rows_per_microbatch} rows per "
               f"microbatch, separator {pack.separator_len}")

@@ -15,10 +15,16 @@ fit in a row, so every accepted sample has one and the oversize policy stays
 ``refuse``. A plan records the separator's length only; its ids are given
 when it is collated.
 
-``sampling_mode`` names the engine order the plan follows (one of the
-engine's mode strings): the shuffled train order (default), the sequential
-order, or the streaming preset's order (within an epoch the same
-permutation as train, under its own ``sampler_config_hash``).
+Three words name three choices (meta.json keeps its keys):
+
+* ``stage`` (key ``sampling_mode``): which engine call gives the order, as
+  the engine's mode string: the shuffled train order (default), the
+  sequential eval order, or the streaming preset's order (within an epoch
+  the same permutation as train, under its own ``sampler_config_hash``);
+* ``order`` (key ``order``): which shuffle, a name of the sampling-mode
+  registry, as a manifest's ``data.sampling_mode``;
+* ``profile`` (key ``mode``): ``predictable`` or ``throughput``, the
+  factory that made the config (informational; the pad policy decides).
 """
 
 from __future__ import annotations
@@ -34,8 +40,8 @@ from ...presets import MODE_STREAMING
 from .buckets import MAX_LENGTH, BucketSpec, config_error, require_int
 from ..packing.config import OversizePolicy, PackingConfig
 
-#: The engine orders a plan can follow.
-SAMPLING_MODES = (MODE_SHUFFLE, MODE_SEQUENTIAL, MODE_STREAMING)
+#: The engine calls a plan's order can come from: shuffled train, sequential, streaming preset.
+PLAN_STAGES = (MODE_SHUFFLE, MODE_SEQUENTIAL, MODE_STREAMING)
 
 
 class PadPolicy(str, enum.Enum):
@@ -54,7 +60,9 @@ class PadPolicy(str, enum.Enum):
         raise config_error(f"pad_policy must be one of {', '.join(p.value for p in cls)}, got {value!r}")
 
 
-class BatchingMode(str, enum.Enum):
+class BatchingProfile(str, enum.Enum):
+    """Which factory made a config: fixed shapes or fewest padding tokens."""
+
     PREDICTABLE = "predictable"
     THROUGHPUT = "throughput"
 
@@ -68,16 +76,16 @@ class BatchingConfig:
         bucket_edges, overflow_max, min_length: the :class:`BucketSpec`.
         pad_policy: :class:`PadPolicy` or its value.
         seed: the plan seed (uint64); it seeds the engine's epoch order.
-        sampling_mode: one of :data:`SAMPLING_MODES`.
+        stage: one of :data:`PLAN_STAGES` (meta.json's ``sampling_mode``).
         sampler_block_size: the engine's block size (default 2^20).
-        mode: ``"predictable"`` or ``"throughput"``; informational, the
-            factories set it with the matching pad policy.
+        profile: ``"predictable"`` or ``"throughput"`` (meta.json's ``mode``);
+            informational, the factories set it with the matching pad policy.
         pack: None (each sample its own padded row) or a :class:`PackingConfig`
             with ``separator_len`` but no ``separator_ids`` and the ``refuse`` oversize policy.
         order: the engine's sampling mode behind a shuffled order, a name of
             the mode registry (``block_affine``, ``feistel``, ``block_feistel``;
-            docs/sampling-modes.md). ``sampling_mode`` chooses shuffled,
-            sequential or streaming; ``order`` chooses which shuffle. Omitted
+            docs/sampling-modes.md). ``stage`` chooses shuffled, sequential
+            or streaming; ``order`` chooses which shuffle. Omitted
             from :meth:`to_dict` when it is the default, so plans built before
             it existed keep their fingerprints.
     """
@@ -87,10 +95,10 @@ class BatchingConfig:
     overflow_max: int = 2048
     pad_policy: PadPolicy = PadPolicy.PAD_TO_MAX_IN_BATCH
     seed: int = 42
-    sampling_mode: str = MODE_SHUFFLE
+    stage: str = MODE_SHUFFLE
     sampler_block_size: int = DEFAULT_BLOCK_SIZE
     min_length: int = 1
-    mode: BatchingMode = BatchingMode.THROUGHPUT
+    profile: BatchingProfile = BatchingProfile.THROUGHPUT
     pack: PackingConfig | None = None
     order: str = DEFAULT_MODE
     bucket_spec: BucketSpec = field(init=False, repr=False, compare=False)
@@ -102,9 +110,10 @@ class BatchingConfig:
         set_(self, "bucket_edges", spec.edges)
         set_(self, "pad_policy", PadPolicy.parse(self.pad_policy))
         try:
-            set_(self, "mode", BatchingMode(self.mode))
+            set_(self, "profile", BatchingProfile(self.profile))
         except ValueError:
-            raise config_error(f"mode must be predictable or throughput, got {self.mode!r}") from None
+            raise config_error(f"profile (meta.json's mode) must be predictable or throughput, "
+                               f"got {self.profile!r}") from None
         budget = require_int(self.token_budget, "token_budget", 1, MAX_LENGTH)
         if budget < spec.overflow_max:
             raise config_error(
@@ -114,8 +123,9 @@ class BatchingConfig:
         set_(self, "token_budget", budget)
         set_(self, "seed", require_int(self.seed, "seed", 0, UINT64_MAX))
         set_(self, "sampler_block_size", require_int(self.sampler_block_size, "sampler_block_size", 1, UINT64_MAX))
-        if self.sampling_mode not in SAMPLING_MODES:
-            raise config_error(f"sampling_mode must be one of {', '.join(SAMPLING_MODES)}, got {self.sampling_mode!r}")
+        if self.stage not in PLAN_STAGES:
+            raise config_error(f"stage (meta.json's sampling_mode) must be one of {', '.join(PLAN_STAGES)}, "
+                               f"got {self.stage!r}")
         if not isinstance(self.order, str) or self.order not in mode_names():
             raise config_error(f"order must be one of {', '.join(mode_names())}, got {self.order!r}")
         if self.pack is not None:
@@ -148,14 +158,14 @@ class BatchingConfig:
                     seed: int = 42, **kwargs) -> "BatchingConfig":
         """Fixed shapes: pad to the bucket's length."""
         return cls(token_budget, tuple(bucket_edges), overflow_max, PadPolicy.PAD_TO_BUCKET, seed,
-                   mode=BatchingMode.PREDICTABLE, **kwargs)
+                   profile=BatchingProfile.PREDICTABLE, **kwargs)
 
     @classmethod
     def throughput(cls, token_budget: int = 4096, bucket_edges=(128, 256, 512, 1024), overflow_max: int = 2048,
                    seed: int = 42, **kwargs) -> "BatchingConfig":
         """Fewest padding tokens: pad to the longest sample of each microbatch."""
         return cls(token_budget, tuple(bucket_edges), overflow_max, PadPolicy.PAD_TO_MAX_IN_BATCH, seed,
-                   mode=BatchingMode.THROUGHPUT, **kwargs)
+                   profile=BatchingProfile.THROUGHPUT, **kwargs)
 
     def to_dict(self) -> dict:
         """Plain data, as meta.json's ``config`` stores it. ``pack`` is not
@@ -167,15 +177,16 @@ class BatchingConfig:
             "overflow_max": self.overflow_max,
             "min_length": self.min_length,
             "pad_policy": self.pad_policy.value,
-            "mode": self.mode.value,
+            "mode": self.profile.value,
             "seed": self.seed,
-            "sampling_mode": self.sampling_mode,
+            "sampling_mode": self.stage,
             "sampler_block_size": self.sampler_block_size,
             **({} if self.order == DEFAULT_MODE else {"order": self.order}),
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> "BatchingConfig":
+        """The config :meth:`to_dict` gave."""
         if not isinstance(data, dict):
             raise config_error(f"a batching config is a mapping, got {type(data).__name__}")
         known = {"token_budget", "bucket_edges", "overflow_max", "min_length", "pad_policy", "mode", "seed",
@@ -183,7 +194,8 @@ class BatchingConfig:
         unknown = set(data) - known
         if unknown:
             raise config_error(f"unknown batching config keys {sorted(unknown)}; known: {sorted(known)}")
-        values = dict(data)
+        renamed = {"sampling_mode": "stage", "mode": "profile"}  # the on-disk keys of two attributes
+        values = {renamed.get(key, key): value for key, value in data.items()}
         if "bucket_edges" in values and isinstance(values["bucket_edges"], list):
             values["bucket_edges"] = tuple(values["bucket_edges"])
         return cls(**values)

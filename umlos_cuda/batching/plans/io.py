@@ -193,7 +193,7 @@ def meta_from_json(data) -> BatchPlanMeta:
             config=config, num_epochs=_int(data["num_epochs"], "num_epochs", 1),
             num_samples=_int(data["num_samples"], "num_samples", 1), tokenizer_hash=data["tokenizer_hash"],
             dataset_hash=data["dataset_hash"], lengths_sha256=data["lengths_sha256"],
-            sample_ids_sha256=data["sample_ids_sha256"], sampling_mode=config.sampling_mode,
+            sample_ids_sha256=data["sample_ids_sha256"], sampling_mode=config.stage,
             sampler_config_hash=data["sampler_config_hash"], manifest_hash=data["manifest_hash"],
             index_dtype=data["index_dtype"], shard=shard, fingerprint=data["fingerprint"],
             epoch_digests=tuple(data["epoch_digests"]),

@@ -96,9 +96,9 @@ def plan_manifest(config: BatchingConfig, n: int) -> Manifest:
 def engine_metadata(config: BatchingConfig, manifest: Manifest) -> dict:
     """The engine's own metadata for the order the plan follows (its
     ``sampling_mode`` and ``sampler_config_hash`` are copied into meta.json)."""
-    if config.sampling_mode == MODE_SEQUENTIAL:
+    if config.stage == MODE_SEQUENTIAL:
         batch = next_batch(manifest, PLAN_DATASET_KEY, stage="eval", backend="numpy")
-    elif config.sampling_mode == MODE_STREAMING:
+    elif config.stage == MODE_STREAMING:
         batch = next_batch(manifest, PLAN_DATASET_KEY, preset="streaming_infinite", backend="numpy")
     else:
         batch = next_batch(manifest, PLAN_DATASET_KEY, stage="train", backend="numpy")
@@ -110,7 +110,7 @@ def epoch_order(config: BatchingConfig, manifest: Manifest, n: int, epoch: int, 
     dtype = index_dtype(n)
     for start in range(0, n, ORDER_WINDOW):
         count = min(ORDER_WINDOW, n - start)
-        if config.sampling_mode == MODE_SEQUENTIAL:
+        if config.stage == MODE_SEQUENTIAL:
             yield np.arange(start, start + count, dtype=dtype)
         else:  # the streaming preset's epoch e is the train order of epoch e
             yield epoch_indices(manifest, PLAN_DATASET_KEY, epoch, start, count, backend=backend).astype(dtype)

@@ -62,11 +62,11 @@ def episodes_per_second(episodes: int) -> None:
             time.sleep(0.02)
         port = int(open(port_file).read().split()[1])
         tokenizer = small_tokenizer()
-        print(f"{'policy':8} {'games':34} {'episodes':>8} {'steps':>7} {'solved':>6} {'episodes/s':>10} {'steps/s':>8}")
-        for policy, games, max_steps in (("hint", ("sudoku",), 200),
+        print(f"{'player':8} {'games':34} {'episodes':>8} {'steps':>7} {'solved':>6} {'episodes/s':>10} {'steps/s':>8}")
+        for player, games, max_steps in (("hint", ("sudoku",), 200),
                                          ("hint", ("sudoku", "kenken", "lights", "knapsack", "binary"), 200),
                                          ("random", ("sudoku",), 50)):
-            config = GymConfig(port=port, games=games, difficulties=("easy", "medium"), policy=policy,
+            config = GymConfig(port=port, games=games, difficulties=("easy", "medium"), player=player,
                                episodes=episodes, max_steps=max_steps, seed=1)
             stream = GymEpisodeStream(config, tokenizer, eos_token="</s>")
             started = time.perf_counter()
@@ -74,7 +74,7 @@ def episodes_per_second(episodes: int) -> None:
                 pass
             elapsed = time.perf_counter() - started
             m = stream.metrics
-            print(f"{policy:8} {','.join(games):34} {m.episodes:8d} {m.steps:7d} {m.solved:6d} "
+            print(f"{player:8} {','.join(games):34} {m.episodes:8d} {m.steps:7d} {m.solved:6d} "
                   f"{m.episodes / elapsed:10.1f} {m.steps / elapsed:8.0f}")
     finally:
         os.killpg(server.pid, signal.SIGKILL)

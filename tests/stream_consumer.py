@@ -1,7 +1,7 @@
 """A consumer of puzzle-server episodes, run as a process by tests/test_streams_gym.py.
 
 ``python stream_consumer.py PORT STORE LOG EPISODES [KILL_AFTER_WINDOW]``:
-plays hint-policy episodes from the server on 127.0.0.1:PORT into a replay
+plays hint-player episodes from the server on 127.0.0.1:PORT into a replay
 buffer, builds a window every 4 episodes, and commits a checkpoint (the
 ``plan_window`` cursor kind) after each. If the store holds a checkpoint it
 resumes from it (the window builder from the checkpoint and LOG, the stream
@@ -38,7 +38,7 @@ POLICY = """policies:
 
 def gym_config(port: int, episodes: int) -> GymConfig:
     return GymConfig(port=port, games=("sudoku", "lights", "knapsack", "kenken"), difficulties=("easy", "medium"),
-                     policy="hint", episodes=episodes, seed=11, name="gym")
+                     player="hint", episodes=episodes, seed=11, name="gym")
 
 
 def new_window(log: str) -> RollingBatchPlanWindow:

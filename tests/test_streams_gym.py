@@ -17,7 +17,7 @@ import pytest
 from umlos_cuda import cli
 from umlos_cuda.batching import load_tokenizer
 from umlos_cuda.batching.templates import sft_prompt
-from umlos_cuda.streams import (GymConfig, GymEpisodeStream, HintPolicy, TelnetGymClient, hint_command, read_log,
+from umlos_cuda.streams import (GymConfig, GymEpisodeStream, HintPlayer, TelnetGymClient, hint_command, read_log,
                                 replay_log)
 from streams_support import EOS, puzzle_server, require_gym, tokenizer
 
@@ -75,21 +75,21 @@ def test_hint_episodes_solve_and_random_ones_give_up(server):
     steps = list(GymEpisodeStream(GymConfig(host=host, port=port, episodes=1, seed=3, output="steps"), tokenizer(),
                                   eos_token=EOS))
     assert [s.response for s in steps] == episodes[0].commands
-    random_config = GymConfig(host=host, port=port, episodes=2, seed=3, policy="random", max_steps=15)
+    random_config = GymConfig(host=host, port=port, episodes=2, seed=3, player="random", max_steps=15)
     gave_up = []
     list(GymEpisodeStream(random_config, tokenizer(), eos_token=EOS, on_episode=gave_up.append))
     assert [(e.outcome, len(e.commands)) for e in gave_up] == [("gave_up", 15)] * 2
 
 
-def test_a_policy_is_any_callable(server):
+def test_a_player_is_any_callable(server):
     host, port = server
     seen = []
 
     def cautious(observation, context):
         seen.append(observation.moves)
-        return None if context.step == 3 else HintPolicy()(observation, context)
+        return None if context.step == 3 else HintPlayer()(observation, context)
 
-    config = GymConfig(host=host, port=port, episodes=1, policy=cautious)
+    config = GymConfig(host=host, port=port, episodes=1, player=cautious)
     episodes = []
     list(GymEpisodeStream(config, tokenizer(), eos_token=EOS, on_episode=episodes.append))
     assert seen == [0, 1, 2, 3] and episodes[0].outcome == "gave_up" and len(episodes[0].commands) == 3

@@ -127,7 +127,7 @@ BATCH_FINGERPRINT_MISMATCH = "BATCH_FINGERPRINT_MISMATCH"  # the batches' conten
 
 #: Online streams, replay buffers, rolling plan windows and sampling policies
 #: (umlos_cuda.streams); each is documented in docs/streams.md, "Failure codes".
-GYM_CONFIG_INVALID = "GYM_CONFIG_INVALID"  # a game, difficulty, policy, host, port, timeout or episode count refused
+GYM_CONFIG_INVALID = "GYM_CONFIG_INVALID"  # a game, difficulty, player, host, port, timeout or episode count refused
 GYM_CONNECTION_FAILED = "GYM_CONNECTION_FAILED"  # the puzzle server refused the connection or closed it, past the reconnect budget
 GYM_TIMEOUT = "GYM_TIMEOUT"  # the puzzle server sent nothing within the read timeout (a stall), past the reconnect budget
 GYM_PROTOCOL_ERROR = "GYM_PROTOCOL_ERROR"  # a line from the server is not UTF-8, too long, or not what the protocol allows there

@@ -42,7 +42,8 @@ def register(subparsers) -> None:
     _address(run)
     run.add_argument("--game", required=True, metavar="G[,G...]", help="game names (e.g. sudoku,kenken)")
     run.add_argument("--difficulty", default="easy", metavar="D[,D...]", help="difficulties, cycled (default easy)")
-    run.add_argument("--policy", choices=("hint", "random"), default="hint", help="who plays (default hint)")
+    run.add_argument("--policy", dest="player", choices=("hint", "random"), default="hint",
+                     help="the player: who plays (default hint)")
     run.add_argument("--episodes", required=True, type=positive_int("episodes"), metavar="N")
     run.add_argument("--max-steps", type=positive_int("max steps"), default=200, metavar="S",
                      help="commands per episode before giving up (default 200)")
@@ -64,7 +65,7 @@ def register(subparsers) -> None:
     run.add_argument("--overflow-max", type=positive_int("overflow max"), default=4096, metavar="L")
     add_pack_arguments(run, what="packed windows (--pack-max-len at least --overflow-max)", default_max_len=4096)
     run.add_argument("--seed", type=non_negative_int("seed"), default=0, metavar="S",
-                     help="run seed: puzzles, policy draws, and the buffer's RNG without --manifest (default 0)")
+                     help="run seed: puzzles, player draws, and the buffer's RNG without --manifest (default 0)")
     run.add_argument("--manifest", metavar="MANIFEST.yaml", help="the run manifest that keys the buffer's RNG")
     run.add_argument("--output", required=True, metavar="DIR", help="a new folder for windows.jsonl and run.json")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -133,7 +134,7 @@ def run_run(args) -> int:
     batching = BatchingConfig.throughput(args.token_budget, edges, args.overflow_max, pack=pack)
     tokenizer = load_tokenizer(args.tokenizer)
     config = GymConfig(host=args.host, port=args.port, games=tuple(args.game.split(",")),
-                       difficulties=tuple(args.difficulty.split(",")), policy=args.policy, episodes=args.episodes,
+                       difficulties=tuple(args.difficulty.split(",")), player=args.player, episodes=args.episodes,
                        max_steps=args.max_steps, seed=args.seed, output=args.output_mode, timeout=args.timeout)
     policy = load_policies(args.policy_yaml) if args.policy_yaml else None
     buffer = ReplayBuffer(args.buffer_size, args.eviction, manifest=args.manifest, seed=args.seed)

@@ -13,9 +13,9 @@ from .gym.episodes import PuzzleEpisode, episode_samples, play_episode, puzzle_s
 from .gym.stream import GymConfig, GymEpisodeStream
 from .gym.mock import MockGymStream
 from .offline import AsyncOfflineDatasetStream, OfflineDatasetStream, TokenStoreStream
-from .gym.players import HintPolicy, RandomPolicy, hint_command, make_policy
+from .gym.players import HintPlayer, RandomPlayer, hint_command, make_player
 from .curriculum.config import load_policies, policies_from_data, policies_from_yaml
-from .protocols import AsyncSampleStream, Policy, PolicyContext, SampleStream
+from .protocols import AsyncSampleStream, Player, PlayerContext, SampleStream
 from .window.replay import ReplayReport, replay_log
 from .buffer.replay_buffer import EvictionPolicy, ReplayBuffer
 from .curriculum.policies import (ComposedPolicy, DifficultyBucketPolicy, FailureReplayPolicy, LengthQuotaPolicy,
@@ -29,10 +29,10 @@ from .window.log import WindowLog, read_log
 __all__ = [
     "AsyncOfflineDatasetStream", "AsyncSampleStream", "BufferRng", "BufferSnapshot", "ComposedPolicy",
     "DifficultyBucketPolicy", "EvictionPolicy", "FailureReplayPolicy", "GameInfo", "GymConfig", "GymEpisodeStream",
-    "HintPolicy", "LengthQuotaPolicy", "MockGymStream", "NoveltyPolicy", "OfflineDatasetStream", "Policy",
-    "PolicyContext", "PuzzleEpisode", "PuzzleObservation", "RandomPolicy", "ReplayBuffer", "ReplayReport",
+    "HintPlayer", "LengthQuotaPolicy", "MockGymStream", "NoveltyPolicy", "OfflineDatasetStream", "Player",
+    "PlayerContext", "PuzzleEpisode", "PuzzleObservation", "RandomPlayer", "ReplayBuffer", "ReplayReport",
     "RollingBatchPlanWindow", "SampleStream", "SamplingPolicy", "StepResult", "StreamMetrics", "StreamSample",
     "TelnetClientConfig", "TelnetGymClient", "TokenStoreStream", "Window", "WindowCheckpoint", "WindowLog", "episode_samples",
-    "hint_command", "load_policies", "make_policy", "play_episode", "plot_curriculum", "policies_from_data",
+    "hint_command", "load_policies", "make_player", "play_episode", "plot_curriculum", "policies_from_data",
     "policies_from_yaml", "puzzle_seed", "read_log", "replay_log", "stream_manifest", "window_metrics",
 ]

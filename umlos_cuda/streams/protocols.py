@@ -3,10 +3,12 @@
 A :class:`SampleStream` is anything iterable over
 :class:`~umlos_cuda.streams.types.StreamSample` (an offline dataset, the
 puzzle server, a test double); an :class:`AsyncSampleStream` the same for
-``async for``. A :class:`Policy` plays a puzzle: given an observation and a
-:class:`PolicyContext`, it returns the next command (``"place 1 5 7"``) or
-None to give up. An LLM is a policy; :mod:`.gym.players` ships ``hint`` and
-``random`` for data collection and tests.
+``async for``. A :class:`Player` plays a puzzle: given an observation and a
+:class:`PlayerContext`, it returns the next command (``"place 1 5 7"``) or
+None to give up. An LLM is a player; :mod:`.gym.players` ships ``hint`` and
+``random`` for data collection and tests. (The curriculum's sampling
+policies, :mod:`.curriculum.policies`, are another thing: they choose
+samples, not moves.)
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ class AsyncSampleStream(Protocol):
 
 
 @dataclass(frozen=True)
-class PolicyContext:
-    """What a policy may use besides the observation.
+class PlayerContext:
+    """What a player may use besides the observation.
 
     ``hint()`` asks the server for its hint (None when it gives none);
     ``draws(k)`` returns the next ``k`` uint32 random draws of this
@@ -48,7 +50,7 @@ class PolicyContext:
 
 
 @runtime_checkable
-class Policy(Protocol):
+class Player(Protocol):
     name: str
 
-    def __call__(self, observation: PuzzleObservation, context: PolicyContext) -> str | None: ...
+    def __call__(self, observation: PuzzleObservation, context: PlayerContext) -> str | None: ...

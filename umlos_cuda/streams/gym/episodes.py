@@ -1,11 +1,11 @@
-"""One episode of a puzzle, played by a policy, and the samples it becomes.
+"""One episode of a puzzle, played by a player, and the samples it becomes.
 
 What goes in: a connected :class:`~.telnet_client.TelnetGymClient`, the
-game, difficulty and puzzle seed, a :class:`~..protocols.Policy` and a step
+game, difficulty and puzzle seed, a :class:`~..protocols.Player` and a step
 limit. What comes out: a :class:`PuzzleEpisode` (every command with the
 grid it answered, and how the episode ended: ``solved``, ``game_over`` or
 ``gave_up``), and from it, :func:`episode_samples`: training samples whose
-prompt is the game's rules and grid and whose response is the policy's
+prompt is the game's rules and grid and whose response is the player's
 commands, tokenized with the batching template (``sft_sample``: loss on
 the response only). The reward is 1.0 for a solved episode, else 0.0.
 
@@ -13,7 +13,7 @@ the response only). The reward is 1.0 for a solved episode, else 0.0.
 every command, one per line); ``output="steps"`` one per command (the grid
 it saw, then the command).
 
-Randomness of a policy comes from :func:`episode_seed`: a Philox key derived
+Randomness of a player comes from :func:`episode_seed`: a Philox key derived
 from the run seed and the episode number alone (its own derivation tag), so
 replaying episode ``e`` after a reconnect draws the same numbers.
 """
@@ -31,7 +31,7 @@ from ...batching.templates import sft_sample
 from ...hashing import hash_canonical
 from ...rng.streams import draws_at
 from ..failures import failure
-from ..protocols import Policy, PolicyContext
+from ..protocols import Player, PlayerContext
 from .telnet_client import MAX_PUZZLE_SEED, PuzzleObservation, TelnetGymClient
 from ..types import StreamSample, difficulty_rank
 
@@ -87,20 +87,20 @@ class PuzzleEpisode:
         return self.outcome == "solved"
 
 
-def play_episode(client: TelnetGymClient, index: int, game: str, difficulty: str, seed: int, policy: Policy,
+def play_episode(client: TelnetGymClient, index: int, game: str, difficulty: str, seed: int, player: Player,
                  max_steps: int, run_seed: int) -> PuzzleEpisode:
     """Play one episode to its end (solved, game over, or given up at ``max_steps``)."""
     observation: PuzzleObservation = client.start(game, difficulty, seed)
     episode = PuzzleEpisode(index, game, difficulty, seed, client.rules, observation.grid_display)
     draws = EpisodeDraws(episode_seed(run_seed, index))
     while not observation.is_complete and len(episode.commands) < max_steps:
-        context = PolicyContext(client.hint, draws, len(episode.commands), client.rules, game)
-        command = policy(observation, context)
+        context = PlayerContext(client.hint, draws, len(episode.commands), client.rules, game)
+        command = player(observation, context)
         if command is None:
             break
         if not isinstance(command, str) or not command.strip():
-            raise failure(errors.GYM_CONFIG_INVALID, f"policy {getattr(policy, 'name', policy)!r} returned "
-                                                     f"{command!r}; a policy returns a command string or None")
+            raise failure(errors.GYM_CONFIG_INVALID, f"player {getattr(player, 'name', player)!r} returned "
+                                                     f"{command!r}; a player returns a command string or None")
         result = client.step(command.strip())
         episode.grids.append(observation.grid_display)
         episode.commands.append(command.strip())

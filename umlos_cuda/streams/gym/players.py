@@ -1,9 +1,9 @@
 """The shipped players: ``hint`` follows the server's hints, ``random`` guesses.
 
-``HintPolicy`` asks for the server's hint at every step and turns its text
+``HintPlayer`` asks for the server's hint at every step and turns its text
 into the game's command with :data:`HINT_COMMANDS` (``Try placing 4 at row
 7, column 6`` becomes ``place 7 6 4``); a hint it cannot read, or no hint,
-ends the episode (given up). ``RandomPolicy`` places a random value in a
+ends the episode (given up). ``RandomPlayer`` places a random value in a
 random empty cell of the observation's grid (values 1 to the grid's larger
 side), drawing from the episode's Philox stream; it gives up on a game
 without a grid of integers. Either is stopped by the episode's step limit.
@@ -16,7 +16,7 @@ import re
 
 from ... import errors
 from ..failures import failure
-from ..protocols import Policy, PolicyContext
+from ..protocols import Player, PlayerContext
 from .telnet_client import PuzzleObservation
 
 #: Hint texts of the server's games and the command each one names.
@@ -39,22 +39,22 @@ def hint_command(hint: str) -> str | None:
     return None
 
 
-class HintPolicy:
+class HintPlayer:
     """Play the server's hint at each step."""
 
     name = "hint"
 
-    def __call__(self, observation: PuzzleObservation, context: PolicyContext) -> str | None:
+    def __call__(self, observation: PuzzleObservation, context: PlayerContext) -> str | None:
         hint = context.hint()
         return None if hint is None else hint_command(hint)
 
 
-class RandomPolicy:
+class RandomPlayer:
     """Place a random value in a random empty cell (0 marks an empty cell)."""
 
     name = "random"
 
-    def __call__(self, observation: PuzzleObservation, context: PolicyContext) -> str | None:
+    def __call__(self, observation: PuzzleObservation, context: PlayerContext) -> str | None:
         grid = observation.grid
         if not (isinstance(grid, list) and grid and all(isinstance(row, list) and row for row in grid)
                 and all(isinstance(v, int) and not isinstance(v, bool) for row in grid for v in row)):
@@ -68,18 +68,18 @@ class RandomPolicy:
         return f"place {r + 1} {c + 1} {value_draw % top + 1}"
 
 
-#: The policies ``gym run --policy`` names.
-POLICIES = {"hint": HintPolicy, "random": RandomPolicy}
+#: The players ``gym run --policy`` names (the flag keeps its name).
+PLAYERS = {"hint": HintPlayer, "random": RandomPlayer}
 
 
-def make_policy(policy) -> Policy:
-    """A policy from its name or a callable (returned as is)."""
-    if isinstance(policy, str):
-        if policy not in POLICIES:
-            raise failure(errors.GYM_CONFIG_INVALID, f"policy {policy!r} is not one of {', '.join(POLICIES)} "
+def make_player(player) -> Player:
+    """A player from its name or a callable (returned as is)."""
+    if isinstance(player, str):
+        if player not in PLAYERS:
+            raise failure(errors.GYM_CONFIG_INVALID, f"player {player!r} is not one of {', '.join(PLAYERS)} "
                                                      "(or pass a callable)")
-        return POLICIES[policy]()
-    if not callable(policy):
-        raise failure(errors.GYM_CONFIG_INVALID, f"a policy is a name ({', '.join(POLICIES)}) or a callable, "
-                                                 f"got {type(policy).__name__}")
-    return policy
+        return PLAYERS[player]()
+    if not callable(player):
+        raise failure(errors.GYM_CONFIG_INVALID, f"a player is a name ({', '.join(PLAYERS)}) or a callable, "
+                                                 f"got {type(player).__name__}")
+    return player

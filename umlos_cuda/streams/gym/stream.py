@@ -11,7 +11,7 @@ Reconnects. A connection that closes or stalls (``GYM_CONNECTION_FAILED``,
 moves, never a sample: samples leave the stream only for finished episodes.
 The stream reconnects after ``backoff_s * 2^(k-1)`` seconds (at most
 ``backoff_max_s``) and plays the same episode again from its start (same
-puzzle, same policy draws); after ``max_reconnects`` failures in a row the
+puzzle, same player draws); after ``max_reconnects`` failures in a row the
 last error is raised. A line the protocol does not allow
 (``GYM_PROTOCOL_ERROR``) is raised at once: a server that speaks something
 else does not heal by reconnecting. Episode numbers and ``seq`` therefore
@@ -30,7 +30,7 @@ from ...batching.lengths.tokenizer import load_tokenizer
 from ...errors import UmlosError
 from .episodes import OUTPUT_MODES, PuzzleEpisode, episode_samples, play_episode, puzzle_seed
 from ..failures import failure
-from .players import make_policy
+from .players import make_player
 from .telnet_client import TelnetClientConfig, TelnetGymClient
 from ..types import StreamMetrics, StreamSample
 
@@ -46,10 +46,10 @@ class GymConfig:
         host, port, timeout: the server and the seconds one command may take.
         games: game names (the server's short names, menu names or numbers).
         difficulties: difficulty names of the server.
-        policy: ``"hint"``, ``"random"`` or a :class:`~..protocols.Policy`.
+        player: ``"hint"``, ``"random"`` or a :class:`~..protocols.Player` (``gym run --policy``).
         episodes: how many episodes (None: without end).
-        max_steps: commands per episode before the policy gives up.
-        seed: the run seed (puzzle seeds and policy draws derive from it).
+        max_steps: commands per episode before the player gives up.
+        seed: the run seed (puzzle seeds and player draws derive from it).
         output: ``"episode"`` (one sample per episode) or ``"steps"``.
         max_reconnects, backoff_s, backoff_max_s: the reconnect budget (see the module).
         name: the samples' ``source`` (default ``gym:HOST:PORT``); sample ids start with it.
@@ -59,7 +59,7 @@ class GymConfig:
     port: int = 8023
     games: tuple[str, ...] = ("sudoku",)
     difficulties: tuple[str, ...] = ("easy",)
-    policy: Any = "hint"
+    player: Any = "hint"
     episodes: int | None = None
     max_steps: int = 200
     seed: int = 0
@@ -90,7 +90,7 @@ class GymConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise failure(errors.GYM_CONFIG_INVALID, f"{name} must be a non-negative number, got {value!r}")
-        make_policy(self.policy)
+        make_player(self.player)
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
             raise failure(errors.GYM_CONFIG_INVALID, f"name must be a non-empty string or None, got {self.name!r}")
 
@@ -124,7 +124,7 @@ class GymEpisodeStream:
         self.tokenizer = load_tokenizer(tokenizer)
         self.eos_token = eos_token
         self.tokenizer.eos_token_id(eos_token)  # refuse a tokenizer without one now, not after the first episode
-        self.policy = make_policy(config.policy)
+        self.player = make_player(config.player)
         self.next_episode = _require_int(start_episode, "start_episode", 0)
         self.next_seq = _require_int(start_seq, "start_seq", 0)
         self.on_episode = on_episode
@@ -164,7 +164,7 @@ class GymEpisodeStream:
                 if self._client is None:
                     self._client = TelnetGymClient(TelnetClientConfig(self.config.host, self.config.port,
                                                                       self.config.timeout))
-                return play_episode(self._client, index, game, difficulty, seed, self.policy, self.config.max_steps,
+                return play_episode(self._client, index, game, difficulty, seed, self.player, self.config.max_steps,
                                     self.config.seed)
             except UmlosError as exc:
                 if exc.code not in TRANSIENT:

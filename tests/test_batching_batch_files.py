@@ -32,7 +32,8 @@ from umlos_cuda import errors
 from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, save_plan, shard_plan
 from umlos_cuda.batching.batches.npz import batch_file_name, npz_bytes, read_batch_file
 from umlos_cuda.batching.batches.fingerprint import (BatchFingerprint, batch_fingerprint, compute_batch_fingerprint,
-                                                   fingerprint_plan, microbatch_digest, verify_batch_fingerprint)
+                                                   fingerprint_plan_batches, microbatch_digest,
+                                                   verify_batch_fingerprint)
 from umlos_cuda.batching.batches.reader import BatchReader
 from umlos_cuda.batching.batches.writer import BatchWriter, write_batches
 from umlos_cuda.batching.collate import FIELDS, collate_microbatch
@@ -79,13 +80,13 @@ def test_store_plan_files_reader_round_trip(world):
             assert arrays["fingerprint"].item() == microbatch_digest(batch.input_ids, batch.loss_mask)
             assert arrays["plan_fingerprint"].item() == plan.fingerprint
             sequence.append(batch)
-    expected = fingerprint_plan(plan, store)
+    expected = fingerprint_plan_batches(plan, store)
     assert reader.fingerprint == report.fingerprint == expected
     assert compute_batch_fingerprint(reader) == compute_batch_fingerprint(sequence) == expected.fingerprint
     assert expected.positions[:3] == ((0, 0), (0, 1), (0, 2)) and expected.n_batches == 100
     assert len(expected.digests) == min(100, plan.total_microbatches)  # the plan has fewer
     assert expected.positions[len(plan.epochs[0])] == (1, 0)  # the sequence runs on into epoch 1
-    assert fingerprint_plan(plan, store, 5).digests == expected.digests[:5]
+    assert fingerprint_plan_batches(plan, store, 5).digests == expected.digests[:5]
     assert npz_files(root / "out")[0] == "epoch_0_batch_0000.npz" and batch_file_name(1, 12345) == \
         "epoch_1_batch_12345.npz"
     assert sorted(os.listdir(root / "out")) == sorted(["batches.json", "plan"] + npz_files(root / "out"))
@@ -366,7 +367,7 @@ def test_the_canonical_bytes(world):
 
 def test_save_load_and_verify(world, tmp_path):
     root, store, plan, _ = world
-    fingerprint = fingerprint_plan(plan, store, 30)
+    fingerprint = fingerprint_plan_batches(plan, store, 30)
     fingerprint.save(tmp_path / "fp.json")
     loaded = BatchFingerprint.load(tmp_path / "fp.json")
     assert loaded == fingerprint and loaded.n_batches == 30 and loaded.plan_fingerprint == plan.fingerprint
@@ -400,7 +401,7 @@ def test_save_load_and_verify(world, tmp_path):
     (lambda d: d.update(plan_fingerprint="zz"), "plan_fingerprint"),
 ])
 def test_malformed_saved_fingerprints(world, tmp_path, edit, mention):
-    data = fingerprint_plan(world[2], world[1], 5).to_json()
+    data = fingerprint_plan_batches(world[2], world[1], 5).to_json()
     edit(data)
     (tmp_path / "fp.json").write_text(json.dumps(data))
     expect(errors.BATCH_FINGERPRINT_INVALID, BatchFingerprint.load, tmp_path / "fp.json", mention=mention)
@@ -530,10 +531,10 @@ def test_packed_plans_collate_row_by_packed_row(world, tmp_path, separators):
             assert (arrays["segment_ids"][b, n:] == -1).all() and arrays["attention_mask"][b].sum() == n
             ends = row.cu_seqlens[1:] - 1  # the last token of each segment predicts nothing
             assert (arrays["labels"][b, ends] == -100).all()
-    assert reader.fingerprint == fingerprint_plan(plan, store, separator_ids=separators)
+    assert reader.fingerprint == fingerprint_plan_batches(plan, store, separator_ids=separators)
     if separators:
         expect(errors.COLLATE_INPUT_INVALID, BatchWriter, plan, tmp_path / "o", store, mention="exactly")
-        expect(errors.COLLATE_INPUT_INVALID, fingerprint_plan, plan, store, separator_ids=separators + (3,))
+        expect(errors.COLLATE_INPUT_INVALID, fingerprint_plan_batches, plan, store, separator_ids=separators + (3,))
         expect(errors.BATCH_OUTPUT_MISMATCH, write_batches, plan, tmp_path / "out", store,
                separator_ids=separators[::-1] if len(separators) > 1 else (5,), mention="separator_ids")
     else:

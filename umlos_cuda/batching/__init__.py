@@ -6,7 +6,8 @@ Each step of the pipeline is one module; this package only re-exports.
 """
 
 from .attention_mask import create_segment_attention_mask
-from .batches.fingerprint import BatchFingerprint, compute_batch_fingerprint, fingerprint_plan, verify_batch_fingerprint
+from .batches.fingerprint import (BatchFingerprint, compute_batch_fingerprint, fingerprint_plan_batches,
+                                  verify_batch_fingerprint)
 from .batches.reader import BatchReader
 from .batches.writer import BatchWriteReport, BatchWriter, write_batches
 from .plans.buckets import BucketSpec
@@ -45,7 +46,7 @@ __all__ = [
     "collate_microbatch",
     "compute_batch_fingerprint",
     "default_collate",
-    "fingerprint_plan",
+    "fingerprint_plan_batches",
     "open_token_source",
     "tokenize_dataset",
     "verify_batch_fingerprint",

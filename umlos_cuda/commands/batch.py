@@ -163,10 +163,10 @@ def run_verify(args) -> int:
 
 
 def _fingerprint(args, n_batches: int):
-    from ..batching.batches.fingerprint import fingerprint_plan
+    from ..batching.batches.fingerprint import fingerprint_plan_batches
     from ..batching.plans.io import load_plan
     from ..batching.tokens.sources import open_token_source
 
     plan = load_plan(args.plan)
     source = open_token_source(args.store, tokenizer_hash=plan.meta.tokenizer_hash)
-    return fingerprint_plan(plan, source, n_batches, separator_ids=_separator_ids(args))
+    return fingerprint_plan_batches(plan, source, n_batches, separator_ids=_separator_ids(args))

@@ -207,7 +207,7 @@ def plan_batches(plan, source, *, pad_id: int = 0, separator_ids=()) -> Iterator
         yield epoch, index, collate_microbatch(source, microbatch, pad_id=pad_id, separator_ids=separator_ids)
 
 
-def fingerprint_plan(plan, source, n_batches: int = DEFAULT_N_BATCHES, *, pad_id: int = 0,
+def fingerprint_plan_batches(plan, source, n_batches: int = DEFAULT_N_BATCHES, *, pad_id: int = 0,
                      separator_ids=()) -> BatchFingerprint:
     """The :class:`BatchFingerprint` of a plan's first ``n_batches`` microbatches, collated from ``source``."""
     from ..tokens.sources import check_source_matches_plan

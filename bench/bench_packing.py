@@ -1,8 +1,8 @@
 """Sequence packing: umlos_cuda.batching beside chuk-lazarus 0.4.1's ``pack_sequences``.
 
 The same lognormal lengths as bench/bench_batching.py (median 245, sigma 1),
-clipped to the row length 2048 so that every sequence fits a row (the seed's
-library drops longer ones silently; this package would refuse them), are
+clipped to the row length 2048 so that every sequence fits a row (chuk-lazarus
+drops longer ones silently; this package would refuse them), are
 packed by first-fit, best-fit and greedy. Columns:
 
 * ``lengths/s``: sequences per second of ``pack_lengths`` (the rows from the

@@ -6,7 +6,7 @@ extra) on a free port of 127.0.0.1 and plays episodes through
 tokenizer all on this machine; the server is one asyncio process). Part 2
 fills a ``ReplayBuffer`` with ``--buffer`` synthetic samples (lengths 16 to
 2048) and times ``RollingBatchPlanWindow.next_window`` without a policy
-(every sample once) and with the seed's four policies, split into its
+(every sample once) and with the four curriculum policies, split into its
 steps (snapshot, selection, plan).
 
     python bench/bench_streams.py [--episodes 100] [--buffer 100000] [--windows 5]

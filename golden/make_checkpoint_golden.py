@@ -1,4 +1,4 @@
-"""Generate golden/checkpoint_store_v1/, the golden checkpoint store (seed 001 §VII.C).
+"""Generate golden/checkpoint_store_v1/, the golden checkpoint store (docs/checkpoint-format.md §15).
 
 Run from the repository root::
 

@@ -1,4 +1,4 @@
-"""Generate golden/nextbatch_v2.json, the NextBatch_v2 golden traces (seed 000 §VII.C).
+"""Generate golden/nextbatch_v2.json, the NextBatch_v2 golden traces (docs/spec/README.md, "The golden file").
 
 Run from the repository root::
 
@@ -6,7 +6,7 @@ Run from the repository root::
     python golden/make_nextbatch_golden.py --out F    # somewhere else
 
 Tests and ``umlos-cuda golden verify`` only ever verify the file; regenerate it
-only for a deliberate, reproducibility-breaking change (seed §0.J: a MAJOR
+only for a deliberate, reproducibility-breaking change (docs/spec/README.md, "Versioning": a MAJOR
 version bump), and say so in the commit. Bump GENERATOR_VERSION whenever the
 case list below changes.
 

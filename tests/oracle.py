@@ -153,7 +153,7 @@ def seeded_block_permute(seed16: bytes, num_full_blocks: int) -> list[int]:
 
 # ---------------------------------------------------------------- R6 intra-block map
 def affine_parameters(seed16: bytes, pb: int, block_size: int, n: int):
-    """R6 / seed 000 §5: ``(block_start, m, a, c)`` of permuted block ``pb``."""
+    """R6: ``(block_start, m, a, c)`` of permuted block ``pb``."""
     block_start = pb * block_size
     m = min(block_size, n - block_start)
     if m == 1:

@@ -1,7 +1,7 @@
 """Length caches (docs/batching.md, "Lengths"): the files, the builder, the
 statistics, and every failure code of the batching block of errors.py.
 
-* LengthCache: JSONL rows in the seed's layout plus a uint32 sidecar bound to
+* LengthCache: JSONL rows (docs/batching.md) plus a uint32 sidecar bound to
   the JSONL; load uses the sidecar only when it matches; writes are atomic.
 * build_lengths: lengths equal the tokenizer's counts (or the instruction
   template's), byte-identical files whatever the chunk size, every bad record

@@ -1,4 +1,4 @@
-"""Plan folders: the seed's layout, byte-identical files, atomic writes, loading,
+"""Plan folders: the documented layout, byte-identical files, atomic writes, loading,
 ``plan verify`` and every failure code, and the ``umlos-cuda plan`` commands."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def copy(saved, tmp_path):
 
 
 # --------------------------------------------------------------- layout
-def test_the_seed_layout(saved):
+def test_the_documented_layout(saved):
     assert sorted(os.listdir(saved)) == ["epoch_0", "epoch_1", "lengths.npy", "meta.json", "sample_ids.jsonl"]
     assert sorted(os.listdir(os.path.join(saved, "epoch_0"))) == [
         "bucket_ids.npy", "max_len.npy", "microbatches.jsonl", "offsets.npy", "samples.npy", "stats.json"]

@@ -1,5 +1,5 @@
 """Containers: layout, header, hashes, Merkle roots, round trip, restore profiles,
-the identity rule, the chain, schema versions and migration (seed 001 §II.F-§II.K)."""
+the identity rule, the chain, schema versions and migration (docs/checkpoint-format.md §2 to §8)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def container(tmp_path):
     return path, info
 
 
-def test_layout_is_seed_001_II_G(container):
+def test_layout_is_the_documented_one(container):
     path, _ = container
     assert files_of(path) == [
         "artifacts/array=loss_hist.bin",
@@ -68,7 +68,7 @@ def test_layout_is_seed_001_II_G(container):
     ]
 
 
-def test_header_has_every_seed_field_and_hash_is_sha256_of_header(container):
+def test_header_has_every_required_field_and_hash_is_sha256_of_header(container):
     path, info = container
     header = info.header
     assert SEED_REQUIRED <= set(header)
@@ -150,7 +150,8 @@ def test_full_restore_round_trips_everything(container):
 
 
 def test_restored_cursor_continues_nextbatch_identically(tmp_path):
-    """Seed 000 §10: a restored cursor gives the identical continuation, mid-epoch and on any world size."""
+    """A restored cursor gives the identical continuation, mid-epoch and on any
+    world size (docs/spec/nextbatch-v2.md §4.3)."""
     m = manifest()
     cursor = uc.Cursor()
     for _ in range(37):

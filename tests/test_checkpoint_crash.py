@@ -1,4 +1,4 @@
-"""Crash consistency (seed 001 §II.G, §II.J): a writer killed with SIGKILL at any
+"""Crash consistency (docs/checkpoint-format.md §9.2, §9.4): a writer killed with SIGKILL at any
 instant leaves either the previous checkpoint or the new one, fully valid, and
 never one that verifies but holds other state.
 

@@ -1,4 +1,4 @@
-"""Golden checkpoint bytes (seed 001 §VII.C, §VIII.C): the store in
+"""Golden checkpoint bytes (docs/checkpoint-format.md §15): the store in
 golden/checkpoint_store_v1/ is what golden/make_checkpoint_golden.py writes,
 byte for byte; it verifies, and it restores to the generator's state."""
 

@@ -1,5 +1,5 @@
 """The store: run commits with signed certificates, recovery, the lock, the
-checkpoint chain and store-level verification (seed 001 §II.G, §II.I, §II.J)."""
+checkpoint chain and store-level verification (docs/checkpoint-format.md §7, §9)."""
 
 from __future__ import annotations
 

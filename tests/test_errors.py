@@ -1,4 +1,4 @@
-"""R8: every invalid input aborts with its code and the seed's failure record
+"""R8: every invalid input aborts with its code and R8's failure record
 (t, failure_code, failure_operator, dataset_key, data_replay_t); plus the codes
 this project adds (errors.py)."""
 
@@ -42,7 +42,7 @@ def call(raw, key="train", world_size=1, rank=0, stage="train", cursor=(0, 0), *
 GOOD = raw_manifest(1000, 64, 48)
 
 
-# --------------------------------------------------------------- seed §0.K codes
+# --------------------------------------------------------------- R8 codes
 def test_invalid_dataset_key():
     error = expect(errors.INVALID_DATASET_KEY, call, GOOD, key="validation")
     assert error.record["dataset_key"] == "validation" and error.record["t"] == 41
@@ -228,7 +228,7 @@ def test_backend_unavailable():
 
 
 def test_contract_violation_is_unreachable():
-    """Seed §5 step 3's CONTRACT_VIOLATION (no coprime multiplier) cannot
+    """R6's CONTRACT_VIOLATION (no coprime multiplier) cannot
     happen, since the scan reaches cand = 1. The engine's scan returns a
     multiplier in [1, m-1] coprime with m for every m up to 700, each from
     several starting points, and agrees with the oracle."""
@@ -295,7 +295,7 @@ def _replay_hex(raw, key, epoch, position, world_size, rank):
     ],
 )
 def test_failure_record_carries_data_replay_t_when_the_inputs_are_well_typed(code, raw, key, world_size, rank, stage):
-    """Seed §0.K / R8: the record's data_replay_t is the R9 value of the failed
+    """R8: the record's data_replay_t is the R9 value of the failed
     call (cursor before it) whenever the call's inputs are well-typed."""
     error = expect(code, call, raw, key=key, world_size=world_size, rank=rank, stage=stage, cursor=(6, 17))
     assert error.record["data_replay_t"] == _replay_hex(raw, key, 6, 17, world_size, rank)

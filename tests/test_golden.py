@@ -1,4 +1,4 @@
-"""Golden traces (seed §VII.C): the packaged file verifies on every available
+"""Golden traces (docs/spec/README.md, "The golden file"): the packaged file verifies on every available
 backend, a changed value is caught, the CLI reports per case, and the
 independent oracle reproduces golden entries (so the file pins R1-R9 and not
 just whatever the engine did when it was generated). Never regenerates."""
@@ -35,7 +35,7 @@ def test_packaged_file_is_found_through_importlib_resources(document):
     assert document["generator"]["script"] == "golden/make_nextbatch_golden.py" and document["generator"]["version"]
 
 
-def test_golden_file_covers_the_seed_viii_c_matrix(document):
+def test_golden_file_covers_the_equivalence_matrix(document):
     ids = set(cases_by_id(document))
     for seed_number in range(5):
         for world_size in (1, 8, 12):

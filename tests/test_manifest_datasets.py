@@ -1,4 +1,4 @@
-"""The dataset list of seed 003 §0.Q (umlos_cuda.manifest.datasets, docs/manifest.md
+"""The dataset list of the v3.8 kernel's manifest (umlos_cuda.manifest.datasets, docs/manifest.md
 "The dataset list"): a list and the map it stands for are one manifest with
 one hash; every map manifest keeps the hash it had; what is refused."""
 

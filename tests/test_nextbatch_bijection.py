@@ -1,4 +1,4 @@
-"""Seed §I.C / R5-R6: every train epoch is a bijection on [0, N) (scatter
+"""R5-R6: every train epoch is a bijection on [0, N) (scatter
 check), over a matrix of dataset and block sizes that includes the shapes
 shufflers have shipped bugs at (N < block size, a one-sample tail block, block
 size 1, N = 1, 2^k - 1, 2^k, 2^k + 1, non-power-of-two blocks)."""

@@ -1,4 +1,4 @@
-"""R7 cursor advance, epoch roll-over, and seed §10 checkpoint/restore: a cursor
+"""R7 cursor advance, epoch roll-over, and checkpoint/restore (docs/spec/nextbatch-v2.md §4.3): a cursor
 saved as CBOR mid-epoch and restored gives the identical continuation."""
 
 from __future__ import annotations

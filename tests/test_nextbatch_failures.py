@@ -1,7 +1,7 @@
 """Failure records carry the replay token by themselves, and requests too large
 to allocate are refused before anything is allocated.
 
-Seed 000 §0.Z: a failure record includes the replay token. Every failure of
+R8 (docs/spec/nextbatch-v2.md §2): a failure record includes the replay token. Every failure of
 ``next_batch``, ``epoch_indices`` and ``epoch_window`` raised once the manifest
 and the values the token is made of are valid carries ``data_replay_t`` and
 ``dataset_key``, whichever helper raised it (backends, plan budget, window

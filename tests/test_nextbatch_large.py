@@ -1,6 +1,6 @@
-"""Large N: exact indices at sampled positions up to the uint64 boundary (seed
-§0.C, R6's no-wrap rule, the 128-bit mulmod path), and memory that does not
-grow with N (seed §VII.B "N = 10^9+, no OOM")."""
+"""Large N: exact indices at sampled positions up to the uint64 boundary
+(docs/spec/nextbatch-v2.md §3.5, R6's no-wrap rule, the 128-bit mulmod path), and
+memory that does not grow with N (N = 10^9 and more, no out-of-memory)."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def test_positions_at_1e11_match_oracle():
 
 
 def test_1e9_is_identical_across_runs():
-    """Seed §VII.B: N = 10^9, block size 2^20, identical across runs (fresh plans)."""
+    """N = 10^9, block size 2^20, identical across runs (fresh plans)."""
     raw = raw_manifest(10**9, 1 << 20, 4096, seed=3)
     windows = []
     for _ in range(2):

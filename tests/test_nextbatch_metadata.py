@@ -1,6 +1,6 @@
-"""Seed 000 §0.I metadata that no other test pins: ``effective_batch_size``,
+"""R9 metadata (docs/spec/nextbatch-v2.md §6) that no other test pins: ``effective_batch_size``,
 ``effective_q``, ``subsampling_mode`` and ``blocks_materialized``. Expected
-values come from the seed's definitions, computed here independently of the
+values come from the definitions of §6, computed here independently of the
 engine (``B_eff = global_batch_size``, ``effective_q = float64(B_eff) /
 float64(N)``, ``SHUFFLE_WITHOUT_REPLACEMENT`` in train and ``NONE`` in
 eval/infer, and the number of blocks of the epoch's plan, full and tail)."""
@@ -36,7 +36,7 @@ def expected_blocks(n: int, block_size: int) -> int:
         (U64_MAX, 1 << 63, 96, 3, "eval", (7, 0)),
     ],
 )
-def test_metadata_matches_the_seed_definitions(backend, n, block_size, g, world_size, stage, cursor):
+def test_metadata_matches_the_r9_definitions(backend, n, block_size, g, world_size, stage, cursor):
     raw = raw_manifest(n, block_size, g)
     batch = uc.next_batch(raw, "train", world_size, world_size - 1, stage, uc.Cursor(*cursor), backend=backend)
     meta = batch.metadata

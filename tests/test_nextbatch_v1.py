@@ -1,4 +1,4 @@
-"""NextBatch_v1 (seed 003 §IV; docs/spec/nextbatch-v1.md): the golden traces on
+"""NextBatch_v1 (docs/spec/nextbatch-v1.md): the golden traces on
 every backend, a bijection per epoch, strided shards, the pinned order, one
 ``misc`` draw, failures, and the ``next-batch-v1`` command."""
 

@@ -1,4 +1,4 @@
-"""Seed §0.M presets. ``train_shuffle`` and ``eval_sequential`` are names for
+"""The presets of docs/spec/nextbatch-v2.md §5. ``train_shuffle`` and ``eval_sequential`` are names for
 the train and eval stages; ``streaming_infinite`` streams across epoch
 boundaries (docs/nextbatch.md, "Presets"): each epoch is still a permutation,
 it has its own sampling_mode and config hash, and it never drops. One sampler

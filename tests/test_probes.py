@@ -1,4 +1,4 @@
-"""The functional probe set and fingerprint (seed 003 §V.C; umlos_cuda.rng.probes)."""
+"""The functional probe set and fingerprint (docs/spec/rng.md §6; umlos_cuda.rng.probes)."""
 
 from __future__ import annotations
 

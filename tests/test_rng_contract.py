@@ -1,4 +1,4 @@
-"""The RNG consumption contract (seed 003 §0.S; umlos_cuda.rng.contract): one
+"""The RNG consumption contract (docs/spec/rng.md §4; umlos_cuda.rng.contract): one
 test per violation shape (too many, too few, wrong stream, nested operators),
 the failure record and its tape record, the declaration table."""
 
@@ -102,7 +102,7 @@ def test_nested_operators_count_what_they_call():
         streams.draw("cluster", 31)
 
     @consumes(streams, "cluster", 31, operator="test.Activate_v1")
-    def activate():  # seed 003: ActivateNonParamModule_v1 declares its k-means' 31 draws
+    def activate():  # as the kernel's ActivateNonParamModule_v1 declares its k-means' 31 draws
         kmeans()
 
     @consumes(streams, "cluster", 31, operator="test.ActivateTwice_v1")

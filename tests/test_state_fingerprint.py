@@ -1,5 +1,5 @@
-"""StateFingerprint_v1 (seed 003 §IV; docs/spec/rng.md §5): the byte layout,
-the seed's item order, value encodings that agree across array libraries,
+"""StateFingerprint_v1 (docs/spec/rng.md §5): the byte layout, the item
+order, value encodings that agree across array libraries,
 and fingerprints that are the same in another process and on every backend."""
 
 from __future__ import annotations

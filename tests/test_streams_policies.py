@@ -19,7 +19,7 @@ from umlos_cuda.streams import (ComposedPolicy, DifficultyBucketPolicy, FailureR
 
 TOLERANCE = 0.02
 DRAWS = 20000
-SEED_POLICY = """
+FOUR_POLICIES = """
 policies:
   - type: difficulty_bucket
     weights:
@@ -52,8 +52,8 @@ def draw(policy, buffer, n=DRAWS):
 
 
 
-def test_the_seed_policy_file_loads_in_order():
-    composed = policies_from_yaml(SEED_POLICY)
+def test_a_policy_file_loads_its_policies_in_order():
+    composed = policies_from_yaml(FOUR_POLICIES)
     assert [type(p) for p in composed.policies] == [DifficultyBucketPolicy, FailureReplayPolicy, NoveltyPolicy,
                                                    LengthQuotaPolicy]
     assert composed.policies[3].quotas == {128: 0.1, 256: 0.2, 512: 0.4, 1024: 0.3}
@@ -122,11 +122,11 @@ def test_novelty_repeats_only_when_the_buffer_is_too_small():
 
 def test_policies_are_deterministic_given_the_buffer_and_cursor():
     a, b = full_buffer(seed=4), full_buffer(seed=4)
-    pa, pb = policies_from_yaml(SEED_POLICY), policies_from_yaml(SEED_POLICY)
+    pa, pb = policies_from_yaml(FOUR_POLICIES), policies_from_yaml(FOUR_POLICIES)
     for _ in range(3):
         assert draw(pa, a, 200)[1].tolist() == draw(pb, b, 200)[1].tolist()
     c = full_buffer(seed=4)
-    pc = policies_from_yaml(SEED_POLICY)
+    pc = policies_from_yaml(FOUR_POLICIES)
     c.rng.load_state_dict(a.rng.state_dict())
     pc.load_state_dict(pa.state_dict())
     assert draw(pa, a, 200)[1].tolist() == draw(pc, c, 200)[1].tolist()
@@ -166,7 +166,7 @@ def test_policy_files_are_validated_strictly(text, mention):
 
 def test_load_policies_reads_a_file(tmp_path):
     path = tmp_path / "policy.yaml"
-    path.write_text(SEED_POLICY)
+    path.write_text(FOUR_POLICIES)
     assert len(load_policies(path).policies) == 4
     expect(errors.SAMPLING_POLICY_INVALID, load_policies, tmp_path / "missing.yaml", mention="cannot read")
 

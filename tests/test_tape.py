@@ -1,6 +1,6 @@
-"""The trace tape (seed 000 §7, seed 003 V and IO.WriteTape_v1): one iter per
+"""The trace tape (docs/checkpoint-format.md §10, IO.WriteTape_v1): one iter per
 NextBatch call with cursors and replay token, a hash chain, blocks of
-BLOCK_SIZE records, rotation at max_events, failure records with the seeds'
+BLOCK_SIZE records, rotation at max_events, failure records with R8's
 fields, and a reader that refuses every broken tape with its code."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def expect_code(code, function, *args, **kwargs):
     return info.value
 
 
-def test_seed_constants():
+def test_write_tape_constants():
     assert BLOCK_SIZE == 512 and MAX_EVENTS == 500_000
 
 
@@ -135,7 +135,7 @@ def split_frames(data):
     return frames
 
 
-def test_failure_record_carries_the_seed_fields(tmp_path):
+def test_failure_record_carries_the_r8_fields(tmp_path):
     m = manifest()
     with pytest.raises(uc.UmlosError) as info:
         uc.next_batch(m, DATASET, 3, 0, cursor=uc.Cursor(0, 16), backend="numpy", t=12)  # 8 % 3 != 0
@@ -453,7 +453,7 @@ END = dict(status="success", final_epoch_count=0, total_samples_seen=8, restore_
            final_cursors={DATASET: {"epoch": 0, "global_index": 8}})
 
 
-def test_run_end_without_the_seed_003_fields_keeps_its_bytes():
+def test_run_end_without_its_optional_fields_keeps_its_bytes():
     """Not giving task_type, world_size or backend_hash writes the record existing tapes hold."""
     legacy = {"type": "run_end", "status": "success", "final_epoch_count": 0, "total_samples_seen": 8,
               "checkpoint_hash": None, "restore_status": "none", "final_cursors": {DATASET: {"epoch": 0, "global_index": 8}}}
@@ -483,7 +483,7 @@ def test_run_end_carries_task_type_world_size_and_backend_hash_when_given(tmp_pa
 
 @pytest.mark.parametrize("bad", [dict(task_type=""), dict(task_type=7), dict(world_size=0), dict(world_size=2 ** 32),
                                  dict(world_size=True), dict(with_backend_hash="yes")])
-def test_end_run_refuses_invalid_seed_003_fields(tmp_path, bad):
+def test_end_run_refuses_invalid_optional_fields(tmp_path, bad):
     with CheckpointStore.open(str(tmp_path / "s"), identity(), KEY) as store:
         store.start_run(DATASET, world_size=1)
         expect_code(errors.CHECKPOINT_STATE_INVALID, store.end_run, **END, **bad)

@@ -1,4 +1,4 @@
-"""umlos_cuda.torch.DistributedSampler in one process: seed 002's partition,
+"""umlos_cuda.torch.DistributedSampler in one process: the partition of docs/spec/nextbatch-v2.md §8,
 the engine's order, PyTorch compatibility, validation and O(1) resume.
 
 The sampler's logic needs no torch; the tests that use DataLoader, PyTorch's
@@ -81,7 +81,7 @@ def test_shuffle_false_is_sequential():
     assert per_rank == [[0, 4, 8], [1, 5, 9], [2, 6, 0], [3, 7, 1]]
 
 
-# -- partition (seed 002) -------------------------------------------------------
+# -- partition (docs/spec/nextbatch-v2.md §8) --------------------------------------
 
 
 @pytest.mark.parametrize("n", EDGE_N)
@@ -160,7 +160,7 @@ def test_fewer_samples_than_ranks():
     assert padded[:3] == per_rank[:3] and padded[3:] == (per_rank[:3] * 2)[:5]
 
 
-# -- seed 002 methods -----------------------------------------------------------
+# -- batches and windows (docs/integrations.md) -----------------------------------
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 7, 50])

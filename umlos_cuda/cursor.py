@@ -1,4 +1,4 @@
-"""The data cursor: ``{epoch, global_index}`` per dataset (seed 000 §I.A, §10).
+"""The data cursor: ``{epoch, global_index}`` per dataset (docs/spec/nextbatch-v2.md §4.3, philox-and-hashing.md §5).
 
 NextBatch_v2 is cursor-pure: it takes a cursor and returns the next one; the
 caller persists it. The CBOR form is a two-key map so a restored cursor is the

@@ -1,7 +1,7 @@
 """Output index types: which element types an index array may have, and whether an index fits.
 
-Indices are uint64 by default (seed 000 §0.C: positions and indices are
-uint64). ``int64`` and ``int32`` are offered because PyTorch indexes with int64
+Indices are uint64 by default (docs/spec/nextbatch-v2.md §1: positions and indices
+are uint64). ``int64`` and ``int32`` are offered because PyTorch indexes with int64
 and many gather kernels take int32, but only when every index the call can
 produce fits: an index is never wrapped or truncated. The check runs on the
 host before anything is computed or launched, so a refused call has written

@@ -41,7 +41,7 @@ PLAN_CACHE_SIZE = 8
 
 
 def epoch_seed(replay_token: bytes, manifest_hash: bytes, dataset_key: str, epoch: int) -> bytes:
-    """R4 / seed 000 §3: the 16-byte Philox seed of one epoch."""
+    """R4 (docs/spec/philox-and-hashing.md §4.1): the 16-byte Philox seed of one epoch."""
     return hash_canonical(["nextbatch_epoch_seed_v2", replay_token, manifest_hash, dataset_key, epoch])[:16]
 
 

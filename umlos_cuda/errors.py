@@ -1,6 +1,6 @@
 """The one exception type of umlos-cuda and its failure codes.
 
-Seed 000 §0.K is abort-only: every failure stops the call with a deterministic
+R8 is abort-only: every failure stops the call with a deterministic
 code and a failure record. Resolution R8 maps each invalid input to one code and
 adds two (``INVALID_RANK``, ``INVALID_MANIFEST``). Callers branch on ``.code``;
 the message is for people and says what was wrong and what is allowed.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-#: Seed 000 §0.K codes, R8 additions, and the few this project adds (each
+#: The codes of R8 (docs/spec/nextbatch-v2.md §2), and the few this project adds (each
 #: documented in docs/nextbatch.md, "Failure codes"; INVALID_ARGUMENT,
 #: INVALID_CURSOR and SAMPLER_STATE_INVALID in docs/errors.md).
 INVALID_DATASET_KEY = "INVALID_DATASET_KEY"
@@ -25,8 +25,8 @@ GLOBAL_POSITION_EXCEEDS_CARDINALITY = "GLOBAL_POSITION_EXCEEDS_CARDINALITY"
 INVALID_STAGE_TYPE = "INVALID_STAGE_TYPE"
 INVALID_RANK = "INVALID_RANK"  # R8 addition
 INVALID_MANIFEST = "INVALID_MANIFEST"  # R8 addition
-CONTRACT_VIOLATION = "CONTRACT_VIOLATION"  # seed 000 §5, SeededIntraBlockMap_v1 step 3
-UINT64_OVERFLOW = "UINT64_OVERFLOW"  # seed 000 §0.C "abort on detected uint64 overflow"
+CONTRACT_VIOLATION = "CONTRACT_VIOLATION"  # R6, SeededIntraBlockMap_v1 step 3
+UINT64_OVERFLOW = "UINT64_OVERFLOW"  # docs/spec/nextbatch-v2.md §1: nothing wraps
 BLOCK_TABLE_TOO_LARGE = "BLOCK_TABLE_TOO_LARGE"  # O(num_blocks) table would not fit
 BACKEND_UNAVAILABLE = "BACKEND_UNAVAILABLE"  # asked for a backend this machine lacks
 GOLDEN_MISMATCH = "GOLDEN_MISMATCH"  # a golden trace no longer reproduces
@@ -40,7 +40,7 @@ INVALID_ARGUMENT = "INVALID_ARGUMENT"  # an argument outside the manifest and th
 INVALID_CURSOR = "INVALID_CURSOR"  # a cursor built or read outside a NextBatch_v2 call is not {epoch, global_index} of integers in [0, 2^64 - 1]
 SAMPLER_STATE_INVALID = "SAMPLER_STATE_INVALID"  # a sampler state to load is not one this kind of sampler wrote, or was written for another order
 
-#: Checkpoint containers, run commits and the trace tape (seed 001, seed 003 V);
+#: Checkpoint containers, run commits and the trace tape (docs/checkpoint-format.md);
 #: each is documented in docs/checkpoint-format.md, "Failure codes".
 CHECKPOINT_NOT_FOUND = "CHECKPOINT_NOT_FOUND"  # no container or store at the path
 CHECKPOINT_IO_ERROR = "CHECKPOINT_IO_ERROR"  # the operating system refused a read or write
@@ -55,7 +55,7 @@ CHECKPOINT_HASH_MISMATCH = "CHECKPOINT_HASH_MISMATCH"  # a file's bytes differ f
 CHECKPOINT_MERKLE_MISMATCH = "CHECKPOINT_MERKLE_MISMATCH"  # a Merkle root or the header hash does not match
 CHECKPOINT_BINDING_MISMATCH = "CHECKPOINT_BINDING_MISMATCH"  # a header field disagrees with the file it binds
 CHECKPOINT_CONTENT_INVALID = "CHECKPOINT_CONTENT_INVALID"  # a file hashes right but its content is invalid
-CHECKPOINT_IDENTITY_MISMATCH = "CHECKPOINT_IDENTITY_MISMATCH"  # seed 001 II.I restore identity rule
+CHECKPOINT_IDENTITY_MISMATCH = "CHECKPOINT_IDENTITY_MISMATCH"  # docs/checkpoint-format.md §7: the identity rule
 CHECKPOINT_CHAIN_MISMATCH = "CHECKPOINT_CHAIN_MISMATCH"  # checkpoint_hash_prev or the commit chain is broken
 CHECKPOINT_SIGNATURE_INVALID = "CHECKPOINT_SIGNATURE_INVALID"  # a certificate's signature or key is wrong
 CHECKPOINT_COMMIT_MISMATCH = "CHECKPOINT_COMMIT_MISMATCH"  # a certificate does not bind what the store holds
@@ -83,9 +83,9 @@ LENGTHS_SIDECAR_MISMATCH = "LENGTHS_SIDECAR_MISMATCH"  # the binary sidecar is m
 
 #: The kernel's RNG sub-streams, their consumption contract and the state and
 #: functional fingerprints (umlos_cuda.rng: streams, contract, state_fingerprint,
-#: probes; seed 003 §0.S, §IV, §V.C). Each is documented in docs/nextbatch.md,
+#: probes; docs/spec/rng.md §4 to §6). Each is documented in docs/nextbatch.md,
 #: "Failure codes", and docs/rng.md, "Failure codes".
-RNG_CONSUMPTION_VIOLATION = "RNG_CONSUMPTION_VIOLATION"  # seed 003 §0.S: an operator drew other than it declared
+RNG_CONSUMPTION_VIOLATION = "RNG_CONSUMPTION_VIOLATION"  # docs/spec/rng.md §4: an operator drew other than it declared
 RNG_DECLARATION_INVALID = "RNG_DECLARATION_INVALID"  # a consumption declaration is malformed or contradicts the operator's earlier one
 RNG_STREAM_INVALID = "RNG_STREAM_INVALID"  # a draw names no sub-stream (init, cluster, misc) or a count that is not a uint64
 RNG_STATE_INVALID = "RNG_STATE_INVALID"  # an RNG state is malformed, another run's, or restored while an operator runs
@@ -150,9 +150,9 @@ CHECKPOINT_MIGRATE_OPERATOR = "UML_OS.Checkpoint.Migrate_v1"
 TAPE_OPERATOR = "UML_OS.IO.WriteTape_v1"
 
 NEXTBATCH_OPERATOR = "UML_OS.Data.NextBatch_v2"
-MANIFEST_OPERATOR = "UML_OS.Data.ValidateManifest_v1"  # seed 003 §0.G
-BLOCK_PERMUTE_OPERATOR = "UML_OS.Data.SeededBlockPermute_v1"  # seed 000 §5: the epoch's block tables
-#: Parts of this project that no seed operator covers name their module.
+MANIFEST_OPERATOR = "UML_OS.Data.ValidateManifest_v1"
+BLOCK_PERMUTE_OPERATOR = "UML_OS.Data.SeededBlockPermute_v1"  # R5 and R6: the epoch's block tables
+#: Parts of this project that no UML_OS operator covers name their module.
 CURSOR_OPERATOR = "umlos_cuda.cursor"
 DTYPES_OPERATOR = "umlos_cuda.dtypes"
 BACKEND_OPERATOR = "umlos_cuda.backends"
@@ -173,7 +173,7 @@ QUALITY_OPERATOR = "umlos_cuda.quality"
 class UmlosError(Exception):
     """Raised on every failure; ``.code`` is the failure code.
 
-    ``.record`` is the seed's failure record: ``t``, ``failure_code``,
+    ``.record`` is the failure record of R8: ``t``, ``failure_code``,
     ``failure_operator``, ``dataset_key`` and ``data_replay_t`` (hex, or None
     when the inputs were too malformed to compute it). ``operator`` is
     required: the part that raises names itself (a module constant such as
@@ -228,5 +228,5 @@ def require_uint64(value: Any, what: str, code: str, *, operator: str) -> int:
 
 UINT64_MAX = (1 << 64) - 1
 UINT32_MAX = (1 << 32) - 1
-#: The largest world size: seed 000 §I.B types world_size and rank as uint32.
+#: The largest world size: world_size and rank are uint32 (docs/spec/nextbatch-v2.md §1).
 MAX_WORLD_SIZE = UINT32_MAX

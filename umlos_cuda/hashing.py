@@ -3,7 +3,7 @@
 Every hash the engine emits (manifest_hash, kernel_replay_token, epoch_seed,
 sampler_config_hash, data_replay_t, checkpoint hashes) goes through these two
 functions, so the byte rules live in one place: text map keys, CBOR unsigned
-integers for every ``uintNN`` of the seeds, byte strings for hashes and tokens,
+integers for every ``uintNN`` of the specification, byte strings for hashes and tokens,
 CBOR booleans for flags.
 """
 
@@ -31,5 +31,5 @@ def sha256(data: bytes) -> bytes:
 
 
 def hash_canonical(value: Any) -> bytes:
-    """``SHA-256(CBOR_CANONICAL(value))``, the contract-critical primitive of seed 000 §0.B."""
+    """``SHA-256(CBOR_CANONICAL(value))``, the contract-critical primitive of R2."""
     return sha256(cbor_canonical(value))

@@ -1,4 +1,4 @@
-"""NextBatch_v2 (seed 000 §5-§6 as settled by resolutions R4-R9) and the bulk
+"""NextBatch_v2 (R4-R9, docs/spec/nextbatch-v2.md §3 and §4) and the bulk
 ``epoch_indices`` entry point (R10).
 
 A call is pure: ``(manifest, dataset_key, world_size, rank, stage, cursor)`` in,
@@ -40,7 +40,7 @@ __all__ = [
     "sampler_config_hash",
 ]
 
-#: The default mode's seed 000 §0.I mode strings (modes/), under their earlier names.
+#: The default mode's R9 ``sampling_mode`` strings (modes/), under their earlier names.
 MODE_SHUFFLE = block_affine.TRAIN_MODE
 MODE_SEQUENTIAL = SEQUENTIAL_MODE
 SUBSAMPLING_TRAIN = "SHUFFLE_WITHOUT_REPLACEMENT"
@@ -60,7 +60,7 @@ _plans = PlanCache()
 @dataclass(frozen=True)
 class Batch:
     """One NextBatch_v2 result: this rank's ``indices``, the ``cursor`` after the
-    call, and the seed's sampling ``metadata``."""
+    call, and its R9 ``metadata``."""
 
     indices: Any
     cursor: Cursor
@@ -81,7 +81,7 @@ class _Call:
 
 
 def data_replay_t(token: bytes, dataset_key: str, epoch: int, global_position: int, world_size: int, rank: int) -> bytes:
-    """R9 / seed 000 §0.B ``data_replay_t`` (32 bytes), from the cursor before the call."""
+    """R9 ``data_replay_t`` (32 bytes), from the cursor before the call."""
     return hash_canonical(["nextbatch_v2", token, dataset_key, epoch, global_position, world_size, rank])
 
 
@@ -126,7 +126,7 @@ def _complete_record(exc: UmlosError, dataset_key: Any, replay_t, **fields: Any)
     docs/spec/nextbatch-v2.md §2), adds the caller's ``dataset_key``, the
     fields in ``fields`` (``t``) and ``data_replay_t`` (``replay_t()``, hex or
     None) so that every record of a call whose inputs are well-typed carries
-    the seed 000 §0.Z replay token without the caller passing anything."""
+    the replay token (R3) without the caller passing anything."""
     exc.record.update(fields, failure_operator=OPERATOR)
     if exc.record.get("dataset_key") is None and isinstance(dataset_key, str):
         exc.record["dataset_key"] = dataset_key
@@ -314,7 +314,7 @@ def next_batch(
         cursor: ``Cursor(epoch, global_index)`` before the call (default: start).
         replay_token: 32 bytes replacing the manifest's derived token (R3).
         backend: ``"numpy"``, ``"native"``, ``"cupy"`` or ``"auto"``.
-        preset: a seed §0.M preset name; ``"streaming_infinite"`` crosses epoch
+        preset: a preset name (docs/spec/nextbatch-v2.md §5); ``"streaming_infinite"`` crosses epoch
             boundaries (see docs/nextbatch.md). Overrides ``stage``.
         t: the caller's step counter, copied into failure records.
 
@@ -384,7 +384,7 @@ def _metadata(call: _Call, before: Cursor, after: Cursor, world_size, rank, micr
         "rank": rank,
         "micro_batch_size": micro,
         "global_batch_size": call.global_batch_size,
-        "effective_batch_size": call.global_batch_size,  # seed 000 §0.I: B_eff = global_batch_size
+        "effective_batch_size": call.global_batch_size,  # R9: B_eff = global_batch_size
         "produced_global_count": produced,
         "effective_q": float(call.global_batch_size) / float(call.n),
         "subsampling_mode": SUBSAMPLING_TRAIN if shuffled else SUBSAMPLING_NONE,

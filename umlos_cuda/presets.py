@@ -1,4 +1,4 @@
-"""Seed 000 §0.M presets: ``train_shuffle``, ``eval_sequential``, ``streaming_infinite``.
+"""The presets of docs/spec/nextbatch-v2.md §5: ``train_shuffle``, ``eval_sequential``, ``streaming_infinite``.
 
 The first two are names for what ``stage`` already selects. The third is the
 one mode that crosses epoch boundaries: the stream is epoch e's train sequence

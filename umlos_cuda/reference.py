@@ -102,7 +102,7 @@ def block_affine_params(perm_block_ids: np.ndarray, n: int, block_size: int, key
         mm = m[multi]
         span = mm - _ONE  # candidates are 1..m-1
         cand = _ONE + k0[multi] % span
-        # Seed 000 §5 step 2: scan cand, cand+1, ..., m-1, 1, 2, ... for the
+        # R6 (docs/spec/nextbatch-v2.md §3.2): scan cand, cand+1, ..., m-1, 1, 2, ... for the
         # first value coprime with m. Coprimes are dense, so a handful of
         # vectorised passes settle every block.
         pending = np.gcd(cand, mm) != _ONE

@@ -53,7 +53,7 @@ class SamplerConfig:
 
     @property
     def sampling_mode(self) -> str:
-        """Seed 000 §0.I ``sampling_mode`` of this sampler."""
+        """The R9 ``sampling_mode`` of this sampler."""
         if self.streaming:
             return self.mode.streaming_sampling_mode
         return self.mode.train_sampling_mode if self.shuffled else SEQUENTIAL_MODE
@@ -84,7 +84,7 @@ def resolve_sampler(manifest: Manifest, stage: str, preset: str | None = None, *
 
 
 def sampler_config_hash(sampling_mode: str, sampler_block_size: int, drop_last: bool, *, mode: str = DEFAULT_MODE) -> bytes:
-    """R9 / seed 000 §0.I ``sampler_config_hash`` (32 bytes) with the config tokens of sampling mode ``mode``."""
+    """R9 ``sampler_config_hash`` (32 bytes) with the config tokens of sampling mode ``mode``."""
     return _config_hash(sampling_mode, sampler_block_size, drop_last, get_mode(mode).config_tokens)
 
 

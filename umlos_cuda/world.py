@@ -3,7 +3,7 @@
 Order of precedence, for each of the two values separately: the argument when
 given; ``torch.distributed`` when it is installed and initialised; the
 ``RANK`` / ``WORLD_SIZE`` environment variables that ``torchrun`` (and most
-launchers) set; else rank 0 of 1 (seed 002), where PyTorch's sampler raises.
+launchers) set; else rank 0 of 1 (docs/spec/nextbatch-v2.md §8), where PyTorch's sampler raises.
 
 The torch samplers and the DALI source share this one resolution. It lives
 outside ``umlos_cuda.torch`` so that the DALI source does not reach into the

@@ -8,7 +8,7 @@ sequence alone would (tests/test_batching_packing.py proves it with
 ``attn_mask`` means the same: True = attend).
 
 Padding with any segment id works: padding tokens that share an id attend
-to each other only (with id -1, or the seed's "last segment's id", which
+to each other only (with id -1, or the last segment's id, which
 leaves the real tokens unchanged because they come first).
 """
 

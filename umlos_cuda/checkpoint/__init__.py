@@ -1,8 +1,8 @@
 """Checkpoint containers, the run-commit protocol and the trace tape.
 
-Seed 001 (checkpoint schema contract), seed 000 §7/§10 (trace, cursors) and
-seed 003 V/VIII (tape, checkpoint contents); docs/checkpoint-format.md is the
-normative description. The modules, one job each:
+The checkpoint schema contract, the trace and the cursors of NextBatch_v2,
+and the tape and checkpoint contents of the v3.8 kernel;
+docs/checkpoint-format.md is the normative description. The modules, one job each:
 
 - ``limits``: every bound on checkpoint input, shared by writer and reader
 - ``cbor_safe``: strict, bounded canonical-CBOR reader for untrusted files

@@ -1,6 +1,6 @@
 """Durable writes: temp object, ``fsync(file)``, ``rename``, ``fsync(directory)``.
 
-Seed 001 §II.G prescribes this sequence; every write of the checkpoint package
+docs/checkpoint-format.md §9.2 prescribes this sequence; every write of the checkpoint package
 goes through these helpers, which take the steps of :mod:`umlos_cuda.files.durable`
 (shared with the CLI's outputs) and add the store's policy: temp objects have
 fixed names (``<name>.tmp``) that recovery recognises, and every failure is

@@ -2,7 +2,7 @@
 
 Every failure here raises ``umlos_cuda.errors.UmlosError`` with one of the
 ``CHECKPOINT_*`` or ``TRACE_*`` codes of ``umlos_cuda/errors.py``; the operator
-in its failure record says which seed operator failed (validate, serialize,
+in its failure record says which UML_OS operator failed (validate, serialize,
 restore, commit, migrate, or the tape writer).
 """
 

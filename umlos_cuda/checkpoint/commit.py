@@ -1,4 +1,4 @@
-"""The checkpoint store's writer: the run-commit protocol and recovery (seed 001 §II.G, §II.J).
+"""The checkpoint store's writer: the run-commit protocol and recovery (docs/checkpoint-format.md §9).
 
 A store (layout and certificates: :mod:`.store`) holds one run's trace tape,
 checkpoints, lineage and signed commit certificates. Before commit ``n``
@@ -122,7 +122,7 @@ class RecoveryReport:
 
 
 def recover(store_dir: str, marker: Mapping[str, Any]) -> tuple[list[CommitRecord], RecoveryReport]:
-    """Seed 001 §II.J recovery; the caller holds the lock. See the module docstring."""
+    """Recovery (docs/checkpoint-format.md §9.4); the caller holds the lock. See the module docstring."""
     check_layout(store_dir)
     commits = read_commits(store_dir, marker)
     _check_latest_present(store_dir, commits)
@@ -317,7 +317,7 @@ class CheckpointStore:
                 with_backend_hash: bool = False) -> bytes:
         """Append the ``run_end`` record (:func:`tape.run_end_fields`); return its hash.
 
-        Seed 003 V.B puts the run's ``task_type``, ``world_size`` and
+        The v3.8 kernel's trace puts the run's ``task_type``, ``world_size`` and
         ``backend_hash`` on ``run_end``: each is written when given
         (``with_backend_hash=True`` writes the store identity's backend hash),
         so a run that gives none writes the record it always wrote. A

@@ -1,4 +1,4 @@
-"""Writing and reading checkpoint containers (seed 001 §II.F, §II.G).
+"""Writing and reading checkpoint containers (docs/checkpoint-format.md §2 to §5).
 
 A container is a directory::
 
@@ -7,7 +7,7 @@ A container is a directory::
     optimizer/rank=<r>/state.bin        optimizer state per rank (safetensors)
     dp/accountant_state.cbor            DP accountant state (or "DP disabled")
     data/cursors.cbor                   {dataset_key: {epoch, global_index}} + sampler_config_hash
-    data/manifest.cbor                  the canonical run manifest (seed 003 VIII.A)
+    data/manifest.cbor                  the canonical run manifest
     tmmu/plan.cbor                      the memory plan
     trace/link.cbor                     binds the checkpoint to the trace tape's hash chain
     artifacts/artifact_index.cbor       index of user state

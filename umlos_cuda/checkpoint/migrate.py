@@ -1,4 +1,4 @@
-"""Schema migrations and their signed certificates (seed 001 §II.F, §II.K).
+"""Schema migrations and their signed certificates (docs/checkpoint-format.md §8).
 
 MINOR versions only add optional fields, so a reader reads every older MINOR
 of its MAJOR directly. A *migration* rewrites an older container as a newer

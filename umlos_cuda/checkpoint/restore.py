@@ -1,9 +1,9 @@
-"""Restoring a container: profiles, the identity rule and the chain (seed 001 §II.H, §II.I).
+"""Restoring a container: profiles, the identity rule and the chain (docs/checkpoint-format.md §7).
 
 A restore names a *profile* (``restore_profile_id``):
 
 ``train_full``
-    everything (seed 001 §II.H training restore: model, optimizer, RNG, DP
+    everything (the training restore of docs/checkpoint-format.md §7: model, optimizer, RNG, DP
     accountant, data cursors, TMMU plan); the container is verified completely
     first, including the absence of unlisted files. Always allowed.
 ``eval_params``
@@ -77,7 +77,7 @@ class RestoredCheckpoint:
 
 
 def check_identity(header: Mapping[str, Any], expect: Mapping[str, Any] | None) -> None:
-    """Seed 001 §II.I: abort on any mismatch of an expected identity field."""
+    """The identity rule (docs/checkpoint-format.md §7): abort on any mismatch of an expected identity field."""
     if not expect:
         return
     unknown = sorted(set(expect) - set(schema.IDENTITY_FIELDS))
@@ -157,7 +157,7 @@ def restore_checkpoint(
 
     Args:
         profile: a ``restore_profile_id``.
-        expect: identity fields the checkpoint must have (seed 001 §II.I).
+        expect: identity fields the checkpoint must have (the identity rule).
         expect_prev: the ``checkpoint_hash_prev`` it must have (None: none).
         ranks: the ranks to restore, for ``shard_subset`` only.
 

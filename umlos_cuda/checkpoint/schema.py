@@ -1,7 +1,7 @@
-"""The checkpoint header (seed 001 §II.F), its versions and field types.
+"""The checkpoint header (docs/checkpoint-format.md §3), its versions and field types.
 
 The header is a canonical CBOR map with text keys. Schema ``1.0`` has the
-seed's required fields, its two optional ones, the migration controls of
+contract's required fields, its two optional ones, the migration controls of
 §II.F and the fields §II.G/§II.I ask the manifest to hold; ``1.1`` (a MINOR
 step) adds one optional field, ``restore_profiles``; ``1.2`` adds optional
 files, the registered cursor kinds' ``data/cursors=<kind>.cbor``, and is
@@ -44,7 +44,7 @@ MIGRATION_INVARIANTS = (
     "checkpoint_merkle_root_unchanged",
 )
 
-#: Seed 001 §II.F required fields, by type.
+#: The header's required fields (docs/checkpoint-format.md §3.1), by type.
 SEED_TEXT_FIELDS = ("tenant_id", "run_id", "spec_version", "checkpoint_schema_version")
 SEED_HASH_FIELDS = (
     "replay_token",
@@ -71,7 +71,7 @@ BINDING_HASH_FIELDS = ("weights_manifest_hash", "optimizer_manifest_hash", "data
 BINDING_OPTIONAL_HASH_FIELDS = ("dp_accountant_manifest_hash",)
 MIGRATION_FIELDS = ("migration_supported_from", "migration_operator", "migration_invariants")
 
-#: Seed 001 §II.I: restore aborts on any mismatch of these.
+#: The identity rule (docs/checkpoint-format.md §7): restore aborts on any mismatch of these.
 IDENTITY_FIELDS = (
     "tenant_id",
     "run_id",
@@ -85,7 +85,7 @@ IDENTITY_FIELDS = (
     "determinism_profile_hash",
 )
 
-#: Restore profiles (seed 001 §II.H); "train_full" is always allowed.
+#: Restore profiles (docs/checkpoint-format.md §7); "train_full" is always allowed.
 RESTORE_PROFILES = ("data_cursors", "eval_params", "shard_subset", "train_full")
 FULL_PROFILE = "train_full"
 
@@ -102,7 +102,7 @@ _VERSION_RE = re.compile(r"(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})\Z")
 
 # -- identity defaults: what this engine is --------------------------------------------
 
-#: The determinism profile the engine guarantees (seed 000 §0.F, §0.C).
+#: The determinism profile the engine guarantees (docs/spec/nextbatch-v2.md §1: exact uint64, no wrap).
 DETERMINISM_PROFILE = {
     "determinism_level": "BITWISE",
     "index_arithmetic": "uint64_exact_no_wrap",
@@ -110,7 +110,7 @@ DETERMINISM_PROFILE = {
     "floating_point_in_index_path": False,
     "hash": "SHA-256(CBOR_CANONICAL)",
 }
-#: The operators whose contracts the engine implements (seed 000 §0.G, seed 001 §0.G, seed 003 IO).
+#: The UML_OS operators whose contracts the engine implements.
 OPERATOR_CONTRACTS = (
     errors.CHECKPOINT_RESTORE_OPERATOR,
     errors.CHECKPOINT_SERIALIZE_OPERATOR,

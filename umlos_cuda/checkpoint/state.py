@@ -3,8 +3,8 @@
 ``CheckpointState`` is plain data: the step ``t``, the data cursors per
 dataset key, tensor shards per rank, optimizer state per rank, the DP
 accountant's state, the TMMU plan, named user state (byte blobs or
-arrays) and the cursors of registered kinds (:mod:`.extensions`). ``RunIdentity`` carries the fields a restore must match (seed 001
-§II.I): tenant, run, manifest (hence manifest_hash, replay token, policy and
+arrays) and the cursors of registered kinds (:mod:`.extensions`). ``RunIdentity`` carries the fields a restore must match (the
+identity rule, docs/checkpoint-format.md §7): tenant, run, manifest (hence manifest_hash, replay token, policy and
 env hashes), the stage whose ``sampler_config_hash`` the cursors belong to,
 and the engine's contract hashes (defaults in :mod:`.schema`).
 """

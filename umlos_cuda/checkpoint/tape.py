@@ -1,4 +1,4 @@
-"""The trace tape (seed 000 §7, seed 003 V and IO.WriteTape_v1).
+"""The trace tape (docs/checkpoint-format.md §10; operator IO.WriteTape_v1).
 
 A run's trace is one hash chain of records: ``run_header`` first, then one
 ``iter`` per NextBatch call (cursor before and after, ``data_replay_t``),
@@ -15,7 +15,7 @@ length and a canonical CBOR payload: a segment header
 ``{format, segment_index, first_seq, prev_hash, block_size, max_events}``, then
 *blocks* ``{block_index, records}`` of at most ``BLOCK_SIZE = 512`` records.
 A segment holds at most ``max_events = 500_000`` records; the writer rotates to
-the next segment when it is full (seed 003 IO.WriteTape_v1). Segments are
+the next segment when it is full (IO.WriteTape_v1). Segments are
 written as ``.tmp`` files and renamed by the run-commit protocol, so a
 committed segment is immutable and complete.
 
@@ -48,8 +48,8 @@ from .codes import TAPE, error
 
 #: The segment header's ``format`` and the run_header's ``schema_version``: the operator's name.
 TAPE_FORMAT = errors.TAPE_OPERATOR
-BLOCK_SIZE = 512  # seed 003 IO.WriteTape_v1: records per block
-MAX_EVENTS = 500_000  # seed 003 IO.WriteTape_v1: records per segment before rotation
+BLOCK_SIZE = 512  # IO.WriteTape_v1: records per block
+MAX_EVENTS = 500_000  # IO.WriteTape_v1: records per segment before rotation
 #: Bounds for untrusted tapes.
 MAX_FRAME_BYTES = 64 << 20
 MAX_RECORD_DEPTH = 6
@@ -132,14 +132,14 @@ COMMON = {"type": is_text, "seq": is_uint, "prev": is_hash}
 #: Every record type this process knows: the built-in ones below, then those
 #: subsystems registered (:func:`register_record_type`).
 SCHEMAS: dict[str, dict[str, Callable[[Any], bool]]] = {
-    # seed 000 §7 + seed 003 V.B + seed 001 §7
+    # docs/checkpoint-format.md §10: each record type's fields
     "run_header": {
         "schema_version": is_text, "tenant_id": is_text, "run_id": is_text, "spec_version": is_text,
         "replay_token": is_hash, "manifest_hash": is_hash, "dataset_key": is_text, "cardinality": is_uint,
         "datasets": _cardinalities, "sampler_block_size": is_uint, "is_shuffled_per_stage": _stage_flags,
         "world_size": is_uint, "backend_hash": is_hash, "task_type": is_text, "source_hash": nullable(is_hash),
     },
-    # seed 000 §7 iter, with cursor before/after and the indices' digest
+    # one NextBatch call (R9 metadata), with cursor before/after and the indices' digest
     "iter": {
         "t": is_uint, "dataset_key": is_text, "stage": is_text, "epoch": is_uint, "global_position": is_uint,
         "is_shuffled": is_bool, "micro_batch_size": is_uint, "global_batch_size": is_uint,
@@ -148,7 +148,7 @@ SCHEMAS: dict[str, dict[str, Callable[[Any], bool]]] = {
         "cursor_before": is_cursor, "cursor_after": is_cursor, "world_size": is_uint, "rank": is_uint,
         "count": is_uint, "indices_sha256": is_hash,
     },
-    # seed 000 §0.K + seed 003 §0.K + seed 001 §0.Z failure record fields
+    # the failure record of R8, with the kernel's RNG and state fingerprints
     "failure": {
         "t": nullable(is_uint), "failure_code": is_text, "failure_operator": is_text,
         "dataset_key": nullable(is_text), "data_replay_t": nullable(is_hash), "replay_token": nullable(is_hash),
@@ -156,14 +156,13 @@ SCHEMAS: dict[str, dict[str, Callable[[Any], bool]]] = {
     },
     "checkpoint": {"t": is_uint, "commit_seq": is_uint},
     "restore": {"t": is_uint, "checkpoint_hash": is_hash, "restore_profile_id": is_text, "cursors": _cursors},
-    # seed 000 §7 run_end + seed 001 §7 + seed 003 V.B
     "run_end": {
         "status": lambda v: v in ("success", "failed"), "final_epoch_count": is_uint, "total_samples_seen": is_uint,
         "checkpoint_hash": nullable(is_hash), "restore_status": is_text, "final_cursors": _cursors,
     },
 }
 #: Fields a built-in record carries only when its writer gives them: a record
-#: without them keeps the bytes it always had (seed 003 V.B: the run's
+#: without them keeps the bytes it always had (the run's
 #: ``task_type``, ``world_size`` and ``backend_hash`` on ``run_end``).
 OPTIONAL_FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
     "run_end": {"task_type": is_text, "world_size": is_uint, "backend_hash": is_hash},
@@ -263,7 +262,7 @@ def indices_digest(indices: Any) -> tuple[int, bytes]:
     return int(array.size), sha256(array.tobytes())
 
 
-#: Seed 000 §0.I: the train stage shuffles, eval and infer run in order (the run_header's default).
+#: R7: the train stage shuffles, eval and infer run in order (the run_header's default).
 STAGE_SHUFFLED = {"train": True, "eval": False, "infer": False}
 
 
@@ -349,7 +348,7 @@ def run_end_fields(
     backend_hash: bytes | None = None,
 ) -> dict[str, Any]:
     """The ``run_end`` record. ``task_type``, ``world_size`` and ``backend_hash``
-    (seed 003 V.B) are written only when given, so a run that gives none
+    are written only when given, so a run that gives none
     writes the record it always wrote."""
     record = {
         "type": "run_end", "status": status, "final_epoch_count": final_epoch_count,
@@ -368,7 +367,7 @@ def failure_fields(
     rng_fingerprint_t: bytes | None = None,
     state_fp_t: bytes | None = None,
 ) -> dict[str, Any]:
-    """The ``failure`` record of an error: the seeds' fields plus the message."""
+    """The ``failure`` record of an error: R8's fields plus the message."""
     record = exc.record
     replay_t = record.get("data_replay_t")
     if isinstance(replay_t, str):

@@ -1,4 +1,4 @@
-"""Golden traces of NextBatch_v2 (seed 000 §VII.C): load, recompute, compare.
+"""Golden traces of NextBatch_v2 (docs/spec/README.md, "The golden file"): load, recompute, compare.
 
 ``golden/nextbatch_v2.json`` (shipped as ``umlos_cuda._golden``) is
 self-describing: it holds the manifests it uses, and every case holds its

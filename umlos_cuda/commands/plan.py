@@ -1,6 +1,6 @@
 """``umlos-cuda plan build|info|verify|shard``: token-budget batch plans.
 
-``build`` reads a length cache and writes a plan folder (the seed's layout
+``build`` reads a length cache and writes a plan folder (JSON and JSONL files
 plus a memory-mapped binary form, docs/batching.md "Plan files"); ``info``
 prints its counts, metrics and, with ``--world-size``, each rank's share;
 ``verify`` recomputes the fingerprint and checks every invariant (exit 2

@@ -3,7 +3,7 @@
 A file is created exclusively (``O_EXCL``: never an existing file, never
 through a link at its name), written in full and fsynced; it is then
 published under its final name by a rename, and its folder is fsynced so
-that the rename survives a crash or a power loss (seed 001 §II.G prescribes
+that the rename survives a crash or a power loss (docs/checkpoint-format.md §9.2 prescribes
 temp object, ``fsync(file)``, ``rename``, ``fsync(directory)``).
 
 Two front ends build on these steps with their own policies:

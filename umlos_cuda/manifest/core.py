@@ -2,7 +2,7 @@
 
 Resolution R3 fixes the bytes. A manifest is a mapping with at least
 ``global_batch_size`` and ``datasets: {KEY: {id, version, hash, cardinality}}``
-(or the list of seed 003 §0.Q, which becomes that map: manifest/datasets.py).
+(or the v3.8 kernel's list, which becomes that map: manifest/datasets.py).
 Defaults are filled *before* hashing so that stating a default and omitting it
 hash the same. The replay token hashes what the manifest declares (``policy``,
 ``env``), never the machine, so a sequence is the same everywhere.
@@ -47,14 +47,14 @@ __all__ = ["DatasetSpec", "Manifest", "as_manifest", "canonicalize", "read_manif
 #: R3 defaults, filled before hashing.
 DEFAULT_SPEC_VERSION = "UML_OS-v3.8-OS"
 DEFAULT_SEED = 0
-DEFAULT_BLOCK_SIZE = 1 << 20  # seed 000 §0.C DEFAULT_BLOCK_SIZE = 1_048_576
+DEFAULT_BLOCK_SIZE = 1 << 20  # 1_048_576, docs/spec/nextbatch-v2.md §1
 DEFAULT_DROP_LAST = False
 #: ``data.sampling_mode`` when absent. Unlike the defaults above it is never
 #: written into the canonical manifest (stating it is removed instead), so
 #: manifests from before sampling modes keep their hashes and their bits.
 DEFAULT_SAMPLING_MODE = DEFAULT_MODE
 
-#: The dataset fields seed 000 §0.F makes mandatory.
+#: The dataset fields every entry must have (docs/manifest.md).
 DATASET_REQUIRED_FIELDS = DATASET_KEYS
 
 
@@ -325,7 +325,7 @@ def canonicalize(raw: Any) -> dict[str, Any]:
             check_split(entry["split"], f"datasets.{key}.split")
         missing = [name for name in DATASET_REQUIRED_FIELDS if name not in entry]
         if missing:
-            raise invalid_manifest(f"datasets.{key} lacks {', '.join(missing)} (seed 000 §0.F)")
+            raise invalid_manifest(f"datasets.{key} lacks {', '.join(missing)} (every dataset names all four)")
         entry["cardinality"] = require_manifest_uint64(entry["cardinality"], f"datasets.{key}.cardinality")
         for name in ("id", "version", "hash"):
             value = entry[name]

@@ -3,7 +3,7 @@
 Manifests have always named their datasets in a map,
 ``datasets: {KEY: {id, version, hash, cardinality}}``, and the NextBatch
 calls take the ``KEY``. The v3.8 kernel's manifest lists them instead
-(seed 003 §0.Q), each entry with its ``split``, ``train`` or ``val``::
+(docs/manifest.md, "The dataset list"), each entry with its ``split``, ``train`` or ``val``::
 
     datasets:
       - {id: corpus, version: "3", hash: "sha256:...", split: train, cardinality: 1000000}

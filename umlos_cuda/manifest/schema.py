@@ -25,9 +25,9 @@ DOCS = "docs/manifest.md"
 TOP_LEVEL_KEYS = ("spec_version", "seed", "global_batch_size", "data", "datasets", "policy", "env", "extra")
 #: Keys of ``data``.
 DATA_KEYS = ("sampler_block_size", "drop_last", "sampling_mode")
-#: Keys of each ``datasets.KEY`` entry (seed 000 §0.F makes all four mandatory).
+#: Keys of each ``datasets.KEY`` entry (all four mandatory; docs/manifest.md).
 DATASET_KEYS = ("id", "version", "hash", "cardinality")
-#: Optional keys of a dataset entry: its split (seed 003 §0.Q), read by the probe set.
+#: Optional keys of a dataset entry: its split (docs/manifest.md, "The dataset list"), read by the probe set.
 DATASET_OPTIONAL_KEYS = ("split",)
 #: The values of ``split``.
 SPLITS = ("train", "val")

@@ -38,7 +38,7 @@ __all__ = [
 
 #: The modes of this release, in the order they are listed to users.
 BUILT_IN = (block_affine.MODE, feistel.MODE, block_feistel.MODE)
-#: The order of NextBatch_v2 manifests that name none (seed 000; its golden bits never change).
+#: The order of NextBatch_v2 manifests that name none (docs/spec/nextbatch-v2.md; its golden bits never change).
 DEFAULT_MODE = block_affine.NAME
 #: ``sampling_mode`` of eval and infer: positions are the indices, whatever the train order.
 SEQUENTIAL_MODE = "SEQUENTIAL_V1"

@@ -8,7 +8,7 @@ checkpoint layer dispatch through the registry (``umlos_cuda.modes``) and never
 name a mode themselves:
 
 * the strings it is known by: the registry ``name``, and the ``sampling_mode``
-  metadata strings of train and ``streaming_infinite`` (seed 000 §0.I), which
+  metadata strings of train and ``streaming_infinite`` (R9), which
   with ``config_tokens`` make its ``sampler_config_hash`` (R9);
 * how an epoch's plan is built (``build_plan`` on the NumPy reference path,
   ``build_plan_native`` through the native module when the mode has one) and

@@ -29,7 +29,7 @@ from .. import reference
 from .base import SamplingMode
 
 NAME = "block_affine"
-#: Seed 000 §0.I ``sampling_mode`` strings of this order.
+#: The R9 ``sampling_mode`` strings of this order.
 TRAIN_MODE = "SHUFFLE_WITHOUT_REPLACEMENT_BLOCK_AFFINE_V1"
 STREAMING_MODE = "STREAMING_SHUFFLE_BLOCK_AFFINE_V1"
 #: R9's tokens after ``[sampling_mode, S, drop_last]``.

@@ -5,8 +5,8 @@ of ``sampler_block_size``, the full blocks shuffled by SeededBlockPermute_v1
 (R5, domain 1) and the short tail block, if any, kept last. Inside the block
 whose permuted id is ``pb`` the local position ``l`` goes through the Feistel
 bijection of ``[0, m)`` (docs/spec/feistel.md) keyed by draws ``2 pb`` and
-``2 pb + 1`` of R4 domain 4, instead of the affine map of R6 (seed 000 §VIII.B
-allows this replacement). A batch still reads one block (I/O locality), but
+``2 pb + 1`` of R4 domain 4, instead of the affine map of R6 (docs/spec/feistel.md
+§3.2 says why this replacement is allowed). A batch still reads one block (I/O locality), but
 within it the order is as well mixed as a true permutation of the block.
 
 The plan is O(num_blocks) as for ``block_affine``: per virtual block its base,
@@ -33,7 +33,7 @@ from .block_affine import block_kernel_params, count_blocks, virtual_blocks
 from .feistel import MAP_CHUNK  # the same rounds, the same cache-sized steps
 
 NAME = "block_feistel"
-#: Seed 000 §0.I ``sampling_mode`` strings of this order.
+#: The R9 ``sampling_mode`` strings of this order.
 TRAIN_MODE = "SHUFFLE_WITHOUT_REPLACEMENT_BLOCK_FEISTEL_V1"
 STREAMING_MODE = "STREAMING_SHUFFLE_BLOCK_FEISTEL_V1"
 #: R9's tokens after ``[sampling_mode, S, drop_last]``.

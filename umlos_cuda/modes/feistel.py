@@ -28,7 +28,7 @@ from ..feistel import feistel_invert, feistel_key, feistel_permute
 from .base import SamplingMode
 
 NAME = "feistel"
-#: Seed 000 §0.I ``sampling_mode`` strings of this order.
+#: The R9 ``sampling_mode`` strings of this order.
 TRAIN_MODE = "SHUFFLE_WITHOUT_REPLACEMENT_FEISTEL_V1"
 STREAMING_MODE = "STREAMING_SHUFFLE_FEISTEL_V1"
 #: R9's tokens after ``[sampling_mode, S, drop_last]``.

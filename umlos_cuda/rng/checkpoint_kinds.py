@@ -10,10 +10,10 @@ This module plugs into the checkpoint package's extension points
   ``RngStreams.load_state_dict``, which checks that the master is its own
   (a replay-token override changes the master, and only the run knows it).
 - cursor kind ``fingerprints``: ``{rng_fingerprint, state_fp, functional_fp}``
-  at the checkpoint's step, each 32 bytes or null (seed 003 §VIII.A keeps
-  ``functional_fp`` with the checkpoint).
+  at the checkpoint's step, each 32 bytes or null (the checkpoint keeps
+  ``functional_fp``; docs/spec/rng.md §6).
 - tape record type ``rng.iter``: ``{t, rng_fingerprint_t, state_fp_t,
-  functional_fp}``, appended after a step's ``iter`` record (seed 003 §V.B:
+  functional_fp}``, appended after a step's ``iter`` record (docs/rng.md:
   ``state_fp`` every step, ``functional_fp`` when recomputed).
 
 ``pyproject.toml`` declares this module as an entry point of the group

@@ -1,4 +1,4 @@
-"""The RNG consumption contract (seed 003 §0.S): declared draws, checked.
+"""The RNG consumption contract (docs/spec/rng.md §4): declared draws, checked.
 
 Every operator declares one line, ``RNG consumption: exactly K draws from
 stream S``, with ``S`` one of the sub-streams or ``none`` (and ``K = 0``
@@ -14,7 +14,7 @@ attached.
 
 A declaration counts everything drawn between entry and return, nested
 operators included: an operator that calls another declares the sum (as
-seed 003's ActivateNonParamModule_v1 declares the 31 ``cluster`` draws of
+the kernel's ActivateNonParamModule_v1 declares the 31 ``cluster`` draws of
 the k-means it runs). Each operator is checked at its own return, the
 innermost first. An operator that raises is not checked: it did not return,
 and its exception goes on unchanged.
@@ -51,7 +51,7 @@ class Declaration:
 
     @property
     def line(self) -> str:
-        """The declaration as seed 003 §0.S writes it."""
+        """The declaration as docs/spec/rng.md §4 writes it."""
         return f"RNG consumption: exactly {self.draws} draw{'' if self.draws == 1 else 's'} from stream {self.stream}"
 
     def expected(self, streams: tuple[str, ...]) -> dict[str, int]:
@@ -191,7 +191,7 @@ class Accountant:
 
 
 def failure_record(error: UmlosError, replay_token: bytes, rng_fp: bytes, state_fp: bytes) -> dict[str, Any]:
-    """The tape's ``failure`` record of a violation: the seed's fields, with
+    """The tape's ``failure`` record of a violation: R8's fields, with
     the per-stream deltas in ``diagnostics`` (``expected_<stream>``,
     ``actual_<stream>``)."""
     from ..checkpoint.tape import failure_fields

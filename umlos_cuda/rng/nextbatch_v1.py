@@ -1,4 +1,4 @@
-"""``UML_OS.Data.NextBatch_v1`` (seed 003 §IV): a global permutation per epoch, strided shards.
+"""``UML_OS.Data.NextBatch_v1`` (docs/spec/nextbatch-v1.md): a global permutation per epoch, strided shards.
 
 The v3.8 kernel's data operator: ``RNG consumption: exactly 1 draw from
 stream misc``; a global deterministic permutation from ``manifest_hash +
@@ -12,7 +12,7 @@ inside blocks, O(1) per position, never an O(N) table) of a **derived
 manifest** that holds nothing but the dataset entry, the caller's
 ``sampler_block_size``, ``drop_last: false`` and, under ``extra``, the
 caller's ``manifest_hash``. So the order depends on the manifest only
-through its hash (as the seed says), is never the order v2 gives the same
+through its hash (as the operator's definition says), is never the order v2 gives the same
 manifest, and covers all N samples whatever ``drop_last`` says.
 
 Unlike v2, the shard of a sample changes with the world size (strided, not

@@ -1,4 +1,4 @@
-"""The functional probe set and fingerprint (seed 003 §V.C, Fingerprint.Functional_v1).
+"""The functional probe set and fingerprint (docs/spec/rng.md §6, Fingerprint.Functional_v1).
 
 A trainer measures its model on a fixed probe set and hashes the two means,
 so that two runs can be compared by one 32-byte value. The data plane owns
@@ -26,9 +26,9 @@ from ..errors import UmlosError
 from ..hashing import sha256
 from ..manifest.core import as_manifest
 
-#: Samples in the probe set (seed 003 §V.C).
+#: Samples in the probe set (docs/spec/rng.md §6).
 PROBE_SIZE = 1024
-#: The task types of seed 003 §0.Q.
+#: The task types of the v3.8 kernel's manifest (docs/manifest.md, "The dataset list").
 TASK_TYPES = ("multiclass", "binary", "regression")
 OPERATOR = "UML_OS.Fingerprint.Functional_v1"
 
@@ -74,7 +74,7 @@ def functional_fp_preimage(probe_loss: float, probe_metric: float, task_type: st
             raise _invalid(f"{name} must be a binary64 number, got {type(value).__name__}")
         value = float(value)
         if not math.isfinite(value):
-            raise _invalid(f"{name} is {value}: a non-finite probe result aborts the run (seed 003 §0.A), "
+            raise _invalid(f"{name} is {value}: a non-finite probe result aborts the run, "
                            "it is not fingerprinted")
         parts.append(struct.pack(">d", value))
     if task_type not in TASK_TYPES:

@@ -1,25 +1,25 @@
-"""StateFingerprint_v1 (seed 003 §IV): one SHA-256 over a run's whole state.
+"""StateFingerprint_v1 (docs/spec/rng.md §5): one SHA-256 over a run's whole state.
 
-The seed lists eight items, hashed in this order: 1 ``theta``, 2
+It hashes eight items, hashed in this order: 1 ``theta``, 2
 ``optimizer``, 3 ``latent_buffer``, 4 ``data_cursor``, 5 ``state``, 6
 ``rng``, 7 ``protos``, 8 ``loss_hist``. The data plane owns items 4 (the
 epoch, the index in it and the hash of the epoch's order) and 6 (the RNG
 master seed and offsets); a trainer folds in the others with
 :meth:`StateFingerprint.add`. Items may be added in any order and each at
-most once; :meth:`StateFingerprint.digest` always hashes them in the seed's
+most once; :meth:`StateFingerprint.digest` always hashes them in that
 order, each framed as ``uint8(item number) || uint64_be(length) || bytes``
 so that no two different sets of items share a preimage. An item left out
 is absent from the preimage (a data loader's fingerprint holds items 4 and
 6 only).
 
-Values are encoded as the seed asks, big-endian binary64 or fixed-width
+Values are encoded as docs/spec/rng.md §5.2 asks, big-endian binary64 or fixed-width
 integers, whatever the array library or device they come from (NumPy,
 PyTorch, CuPy), so the same state gives the same fingerprint in every
-process and on every backend. The encoding is specified byte by byte in
-docs/spec/rng.md §5.
+process and on every backend. The framing is specified byte by byte in
+docs/spec/rng.md §5.1.
 
-The order hash of item 4 stands for the seed's "full current permutation
-hash": the engine never materialises an epoch's order, so it hashes the
+The order hash of item 4 stands for the "full current permutation hash"
+(docs/spec/rng.md §5.3): the engine never materialises an epoch's order, so it hashes the
 order's definition, which fixes every position (:func:`order_hash`).
 """
 
@@ -35,7 +35,7 @@ from .. import errors
 from ..errors import UmlosError
 from ..hashing import hash_canonical, sha256
 
-#: The seed's items, numbered from 1 in this order.
+#: The items, numbered from 1 in this order.
 ITEMS = ("theta", "optimizer", "latent_buffer", "data_cursor", "state", "rng", "protos", "loss_hist")
 ITEM_NUMBERS = {name: number for number, name in enumerate(ITEMS, 1)}
 OPERATOR = "UML_OS.StateFingerprint_v1"
@@ -81,7 +81,7 @@ class StateFingerprint:
         return self.add("rng", streams.state_bytes())
 
     def items(self) -> tuple[str, ...]:
-        """The items added so far, in the seed's order."""
+        """The items added so far, in the order of :data:`ITEMS`."""
         return tuple(ITEMS[number - 1] for number in sorted(self._items))
 
     def preimage(self) -> bytes:

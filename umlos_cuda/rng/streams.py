@@ -168,7 +168,7 @@ class RngStreams:
     @classmethod
     def from_manifest(cls, manifest: Manifest | Mapping[str, Any] | str, replay_token: bytes | None = None,
                       backend: str = "auto") -> "RngStreams":
-        """The master stream of ``manifest``, every offset 0 (seed 003 §0.P:
+        """The master stream of ``manifest``, every offset 0 (docs/spec/rng.md §1:
         Bootstrap seeds the master, draws nothing). ``replay_token`` (32
         bytes) replaces the manifest's ``kernel_replay_token`` as everywhere.
         ``backend`` computes the draws: ``numpy``, ``native`` (the C++
@@ -211,8 +211,7 @@ class RngStreams:
     # -- state --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """``{"format", "master_seed", "offsets": {init, cluster, misc}}``: plain
-        data that canonical CBOR stores exactly (seed 003 §VIII.A "RNG master +
-        offsets")."""
+        data that canonical CBOR stores exactly (docs/spec/rng.md §3)."""
         return {"format": STATE_FORMAT, "master_seed": self._seed, "offsets": self.offsets}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -236,7 +235,7 @@ class RngStreams:
 
     def state_bytes(self) -> bytes:
         """``master_seed || uint64_be(init) || uint64_be(cluster) || uint64_be(misc)``
-        (40 bytes): seed 003 §IV StateFingerprint_v1 item 6."""
+        (40 bytes): StateFingerprint_v1 item 6 (docs/spec/rng.md §5)."""
         offsets = self.offsets
         return self._seed + b"".join(struct.pack(">Q", offsets[name]) for name in STREAMS)
 

@@ -1,6 +1,6 @@
 """A drop-in ``torch.utils.data.DistributedSampler`` whose shuffle is the engine's.
 
-Seed 002 (the distributed sampler spec) with PyTorch's constructor, defaults
+The order of docs/spec/nextbatch-v2.md §8 with PyTorch's constructor, defaults
 and Sampler protocol. Each epoch has one global order of the whole dataset, a
 pure function of ``(len(dataset), seed + epoch)`` (see ``_order.py``); rank
 ``r`` of ``W`` takes the global positions ``r, r + W, r + 2W, ...`` of that
@@ -107,7 +107,7 @@ class DistributedSampler(_SamplerBase):  # type: ignore[misc,valid-type]
             ``[-2^63, 2^64 - 1]`` (what PyTorch's ``manual_seed`` accepts) when
             ``shuffle``; any integer otherwise. Must be the same on every rank.
         drop_last: drop the tail so that every rank takes ``N // num_replicas``
-            samples (``total_size = (N // W) * W``, seed 002).
+            samples (``total_size = (N // W) * W``).
         pad: without ``drop_last``, give every rank ``ceil(N / W)`` samples by
             repeating the first positions of the global order, as PyTorch's
             sampler does (the default). ``pad=False`` gives every sample to
@@ -257,7 +257,7 @@ class DistributedSampler(_SamplerBase):  # type: ignore[misc,valid-type]
         (int64; positions past N, which only padding uses, repeat from the start)."""
         return self._rank_order().global_indices(start, count)
 
-    # -- seed 002 methods ----------------------------------------------------
+    # -- batches and windows (docs/integrations.md) ----------------------------
     def get_batch(self, batch_index: int, batch_size: int) -> np.ndarray:
         """This rank's batch ``batch_index`` of ``batch_size`` (the last may be
         shorter), as int64 indices; independent of any iteration in progress."""

@@ -3,7 +3,7 @@
 The sampler owns a plan cursor ``(epoch, microbatch_index)``: the global
 microbatch the job reaches next, the same number at every world size. From
 cursor ``c``, rank ``r`` of ``W`` takes the global microbatches ``i >= c``
-with ``i % W == r`` (the seed's sharding), so each lockstep step consumes
+with ``i % W == r`` (the plan's sharding), so each lockstep step consumes
 the ``W`` consecutive microbatches ``[c, c + W)`` and the cursor after ``k``
 steps is ``c + k * W``: a job stopped at 4 ranks resumes at 2 (or 8) and
 continues the same global sequence. When an epoch's microbatch count is not

@@ -1,7 +1,7 @@
 """Batch files: one collated microbatch per ``.npz``, and the folder that holds them.
 
 What goes in: a plan microbatch and its collated arrays. What comes out:
-the file's name (the seed's ``epoch_{e}_batch_{index:04d}.npz``, ``index``
+the file's name (``epoch_{e}_batch_{index:04d}.npz``, ``index``
 the microbatch's global index), its exact bytes, and the check of a file
 against its plan microbatch. The folder (docs/batching.md, "Batch files")::
 
@@ -45,7 +45,7 @@ _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 
 def batch_file_name(epoch: int, index: int) -> str:
-    """The seed's name of global microbatch ``index`` of ``epoch``."""
+    """The file name of global microbatch ``index`` of ``epoch``."""
     return f"epoch_{int(epoch)}_batch_{int(index):04d}.npz"
 
 

@@ -1,4 +1,4 @@
-"""How well a packing fills its rows (the seed's ``PackingMetrics``).
+"""How well a packing fills its rows (:class:`PackingMetrics`).
 
 ``capacity`` is ``rows x max_length``. ``packing_efficiency`` is the share
 of it the rows use (sequence and separator tokens; the rest is padding),
@@ -75,7 +75,7 @@ class PackingMetrics:
 
 
 def compute_packing_metrics(packed_rows: Sequence, max_length: int, **counts) -> PackingMetrics:
-    """Metrics of a list of :class:`~umlos_cuda.batching.packing.rows.PackedRow` (the seed's function)."""
+    """Metrics of a list of :class:`~umlos_cuda.batching.packing.rows.PackedRow`."""
     segments = sum(r.num_segments for r in packed_rows)
     separators = sum(r.separator_tokens for r in packed_rows)
     tokens = sum(r.length for r in packed_rows) - separators

@@ -139,5 +139,5 @@ class BucketSpec:
 
     @classmethod
     def default(cls) -> "BucketSpec":
-        """The seed's default: edges 128, 256, 512, 1024 and overflow 2048."""
+        """The default: edges 128, 256, 512, 1024 and overflow 2048."""
         return cls((128, 256, 512, 1024), 2048)

@@ -1,4 +1,4 @@
-"""Plan folders: the seed's layout plus a binary form, written atomically.
+"""Plan folders: JSON and JSONL files plus a binary form, written atomically.
 
 Layout (docs/batching.md, "Plan files")::
 
@@ -19,7 +19,7 @@ memory. The JSONL is the interchange format: ``jsonl="always"`` writes it,
 ``"never"`` does not, ``"auto"`` (default) writes it unless the plan holds
 more than :data:`JSONL_AUTO_LIMIT` sample entries over all its epochs (a
 10^8-sample epoch is gigabytes of JSON and minutes to write). A folder with
-only the JSONL (written by another tool in the seed's layout, with
+only the JSONL (written by another tool in this layout, with
 meta.json and lengths.npy) also loads.
 
 Atomic: everything is written and fsynced in a hidden sibling folder
@@ -248,7 +248,7 @@ def read_sample_ids(path: str, count: int) -> list[str]:
 
 
 def read_microbatches_jsonl(path: str, meta: BatchPlanMeta, sample_ids, base: int, step: int) -> dict:
-    """Arrays from the seed's microbatches.jsonl (ids mapped back to rows)."""
+    """Arrays from a microbatches.jsonl (ids mapped back to rows)."""
     lookup = None if sample_ids is None else {sid: row for row, sid in enumerate(sample_ids)}
     n = meta.num_samples
     sizes, rows, bucket_ids, max_len, row_sizes, pack_sizes = [], [], [], [], [], []

@@ -2,11 +2,11 @@
 
 What goes in: :class:`BatchPlanMeta` and one :class:`EpochPlan` per epoch
 (arrays from the planner, or memory-mapped from a plan folder). What comes
-out: microbatches, one at a time (:class:`MicrobatchSpec`, the seed's
-fields plus the dataset ``rows``), from any position (``iter_from``).
-Nothing here is per sample: a 10^8-sample plan is four arrays per epoch.
-Plan folders (:mod:`.io`) and shards (:mod:`.sharding`) are built on this
-module, which imports neither.
+out: microbatches, one at a time (:class:`MicrobatchSpec`, the fields of
+microbatches.jsonl plus the dataset ``rows``), from any position
+(``iter_from``). Nothing here is per sample: a 10^8-sample plan is four
+arrays per epoch. Plan folders (:mod:`.io`) and shards (:mod:`.sharding`)
+are built on this module, which imports neither.
 
 Microbatch indices are *global*: the position in the epoch's sequence of the
 unsharded plan. A shard keeps them (its microbatch ``j`` is global
@@ -27,7 +27,7 @@ from .config import BatchingConfig
 
 #: meta.json ``format``.
 PLAN_FORMAT = "umlos_cuda.batch_plan/1"
-#: The seed's ``version`` field.
+#: meta.json's ``version`` field.
 PLAN_VERSION = "1.0"
 
 
@@ -37,7 +37,7 @@ def plan_error(code: str, message: str) -> UmlosError:
 
 @dataclass(frozen=True)
 class MicrobatchSpec:
-    """One microbatch: the seed's fields (``samples`` are sample ids) and ``rows``,
+    """One microbatch: a line of microbatches.jsonl (``samples`` are sample ids) and ``rows``,
     the dataset rows (what a ``DataLoader`` indexes). In a packed plan
     ``packs`` lists each packed row's sample ids (their concatenation is
     ``samples``) and ``pack_sizes`` their counts; both are None otherwise."""

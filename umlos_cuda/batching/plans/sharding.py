@@ -25,7 +25,7 @@ from .stats import epoch_stats, tokens_per_batch
 from .packing import select_rows
 from .planner import gather_batches
 
-#: Seed 000 types world_size and rank as uint32 (one definition, in umlos_cuda.errors).
+#: world_size and rank are uint32 (docs/spec/nextbatch-v2.md §1; one definition, in umlos_cuda.errors).
 MAX_WORLD_SIZE = errors.MAX_WORLD_SIZE
 #: ``rank_shares`` lists at most this many ranks (one row each).
 MAX_SHARE_RANKS = 1 << 16

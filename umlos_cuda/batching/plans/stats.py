@@ -3,7 +3,7 @@
 What goes in: an epoch's arrays, the lengths and the bucket spec. What comes
 out: a plain dict. ``tokens`` counts real tokens, ``padded_tokens`` what the
 microbatches hold once padded (``count x max_len`` each), ``padding_waste``
-the padding's share of it (the seed's metric), ``bucket_mix_drift`` the
+the padding's share of it, ``bucket_mix_drift`` the
 total-variation distance between the bucket mix of the first and the last
 10 % of microbatches. Skipped samples are counted and listed by id.
 

@@ -39,6 +39,7 @@ from umlos_cuda.batching.batches.writer import BatchWriter, write_batches
 from umlos_cuda.batching.collate import FIELDS, collate_microbatch
 from umlos_cuda.batching.tokens.writer import NPY_HEADER_BYTES
 from umlos_cuda.cli import main
+from umlos_cuda.files.artifacts import MARKER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = BatchingConfig.predictable(token_budget=1024, bucket_edges=(32, 64, 128), overflow_max=256, seed=7)
@@ -89,7 +90,7 @@ def test_store_plan_files_reader_round_trip(world):
     assert fingerprint_plan_batches(plan, store, 5).digests == expected.digests[:5]
     assert npz_files(root / "out")[0] == "epoch_0_batch_0000.npz" and batch_file_name(1, 12345) == \
         "epoch_1_batch_12345.npz"
-    assert sorted(os.listdir(root / "out")) == sorted(["batches.json", "plan"] + npz_files(root / "out"))
+    assert sorted(os.listdir(root / "out")) == sorted(["batches.json", "plan", MARKER] + npz_files(root / "out"))
     assert reader.verify(root / "store")["files"] == len(reader)
 
 

@@ -143,15 +143,37 @@ def test_a_failed_write_leaves_nothing(tmp_path):
     assert listing(tmp_path) == []
 
 
-def test_a_failed_replacement_removes_the_old_sidecar_first(tmp_path, monkeypatch):
-    """A crash between publishing the JSONL and the sidecar leaves no stale sidecar."""
+def test_a_failed_replacement_keeps_the_old_pair(tmp_path, monkeypatch):
+    """Both files are written before either is published: a failure while
+    making the sidecar leaves the old JSONL and its own sidecar as they were."""
     path = tmp_path / "l.jsonl"
     LengthCache.from_arrays(["x"], [5], HASH).write(path)
-    monkeypatch.setattr(lengths_module, "_write_sidecar", lambda *a, **k: (_ for _ in ()).throw(OSError("disk")))
+    monkeypatch.setattr(lengths_module, "_sidecar_bytes", lambda *a, **k: (_ for _ in ()).throw(OSError("disk")))
     with pytest.raises(OSError):
         LengthCache.from_arrays(["y"], [6], HASH).write(path, force=True)
-    assert listing(tmp_path) == ["l.jsonl"]
-    assert LengthCache.load(path).sample_ids == ["y"]
+    assert listing(tmp_path) == ["l.jsonl", "l.jsonl.u32"]
+    assert LengthCache.load(path, sidecar="require").sample_ids == ["x"]
+
+
+def test_a_sidecar_that_cannot_be_published_takes_its_jsonl_with_it(tmp_path, monkeypatch):
+    """A failure between publishing the JSONL and the sidecar leaves neither
+    the new JSONL (a failed command leaves nothing new) nor the stale sidecar."""
+    from umlos_cuda.files import atomic
+
+    path = tmp_path / "l.jsonl"
+    LengthCache.from_arrays(["x"], [5], HASH).write(path)
+    publish, calls = atomic.PendingFile.publish, []
+
+    def second_fails(self):
+        calls.append(self.path)
+        if len(calls) == 2:
+            raise OSError(5, "Input/output error")
+        publish(self)
+
+    monkeypatch.setattr(atomic.PendingFile, "publish", second_fails)
+    with pytest.raises(OSError):
+        LengthCache.from_arrays(["y"], [6], HASH).write(path, force=True)
+    assert calls == [str(path), str(path) + ".u32"] and listing(tmp_path) == []
 
 
 @pytest.mark.parametrize("args,mention", [

@@ -61,7 +61,8 @@ def copy(saved, tmp_path):
 
 # --------------------------------------------------------------- layout
 def test_the_documented_layout(saved):
-    assert sorted(os.listdir(saved)) == ["epoch_0", "epoch_1", "lengths.npy", "meta.json", "sample_ids.jsonl"]
+    assert sorted(os.listdir(saved)) == ["epoch_0", "epoch_1", "lengths.npy", "meta.json", "sample_ids.jsonl",
+                                         "umlos-artifact.json"]
     assert sorted(os.listdir(os.path.join(saved, "epoch_0"))) == [
         "bucket_ids.npy", "max_len.npy", "microbatches.jsonl", "offsets.npy", "samples.npy", "stats.json"]
     meta = json.load(open(os.path.join(saved, "meta.json")))
@@ -119,11 +120,11 @@ def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
     plan = build(400, epochs=2)
     calls = []
 
-    def failing(path, array):
-        calls.append(path)
+    def failing(folder, name, array):
+        calls.append(name)
         if len(calls) == 6:
             raise OSError(28, "No space left on device")
-        original(path, array)
+        original(folder, name, array)
 
     original = plan_io._write_npy
     monkeypatch.setattr(plan_io, "_write_npy", failing)

@@ -73,7 +73,7 @@ def test_text_records_are_the_tokenizers_ids(workspace, store, tokenizer):
     sample = store.sample(3, "train")
     assert sample.meta.sample_id == "rec_0003" and list(sample.input_ids) == store.input_ids(3).tolist()
     assert listing(root / "store") == ["lengths.jsonl", "lengths.jsonl.u32", "loss_mask.npy", "meta.json",
-                                       "offsets.npy", "tokens.npy"]
+                                       "offsets.npy", "tokens.npy", "umlos-artifact.json"]
 
 
 def test_the_length_cache_is_data_lengths_builds(workspace, store, tmp_path):

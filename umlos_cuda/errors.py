@@ -33,9 +33,10 @@ GOLDEN_MISMATCH = "GOLDEN_MISMATCH"  # a golden trace no longer reproduces
 DEVICE_ERROR = "DEVICE_ERROR"  # the CUDA runtime failed during a call (out of memory, launch failure, lost device)
 OUTPUT_DTYPE_OVERFLOW = "OUTPUT_DTYPE_OVERFLOW"  # an index the call can produce does not fit the requested dtype
 REQUEST_TOO_LARGE = "REQUEST_TOO_LARGE"  # one call would return more indices than UMLOS_MAX_INDICES or memory allows
-OUTPUT_PATH_INVALID = "OUTPUT_PATH_INVALID"  # CLI --out is not a regular file or a new name in an existing folder
-OUTPUT_EXISTS = "OUTPUT_EXISTS"  # CLI --out names an existing file and --force was not given
+OUTPUT_PATH_INVALID = "OUTPUT_PATH_INVALID"  # an output is a link, a FIFO, in a missing folder, or --force would replace another kind
+OUTPUT_EXISTS = "OUTPUT_EXISTS"  # an output file or folder exists and --force was not given
 OUTPUT_WRITE_FAILED = "OUTPUT_WRITE_FAILED"  # CLI output could not be written (disk full, file size limit, I/O error)
+OUTPUT_IS_INPUT = "OUTPUT_IS_INPUT"  # an output is, holds, or sits inside a path the same command reads
 INVALID_ARGUMENT = "INVALID_ARGUMENT"  # an argument outside the manifest and the R8 table is mistyped or out of range (dtype, out=, stream, device, sampler seed or epoch, UMLOS_MAX_INDICES)
 INVALID_CURSOR = "INVALID_CURSOR"  # a cursor built or read outside a NextBatch_v2 call is not {epoch, global_index} of integers in [0, 2^64 - 1]
 SAMPLER_STATE_INVALID = "SAMPLER_STATE_INVALID"  # a sampler state to load is not one this kind of sampler wrote, or was written for another order

@@ -94,7 +94,7 @@ def register(subparsers) -> None:
     shard.add_argument("--world-size", required=True, type=positive_int("world size"), metavar="W")
     shard.add_argument("--output", required=True, metavar="OUT")
     shard.add_argument("--jsonl", choices=("auto", "always", "never"), default="auto")
-    shard.add_argument("--force", action="store_true", help="replace an existing OUT")
+    shard.add_argument("--force", action="store_true", help="replace an existing shard set at OUT (nothing else)")
     shard.set_defaults(func=run_shard)
     plan.set_defaults(func=lambda args: (plan.print_help(), 1)[1])
 
@@ -104,6 +104,7 @@ def run_build(args) -> int:
     from ..batching.plans.buckets import config_error
     from ..batching.plans.config import BatchingConfig
     from ..batching.lengths.cache import LengthCache
+    from ..batching.lengths.cache import sidecar_path
     from ..batching.plans.io import check_output_dir, save_plan
     from ..batching.packing.config import PackingConfig
     from ._progress import Progress
@@ -125,12 +126,13 @@ def run_build(args) -> int:
                             sampler_block_size=args.block_size, min_length=args.min_length,
                             profile="predictable" if args.pad_policy == "pad_to_bucket" else "throughput",
                             pack=pack, order=args.order)
-    check_output_dir(args.output, args.force)  # fail before the work
+    inputs = (args.lengths, sidecar_path(args.lengths))
+    check_output_dir(args.output, args.force, inputs)  # fail before the work
     started = time.perf_counter()
     cache = LengthCache.load(args.lengths)
     progress = Progress(args.epochs * 2, f"plan {args.output}", enabled=not args.quiet)
     plan = BatchPlanBuilder(cache, config).build(args.epochs, progress=lambda done, _: progress.update(done))
-    save_plan(plan, args.output, jsonl=args.jsonl, force=args.force,
+    save_plan(plan, args.output, jsonl=args.jsonl, force=args.force, inputs=inputs,
               progress=lambda done, _: progress.update(args.epochs + done))
     progress.close()
     seconds = time.perf_counter() - started
@@ -213,13 +215,13 @@ def run_verify(args) -> int:
 
 
 def run_shard(args) -> int:
-    from ..batching.plans.io import check_output_dir, load_plan, save_shards
+    from ..batching.plans.io import check_shards_dir, load_plan, save_shards
     from ..batching.plans.sharding import check_rank
 
     check_rank(0, args.world_size)
-    check_output_dir(args.output, args.force)  # fail before the work
+    check_shards_dir(args.output, args.force, (args.plan,))  # fail before the work
     plan = load_plan(args.plan)
-    rows = save_shards(plan, args.world_size, args.output, jsonl=args.jsonl, force=args.force)
+    rows = save_shards(plan, args.world_size, args.output, jsonl=args.jsonl, force=args.force, inputs=(args.plan,))
     for row in rows:
         print(f"rank {row['rank']}: {row['microbatches']} microbatches, fingerprint {row['fingerprint']}")
     print(f"wrote {args.world_size} shard(s) of {plan.fingerprint} to {args.output}")

@@ -1,8 +1,12 @@
-"""Files on disk: how every command writes its outputs so that nothing is half-written.
+"""Files on disk: how every command writes its outputs, so that nothing is lost or half-written.
 
 Modules:
-    atomic    one output file, published by rename: readers see nothing or all of it
-    durable   the steps every writer takes: exclusive create, full write, fsync of file and folder
-    folders   output folders written in one step (a hidden sibling renamed at the end), and
-              bounded reads of the JSON and ``.npy`` files inside them
+    writer     the one output layer every writing command goes through: checks before any work
+               (kind, inputs, links), folders written aside and published in one rename
+    artifacts  the artifact kind marker in every folder this project writes, read before --force
+    inputs     an output is never an input of the same command (compared by device and inode)
+    folder     a folder held open by its descriptor: nothing below it is reached through a link
+    atomic     one output file, published by rename: readers see nothing or all of it
+    durable    the steps every writer takes: exclusive create, full write, fsync of file and folder
+    folders    bounded reads of the JSON and ``.npy`` files inside this project's folders
 """

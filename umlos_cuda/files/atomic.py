@@ -17,6 +17,14 @@ with mode 0666 so the process umask decides the final mode, as for any file a
 shell redirection creates. Every error of the operating system becomes
 OUTPUT_PATH_INVALID (the file cannot be created) or OUTPUT_WRITE_FAILED (disk
 full, file size limit, I/O error), never a traceback.
+
+Two more checks come from the output layer (:mod:`umlos_cuda.files.writer`):
+``inputs`` (the paths the same command reads: the output is never one of
+them, OUTPUT_IS_INPUT) and ``kind`` (a :class:`~umlos_cuda.files.artifacts.FileKind`:
+``force`` replaces only a file of that kind, such as a length cache).
+:class:`PendingFile` splits the write from the publication, for outputs that
+come in pairs (a length cache and its sidecar: both are written before either
+is published).
 """
 
 from __future__ import annotations
@@ -27,11 +35,13 @@ import os
 import resource
 import secrets
 import stat
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 from . import durable
 from .. import errors
 from ..errors import UmlosError
+from .artifacts import FileKind
+from .inputs import refuse_inputs
 
 #: File kinds named in OUTPUT_PATH_INVALID messages.
 _KINDS = (
@@ -51,9 +61,11 @@ def _error(code: str, message: str) -> UmlosError:
     return UmlosError(code, message, operator=errors.OUTPUT_OPERATOR)
 
 
-def check_output_path(path: str | os.PathLike[str], force: bool = False) -> str:
+def check_output_path(path: str | os.PathLike[str], force: bool = False, *, kind: FileKind | None = None,
+                      inputs: Iterable[str | os.PathLike[str] | None] = ()) -> str:
     """Refuse ``path`` unless it is a new name in an existing folder or, with
-    ``force``, an existing regular file; return it as a string.
+    ``force``, an existing regular file (of ``kind``, when given) that is none
+    of ``inputs``; return it as a string.
 
     Cheap, so commands call it before any work: a wrong ``--out`` should fail
     in a second, not after an hour of computing."""
@@ -70,7 +82,12 @@ def check_output_path(path: str | os.PathLike[str], force: bool = False) -> str:
         ) from None
     except OSError as exc:
         raise _error(errors.OUTPUT_PATH_INVALID, f"cannot write {path}: {_reason(exc)}") from exc
+    _check_target(path, force=True)  # a directory, a link, a FIFO ... first: what the path is
+    refuse_inputs(path, inputs)  # then whose it is: before "pass --force", which would not help
     _check_target(path, force)
+    if force and kind is not None and os.path.lexists(path) and not kind.recognise(path):
+        raise _error(errors.OUTPUT_PATH_INVALID, f"{path} is not a {kind.name}; --force replaces only a {kind.name}: "
+                     "write to another path")
     return path
 
 
@@ -99,33 +116,72 @@ def check_free_space(path: str, size: int) -> None:
 
 
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike[str], *, force: bool = False, size: int | None = None) -> Iterator[BinaryIO]:
+def atomic_output(path: str | os.PathLike[str], *, force: bool = False, size: int | None = None,
+                  kind: FileKind | None = None, inputs: Iterable[str | os.PathLike[str] | None] = ()
+                  ) -> Iterator[BinaryIO]:
     """Yield a binary file to write; on success its bytes appear at ``path``.
 
     ``size`` (bytes, when known) is checked against the free space first. An
     OSError while writing inside the block becomes OUTPUT_WRITE_FAILED.
     """
-    path = check_output_path(path, force)
-    if size is not None:
-        check_free_space(path, size)
-    temp, fd = _create_temp(path)
+    pending = PendingFile(path, force=force, size=size, kind=kind, inputs=inputs)
     try:
         try:
-            with os.fdopen(fd, "wb") as handle:
-                yield handle
-                handle.flush()
-                os.fsync(handle.fileno())
+            yield pending.handle
         except OSError as exc:
-            raise _error(errors.OUTPUT_WRITE_FAILED, f"writing {path} failed: {_reason(exc)}") from exc
-        _publish(temp, path, force)
+            raise write_failed(pending.path, exc) from exc
+        pending.finish()
+        pending.publish()
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
+        pending.discard()
         raise
-    try:
-        durable.fsync_directory(_directory(path))
-    except OSError as exc:
-        raise _error(errors.OUTPUT_WRITE_FAILED, f"{path} was written but not synced: {_reason(exc)}") from exc
+
+
+class PendingFile:
+    """The temp file of one output, created beside ``path`` (the checks of
+    :func:`check_output_path` first): write to :attr:`handle`, then
+    :meth:`finish` (flush and fsync) and :meth:`publish`, or :meth:`discard`."""
+
+    def __init__(self, path: str | os.PathLike[str], *, force: bool = False, size: int | None = None,
+                 kind: FileKind | None = None, inputs: Iterable[str | os.PathLike[str] | None] = ()) -> None:
+        self.path = check_output_path(path, force, kind=kind, inputs=inputs)
+        self.force = force
+        if size is not None:
+            check_free_space(self.path, size)
+        self.temp, fd = _create_temp(self.path)
+        self.handle: BinaryIO = os.fdopen(fd, "wb")
+
+    def finish(self) -> None:
+        """Flush and fsync the bytes written (OUTPUT_WRITE_FAILED when they cannot be)."""
+        try:
+            with self.handle:
+                self.handle.flush()
+                os.fsync(self.handle.fileno())
+        except OSError as exc:
+            raise write_failed(self.path, exc) from exc
+
+    def publish(self) -> None:
+        """Give the finished temp file its name, and sync the folder."""
+        _publish(self.temp, self.path, self.force)
+        self.temp = None
+        try:
+            durable.fsync_directory(_directory(self.path))
+        except OSError as exc:
+            raise _error(errors.OUTPUT_WRITE_FAILED, f"{self.path} was written but not synced: {_reason(exc)}") from exc
+
+    def discard(self) -> None:
+        """Remove the temp file (nothing is published)."""
+        with contextlib.suppress(OSError):
+            self.handle.close()
+        if self.temp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.temp)
+            self.temp = None
+
+
+def write_failed(path: str, exc: OSError) -> UmlosError:
+    """OUTPUT_WRITE_FAILED for an OSError while writing ``path`` (disk full, file size limit, I/O error)."""
+    return _error(errors.OUTPUT_WRITE_FAILED, f"writing {path} failed: {_reason(exc)}")
 
 
 def _check_target(path: str, force: bool) -> None:

@@ -1,7 +1,7 @@
 """Durable writes: the steps every writer of umlos-cuda takes, in one place.
 
-A file is created exclusively (``O_EXCL``: never an existing file, never
-through a link at its name), written in full and fsynced; it is then
+A file is created exclusively (``O_EXCL | O_NOFOLLOW``: never an existing
+file, never through a link at its name), written in full and fsynced; it is then
 published under its final name by a rename, and its folder is fsynced so
 that the rename survives a crash or a power loss (docs/checkpoint-format.md §9.2 prescribes
 temp object, ``fsync(file)``, ``rename``, ``fsync(directory)``).
@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import os
 
-#: Flags of a new file: write-only, created here and nowhere else, not inherited by children.
-_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+#: Flags of a new file: write-only, created here and nowhere else (``O_EXCL`` already
+#: refuses a link at the name; ``O_NOFOLLOW`` says so to every reader), not inherited by children.
+NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def create_exclusive(path: str, mode: int) -> int:
     """Create ``path``, which must not exist (not even as a dangling link),
     and return a write-only descriptor. ``mode`` is filtered by the umask."""
-    return os.open(path, _NEW_FILE, mode)
+    return os.open(path, NEW_FILE, mode)
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:

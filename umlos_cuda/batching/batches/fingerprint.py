@@ -122,9 +122,9 @@ class BatchFingerprint:
             raise _invalid("plan_fingerprint must be null or a SHA-256 hex digest")
         return cls(data["fingerprint"], data["n_batches"], tuple(digests), positions, plan)
 
-    def save(self, path: str | os.PathLike[str], *, force: bool = False) -> None:
-        """Write it as JSON, atomically."""
-        with atomic_output(path, force=force) as handle:
+    def save(self, path: str | os.PathLike[str], *, force: bool = False, inputs=()) -> None:
+        """Write it as JSON, atomically (never over one of ``inputs``)."""
+        with atomic_output(path, force=force, inputs=inputs) as handle:
             handle.write((json.dumps(self.to_json(), indent=2) + "\n").encode("ascii"))
 
     @classmethod

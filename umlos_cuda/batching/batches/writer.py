@@ -12,6 +12,15 @@ Parallel: microbatches are collated, encoded and written by a pool of
 threads (collation and hashing are NumPy and ``hashlib`` work that releases
 the GIL on large buffers, and writing is I/O), a bounded number in flight.
 
+Written in place through the output layer (umlos_cuda/files/writer.py): the
+folder is created with its artifact marker (``"artifact": "batch folder"``)
+first, is never a symbolic link nor reached through one (every name in it is
+created, read and renamed relative to the folder's descriptor), is never a
+path the job reads (the plan, the token source), and takes its mode from the
+umask. Before anything is removed or written, every name of this project's
+in it must be what the writer makes (regular files, a real plan folder):
+a link or a FIFO there is refused, nothing deleted.
+
 Atomic per file, resumable: each file is written to a hidden temp name,
 fsynced and renamed, so a crash or a kill leaves only finished files (and
 temp files, removed on the next run). ``batches.json`` is written first,
@@ -31,19 +40,21 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
+import stat
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ... import errors
-from ...files.atomic import atomic_output
 from ...errors import UmlosError
+from ...files.artifacts import MARKER, json_field
+from ...files.atomic import write_failed
+from ...files.writer import ArtifactKind, Folder, open_in_place
 from .npz import FILES_FORMAT, INDEX_FILE, PLAN_FOLDER, batch_file_name, file_arrays, npz_bytes
 from .fingerprint import DEFAULT_N_BATCHES, BatchFingerprint, combine_digests
 from ..collate import collate_microbatch, plan_separator_ids
 from ..plans.plan import BatchPlan
-from ..plans.io import load_plan, save_plan
+from ..plans.io import load_plan, save_plan_into
 from ..tokens.sources import check_source_matches_plan, open_token_source
 
 #: The fields of batches.json that say what the files are made from.
@@ -51,6 +62,10 @@ IDENTITY = ("format", "plan_fingerprint", "tokenizer_hash", "lengths_sha256", "p
 _OUR_FILES = re.compile(r"^(\.tmp-[0-9a-f]{8}-)?epoch_\d+_batch_\d+\.npz$")
 #: The index's temp file, which a run killed while writing it leaves behind.
 _INDEX_TEMP = re.compile(r"^\.tmp-[0-9a-f]{8}-batches\.json$")
+#: The plan copy's temp and moved-aside folders, which a killed run leaves behind.
+_PLAN_TEMP = re.compile(rf"^\.(tmp|old)-{PLAN_FOLDER}-[0-9a-f]{{8}}$")
+#: The artifact kind; a folder written before markers is known by its batches.json's format.
+BATCH_FOLDER = ArtifactKind("batch folder", lambda folder: json_field(folder, INDEX_FILE, "format") == FILES_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,7 @@ class BatchWriter:
     def __init__(self, plan: BatchPlan | str | os.PathLike[str], output_dir: str | os.PathLike[str], store: Any, *,
                  pad_id: int = 0, separator_ids=(), workers: int | None = None, force: bool = False,
                  n_batches: int = DEFAULT_N_BATCHES) -> None:
+        self.inputs = _input_paths(plan, store)
         self.plan = plan if isinstance(plan, BatchPlan) else load_plan(plan)
         self.separator_ids = plan_separator_ids(self.plan, separator_ids)
         self.source = open_token_source(store, tokenizer_hash=self.plan.meta.tokenizer_hash)
@@ -96,6 +112,7 @@ class BatchWriter:
                              operator=errors.BATCHING_OPERATOR)
         self.force = force
         self.n_batches = n_batches
+        self._folder: Folder | None = None
 
     def identity(self) -> dict:
         """What the files are made from (the fields a resumed run must match)."""
@@ -105,7 +122,13 @@ class BatchWriter:
 
     def write_all(self, progress: Callable[[int, int], None] | None = None) -> BatchWriteReport:
         """Write (or keep, after verifying) every microbatch's file; ``progress(done, total)`` as files finish."""
-        self._prepare()
+        with self._prepare() as self._folder:
+            try:
+                return self._write_all(progress)
+            finally:
+                self._folder = None
+
+    def _write_all(self, progress) -> BatchWriteReport:
         total = self.plan.total_microbatches
         digests: dict[tuple[int, int], str] = {}
         counts = {"written": 0, "kept": 0, "rewritten": 0}
@@ -128,53 +151,61 @@ class BatchWriter:
         return BatchWriteReport(total, counts["written"], counts["kept"], counts["rewritten"], fingerprint)
 
     # ------------------------------------------------------------------ steps
-    def _prepare(self) -> None:
-        out = self.output
-        parent = os.path.dirname(out)
-        if not os.path.isdir(parent):
-            raise UmlosError(errors.OUTPUT_PATH_INVALID, f"cannot write batch files to {out}: folder {parent} does "
-                             "not exist", operator=errors.BATCHING_OPERATOR)
-        if os.path.lexists(out) and not os.path.isdir(out):
-            raise UmlosError(errors.OUTPUT_PATH_INVALID, f"{out} exists and is not a folder; batch files go in a folder",
-                             operator=errors.BATCHING_OPERATOR)
-        os.makedirs(out, exist_ok=True)
-        index = os.path.join(out, INDEX_FILE)
-        if os.path.exists(index):
-            if self.force or _read_identity(index) != self.identity():
-                if not self.force:
-                    raise _mismatch(f"{out} holds batch files of another job ({INDEX_FILE} differs in "
-                                    f"{_differences(_read_identity(index), self.identity())}); pass --force to replace "
-                                    "them, or write to another folder")
-                _clear(out)
-        elif any(not _INDEX_TEMP.match(name) for name in os.listdir(out)):
-            raise _mismatch(f"{out} is a non-empty folder without {INDEX_FILE}: not a batch folder, so nothing in it is "
-                            "replaced; write to a new or empty folder")
-        _write_index(index, {**self.identity(), "complete": False})  # unreadable until every file is checked
-        for name in os.listdir(out):  # what a killed run left half-written
-            if (name.startswith(".tmp-") and _OUR_FILES.match(name)) or _INDEX_TEMP.match(name):
-                os.unlink(os.path.join(out, name))
-            elif name.startswith(f".tmp-{PLAN_FOLDER}-") or name.startswith(f".old-{PLAN_FOLDER}-"):
-                shutil.rmtree(os.path.join(out, name), ignore_errors=True)
-        plan_dir = os.path.join(out, PLAN_FOLDER)
-        if os.path.exists(os.path.join(plan_dir, "meta.json")):
-            if load_plan(plan_dir).fingerprint != self.plan.fingerprint:
-                raise _mismatch(f"{plan_dir} holds another plan than {self.plan.fingerprint}")
-        else:
-            save_plan(self.plan, plan_dir, force=os.path.exists(plan_dir))
+    def _prepare(self) -> Folder:
+        """The batch folder, open, checked and ready: batches.json marked unfinished, the plan copy in place."""
+        folder = open_in_place(self.output, BATCH_FOLDER, inputs=self.inputs, foreign=_foreign,
+                               operator=errors.BATCHING_OPERATOR)
+        try:
+            _refuse_strays(folder)
+            index = folder.join(INDEX_FILE)
+            if folder.lstat(INDEX_FILE) is not None:
+                if self.force or _read_identity(index) != self.identity():
+                    if not self.force:
+                        raise _mismatch(f"{self.output} holds batch files of another job ({INDEX_FILE} differs in "
+                                        f"{_differences(_read_identity(index), self.identity())}); pass --force to "
+                                        "replace them, or write to another folder")
+                    _clear(folder)
+            _write_index(folder, {**self.identity(), "complete": False})  # unreadable until every file is checked
+            for name in folder.names():  # what a killed run left half-written
+                if (name.startswith(".tmp-") and _OUR_FILES.match(name)) or _INDEX_TEMP.match(name) \
+                        or _PLAN_TEMP.match(name):
+                    folder.remove(name)
+            plan = folder.lstat(PLAN_FOLDER)
+            finished = False
+            if plan is not None:
+                with folder.sub(PLAN_FOLDER) as copy:
+                    finished = copy.lstat("meta.json") is not None
+            if finished:
+                if load_plan(folder.join(PLAN_FOLDER)).fingerprint != self.plan.fingerprint:
+                    raise _mismatch(f"{folder.join(PLAN_FOLDER)} holds another plan than {self.plan.fingerprint}")
+            else:
+                save_plan_into(self.plan, folder, PLAN_FOLDER, force=plan is not None)
+        except OSError as exc:
+            folder.close()
+            raise write_failed(self.output, exc) from exc
+        except BaseException:
+            folder.close()
+            raise
+        return folder
 
     def _one(self, epoch: int, microbatch) -> tuple[int, int, str, str]:
         batch = collate_microbatch(self.source, microbatch, pad_id=self.pad_id, separator_ids=self.separator_ids)
         arrays = file_arrays(epoch, microbatch, batch, self.plan.fingerprint)
         data = npz_bytes(arrays)
-        path = os.path.join(self.output, batch_file_name(epoch, microbatch.index))
+        folder = self._folder
+        name = batch_file_name(epoch, microbatch.index)
         status = "written"
-        if os.path.exists(path):
-            with open(path, "rb") as handle:
-                if handle.read() == data:
-                    return epoch, microbatch.index, arrays["fingerprint"].item(), "kept"
-            status = "rewritten"
-        with atomic_output(path, force=True) as handle:
-            handle.write(data)
+        try:
+            existing = folder.open_regular(name)
+            if existing is not None:
+                with existing:
+                    if existing.read(len(data) + 1) == data:
+                        return epoch, microbatch.index, arrays["fingerprint"].item(), "kept"
+            if folder.lstat(name) is not None:
+                status = "rewritten"
+            folder.replace_file(name, data)
+        except OSError as exc:
+            raise write_failed(folder.join(name), exc) from exc
         return epoch, microbatch.index, arrays["fingerprint"].item(), status
 
     def _collect(self, done, digests: dict, counts: dict, progress, total: int) -> None:
@@ -195,8 +226,11 @@ class BatchWriter:
             indices = [epoch.global_index(j) for j in range(len(epoch))]
             epochs.append({"epoch": epoch.epoch, "indices": indices,
                            "digests": [digests[(epoch.epoch, i)] for i in indices]})
-        _write_index(os.path.join(self.output, INDEX_FILE), {**self.identity(), "complete": True, "epochs": epochs,
-                                                             "batch_fingerprint": fingerprint.to_json()})
+        try:
+            _write_index(self._folder, {**self.identity(), "complete": True, "epochs": epochs,
+                                        "batch_fingerprint": fingerprint.to_json()})
+        except OSError as exc:
+            raise write_failed(self._folder.join(INDEX_FILE), exc) from exc
         return fingerprint
 
 
@@ -217,19 +251,52 @@ def _differences(a: dict, b: dict) -> str:
     return ", ".join(key for key in IDENTITY if a.get(key) != b.get(key)) or "nothing"
 
 
-def _clear(out: str) -> None:
+def _input_paths(plan: Any, store: Any) -> list:
+    """The paths the job reads, which the batch folder must not be, hold or sit inside."""
+    paths = [plan] if isinstance(plan, (str, os.PathLike)) else []
+    if isinstance(store, (str, os.PathLike)):
+        paths += [store, f"{os.fspath(store)}.idx", f"{os.fspath(store)}.bin"]
+    else:
+        paths += [getattr(store, "root", None), getattr(store, "prefix", None)]
+    return paths
+
+
+def _foreign(path: str, found: str | None) -> UmlosError:
+    what = f"a {found} written by umlos-cuda" if found else f"a non-empty folder without {INDEX_FILE}"
+    return _mismatch(f"{path} is {what}: not a batch folder, so nothing in it is replaced; write to a new or empty "
+                     "folder")
+
+
+def _refuse_strays(folder: Folder) -> None:
+    """Refuse a folder where a name of this project's is not what the writer
+    makes (a link, a FIFO, a folder in place of a file): nothing is removed
+    or written then, so nothing is reached through it."""
+    for name in folder.names():
+        ours_file = name in (INDEX_FILE, MARKER) or _OUR_FILES.match(name) or _INDEX_TEMP.match(name)
+        if not (ours_file or name == PLAN_FOLDER or _PLAN_TEMP.match(name)):
+            continue  # the user's own files are left alone
+        info = folder.lstat(name)
+        if info is None:
+            continue
+        want = stat.S_ISREG if ours_file else stat.S_ISDIR
+        if not want(info.st_mode):
+            kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a regular file" if ours_file \
+                else "not a folder"
+            raise UmlosError(errors.OUTPUT_PATH_INVALID,
+                             f"{folder.join(name)} is {kind}; a batch folder written by umlos-cuda holds regular "
+                             "files and a plan folder, and nothing in it is written through a link: remove it, or "
+                             "write to a new folder", operator=errors.BATCHING_OPERATOR)
+
+
+def _clear(folder: Folder) -> None:
     """Remove a batch folder's own files (never anything else in it)."""
-    for name in os.listdir(out):
-        path = os.path.join(out, name)
-        if _OUR_FILES.match(name) or name == INDEX_FILE:
-            os.unlink(path)
-        elif name == PLAN_FOLDER and os.path.isdir(path):
-            shutil.rmtree(path)
+    for name in folder.names():
+        if _OUR_FILES.match(name) or name == INDEX_FILE or name == PLAN_FOLDER:
+            folder.remove(name)
 
 
-def _write_index(path: str, data: dict) -> None:
-    with atomic_output(path, force=True) as handle:
-        handle.write((json.dumps(data, separators=(",", ":")) + "\n").encode("ascii"))
+def _write_index(folder: Folder, data: dict) -> None:
+    folder.replace_file(INDEX_FILE, (json.dumps(data, separators=(",", ":")) + "\n").encode("ascii"))
 
 
 def _mismatch(message: str) -> UmlosError:

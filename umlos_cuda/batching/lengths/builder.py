@@ -25,11 +25,10 @@ from typing import Any, Callable, Iterator, TypeVar
 import numpy as np
 
 from ... import errors
-from ...files.atomic import check_output_path
 from ...errors import UmlosError
 from .jsonl import DEFAULT_ID_FIELD, RecordChunk, invalid_record, read_chunks, require_dataset_file
 from .fingerprints import dataset_digest, tokenizer_fingerprint
-from .cache import LengthCache, LengthCacheWriter, sidecar_path
+from .cache import LengthCache, LengthCacheWriter, check_length_cache_output
 from ..templates import sft_length, sft_prompt, sft_text
 from .tokenizer import load_tokenizer
 
@@ -52,11 +51,11 @@ class DatasetEncoding:
     def __init__(self, dataset: str | os.PathLike[str], tokenizer: Any, *, text_field: str | None = None,
                  prompt_field: str | None = None, response_field: str | None = None,
                  id_field: str = DEFAULT_ID_FIELD, eos_token: str | None = None,
-                 outputs: tuple[str | os.PathLike[str], ...] = (), force: bool = False) -> None:
+                 check_outputs: Callable[[], object] | None = None) -> None:
         self.fields, self.to_text, self.appended = _mode(text_field, prompt_field, response_field)
         self.dataset = require_dataset_file(dataset)
-        for output in outputs:  # checked before the tokenizer loads: a wrong path fails at once
-            check_output_path(output, force)
+        if check_outputs is not None:  # checked before the tokenizer loads: a wrong path fails at once
+            check_outputs()
         self.loaded = load_tokenizer(tokenizer)
         self.eos_id = self.loaded.eos_token_id(eos_token) if self.appended else None  # the template appends it
         self.tokenizer_hash = tokenizer_fingerprint(self.loaded)
@@ -134,18 +133,26 @@ def build_lengths(dataset: str | os.PathLike[str], tokenizer: Any, output: str |
 
     Give ``text_field`` (default ``"text"``) or both ``prompt_field`` and
     ``response_field``. ``progress(bytes_read, bytes_total)`` is called
-    after each chunk. Output paths are checked before any work.
+    after each chunk. Output paths are checked before any work: ``force``
+    replaces a length cache and nothing else, and never the dataset or the
+    tokenizer (OUTPUT_IS_INPUT).
     """
+    inputs = input_paths(dataset, tokenizer)
     source = DatasetEncoding(dataset, tokenizer, text_field=text_field, prompt_field=prompt_field,
                              response_field=response_field, id_field=id_field, eos_token=eos_token,
-                             outputs=(output, sidecar_path(output)), force=force)
-    with LengthCacheWriter(output, source.tokenizer_hash, force=force) as writer:
+                             check_outputs=lambda: check_length_cache_output(output, force, inputs))
+    with LengthCacheWriter(output, source.tokenizer_hash, force=force, inputs=inputs) as writer:
         for chunk, lengths in source.stream(source.lengths, chunk_size):
             writer.add(chunk.sample_ids, lengths)
             if progress is not None:
                 progress(chunk.bytes_read, source.total_bytes)
         writer.dataset_hash = source.finish(writer.ids_are_line_numbers)
     return writer.cache()
+
+
+def input_paths(*given: Any) -> tuple[str | os.PathLike[str], ...]:
+    """The arguments that are paths (a tokenizer may be an object): what an output must not be."""
+    return tuple(path for path in given if isinstance(path, (str, os.PathLike)))
 
 
 def _mode(text_field, prompt_field, response_field) -> tuple[tuple[str, ...], Callable, int]:

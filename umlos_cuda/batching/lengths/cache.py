@@ -36,7 +36,9 @@ from typing import BinaryIO, Iterable, Iterator, Sequence
 import numpy as np
 
 from ... import errors
-from ...files.atomic import atomic_output, check_output_path
+from ...files.artifacts import FileKind, read_head
+from ...files.atomic import PendingFile, check_output_path, write_failed
+from ...files.folder import Folder
 from ...errors import UINT32_MAX, UmlosError
 from .fingerprints import feed_file
 
@@ -156,11 +158,13 @@ class LengthCache:
         return cls(lengths, tokenizer_hash, sample_ids=ids, ids_are_line_numbers=line_numbers)
 
     # ------------------------------------------------------------------ output
-    def write(self, path: str | os.PathLike[str], *, force: bool = False) -> None:
+    def write(self, path: str | os.PathLike[str], *, force: bool = False, inputs: Iterable = ()) -> None:
         """Write the JSONL and its sidecar, each atomically (temp file, fsync,
-        rename). ``force`` replaces existing files; otherwise an existing one
-        raises OUTPUT_EXISTS before anything is written."""
-        with LengthCacheWriter(path, self.tokenizer_hash, force=force, dataset_hash=self.dataset_hash) as writer:
+        rename). ``force`` replaces an existing length cache (and nothing
+        else); otherwise an existing file raises OUTPUT_EXISTS before anything
+        is written. ``inputs``: paths the output must not be (OUTPUT_IS_INPUT)."""
+        with LengthCacheWriter(path, self.tokenizer_hash, force=force, dataset_hash=self.dataset_hash,
+                               inputs=inputs) as writer:
             step = 1 << 16
             for start in range(0, len(self), step):
                 stop = min(start + step, len(self))
@@ -172,18 +176,29 @@ class LengthCacheWriter:
     """Stream rows into a length cache: ``add()`` chunks, then close.
 
     Memory stays at the lengths array (4 bytes a sample) whatever the ids
-    are: rows go to the JSONL's temp file as they come. On a clean exit the
-    JSONL is published, then the sidecar; on an exception neither file
-    appears (and a replaced pair's old sidecar is already gone, so a stale
-    sidecar never sits beside a new JSONL). ``dataset_hash`` may be set
-    until the block ends; :meth:`cache` gives the result afterwards.
+    are: rows go to the JSONL's temp file as they come. On a clean exit both
+    files are written in full (the JSONL's temp file and the sidecar's), then
+    the JSONL is published, then the sidecar; on an exception neither file
+    appears (a replaced pair's old sidecar is removed before the new JSONL is
+    published, so a stale sidecar never sits beside a new JSONL, and a
+    published JSONL whose sidecar cannot be published is removed again).
+    ``dataset_hash`` may be set until the block ends; :meth:`cache` gives the
+    result afterwards.
+
+    ``folder``: write ``path`` as a new name inside this open folder instead
+    (a token store's temp folder, which the output layer publishes whole).
     """
 
     def __init__(self, path: str | os.PathLike[str], tokenizer_hash: str, *, force: bool = False,
-                 dataset_hash: str | None = None) -> None:
+                 dataset_hash: str | None = None, inputs: Iterable = (), folder: Folder | None = None) -> None:
         _check_hash(tokenizer_hash, "tokenizer_hash")
-        self.path = check_output_path(path, force)
-        self.sidecar = check_output_path(sidecar_path(self.path), force)
+        self.folder = folder
+        self.inputs = tuple(inputs)
+        if folder is None:
+            self.path, self.sidecar = check_length_cache_output(path, force, self.inputs)
+        else:
+            self.path, self.sidecar = folder.join(os.fspath(path)), folder.join(sidecar_path(path))
+            self._name = os.fspath(path)
         self.force = force
         self.tokenizer_hash = tokenizer_hash
         self.dataset_hash = dataset_hash
@@ -194,12 +209,15 @@ class LengthCacheWriter:
         self._count = 0
         self._digest = hashlib.sha256()
         self._size = 0
-        self._stack: contextlib.ExitStack | None = None
+        self._pending: PendingFile | None = None
         self._handle: BinaryIO | None = None
 
     def __enter__(self) -> "LengthCacheWriter":
-        self._stack = contextlib.ExitStack()
-        self._handle = self._stack.enter_context(atomic_output(self.path, force=self.force))
+        if self.folder is None:
+            self._pending = PendingFile(self.path, force=self.force, kind=LENGTH_CACHE, inputs=self.inputs)
+            self._handle = self._pending.handle
+        else:
+            self._handle = self.folder.create(self._name)
         return self
 
     def add(self, sample_ids: Sequence[str] | None, lengths: Sequence[int] | np.ndarray) -> None:
@@ -217,36 +235,81 @@ class LengthCacheWriter:
             f'{{"sample_id": {encode_basestring_ascii(str(sample_id))}{tail}{length}}}\n'
             for sample_id, length in zip(sample_ids, array.tolist())
         ).encode("ascii")
-        self._handle.write(text)
+        try:
+            self._handle.write(text)
+        except OSError as exc:
+            raise write_failed(self.path, exc) from exc
         self._digest.update(text)
         self._size += len(text)
         self._chunks.append(array)
         self._count += array.shape[0]
 
     def __exit__(self, kind, value, traceback) -> bool:
-        stack, self._stack = self._stack, None
-        if kind is not None:
-            return stack.__exit__(kind, value, traceback)  # removes the temp file
-        if self._count == 0:
-            with stack:  # removes the temp file as the error passes through
+        try:
+            if kind is not None:
+                raise value
+            if self._count == 0:
                 raise _invalid(f"no rows were written to {self.path}; a length cache holds at least one sample")
-        if self.force:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.sidecar)  # never leave the old sidecar beside the new JSONL
-        stack.close()  # publishes the JSONL
-        lengths = np.concatenate(self._chunks).astype("<u4", copy=False)
-        self._chunks = []
-        _write_sidecar(self.sidecar, lengths, {
-            "count": self._count,
-            "tokenizer_hash": self.tokenizer_hash,
-            "dataset_hash": self.dataset_hash,
-            "jsonl_size": self._size,
-            "jsonl_sha256": self._digest.hexdigest(),
-            "sample_ids": "line_numbers" if self.ids_are_line_numbers else "jsonl",
-        }, force=self.force)
+            lengths = np.concatenate(self._chunks).astype("<u4", copy=False)
+            self._chunks = []
+            sidecar = _sidecar_bytes(lengths, {
+                "count": self._count,
+                "tokenizer_hash": self.tokenizer_hash,
+                "dataset_hash": self.dataset_hash,
+                "jsonl_size": self._size,
+                "jsonl_sha256": self._digest.hexdigest(),
+                "sample_ids": "line_numbers" if self.ids_are_line_numbers else "jsonl",
+            })
+            if self.folder is None:
+                self._publish(sidecar)
+            else:
+                self._finish_in_folder(sidecar)
+        except BaseException:
+            self._discard()
+            raise
         lengths.flags.writeable = False
         self._lengths = lengths
         return False
+
+    def _publish(self, sidecar: bytes) -> None:
+        """Both files written in full, then published: the JSONL first, the sidecar after."""
+        self._pending.finish()
+        side = PendingFile(self.sidecar, force=self.force, size=len(sidecar), kind=SIDECAR, inputs=self.inputs)
+        try:
+            try:
+                side.handle.write(sidecar)
+            except OSError as exc:
+                raise write_failed(self.sidecar, exc) from exc
+            side.finish()
+            if self.force:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.sidecar)  # never leave the old sidecar beside the new JSONL
+            self._pending.publish()
+        except BaseException:
+            side.discard()
+            raise
+        try:
+            side.publish()
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)  # no JSONL is left without the sidecar this run wrote for it
+            side.discard()
+            raise
+
+    def _finish_in_folder(self, sidecar: bytes) -> None:
+        with self._handle:
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+        self.folder.write_bytes(sidecar_path(self._name), sidecar)
+
+    def _discard(self) -> None:
+        if self._pending is not None:
+            self._pending.discard()
+        elif self._handle is not None:
+            with contextlib.suppress(OSError):
+                self._handle.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self._name, dir_fd=self.folder.fd)
 
     def cache(self) -> LengthCache:
         """The cache just written (its ids are read from the file when asked for)."""
@@ -256,16 +319,48 @@ class LengthCacheWriter:
                            ids_source=self.path, dataset_hash=self.dataset_hash)
 
 
+def check_length_cache_output(path: str | os.PathLike[str], force: bool, inputs: Iterable = ()) -> tuple[str, str]:
+    """The JSONL and sidecar paths of a length cache to write, refused before
+    any work (OUTPUT_PATH_INVALID, OUTPUT_EXISTS, OUTPUT_IS_INPUT): ``force``
+    replaces a length cache, never a file of another kind nor an input."""
+    jsonl = check_output_path(path, force, kind=LENGTH_CACHE, inputs=inputs)
+    return jsonl, check_output_path(sidecar_path(jsonl), force, kind=SIDECAR, inputs=inputs)
+
+
+def _is_length_cache(path: str) -> bool:
+    """A length cache file: its first line is a row ``{"sample_id", "tokenizer_hash",
+    "length"}`` (or the file is empty), or a sidecar of ours sits beside it."""
+    head = read_head(path, 1 << 16)
+    if head == b"":
+        return True
+    try:
+        row = json.loads(head.split(b"\n", 1)[0]) if head else None
+    except (ValueError, RecursionError):
+        row = None
+    if isinstance(row, dict) and set(row) == {"sample_id", "tokenizer_hash", "length"}:
+        return True
+    return _is_sidecar(sidecar_path(path))
+
+
+def _is_sidecar(path: str) -> bool:
+    head = read_head(path, len(SIDECAR_MAGIC))
+    return head == b"" or head == SIDECAR_MAGIC
+
+
+#: A length cache's JSONL: the one file kind ``--force`` recognises by its content (a file holds no marker).
+LENGTH_CACHE = FileKind("length cache", _is_length_cache)
+#: The binary sidecar beside it.
+SIDECAR = FileKind("length cache sidecar", _is_sidecar)
+
+
 # ---------------------------------------------------------------------- sidecar
-def _write_sidecar(path: str, lengths: np.ndarray, fields: dict, *, force: bool) -> None:
+def _sidecar_bytes(lengths: np.ndarray, fields: dict) -> bytes:
     data = lengths.tobytes()
     header = dict(fields, format_version=SIDECAR_VERSION, lengths_sha256=hashlib.sha256(data).hexdigest())
     text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("ascii")
     prefix = SIDECAR_MAGIC + struct.pack("<I", len(text)) + text
     prefix += b"\0" * (-len(prefix) % SIDECAR_ALIGN)
-    with atomic_output(path, force=force, size=len(prefix) + len(data)) as handle:
-        handle.write(prefix)
-        handle.write(data)
+    return prefix + data
 
 
 def read_sidecar_header(path: str) -> tuple[dict, int]:

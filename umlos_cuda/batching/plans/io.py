@@ -2,6 +2,7 @@
 
 Layout (docs/batching.md, "Plan files")::
 
+    DIR/umlos-artifact.json           the artifact marker: {"artifact":"plan",...} (umlos_cuda/files/artifacts.py)
     DIR/meta.json                     BatchPlanMeta, seed, engine mode, fingerprint
     DIR/lengths.npy                   uint32 lengths the plan was built from (row order)
     DIR/sample_ids.jsonl              one JSON string per row (absent: ids are row numbers)
@@ -22,10 +23,13 @@ more than :data:`JSONL_AUTO_LIMIT` sample entries over all its epochs (a
 only the JSONL (written by another tool in this layout, with
 meta.json and lengths.npy) also loads.
 
-Atomic: everything is written and fsynced in a hidden sibling folder
-(``.tmp-<name>-<random>``), which is then renamed to ``DIR`` in one step; a
-crash leaves at most that hidden folder, never a ``DIR`` that loads half a
-plan. ``force`` replaces an existing plan folder (and only a plan folder).
+Written through the output layer (umlos_cuda/files/writer.py): everything,
+with the artifact marker ``umlos-artifact.json`` (``"artifact": "plan"``), is
+written and fsynced in a hidden sibling folder (``.tmp-<name>-<random>``),
+which is then renamed to ``DIR`` in one step; a crash leaves at most that
+hidden folder, never a ``DIR`` that loads half a plan. ``force`` replaces an
+existing plan folder (and only a plan folder, never a path the plan is read
+from).
 """
 
 from __future__ import annotations
@@ -33,17 +37,18 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
-from ...files import durable
 from ... import errors
 from ...errors import UmlosError
 from .builder import sample_ids_lines
 from .config import BatchingConfig
-from ...files.folders import atomic_folder, check_output_folder, fsynced_file, read_npy
+from ...files.artifacts import json_field, write_marker
+from ...files.folders import read_npy
 from ...files.folders import read_json as folders_read_json
+from ...files.writer import ArtifactKind, Folder, check_output_folder, output_folder, output_member
 from .plan import PLAN_FORMAT, BatchPlan, BatchPlanMeta, EpochPlan, plan_error
 from ..packing.config import PackingConfig
 from .sharding import shard_plan
@@ -59,74 +64,112 @@ _CONFIG_KEYS = ("token_budget", "bucket_edges", "overflow_max", "min_length", "p
 
 
 # ---------------------------------------------------------------------- writing
+def _is_plan(folder: Folder) -> bool:
+    """A plan folder written before artifact markers: its meta.json has the plan format."""
+    return json_field(folder, "meta.json", "format") == PLAN_FORMAT
+
+
+def _is_shard_set(folder: Folder) -> bool:
+    """A shard set written before artifact markers: shards.json and rank_0, a plan."""
+    if json_field(folder, "shards.json", "world_size") is None:
+        return False
+    try:
+        with folder.sub("rank_0") as rank:
+            return _is_plan(rank)
+    except OSError:
+        return False
+
+
+#: A plan folder (also each rank of a shard set, and a batch folder's copy of its plan).
+PLAN = ArtifactKind("plan", _is_plan)
+#: The folder ``plan shard`` writes: ``rank_<r>`` plans and ``shards.json``.
+SHARDS = ArtifactKind("plan shard set", _is_shard_set)
+
+
 def save_plan(plan: BatchPlan, directory, *, jsonl: str = "auto", force: bool = False,
-              progress: Callable[[int, int], None] | None = None) -> str:
-    """Write ``plan`` to the folder ``directory`` (see the module docstring); returns its path."""
-    if jsonl not in JSONL_MODES:
-        raise plan_error(errors.BATCHING_CONFIG_INVALID, f"jsonl must be one of {', '.join(JSONL_MODES)}, got {jsonl!r}")
-    directory = check_output_dir(directory, force)
-    entries = sum(int(e.samples.shape[0]) for e in plan.epochs)
-    write_jsonl = jsonl == "always" or (jsonl == "auto" and entries <= JSONL_AUTO_LIMIT)
-    with _atomic_folder(directory) as temp:
-        _write_contents(plan, temp, write_jsonl, progress)
-    return directory
+              progress: Callable[[int, int], None] | None = None, inputs: Iterable = ()) -> str:
+    """Write ``plan`` to the folder ``directory`` (see the module docstring); returns its path.
+
+    ``inputs``: the paths the plan was made from, which ``directory`` must not
+    be, hold or sit inside (OUTPUT_IS_INPUT)."""
+    write_jsonl = _wants_jsonl(plan, jsonl)
+    with output_folder(directory, PLAN, force=force, inputs=inputs, operator=errors.BATCH_PLAN_OPERATOR) as folder:
+        _write_contents(plan, folder, write_jsonl, progress)
+    return os.path.abspath(os.fspath(directory))
 
 
-def save_shards(plan: BatchPlan, world_size: int, directory, *, jsonl: str = "auto", force: bool = False) -> list[dict]:
+def save_plan_into(plan: BatchPlan, parent: Folder, name: str, *, jsonl: str = "auto", force: bool = False) -> None:
+    """Write ``plan`` to the folder ``name`` inside ``parent``, a folder held
+    open (a batch folder's copy of its plan)."""
+    write_jsonl = _wants_jsonl(plan, jsonl)
+    with output_member(parent, name, PLAN, force=force, operator=errors.BATCH_PLAN_OPERATOR) as folder:
+        _write_contents(plan, folder, write_jsonl, None)
+
+
+def save_shards(plan: BatchPlan, world_size: int, directory, *, jsonl: str = "auto", force: bool = False,
+                inputs: Iterable = ()) -> list[dict]:
     """Write ``directory/rank_<r>`` (the shard of rank ``r``) for every rank and
     ``directory/shards.json``, all in one atomic step; returns one row per rank."""
-    directory = check_output_dir(directory, force)
     rows = []
-    with _atomic_folder(directory) as temp:
+    with output_folder(directory, SHARDS, force=force, inputs=inputs, operator=errors.BATCH_PLAN_OPERATOR) as folder:
         for rank in range(world_size):
             shard = shard_plan(plan, rank, world_size)
-            save_plan(shard, os.path.join(temp, f"rank_{rank}"), jsonl=jsonl)
+            with folder.mkdir(f"rank_{rank}") as rank_folder:
+                write_marker(rank_folder, PLAN)
+                _write_contents(shard, rank_folder, _wants_jsonl(shard, jsonl), None)
             rows.append({"rank": rank, "fingerprint": shard.fingerprint, "microbatches": shard.total_microbatches})
         index = {"world_size": world_size, "source_fingerprint": plan.fingerprint, "shards": rows}
-        _write_json(os.path.join(temp, "shards.json"), index)
+        _write_json(folder, "shards.json", index)
     return rows
 
 
-def _write_contents(plan: BatchPlan, root: str, write_jsonl: bool, progress) -> None:
-    _write_npy(os.path.join(root, "lengths.npy"), np.asarray(plan.lengths, dtype="<u4"))
+def _wants_jsonl(plan: BatchPlan, jsonl: str) -> bool:
+    if jsonl not in JSONL_MODES:
+        raise plan_error(errors.BATCHING_CONFIG_INVALID, f"jsonl must be one of {', '.join(JSONL_MODES)}, got {jsonl!r}")
+    entries = sum(int(e.samples.shape[0]) for e in plan.epochs)
+    return jsonl == "always" or (jsonl == "auto" and entries <= JSONL_AUTO_LIMIT)
+
+
+def _write_contents(plan: BatchPlan, root: Folder, write_jsonl: bool, progress) -> None:
+    _write_npy(root, "lengths.npy", np.asarray(plan.lengths, dtype="<u4"))
     if plan.sample_ids is not None:
-        with fsynced_file(os.path.join(root, "sample_ids.jsonl")) as handle:
+        with root.file("sample_ids.jsonl") as handle:
             for chunk in sample_ids_lines(plan.sample_ids):
                 handle.write(chunk)
     for done, epoch in enumerate(plan.epochs):
-        folder = os.path.join(root, f"epoch_{epoch.epoch}")
-        os.mkdir(folder)
-        for name, _ in ARRAYS + (PACK_ARRAYS if epoch.pack_rows is not None else ()):
-            _write_npy(os.path.join(folder, f"{name}.npy"), np.asarray(getattr(epoch, name)))
-        _write_json(os.path.join(folder, "stats.json"), epoch.stats)
-        if write_jsonl:
-            with fsynced_file(os.path.join(folder, "microbatches.jsonl")) as handle:
-                for j in range(len(epoch)):
-                    handle.write((json.dumps(plan.microbatch(epoch.epoch, j).to_json()) + "\n").encode("ascii"))
-        durable.fsync_directory(folder)
+        with root.mkdir(f"epoch_{epoch.epoch}") as folder:
+            for name, _ in ARRAYS + (PACK_ARRAYS if epoch.pack_rows is not None else ()):
+                _write_npy(folder, f"{name}.npy", np.asarray(getattr(epoch, name)))
+            _write_json(folder, "stats.json", epoch.stats)
+            if write_jsonl:
+                with folder.file("microbatches.jsonl") as handle:
+                    for j in range(len(epoch)):
+                        handle.write((json.dumps(plan.microbatch(epoch.epoch, j).to_json()) + "\n").encode("ascii"))
+            folder.sync()
         if progress is not None:
             progress(done + 1, len(plan.epochs))
-    _write_json(os.path.join(root, "meta.json"), plan.meta.to_json())  # last: the plan is complete
-    durable.fsync_directory(root)
+    _write_json(root, "meta.json", plan.meta.to_json())  # last: the plan is complete
+    root.sync()
 
 
-def check_output_dir(directory, force: bool) -> str:
+def check_output_dir(directory, force: bool, inputs: Iterable = ()) -> str:
     """The absolute path of a plan folder to write, refused before any work
-    (OUTPUT_PATH_INVALID, OUTPUT_EXISTS) when it cannot be written."""
-    return check_output_folder(directory, force, "plan", "meta.json", operator=errors.BATCH_PLAN_OPERATOR)
+    (OUTPUT_PATH_INVALID, OUTPUT_EXISTS, OUTPUT_IS_INPUT) when it cannot be written."""
+    return check_output_folder(directory, PLAN, force=force, inputs=inputs, operator=errors.BATCH_PLAN_OPERATOR)
 
 
-def _atomic_folder(directory: str):
-    return atomic_folder(directory, "plan", operator=errors.BATCH_PLAN_OPERATOR)
+def check_shards_dir(directory, force: bool, inputs: Iterable = ()) -> str:
+    """:func:`check_output_dir` for the folder of a shard set."""
+    return check_output_folder(directory, SHARDS, force=force, inputs=inputs, operator=errors.BATCH_PLAN_OPERATOR)
 
 
-def _write_npy(path: str, array: np.ndarray) -> None:
-    with fsynced_file(path) as handle:
+def _write_npy(folder: Folder, name: str, array: np.ndarray) -> None:
+    with folder.file(name) as handle:
         np.save(handle, np.ascontiguousarray(array), allow_pickle=False)
 
 
-def _write_json(path: str, value) -> None:
-    with fsynced_file(path) as handle:
+def _write_json(folder: Folder, name: str, value) -> None:
+    with folder.file(name) as handle:
         handle.write((json.dumps(value, indent=2) + "\n").encode("ascii"))
 
 

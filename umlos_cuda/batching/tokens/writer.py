@@ -14,8 +14,11 @@ first ``len(encode(prompt part))`` tokens, 1 over the rest. Tokens and masks
 stream to disk chunk by chunk; memory holds two chunks plus 20 bytes a
 sample (offset, length, id hash).
 
-Atomic: everything is written and fsynced in a hidden sibling folder, then
-renamed to the target in one step (umlos_cuda/files/folders.py).
+Written through the output layer (umlos_cuda/files/writer.py): everything,
+with the artifact marker (``"artifact": "token store"``), is written and
+fsynced in a hidden sibling folder, then renamed to the target in one step;
+``force`` replaces a token store and nothing else, never the dataset or the
+tokenizer's folder.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ import numpy as np
 from ... import errors
 from ...errors import UmlosError
 from ..lengths.jsonl import DEFAULT_ID_FIELD, RecordChunk
-from ...files.folders import atomic_folder, check_output_folder, fsynced_file
-from ..lengths.builder import DEFAULT_CHUNK, DatasetEncoding
+from ...files.artifacts import json_field
+from ...files.writer import ArtifactKind, Folder, check_output_folder, output_folder
+from ..lengths.builder import DEFAULT_CHUNK, DatasetEncoding, input_paths
 from ..lengths.cache import LengthCacheWriter
 from ..plans.fingerprint import sha256_array
 from .store import LENGTHS_FILE, STORE_FORMAT, TokenStore
@@ -41,6 +45,8 @@ from .store import LENGTHS_FILE, STORE_FORMAT, TokenStore
 NPY_HEADER_BYTES = 128
 #: Vocabularies up to this size store token ids as uint16.
 UINT16_VOCAB = 1 << 16
+#: The artifact kind of a token store; one written before markers is known by its meta.json's format.
+STORE = ArtifactKind("token store", lambda folder: json_field(folder, "meta.json", "format") == STORE_FORMAT)
 
 
 def tokenize_dataset(dataset: str | os.PathLike[str], tokenizer: Any, output: str | os.PathLike[str], *,
@@ -52,26 +58,28 @@ def tokenize_dataset(dataset: str | os.PathLike[str], tokenizer: Any, output: st
 
     ``progress(bytes_read, bytes_total)`` is called after each chunk. The
     output is checked before any work: an existing folder raises
-    OUTPUT_EXISTS unless ``force`` (which replaces only a token store).
+    OUTPUT_EXISTS unless ``force`` (which replaces only a token store), and
+    the output is never the dataset or the tokenizer's folder (OUTPUT_IS_INPUT).
     """
-    target = check_output_folder(output, force, "token store", "meta.json")
+    inputs = input_paths(dataset, tokenizer)
+    target = check_output_folder(output, STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR)
     source = DatasetEncoding(dataset, tokenizer, text_field=text_field, prompt_field=prompt_field,
                              response_field=response_field, id_field=id_field, eos_token=eos_token)
     vocab = source.encoder.get_vocab_size(with_added_tokens=True)
     token_dtype = np.dtype("<u2" if vocab <= UINT16_VOCAB else "<u4")
-    with atomic_folder(target, "token store") as temp:
-        _write_store(source, temp, token_dtype, chunk_size, progress)
+    with output_folder(target, STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR) as folder:
+        _write_store(source, folder, token_dtype, chunk_size, progress)
     return TokenStore.open(target)
 
 
-def _write_store(source: DatasetEncoding, root: str, token_dtype: np.dtype, chunk_size: int, progress) -> None:
+def _write_store(source: DatasetEncoding, root: Folder, token_dtype: np.dtype, chunk_size: int, progress) -> None:
     def encode(chunk: RecordChunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return encode_chunk(source, chunk, token_dtype)
 
     sizes: list[np.ndarray] = []
-    with NpyStream(os.path.join(root, "tokens.npy"), token_dtype) as tokens, \
-            NpyStream(os.path.join(root, "loss_mask.npy"), np.dtype("|u1")) as masks, \
-            LengthCacheWriter(os.path.join(root, LENGTHS_FILE), source.tokenizer_hash) as lengths:
+    with NpyStream(root, "tokens.npy", token_dtype) as tokens, \
+            NpyStream(root, "loss_mask.npy", np.dtype("|u1")) as masks, \
+            LengthCacheWriter(LENGTHS_FILE, source.tokenizer_hash, folder=root) as lengths:
         for chunk, (chunk_lengths, ids, mask) in source.stream(encode, chunk_size):
             tokens.write(ids)
             masks.write(mask)
@@ -82,7 +90,7 @@ def _write_store(source: DatasetEncoding, root: str, token_dtype: np.dtype, chun
         lengths.dataset_hash = source.finish(lengths.ids_are_line_numbers)
     offsets = np.zeros(sum(s.shape[0] for s in sizes) + 1, dtype="<i8")
     np.cumsum(np.concatenate(sizes), out=offsets[1:])
-    with fsynced_file(os.path.join(root, "offsets.npy")) as handle:
+    with root.file("offsets.npy") as handle:
         np.save(handle, offsets, allow_pickle=False)
     meta = {
         "format": STORE_FORMAT,
@@ -97,7 +105,7 @@ def _write_store(source: DatasetEncoding, root: str, token_dtype: np.dtype, chun
         "loss_mask_sha256": masks.sha256,
         "offsets_sha256": sha256_array(offsets),
     }
-    with fsynced_file(os.path.join(root, "meta.json")) as handle:  # last: the store is complete
+    with root.file("meta.json") as handle:  # last: the store is complete
         handle.write((json.dumps(meta, indent=2) + "\n").encode("ascii"))
 
 
@@ -130,20 +138,21 @@ def _as_tokens(ids: np.ndarray, token_dtype: np.dtype) -> np.ndarray:
 
 
 class NpyStream:
-    """A one-dimensional ``.npy`` file written in pieces: the header, whose
-    shape is known only at the end, is a fixed :data:`NPY_HEADER_BYTES`
-    slot rewritten on close. ``sha256`` is that of the array's bytes (what
-    :func:`~umlos_cuda.batching.plans.fingerprint.sha256_array` gives)."""
+    """A one-dimensional ``.npy`` file ``name`` in ``folder`` written in pieces:
+    the header, whose shape is known only at the end, is a fixed
+    :data:`NPY_HEADER_BYTES` slot rewritten on close. ``sha256`` is that of
+    the array's bytes (what :func:`~umlos_cuda.batching.plans.fingerprint.sha256_array` gives)."""
 
-    def __init__(self, path: str, dtype: np.dtype) -> None:
-        self.path = path
+    def __init__(self, folder: Folder, name: str, dtype: np.dtype) -> None:
+        self.folder = folder
+        self.name = name
         self.dtype = np.dtype(dtype)
         self.count = 0
         self._digest = hashlib.sha256()
         self.sha256: str | None = None
 
     def __enter__(self) -> "NpyStream":
-        self._handle = open(self.path, "xb")
+        self._handle = self.folder.create(self.name)
         self._handle.write(b"\0" * NPY_HEADER_BYTES)
         return self
 

@@ -141,7 +141,7 @@ def test_cli_info_and_run(server, tmp_path, capsys):
     assert cli.main(["gym", "run", "--port", str(port), "--game", "sudoku", "--episodes", "1", "--tokenizer",
                      str(tmp_path / "tokenizer.json"), "--buffer-size", "2", "--window-mbs", "1",
                      "--output", str(out)]) == 2
-    assert "GYM_CONFIG_INVALID" in capsys.readouterr().err
+    assert "OUTPUT_EXISTS" in capsys.readouterr().err  # like every output: --force replaces a run, nothing else
     # Packed windows: the log's header records the pack configuration and replay rebuilds them.
     packed = tmp_path / "packed"
     assert cli.main(["gym", "run", "--host", host, "--port", str(port), "--game", "sudoku", "--episodes", "4",

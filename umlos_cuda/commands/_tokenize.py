@@ -57,7 +57,7 @@ def run_megatron(args) -> int:
     tokenizer_hash = tokenizer_fingerprint(args.tokenizer) if args.tokenizer else UNKNOWN_TOKENIZER
     dataset = MegatronDataset.open(args.prefix, tokenizer_hash=tokenizer_hash)
     cache = dataset.length_cache()
-    cache.write(args.output, force=args.force)
+    cache.write(args.output, force=args.force, inputs=(f"{args.prefix}.idx", f"{args.prefix}.bin", args.tokenizer))
     documents = max(int(dataset.document_indices.shape[0]) - 1, 0)
     print(f"wrote {args.output} and {args.output}.u32: {len(cache)} sequences ({documents} documents), "
           f"{dataset.num_tokens} tokens ({dataset.dtype}), tokenizer_hash {tokenizer_hash}")

@@ -135,11 +135,12 @@ def run_check(args) -> int:
 def run_fingerprint(args) -> int:
     from ..files.atomic import check_output_path
 
+    inputs = (args.plan, args.store, f"{args.store}.idx", f"{args.store}.bin")
     if args.output:
-        check_output_path(args.output, args.force)
+        check_output_path(args.output, args.force, inputs=inputs)
     fingerprint = _fingerprint(args, args.n_batches)
     if args.output:
-        fingerprint.save(args.output, force=args.force)
+        fingerprint.save(args.output, force=args.force, inputs=inputs)
         print(f"saved {args.output}")
     print(f"batch fingerprint {fingerprint.fingerprint} (first {len(fingerprint.digests)} microbatches)")
     return 0

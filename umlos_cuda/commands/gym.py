@@ -7,6 +7,13 @@ into a replay buffer and builds rolling plan windows, recording every window
 in ``OUTPUT/windows.jsonl``; ``replay`` rebuilds every window of such a log
 offline and checks each fingerprint (exit 2, ``WINDOW_REPLAY_MISMATCH``, on
 the first that differs). docs/streams.md shows each with a local server.
+
+A run folder is written like every folder of this project
+(umlos_cuda/files/writer.py): filled under a hidden name, with its artifact
+marker (``"artifact": "gym run"``), and renamed to ``OUTPUT`` when the run
+ends well; a failed run (server down, unknown game, Ctrl-C) leaves nothing at
+``OUTPUT``, so the same command runs again as it is, and ``--force`` replaces
+a finished run (and nothing else).
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ def register(subparsers) -> None:
                      help="run seed: puzzles, player draws, and the buffer's RNG without --manifest (default 0)")
     run.add_argument("--manifest", metavar="MANIFEST.yaml", help="the run manifest that keys the buffer's RNG")
     run.add_argument("--output", required=True, metavar="DIR", help="a new folder for windows.jsonl and run.json")
+    run.add_argument("--force", action="store_true", help="replace an existing gym run folder (nothing else)")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
     run.set_defaults(func=run_run)
 
@@ -118,12 +126,15 @@ def run_run(args) -> int:
     from ..batching.packing.config import PackingConfig
     from ..batching.lengths.fingerprints import tokenizer_fingerprint
     from ..batching.lengths.tokenizer import load_tokenizer
-    from ..streams import GymConfig, GymEpisodeStream, ReplayBuffer, RollingBatchPlanWindow, load_policies
+    from ..streams import GymConfig, GymEpisodeStream, ReplayBuffer, load_policies
     from ..streams.failures import failure
+    from ..files.writer import check_output_folder, output_folder
+    from ..streams.window.log import GYM_RUN, LOG_NAME
     from .. import errors
 
-    if os.path.exists(args.output):
-        raise failure(errors.GYM_CONFIG_INVALID, f"--output {args.output} exists; a run writes a new folder")
+    inputs = (args.tokenizer, args.policy_yaml, args.manifest)
+    output = check_output_folder(args.output, GYM_RUN, force=args.force, inputs=inputs,
+                                 operator=errors.STREAMS_OPERATOR)  # fail before connecting
     try:
         edges = tuple(int(e) for e in args.bucket_edges.split(","))
     except ValueError:
@@ -139,11 +150,22 @@ def run_run(args) -> int:
     policy = load_policies(args.policy_yaml) if args.policy_yaml else None
     buffer = ReplayBuffer(args.buffer_size, args.eviction, manifest=args.manifest, seed=args.seed)
     stream = GymEpisodeStream(config, tokenizer, eos_token=args.eos_token)
-    os.makedirs(args.output)
+    with output_folder(output, GYM_RUN, force=args.force, inputs=inputs, operator=errors.STREAMS_OPERATOR) as folder:
+        summary = _play(args, stream, buffer, batching, policy, folder.join(LOG_NAME),
+                        tokenizer_fingerprint(tokenizer), os.path.join(args.output, LOG_NAME))
+        folder.write_bytes("run.json", json.dumps(summary, indent=2).encode("utf-8"))
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _play(args, stream, buffer, batching, policy, log: str, tokenizer_hash: str, final_log: str) -> dict:
+    """Play the episodes, building a window every ``--window-every`` episodes
+    and after the last; the run's summary (run.json)."""
+    from ..streams import RollingBatchPlanWindow
+
     window = RollingBatchPlanWindow(buffer, args.window_mbs, batching=batching, policy=policy,
-                                    samples_per_window=args.samples_per_window,
-                                    log=os.path.join(args.output, "windows.jsonl"),
-                                    tokenizer_hash=tokenizer_fingerprint(tokenizer))
+                                    samples_per_window=args.samples_per_window, log=log,
+                                    tokenizer_hash=tokenizer_hash)
     built, build_seconds = [], []
     started = time.perf_counter()
 
@@ -167,7 +189,7 @@ def run_run(args) -> int:
     if buffer.pending:
         close_window()
     elapsed = time.perf_counter() - started
-    summary = {
+    return {
         "episodes": stream.metrics.to_dict(),
         "episodes_per_s": round(stream.metrics.episodes / elapsed, 3) if elapsed > 0 else None,
         "buffer": {"size": len(buffer), "max_size": buffer.max_size, "eviction": buffer.eviction.value,
@@ -175,12 +197,8 @@ def run_run(args) -> int:
         "windows": {"count": len(built), "microbatches": sum(len(w.microbatches) for w in built),
                     "mean_build_s": round(sum(build_seconds) / len(build_seconds), 6) if build_seconds else None,
                     "last_fingerprint": built[-1].fingerprint if built else None},
-        "log": os.path.join(args.output, "windows.jsonl"),
+        "log": final_log,
     }
-    with open(os.path.join(args.output, "run.json"), "w", encoding="utf-8") as handle:
-        json.dump(summary, handle, indent=2)
-    print(json.dumps(summary, indent=2))
-    return 0
 
 
 def run_replay(args) -> int:

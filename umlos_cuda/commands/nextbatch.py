@@ -91,7 +91,7 @@ def register(subparsers) -> None:
 
 def run_next_batch(args) -> int:
     if args.out:
-        check_output_path(args.out, args.force)  # refuse a bad --out before computing
+        check_output_path(args.out, args.force, inputs=(args.manifest,))  # refuse a bad --out before computing
     manifest = with_sampling_mode(Manifest.load(args.manifest), args.sampling_mode)
     batch = next_batch(
         manifest,
@@ -105,7 +105,7 @@ def run_next_batch(args) -> int:
     )
     indices = to_numpy(batch.indices)
     if args.out:
-        write_npy(args.out, args.force, indices)
+        write_npy(args.out, args.force, indices, inputs=(args.manifest,))
         print(f"wrote {indices.size} indices to {args.out}; next cursor {batch.cursor.to_dict()}")
     elif args.json:
         json.dump(
@@ -131,7 +131,8 @@ def run_indices(args) -> int:
     header = npy_header(count)
     progress = Progress(count, f"indices {args.out}", enabled=not args.quiet)
     try:
-        with atomic_output(args.out, force=args.force, size=len(header) + count * NPY_DTYPE.itemsize) as handle:
+        with atomic_output(args.out, force=args.force, size=len(header) + count * NPY_DTYPE.itemsize,
+                           inputs=(args.manifest,)) as handle:
             handle.write(header)
             for offset in range(0, count, INDICES_CHUNK):
                 length = min(INDICES_CHUNK, count - offset)
@@ -146,12 +147,13 @@ def run_indices(args) -> int:
     return 0
 
 
-def write_npy(path: str, force: bool, indices: np.ndarray) -> None:
+def write_npy(path: str, force: bool, indices: np.ndarray, inputs=()) -> None:
     """Write ``indices`` to ``path`` as a .npy file of NPY_DTYPE, which appears
     under its name only when complete (a new file, or with ``force`` an
-    existing regular one)."""
+    existing regular one that is none of ``inputs``)."""
     header = npy_header(indices.size)
-    with atomic_output(path, force=force, size=len(header) + indices.size * NPY_DTYPE.itemsize) as handle:
+    with atomic_output(path, force=force, size=len(header) + indices.size * NPY_DTYPE.itemsize,
+                       inputs=inputs) as handle:
         handle.write(header)
         handle.write(_le_bytes(indices))
 

@@ -51,7 +51,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     if args.out:
-        check_output_path(args.out, args.force)
+        check_output_path(args.out, args.force, inputs=(args.manifest,))
     manifest = Manifest.load(args.manifest)
     streams = None
     if args.misc_offset is not None:
@@ -63,7 +63,7 @@ def run(args) -> int:
     indices = batch.indices
     draw = "" if batch.misc_draw is None else f"; misc draw {batch.misc_draw}"
     if args.out:
-        write_npy(args.out, args.force, indices)
+        write_npy(args.out, args.force, indices, inputs=(args.manifest,))
         print(f"wrote {indices.size} indices to {args.out}{draw}")
     elif args.json:
         json.dump({"indices": indices.tolist(), "misc_draw": batch.misc_draw, "metadata": batch.metadata}, sys.stdout)

@@ -90,7 +90,7 @@ def run(args) -> int:
     missing = None if args.no_plot else matplotlib_missing()
     plot = not args.no_plot and missing is None
     if plot:
-        check_output_path(args.out, args.force)  # refuse a bad --out before the work
+        check_output_path(args.out, args.force, inputs=(args.labels,))  # refuse a bad --out before the work
     if args.labels is not None:
         labels = load_labels(args.labels)
     else:

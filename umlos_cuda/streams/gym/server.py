@@ -6,7 +6,12 @@ The package's own entry point, ``chuk-puzzles-server``, always listens on
 (``TelnetServer`` with the package's ``ArcadeHandler``) on the address it is
 given. With port 0 the system picks a free port; the address actually bound
 is printed as one line ``listening HOST PORT`` and, with ``--port-file``,
-written to that file (atomically), which is how a parent process learns it.
+written to that file, which is how a parent process learns it. The port file
+goes through the output layer (umlos_cuda/files/atomic.py): checked before
+the server starts (a missing folder, a link or a FIFO there is refused with
+OUTPUT_PATH_INVALID), written under an unguessable temp name created with
+``O_EXCL | O_NOFOLLOW`` beside it, and renamed over a previous port file
+(only a regular file is replaced).
 
 Run as ``python -m umlos_cuda.streams.gym.server --port 0 --port-file F``.
 """
@@ -16,10 +21,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 
 from ... import errors
+from ...errors import UmlosError
 from ..failures import failure
 
 
@@ -45,16 +50,18 @@ def server_version() -> str | None:
 
 async def serve(host: str, port: int, port_file: str | None = None, log_level: str = "WARNING") -> None:
     """Listen on ``host:port`` until cancelled; announce the bound port."""
+    from ...files.atomic import atomic_output, check_output_path
+
+    if port_file:
+        check_output_path(port_file, force=True)  # before listening: a wrong path fails at once
     telnet_server, handler = _server_classes()
     logging.getLogger().setLevel(log_level)  # the server's module configures INFO when imported
     server = telnet_server(host, port, handler)
     server.server = await server._create_server()
     bound_host, bound_port = server.server.sockets[0].getsockname()[:2]
     if port_file:
-        temporary = f"{port_file}.tmp{os.getpid()}"
-        with open(temporary, "w", encoding="ascii") as handle:
-            handle.write(f"{bound_host} {bound_port}\n")
-        os.replace(temporary, port_file)
+        with atomic_output(port_file, force=True) as handle:
+            handle.write(f"{bound_host} {bound_port}\n".encode("ascii"))
     print(f"listening {bound_host} {bound_port}", flush=True)
     async with server.server:
         await server.server.serve_forever()
@@ -71,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(serve(args.host, args.port, args.port_file, args.log_level))
     except KeyboardInterrupt:
         return 0
+    except UmlosError as exc:  # a refused port file: the command line's one-line failure, no traceback
+        print(f"error {exc.code}: {exc.message}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -14,21 +14,35 @@ crash the file ends with whole lines and at most one torn line, which
 :func:`read_log` refuses (``WINDOW_LOG_INVALID``) unless asked to drop it,
 as a resume does; :func:`truncate_log` cuts a log back to its first windows
 (the windows a checkpoint covers).
+
+A log is never written through a symbolic link: a new log is created with
+``O_EXCL | O_NOFOLLOW`` (a link at its name, dangling or not, is refused,
+never followed), and every append reopens it with ``O_NOFOLLOW`` and checks
+that it is still the regular file this writer created or opened
+(``WINDOW_LOG_INVALID`` otherwise). Its mode comes from the umask.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 from ... import errors
+from ...files import durable
+from ...files.artifacts import ArtifactKind, first_line_field
 from ..failures import failure
 from ..types import canonical_json
 
 FORMAT = "umlos-cuda/window-log-v1"
 LOG_NAME = "windows.jsonl"
+#: A ``gym run`` folder (windows.jsonl and run.json); one written before markers is known by its log's header.
+GYM_RUN = ArtifactKind("gym run", lambda folder: first_line_field(folder, LOG_NAME, "format") == FORMAT)
+#: How a log is reopened to append: never through a link, never blocking on a FIFO.
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def log_path(path: str | os.PathLike[str]) -> str:
@@ -43,32 +57,61 @@ class WindowLog:
     def __init__(self, path: str | os.PathLike[str], header: dict[str, Any] | None = None) -> None:
         self.path = os.fspath(path)
         if header is not None:
-            if os.path.exists(self.path):
-                raise failure(errors.WINDOW_LOG_INVALID, f"{self.path} exists; a new run writes a new log")
             directory = os.path.dirname(os.path.abspath(self.path))
-            os.makedirs(directory, exist_ok=True)
-            self._write_line({"kind": "header", "format": FORMAT, **header})
-            fd = os.open(directory, os.O_RDONLY)
             try:
-                os.fsync(fd)
+                os.makedirs(directory, exist_ok=True)
+                fd = durable.create_exclusive(self.path, 0o666)
+            except FileExistsError:
+                what = "is a symbolic link" if os.path.islink(self.path) else "exists"
+                raise failure(errors.WINDOW_LOG_INVALID, f"{self.path} {what}; a new run writes a new log (never "
+                                                         "through a link): give a new path") from None
+            except OSError as exc:
+                raise failure(errors.WINDOW_LOG_INVALID, f"cannot create the window log {self.path}: "
+                                                         f"{exc.strerror or exc}") from None
+            try:
+                self._identity = _identity(os.fstat(fd))
+                self._write(fd, {"kind": "header", "format": FORMAT, **header})
+                durable.fsync_directory(directory)
+            except OSError as exc:
+                raise failure(errors.WINDOW_LOG_INVALID, f"cannot write the window log {self.path}: "
+                                                         f"{exc.strerror or exc}") from None
             finally:
                 os.close(fd)
-        elif not os.path.isfile(self.path):
-            raise failure(errors.WINDOW_LOG_INVALID, f"no window log at {self.path}")
+        else:
+            try:
+                info = os.lstat(self.path)
+            except OSError:
+                info = None
+            if info is None or not stat.S_ISREG(info.st_mode):
+                what = "is not a regular file" if info is not None else "does not exist"
+                raise failure(errors.WINDOW_LOG_INVALID, f"no window log at {self.path}: it {what}")
+            self._identity = _identity(info)
 
     def append(self, record: dict[str, Any]) -> None:
-        self._write_line({"kind": "window", **record})
-
-    def _write_line(self, value: dict[str, Any]) -> None:
-        line = canonical_json(value) + b"\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            view = memoryview(line)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
+            fd = os.open(self.path, _APPEND)
+        except OSError as exc:
+            reason = "it became a symbolic link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
+            raise failure(errors.WINDOW_LOG_INVALID, f"cannot append to the window log {self.path}: {reason}; "
+                                                     "nothing was written through it") from None
+        try:
+            if _identity(os.fstat(fd)) != self._identity:
+                raise failure(errors.WINDOW_LOG_INVALID, f"{self.path} is no longer the window log this run writes "
+                                                         "(it was replaced); nothing was appended")
+            self._write(fd, {"kind": "window", **record})
+        except OSError as exc:
+            raise failure(errors.WINDOW_LOG_INVALID, f"cannot append to the window log {self.path}: "
+                                                     f"{exc.strerror or exc}") from None
         finally:
             os.close(fd)
+
+    @staticmethod
+    def _write(fd: int, value: dict[str, Any]) -> None:
+        durable.write_and_sync(fd, canonical_json(value) + b"\n")
+
+
+def _identity(info: os.stat_result) -> tuple[int, int, bool]:
+    return info.st_dev, info.st_ino, stat.S_ISREG(info.st_mode)
 
 
 @dataclass
@@ -127,16 +170,23 @@ def read_log(path: str | os.PathLike[str], *, drop_torn_tail: bool = False, max_
 def truncate_log(path: str | os.PathLike[str], windows: int) -> None:
     """Cut the log after its first ``windows`` window records (and any torn tail)."""
     path = log_path(path)
-    keep, seen = 0, -1
-    with open(path, "rb") as handle:
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise failure(errors.WINDOW_LOG_INVALID, f"cannot open the window log {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "r+b") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise failure(errors.WINDOW_LOG_INVALID, f"the window log {path} is not a regular file")
+        os.set_blocking(fd, True)
+        keep, seen = 0, -1
         for raw in handle:
             if not raw.endswith(b"\n") or seen == windows:
                 break
             seen += 1
             keep += len(raw)
-    if seen < windows:
-        raise failure(errors.WINDOW_LOG_INVALID, f"{path} holds {max(seen, 0)} windows; the checkpoint needs {windows}")
-    with open(path, "r+b") as handle:
+        if seen < windows:
+            raise failure(errors.WINDOW_LOG_INVALID, f"{path} holds {max(seen, 0)} windows; the checkpoint needs "
+                                                     f"{windows}")
         handle.truncate(keep)
         handle.flush()
         os.fsync(handle.fileno())

@@ -6,7 +6,9 @@ then for each window record adds its recorded samples, with their keys and
 priorities, and builds the window again. The snapshot, plan and window
 fingerprints and the RNG offsets must equal the recorded ones; the first
 that differs raises ``WINDOW_REPLAY_MISMATCH`` naming the window and the
-field. No server, no network: the log is the whole input.
+field. No server, no network: the log is the whole input. A log with a
+header and no window (a run that stopped before its first window) proves
+nothing and is refused (``WINDOW_LOG_INVALID``), never reported as replayed.
 """
 
 from __future__ import annotations
@@ -63,4 +65,7 @@ def replay_log(path: str | os.PathLike[str], progress: Callable[[int], None] | N
         report.last_window_fingerprint = window.fingerprint
         if progress is not None:
             progress(index + 1)
+    if report.windows == 0:
+        raise failure(errors.WINDOW_LOG_INVALID, f"{path} holds a header and no window: the run that wrote it stopped "
+                                                 "before its first window, so there is nothing to replay (run it again)")
     return report

@@ -1,0 +1,593 @@
+"""Hostile writers: the "Data loss" class of issue 20, one fenced child per case.
+
+Every command and API that writes is tried where a careless writer loses
+data: ``--force`` over an artifact of another kind or over a folder this
+project did not write, an output that is (or holds, or sits inside) an input
+of the same command, a symbolic link where the output or one of its members
+goes, a planted temp name, the modes under two umasks, and a retry after a
+failure. The verdicts are those of tests/hostile_support.py: a refusal with a
+documented code that names the path, or a success, inside the limits, and
+nothing changed outside the case's own output.
+
+The artifacts (tokenizer, dataset, length cache, plan, token store, batch
+folder, Megatron files) are built once in-process; each case copies what it
+needs into its own folder, so a case that writes where it must not shows up
+in :func:`hostile_support.tree_state` of that folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+import hostile_support as hs
+from batching_cases import train_tokenizer, write_model_dir
+from token_cases import random_sequences, write_dataset, write_megatron
+from umlos_cuda import errors
+
+PLAN_ARGS = ("--token-budget", "4096", "--bucket-edges", "64,128,256", "--overflow-max", "512", "--quiet")
+CASES: dict[str, object] = {}
+
+
+def case(name: str):
+    def register(function):
+        CASES[f"loss/{name}"] = function
+        return function
+    return register
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> Path:
+    """model/, ds.jsonl, lengths.jsonl (+ .u32), plan/, store/, batches/, mega.idx/.bin: each of its kind."""
+    from umlos_cuda import cli
+    from umlos_cuda.batching.batches.writer import write_batches
+    from umlos_cuda.batching.lengths.builder import build_lengths
+    from umlos_cuda.batching.tokens.writer import tokenize_dataset
+
+    root = tmp_path_factory.mktemp("artifacts")
+    write_model_dir(root / "model", train_tokenizer(), {"eos_token": "</s>"})
+    (root / "model" / "model.safetensors").write_bytes(b"weights that must survive")
+    write_dataset(root / "ds.jsonl", 40)
+    build_lengths(root / "ds.jsonl", root / "model", root / "lengths.jsonl")
+    assert cli.main(["plan", "build", "--lengths", str(root / "lengths.jsonl"), "--output", str(root / "plan"),
+                     *PLAN_ARGS]) == 0
+    tokenize_dataset(root / "ds.jsonl", root / "model", root / "store")
+    write_batches(str(root / "plan"), root / "batches", str(root / "store"), workers=1)
+    write_megatron(root / "mega", random_sequences(12, seed=3))
+    return root
+
+
+@pytest.fixture(scope="module")
+def gym_server(tmp_path_factory):
+    from streams_support import puzzle_server
+
+    with puzzle_server(tmp_path_factory.mktemp("server")) as address:
+        yield address
+
+
+class Workspace:
+    """One case's folder: copies of the artifacts, and the fenced commands run in it."""
+
+    def __init__(self, root: Path, artifacts: Path, request) -> None:
+        self.root = root
+        self.artifacts = artifacts
+        self.request = request
+
+    def server(self) -> int:
+        """The port of a live puzzle server (started on first use; skipped without the gym extra)."""
+        return self.request.getfixturevalue("gym_server")[1]
+
+    def copy(self, name: str, as_name: str | None = None) -> str:
+        source, target = self.artifacts / name, self.root / (as_name or name)
+        if source.is_dir():
+            shutil.copytree(source, target, symlinks=True)
+        else:
+            shutil.copy2(source, target)
+            if name.endswith(".jsonl") and Path(str(source) + ".u32").exists():
+                shutil.copy2(str(source) + ".u32", str(target) + ".u32")
+        return str(target)
+
+    def path(self, name: str) -> str:
+        return str(self.root / name)
+
+    def state(self) -> dict:
+        return hs.tree_state(self.root)
+
+    def cli(self, *args: str) -> hs.Outcome:
+        return hs.cli(*map(str, args), cwd=self.root)
+
+    def cli_with_umask(self, umask: int, *args: str) -> hs.Outcome:
+        code = ("import os, sys\nos.umask(int(sys.argv[1], 8))\nfrom umlos_cuda.cli import main\n"
+                "sys.exit(main(sys.argv[2:]))")
+        return hs.python(code, oct(umask), *map(str, args), cwd=self.root)
+
+    def cli_with_file_limit(self, limit: int, *args: str) -> hs.Outcome:
+        code = ("import resource, sys\nresource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]),) * 2)\n"
+                "from umlos_cuda.cli import main\nsys.exit(main(sys.argv[2:]))")
+        return hs.python(code, str(limit), *map(str, args), cwd=self.root)
+
+    def refused(self, code, names, *args: str) -> None:
+        """``umlos-cuda ARGS`` is refused with ``code`` naming ``names``, and nothing in the case's folder changed."""
+        before = self.state()
+        hs.assert_refused(self.cli(*args), code, names=names)
+        hs.assert_untouched(before, self.state())
+
+
+def victim(w: Workspace) -> str:
+    """A file outside every output that a write through a link would change."""
+    path = w.path("victim.txt")
+    Path(path).write_text("keep me\n")
+    return path
+
+
+def assert_modes(folder: str, umask: int) -> None:
+    """Every folder and file under ``folder`` has the mode the umask gives."""
+    for base, dirs, files in os.walk(folder):
+        assert stat.S_IMODE(os.stat(base).st_mode) == 0o777 & ~umask, base
+        for name in files:
+            path = os.path.join(base, name)
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~umask, path
+
+
+def leftovers(folder: str) -> list[str]:
+    return sorted(name for name in os.listdir(folder) if name.startswith((".tmp", ".old")))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ---------------------------------------------------------------------- plan build
+@case("plan-build/force-over-token-store")
+def _(w):
+    w.refused(errors.OUTPUT_PATH_INVALID, w.copy("store"), "plan", "build", "--lengths", w.copy("lengths.jsonl"),
+              "--output", w.path("store"), "--force", *PLAN_ARGS)
+
+
+@case("plan-build/force-over-model-folder")
+def _(w):
+    model = w.copy("model")
+    Path(model, "meta.json").write_text('{"format": "someone else\'s"}\n')
+    w.refused(errors.OUTPUT_PATH_INVALID, model, "plan", "build", "--lengths", w.copy("lengths.jsonl"),
+              "--output", model, "--force", *PLAN_ARGS)
+
+
+@case("plan-build/force-over-folder-holding-its-lengths")
+def _(w):
+    plan = w.copy("plan")
+    shutil.copy2(w.artifacts / "lengths.jsonl", Path(plan) / "lengths.jsonl")
+    w.refused(errors.OUTPUT_IS_INPUT, plan, "plan", "build", "--lengths", os.path.join(plan, "lengths.jsonl"),
+              "--output", plan, "--force", *PLAN_ARGS)
+
+
+@case("plan-build/output-symlink-to-plan")
+def _(w):
+    os.symlink(w.copy("plan"), w.path("link"))
+    w.refused(errors.OUTPUT_PATH_INVALID, w.path("link"), "plan", "build", "--lengths", w.copy("lengths.jsonl"),
+              "--output", w.path("link"), "--force", *PLAN_ARGS)
+
+
+@case("plan-build/output-dangling-symlink")
+def _(w):
+    os.symlink(w.path("elsewhere"), w.path("link"))
+    w.refused(errors.OUTPUT_PATH_INVALID, w.path("link"), "plan", "build", "--lengths", w.copy("lengths.jsonl"),
+              "--output", w.path("link"), *PLAN_ARGS)
+
+
+@case("plan-build/force-replaces-a-plan")
+def _(w):
+    plan, lengths = w.copy("plan"), w.copy("lengths.jsonl")
+    before = w.state()
+    hs.assert_ok(w.cli("plan", "build", "--lengths", lengths, "--output", plan, "--force", "--seed", "7", *PLAN_ARGS))
+    hs.assert_untouched(before, w.state(), owned=["plan"])
+    assert json.loads(Path(plan, "meta.json").read_text())["seed"] == 7 and leftovers(w.path(".")) == []
+
+
+def _plan_umask(w, umask):
+    hs.assert_ok(w.cli_with_umask(umask, "plan", "build", "--lengths", w.copy("lengths.jsonl"), "--output",
+                                  w.path("plan"), *PLAN_ARGS))
+    assert_modes(w.path("plan"), umask)
+
+
+case("plan-build/umask-022")(lambda w: _plan_umask(w, 0o022))
+case("plan-build/umask-027")(lambda w: _plan_umask(w, 0o027))
+
+
+@case("plan-build/retry-after-a-failed-write")
+def _(w):
+    lengths = w.copy("lengths.jsonl")
+    args = ("plan", "build", "--lengths", lengths, "--output", w.path("plan"), *PLAN_ARGS)
+    hs.assert_refused(w.cli_with_file_limit(200, *args), errors.OUTPUT_WRITE_FAILED, names=w.path("plan"))
+    assert not os.path.lexists(w.path("plan")) and leftovers(w.path(".")) == []
+    hs.assert_ok(w.cli(*args))  # no --force: the failure left nothing in the way
+
+
+# ---------------------------------------------------------------------- plan shard
+@case("plan-shard/force-over-its-own-plan")
+def _(w):
+    plan = w.copy("plan")
+    w.refused(errors.OUTPUT_IS_INPUT, plan, "plan", "shard", plan, "--world-size", "2", "--output", plan, "--force")
+
+
+@case("plan-shard/output-inside-its-plan")
+def _(w):
+    plan = w.copy("plan")
+    w.refused(errors.OUTPUT_IS_INPUT, os.path.join(plan, "shards"), "plan", "shard", plan, "--world-size", "2",
+              "--output", os.path.join(plan, "shards"))
+
+
+@case("plan-shard/force-over-another-plan")
+def _(w):
+    plan, other = w.copy("plan"), w.copy("plan", "other")
+    w.refused(errors.OUTPUT_PATH_INVALID, other, "plan", "shard", plan, "--world-size", "2", "--output", other,
+              "--force")
+
+
+@case("plan-shard/force-over-token-store")
+def _(w):
+    plan, store = w.copy("plan"), w.copy("store")
+    w.refused(errors.OUTPUT_PATH_INVALID, store, "plan", "shard", plan, "--world-size", "2", "--output", store,
+              "--force")
+
+
+@case("plan-shard/force-replaces-shards")
+def _(w):
+    plan = w.copy("plan")
+    hs.assert_ok(w.cli("plan", "shard", plan, "--world-size", "2", "--output", w.path("shards")))
+    before = w.state()
+    hs.assert_ok(w.cli("plan", "shard", plan, "--world-size", "3", "--output", w.path("shards"), "--force"))
+    hs.assert_untouched(before, w.state(), owned=["shards"])
+    assert json.loads(Path(w.path("shards"), "shards.json").read_text())["world_size"] == 3
+
+
+# ---------------------------------------------------------------------- data tokenize
+def tokenize(w, output, *extra):
+    return ("data", "tokenize", "--dataset", w.copy("ds.jsonl") if not os.path.exists(w.path("ds.jsonl"))
+            else w.path("ds.jsonl"), "--tokenizer", w.path("model") if os.path.exists(w.path("model"))
+            else w.copy("model"), "--output", output, "--quiet", *extra)
+
+
+@case("tokenize/force-over-its-model-folder")
+def _(w):
+    model = w.copy("model")
+    Path(model, "meta.json").write_text('{"format": "a model config"}\n')
+    w.refused(errors.OUTPUT_IS_INPUT, model, *tokenize(w, model, "--force"))
+
+
+@case("tokenize/force-over-another-model-folder")
+def _(w):
+    other = w.copy("model", "other-model")
+    Path(other, "meta.json").write_text('{"format": "a model config"}\n')
+    w.refused(errors.OUTPUT_PATH_INVALID, other, *tokenize(w, other, "--force"))
+
+
+@case("tokenize/force-over-a-plan")
+def _(w):
+    plan = w.copy("plan")
+    w.refused(errors.OUTPUT_PATH_INVALID, plan, *tokenize(w, plan, "--force"))
+
+
+@case("tokenize/output-symlink-to-store")
+def _(w):
+    os.symlink(w.copy("store"), w.path("link"))
+    w.refused(errors.OUTPUT_PATH_INVALID, w.path("link"), *tokenize(w, w.path("link"), "--force"))
+
+
+@case("tokenize/output-inside-the-model-folder")
+def _(w):
+    model = w.copy("model")
+    w.refused(errors.OUTPUT_IS_INPUT, os.path.join(model, "store"), *tokenize(w, os.path.join(model, "store")))
+
+
+@case("tokenize/force-replaces-a-store")
+def _(w):
+    store = w.copy("store")
+    args = tokenize(w, store, "--force")
+    before = w.state()
+    hs.assert_ok(w.cli(*args))
+    hs.assert_untouched(before, w.state(), owned=["store"])
+
+
+@case("tokenize/umask-027")
+def _(w):
+    hs.assert_ok(w.cli_with_umask(0o027, *tokenize(w, w.path("store"))))
+    assert_modes(w.path("store"), 0o027)
+
+
+# ---------------------------------------------------------------------- data lengths build
+def lengths_build(w, output, *extra):
+    return ("data", "lengths", "build", "--dataset", w.path("ds.jsonl"), "--tokenizer", w.path("model"),
+            "--output", output, "--quiet", *extra)
+
+
+@case("lengths/output-is-the-dataset")
+def _(w):
+    w.copy("ds.jsonl"), w.copy("model")
+    w.refused(errors.OUTPUT_IS_INPUT, w.path("ds.jsonl"), *lengths_build(w, w.path("ds.jsonl"), "--force"))
+
+
+@case("lengths/output-hard-link-of-the-dataset")
+def _(w):
+    w.copy("ds.jsonl"), w.copy("model")
+    os.link(w.path("ds.jsonl"), w.path("alias.jsonl"))
+    w.refused(errors.OUTPUT_IS_INPUT, w.path("alias.jsonl"), *lengths_build(w, w.path("alias.jsonl"), "--force"))
+
+
+@case("lengths/force-over-a-file-that-is-no-length-cache")
+def _(w):
+    w.copy("ds.jsonl"), w.copy("model")
+    Path(w.path("notes.jsonl")).write_text('{"note": "mine"}\n')
+    w.refused(errors.OUTPUT_PATH_INVALID, w.path("notes.jsonl"), *lengths_build(w, w.path("notes.jsonl"), "--force"))
+
+
+@case("lengths/sidecar-is-a-symlink")
+def _(w):
+    w.copy("ds.jsonl"), w.copy("model")
+    os.symlink(victim(w), w.path("out.jsonl.u32"))
+    w.refused(errors.OUTPUT_PATH_INVALID, w.path("out.jsonl.u32"), *lengths_build(w, w.path("out.jsonl"), "--force"))
+
+
+@case("lengths/output-dangling-symlink")
+def _(w):
+    w.copy("ds.jsonl"), w.copy("model")
+    os.symlink(w.path("created-through-the-link.jsonl"), w.path("out.jsonl"))
+    w.refused(errors.OUTPUT_PATH_INVALID, w.path("out.jsonl"), *lengths_build(w, w.path("out.jsonl")))
+
+
+@case("lengths/force-replaces-a-length-cache")
+def _(w):
+    w.copy("ds.jsonl"), w.copy("model"), w.copy("lengths.jsonl")
+    before = w.state()
+    hs.assert_ok(w.cli(*lengths_build(w, w.path("lengths.jsonl"), "--force")))
+    hs.assert_untouched(before, w.state(), owned=["lengths.jsonl", "lengths.jsonl.u32"])
+
+
+@case("lengths/retry-after-a-failed-write")
+def _(w):
+    w.copy("ds.jsonl"), w.copy("model")
+    args = lengths_build(w, w.path("out.jsonl"))
+    hs.assert_refused(w.cli_with_file_limit(300, *args), errors.OUTPUT_WRITE_FAILED, names="out.jsonl")
+    assert not os.path.lexists(w.path("out.jsonl")) and not os.path.lexists(w.path("out.jsonl.u32"))
+    assert leftovers(w.path(".")) == []
+    hs.assert_ok(w.cli(*args))
+
+
+@case("megatron/output-is-its-index")
+def _(w):
+    w.copy("mega.idx"), w.copy("mega.bin")
+    w.refused(errors.OUTPUT_IS_INPUT, w.path("mega.idx"), "data", "megatron", w.path("mega"), "--output",
+              w.path("mega.idx"), "--force")
+
+
+# ---------------------------------------------------------------------- batch generate
+def generate(w, output, *extra):
+    plan = w.path("plan") if os.path.exists(w.path("plan")) else w.copy("plan")
+    store = w.path("store") if os.path.exists(w.path("store")) else w.copy("store")
+    return ("batch", "generate", "--plan", plan, "--store", store, "--output", output, "--workers", "1", "--quiet",
+            *extra)
+
+
+@case("batch/force-with-a-symlinked-member")
+def _(w):
+    batches = w.copy("batches")
+    member = sorted(n for n in os.listdir(batches) if n.endswith(".npz"))[0]
+    os.unlink(os.path.join(batches, member))
+    os.symlink(victim(w), os.path.join(batches, member))
+    w.refused((errors.BATCH_OUTPUT_MISMATCH, errors.OUTPUT_PATH_INVALID), member,
+              *generate(w, batches, "--force"))
+
+
+@case("batch/force-with-a-symlinked-plan-copy")
+def _(w):
+    batches = w.copy("batches")
+    shutil.rmtree(os.path.join(batches, "plan"))
+    os.symlink(w.copy("plan", "precious-plan"), os.path.join(batches, "plan"))
+    w.refused((errors.BATCH_OUTPUT_MISMATCH, errors.OUTPUT_PATH_INVALID), "plan",
+              *generate(w, batches, "--force"))
+
+
+@case("batch/output-symlink-to-a-folder")
+def _(w):
+    os.mkdir(w.path("elsewhere"))
+    os.symlink(w.path("elsewhere"), w.path("link"))
+    w.refused(errors.OUTPUT_PATH_INVALID, w.path("link"), *generate(w, w.path("link")))
+
+
+@case("batch/force-over-the-token-store")
+def _(w):
+    store = w.copy("store")
+    w.refused(errors.OUTPUT_IS_INPUT, store, *generate(w, store, "--force"))
+
+
+@case("batch/force-over-its-plan")
+def _(w):
+    plan = w.copy("plan")
+    w.refused(errors.OUTPUT_IS_INPUT, plan, *generate(w, plan, "--force"))
+
+
+@case("batch/output-inside-the-token-store")
+def _(w):
+    store = w.copy("store")
+    w.refused(errors.OUTPUT_IS_INPUT, os.path.join(store, "batches"), *generate(w, os.path.join(store, "batches")))
+
+
+@case("batch/force-over-another-plan")
+def _(w):
+    other = w.copy("plan", "other")
+    w.refused((errors.BATCH_OUTPUT_MISMATCH, errors.OUTPUT_PATH_INVALID), other, *generate(w, other, "--force"))
+
+
+@case("batch/umask-027")
+def _(w):
+    hs.assert_ok(w.cli_with_umask(0o027, *generate(w, w.path("out"))))
+    assert_modes(w.path("out"), 0o027)
+
+
+@case("batch/umask-022")
+def _(w):
+    hs.assert_ok(w.cli_with_umask(0o022, *generate(w, w.path("out"))))
+    assert_modes(w.path("out"), 0o022)
+
+
+@case("batch/retry-after-a-failed-write")
+def _(w):
+    args = generate(w, w.path("out"))
+    hs.assert_refused(w.cli_with_file_limit(4096, *args), errors.OUTPUT_WRITE_FAILED)
+    hs.assert_ok(w.cli(*args))
+    assert [n for n in os.listdir(w.path("out")) if n.startswith(".")] == []
+
+
+# ---------------------------------------------------------------------- gym
+def gym_run(w, port, output, *extra):
+    if not os.path.exists(w.path("model")):
+        w.copy("model")
+    return ("gym", "run", "--port", str(port), "--timeout", "2", "--game", "sudoku", "--episodes", "2",
+            "--tokenizer", w.path("model"), "--buffer-size", "2", "--window-mbs", "1", "--output", output,
+            "--quiet", *extra)
+
+
+@case("gym-run/server-down-then-retry")
+def _(w):
+    hs.assert_refused(w.cli(*gym_run(w, free_port(), w.path("run"))), errors.GYM_CONNECTION_FAILED)
+    assert not os.path.lexists(w.path("run")) and leftovers(w.path(".")) == []
+    hs.assert_ok(w.cli(*gym_run(w, w.server(), w.path("run"))))  # the same command, no --force
+    assert json.loads(Path(w.path("run"), "run.json").read_text())["windows"]["count"] == 1
+
+
+@case("gym-run/force-replaces-a-run")
+def _(w):
+    hs.assert_ok(w.cli(*gym_run(w, w.server(), w.path("run"))))
+    w.refused(errors.OUTPUT_EXISTS, w.path("run"), *gym_run(w, w.server(), w.path("run")))
+    before = w.state()
+    hs.assert_ok(w.cli(*gym_run(w, w.server(), w.path("run"), "--force", "--seed", "1")))
+    hs.assert_untouched(before, w.state(), owned=["run"])
+    hs.assert_ok(w.cli("gym", "replay", w.path("run")))
+
+
+@case("gym-run/force-over-a-plan")
+def _(w):
+    plan = w.copy("plan")
+    w.refused(errors.OUTPUT_PATH_INVALID, plan, *gym_run(w, free_port(), plan, "--force"))
+
+
+@case("gym-run/output-dangling-symlink")
+def _(w):
+    os.symlink(w.path("elsewhere"), w.path("run"))
+    w.refused(errors.OUTPUT_PATH_INVALID, w.path("run"), *gym_run(w, free_port(), w.path("run")))
+
+
+@case("gym-run/output-is-the-tokenizer-folder")
+def _(w):
+    model = w.copy("model")
+    w.refused(errors.OUTPUT_IS_INPUT, model, *gym_run(w, free_port(), model, "--force"))
+
+
+@case("gym-replay/header-only-log")
+def _(w):
+    from umlos_cuda.streams import ReplayBuffer, RollingBatchPlanWindow
+
+    RollingBatchPlanWindow(ReplayBuffer(2, "fifo", seed=0), 1, log=w.path("windows.jsonl"))
+    w.refused(errors.WINDOW_LOG_INVALID, "windows.jsonl", "gym", "replay", w.path("windows.jsonl"))
+
+
+SERVE = (
+    hs.API_PRELUDE
+    + "import asyncio, os\n"
+    "from umlos_cuda.streams.gym.server import serve\n"
+    "port_file = sys.argv[1]\n"
+    "if len(sys.argv) > 2:\n"
+    "    os.symlink(sys.argv[2], f'{port_file}.tmp{os.getpid()}')  # the temp name of a guessable writer\n"
+    "async def run():\n"
+    "    task = asyncio.ensure_future(serve('127.0.0.1', 0, port_file))\n"
+    "    while not task.done() and (os.path.islink(port_file) or not os.path.exists(port_file)):\n"
+    "        await asyncio.sleep(0.02)\n"
+    "    if task.done():\n"
+    "        task.result()\n"
+    "    task.cancel()\n"
+    "guarded(lambda: asyncio.run(run()))\n"
+)
+
+
+@case("gym-serve/planted-temp-symlink")
+def _(w):
+    target = victim(w)
+    before = w.state()
+    hs.assert_ok(hs.python(SERVE, w.path("port"), target, cwd=w.root))
+    assert all(p.startswith("port") for p in hs.changed_paths(before, w.state()))  # the port file and the planted link
+    assert Path(w.path("port")).read_text().split()[0] == "127.0.0.1"
+
+
+@case("gym-serve/port-file-is-a-symlink")
+def _(w):
+    os.symlink(victim(w), w.path("port"))
+    before = w.state()
+    hs.assert_refused(hs.python(SERVE, w.path("port"), cwd=w.root), errors.OUTPUT_PATH_INVALID, names="port")
+    hs.assert_untouched(before, w.state())
+
+
+@case("gym-serve/port-file-in-a-missing-folder")
+def _(w):
+    before = w.state()
+    hs.assert_refused(w.cli("gym", "serve", "--port", "0", "--port-file", w.path("missing/port")),
+                      errors.OUTPUT_PATH_INVALID, names="missing")
+    hs.assert_untouched(before, w.state())
+
+
+WINDOW_LOG = (
+    hs.API_PRELUDE
+    + "from umlos_cuda.streams import ReplayBuffer, RollingBatchPlanWindow\n"
+    "guarded(lambda: RollingBatchPlanWindow(ReplayBuffer(2, 'fifo', seed=0), 1, log=sys.argv[1]))\n"
+)
+
+
+@case("window-log/dangling-symlink")
+def _(w):
+    os.symlink(w.path("created-through-the-link"), w.path("windows.jsonl"))
+    before = w.state()
+    hs.assert_refused(hs.python(WINDOW_LOG, w.path("windows.jsonl"), cwd=w.root), errors.WINDOW_LOG_INVALID,
+                      names="windows.jsonl")
+    hs.assert_untouched(before, w.state())
+
+
+@case("window-log/append-after-the-log-became-a-symlink")
+def _(w):
+    code = (hs.API_PRELUDE
+            + "import os\nfrom umlos_cuda.streams import WindowLog\n"
+            "log = WindowLog(sys.argv[1], {'run': 1})\n"
+            "os.unlink(sys.argv[1]); os.symlink(sys.argv[2], sys.argv[1])\n"
+            "guarded(lambda: log.append({'window': 0}))\n")
+    target = victim(w)
+    outcome = hs.python(code, w.path("windows.jsonl"), target, cwd=w.root)
+    hs.assert_refused(outcome, errors.WINDOW_LOG_INVALID, names="windows.jsonl")
+    assert Path(target).read_text() == "keep me\n"
+
+
+# ---------------------------------------------------------------------- single-file outputs
+@case("next-batch/out-is-its-manifest")
+def _(w):
+    from nbcases import raw_manifest
+
+    Path(w.path("run.json")).write_text(json.dumps(raw_manifest(1000, 64, 48, seed=5)))
+    w.refused(errors.OUTPUT_IS_INPUT, "run.json", "next-batch", w.path("run.json"), "--dataset", "train",
+              "--backend", "numpy", "--out", w.path("run.json"), "--force")
+
+
+# ---------------------------------------------------------------------- the suite
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_hostile_writer(name, artifacts, tmp_path, request):
+    work = tmp_path / "case"
+    work.mkdir()
+    CASES[name](Workspace(work, artifacts, request))
+
+
+def test_the_class_has_enough_cases():
+    assert len(CASES) >= 30 and all(name.startswith("loss/") for name in CASES)

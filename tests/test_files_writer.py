@@ -217,6 +217,12 @@ def test_open_in_place_creates_reopens_and_refuses(tmp_path):
     assert (tmp_path / "old" / MARKER).read_bytes() == PLAN.marker_bytes()
     os.symlink(tmp_path / "out", tmp_path / "link")
     assert code_of(open_in_place, tmp_path / "link", PLAN, foreign=foreign).code == errors.OUTPUT_PATH_INVALID
+    (tmp_path / "linked-marker").mkdir()
+    (tmp_path / "linked-marker" / "meta.json").write_text('{"format": "old-plan"}')
+    os.symlink(tmp_path / "victim", tmp_path / "linked-marker" / MARKER)
+    error = code_of(open_in_place, tmp_path / "linked-marker", PLAN, foreign=foreign)
+    assert error.code == errors.OUTPUT_PATH_INVALID and MARKER in error.message
+    assert not (tmp_path / "victim").exists()
 
 
 # ---------------------------------------------------------------------- inputs

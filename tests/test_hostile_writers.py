@@ -22,7 +22,6 @@ import os
 import shutil
 import socket
 import stat
-import sys
 from pathlib import Path
 
 import pytest

@@ -148,7 +148,8 @@ class PendingFile:
         self.force = force
         if size is not None:
             check_free_space(self.path, size)
-        self.temp, fd = _create_temp(self.path)
+        temp, fd = _create_temp(self.path)
+        self.temp: str | None = temp
         self.handle: BinaryIO = os.fdopen(fd, "wb")
 
     def finish(self) -> None:
@@ -162,6 +163,7 @@ class PendingFile:
 
     def publish(self) -> None:
         """Give the finished temp file its name, and sync the folder."""
+        assert self.temp is not None, "published twice"
         _publish(self.temp, self.path, self.force)
         self.temp = None
         try:

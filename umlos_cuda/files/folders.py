@@ -13,7 +13,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import errors
 from ..errors import UmlosError
 
 

@@ -131,6 +131,9 @@ def open_in_place(directory: PathLike, kind: ArtifactKind, *, inputs: Iterable[P
             same, found = identify(folder, kind)
             if not same and folder.names():
                 raise foreign(path, found)
+            if found is None and folder.lstat(MARKER) is not None:
+                raise _error(errors.OUTPUT_PATH_INVALID, f"{folder.join(MARKER)} is not a marker umlos-cuda wrote (a "
+                             "link, a FIFO, other content): remove it, or write to a new folder", operator)
             if found is None:  # new, empty, or written before markers existed
                 write_marker(folder, kind)
                 folder.sync()
@@ -164,7 +167,11 @@ def _open_parent(directory: PathLike, kind: ArtifactKind, operator: str) -> tupl
 
 def _refuse_link_or_file(parent: Folder, name: str, path: str, kind: ArtifactKind,
                          operator: str) -> os.stat_result | None:
-    info = parent.lstat(name)
+    try:
+        info = parent.lstat(name)
+    except OSError as exc:
+        raise _error(errors.OUTPUT_PATH_INVALID, f"cannot write the {kind.name} {path}: {_reason(exc)}",
+                     operator) from exc
     if info is None:
         return None
     if stat.S_ISLNK(info.st_mode):

@@ -112,7 +112,6 @@ class BatchWriter:
                              operator=errors.BATCHING_OPERATOR)
         self.force = force
         self.n_batches = n_batches
-        self._folder: Folder | None = None
 
     def identity(self) -> dict:
         """What the files are made from (the fields a resumed run must match)."""
@@ -122,13 +121,10 @@ class BatchWriter:
 
     def write_all(self, progress: Callable[[int, int], None] | None = None) -> BatchWriteReport:
         """Write (or keep, after verifying) every microbatch's file; ``progress(done, total)`` as files finish."""
-        with self._prepare() as self._folder:
-            try:
-                return self._write_all(progress)
-            finally:
-                self._folder = None
+        with self._prepare() as folder:
+            return self._write_all(folder, progress)
 
-    def _write_all(self, progress) -> BatchWriteReport:
+    def _write_all(self, folder: Folder, progress) -> BatchWriteReport:
         total = self.plan.total_microbatches
         digests: dict[tuple[int, int], str] = {}
         counts = {"written": 0, "kept": 0, "rewritten": 0}
@@ -140,14 +136,14 @@ class BatchWriter:
                     if len(pending) >= window:
                         done, pending = wait(pending, return_when=FIRST_COMPLETED)
                         self._collect(done, digests, counts, progress, total)
-                    pending.add(pool.submit(self._one, epoch, microbatch))
+                    pending.add(pool.submit(self._one, folder, epoch, microbatch))
                 done, _ = wait(pending)
                 self._collect(done, digests, counts, progress, total)
             except BaseException:
                 for future in pending:
                     future.cancel()
                 raise
-        fingerprint = self._finish(digests)
+        fingerprint = self._finish(folder, digests)
         return BatchWriteReport(total, counts["written"], counts["kept"], counts["rewritten"], fingerprint)
 
     # ------------------------------------------------------------------ steps
@@ -188,11 +184,10 @@ class BatchWriter:
             raise
         return folder
 
-    def _one(self, epoch: int, microbatch) -> tuple[int, int, str, str]:
+    def _one(self, folder: Folder, epoch: int, microbatch) -> tuple[int, int, str, str]:
         batch = collate_microbatch(self.source, microbatch, pad_id=self.pad_id, separator_ids=self.separator_ids)
         arrays = file_arrays(epoch, microbatch, batch, self.plan.fingerprint)
         data = npz_bytes(arrays)
-        folder = self._folder
         name = batch_file_name(epoch, microbatch.index)
         status = "written"
         try:
@@ -216,7 +211,7 @@ class BatchWriter:
         if progress is not None:
             progress(len(digests), total)
 
-    def _finish(self, digests: dict[tuple[int, int], str]) -> BatchFingerprint:
+    def _finish(self, folder: Folder, digests: dict[tuple[int, int], str]) -> BatchFingerprint:
         order = [(epoch.epoch, epoch.global_index(j)) for epoch in self.plan.epochs for j in range(len(epoch))]
         first = order[:self.n_batches]
         fingerprint = BatchFingerprint(combine_digests(digests[p] for p in first), self.n_batches,
@@ -227,10 +222,10 @@ class BatchWriter:
             epochs.append({"epoch": epoch.epoch, "indices": indices,
                            "digests": [digests[(epoch.epoch, i)] for i in indices]})
         try:
-            _write_index(self._folder, {**self.identity(), "complete": True, "epochs": epochs,
+            _write_index(folder, {**self.identity(), "complete": True, "epochs": epochs,
                                         "batch_fingerprint": fingerprint.to_json()})
         except OSError as exc:
-            raise write_failed(self._folder.join(INDEX_FILE), exc) from exc
+            raise write_failed(folder.join(INDEX_FILE), exc) from exc
         return fingerprint
 
 
@@ -251,13 +246,12 @@ def _differences(a: dict, b: dict) -> str:
     return ", ".join(key for key in IDENTITY if a.get(key) != b.get(key)) or "nothing"
 
 
-def _input_paths(plan: Any, store: Any) -> list:
+def _input_paths(plan: Any, store: Any) -> list[Any]:
     """The paths the job reads, which the batch folder must not be, hold or sit inside."""
-    paths = [plan] if isinstance(plan, (str, os.PathLike)) else []
-    if isinstance(store, (str, os.PathLike)):
-        paths += [store, f"{os.fspath(store)}.idx", f"{os.fspath(store)}.bin"]
-    else:
-        paths += [getattr(store, "root", None), getattr(store, "prefix", None)]
+    paths: list[Any] = [plan] if isinstance(plan, (str, os.PathLike)) else []
+    where = store if isinstance(store, (str, os.PathLike)) else getattr(store, "root", getattr(store, "prefix", None))
+    if where is not None:  # a store folder, or a Megatron prefix and its two files
+        paths += [where, f"{os.fspath(where)}.idx", f"{os.fspath(where)}.bin"]
     return paths
 
 

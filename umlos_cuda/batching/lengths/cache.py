@@ -235,6 +235,8 @@ class LengthCacheWriter:
             f'{{"sample_id": {encode_basestring_ascii(str(sample_id))}{tail}{length}}}\n'
             for sample_id, length in zip(sample_ids, array.tolist())
         ).encode("ascii")
+        if self._handle is None:
+            raise _invalid(f"rows are added to {self.path} inside its `with` block")
         try:
             self._handle.write(text)
         except OSError as exc:
@@ -244,7 +246,7 @@ class LengthCacheWriter:
         self._chunks.append(array)
         self._count += array.shape[0]
 
-    def __exit__(self, kind, value, traceback) -> bool:
+    def __exit__(self, kind, value, traceback) -> None:
         try:
             if kind is not None:
                 raise value
@@ -260,20 +262,19 @@ class LengthCacheWriter:
                 "jsonl_sha256": self._digest.hexdigest(),
                 "sample_ids": "line_numbers" if self.ids_are_line_numbers else "jsonl",
             })
-            if self.folder is None:
-                self._publish(sidecar)
-            else:
-                self._finish_in_folder(sidecar)
+            if self._pending is not None:
+                self._publish(self._pending, sidecar)
+            elif self.folder is not None and self._handle is not None:
+                self._finish_in_folder(self.folder, self._handle, sidecar)
         except BaseException:
             self._discard()
             raise
         lengths.flags.writeable = False
         self._lengths = lengths
-        return False
 
-    def _publish(self, sidecar: bytes) -> None:
+    def _publish(self, pending: PendingFile, sidecar: bytes) -> None:
         """Both files written in full, then published: the JSONL first, the sidecar after."""
-        self._pending.finish()
+        pending.finish()
         side = PendingFile(self.sidecar, force=self.force, size=len(sidecar), kind=SIDECAR, inputs=self.inputs)
         try:
             try:
@@ -284,7 +285,7 @@ class LengthCacheWriter:
             if self.force:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.sidecar)  # never leave the old sidecar beside the new JSONL
-            self._pending.publish()
+            pending.publish()
         except BaseException:
             side.discard()
             raise
@@ -296,16 +297,16 @@ class LengthCacheWriter:
             side.discard()
             raise
 
-    def _finish_in_folder(self, sidecar: bytes) -> None:
-        with self._handle:
-            self._handle.flush()
-            os.fsync(self._handle.fileno())
-        self.folder.write_bytes(sidecar_path(self._name), sidecar)
+    def _finish_in_folder(self, folder: Folder, handle: BinaryIO, sidecar: bytes) -> None:
+        with handle:
+            handle.flush()
+            os.fsync(handle.fileno())
+        folder.write_bytes(sidecar_path(self._name), sidecar)
 
     def _discard(self) -> None:
         if self._pending is not None:
             self._pending.discard()
-        elif self._handle is not None:
+        elif self._handle is not None and self.folder is not None:
             with contextlib.suppress(OSError):
                 self._handle.close()
             with contextlib.suppress(OSError):

@@ -367,7 +367,7 @@ def test_bundled_manifests_load_with_unchanged_hashes():
                                        (lambda: uc.next_batch(GOOD, "train", world_size=10**5000, backend="numpy"),
                                         errors.INVALID_MANIFEST)])
 def test_huge_integer_arguments_are_refused_with_their_code(call, code):
-    """require_uint64's message printed the value, and str() of 5000 digits raises ValueError."""
+    """The uint64 check's message prints the value, and str() of 5000 digits raises ValueError."""
     with pytest.raises(uc.UmlosError) as info:
         call()
     assert info.value.code == code and "an integer of 16610 bits" in info.value.message

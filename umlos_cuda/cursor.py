@@ -17,8 +17,8 @@ from typing import Any, Mapping
 
 import cbor2
 
-from . import errors
-from .errors import UmlosError, require_uint64
+from . import checks, errors
+from .errors import UmlosError
 from .hashing import cbor_canonical
 
 OPERATOR = errors.CURSOR_OPERATOR
@@ -35,8 +35,8 @@ class Cursor:
     global_index: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "epoch", _uint64(self.epoch, "cursor.epoch"))
-        object.__setattr__(self, "global_index", _uint64(self.global_index, "cursor.global_index"))
+        object.__setattr__(self, "epoch", checks.uint64(self.epoch, "cursor.epoch", fail=_invalid))
+        object.__setattr__(self, "global_index", checks.uint64(self.global_index, "cursor.global_index", fail=_invalid))
 
     def to_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "global_index": self.global_index}
@@ -76,6 +76,3 @@ def as_cursor(value: Any) -> Cursor:
 def _invalid(message: str) -> UmlosError:
     return UmlosError(errors.INVALID_CURSOR, message, operator=OPERATOR)
 
-
-def _uint64(value: Any, what: str) -> int:
-    return require_uint64(value, what, errors.INVALID_CURSOR, operator=OPERATOR)

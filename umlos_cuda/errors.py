@@ -207,26 +207,6 @@ class UmlosError(Exception):
             self.record["diagnostics"] = details
 
 
-def require_uint64(value: Any, what: str, code: str, *, operator: str) -> int:
-    """Return ``value`` as an int if it is an integer in [0, 2^64 - 1]; else
-    raise ``code`` with ``operator`` in the failure record.
-
-    bool is refused although it subclasses int: ``drop_last: true`` written where
-    a size belongs is a mistake, not the number 1. NumPy integer scalars are
-    accepted because users pass them naturally (``len(array)``-derived values).
-    """
-    import numbers
-
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise UmlosError(code, f"{what} must be an integer in [0, 2^64 - 1], got {type(value).__name__} {value!r}",
-                         operator=operator)
-    value = int(value)
-    if not 0 <= value <= UINT64_MAX:
-        shown = value if value.bit_length() <= 128 else f"an integer of {value.bit_length()} bits"  # str() stops at 4300 digits
-        raise UmlosError(code, f"{what} must be in [0, 2^64 - 1], got {shown}", operator=operator)
-    return value
-
-
 UINT64_MAX = (1 << 64) - 1
 UINT32_MAX = (1 << 32) - 1
 #: The largest world size: world_size and rank are uint32 (docs/spec/nextbatch-v2.md §1).

@@ -16,12 +16,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
-from . import errors
+from . import checks, errors
 from .backends import get_backend
 from .cursor import Cursor, as_cursor
 from .dtypes import check_fits, output_dtype
 from .epoch import PlanCache, check_plan_budget, epoch_seed, limit_setting
-from .errors import MAX_WORLD_SIZE, UINT64_MAX, UmlosError, require_uint64  # noqa: F401  (MAX_WORLD_SIZE: re-exported)
+from .errors import MAX_WORLD_SIZE, UINT64_MAX, UmlosError  # noqa: F401  (MAX_WORLD_SIZE: re-exported)
 from .hashing import hash_canonical, sha256
 from .manifest.core import Manifest, as_manifest
 from .modes import SEQUENTIAL_MODE, block_affine
@@ -104,7 +104,10 @@ def _record_replay_t(manifest, dataset_key, world_size, rank, cursor, replay_tok
 
 def _uint64(value: Any, what: str) -> int:
     """R8's last row: in a call, a value that is not an integer in [0, 2^64 - 1] is INVALID_MANIFEST."""
-    return require_uint64(value, what, errors.INVALID_MANIFEST, operator=OPERATOR)
+    return checks.uint64(value, what, fail=_r8_invalid)
+
+
+_r8_invalid = checks.raising(errors.INVALID_MANIFEST, operator=OPERATOR)
 
 
 def _call_cursor(value: Any) -> Cursor:
@@ -485,7 +488,7 @@ def _window(manifest, dataset_key, epoch, start, count, stride, replay_token, co
     epoch = _uint64(epoch, "epoch")
     start = _uint64(start, "start")
     context["data_replay_t"] = data_replay_t(call.token, call.dataset_key, epoch, start, 1, 0).hex()
-    stride = require_uint64(stride, "stride", errors.INVALID_ARGUMENT, operator=OPERATOR)  # not an R8 input
+    stride = checks.uint64(stride, "stride", fail=checks.raising(errors.INVALID_ARGUMENT, operator=OPERATOR))  # not an R8 input
     if stride == 0:
         raise UmlosError(errors.INVALID_ARGUMENT, "stride must be at least 1 (1: a contiguous window)",
                          operator=OPERATOR)

@@ -19,11 +19,10 @@ for ``torch.utils.data.DistributedSampler`` matches on.
 
 from __future__ import annotations
 
-import numbers
 import os
 from typing import Any
 
-from . import errors
+from . import checks, errors
 from .errors import MAX_WORLD_SIZE, UmlosError
 
 
@@ -53,19 +52,9 @@ def env_int(name: str, *, operator: str) -> int | None:
                          operator=operator) from None
 
 
-def require_rank_like(value: Any, what: str, low: int, high: int, *, operator: str) -> int:
-    """``value`` as an int in ``[low, high]``, else ``INVALID_RANK`` naming the interval."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise UmlosError(
-            errors.INVALID_RANK,
-            f"Invalid {what} {value!r} ({type(value).__name__}), {what} should be an integer in the interval [{low}, {high}]",
-            operator=operator,
-        )
-    value = int(value)
-    if not low <= value <= high:
-        raise UmlosError(errors.INVALID_RANK, f"Invalid {what} {value}, {what} should be in the interval [{low}, {high}]",
-                         operator=operator)
-    return value
+#: PyTorch's DistributedSampler's words for a rank or world size outside its interval.
+PYTORCH_WORDING = ("Invalid {name} {value!r} ({type}), {name} should be an integer in the interval [{low}, {high}]",
+                   "Invalid {name} {value}, {name} should be in the interval [{low}, {high}]")
 
 
 def resolve_world(world_size: Any = None, rank: Any = None, *, size_name: str = "world_size",
@@ -86,6 +75,7 @@ def resolve_world(world_size: Any = None, rank: Any = None, *, size_name: str = 
         rank = dist.get_rank() if dist is not None else env_int("RANK", operator=operator)
         if rank is None:
             rank = 0
-    world_size = require_rank_like(world_size, size_name, 1, MAX_WORLD_SIZE, operator=operator)
-    rank = require_rank_like(rank, "rank", 0, world_size - 1, operator=operator)
+    fail = checks.raising(errors.INVALID_RANK, operator=operator)
+    world_size = checks.integer(world_size, size_name, 1, MAX_WORLD_SIZE, fail=fail, message=PYTORCH_WORDING)
+    rank = checks.integer(rank, "rank", 0, world_size - 1, fail=fail, message=PYTORCH_WORDING)
     return world_size, rank

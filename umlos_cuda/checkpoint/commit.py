@@ -44,8 +44,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from .. import errors
-from ..errors import MAX_WORLD_SIZE, require_uint64
+from .. import checks, errors
+from ..errors import MAX_WORLD_SIZE
 from ..hashing import cbor_canonical, sha256
 from . import atomic, paths, retention, schema, signing
 from .anchor import check_anchor
@@ -579,8 +579,5 @@ __all__ = [
 
 def _checked_world_size(world_size: Any) -> int:
     """A run's world size: an integer in ``[1, MAX_WORLD_SIZE]`` (else ``CHECKPOINT_STATE_INVALID``)."""
-    world_size = require_uint64(world_size, "world_size", errors.CHECKPOINT_STATE_INVALID, operator=COMMIT)
-    if not 1 <= world_size <= MAX_WORLD_SIZE:
-        raise error(errors.CHECKPOINT_STATE_INVALID, f"world_size {world_size} is outside [1, {MAX_WORLD_SIZE}]",
-                    operator=COMMIT)
-    return world_size
+    return checks.integer(world_size, "world_size", 1, MAX_WORLD_SIZE, message=checks.OUTSIDE,
+                          fail=checks.raising(errors.CHECKPOINT_STATE_INVALID, operator=COMMIT))

@@ -16,9 +16,10 @@ value of the wrong type is ``CHECKPOINT_SCHEMA_INVALID``.
 from __future__ import annotations
 
 import re
+from functools import partial
 from typing import Any, Mapping
 
-from .. import distribution, errors
+from .. import checks, distribution, errors
 from ..hashing import ZERO_HASH, hash_canonical
 from . import limits, merkle
 from .codes import SERIALIZE, error
@@ -223,9 +224,9 @@ def check_hash(value: Any, what: str, code: str = errors.CHECKPOINT_SCHEMA_INVAL
 
 
 def check_uint64(value: Any, what: str, code: str = errors.CHECKPOINT_SCHEMA_INVALID) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= errors.UINT64_MAX:
-        raise error(code, f"{what} must be an integer in [0, 2^64 - 1]")
-    return value
+    """A uint64 field (a plain int, as CBOR holds it); the message never echoes untrusted data."""
+    return checks.integer(value, what, fail=partial(error, code), message="{name} must be an integer in [0, 2^64 - 1]",
+                          strict=True)
 
 
 def check_text_list(value: Any, what: str, *, sorted_unique: bool = True) -> list[str]:

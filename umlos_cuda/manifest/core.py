@@ -32,13 +32,13 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .. import errors
+from .. import checks, errors
 from ..errors import UmlosError
 from ..hashing import hash_canonical, sha256
 from .file import MAX_EXPANDED_BYTES, MAX_EXPANDED_NODES, MAX_MANIFEST_BYTES, MAX_NESTING, read_manifest_file
 from .datasets import check_split, datasets_as_map
 from .schema import (DATA_KEYS, DATASET_KEYS, DATASET_OPTIONAL_KEYS, DOCS, FREE_FORM_KEYS, TOP_LEVEL_KEYS,
-                     invalid_manifest, refuse_unknown_keys, require_manifest_uint64)
+                     invalid_manifest, refuse_unknown_keys)
 from .view import HOW_TO_CHANGE, ReadOnlyDict, freeze, thaw
 from ..modes import DEFAULT_MODE, mode_names
 
@@ -280,11 +280,11 @@ def canonicalize(raw: Any) -> dict[str, Any]:
     if not isinstance(manifest["spec_version"], str):
         raise invalid_manifest("spec_version must be a string")
     manifest.setdefault("seed", DEFAULT_SEED)
-    manifest["seed"] = require_manifest_uint64(manifest["seed"], "seed")
+    manifest["seed"] = checks.uint64(manifest["seed"], "seed", fail=invalid_manifest)
 
     if "global_batch_size" not in manifest:
         raise invalid_manifest("manifest lacks global_batch_size")
-    manifest["global_batch_size"] = require_manifest_uint64(manifest["global_batch_size"], "global_batch_size")
+    manifest["global_batch_size"] = checks.uint64(manifest["global_batch_size"], "global_batch_size", fail=invalid_manifest)
 
     data = manifest.setdefault("data", {})
     if data is None:
@@ -293,7 +293,7 @@ def canonicalize(raw: Any) -> dict[str, Any]:
         raise invalid_manifest(f"data must be a mapping, got {type(data).__name__}")
     refuse_unknown_keys(data, DATA_KEYS, "data")
     data.setdefault("sampler_block_size", DEFAULT_BLOCK_SIZE)
-    data["sampler_block_size"] = require_manifest_uint64(data["sampler_block_size"], "data.sampler_block_size")
+    data["sampler_block_size"] = checks.uint64(data["sampler_block_size"], "data.sampler_block_size", fail=invalid_manifest)
     data.setdefault("drop_last", DEFAULT_DROP_LAST)
     if not isinstance(data["drop_last"], bool):
         raise invalid_manifest(f"data.drop_last must be true or false, got {data['drop_last']!r}")
@@ -326,7 +326,7 @@ def canonicalize(raw: Any) -> dict[str, Any]:
         missing = [name for name in DATASET_REQUIRED_FIELDS if name not in entry]
         if missing:
             raise invalid_manifest(f"datasets.{key} lacks {', '.join(missing)} (every dataset names all four)")
-        entry["cardinality"] = require_manifest_uint64(entry["cardinality"], f"datasets.{key}.cardinality")
+        entry["cardinality"] = checks.uint64(entry["cardinality"], f"datasets.{key}.cardinality", fail=invalid_manifest)
         for name in ("id", "version", "hash"):
             value = entry[name]
             if isinstance(value, bool) or not isinstance(value, (str, int, bytes)):

@@ -16,7 +16,7 @@ import difflib
 from typing import Iterable, Mapping
 
 from .. import errors
-from ..errors import UmlosError, require_uint64
+from ..errors import UmlosError
 
 #: Where every key is described; manifest errors end by pointing there.
 DOCS = "docs/manifest.md"
@@ -47,11 +47,6 @@ def invalid_manifest(message: str) -> UmlosError:
     """INVALID_MANIFEST, its record naming manifest validation (UML_OS.Data.ValidateManifest_v1);
     a NextBatch call that validates a manifest names itself instead (docs/errors.md)."""
     return UmlosError(errors.INVALID_MANIFEST, message, operator=errors.MANIFEST_OPERATOR)
-
-
-def require_manifest_uint64(value: object, what: str) -> int:
-    """``value`` as an int in [0, 2^64 - 1], else :func:`invalid_manifest` naming ``what``."""
-    return require_uint64(value, what, errors.INVALID_MANIFEST, operator=errors.MANIFEST_OPERATOR)
 
 
 def nearest_key(key: str, allowed: Iterable[str]) -> str | None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import errors
+from .. import checks, errors
 from ..checkpoint import CursorKind, register_cursor_kind, register_record_type, tape
 from ..errors import UmlosError
 from ..manifest.core import Manifest
@@ -79,9 +79,7 @@ def step_record(streams: Any, t: int, *, functional_fp: bytes | None = None) -> 
     """The ``rng.iter`` record of step ``t``: the stream's ``rng_fingerprint_t``
     and the accountant's ``state_fp_t`` (the trainer's ``state_fp``, or the
     data plane's), with ``functional_fp`` when it was recomputed."""
-    if isinstance(t, bool) or not tape.is_uint(t):
-        raise UmlosError(errors.FINGERPRINT_INPUT_INVALID, f"t must be an integer in [0, 2^64 - 1], got {t!r}",
-                         operator=RNG_OPERATOR)
+    t = checks.uint64(t, "t", fail=checks.raising(errors.FINGERPRINT_INPUT_INVALID, operator=RNG_OPERATOR))
     rng_fp, state_fp = streams.accountant.fingerprints()
     return {"type": RNG_ITER, "t": t, "rng_fingerprint_t": rng_fp, "state_fp_t": state_fp,
             "functional_fp": _functional(functional_fp)}

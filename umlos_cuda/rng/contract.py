@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .. import errors
+from .. import checks, errors
 from ..errors import UmlosError
 
 #: The stream of an operator that draws nothing.
@@ -91,10 +91,8 @@ class Accountant:
         if tape is not None:
             self.tape = tape
         if t is not None:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= errors.UINT64_MAX:
-                raise UmlosError(errors.RNG_DECLARATION_INVALID, f"t must be an integer in [0, 2^64 - 1], got {t!r}",
-                                 operator=CONTRACT_OPERATOR)
-            self.t = t
+            self.t = checks.uint64(t, "t", fail=checks.raising(errors.RNG_DECLARATION_INVALID,
+                                                                operator=CONTRACT_OPERATOR))
         if state_fp is not None:
             self.state_fp = state_fp
         if cursor is not None:
@@ -276,8 +274,8 @@ def _checked_declaration(operator: Any, stream: Any, draws: Any, streams: tuple[
         raise UmlosError(errors.RNG_DECLARATION_INVALID,
                          f"operator {operator}: stream {stream!r} is not one of {', '.join(allowed)}",
                          operator=CONTRACT_OPERATOR)
-    draws = errors.require_uint64(draws, f"operator {operator}: the number of draws", errors.RNG_DECLARATION_INVALID,
-                                  operator=CONTRACT_OPERATOR)
+    draws = checks.uint64(draws, f"operator {operator}: the number of draws",
+                          fail=checks.raising(errors.RNG_DECLARATION_INVALID, operator=CONTRACT_OPERATOR))
     if (stream == NONE) != (draws == 0):
         raise UmlosError(
             errors.RNG_DECLARATION_INVALID,

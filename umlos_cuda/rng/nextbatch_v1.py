@@ -26,8 +26,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import errors
-from ..errors import NEXTBATCH_V1_OPERATOR, UmlosError, require_uint64
+from .. import checks, errors
+from ..errors import NEXTBATCH_V1_OPERATOR, UmlosError
 from ..manifest.core import Manifest, as_manifest
 from ..nextbatch import MAX_WORLD_SIZE, check_request_size, epoch_indices
 from .contract import consumes
@@ -142,9 +142,9 @@ def _validate(manifest, key, world_size, rank, epoch, streams) -> _Call:
     if manifest.sampler_block_size == 0:
         raise _invalid(errors.BATCH_SIZE_INCONSISTENT,
                        "data.sampler_block_size is 0; it must be at least 1 (default 1048576)", key)
-    epoch = require_uint64(epoch, "epoch", errors.INVALID_MANIFEST, operator=NEXTBATCH_V1_OPERATOR)
-    world_size = require_uint64(world_size, "world_size", errors.INVALID_MANIFEST, operator=NEXTBATCH_V1_OPERATOR)
-    rank = require_uint64(rank, "rank", errors.INVALID_MANIFEST, operator=NEXTBATCH_V1_OPERATOR)
+    fail = checks.raising(errors.INVALID_MANIFEST, operator=NEXTBATCH_V1_OPERATOR)
+    epoch, world_size, rank = (checks.uint64(value, name, fail=fail)
+                               for value, name in ((epoch, "epoch"), (world_size, "world_size"), (rank, "rank")))
     if world_size == 0 or world_size > MAX_WORLD_SIZE:
         raise _invalid(errors.INVALID_RANK, f"world_size {world_size} is outside [1, {MAX_WORLD_SIZE}]", key)
     if rank >= world_size:

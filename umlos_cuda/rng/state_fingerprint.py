@@ -31,7 +31,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import errors
+from .. import checks, errors
 from ..errors import UmlosError
 from ..hashing import hash_canonical, sha256
 
@@ -69,9 +69,8 @@ class StateFingerprint:
 
     def add_data_cursor(self, epoch: int, index: int, order: bytes) -> "StateFingerprint":
         """Item 4: ``uint64_be(epoch) || uint64_be(index) || order`` (order: 32 bytes, :func:`order_hash`)."""
-        for name, value in (("epoch", epoch), ("index", index)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= errors.UINT64_MAX:
-                raise _invalid(f"data_cursor {name} must be an integer in [0, 2^64 - 1], got {value!r}")
+        epoch, index = (checks.uint64(value, f"data_cursor {name}", fail=_invalid)
+                        for name, value in (("epoch", epoch), ("index", index)))
         if not isinstance(order, bytes) or len(order) != 32:
             raise _invalid("data_cursor order hash must be 32 bytes")
         return self.add("data_cursor", struct.pack(">QQ", int(epoch), int(index)) + order)
@@ -117,7 +116,7 @@ def order_hash(manifest: Any, dataset_key: str, epoch: int, *, stage: str = "tra
     spec = manifest.dataset(dataset_key)
     sampler = resolve_sampler(manifest, stage, preset)
     token = manifest.resolve_replay_token(replay_token)
-    epoch = errors.require_uint64(epoch, "epoch", errors.FINGERPRINT_INPUT_INVALID, operator=OPERATOR)
+    epoch = checks.uint64(epoch, "epoch", fail=_invalid)
     seed16 = epoch_seed(token, manifest.hash, dataset_key, epoch) if sampler.shuffled else None
     return hash_canonical([ORDER_TAG, sampler.config_hash, spec.cardinality, seed16])
 

@@ -35,7 +35,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import errors
+from .. import checks, errors
 from ..errors import UINT64_MAX, UmlosError
 from ..hashing import hash_canonical, sha256
 from ..manifest.core import Manifest, as_manifest
@@ -274,7 +274,7 @@ def check_stream(stream: Any) -> str:
 
 
 def _check_count(k: Any) -> int:
-    return errors.require_uint64(k, "a draw count", errors.RNG_STREAM_INVALID, operator=RNG_OPERATOR)
+    return checks.uint64(k, "a draw count", fail=checks.raising(errors.RNG_STREAM_INVALID, operator=RNG_OPERATOR))
 
 
 def _checked_offsets(offsets: Any) -> dict[str, int]:
@@ -282,8 +282,5 @@ def _checked_offsets(offsets: Any) -> dict[str, int]:
         keys = sorted(offsets) if isinstance(offsets, Mapping) else type(offsets).__name__
         raise UmlosError(errors.RNG_STATE_INVALID,
                          f"offsets has exactly the keys {', '.join(STREAMS)}; got {keys}", operator=RNG_OPERATOR)
-    out = {}
-    for name in STREAMS:
-        out[name] = errors.require_uint64(offsets[name], f"offsets.{name}", errors.RNG_STATE_INVALID,
-                                          operator=RNG_OPERATOR)
-    return out
+    fail = checks.raising(errors.RNG_STATE_INVALID, operator=RNG_OPERATOR)
+    return {name: checks.uint64(offsets[name], f"offsets.{name}", fail=fail) for name in STREAMS}

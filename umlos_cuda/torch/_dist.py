@@ -9,10 +9,10 @@ imports torch, so the samplers also work in a process without it.
 
 from __future__ import annotations
 
-import numbers
+from functools import partial
 from typing import Any
 
-from .. import errors, world
+from .. import checks, errors, world
 from ..errors import MAX_WORLD_SIZE, UINT64_MAX, UmlosError  # noqa: F401  (MAX_WORLD_SIZE: re-exported)
 
 
@@ -46,13 +46,8 @@ def as_argument_error(exc: UmlosError) -> SamplerArgumentError:
 
 
 def require_int(value: Any, what: str, low: int, high: int, code: str) -> int:
-    """``value`` as an int in ``[low, high]``, else an error that names the range."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise argument_error(code, f"{what} must be an integer in [{low}, {high}], got {type(value).__name__} {value!r}")
-    value = int(value)
-    if not low <= value <= high:
-        raise argument_error(code, f"{what} {value} is outside [{low}, {high}]")
-    return value
+    """``value`` as an int in ``[low, high]``, else a SamplerArgumentError ``code`` that names the range."""
+    return checks.integer(value, what, low, high, fail=partial(argument_error, code), message=checks.OUTSIDE)
 
 
 def resolve_world(world_size: Any = None, rank: Any = None, size_name: str = "world_size") -> tuple[int, int]:

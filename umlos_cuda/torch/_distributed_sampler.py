@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from .. import errors
+from .. import checks, errors
 from ..errors import UINT64_MAX
 from ..manifest.core import DEFAULT_BLOCK_SIZE, Manifest
 from ._dist import argument_error, require_int, require_uint64, resolve_world, type_error
@@ -62,11 +63,9 @@ def _dataset_length(dataset: Any) -> int:
 
 
 def _require_seed(seed: Any) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise argument_error(
-            errors.INVALID_ARGUMENT, f"seed must be an integer in [-2^63, 2^64 - 1], got {type(seed).__name__} {seed!r}"
-        )
-    return int(seed)
+    """Any integer: the range is checked where the seed is used (shuffle=True; :func:`check_effective_seed`)."""
+    return checks.integer(seed, "seed", None, None, fail=partial(argument_error, errors.INVALID_ARGUMENT),
+                          message="{name} must be an integer in [-2^63, 2^64 - 1], got {type} {value!r}")
 
 
 def _require_mode(sampling_mode: Any) -> str:

@@ -32,10 +32,9 @@ its separator ids are given when its rows are collated.
 from __future__ import annotations
 
 import enum
-import numbers
 from dataclasses import dataclass
 
-from ... import errors
+from ... import checks, errors
 from ...errors import UmlosError
 
 #: Longest row: positions and ``cu_seqlens`` are int32.
@@ -81,12 +80,6 @@ class OversizePolicy(_Choice):
     SPLIT = "split"  # pieces of max_length tokens (the last shorter), each a segment
 
 
-def require_int(value, what: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= int(value) <= high:
-        raise config_error(f"{what} must be an integer in [{low}, {high}], got {value!r}")
-    return int(value)
-
-
 @dataclass(frozen=True, slots=True)
 class PackingConfig:
     """A packing (checked on construction).
@@ -112,14 +105,14 @@ class PackingConfig:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "max_length", require_int(self.max_length, "max_length", 1, MAX_PACK_LENGTH))
+        set_(self, "max_length", checks.integer(self.max_length, "max_length", 1, MAX_PACK_LENGTH, fail=config_error))
         set_(self, "mode", PackingMode.parse(self.mode))
         set_(self, "oversize", OversizePolicy.parse(self.oversize))
         if isinstance(self.separator_ids, (str, bytes)) or not hasattr(self.separator_ids, "__iter__"):
             raise config_error(f"separator_ids must be a sequence of token ids, got {self.separator_ids!r}")
-        ids = tuple(require_int(t, "a separator id", 0, MAX_TOKEN_ID) for t in self.separator_ids)
+        ids = tuple(checks.integer(t, "a separator id", 0, MAX_TOKEN_ID, fail=config_error) for t in self.separator_ids)
         set_(self, "separator_ids", ids)
-        length = require_int(self.separator_len, "separator_len", 0, MAX_PACK_LENGTH)
+        length = checks.integer(self.separator_len, "separator_len", 0, MAX_PACK_LENGTH, fail=config_error)
         if ids and length not in (0, len(ids)):
             raise config_error(f"separator_len {length} does not match the {len(ids)} separator_ids {list(ids)}")
         length = len(ids) or length

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
 from . import trees as packing_trees
-from .config import MAX_PACK_LENGTH, PackingMode, config_error, packing_error, require_int
+from .config import MAX_PACK_LENGTH, PackingMode, config_error, packing_error
 
 BACKENDS = ("auto", "native", "python")
 #: Mode numbers of the native entry point.
@@ -53,8 +53,8 @@ def pack_lengths(lengths, max_length: int, mode: PackingMode | str = PackingMode
         backend: ``auto``, ``native`` or ``python``.
     """
     mode = PackingMode.parse(mode)
-    max_length = require_int(max_length, "max_length", 1, MAX_PACK_LENGTH)
-    separator_len = require_int(separator_len, "separator_len", 0, MAX_PACK_LENGTH)
+    max_length = checks.integer(max_length, "max_length", 1, MAX_PACK_LENGTH, fail=config_error)
+    separator_len = checks.integer(separator_len, "separator_len", 0, MAX_PACK_LENGTH, fail=config_error)
     if backend not in BACKENDS:
         raise config_error(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     needs = _needs(lengths, max_length, separator_len)

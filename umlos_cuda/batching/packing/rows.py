@@ -35,9 +35,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
 from .pack import BACKENDS, native_module
-from .config import MAX_TOKEN_ID, PackingConfig, config_error, packing_error, require_int
+from .config import MAX_TOKEN_ID, PackingConfig, config_error, packing_error
 
 #: What :func:`layout_rows` reads of each segment (one C-level map each).
 _SEGMENT_FIELDS = tuple(map(operator.attrgetter, ("input_ids", "loss_mask", "sample_id", "offset")))
@@ -308,7 +308,8 @@ def pack_rows(rows: Iterable[Iterable], separator_ids: Sequence[int] = (), *, ma
     """
     if config is not None:
         separator_ids, max_length = config.layout_separator(), config.max_length
-    separator_ids = tuple(require_int(t, "a separator id", 0, MAX_TOKEN_ID) for t in separator_ids)
+    separator_ids = tuple(checks.integer(t, "a separator id", 0, MAX_TOKEN_ID, fail=config_error)
+                          for t in separator_ids)
     packed = build_rows([[as_sequence(item, k) for k, item in enumerate(row)] for row in rows], separator_ids)
     for r, row in enumerate(packed):
         if max_length is not None and row.length > max_length:

@@ -16,12 +16,11 @@ silently.
 from __future__ import annotations
 
 import functools
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
 from ...errors import UmlosError
 
 #: Bucket id of a skipped sample.
@@ -48,16 +47,6 @@ def config_error(message: str) -> UmlosError:
     return UmlosError(errors.BATCHING_CONFIG_INVALID, message, operator=errors.BATCH_PLAN_OPERATOR)
 
 
-def require_int(value, what: str, low: int, high: int) -> int:
-    """``value`` as an int in ``[low, high]``, else BATCHING_CONFIG_INVALID naming the range."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise config_error(f"{what} must be an integer in [{low}, {high}], got {type(value).__name__} {value!r}")
-    value = int(value)
-    if not low <= value <= high:
-        raise config_error(f"{what} must be in [{low}, {high}], got {value}")
-    return value
-
-
 @dataclass(frozen=True, slots=True)
 class BucketSpec:
     """Bucket edges and the longest accepted length (validated on construction).
@@ -77,16 +66,16 @@ class BucketSpec:
     def __post_init__(self) -> None:
         if isinstance(self.edges, (str, bytes)) or not hasattr(self.edges, "__iter__"):
             raise config_error(f"edges must be a sequence of integers, got {self.edges!r}")
-        edges = tuple(require_int(e, "each bucket edge", 1, MAX_LENGTH - 1) for e in self.edges)
+        edges = tuple(checks.integer(e, "each bucket edge", 1, MAX_LENGTH - 1, fail=config_error) for e in self.edges)
         if len(edges) >= MAX_BUCKETS:
             raise config_error(f"at most {MAX_BUCKETS - 1} edges, got {len(edges)}")
         for i in range(1, len(edges)):
             if edges[i] <= edges[i - 1]:
                 raise config_error(f"edges must be strictly ascending, got {edges[i - 1]} then {edges[i]}")
-        overflow_max = require_int(self.overflow_max, "overflow_max", 1, MAX_LENGTH)
+        overflow_max = checks.integer(self.overflow_max, "overflow_max", 1, MAX_LENGTH, fail=config_error)
         if edges and overflow_max <= edges[-1]:
             raise config_error(f"overflow_max must exceed the last edge {edges[-1]}, got {overflow_max}")
-        min_length = require_int(self.min_length, "min_length", 0, overflow_max)
+        min_length = checks.integer(self.min_length, "min_length", 0, overflow_max, fail=config_error)
         object.__setattr__(self, "edges", edges)
         object.__setattr__(self, "overflow_max", overflow_max)
         object.__setattr__(self, "min_length", min_length)
@@ -102,18 +91,19 @@ class BucketSpec:
         return np.asarray(self.edges + (self.overflow_max,), dtype=np.uint32)
 
     def bucket_max_length(self, bucket_id: int) -> int:
-        bucket_id = require_int(bucket_id, "bucket_id", 0, self.num_buckets - 1)
+        bucket_id = checks.integer(bucket_id, "bucket_id", 0, self.num_buckets - 1, fail=config_error)
         return int(self.max_lengths[bucket_id])
 
     def bucket_range(self, bucket_id: int) -> tuple[int, int]:
         """Inclusive ``(shortest, longest)`` length of a bucket."""
-        bucket_id = require_int(bucket_id, "bucket_id", 0, self.num_buckets - 1)
+        bucket_id = checks.integer(bucket_id, "bucket_id", 0, self.num_buckets - 1, fail=config_error)
         low = self.min_length if bucket_id == 0 else self.edges[bucket_id - 1] + 1
         return max(low, self.min_length), self.bucket_max_length(bucket_id)
 
     def get_bucket_id(self, length: int) -> int:
         """The bucket of one length (-1 when skipped); see :meth:`bucket_ids`."""
-        return int(self.bucket_ids(np.asarray([require_int(length, "length", 0, MAX_LENGTH)], dtype=np.uint32))[0])
+        length = checks.integer(length, "length", 0, MAX_LENGTH, fail=config_error)
+        return int(self.bucket_ids(np.asarray([length], dtype=np.uint32))[0])
 
     def bucket_ids(self, lengths: np.ndarray) -> np.ndarray:
         """Bucket id of each length (``int16``, -1 where the sample is skipped).

@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from ... import checks
 from .buckets import config_error
 from .config import BatchingConfig
 from .plan import BatchPlan, BatchPlanMeta, EpochPlan
@@ -61,9 +62,8 @@ class BatchPlanBuilder:
 
     def build(self, num_epochs: int = 1, progress: Callable[[int, int], None] | None = None) -> BatchPlan:
         """The plan of epochs ``0 .. num_epochs - 1``; ``progress(done, total)`` after each epoch."""
-        from .buckets import require_int
 
-        num_epochs = require_int(num_epochs, "num_epochs", 1, MAX_EPOCHS)
+        num_epochs = checks.integer(num_epochs, "num_epochs", 1, MAX_EPOCHS, fail=config_error)
         n = int(self.lengths.shape[0])
         manifest = plan_manifest(self.config, n)
         metadata = engine_metadata(self.config, manifest)

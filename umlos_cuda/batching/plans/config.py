@@ -32,12 +32,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from ... import checks
 from ...errors import UINT64_MAX
 from ...manifest.core import DEFAULT_BLOCK_SIZE
 from ...nextbatch import MODE_SEQUENTIAL, MODE_SHUFFLE
 from ...modes import DEFAULT_MODE, mode_names
 from ...presets import MODE_STREAMING
-from .buckets import MAX_LENGTH, BucketSpec, config_error, require_int
+from .buckets import MAX_LENGTH, BucketSpec, config_error
 from ..packing.config import OversizePolicy, PackingConfig
 
 #: The engine calls a plan's order can come from: shuffled train, sequential, streaming preset.
@@ -114,15 +115,16 @@ class BatchingConfig:
         except ValueError:
             raise config_error(f"profile (meta.json's mode) must be predictable or throughput, "
                                f"got {self.profile!r}") from None
-        budget = require_int(self.token_budget, "token_budget", 1, MAX_LENGTH)
+        budget = checks.integer(self.token_budget, "token_budget", 1, MAX_LENGTH, fail=config_error)
         if budget < spec.overflow_max:
             raise config_error(
                 f"token_budget {budget} is below overflow_max {spec.overflow_max}: a sample of the longest "
                 f"accepted length would not fit in any microbatch; raise the budget or lower overflow_max"
             )
         set_(self, "token_budget", budget)
-        set_(self, "seed", require_int(self.seed, "seed", 0, UINT64_MAX))
-        set_(self, "sampler_block_size", require_int(self.sampler_block_size, "sampler_block_size", 1, UINT64_MAX))
+        set_(self, "seed", checks.integer(self.seed, "seed", 0, UINT64_MAX, fail=config_error))
+        set_(self, "sampler_block_size",
+             checks.integer(self.sampler_block_size, "sampler_block_size", 1, UINT64_MAX, fail=config_error))
         if self.stage not in PLAN_STAGES:
             raise config_error(f"stage (meta.json's sampling_mode) must be one of {', '.join(PLAN_STAGES)}, "
                                f"got {self.stage!r}")

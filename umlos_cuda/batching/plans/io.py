@@ -41,7 +41,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
 from ...errors import UmlosError
 from .builder import sample_ids_lines
 from .config import BatchingConfig
@@ -233,8 +233,10 @@ def meta_from_json(data) -> BatchPlanMeta:
         if shard is not None and (not isinstance(shard, dict) or set(shard) != {"rank", "world_size", "source_fingerprint"}):
             raise _format(f"meta.json shard must be null or {{rank, world_size, source_fingerprint}}, got {shard!r}")
         meta = BatchPlanMeta(
-            config=config, num_epochs=_int(data["num_epochs"], "num_epochs", 1),
-            num_samples=_int(data["num_samples"], "num_samples", 1), tokenizer_hash=data["tokenizer_hash"],
+            config=config,
+            num_epochs=checks.integer(data["num_epochs"], "num_epochs", 1, None, fail=_meta, message=checks.AT_LEAST),
+            num_samples=checks.integer(data["num_samples"], "num_samples", 1, None, fail=_meta, message=checks.AT_LEAST),
+            tokenizer_hash=data["tokenizer_hash"],
             dataset_hash=data["dataset_hash"], lengths_sha256=data["lengths_sha256"],
             sample_ids_sha256=data["sample_ids_sha256"], sampling_mode=config.stage,
             sampler_config_hash=data["sampler_config_hash"], manifest_hash=data["manifest_hash"],
@@ -255,10 +257,8 @@ def meta_from_json(data) -> BatchPlanMeta:
     return meta
 
 
-def _int(value, what: str, low: int, where: str = "meta.json") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise _format(f"{where}: {what} must be an integer >= {low}, got {value!r}")
-    return value
+def _meta(message: str) -> UmlosError:
+    return _format(f"meta.json: {message}")
 
 
 def read_json(path: str):
@@ -293,9 +293,8 @@ def read_sample_ids(path: str, count: int) -> list[str]:
 def read_microbatches_jsonl(path: str, meta: BatchPlanMeta, sample_ids, base: int, step: int) -> dict:
     """Arrays from a microbatches.jsonl (ids mapped back to rows)."""
     lookup = None if sample_ids is None else {sid: row for row, sid in enumerate(sample_ids)}
-    n = meta.num_samples
-    sizes, rows, bucket_ids, max_len, row_sizes, pack_sizes = [], [], [], [], [], []
     packed = meta.config.pack is not None
+    sizes, rows, bucket_ids, max_len, row_sizes, pack_sizes = [], [], [], [], [], []
     try:
         handle = open(path, "rb")
     except OSError as exc:
@@ -303,43 +302,62 @@ def read_microbatches_jsonl(path: str, meta: BatchPlanMeta, sample_ids, base: in
     with handle:
         for number, line in enumerate(handle):
             where = f"{path} line {number + 1}"
-            try:
-                item = json.loads(line)
-            except ValueError:
-                raise _format(f"{where} is not JSON") from None
-            if not isinstance(item, dict) or set(item) != {"index", "samples", "bucket_id", "max_len", "packs"}:
-                raise _format(f"{where} must have exactly index, samples, bucket_id, max_len, packs")
-            if item["index"] != base + number * step:
-                raise _format(f"{where} has index {item['index']!r}; expected {base + number * step}")
-            samples = item["samples"]
-            if not isinstance(samples, list) or not samples:
-                raise _format(f"{where}: samples must be a non-empty list of sample ids")
-            if packed:
-                packs = item["packs"]
-                if not isinstance(packs, list) or not all(isinstance(p, list) and p for p in packs) \
-                        or [sid for p in packs for sid in p] != samples:
-                    raise _format(f"{where}: packs must be non-empty lists of sample ids that, joined, are samples")
-                row_sizes.extend(len(p) for p in packs)
-                pack_sizes.append(len(packs))
-            elif item["packs"] is not None:
-                raise _format(f"{where} has packs but meta.json has no pack_config")
-            for sid in samples:
-                row = _row_of(sid, lookup, n)
+            item = _microbatch(line, where, base + number * step, packed)
+            for sid in item["samples"]:
+                row = _row_of(sid, lookup, meta.num_samples)
                 if row is None:
                     raise _format(f"{where}: sample {sid!r} is not a sample of this plan")
                 rows.append(row)
-            sizes.append(len(samples))
-            bucket_ids.append(_int(item["bucket_id"], "bucket_id", 0, where))
-            max_len.append(_int(item["max_len"], "max_len", 1, where))
-    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(sizes, dtype=np.int64), out=offsets[1:])
-    arrays = {"offsets": offsets, "samples": np.asarray(rows, dtype=meta.index_dtype),
+            sizes.append(len(item["samples"]))
+            bucket_ids.append(item["bucket_id"])
+            max_len.append(item["max_len"])
+            if packed:
+                row_sizes.extend(len(p) for p in item["packs"])
+                pack_sizes.append(len(item["packs"]))
+    arrays = {"offsets": _bounds(sizes), "samples": np.asarray(rows, dtype=meta.index_dtype),
               "bucket_ids": np.asarray(bucket_ids, dtype="<i2"), "max_len": np.asarray(max_len, dtype="<u4")}
     if packed:
-        for name, counts in (("row_offsets", row_sizes), ("pack_rows", pack_sizes)):
-            arrays[name] = np.zeros(len(counts) + 1, dtype=np.int64)
-            np.cumsum(np.asarray(counts, dtype=np.int64), out=arrays[name][1:])
+        arrays.update(row_offsets=_bounds(row_sizes), pack_rows=_bounds(pack_sizes))
     return arrays
+
+
+#: The fields of a microbatches.jsonl line; ``index`` and ``packs`` are checked
+#: against the plan by :func:`_microbatch`. Bounds are those of the binary form's dtypes.
+_MICROBATCH_FIELDS = {
+    "index": checks.field(checks.anything),
+    "samples": checks.field(checks.instance, list, empty=False, message="{name} must be a non-empty list of sample ids"),
+    "bucket_id": checks.field(checks.integer, 0, (1 << 15) - 1),
+    "max_len": checks.field(checks.integer, 1, (1 << 32) - 1),
+    "packs": checks.field(checks.anything),
+}
+_MICROBATCH_KEYS = "a microbatch has exactly the fields {fields}"
+
+
+def _microbatch(line: bytes, where: str, index: int, packed: bool) -> dict:
+    """One line of microbatches.jsonl, checked: its fields, its index, and its
+    packs (lists of sample ids that, joined, are its samples) in a packed plan."""
+    try:
+        item = json.loads(line)
+    except ValueError:
+        raise _format(f"{where} is not JSON") from None
+    item = checks.record(item, _MICROBATCH_FIELDS, fail=lambda message: _format(f"{where}: {message}"),
+                         not_a_map=_MICROBATCH_KEYS, unknown=_MICROBATCH_KEYS, missing=_MICROBATCH_KEYS)
+    if item["index"] != index:
+        raise _format(f"{where} has index {item['index']!r}; expected {index}")
+    packs = item["packs"]
+    if not packed and packs is not None:
+        raise _format(f"{where} has packs but meta.json has no pack_config")
+    if packed and (not isinstance(packs, list) or not all(isinstance(p, list) and p for p in packs)
+                   or [sid for p in packs for sid in p] != item["samples"]):
+        raise _format(f"{where}: packs must be non-empty lists of sample ids that, joined, are samples")
+    return item
+
+
+def _bounds(counts: list[int]) -> np.ndarray:
+    """int64 offsets ``[0, c0, c0 + c1, ...]`` of consecutive runs of these lengths."""
+    bounds = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(counts, dtype=np.int64), out=bounds[1:])
+    return bounds
 
 
 def _row_of(sample_id, lookup, n: int):

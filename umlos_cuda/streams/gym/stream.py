@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from ... import errors
+from ... import checks, errors
 from ...batching.lengths.tokenizer import load_tokenizer
 from ...errors import UmlosError
 from .episodes import OUTPUT_MODES, PuzzleEpisode, episode_samples, play_episode, puzzle_seed
@@ -80,16 +80,16 @@ class GymConfig:
             if not value or not all(isinstance(v, str) and v for v in value):
                 raise failure(errors.GYM_CONFIG_INVALID, f"{name} must be a non-empty list of names, got {value!r}")
             object.__setattr__(self, name, value)
-        for name, low in (("max_steps", 1), ("seed", 0), ("max_reconnects", 0)):
-            _require_int(getattr(self, name), name, low)
-        if self.episodes is not None:
-            _require_int(self.episodes, "episodes", 0)
+        lowest = {"max_steps": 1, "seed": 0, "max_reconnects": 0} | ({} if self.episodes is None else {"episodes": 0})
+        for name, low in lowest.items():
+            object.__setattr__(self, name, checks.integer(getattr(self, name), name, low, None, fail=_config_invalid,
+                                                          message=checks.AT_LEAST))
         if self.output not in OUTPUT_MODES:
             raise failure(errors.GYM_CONFIG_INVALID, f"output must be one of {', '.join(OUTPUT_MODES)}, got {self.output!r}")
         for name in ("backoff_s", "backoff_max_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise failure(errors.GYM_CONFIG_INVALID, f"{name} must be a non-negative number, got {value!r}")
+            checks.number(value, name, at_least=0, finite=False, fail=_config_invalid,
+                          message="{name} must be a non-negative number, got {value!r}")
         make_player(self.player)
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
             raise failure(errors.GYM_CONFIG_INVALID, f"name must be a non-empty string or None, got {self.name!r}")
@@ -125,8 +125,9 @@ class GymEpisodeStream:
         self.eos_token = eos_token
         self.tokenizer.eos_token_id(eos_token)  # refuse a tokenizer without one now, not after the first episode
         self.player = make_player(config.player)
-        self.next_episode = _require_int(start_episode, "start_episode", 0)
-        self.next_seq = _require_int(start_seq, "start_seq", 0)
+        self.next_episode, self.next_seq = (
+            checks.integer(value, name, 0, None, fail=_config_invalid, message=checks.AT_LEAST)
+            for value, name in ((start_episode, "start_episode"), (start_seq, "start_seq")))
         self.on_episode = on_episode
         self.sleep = sleep
         self.metrics = StreamMetrics()
@@ -185,7 +186,5 @@ class GymEpisodeStream:
         setattr(m, episode.outcome, getattr(m, episode.outcome) + 1)
 
 
-def _require_int(value: Any, name: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise failure(errors.GYM_CONFIG_INVALID, f"{name} must be an integer >= {low}, got {value!r}")
-    return value
+def _config_invalid(message: str) -> UmlosError:
+    return failure(errors.GYM_CONFIG_INVALID, message)

@@ -1,0 +1,162 @@
+"""umlos_cuda.checks: the one place that decides what an integer, a finite
+number, text and a record of fields are, failing with the caller's code,
+operator and words."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from umlos_cuda import checks, errors
+from umlos_cuda.errors import UINT64_MAX, UmlosError
+
+FAIL = checks.raising(errors.INVALID_ARGUMENT, operator="test.Operator")
+
+
+def refusal(call, *args, **kwargs) -> UmlosError:
+    with pytest.raises(UmlosError) as info:
+        call(*args, fail=FAIL, **kwargs)
+    assert info.value.code == errors.INVALID_ARGUMENT
+    assert info.value.record["failure_operator"] == "test.Operator"
+    return info.value
+
+
+def test_raising_builds_the_callers_error():
+    error = checks.raising(errors.PLAN_FORMAT_INVALID, operator="op", dataset_key="train")("bad")
+    assert (error.code, error.message, error.record["failure_operator"], error.record["dataset_key"]) == \
+        (errors.PLAN_FORMAT_INVALID, "bad", "op", "train")
+
+
+@pytest.mark.parametrize("value", [0, 1, UINT64_MAX, np.uint64(UINT64_MAX), np.int8(3)])
+def test_uint64_accepts_integers_and_returns_plain_ints(value):
+    result = checks.uint64(value, "n", fail=FAIL)
+    assert type(result) is int and result == int(value)
+
+
+@pytest.mark.parametrize("value,message", [
+    (True, "n must be an integer in [0, 2^64 - 1], got bool True"),
+    (1.0, "n must be an integer in [0, 2^64 - 1], got float 1.0"),
+    ("3", "n must be an integer in [0, 2^64 - 1], got str '3'"),
+    (-1, "n must be in [0, 2^64 - 1], got -1"),
+    (UINT64_MAX + 1, "n must be in [0, 2^64 - 1], got 18446744073709551616"),
+    (10**5000, "n must be in [0, 2^64 - 1], got an integer of 16610 bits"),  # str() would raise
+], ids=["bool", "float", "text", "negative", "2^64", "5000 digits"])
+def test_uint64_refusals(value, message):
+    assert refusal(checks.uint64, value, "n").message == message
+
+
+@pytest.mark.parametrize("wording,value,message", [
+    (checks.IN_RANGE, 9, "rank must be in [0, 7], got 9"),
+    (checks.IN_RANGE, np.int64(9), "rank must be in [0, 7], got 9"),
+    (checks.IN_RANGE, None, "rank must be an integer in [0, 7], got NoneType None"),
+    (checks.OUTSIDE, 9, "rank 9 is outside [0, 7]"),
+    (checks.AT_LEAST, -1, "rank must be an integer >= 0, got -1"),
+    (checks.AT_LEAST, False, "rank must be an integer >= 0, got False"),
+    (checks.NON_NEGATIVE, 2.5, "rank must be a non-negative integer, got 2.5"),
+    ("{name}: [{low}, {high}] wanted, {value!r} ({type}) given", 8, "rank: [0, 7] wanted, 8 (int) given"),
+])
+def test_integer_wordings(wording, value, message):
+    assert refusal(checks.integer, value, "rank", 0, 7, message=wording).message == message
+
+
+def test_integer_bounds_may_be_open():
+    assert checks.integer(-(10**30), "seed", None, None, fail=FAIL) == -(10**30)
+    assert checks.integer(10**30, "n", 1, None, fail=FAIL) == 10**30
+    refusal(checks.integer, 0, "n", 1, None)
+
+
+def test_strict_integers_are_python_ints_only():
+    assert checks.integer(5, "t", fail=FAIL, strict=True) == 5
+    assert refusal(checks.integer, np.int64(5), "t", strict=True).message.endswith("got int64 np.int64(5)")
+    assert checks.is_integer(np.int64(5)) and not checks.is_integer(np.int64(5), strict=True)
+    assert not checks.is_integer(True)
+
+
+@pytest.mark.parametrize("value", [0, 1, 2.5, Fraction(1, 3), np.float32(0.5)])
+def test_number_returns_a_float(value):
+    result = checks.number(value, "w", at_least=0, fail=FAIL)
+    assert type(result) is float and result == float(value)
+
+
+@pytest.mark.parametrize("value,kwargs", [
+    (True, {}), ("1", {}), (None, {}), (math.nan, {}), (math.inf, {}), (-math.inf, {}),
+    (10**400, {}),  # float() overflows: refused, not OverflowError
+    (-0.5, {"at_least": 0}), (0, {"above": 0}), (math.nan, {"finite": False}),
+], ids=["bool", "text", "None", "nan", "inf", "-inf", "10^400", "below", "not above", "nan not finite"])
+def test_number_refusals(value, kwargs):
+    error = refusal(checks.number, value, "w", message="{name} must be a number, got {value!r}", **kwargs)
+    assert error.message.startswith("w must be a number, got ")
+
+
+def test_number_may_be_infinite_when_asked():
+    assert checks.number(math.inf, "timeout", above=0, finite=False, fail=FAIL) == math.inf
+
+
+def test_text_and_instance():
+    assert checks.text("a", "name", fail=FAIL) == "a"
+    assert refusal(checks.text, 5, "name").message == "name must be a string, got 5"
+    assert refusal(checks.text, "", "name", empty=False).message == "name must be a string, got ''"
+    assert checks.instance([1], "ids", list, empty=False, fail=FAIL) == [1]
+    assert refusal(checks.instance, [], "ids", list, empty=False).message == "ids must be a list, got list"
+    assert refusal(checks.instance, 3, "ids", (list, tuple)).message == "ids must be a list or tuple, got int"
+
+
+LINE = {
+    "index": checks.field(checks.integer),
+    "max_len": checks.field(checks.integer, 1, message=checks.AT_LEAST),
+    "note": checks.nullable(checks.field(checks.text)),
+}
+
+
+def test_record_returns_the_typed_fields_in_order():
+    data = {"note": None, "max_len": np.int32(512), "index": 3}
+    line = checks.record(data, LINE, fail=FAIL)
+    assert line == {"index": 3, "max_len": 512, "note": None} and list(line) == ["index", "max_len", "note"]
+    assert type(line["max_len"]) is int
+
+
+@pytest.mark.parametrize("data,message", [
+    ([1], "the record must be a mapping, got list"),
+    ({"index": 1, "max_len": 2, "note": None, "colour": 1, 7: 0}, "the record has unknown field(s) 7, colour; "
+                                                                   "its fields: index, max_len, note"),
+    ({"index": 1, "colour": 1}, "the record has unknown field(s) colour; its fields: index, max_len, note"),
+    ({"index": 1}, "the record lacks the field(s) max_len, note"),
+    ({"index": 1, "max_len": 0, "note": 5}, "max_len must be an integer >= 1, got 0"),  # the first bad field
+    ({"index": 1, "max_len": 1, "note": 5}, "note must be a string, got 5"),
+])
+def test_record_refusals(data, message):
+    assert refusal(checks.record, data, LINE).message == message
+
+
+def test_record_key_wordings_and_optional_fields():
+    both = "missing {missing_list}, unknown {unknown_list}"
+    fields = {"t": checks.is_integer}
+    error = refusal(checks.record, {"u": 1}, fields, unknown=both, missing=both, what="a record")
+    assert error.message == "missing ['t'], unknown ['u']"
+    optional = {"note": checks.field(checks.text)}
+    assert checks.record({"t": 1}, fields, optional=optional, fail=FAIL) == {"t": 1}
+    assert checks.record({"t": 1, "note": "x"}, fields, optional=optional, fail=FAIL) == {"t": 1, "note": "x"}
+
+
+def test_record_predicates_say_invalid_and_never_raise():
+    def positive(value):
+        return value > 0  # raises TypeError on text
+
+    fields = {"t": positive}
+    assert checks.record({"t": 2}, fields, fail=FAIL) == {"t": 2}
+    assert refusal(checks.record, {"t": 0}, fields).message == "invalid t"
+    assert refusal(checks.record, {"t": "x"}, fields, invalid="{what}: bad {name}",
+                   what="step").message == "step: bad t"
+
+
+def test_a_field_is_what_its_check_makes_it():
+    def even(value, name, *, fail):
+        if value % 2:
+            raise fail(f"{name} must be even")
+        return value // 2
+
+    assert checks.record({"n": 8}, {"n": checks.field(even)}, fail=FAIL) == {"n": 4}
+    assert refusal(checks.record, {"n": 3}, {"n": checks.field(even)}).message == "n must be even"

@@ -1,0 +1,249 @@
+"""Checks of values that come from callers, files and servers: integers,
+ranges, finite numbers, text, and records of named fields.
+
+Why one module: these rules are easy to get subtly wrong when each reader
+and constructor writes them by hand. ``True`` is an ``int`` in Python
+(``drop_last: true`` written where a size belongs is a mistake, not the
+number 1); NumPy integers are not ``int`` although users pass them naturally;
+``math.isfinite(10**400)`` raises OverflowError and ``str()`` of a 5000-digit
+integer raises ValueError, so a message that echoes the value can itself
+crash; and a record read from a file must name its unknown and missing keys.
+Here each rule is written once.
+
+Each caller keeps its own failure and its own words. ``fail`` is a function
+from a message to the :class:`~umlos_cuda.errors.UmlosError` the caller
+raises (its code, its operator, any prefix such as a file and line;
+:func:`raising` makes one from a code and an operator), and ``message`` is
+the caller's wording as a template with the fields ``{name}``, ``{value}``
+(the value given; for an integer out of range, the integer itself, written
+as "an integer of N bits" past 128 bits), ``{type}`` (the value's type name)
+and the bounds (``{low}``, ``{high}``, ``{at_least}``, ``{above}``). An
+integer wording is one template, or a pair: (not an integer, out of range).
+Every check returns the value as the type it promises (a plain ``int``, a
+``float``): store what it returns.
+
+Example::
+
+    from umlos_cuda import checks, errors
+
+    fail = checks.raising(errors.PLAN_FORMAT_INVALID, operator=errors.BATCH_PLAN_OPERATOR)
+    epochs = checks.integer(data["num_epochs"], "num_epochs", 1, fail=fail, message=checks.AT_LEAST)
+
+    LINE = {"index": checks.field(checks.integer),
+            "max_len": checks.field(checks.integer, 1, message=checks.AT_LEAST),
+            "note": checks.nullable(checks.field(checks.text))}
+    line = checks.record(json.loads(text), LINE, fail=fail)   # {"index": 3, "max_len": 512, "note": None}
+
+A record's fields are :func:`field` checks (which return the typed value and
+word their own failures) or plain predicates (a function of the value that
+returns a bool, as the trace tape's record schemas are; a failure says
+``invalid``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field as dataclass_field, replace
+from typing import Any, Callable, Mapping
+
+from .errors import UINT64_MAX, UmlosError
+
+#: What a caller passes as ``fail``: its message -> its error.
+Fail = Callable[[str], UmlosError]
+#: An integer wording: one template for both failures, or (not an integer, out of range).
+Wording = str | tuple[str, str]
+
+#: The wording of an integer in a closed interval (the default).
+IN_RANGE = ("{name} must be an integer in [{low}, {high}], got {type} {value!r}",
+            "{name} must be in [{low}, {high}], got {value}")
+#: The same, where an out-of-range integer reads "NAME VALUE is outside [LOW, HIGH]".
+OUTSIDE = (IN_RANGE[0], "{name} {value} is outside [{low}, {high}]")
+#: The wording of :func:`uint64`.
+UINT64 = ("{name} must be an integer in [0, 2^64 - 1], got {type} {value!r}",
+          "{name} must be in [0, 2^64 - 1], got {value}")
+#: Wordings of an integer with a lower bound only.
+AT_LEAST = "{name} must be an integer >= {low}, got {value!r}"
+NON_NEGATIVE = "{name} must be a non-negative integer, got {value!r}"
+POSITIVE = "{name} must be a positive integer, got {value!r}"
+
+
+def raising(code: str, *, operator: str, **record: Any) -> Fail:
+    """The ``fail`` of a code and an operator: ``raising(code, operator=op)(message)``
+    is ``UmlosError(code, message, operator=op)`` (``record``: more fields of the failure record)."""
+    def fail(message: str) -> UmlosError:
+        return UmlosError(code, message, operator=operator, **record)
+    return fail
+
+
+def is_integer(value: Any, *, strict: bool = False) -> bool:
+    """An integer (``int`` or, unless ``strict``, a NumPy integer), never a bool."""
+    return isinstance(value, int if strict else numbers.Integral) and not isinstance(value, bool)
+
+
+def integer(value: Any, name: str, low: int | None = 0, high: int | None = UINT64_MAX, *, fail: Fail,
+            message: Wording = IN_RANGE, strict: bool = False) -> int:
+    """``value`` as an ``int`` in ``[low, high]`` (None: no bound on that side), else ``fail``.
+
+    bool is refused; NumPy integers are accepted and returned as ``int``,
+    unless ``strict``: then only an ``int`` passes, for a value that is
+    written out as it was given (CBOR and JSON encoders refuse NumPy scalars).
+    """
+    if not is_integer(value, strict=strict):
+        raise fail(_words(message, 0).format(name=name, value=value, type=type(value).__name__, low=low, high=high))
+    number = int(value)
+    if (low is not None and number < low) or (high is not None and number > high):
+        raise fail(_words(message, 1).format(name=name, value=_Shown(number), type=type(value).__name__,
+                                             low=low, high=high))
+    return number
+
+
+def uint64(value: Any, name: str, *, fail: Fail) -> int:
+    """``value`` as an ``int`` in ``[0, 2^64 - 1]``, else ``fail`` with the :data:`UINT64` wording."""
+    return integer(value, name, 0, UINT64_MAX, fail=fail, message=UINT64)
+
+
+def number(value: Any, name: str, *, at_least: float | None = None, above: float | None = None,
+           finite: bool = True, fail: Fail, message: str = "{name} must be a finite number, got {value!r}") -> float:
+    """``value`` (an int or a float, never a bool) as a ``float`` that is finite
+    (unless ``finite=False``), ``>= at_least`` and ``> above`` where given, else ``fail``.
+
+    NaN always fails; an int too large for a float fails instead of raising OverflowError.
+    """
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise fail(message.format(name=name, value=value, type=type(value).__name__, at_least=at_least, above=above))
+    try:
+        result = float(value)
+    except OverflowError:
+        result = math.nan
+    if math.isnan(result) or (finite and math.isinf(result)) or (at_least is not None and result < at_least) \
+            or (above is not None and result <= above):
+        shown = _Shown(value) if isinstance(value, int) else value
+        raise fail(message.format(name=name, value=shown, type=type(value).__name__, at_least=at_least, above=above))
+    return result
+
+
+def text(value: Any, name: str, *, fail: Fail, empty: bool = True,
+         message: str = "{name} must be a string, got {value!r}") -> str:
+    """``value`` if it is a ``str`` (a non-empty one unless ``empty``), else ``fail``."""
+    if not isinstance(value, str) or (not empty and not value):
+        raise fail(message.format(name=name, value=value, type=type(value).__name__))
+    return value
+
+
+def instance(value: Any, name: str, kind: type | tuple[type, ...], *, fail: Fail, empty: bool = True,
+             message: str = "{name} must be a {kind}, got {type}") -> Any:
+    """``value`` if it is an instance of ``kind`` (a non-empty one unless ``empty``), else ``fail``."""
+    if not isinstance(value, kind) or (not empty and not value):
+        shown = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise fail(message.format(name=name, value=value, type=type(value).__name__, kind=shown))
+    return value
+
+
+def anything(value: Any, name: str, *, fail: Fail) -> Any:
+    """Any value: a field whose value the caller checks itself (it must still be present)."""
+    return value
+
+
+# -- records ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Field:
+    """A field of a record: ``check(value, name, *args, fail=fail, **kwargs)``,
+    or None when the field is :func:`nullable`. Make one with :func:`field`."""
+
+    check: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = dataclass_field(default_factory=dict)
+    allows_none: bool = False
+
+    def read(self, value: Any, name: str, fail: Fail) -> Any:
+        """The field's typed value, else ``fail``."""
+        if value is None and self.allows_none:
+            return None
+        return self.check(value, name, *self.args, fail=fail, **self.kwargs)
+
+
+def field(check: Callable[..., Any], *args: Any, **kwargs: Any) -> Field:
+    """A record field checked by ``check`` (:func:`integer`, :func:`number`, :func:`text`, ...,
+    or any function ``(value, name, *args, fail, **kwargs)``) with these arguments:
+    ``field(integer, 1, message=AT_LEAST)``."""
+    return Field(check, args, dict(kwargs))
+
+
+def nullable(checked: Field) -> Field:
+    """``checked``, or None."""
+    return replace(checked, allows_none=True)
+
+
+#: How a record's keys are refused; the fields: ``{what}``, ``{type}`` (of the data), ``{fields}`` (the
+#: required names), ``{unknown}`` and ``{missing}`` (names joined by ", "), ``{unknown_list}``, ``{missing_list}``.
+NOT_A_MAP = "{what} must be a mapping, got {type}"
+UNKNOWN = "{what} has unknown field(s) {unknown}; its fields: {fields}"
+MISSING = "{what} lacks the field(s) {missing}"
+
+
+def record(data: Any, fields: Mapping[str, Field | Callable[[Any], bool]], *, fail: Fail,
+           optional: Mapping[str, Field | Callable[[Any], bool]] | None = None, what: str = "the record",
+           not_a_map: str = NOT_A_MAP, unknown: str = UNKNOWN, missing: str = MISSING,
+           invalid: str = "invalid {name}") -> dict[str, Any]:
+    """The fields of the mapping ``data``, each checked, in the order of ``fields``
+    (then the ``optional`` fields it holds); else ``fail``.
+
+    ``data`` must hold every key of ``fields``, may hold those of ``optional``
+    and nothing else: unknown keys are reported first (``unknown``), then missing
+    ones (``missing``); give both the same template to report them together.
+    Then each field is checked in order, so the first bad field is the one
+    reported. A :class:`Field` words its own failure; a predicate that returns
+    false (or raises TypeError, ValueError, KeyError, IndexError or
+    AttributeError on a value it did not expect) fails with ``invalid``.
+    """
+    if not isinstance(data, Mapping):
+        raise fail(not_a_map.format(what=what, type=type(data).__name__, fields=", ".join(fields)))
+    present = {name: check for name, check in (optional or {}).items() if name in data}
+    extra = sorted((key for key in data if key not in fields and key not in present), key=str)
+    absent = sorted((name for name in fields if name not in data), key=str)
+    if extra or absent:
+        words = {"what": what, "type": type(data).__name__, "fields": ", ".join(fields),
+                 "unknown": ", ".join(map(str, extra)), "missing": ", ".join(absent),
+                 "unknown_list": extra, "missing_list": absent}
+        raise fail((unknown if extra else missing).format(**words))
+    checked = {}
+    for name, check in {**fields, **present}.items():
+        value = data[name]
+        if isinstance(check, Field):
+            checked[name] = check.read(value, name, fail)
+        elif _passes(check, value):
+            checked[name] = value
+        else:
+            raise fail(invalid.format(what=what, name=name))
+    return checked
+
+
+def _passes(check: Callable[[Any], bool], value: Any) -> bool:
+    """A predicate that raises on a value it did not expect says "invalid", never a traceback."""
+    try:
+        return bool(check(value))
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError):
+        return False
+
+
+def _words(message: Wording, which: int) -> str:
+    return message if isinstance(message, str) else message[which]
+
+
+class _Shown:
+    """An integer in a message: itself, or "an integer of N bits" past 128 bits
+    (``str()`` of an int stops at 4300 digits and would raise instead)."""
+
+    def __init__(self, value: int) -> None:
+        self.text = str(value) if value.bit_length() <= 128 else f"an integer of {value.bit_length()} bits"
+
+    def __str__(self) -> str:
+        return self.text
+
+    __repr__ = __str__
+
+    def __format__(self, spec: str) -> str:
+        return format(self.text, spec)

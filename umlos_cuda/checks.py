@@ -199,34 +199,31 @@ def record(data: Any, fields: Mapping[str, Field | Callable[[Any], bool]], *, fa
     false (or raises TypeError, ValueError, KeyError, IndexError or
     AttributeError on a value it did not expect) fails with ``invalid``.
     """
-    if not isinstance(data, Mapping):
+    if not isinstance(data, dict) and not isinstance(data, Mapping):  # dict first: the ABC check is slower
         raise fail(not_a_map.format(what=what, type=type(data).__name__, fields=", ".join(fields)))
-    present = {name: check for name, check in (optional or {}).items() if name in data}
-    extra = sorted((key for key in data if key not in fields and key not in present), key=str)
-    absent = sorted((name for name in fields if name not in data), key=str)
-    if extra or absent:
+    present = {name: check for name, check in optional.items() if name in data} if optional else {}
+    if len(data) != len(fields) + len(present) or any(name not in data for name in fields):
+        extra = sorted((key for key in data if key not in fields and key not in present), key=str)
+        absent = sorted((name for name in fields if name not in data), key=str)
         words = {"what": what, "type": type(data).__name__, "fields": ", ".join(fields),
                  "unknown": ", ".join(map(str, extra)), "missing": ", ".join(absent),
                  "unknown_list": extra, "missing_list": absent}
         raise fail((unknown if extra else missing).format(**words))
     checked = {}
-    for name, check in {**fields, **present}.items():
-        value = data[name]
-        if isinstance(check, Field):
-            checked[name] = check.read(value, name, fail)
-        elif _passes(check, value):
+    for table in (fields, present):
+        for name, check in table.items():
+            value = data[name]
+            if isinstance(check, Field):
+                checked[name] = check.read(value, name, fail)
+                continue
+            try:  # a predicate that raises on a value it did not expect says "invalid", never a traceback
+                passed = check(value)
+            except (TypeError, ValueError, KeyError, IndexError, AttributeError):
+                passed = False
+            if not passed:
+                raise fail(invalid.format(what=what, name=name))
             checked[name] = value
-        else:
-            raise fail(invalid.format(what=what, name=name))
     return checked
-
-
-def _passes(check: Callable[[Any], bool], value: Any) -> bool:
-    """A predicate that raises on a value it did not expect says "invalid", never a traceback."""
-    try:
-        return bool(check(value))
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError):
-        return False
 
 
 def _words(message: Wording, which: int) -> str:

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 
 from ..files import durable
-from .. import errors
+from .. import checks, errors
 from ..errors import UmlosError
 from ..hashing import ZERO_HASH, cbor_canonical, sha256
 from . import atomic, cbor_safe, paths, plugins, tape_fast
@@ -76,8 +76,9 @@ def parse_segment_name(path: Any, code: str = errors.TRACE_FORMAT_INVALID) -> in
 # -- record schemas ----------------------------------------------------------------------
 #
 # A schema maps each field of a record type to a check (a function of the value
-# that says whether it is valid). The checks below are public so that a
-# subsystem can declare its own record types with them (register_record_type).
+# that says whether it is valid); checks.record applies it (check_record). The
+# checks below are public so that a subsystem can declare its own record types
+# with them (register_record_type).
 
 def is_uint(v: Any) -> bool:
     """An integer in [0, 2^64 - 1] (not a bool)."""
@@ -225,26 +226,12 @@ def check_record(record: Any, what: str = "record") -> dict:
     """A record's fields and types match its schema exactly (``TRACE_FORMAT_INVALID``)."""
     if not isinstance(record, dict) or not isinstance(record.get("type"), str):
         raise error(errors.TRACE_FORMAT_INVALID, f"{what}: a record is a map with a text type", operator=TAPE)
-    required = {**COMMON, **record_schema(record["type"], what)}
-    optional = {name: check for name, check in OPTIONAL_FIELDS.get(record["type"], {}).items() if name in record}
-    fields = {**required, **optional}
-    if set(record) != set(fields):
-        missing = sorted(set(required) - set(record))
-        extra = sorted(set(record) - set(fields))
-        raise error(errors.TRACE_FORMAT_INVALID, f"{what} ({record['type']}): missing {missing}, unknown {extra}",
-                    operator=TAPE)
-    for name, check in fields.items():
-        if not _passes(check, record[name]):
-            raise error(errors.TRACE_FORMAT_INVALID, f"{what} ({record['type']}): invalid {name}", operator=TAPE)
+    kind = record["type"]
+    keys = "missing {missing_list}, unknown {unknown_list}"
+    checks.record(record, {**COMMON, **record_schema(kind, what)}, optional=OPTIONAL_FIELDS.get(kind),
+                  fail=lambda message: error(errors.TRACE_FORMAT_INVALID, f"{what} ({kind}): {message}", operator=TAPE),
+                  unknown=keys, missing=keys)
     return record
-
-
-def _passes(check: Callable[[Any], bool], value: Any) -> bool:
-    """A subsystem's check that raises on a value it did not expect says "invalid", never a traceback."""
-    try:
-        return bool(check(value))
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError):
-        return False
 
 
 def record_hash(record: Mapping[str, Any]) -> bytes:

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import errors
+from .. import checks, errors
 from ..batching.samples import Sample, SampleMeta
 from .failures import failure
 
@@ -68,29 +67,9 @@ class StreamSample:
     digest: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.sample, Sample):
-            raise _invalid(f"sample must be a batching Sample, got {type(self.sample).__name__}")
-        for name in ("prompt", "response", "source"):
-            if not isinstance(getattr(self, name), str):
-                raise _invalid(f"{name} must be a string, got {getattr(self, name)!r}")
-        if not self.source:
-            raise _invalid("source must be a non-empty string")
-        for name in ("episode_id", "difficulty", "game"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                raise _invalid(f"{name} must be a string or None, got {value!r}")
-        if isinstance(self.seq, bool) or not isinstance(self.seq, int) or self.seq < 0:
-            raise _invalid(f"seq must be a non-negative integer, got {self.seq!r}")
-        if self.reward is not None and (isinstance(self.reward, bool) or not isinstance(self.reward, (int, float))
-                                        or not math.isfinite(self.reward)):
-            raise _invalid(f"reward must be a finite number or None, got {self.reward!r}")
-        if self.solved is not None and not isinstance(self.solved, bool):
-            raise _invalid(f"solved must be a bool or None, got {self.solved!r}")
-        if (isinstance(self.priority, bool) or not isinstance(self.priority, (int, float))
-                or not math.isfinite(self.priority) or self.priority <= 0):
-            raise _invalid(f"priority must be a positive finite number, got {self.priority!r}")
-        object.__setattr__(self, "reward", None if self.reward is None else float(self.reward))
-        object.__setattr__(self, "priority", float(self.priority))
+        checked = checks.record({name: getattr(self, name) for name in _CHECKS}, _CHECKS, fail=_invalid)
+        for name in ("seq", "reward", "priority"):  # as int and float (NumPy scalars would not encode)
+            object.__setattr__(self, name, checked[name])
         object.__setattr__(self, "digest", hashlib.sha256(canonical_json(self.to_dict())).hexdigest())
 
     @property
@@ -174,3 +153,22 @@ class StreamMetrics:
 
 def _invalid(message: str):
     return failure(errors.STREAM_INVALID, message)
+
+
+_NAME = checks.nullable(checks.field(checks.text, message="{name} must be a string or None, got {value!r}"))
+#: Each field of a :class:`StreamSample` and its check, in the order failures are reported.
+_CHECKS = {
+    "sample": checks.field(checks.instance, Sample, message="{name} must be a batching Sample, got {type}"),
+    "prompt": checks.field(checks.text),
+    "response": checks.field(checks.text),
+    "source": checks.field(checks.text, empty=False, message="{name} must be a non-empty string, got {value!r}"),
+    "episode_id": _NAME,
+    "difficulty": _NAME,
+    "game": _NAME,
+    "seq": checks.field(checks.integer, 0, None, message=checks.NON_NEGATIVE),
+    "reward": checks.nullable(checks.field(checks.number,
+                                           message="{name} must be a finite number or None, got {value!r}")),
+    "solved": checks.nullable(checks.field(checks.instance, bool,
+                                           message="{name} must be a bool or None, got {value!r}")),
+    "priority": checks.field(checks.number, above=0, message="{name} must be a positive finite number, got {value!r}"),
+}

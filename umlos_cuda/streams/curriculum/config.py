@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from ... import errors
+from ... import checks, errors
 from ...manifest import yaml_safe
 from ..failures import failure
 from .policies import ComposedPolicy, DifficultyBucketPolicy, FailureReplayPolicy, LengthQuotaPolicy, NoveltyPolicy
@@ -64,46 +64,49 @@ def policies_from_yaml(text: str, where: str = "policy.yaml") -> ComposedPolicy:
     return policies_from_data(data, where)
 
 
+#: The one key of a policy file.
+_POLICY_FILE = {"policies": checks.field(checks.instance, list, empty=False,
+                                         message="'policies' must be a non-empty list")}
+
+
 def policies_from_data(data: Any, where: str = "policy.yaml") -> ComposedPolicy:
-    if not isinstance(data, dict):
-        raise _invalid(f"{where} must be a mapping with the key 'policies', got {type(data).__name__}")
-    unknown = sorted(str(k) for k in data if k != "policies")
-    if unknown:
-        raise _invalid(f"{where}: unknown key {', '.join(unknown)}; the only key is 'policies'")
-    entries = data.get("policies")
-    if not isinstance(entries, list) or not entries:
-        raise _invalid(f"{where}: 'policies' must be a non-empty list")
-    policies = []
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict) or "type" not in entry:
-            raise _invalid(f"{where}: policies[{i}] must be a mapping with a 'type'")
-        kind = entry["type"]
-        if kind not in POLICY_TYPES:
-            raise _invalid(f"{where}: policies[{i}] has unknown type {kind!r}; types: {', '.join(POLICY_TYPES)}")
-        cls, keys = POLICY_TYPES[kind]
-        extra = sorted(str(k) for k in entry if k != "type" and k not in keys)
-        if extra:
-            raise _invalid(f"{where}: policies[{i}] ({kind}) has unknown key {', '.join(extra)}; "
-                           f"its keys: {', '.join(keys)}")
-        missing = [k for k in keys if k not in entry]
-        if missing:
-            raise _invalid(f"{where}: policies[{i}] ({kind}) lacks {', '.join(missing)}")
-        arguments = {k: entry[k] for k in keys}
-        if kind == "length_quota" and isinstance(arguments["quotas"], dict):
-            arguments["quotas"] = {_edge(k, where, i): v for k, v in arguments["quotas"].items()}
-        try:
-            policies.append(cls(**arguments))
-        except errors.UmlosError as exc:
-            raise _invalid(f"{where}: policies[{i}] ({kind}): {exc.message}") from None
-    return ComposedPolicy(policies)
+    data = checks.record(data, _POLICY_FILE, fail=lambda message: _invalid(f"{where}: {message}"),
+                         not_a_map="must be a mapping with the key 'policies', got {type}",
+                         unknown="unknown key {unknown}; the only key is 'policies'",
+                         missing="'policies' must be a non-empty list")
+    return ComposedPolicy([_policy(entry, f"{where}: policies[{i}]") for i, entry in enumerate(data["policies"])])
 
 
-def _edge(key: Any, where: str, i: int) -> int:
+def _policy(entry: Any, where: str):
+    """One entry of ``policies``: its type, exactly that type's keys, and the policy they make."""
+    if not isinstance(entry, dict) or "type" not in entry:
+        raise _invalid(f"{where} must be a mapping with a 'type'")
+    kind = entry["type"]
+    if not isinstance(kind, str) or kind not in POLICY_TYPES:
+        raise _invalid(f"{where} has unknown type {kind!r}; types: {', '.join(POLICY_TYPES)}")
+    cls, keys = POLICY_TYPES[kind]
+    where = f"{where} ({kind})"
+    arguments = checks.record({k: v for k, v in entry.items() if k != "type"}, dict.fromkeys(keys, _ANY),
+                              fail=lambda message: _invalid(f"{where} {message}"),
+                              unknown="has unknown key {unknown}; its keys: {fields}", missing="lacks {missing}")
+    if kind == "length_quota" and isinstance(arguments["quotas"], dict):
+        arguments["quotas"] = {_edge(k, where): v for k, v in arguments["quotas"].items()}
+    try:
+        return cls(**arguments)
+    except errors.UmlosError as exc:
+        raise _invalid(f"{where}: {exc.message}") from None
+
+
+#: A policy's arguments are checked by the policy's class.
+_ANY = checks.field(checks.anything)
+
+
+def _edge(key: Any, where: str) -> int:
     if isinstance(key, str) and key.isdigit():
         return int(key)
-    if isinstance(key, int) and not isinstance(key, bool):
+    if checks.is_integer(key, strict=True):
         return key
-    raise _invalid(f"{where}: policies[{i}] (length_quota) quota edge {key!r} is not a positive integer")
+    raise _invalid(f"{where} quota edge {key!r} is not a positive integer")
 
 
 def _invalid(message: str):

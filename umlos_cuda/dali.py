@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import numbers
 import os
+from functools import partial
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import errors
+from . import checks, errors
 from .backends import to_numpy
 from .cursor import Cursor, as_cursor
 from .errors import UmlosError
@@ -138,9 +139,9 @@ class IndexSource:
 
     def cursor_at(self, epoch_idx: int, iteration: int) -> Cursor | None:
         """The cursor before DALI's ``(epoch_idx, iteration)``, or None past the epoch's end."""
-        for value, what in ((epoch_idx, "epoch_idx"), (iteration, "iteration")):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-                raise _argument_error(errors.INVALID_ARGUMENT, f"{what} must be an integer >= 0, got {value!r}")
+        epoch_idx, iteration = (checks.integer(value, what, 0, None, message=checks.AT_LEAST,
+                                               fail=partial(_argument_error, errors.INVALID_ARGUMENT))
+                                for value, what in ((epoch_idx, "epoch_idx"), (iteration, "iteration")))
         if epoch_idx == 0:
             epoch, start = self.cursor.epoch, self.cursor.global_index
         else:

@@ -8,9 +8,11 @@ it with :func:`check_window` before computing anything.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
-from .. import errors
+from .. import checks, errors
 from ..dtypes import check_fits, output_dtype
 from ..errors import UINT64_MAX, UmlosError
 
@@ -23,9 +25,9 @@ def backend_error(code: str, message: str) -> UmlosError:
 
 def last_position(start: int, count: int, stride: int) -> int:
     """The last position of a window (``start`` when it is empty), after checking its arguments."""
-    for value, what in ((start, "start"), (count, "count"), (stride, "stride")):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise backend_error(errors.INVALID_ARGUMENT, f"{what} must be a non-negative integer, got {value!r}")
+    start, count, stride = (checks.integer(value, what, 0, None, fail=partial(backend_error, errors.INVALID_ARGUMENT),
+                                           message=checks.NON_NEGATIVE)
+                            for value, what in ((start, "start"), (count, "count"), (stride, "stride")))
     if stride < 1:
         raise backend_error(errors.INVALID_ARGUMENT, f"stride must be at least 1, got {stride}")
     return int(start) + max(int(count) - 1, 0) * int(stride)

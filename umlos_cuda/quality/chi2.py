@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from .. import errors
+from .. import checks, errors
 from ..errors import QUALITY_OPERATOR as OPERATOR, UmlosError
 
 #: Relative precision the expansions stop at.
@@ -30,9 +30,8 @@ MAX_DOF = 1023 * 1023
 
 def chi2_sf(statistic: float, dof: int) -> float:
     """``P(X >= statistic)`` for ``X`` chi-square distributed with ``dof`` degrees of freedom."""
-    if isinstance(dof, bool) or not isinstance(dof, int) or not 1 <= dof <= MAX_DOF:
-        raise UmlosError(errors.INVALID_ARGUMENT, f"dof must be an integer in [1, {MAX_DOF}], got {dof!r}",
-                         operator=OPERATOR)
+    dof = checks.integer(dof, "dof", 1, MAX_DOF, fail=checks.raising(errors.INVALID_ARGUMENT, operator=OPERATOR),
+                         message="{name} must be an integer in [{low}, {high}], got {value!r}")
     statistic = float(statistic)
     if math.isnan(statistic):
         raise UmlosError(errors.INVALID_ARGUMENT, "the chi-square statistic is NaN", operator=OPERATOR)

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import errors
+from .. import checks, errors
 from ..backends import AUTO_ORDER, Backend, get_backend, to_numpy
 from ..errors import QUALITY_OPERATOR, UmlosError
 from ..manifest.core import DEFAULT_BLOCK_SIZE, Manifest
@@ -88,7 +88,7 @@ def candidates(modes: Sequence[str] | None = None, block_sizes: Sequence[int] = 
 
     An unknown mode is INVALID_MANIFEST naming the registered ones (the registry's error).
     """
-    if not block_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in block_sizes):
+    if not block_sizes or any(not checks.is_integer(b, strict=True) or b < 1 for b in block_sizes):
         raise UmlosError(errors.INVALID_ARGUMENT, f"block sizes must be positive integers, got {list(block_sizes)!r}",
                          operator=QUALITY_OPERATOR)
     rows = [Candidate(PERMUTATION)]

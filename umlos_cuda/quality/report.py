@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import errors
+from .. import checks, errors
 from ..errors import QUALITY_OPERATOR, UmlosError
 from .labels import Labels
 from .orders import Candidate, OrderSource
@@ -51,10 +51,8 @@ class QualityConfig:
     def check(self, n: int) -> None:
         """Refuse values that cannot measure anything on ``n`` samples (LABELS_INVALID / INVALID_ARGUMENT)."""
         for name, lowest in (("batch_size", 1), ("buckets", 2), ("epochs", 2), ("seed", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-                raise UmlosError(errors.INVALID_ARGUMENT, f"{name} must be an integer >= {lowest}, got {value!r}",
-                                 operator=QUALITY_OPERATOR)
+            checks.integer(getattr(self, name), name, lowest, None, message=checks.AT_LEAST, strict=True,
+                           fail=checks.raising(errors.INVALID_ARGUMENT, operator=QUALITY_OPERATOR))
         if n < max(self.batch_size, self.buckets, 2):
             raise UmlosError(
                 errors.LABELS_INVALID,

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import errors
+from .. import checks, errors
 from ..errors import QUALITY_OPERATOR as OPERATOR, UmlosError
 from .chi2 import chi2_sf
 
@@ -177,8 +177,8 @@ def chi_square_independence(order: np.ndarray, buckets: int) -> ChiSquare:
     ``(K - 1)^2`` degrees of freedom, and the p-value is :func:`~.chi2.chi2_sf`'s.
     """
     n = int(order.size)
-    if isinstance(buckets, bool) or not isinstance(buckets, int) or not 2 <= buckets <= 1024:
-        raise _error(f"buckets must be an integer in [2, 1024], got {buckets!r}")
+    buckets = checks.integer(buckets, "buckets", 2, 1024, fail=_error,
+                             message="{name} must be an integer in [{low}, {high}], got {value!r}")
     if n < buckets:
         raise _error(f"{n} positions cannot fill {buckets} buckets; use at most {n} buckets")
     table = np.zeros((buckets, buckets), dtype=np.int64)

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Mapping
 
-from ... import errors
+from ... import checks, errors
 from ...checkpoint.extensions import CursorKind, register_cursor_kind
 from .plan import check_cursor, plan_error
 
 KIND = "plan"
 _FINGERPRINT = re.compile(r"[0-9a-f]{64}\Z")
-_UINT64_MAX = (1 << 64) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,9 +39,10 @@ class PlanCursor:
         if not isinstance(self.plan_fingerprint, str) or not _FINGERPRINT.match(self.plan_fingerprint):
             raise plan_error(errors.PLAN_CURSOR_INVALID,
                              f"plan_fingerprint must be 64 lowercase hex digits, got {self.plan_fingerprint!r}")
-        for value, what in ((self.epoch, "epoch"), (self.microbatch_index, "microbatch_index")):
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _UINT64_MAX:
-                raise plan_error(errors.PLAN_CURSOR_INVALID, f"{what} must be an integer in [0, 2^64 - 1], got {value!r}")
+        for name in ("epoch", "microbatch_index"):
+            value = checks.integer(getattr(self, name), name, fail=partial(plan_error, errors.PLAN_CURSOR_INVALID),
+                                   message="{name} must be an integer in [0, 2^64 - 1], got {value!r}")
+            object.__setattr__(self, name, value)
 
     @classmethod
     def of(cls, sampler) -> "PlanCursor":

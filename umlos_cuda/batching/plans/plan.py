@@ -17,11 +17,12 @@ the same thing at every world size.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
 from ...errors import UmlosError
 from .config import BatchingConfig
 
@@ -213,7 +214,7 @@ class BatchPlan:
         return sum(len(e) for e in self.epochs)
 
     def get_epoch(self, epoch: int) -> EpochPlan:
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or not 0 <= epoch < self.num_epochs:
+        if not checks.is_integer(epoch) or not 0 <= epoch < self.num_epochs:
             raise plan_error(errors.PLAN_CURSOR_INVALID,
                              f"epoch {epoch!r} is not in the plan; it has epochs 0 to {self.num_epochs - 1}")
         return self.epochs[int(epoch)]
@@ -269,8 +270,8 @@ class BatchPlan:
 def check_cursor(plan: BatchPlan, epoch: Any, microbatch_index: Any) -> None:
     """A plan cursor must name an epoch of the plan and an index in ``[0, M]``."""
     for value, what in ((epoch, "epoch"), (microbatch_index, "microbatch_index")):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise plan_error(errors.PLAN_CURSOR_INVALID, f"{what} must be a non-negative integer, got {value!r}")
+        checks.integer(value, what, 0, None, fail=partial(plan_error, errors.PLAN_CURSOR_INVALID),
+                       message=checks.NON_NEGATIVE)
     plan.get_epoch(epoch)
     limit = plan.epoch_microbatches(epoch)
     if microbatch_index > limit:

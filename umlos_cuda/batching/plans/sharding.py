@@ -13,12 +13,12 @@ world size, ranks ``>= M % world_size`` get one microbatch fewer.
 
 from __future__ import annotations
 
-import numbers
+from functools import partial
 from dataclasses import replace
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
 from .plan import BatchPlan, EpochPlan, plan_error
 from .fingerprint import finish_meta
 from .stats import epoch_stats, tokens_per_batch
@@ -33,10 +33,9 @@ MAX_SHARE_RANKS = 1 << 16
 
 def check_rank(rank, world_size) -> tuple[int, int]:
     """``(rank, world_size)`` as ints, else INVALID_RANK naming the interval."""
-    for value, what in ((world_size, "world_size"), (rank, "rank")):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise plan_error(errors.INVALID_RANK, f"{what} must be an integer, got {type(value).__name__} {value!r}")
-    world_size, rank = int(world_size), int(rank)
+    world_size, rank = (checks.integer(value, what, None, None, fail=partial(plan_error, errors.INVALID_RANK),
+                                       message="{name} must be an integer, got {type} {value!r}")
+                        for value, what in ((world_size, "world_size"), (rank, "rank")))
     if not 1 <= world_size <= MAX_WORLD_SIZE:
         raise plan_error(errors.INVALID_RANK, f"world_size {world_size} is outside [1, {MAX_WORLD_SIZE}]")
     if not 0 <= rank < world_size:

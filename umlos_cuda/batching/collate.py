@@ -37,7 +37,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .. import errors
+from .. import checks, errors
 from ..errors import UmlosError
 from .plans.config import PadPolicy
 
@@ -125,8 +125,8 @@ def collate_arrays(input_ids: Sequence[np.ndarray], loss_masks: Sequence[np.ndar
     count = len(input_ids)
     if len(loss_masks) != count or count == 0:
         raise collate_error(f"{count} rows of input_ids but {len(loss_masks)} loss masks; give one per row")
-    if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)) or not 0 <= pad_id <= _INT32_MAX:
-        raise collate_error(f"pad_id must be an integer in [0, 2^31 - 1], got {pad_id!r}")
+    checks.integer(pad_id, "pad_id", 0, _INT32_MAX, fail=collate_error,
+                   message="{name} must be an integer in [0, 2^31 - 1], got {value!r}")
     lengths = np.fromiter((len(row) for row in input_ids), dtype=np.int64, count=count)
     limit = width if max_len is None else min(width, int(max_len))
     if int(lengths.min()) < 1:
@@ -220,9 +220,8 @@ def _restarts(segments: np.ndarray, ranges: np.ndarray) -> np.ndarray:
 
 
 def _width(max_len: Any) -> int:
-    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or not 1 <= max_len <= _INT32_MAX:
-        raise collate_error(f"max_len must be an integer in [1, 2^31 - 1], got {max_len!r}")
-    return int(max_len)
+    return checks.integer(max_len, "max_len", 1, _INT32_MAX, fail=collate_error,
+                          message="{name} must be an integer in [1, 2^31 - 1], got {value!r}")
 
 
 def collate_error(message: str) -> UmlosError:
@@ -262,8 +261,7 @@ def plan_separator_ids(plan: Any, separator_ids: Sequence[int] | None) -> tuple[
     pack = getattr(plan.config, "pack", None)
     wanted = 0 if pack is None else int(pack.separator_len)
     ids = tuple(separator_ids or ())
-    if len(ids) != wanted or any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) or
-                                 not 0 <= t <= _INT32_MAX for t in ids):
+    if len(ids) != wanted or any(not checks.is_integer(t) or not 0 <= t <= _INT32_MAX for t in ids):
         raise collate_error(f"the plan puts {wanted} separator token(s) between packed samples; give exactly "
                             f"{wanted} separator id(s) in [0, 2^31 - 1], got {list(ids)}")
     return tuple(int(t) for t in ids)

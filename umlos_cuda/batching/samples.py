@@ -15,14 +15,12 @@ object per sample.
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
-from .. import errors
+from .. import checks, errors
 from ..errors import UmlosError
 
 #: Token ids are non-negative and below 2^32 (every vocabulary in use is far smaller).
@@ -56,11 +54,10 @@ class SampleMeta:
                 raise _invalid(f"SampleMeta.{name} must be a string or None, got {type(value).__name__} {value!r}")
         for name in ("reward", "difficulty"):
             value = getattr(self, name)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-                raise _invalid(f"SampleMeta.{name} must be a finite number or None, got {value!r}")
-            object.__setattr__(self, name, float(value))
+            if value is not None:
+                value = checks.number(value, f"SampleMeta.{name}", fail=_invalid,
+                                      message="{name} must be a finite number or None, got {value!r}")
+                object.__setattr__(self, name, value)
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
 from ...files.atomic import atomic_output
 from ...errors import UmlosError
 
@@ -230,9 +230,7 @@ def _arrays(batch: Any, position: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _check_n(n_batches: Any) -> int:
-    if isinstance(n_batches, bool) or not isinstance(n_batches, (int, np.integer)) or n_batches < 1:
-        raise _invalid(f"n_batches must be a positive integer, got {n_batches!r}")
-    return int(n_batches)
+    return checks.integer(n_batches, "n_batches", 1, None, fail=_invalid, message=checks.POSITIVE)
 
 
 def _is_hex(value: Any) -> bool:

@@ -45,7 +45,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ... import errors
+from ... import checks, errors
 from ...errors import UmlosError
 from ...files.artifacts import MARKER, json_field
 from ...files.atomic import write_failed
@@ -106,10 +106,10 @@ class BatchWriter:
         check_source_matches_plan(self.source, self.plan)
         self.output = os.path.abspath(os.fspath(output_dir))
         self.pad_id = pad_id
-        self.workers = workers or min(8, os.cpu_count() or 1)
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
-            raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"workers must be a positive integer, got {workers!r}",
-                             operator=errors.BATCHING_OPERATOR)
+        self.workers = checks.integer(workers or min(8, os.cpu_count() or 1), "workers", 1, None,
+                                      fail=checks.raising(errors.BATCHING_CONFIG_INVALID,
+                                                          operator=errors.BATCHING_OPERATOR),
+                                      message=checks.POSITIVE)
         self.force = force
         self.n_batches = n_batches
 

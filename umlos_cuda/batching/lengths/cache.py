@@ -35,7 +35,7 @@ from typing import BinaryIO, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
 from ...files.artifacts import FileKind, read_head
 from ...files.atomic import PendingFile, check_output_path, write_failed
 from ...files.folder import Folder
@@ -426,6 +426,11 @@ def _parse_jsonl(path: str) -> tuple[list[str], np.ndarray, str]:
     ids: list[str] = []
     lengths: list[int] = []
     tokenizer_hash = None
+    number = 0
+
+    def at_line(message: str) -> UmlosError:  # the line being read (``number`` when it fails)
+        return _invalid(f"{path} line {number + 1}: {message}")
+
     for number, line in _lines(path):
         try:
             row = json.loads(line)
@@ -445,8 +450,8 @@ def _parse_jsonl(path: str) -> tuple[list[str], np.ndarray, str]:
         elif row_hash != tokenizer_hash:
             raise _invalid(f"{path} line {number + 1} has tokenizer_hash {row_hash!r} but line 1 has "
                            f"{tokenizer_hash!r}; one cache holds the lengths of one tokenizer")
-        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= UINT32_MAX:
-            raise _invalid(f"{path} line {number + 1}: length must be an integer in [0, 2^32 - 1], got {length!r}")
+        checks.integer(length, "length", 0, UINT32_MAX, fail=at_line, strict=True,
+                       message="{name} must be an integer in [0, 2^32 - 1], got {value!r}")
         ids.append(sample_id)
         lengths.append(length)
     if tokenizer_hash is None:

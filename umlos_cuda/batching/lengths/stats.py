@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
 from ...errors import UmlosError
 
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
@@ -95,11 +95,10 @@ def optimal_bucket_choices(lengths: np.ndarray, max_buckets: int) -> list[Bucket
     """:func:`optimal_bucket_edges` for 1, 2, ..., ``max_buckets`` buckets,
     or up to the number of distinct lengths when that is smaller (one pass:
     row t of the table serves t buckets)."""
-    if isinstance(max_buckets, bool) or not isinstance(max_buckets, (int, np.integer)) or max_buckets < 1:
-        raise UmlosError(errors.LENGTHS_INVALID, f"the number of buckets must be a positive integer, got {max_buckets!r}",
-                         operator=errors.BATCHING_OPERATOR)
+    max_buckets = checks.integer(max_buckets, "the number of buckets", 1, None, message=checks.POSITIVE,
+                                 fail=checks.raising(errors.LENGTHS_INVALID, operator=errors.BATCHING_OPERATOR))
     values, counts = length_histogram(lengths)
-    return _choices(values, counts, int(max_buckets))
+    return _choices(values, counts, max_buckets)
 
 
 def _choices(values: np.ndarray, counts: np.ndarray, max_buckets: int) -> list[BucketChoice]:

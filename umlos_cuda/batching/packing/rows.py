@@ -79,11 +79,11 @@ class SequenceToPack:
                                   f"{ids.shape[0]} tokens")
             if mask.size and (int(mask.min()) < 0 or int(mask.max()) > 1):
                 raise input_error(f"sample {self.sample_id!r}: loss_mask values must be 0 or 1")
-        if isinstance(self.offset, bool) or not isinstance(self.offset, (int, np.integer)) or self.offset < 0:
-            raise input_error(f"sample {self.sample_id!r}: offset must be a non-negative integer, got {self.offset!r}")
+        offset = checks.integer(self.offset, "offset", 0, None, message=checks.NON_NEGATIVE,
+                                fail=lambda message: input_error(f"sample {self.sample_id!r}: {message}"))
         set_(self, "input_ids", ids.astype(np.int32, copy=False))
         set_(self, "loss_mask", mask.astype(np.int32, copy=False))
-        set_(self, "offset", int(self.offset))
+        set_(self, "offset", offset)
 
     @property
     def length(self) -> int:

@@ -37,7 +37,7 @@ import struct
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
 from ...errors import UmlosError
 from ..lengths.cache import LengthCache
 
@@ -148,7 +148,7 @@ class MegatronDataset:
 
     def input_ids(self, row: int) -> np.ndarray:
         """Sequence ``row``'s tokens (a read-only view of the ``.bin``)."""
-        if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < len(self):
+        if not checks.is_integer(row) or not 0 <= row < len(self):
             raise _invalid(f"sequence {row!r} is not in {self.prefix}; rows are 0 to {len(self) - 1}")
         start, size = int(self.pointers[row]), int(self.sizes[row])
         return self.data[start:start + size * self.dtype.itemsize].view(self.dtype)

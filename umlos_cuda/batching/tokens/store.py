@@ -27,7 +27,7 @@ import os
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
 from ...errors import UmlosError
 from ...files.folders import read_json, read_npy
 from ..lengths.cache import LengthCache
@@ -132,7 +132,7 @@ class TokenStore:
 
     # ------------------------------------------------------------------ access
     def _span(self, row: int) -> tuple[int, int]:
-        if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < len(self):
+        if not checks.is_integer(row) or not 0 <= row < len(self):
             raise _invalid(f"sample {row!r} is not in the store; rows are 0 to {len(self) - 1}")
         return int(self.offsets[row]), int(self.offsets[row + 1])
 
@@ -190,13 +190,11 @@ def _read_meta(path: str) -> dict:
     if set(meta) != set(META_FIELDS):
         raise _invalid(f"{path} must have exactly the fields {', '.join(META_FIELDS)}; "
                        f"missing {sorted(set(META_FIELDS) - set(meta))}, unknown {sorted(set(meta) - set(META_FIELDS))}")
-    for name in ("num_samples", "num_tokens"):
-        value = meta[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "num_samples" else 0):
-            raise _invalid(f"{path}: {name} must be a {'positive' if name == 'num_samples' else 'non-negative'} "
-                           f"integer, got {value!r}")
-    checks = (("token_dtype", TOKEN_DTYPES), ("loss_mask", LOSS_MASK_RULES), ("sample_ids", ("line_numbers", "jsonl")))
-    for name, allowed in checks:
+    for name, low, wording in (("num_samples", 1, checks.POSITIVE), ("num_tokens", 0, checks.NON_NEGATIVE)):
+        checks.integer(meta[name], name, low, None, fail=lambda message: _invalid(f"{path}: {message}"),
+                       message=wording, strict=True)
+    choices = (("token_dtype", TOKEN_DTYPES), ("loss_mask", LOSS_MASK_RULES), ("sample_ids", ("line_numbers", "jsonl")))
+    for name, allowed in choices:
         if meta[name] not in allowed:
             raise _invalid(f"{path}: {name} must be one of {', '.join(allowed)}, got {meta[name]!r}")
     if not isinstance(meta["tokenizer_hash"], str) or not meta["tokenizer_hash"] or \

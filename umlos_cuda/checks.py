@@ -81,6 +81,12 @@ def is_integer(value: Any, *, strict: bool = False) -> bool:
     return isinstance(value, int if strict else numbers.Integral) and not isinstance(value, bool)
 
 
+def is_uint64(value: Any) -> bool:
+    """An ``int`` in ``[0, 2^64 - 1]``, never a bool: a uint64 as CBOR and JSON decode it
+    (a NumPy integer fails: an encoder would refuse it)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= UINT64_MAX
+
+
 def integer(value: Any, name: str, low: int | None = 0, high: int | None = UINT64_MAX, *, fail: Fail,
             message: Wording = IN_RANGE, strict: bool = False) -> int:
     """``value`` as an ``int`` in ``[low, high]`` (None: no bound on that side), else ``fail``.

@@ -19,9 +19,10 @@ A store behind its anchor is refused with ``CHECKPOINT_STALE``.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Sequence
 
-from .. import errors
+from .. import checks, errors
 from .codes import error
 
 
@@ -39,9 +40,8 @@ def parse_head(value: Any) -> bytes:
 
 
 def parse_min_commit(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise error(errors.CHECKPOINT_STATE_INVALID, f"min_commit must be an integer >= 0, got {value!r}")
-    return value
+    return checks.integer(value, "min_commit", 0, None, fail=partial(error, errors.CHECKPOINT_STATE_INVALID),
+                          message=checks.AT_LEAST)
 
 
 def check_anchor(commits: Sequence[Any], *, expect_head: Any = None, min_commit: Any = None) -> None:

@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from .. import errors
+from .. import checks, errors
 from ..cursor import Cursor
 from ..hashing import cbor_canonical, hash_canonical, sha256
 from ..manifest.core import Manifest
@@ -454,9 +455,9 @@ def _reason(exc: BaseException) -> str:
 
 
 def _rank(rank: Any) -> int:
-    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= int(rank) <= paths.UINT32_MAX:
-        raise error(errors.CHECKPOINT_STATE_INVALID, f"rank {rank!r} must be an integer in [0, 2^32 - 1]", operator=SERIALIZE)
-    return int(rank)
+    return checks.integer(rank, "rank", 0, paths.UINT32_MAX,
+                          fail=partial(error, errors.CHECKPOINT_STATE_INVALID, operator=SERIALIZE),
+                          message="{name} {value!r} must be an integer in [0, 2^32 - 1]")
 
 
 def encode_manifest(header: dict, entries: list[dict]) -> bytes:

@@ -33,11 +33,12 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from .. import errors
+from .. import checks, errors
 from ..cursor import Cursor
 from ..manifest.core import Manifest
 from . import paths, schema
@@ -125,13 +126,9 @@ def normalize_ranks(ranks: Any) -> list[int] | None:
         raise error(errors.CHECKPOINT_STATE_INVALID,
                     f"ranks must be a list of rank numbers (integers in [0, 2^32 - 1]), got {type(ranks).__name__}",
                     operator=RESTORE)
-    out = []
-    for rank in ranks:
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= int(rank) <= paths.UINT32_MAX:
-            raise error(errors.CHECKPOINT_STATE_INVALID,
-                        f"ranks holds {rank!r}; ranks are integers in [0, 2^32 - 1]", operator=RESTORE)
-        out.append(int(rank))
-    return out
+    fail = partial(error, errors.CHECKPOINT_STATE_INVALID, operator=RESTORE)
+    return [checks.integer(rank, "rank", 0, paths.UINT32_MAX, fail=fail,
+                           message="ranks holds {value!r}; ranks are integers in [0, 2^32 - 1]") for rank in ranks]
 
 
 #: What each profile reads besides the header and the run manifest (module docstring):

@@ -38,9 +38,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Sequence
 
-from .. import errors
+from .. import checks, errors
 from ..hashing import cbor_canonical
 from . import atomic, cbor_safe, paths
 from .codes import COMMIT, error
@@ -63,11 +64,10 @@ class CollectionReport:
 
 def check_keep_last(keep_last: Any) -> int:
     """``keep_last`` is an integer >= 1 (the newest checkpoint is always kept)."""
-    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
-        raise error(errors.CHECKPOINT_STATE_INVALID,
-                    f"keep_last must be an integer >= 1 (the newest checkpoint is always kept), got {keep_last!r}",
-                    operator=COMMIT)
-    return keep_last
+    return checks.integer(keep_last, "keep_last", 1, None,
+                          fail=partial(error, errors.CHECKPOINT_STATE_INVALID, operator=COMMIT),
+                          message="{name} must be an integer >= {low} (the newest checkpoint is always kept), "
+                                  "got {value!r}")
 
 
 def read_collected(store_dir: str) -> int:
@@ -83,8 +83,7 @@ def read_collected(store_dir: str) -> int:
         os.close(root)
     value = cbor_safe.decode(data, what=RETENTION_NAME, max_bytes=MAX_RETENTION_BYTES, max_depth=1)
     if not isinstance(value, dict) or set(value) != {"format", "collected_through"} \
-            or value["format"] != RETENTION_FORMAT or isinstance(value["collected_through"], bool) \
-            or not isinstance(value["collected_through"], int) or not 0 <= value["collected_through"] <= errors.UINT64_MAX:
+            or value["format"] != RETENTION_FORMAT or not checks.is_uint64(value["collected_through"]):
         raise error(errors.CHECKPOINT_SCHEMA_INVALID,
                     f"{RETENTION_NAME} must be {{format: {RETENTION_FORMAT}, collected_through: uint64}}")
     return value["collected_through"]

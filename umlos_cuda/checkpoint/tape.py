@@ -35,6 +35,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -80,9 +81,8 @@ def parse_segment_name(path: Any, code: str = errors.TRACE_FORMAT_INVALID) -> in
 # checks below are public so that a subsystem can declare its own record types
 # with them (register_record_type).
 
-def is_uint(v: Any) -> bool:
-    """An integer in [0, 2^64 - 1] (not a bool)."""
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= errors.UINT64_MAX
+#: An integer in [0, 2^64 - 1] (a plain int, not a bool).
+is_uint = checks.is_uint64
 
 
 def is_hash(v: Any) -> bool:
@@ -472,13 +472,12 @@ class TapeWriter:
     """
 
     def __init__(self, store_dir: str, state: TapeState, *, block_size: int = BLOCK_SIZE, max_events: int = MAX_EVENTS):
-        if not (isinstance(block_size, int) and 1 <= block_size <= BLOCK_SIZE * 64):
-            raise error(errors.CHECKPOINT_STATE_INVALID, f"block_size must be in [1, {BLOCK_SIZE * 64}]", operator=TAPE)
-        if not (isinstance(max_events, int) and 1 <= max_events <= errors.UINT64_MAX):
-            raise error(errors.CHECKPOINT_STATE_INVALID, "max_events must be a positive integer", operator=TAPE)
+        fail = partial(error, errors.CHECKPOINT_STATE_INVALID, operator=TAPE)
         self.store_dir = store_dir
-        self.block_size = block_size
-        self.max_events = max_events
+        self.block_size = checks.integer(block_size, "block_size", 1, BLOCK_SIZE * 64, fail=fail,
+                                         message="{name} must be in [{low}, {high}]")
+        self.max_events = checks.integer(max_events, "max_events", 1, fail=fail,
+                                         message="{name} must be a positive integer")
         self.state = state
         self.next_seq = state.next_seq
         self.root_hash = state.root_hash

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import errors
+from .. import checks, errors
 from . import limits
 from .codes import SERIALIZE, error
 from .schema import utf8_length
@@ -170,13 +170,13 @@ def describe(data: bytes, what: str) -> dict[str, dict[str, Any]]:
         if (
             not isinstance(shape, list)
             or len(shape) > MAX_DIMS
-            or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < (1 << 62) for d in shape)
+            or not all(checks.is_integer(d, strict=True) and 0 <= d < (1 << 62) for d in shape)
         ):
             raise bad(f"tensor {name!r} has an invalid shape")
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            or not all(checks.is_integer(o, strict=True) for o in offsets)
             or not 0 <= offsets[0] <= offsets[1] <= body
         ):
             raise bad(f"tensor {name!r} has data_offsets outside the data")

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import enum
 import heapq
-import math
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
+from ...errors import UmlosError
 from .rng import BufferRng, stream_manifest
 from ..failures import failure
 from .snapshot import BufferSnapshot
@@ -79,15 +79,11 @@ class ReplayBuffer:
     def __init__(self, max_size: int = 100_000, eviction: Any = "fifo", *, manifest: Any = None,
                  replay_token: bytes | None = None, seed: int = 0, priority_exponent: float = 1.0,
                  rng: BufferRng | None = None) -> None:
-        if isinstance(max_size, bool) or not isinstance(max_size, int) or not 1 <= max_size <= MAX_SIZE:
-            raise failure(errors.REPLAY_BUFFER_INVALID, f"max_size must be an integer in [1, 2^26], got {max_size!r}")
-        if (isinstance(priority_exponent, bool) or not isinstance(priority_exponent, (int, float))
-                or not math.isfinite(priority_exponent) or priority_exponent < 0):
-            raise failure(errors.REPLAY_BUFFER_INVALID,
-                          f"priority_exponent must be a finite number >= 0, got {priority_exponent!r}")
-        self.max_size = max_size
+        self.max_size = checks.integer(max_size, "max_size", 1, MAX_SIZE, fail=_invalid,
+                                       message="{name} must be an integer in [1, 2^26], got {value!r}")
+        self.priority_exponent = checks.number(priority_exponent, "priority_exponent", at_least=0, fail=_invalid,
+                                               message="{name} must be a finite number >= 0, got {value!r}")
         self.eviction = EvictionPolicy.parse(eviction)
-        self.priority_exponent = float(priority_exponent)
         self.rng = rng if rng is not None else BufferRng.from_manifest(
             manifest if manifest is not None else stream_manifest(seed), replay_token)
         self._slots = np.full(max_size, -1, dtype=np.int64)  # the key each slot holds, -1 when empty
@@ -108,13 +104,12 @@ class ReplayBuffer:
         if not isinstance(sample, StreamSample):
             raise failure(errors.REPLAY_BUFFER_INVALID, f"a buffer holds StreamSample objects, got {type(sample).__name__}")
         priority = sample.priority if priority is None else priority
-        if (isinstance(priority, bool) or not isinstance(priority, (int, float)) or not math.isfinite(priority)
-                or priority <= 0):
-            raise failure(errors.REPLAY_BUFFER_INVALID, f"a priority is a positive finite number, got {priority!r}")
+        priority = checks.number(priority, "priority", above=0, fail=_invalid,
+                                 message="a priority is a positive finite number, got {value!r}")
         key = self.added
         self.added += 1
-        self._journal.append((key, sample, float(priority)))
-        slot = self._slot_for(key, float(priority))
+        self._journal.append((key, sample, priority))
+        slot = self._slot_for(key, priority)
         if slot is None:
             return False
         self._put(slot, key, sample, float(priority))
@@ -178,8 +173,7 @@ class ReplayBuffer:
 
     def sample(self, n: int) -> list[StreamSample]:
         """``n`` samples drawn with replacement by priority (see the module docstring)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise failure(errors.REPLAY_BUFFER_INVALID, f"n must be a non-negative integer, got {n!r}")
+        n = checks.integer(n, "n", 0, None, fail=_invalid, message=checks.NON_NEGATIVE)
         if n and not self._size:
             raise failure(errors.REPLAY_BUFFER_INVALID, "cannot sample from an empty buffer")
         order = self._order()
@@ -262,9 +256,8 @@ def check_state(state: Any) -> dict[str, Any]:
     if state["format"] != STATE_FORMAT:
         raise failure(errors.REPLAY_BUFFER_INVALID, f"buffer state format {state['format']!r} is not {STATE_FORMAT!r}")
     for name in ("max_size", "added", "next_fifo"):
-        value = state[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise failure(errors.REPLAY_BUFFER_INVALID, f"buffer state {name} must be a non-negative integer, got {value!r}")
+        checks.integer(state[name], name, 0, None, fail=_invalid, strict=True,
+                       message="buffer state {name} must be a non-negative integer, got {value!r}")
     size_bytes = len(state["slots"]) if isinstance(state["slots"], bytes) else -1
     for name, width in (("slots", 8), ("priorities", 8), ("draw_counts", 8)):
         value = state[name]
@@ -291,3 +284,7 @@ def inverse_cdf(weights: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
         raise failure(errors.REPLAY_BUFFER_INVALID, "every sample has weight 0: nothing can be drawn")
     rows = np.searchsorted(cumulative, uniforms * total, side="right")
     return np.minimum(rows, cumulative.size - 1)
+
+
+def _invalid(message: str) -> UmlosError:
+    return failure(errors.REPLAY_BUFFER_INVALID, message)

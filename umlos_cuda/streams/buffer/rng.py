@@ -16,11 +16,12 @@ so far); restoring it gives the same draws after.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Mapping
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
 from ...hashing import hash_canonical
 from ...manifest.core import Manifest, as_manifest
 from ...rng.streams import substream_blocks
@@ -105,10 +106,7 @@ class BufferRng:
 def _checked_offsets(offsets: Any) -> dict[str, int]:
     if not isinstance(offsets, Mapping) or set(offsets) != set(STREAMS):
         raise failure(errors.REPLAY_BUFFER_INVALID, f"buffer RNG offsets have exactly the keys {', '.join(STREAMS)}")
-    out = {}
-    for name in STREAMS:
-        value = offsets[name]
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 64:
-            raise failure(errors.REPLAY_BUFFER_INVALID, f"offset {name} must be an integer in [0, 2^64 - 1], got {value!r}")
-        out[name] = value
-    return out
+    fail = partial(failure, errors.REPLAY_BUFFER_INVALID)
+    return {name: checks.integer(offsets[name], name, fail=fail, strict=True,
+                                 message="offset {name} must be an integer in [0, 2^64 - 1], got {value!r}")
+            for name in STREAMS}

@@ -30,13 +30,12 @@ RNG's ``policy`` sub-stream; novelty's recent draws are part of the state.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
 from ..buffer.rng import BufferRng
 from ..failures import failure
 from ..buffer.replay_buffer import inverse_cdf
@@ -57,9 +56,8 @@ def _shares(values: Mapping[Any, float], what: str) -> dict[Any, float]:
         raise _invalid(f"{what} must be a non-empty mapping")
     out = {}
     for key, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise _invalid(f"{what}[{key!r}] must be a finite number >= 0, got {value!r}")
-        out[key] = float(value)
+        out[key] = checks.number(value, f"{what}[{key!r}]", at_least=0, fail=_invalid,
+                                 message="{name} must be a finite number >= 0, got {value!r}")
     if not sum(out.values()) > 0:
         raise _invalid(f"{what} must have a positive total")
     return out
@@ -107,10 +105,8 @@ class FailureReplayPolicy:
     type = "failure_replay"
 
     def __init__(self, failure_weight: float = 2.0) -> None:
-        if (isinstance(failure_weight, bool) or not isinstance(failure_weight, (int, float))
-                or not math.isfinite(failure_weight) or failure_weight <= 0):
-            raise _invalid(f"failure_weight must be a positive finite number, got {failure_weight!r}")
-        self.failure_weight = float(failure_weight)
+        self.failure_weight = checks.number(failure_weight, "failure_weight", above=0, fail=_invalid,
+                                            message="{name} must be a positive finite number, got {value!r}")
 
     def reweight(self, snapshot: BufferSnapshot, weights: np.ndarray) -> np.ndarray:
         return np.where(snapshot.solved == 0, weights * self.failure_weight, weights)
@@ -125,7 +121,7 @@ class LengthQuotaPolicy:
     def __init__(self, quotas: Mapping[int, float]) -> None:
         shares = _shares(quotas, "length_quota quotas")
         for edge in shares:
-            if isinstance(edge, bool) or not isinstance(edge, int) or edge < 1:
+            if not checks.is_integer(edge, strict=True) or edge < 1:
                 raise _invalid(f"length_quota quotas are keyed by positive integer lengths, got {edge!r}")
         self.edges = np.array(sorted(shares), dtype=np.int64)
         self.quotas = {int(e): shares[int(e)] for e in self.edges}
@@ -146,9 +142,8 @@ class NoveltyPolicy:
     type = "novelty"
 
     def __init__(self, novelty_window: int = 1000) -> None:
-        if isinstance(novelty_window, bool) or not isinstance(novelty_window, int) or novelty_window < 1:
-            raise _invalid(f"novelty_window must be a positive integer, got {novelty_window!r}")
-        self.novelty_window = novelty_window
+        self.novelty_window = checks.integer(novelty_window, "novelty_window", 1, None, fail=_invalid,
+                                             message=checks.POSITIVE)
         self.recent: deque[int] = deque(maxlen=novelty_window)
 
     def reweight(self, snapshot: BufferSnapshot, weights: np.ndarray) -> np.ndarray:

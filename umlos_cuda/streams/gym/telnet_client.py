@@ -32,9 +32,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from ... import errors
+from ... import checks, errors
 from ..failures import failure
 from .telnet_wire import TelnetLines
 
@@ -62,10 +63,11 @@ class TelnetClientConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
             raise failure(errors.GYM_CONFIG_INVALID, f"host must be a non-empty string, got {self.host!r}")
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 1 <= self.port <= 65535:
-            raise failure(errors.GYM_CONFIG_INVALID, f"port must be an integer in [1, 65535], got {self.port!r}")
-        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
-            raise failure(errors.GYM_CONFIG_INVALID, f"timeout must be a positive number of seconds, got {self.timeout!r}")
+        fail = partial(failure, errors.GYM_CONFIG_INVALID)
+        checks.integer(self.port, "port", 1, 65535, fail=fail, strict=True,
+                       message="{name} must be an integer in [{low}, {high}], got {value!r}")
+        checks.number(self.timeout, "timeout", above=0, finite=False, fail=fail,
+                      message="{name} must be a positive number of seconds, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -178,8 +180,8 @@ class TelnetGymClient:
         if difficulty not in self.difficulties():
             raise failure(errors.GYM_CONFIG_INVALID, f"difficulty {difficulty!r} is not one of the server's: "
                                                      f"{', '.join(self.difficulties())}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_PUZZLE_SEED:
-            raise failure(errors.GYM_CONFIG_INVALID, f"a puzzle seed is an integer in [0, 2^31 - 1], got {seed!r}")
+        checks.integer(seed, "seed", 0, MAX_PUZZLE_SEED, fail=partial(failure, errors.GYM_CONFIG_INVALID), strict=True,
+                       message="a puzzle seed is an integer in [0, 2^31 - 1], got {value!r}")
         self.menu()
         lines = self._lines.exchange(f"{self.resolve_game(game)} {difficulty} {seed}")
         if not any(line.startswith("Seed:") for line in lines):

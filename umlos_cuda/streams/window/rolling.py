@@ -36,11 +36,12 @@ import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Mapping
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
 from ...batching import BatchingConfig, BatchPlan, BatchPlanBuilder
 from ...batching.packing.config import PackingConfig
 from ..buffer.rng import BufferRng
@@ -98,8 +99,9 @@ class RollingBatchPlanWindow:
         if not isinstance(buffer, ReplayBuffer):
             raise failure(errors.REPLAY_BUFFER_INVALID, f"buffer must be a ReplayBuffer, got {type(buffer).__name__}")
         for value, name in ((window_microbatches, "window_microbatches"), (samples_per_window, "samples_per_window")):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise failure(errors.REPLAY_BUFFER_INVALID, f"{name} must be a positive integer, got {value!r}")
+            if value is not None:
+                checks.integer(value, name, 1, None, fail=partial(failure, errors.REPLAY_BUFFER_INVALID),
+                               message=checks.POSITIVE, strict=True)
         if policy is not None and not isinstance(policy, ComposedPolicy):
             raise failure(errors.SAMPLING_POLICY_INVALID, "policy must be a ComposedPolicy (load_policies, policies_from_data)")
         self.buffer = buffer
@@ -245,8 +247,8 @@ def check_window_state(state: Any) -> dict[str, Any]:
         raise failure(errors.REPLAY_BUFFER_INVALID, "a window state has exactly format, windows, buffer and policy")
     if state["format"] != STATE_FORMAT:
         raise failure(errors.REPLAY_BUFFER_INVALID, f"window state format {state['format']!r} is not {STATE_FORMAT!r}")
-    if isinstance(state["windows"], bool) or not isinstance(state["windows"], int) or state["windows"] < 0:
-        raise failure(errors.REPLAY_BUFFER_INVALID, f"window state 'windows' must be a non-negative integer")
+    checks.integer(state["windows"], "windows", 0, None, fail=partial(failure, errors.REPLAY_BUFFER_INVALID),
+                   message="window state '{name}' must be a non-negative integer", strict=True)
     check_state(state["buffer"])
     if state["policy"] is not None and not isinstance(state["policy"], Mapping):
         raise failure(errors.REPLAY_BUFFER_INVALID, "window state 'policy' must be a map or null")

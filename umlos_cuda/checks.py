@@ -87,6 +87,11 @@ def is_uint64(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= UINT64_MAX
 
 
+def is_number(value: Any) -> bool:
+    """A real number (``int``, ``float``, a NumPy scalar, ...), never a bool; it may be infinite or NaN."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def integer(value: Any, name: str, low: int | None = 0, high: int | None = UINT64_MAX, *, fail: Fail,
             message: Wording = IN_RANGE, strict: bool = False) -> int:
     """``value`` as an ``int`` in ``[low, high]`` (None: no bound on that side), else ``fail``.
@@ -116,7 +121,7 @@ def number(value: Any, name: str, *, at_least: float | None = None, above: float
 
     NaN always fails; an int too large for a float fails instead of raising OverflowError.
     """
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+    if not is_number(value):
         raise fail(message.format(name=name, value=value, type=type(value).__name__, at_least=at_least, above=above))
     try:
         result = float(value)

@@ -36,7 +36,6 @@ empty batches): with ``drop_last`` in the manifest that never happens.
 
 from __future__ import annotations
 
-import numbers
 import os
 from functools import partial
 from typing import Any, Callable, Mapping
@@ -160,7 +159,7 @@ class IndexSource:
         return self._batch(before).cursor
 
     def __call__(self, info: Any):
-        if isinstance(info, numbers.Integral) and not isinstance(info, bool):
+        if checks.is_integer(info):
             iteration, epoch_idx = int(info), self._epochs_seen  # batch_info=False: count the epochs here
         else:
             iteration, epoch_idx = info.iteration, info.epoch_idx

@@ -17,12 +17,11 @@ sample whose position is at or past that limit is not emitted in that epoch.
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import numpy as np
 
-from . import errors
+from . import checks, errors
 from .backends import get_backend
 from .errors import UmlosError
 from .modes import get_mode, mode_names
@@ -86,7 +85,7 @@ def _host_backend():
 
 def _indices(index: Any, n: int, dataset_key: str) -> tuple[np.ndarray, bool]:
     """``index`` as a uint64 array, and whether it was one int; each value checked to be in ``[0, n)``."""
-    if isinstance(index, numbers.Integral) and not isinstance(index, bool):
+    if checks.is_integer(index):
         value = int(index)
         if not 0 <= value < n:
             raise _bad_index(f"index {value} is outside [0, {n})", dataset_key)

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import errors
+from .. import checks, errors
 from ..dtypes import check_fits, output_dtype
 from ..errors import UmlosError
 from ..modes import DEFAULT_MODE, Plan, SamplingMode, get_mode, mode_names
@@ -208,7 +208,7 @@ class CupyBackend:
         if hasattr(stream, "ptr") and hasattr(stream, "__enter__"):
             return stream
         handle = None
-        if isinstance(stream, (int, np.integer)) and not isinstance(stream, bool):
+        if checks.is_integer(stream):
             handle = int(stream)
         elif isinstance(getattr(stream, "cuda_stream", None), int):
             handle = stream.cuda_stream

@@ -26,11 +26,12 @@ never for real checkpoints.
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
 
-from .. import errors
+from .. import checks, errors
 from ..backends import to_numpy
 from ..checkpoint import atomic, signing
 from ..checkpoint.commit import MANAGED_DIRS, MARKER_NAME, CheckpointStore, read_marker, restore_latest, verify_store
@@ -141,8 +142,8 @@ def run_checkpoint_demo(
     workdir = os.path.abspath(os.fspath(workdir))
     manifest = as_manifest(manifest)
     for name, value, low in (("steps", steps, 2), ("every_k", every_k, 1), ("world_size", world_size, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise error(errors.INVALID_ARGUMENT, f"{name} must be an integer >= {low}, got {value!r}")
+        checks.integer(value, name, low, None, fail=partial(error, errors.INVALID_ARGUMENT), message=checks.AT_LEAST,
+                       strict=True)
     if every_k >= steps:
         raise error(errors.INVALID_ARGUMENT, f"every_k ({every_k}) must be smaller than steps ({steps})")
     os.makedirs(workdir, exist_ok=True)

@@ -15,13 +15,12 @@ The bytes are in docs/spec/rng.md §6.
 from __future__ import annotations
 
 import math
-import numbers
 import struct
 from typing import Any
 
 import numpy as np
 
-from .. import errors
+from .. import checks, errors
 from ..errors import UmlosError
 from ..hashing import sha256
 from ..manifest.core import as_manifest
@@ -70,7 +69,7 @@ def functional_fp_preimage(probe_loss: float, probe_metric: float, task_type: st
     """``binary64_be(probe_loss) || binary64_be(probe_metric) || utf8(task_type) || utf8(spec_version)``."""
     parts = []
     for name, value in (("probe_loss", probe_loss), ("probe_metric", probe_metric)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        if not checks.is_number(value):
             raise _invalid(f"{name} must be a binary64 number, got {type(value).__name__}")
         value = float(value)
         if not math.isfinite(value):

@@ -25,7 +25,6 @@ builds the whole list at once. With ``shuffle=False`` the order is
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Iterator, Mapping
@@ -46,7 +45,7 @@ STATE_FORMAT = "umlos_cuda.torch.DistributedSampler/1"
 
 
 def _dataset_length(dataset: Any) -> int:
-    if isinstance(dataset, numbers.Integral) and not isinstance(dataset, bool):
+    if checks.is_integer(dataset):
         length = int(dataset)
     else:
         try:

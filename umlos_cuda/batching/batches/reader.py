@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
 from ...errors import UmlosError
 from .npz import (FILES_FORMAT, INDEX_FILE, PLAN_FOLDER, batch_file_name, check_batch_file, file_arrays, file_error,
                   npz_bytes, read_batch_file)
@@ -109,7 +109,7 @@ class BatchReader:
 
     def _local(self, epoch: int, index: int) -> int:
         plan = self.plan.get_epoch(epoch)
-        local = plan.local_index(index) if isinstance(index, (int, np.integer)) and not isinstance(index, bool) else None
+        local = plan.local_index(index) if checks.is_integer(index) else None
         if local is None or not 0 <= local < len(plan):
             raise plan_error(errors.PLAN_CURSOR_INVALID, f"microbatch {index!r} is not one of epoch {epoch} "
                              f"of this {'shard' if self.plan.meta.shard else 'plan'}")

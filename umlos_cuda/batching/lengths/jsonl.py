@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from ... import errors
+from ... import checks, errors
 from ...errors import UmlosError
 
 DEFAULT_ID_FIELD = "id"
@@ -96,7 +96,7 @@ def _sample_id(path: str, number: int, record: dict, id_field: str) -> str:
     if id_field not in record:
         return str(number)
     value = record[id_field]
-    if isinstance(value, int) and not isinstance(value, bool):
+    if checks.is_integer(value, strict=True):
         return str(value)
     if not isinstance(value, str) or not value:
         raise invalid_record(path, number, f"has {id_field!r} = {value!r}; an id is a non-empty string or an integer")

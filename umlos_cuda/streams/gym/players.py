@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from ... import errors
+from ... import checks, errors
 from ..failures import failure
 from ..protocols import Player, PlayerContext
 from .telnet_client import PuzzleObservation
@@ -57,7 +57,7 @@ class RandomPlayer:
     def __call__(self, observation: PuzzleObservation, context: PlayerContext) -> str | None:
         grid = observation.grid
         if not (isinstance(grid, list) and grid and all(isinstance(row, list) and row for row in grid)
-                and all(isinstance(v, int) and not isinstance(v, bool) for row in grid for v in row)):
+                and all(checks.is_integer(v, strict=True) for row in grid for v in row)):
             return None
         empty = [(r, c) for r, row in enumerate(grid) for c, v in enumerate(row) if v == 0]
         if not empty:

@@ -214,12 +214,7 @@ def record(data: Any, fields: Mapping[str, Field | Callable[[Any], bool]], *, fa
         raise fail(not_a_map.format(what=what, type=type(data).__name__, fields=", ".join(fields)))
     present = {name: check for name, check in optional.items() if name in data} if optional else {}
     if len(data) != len(fields) + len(present) or any(name not in data for name in fields):
-        extra = sorted((key for key in data if key not in fields and key not in present), key=str)
-        absent = sorted((name for name in fields if name not in data), key=str)
-        words = {"what": what, "type": type(data).__name__, "fields": ", ".join(fields),
-                 "unknown": ", ".join(map(str, extra)), "missing": ", ".join(absent),
-                 "unknown_list": extra, "missing_list": absent}
-        raise fail((unknown if extra else missing).format(**words))
+        raise fail(_keys_refused(data, fields, present, what, unknown, missing))
     checked = {}
     for table in (fields, present):
         for name, check in table.items():
@@ -235,6 +230,17 @@ def record(data: Any, fields: Mapping[str, Field | Callable[[Any], bool]], *, fa
                 raise fail(invalid.format(what=what, name=name))
             checked[name] = value
     return checked
+
+
+def _keys_refused(data: Mapping[Any, Any], fields: Mapping[str, Any], present: Mapping[str, Any], what: str,
+                  unknown: str, missing: str) -> str:
+    """The message of :func:`record` for keys that are not exactly the fields."""
+    extra = sorted((key for key in data if key not in fields and key not in present), key=str)
+    absent = sorted((name for name in fields if name not in data), key=str)
+    words = {"what": what, "type": type(data).__name__, "fields": ", ".join(fields),
+             "unknown": ", ".join(map(str, extra)), "missing": ", ".join(absent),
+             "unknown_list": extra, "missing_list": absent}
+    return (unknown if extra else missing).format(**words)
 
 
 def _words(message: Wording, which: int) -> str:

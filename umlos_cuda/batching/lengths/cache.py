@@ -450,8 +450,8 @@ def _parse_jsonl(path: str) -> tuple[list[str], np.ndarray, str]:
         elif row_hash != tokenizer_hash:
             raise _invalid(f"{path} line {number + 1} has tokenizer_hash {row_hash!r} but line 1 has "
                            f"{tokenizer_hash!r}; one cache holds the lengths of one tokenizer")
-        checks.integer(length, "length", 0, UINT32_MAX, fail=at_line, strict=True,
-                       message="{name} must be an integer in [0, 2^32 - 1], got {value!r}")
+        length = checks.integer(length, "length", 0, UINT32_MAX, fail=at_line, strict=True,
+                                message="{name} must be an integer in [0, 2^32 - 1], got {value!r}")
         ids.append(sample_id)
         lengths.append(length)
     if tokenizer_hash is None:

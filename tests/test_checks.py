@@ -160,3 +160,12 @@ def test_a_field_is_what_its_check_makes_it():
 
     assert checks.record({"n": 8}, {"n": checks.field(even)}, fail=FAIL) == {"n": 4}
     assert refusal(checks.record, {"n": 3}, {"n": checks.field(even)}).message == "n must be even"
+
+
+def test_values_in_messages_are_bounded():
+    """A megabyte where a number belongs is refused with a short message, never echoed whole."""
+    message = refusal(checks.integer, "x" * 10**6, "n").message
+    assert len(message) < 300 and message.endswith("...")
+    assert len(refusal(checks.number, [0] * 10**5, "w").message) < 300
+    assert refusal(checks.integer, -(10**5000), "n", 0, None, message=checks.AT_LEAST).message == \
+        "n must be an integer >= 0, got an integer of 16610 bits"

@@ -15,8 +15,9 @@ from a message to the :class:`~umlos_cuda.errors.UmlosError` the caller
 raises (its code, its operator, any prefix such as a file and line;
 :func:`raising` makes one from a code and an operator), and ``message`` is
 the caller's wording as a template with the fields ``{name}``, ``{value}``
-(the value given; for an integer out of range, the integer itself, written
-as "an integer of N bits" past 128 bits), ``{type}`` (the value's type name)
+(the value given, or for an integer out of range the integer itself; shown
+bounded: "an integer of N bits" past 128 bits, other values cut at 200
+characters), ``{type}`` (the value's type name)
 and the bounds (``{low}``, ``{high}``, ``{at_least}``, ``{above}``). An
 integer wording is one template, or a pair: (not an integer, out of range).
 Every check returns the value as the type it promises (a plain ``int``, a
@@ -27,7 +28,7 @@ Example::
     from umlos_cuda import checks, errors
 
     fail = checks.raising(errors.PLAN_FORMAT_INVALID, operator=errors.BATCH_PLAN_OPERATOR)
-    epochs = checks.integer(data["num_epochs"], "num_epochs", 1, fail=fail, message=checks.AT_LEAST)
+    epochs = checks.integer(data["num_epochs"], "num_epochs", 1, None, fail=fail, message=checks.AT_LEAST)
 
     LINE = {"index": checks.field(checks.integer),
             "max_len": checks.field(checks.integer, 1, message=checks.AT_LEAST),
@@ -49,6 +50,8 @@ from typing import Any, Callable, Mapping
 
 from .errors import UINT64_MAX, UmlosError
 
+#: A value shown in a message is cut to this many characters.
+SHOWN_CHARS = 200
 #: What a caller passes as ``fail``: its message -> its error.
 Fail = Callable[[str], UmlosError]
 #: An integer wording: one template for both failures, or (not an integer, out of range).
@@ -101,7 +104,8 @@ def integer(value: Any, name: str, low: int | None = 0, high: int | None = UINT6
     written out as it was given (CBOR and JSON encoders refuse NumPy scalars).
     """
     if not is_integer(value, strict=strict):
-        raise fail(_words(message, 0).format(name=name, value=value, type=type(value).__name__, low=low, high=high))
+        raise fail(_words(message, 0).format(name=name, value=_Shown(value), type=type(value).__name__, low=low,
+                                             high=high))
     number = int(value)
     if (low is not None and number < low) or (high is not None and number > high):
         raise fail(_words(message, 1).format(name=name, value=_Shown(number), type=type(value).__name__,
@@ -122,15 +126,16 @@ def number(value: Any, name: str, *, at_least: float | None = None, above: float
     NaN always fails; an int too large for a float fails instead of raising OverflowError.
     """
     if not is_number(value):
-        raise fail(message.format(name=name, value=value, type=type(value).__name__, at_least=at_least, above=above))
+        raise fail(message.format(name=name, value=_Shown(value), type=type(value).__name__, at_least=at_least,
+                                  above=above))
     try:
         result = float(value)
     except OverflowError:
         result = math.nan
     if math.isnan(result) or (finite and math.isinf(result)) or (at_least is not None and result < at_least) \
             or (above is not None and result <= above):
-        shown = _Shown(value) if isinstance(value, int) else value
-        raise fail(message.format(name=name, value=shown, type=type(value).__name__, at_least=at_least, above=above))
+        raise fail(message.format(name=name, value=_Shown(value), type=type(value).__name__, at_least=at_least,
+                                  above=above))
     return result
 
 
@@ -138,7 +143,7 @@ def text(value: Any, name: str, *, fail: Fail, empty: bool = True,
          message: str = "{name} must be a string, got {value!r}") -> str:
     """``value`` if it is a ``str`` (a non-empty one unless ``empty``), else ``fail``."""
     if not isinstance(value, str) or (not empty and not value):
-        raise fail(message.format(name=name, value=value, type=type(value).__name__))
+        raise fail(message.format(name=name, value=_Shown(value), type=type(value).__name__))
     return value
 
 
@@ -147,7 +152,7 @@ def instance(value: Any, name: str, kind: type | tuple[type, ...], *, fail: Fail
     """``value`` if it is an instance of ``kind`` (a non-empty one unless ``empty``), else ``fail``."""
     if not isinstance(value, kind) or (not empty and not value):
         shown = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise fail(message.format(name=name, value=value, type=type(value).__name__, kind=shown))
+        raise fail(message.format(name=name, value=_Shown(value), type=type(value).__name__, kind=shown))
     return value
 
 
@@ -248,16 +253,25 @@ def _words(message: Wording, which: int) -> str:
 
 
 class _Shown:
-    """An integer in a message: itself, or "an integer of N bits" past 128 bits
-    (``str()`` of an int stops at 4300 digits and would raise instead)."""
+    """A value in a message, bounded: an integer past 128 bits reads "an integer
+    of N bits" (``str()`` stops at 4300 digits and would raise instead), and any
+    other text is cut at :data:`SHOWN_CHARS` characters (a megabyte of JSON
+    where a number belongs does not become a megabyte of message)."""
 
-    def __init__(self, value: int) -> None:
-        self.text = str(value) if value.bit_length() <= 128 else f"an integer of {value.bit_length()} bits"
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def _text(self, show: Callable[[Any], str]) -> str:
+        if isinstance(self.value, int) and self.value.bit_length() > 128:
+            return f"an integer of {self.value.bit_length()} bits"
+        text = show(self.value)
+        return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+    def __repr__(self) -> str:
+        return self._text(repr)
 
     def __str__(self) -> str:
-        return self.text
-
-    __repr__ = __str__
+        return self._text(str)
 
     def __format__(self, spec: str) -> str:
-        return format(self.text, spec)
+        return format(str(self), spec)

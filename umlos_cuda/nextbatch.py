@@ -488,7 +488,8 @@ def _window(manifest, dataset_key, epoch, start, count, stride, replay_token, co
     epoch = _uint64(epoch, "epoch")
     start = _uint64(start, "start")
     context["data_replay_t"] = data_replay_t(call.token, call.dataset_key, epoch, start, 1, 0).hex()
-    stride = checks.uint64(stride, "stride", fail=checks.raising(errors.INVALID_ARGUMENT, operator=OPERATOR))  # not an R8 input
+    # not an R8 input: INVALID_ARGUMENT
+    stride = checks.uint64(stride, "stride", fail=checks.raising(errors.INVALID_ARGUMENT, operator=OPERATOR))
     if stride == 0:
         raise UmlosError(errors.INVALID_ARGUMENT, "stride must be at least 1 (1: a contiguous window)",
                          operator=OPERATOR)

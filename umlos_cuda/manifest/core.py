@@ -284,7 +284,8 @@ def canonicalize(raw: Any) -> dict[str, Any]:
 
     if "global_batch_size" not in manifest:
         raise invalid_manifest("manifest lacks global_batch_size")
-    manifest["global_batch_size"] = checks.uint64(manifest["global_batch_size"], "global_batch_size", fail=invalid_manifest)
+    manifest["global_batch_size"] = checks.uint64(manifest["global_batch_size"], "global_batch_size",
+                                                  fail=invalid_manifest)
 
     data = manifest.setdefault("data", {})
     if data is None:
@@ -293,7 +294,8 @@ def canonicalize(raw: Any) -> dict[str, Any]:
         raise invalid_manifest(f"data must be a mapping, got {type(data).__name__}")
     refuse_unknown_keys(data, DATA_KEYS, "data")
     data.setdefault("sampler_block_size", DEFAULT_BLOCK_SIZE)
-    data["sampler_block_size"] = checks.uint64(data["sampler_block_size"], "data.sampler_block_size", fail=invalid_manifest)
+    data["sampler_block_size"] = checks.uint64(data["sampler_block_size"], "data.sampler_block_size",
+                                               fail=invalid_manifest)
     data.setdefault("drop_last", DEFAULT_DROP_LAST)
     if not isinstance(data["drop_last"], bool):
         raise invalid_manifest(f"data.drop_last must be true or false, got {data['drop_last']!r}")

@@ -393,9 +393,8 @@ def read_sidecar_header(path: str) -> tuple[dict, int]:
 def _load_with_sidecar(path: str) -> LengthCache:
     side = sidecar_path(path)
     header, offset = read_sidecar_header(side)
-    count = header.get("count")
-    if not isinstance(count, int) or count < 1:
-        raise _sidecar_error(f"{side} has count {count!r}")
+    count = checks.integer(header.get("count"), "count", 1, None, message="has count {value!r}", strict=True,
+                           fail=lambda message: _sidecar_error(f"{side} {message}"))
     try:
         jsonl_size = os.stat(path).st_size
         data_size = os.stat(side).st_size - offset

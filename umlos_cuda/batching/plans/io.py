@@ -234,8 +234,10 @@ def meta_from_json(data) -> BatchPlanMeta:
             raise _format(f"meta.json shard must be null or {{rank, world_size, source_fingerprint}}, got {shard!r}")
         meta = BatchPlanMeta(
             config=config,
-            num_epochs=checks.integer(data["num_epochs"], "num_epochs", 1, None, fail=_meta, message=checks.AT_LEAST),
-            num_samples=checks.integer(data["num_samples"], "num_samples", 1, None, fail=_meta, message=checks.AT_LEAST),
+            num_epochs=checks.integer(data["num_epochs"], "num_epochs", 1, None, fail=_meta,
+                                      message=checks.AT_LEAST),
+            num_samples=checks.integer(data["num_samples"], "num_samples", 1, None, fail=_meta,
+                                       message=checks.AT_LEAST),
             tokenizer_hash=data["tokenizer_hash"],
             dataset_hash=data["dataset_hash"], lengths_sha256=data["lengths_sha256"],
             sample_ids_sha256=data["sample_ids_sha256"], sampling_mode=config.stage,
@@ -325,7 +327,8 @@ def read_microbatches_jsonl(path: str, meta: BatchPlanMeta, sample_ids, base: in
 #: against the plan by :func:`_microbatch`. Bounds are those of the binary form's dtypes.
 _MICROBATCH_FIELDS = {
     "index": checks.field(checks.anything),
-    "samples": checks.field(checks.instance, list, empty=False, message="{name} must be a non-empty list of sample ids"),
+    "samples": checks.field(checks.instance, list, empty=False,
+                            message="{name} must be a non-empty list of sample ids"),
     "bucket_id": checks.field(checks.integer, 0, (1 << 15) - 1),
     "max_len": checks.field(checks.integer, 1, (1 << 32) - 1),
     "packs": checks.field(checks.anything),

@@ -1,6 +1,7 @@
 # Two commands (README, "Quick start"):
 #   make demo   set up .venv on a fresh machine and run `umlos-cuda demo`
-#   make test   set up .venv and run the whole test suite (what .ci/run calls)
+#   make test   set up .venv, run ruff and mypy, then the whole test suite (what .ci/run calls)
+#   make lint   only ruff and mypy (configured in pyproject.toml), once .venv has the test extra
 # Everything is installed from PyPI into .venv; nothing is needed by hand but python3 >= 3.11.
 
 PYTHON ?= python3
@@ -19,7 +20,7 @@ DEMO_WORKDIR ?= demo-workdir
 # every other warning still shows.
 PIP_INSTALL := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test lint bench venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,14 +32,20 @@ demo: venv
 	$(PIP_INSTALL) -e .
 	$(BIN)/umlos-cuda demo --workdir $(DEMO_WORKDIR)
 
+# ruff and mypy run first: they take seconds, the suite minutes.
 test: venv
 	$(PIP_INSTALL) $(TORCH_CPU)
 	$(PIP_INSTALL) -e '.[$(TEST_EXTRAS)]'
+	$(MAKE) --no-print-directory lint
 	$(BIN)/python -m pytest
+
+lint:
+	$(BIN)/ruff check
+	$(BIN)/mypy
 
 bench: venv
 	$(PIP_INSTALL) -e '.[bench]'
 	$(BIN)/python bench/bench_indices.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis $(DEMO_WORKDIR)
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis .ruff_cache .mypy_cache $(DEMO_WORKDIR)

@@ -96,7 +96,7 @@ def _call(function: Callable[[], Any]) -> int:
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
         return _status(exc.code)
-    except BaseException:  # noqa: BLE001 - every failure becomes an exit status
+    except BaseException:  # every failure becomes an exit status
         traceback.print_exc()
         return 1
 
@@ -114,7 +114,7 @@ def _exit(code: int) -> NoReturn:
     without interpreter finalization."""
     try:
         atexit._run_exitfuncs()  # what interpreter shutdown would have run first
-    except BaseException:  # noqa: BLE001 - a failing handler must not keep the process alive
+    except BaseException:  # a failing handler must not keep the process alive
         traceback.print_exc()
         code = code or 1
     for stream in (sys.stdout, sys.stderr):

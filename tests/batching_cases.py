@@ -17,7 +17,7 @@ import pytest
 from umlos_cuda import errors
 from umlos_cuda.errors import UmlosError
 
-WORDS = ("the quick brown fox jumps over a lazy dog while gravity explains why python is what it is "
+WORDS = ("the quick brown fox jumps over a lazy dog while gravity explains why python is what it is "  # noqa: SIM905
          "héllo wörld naïve café").split()
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 

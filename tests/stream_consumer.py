@@ -17,13 +17,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import umlos_cuda as uc  # noqa: E402
-from umlos_cuda.batching import BatchingConfig  # noqa: E402
-from umlos_cuda.checkpoint import CheckpointState, CheckpointStore  # noqa: E402
-from umlos_cuda.streams import (GymConfig, GymEpisodeStream, ReplayBuffer, RollingBatchPlanWindow,  # noqa: E402
+import umlos_cuda as uc
+from umlos_cuda.batching import BatchingConfig
+from umlos_cuda.checkpoint import CheckpointState, CheckpointStore
+from umlos_cuda.streams import (GymConfig, GymEpisodeStream, ReplayBuffer, RollingBatchPlanWindow,
                                 policies_from_yaml)
-from streams_support import EOS, tokenizer  # noqa: E402
-from test_checkpoint_support import DATASET, KEY, identity  # noqa: E402
+from streams_support import EOS, tokenizer
+from test_checkpoint_support import DATASET, KEY, identity
 
 EVERY = 4
 POLICY = """policies:

@@ -78,7 +78,7 @@ class TcpServer:
         while not self._stop.is_set():
             try:
                 conn, _ = self.sock.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             index = self.connections
             self.connections += 1
@@ -87,9 +87,8 @@ class TcpServer:
             self._threads.append(thread)
 
     def _run(self, conn, index) -> None:
-        with conn:
-            with contextlib.suppress(OSError):
-                self.handler(conn, index, self._stop)
+        with conn, contextlib.suppress(OSError):
+            self.handler(conn, index, self._stop)
 
     def close(self) -> None:
         self._stop.set()
@@ -121,7 +120,7 @@ def relay(upstream: tuple[str, int], break_connection: int | None = None, after_
                 for source, target, downstream in ((conn, up, False), (up, conn, True)):
                     try:
                         data = source.recv(65536)
-                    except socket.timeout:
+                    except TimeoutError:
                         continue
                     if not data:
                         return
@@ -161,7 +160,7 @@ def scripted(replies: dict[str, bytes], greeting: bytes = b"\r\n  1) Sudoku     
         while not stop.is_set():
             try:
                 data = conn.recv(4096)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             if not data:
                 return

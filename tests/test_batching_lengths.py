@@ -134,10 +134,9 @@ def test_a_stray_sidecar_is_refused_before_anything_is_written(tmp_path):
 
 
 def test_a_failed_write_leaves_nothing(tmp_path):
-    with pytest.raises(RuntimeError):
-        with LengthCacheWriter(tmp_path / "l.jsonl", HASH) as writer:
-            writer.add(["a"], [1])
-            raise RuntimeError("interrupted")
+    with pytest.raises(RuntimeError), LengthCacheWriter(tmp_path / "l.jsonl", HASH) as writer:
+        writer.add(["a"], [1])
+        raise RuntimeError("interrupted")
     expect(errors.LENGTHS_INVALID, LengthCacheWriter(tmp_path / "l.jsonl", HASH).__enter__().__exit__, None, None, None,
            mention="no rows")
     assert listing(tmp_path) == []

@@ -18,7 +18,7 @@ from umlos_cuda.checkpoint import CheckpointStore, cursor_kinds, restore_latest,
 from test_checkpoint_support import DATASET, KEY, files_of, identity, state
 
 pytest.importorskip("torch")
-from umlos_cuda.torch import PlanBatchSampler  # noqa: E402
+from umlos_cuda.torch import PlanBatchSampler
 
 
 def make_plan(seed=3):

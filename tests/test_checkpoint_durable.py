@@ -65,9 +65,8 @@ def test_each_front_end_keeps_its_codes(tmp_path, monkeypatch):
     assert full_disk.value.record["failure_operator"] == errors.CHECKPOINT_SERIALIZE_OPERATOR
     monkeypatch.undo()
     (tmp_path / "taken").write_bytes(b"")
-    with pytest.raises(errors.UmlosError) as out:
-        with atomic_file.atomic_output(tmp_path / "taken") as handle:
-            handle.write(b"x")
+    with pytest.raises(errors.UmlosError) as out, atomic_file.atomic_output(tmp_path / "taken") as handle:
+        handle.write(b"x")
     assert out.value.code == errors.OUTPUT_EXISTS
     with pytest.raises(errors.UmlosError) as store:
         atomic.write_file(str(tmp_path / "taken"), b"x")

@@ -230,11 +230,10 @@ def test_a_clean_close_leaves_a_store_that_verifies(store_dir):
     summary = verify_store(store_dir)
     assert summary["head"] == head and summary["trace_events"] == 10
     assert sorted(os.listdir(os.path.join(store_dir, "trace"))) == [f"segment={k}.tape" for k in (1, 2, 3)]
-    with pytest.raises(RuntimeError):
-        with CheckpointStore.open(store_dir, identity(), KEY) as store:
-            restored = store.restore_latest()
-            run_steps(store, restored.cursors[DATASET], 7, 9)
-            raise RuntimeError("the job fails between two commits")
+    with pytest.raises(RuntimeError), CheckpointStore.open(store_dir, identity(), KEY) as store:
+        restored = store.restore_latest()
+        run_steps(store, restored.cursors[DATASET], 7, 9)
+        raise RuntimeError("the job fails between two commits")
     assert verify_store(store_dir)["head"] == head
     with CheckpointStore.open(store_dir, identity(), KEY) as store:
         assert store.recovery.rolled_back == []

@@ -65,7 +65,7 @@ def state(t: int, cursor: uc.Cursor | None = None, *, dp: bool = True, shards: i
     )
 
 
-def write_container(path: str, t: int = 3, **kwargs) -> "uc.checkpoint.ContainerInfo":
+def write_container(path: str, t: int = 3, **kwargs) -> uc.checkpoint.ContainerInfo:
     link = TraceLink(bytes([1]) * 32, bytes([2]) * 32, 5,
                      ({"path": "trace/segment=1.tape", "size": 100, "sha256": bytes([3]) * 32,
                        "first_seq": 0, "event_count": 5},))

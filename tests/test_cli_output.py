@@ -176,20 +176,18 @@ def test_an_unwritable_directory_is_refused(capsys, manifest, tmp_path, which):
 def test_a_file_that_appears_during_the_work_is_not_replaced(tmp_path):
     """Without --force the file is published with link(), which never replaces."""
     target = tmp_path / "out.npy"
-    with pytest.raises(errors.UmlosError) as info:
-        with atomic_file.atomic_output(target) as handle:
-            handle.write(b"new")
-            target.write_bytes(b"someone else's")
+    with pytest.raises(errors.UmlosError) as info, atomic_file.atomic_output(target) as handle:
+        handle.write(b"new")
+        target.write_bytes(b"someone else's")
     assert info.value.code == errors.OUTPUT_EXISTS
     assert target.read_bytes() == b"someone else's" and temp_files(tmp_path) == []
 
 
 def test_a_fifo_that_appears_during_the_work_is_not_replaced_even_with_force(tmp_path):
     target = tmp_path / "out.npy"
-    with pytest.raises(errors.UmlosError) as info:
-        with atomic_file.atomic_output(target, force=True) as handle:
-            handle.write(b"new")
-            os.mkfifo(target)
+    with pytest.raises(errors.UmlosError) as info, atomic_file.atomic_output(target, force=True) as handle:
+        handle.write(b"new")
+        os.mkfifo(target)
     assert info.value.code == errors.OUTPUT_PATH_INVALID
     assert stat.S_ISFIFO(os.lstat(target).st_mode) and temp_files(tmp_path) == []
 

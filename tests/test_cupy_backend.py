@@ -107,10 +107,10 @@ def make_fake_cupy(devices: int = 2, *, device_count_error: bool = False, compil
         def get(self) -> np.ndarray:
             return self._data.copy()
 
-        def view(self, dtype) -> "FakeArray":
+        def view(self, dtype) -> FakeArray:
             return FakeArray(self._data.view(dtype), self._device_id)
 
-        def __getitem__(self, key) -> "FakeArray":
+        def __getitem__(self, key) -> FakeArray:
             return FakeArray(self._data[key], self._device_id)
 
         def __setitem__(self, key, value) -> None:

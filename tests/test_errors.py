@@ -27,7 +27,7 @@ def expect(code, function, *args, operator=errors.NEXTBATCH_OPERATOR, **kwargs) 
         function(*args, **kwargs)
     error = info.value
     assert error.code == code, f"expected {code}, got {error.code}: {error.message}"
-    assert RECORD_FIELDS <= set(error.record)
+    assert set(error.record) >= RECORD_FIELDS
     assert error.record["failure_code"] == code
     assert error.record["failure_operator"] == operator
     assert str(error).startswith(code)

@@ -109,9 +109,8 @@ def test_inside_an_operator_that_declares_it_the_draw_is_counted():
     with consumes(streams, "misc", 2, operator="test.TwoEpochs_v1"):
         next_batch_v1(RAW, "train", 1, 0, 0, streams=streams, backend="numpy")
         next_batch_v1(RAW, "train", 1, 0, 1, streams=streams, backend="numpy")
-    with pytest.raises(uc.UmlosError) as info:
-        with consumes(streams, operator="test.ClaimsNone_v1"):
-            next_batch_v1(RAW, "train", 1, 0, 2, streams=streams, backend="numpy")
+    with pytest.raises(uc.UmlosError) as info, consumes(streams, operator="test.ClaimsNone_v1"):
+        next_batch_v1(RAW, "train", 1, 0, 2, streams=streams, backend="numpy")
     assert info.value.code == errors.RNG_CONSUMPTION_VIOLATION
     assert info.value.record["failure_operator"] == "test.ClaimsNone_v1"
 

@@ -201,10 +201,9 @@ def test_another_runs_state_is_refused_and_named():
 def test_restore_inside_an_operator_is_refused():
     streams = RngStreams.from_manifest(RAW)
     state = streams.state_dict()
-    with pytest.raises(uc.UmlosError) as info:
-        with consumes(streams, "misc", 1, operator="test.RestoreInside_v1"):
-            streams.draw("misc", 1)
-            streams.load_state_dict(state)
+    with pytest.raises(uc.UmlosError) as info, consumes(streams, "misc", 1, operator="test.RestoreInside_v1"):
+        streams.draw("misc", 1)
+        streams.load_state_dict(state)
     assert info.value.code == errors.RNG_STATE_INVALID and "test.RestoreInside_v1" in info.value.message
 
 

@@ -177,9 +177,8 @@ def test_a_violation_on_the_store_tape_passes_the_reader(tmp_path):
     with CheckpointStore.open(store_dir, ident, KEY) as store:
         store.start_run(DATASET, world_size=1)
         streams.accountant.attach(store.tape, t=1)
-        with pytest.raises(uc.UmlosError) as info:
-            with consumes(streams, "misc", 1, operator="test.Violates_v1"):
-                streams.draw("misc", 2)
+        with pytest.raises(uc.UmlosError) as info, consumes(streams, "misc", 1, operator="test.Violates_v1"):
+            streams.draw("misc", 2)
         assert info.value.code == errors.RNG_CONSUMPTION_VIOLATION
         store.commit()
     verify_store(store_dir)

@@ -141,9 +141,8 @@ def test_context_manager_form_and_correct_use():
         assert streams.accountant.open_operators() == ["test.Block_v1"]
         streams.draw("misc", 1)
     assert declaration.line == "RNG consumption: exactly 1 draw from stream misc"
-    with pytest.raises(uc.UmlosError) as info:
-        with consumes(streams, "misc", 1):  # named file:line
-            pass
+    with pytest.raises(uc.UmlosError) as info, consumes(streams, "misc", 1):  # named file:line
+        pass
     assert info.value.code == errors.RNG_CONSUMPTION_VIOLATION
     assert info.value.record["failure_operator"].startswith("test_rng_contract.py:")
     assert not streams.accountant.open_operators() and len(tape) == 1
@@ -191,9 +190,8 @@ def test_the_default_state_fingerprint_holds_the_cursor_and_the_rng():
     streams, _ = streams_with_tape()
     order = bytes(range(32))
     streams.accountant.attach(cursor=(3, 96, order))
-    with pytest.raises(uc.UmlosError) as info:
-        with consumes(streams, "misc", 1, operator="test.Cursor_v1"):
-            pass
+    with pytest.raises(uc.UmlosError) as info, consumes(streams, "misc", 1, operator="test.Cursor_v1"):
+        pass
     expected = StateFingerprint().add_data_cursor(3, 96, order).add_rng(streams).digest()
     assert info.value.record["state_fp_t"] == expected.hex()
 

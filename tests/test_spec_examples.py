@@ -25,15 +25,15 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import oracle  # noqa: E402
-import umlos_cuda as uc  # noqa: E402
-from umlos_cuda import errors  # noqa: E402
-from umlos_cuda.epoch import build_plan_reference, epoch_seed, philox_key_words  # noqa: E402
-from umlos_cuda.hashing import cbor_canonical, hash_canonical, sha256  # noqa: E402
-from umlos_cuda.nextbatch import data_replay_t, sampler_config_hash  # noqa: E402
-from umlos_cuda.philox import PHILOX_KATS, philox4x32_10  # noqa: E402
-from umlos_cuda.presets import MODE_STREAMING  # noqa: E402
-from umlos_cuda.reference import DOMAIN_BLOCK_PERMUTE, DOMAIN_INTRA_BLOCK  # noqa: E402
+import oracle
+import umlos_cuda as uc
+from umlos_cuda import errors
+from umlos_cuda.epoch import build_plan_reference, epoch_seed, philox_key_words
+from umlos_cuda.hashing import cbor_canonical, hash_canonical, sha256
+from umlos_cuda.nextbatch import data_replay_t, sampler_config_hash
+from umlos_cuda.philox import PHILOX_KATS, philox4x32_10
+from umlos_cuda.presets import MODE_STREAMING
+from umlos_cuda.reference import DOMAIN_BLOCK_PERMUTE, DOMAIN_INTRA_BLOCK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC_DIR = os.path.join(ROOT, "docs", "spec")

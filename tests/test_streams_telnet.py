@@ -32,9 +32,8 @@ def test_answer_is_what_follows_the_echo():
 
 def test_a_command_is_one_printable_line():
     replies = {}
-    with TcpServer(scripted(replies)) as server:
-        with TelnetLines("127.0.0.1", server.port, timeout=5) as lines:
-            expect(errors.GYM_CONFIG_INVALID, lines.exchange, "place 1 1 1\nquit")
+    with TcpServer(scripted(replies)) as server, TelnetLines("127.0.0.1", server.port, timeout=5) as lines:
+        expect(errors.GYM_CONFIG_INVALID, lines.exchange, "place 1 1 1\nquit")
 
 
 # ------------------------------------------------------------------ failures

@@ -259,7 +259,7 @@ def test_every_byte_of_a_committed_tape_is_covered(tmp_path):
     segments = [s for c in commits for s in c.trace["segments"]]
     path = os.path.join(store_dir, segments[0]["path"])
     original = open(path, "rb").read()
-    for position in range(0, len(original)):
+    for position in range(len(original)):
         changed = bytearray(original)
         changed[position] ^= 0x41
         open(path, "wb").write(changed)

@@ -21,7 +21,7 @@ import pkgutil
 import signal
 import sys
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 from . import __version__, commands
 from .errors import UmlosError

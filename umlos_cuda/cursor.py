@@ -12,8 +12,9 @@ check 9), which ``next_batch`` says itself.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import cbor2
 
@@ -42,7 +43,7 @@ class Cursor:
         return {"epoch": self.epoch, "global_index": self.global_index}
 
     @classmethod
-    def from_dict(cls, state: Mapping[str, Any]) -> "Cursor":
+    def from_dict(cls, state: Mapping[str, Any]) -> Cursor:
         if not isinstance(state, Mapping) or set(state) != {"epoch", "global_index"}:
             raise _invalid(f"a cursor is a mapping with exactly the keys epoch and global_index, got {state!r}")
         return cls(state["epoch"], state["global_index"])
@@ -52,7 +53,7 @@ class Cursor:
         return cbor_canonical(self.to_dict())
 
     @classmethod
-    def from_cbor(cls, data: bytes) -> "Cursor":
+    def from_cbor(cls, data: bytes) -> Cursor:
         if not isinstance(data, (bytes, bytearray)) or len(data) > MAX_CURSOR_CBOR_BYTES:
             raise _invalid("cursor CBOR must be bytes of at most 1 KiB")
         try:

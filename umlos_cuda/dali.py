@@ -37,8 +37,9 @@ empty batches): with ``drop_last`` in the manifest that never happens.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 

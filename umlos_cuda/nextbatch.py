@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from . import checks, errors
 from .backends import get_backend
 from .cursor import Cursor, as_cursor
 from .dtypes import check_fits, output_dtype
 from .epoch import PlanCache, check_plan_budget, epoch_seed, limit_setting
-from .errors import MAX_WORLD_SIZE, UINT64_MAX, UmlosError  # noqa: F401  (MAX_WORLD_SIZE: re-exported)
+from .errors import MAX_WORLD_SIZE, UINT64_MAX, UmlosError
 from .hashing import hash_canonical, sha256
 from .manifest.core import Manifest, as_manifest
 from .modes import SEQUENTIAL_MODE, block_affine

@@ -32,8 +32,9 @@ NumPy operations, so collation runs at memory speed (bench/bench_collate.py).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +75,7 @@ class CollatedBatch:
         return {name: getattr(self, name) for name in FIELDS}
 
     @classmethod
-    def from_dict(cls, arrays: Mapping[str, np.ndarray]) -> "CollatedBatch":
+    def from_dict(cls, arrays: Mapping[str, np.ndarray]) -> CollatedBatch:
         """From a mapping holding (at least) the six arrays, e.g. a batch file."""
         missing = [name for name in FIELDS if name not in arrays]
         if missing:

@@ -15,8 +15,9 @@ object per sample.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -63,7 +64,7 @@ class SampleMeta:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
     @classmethod
-    def from_dict(cls, data: Any) -> "SampleMeta":
+    def from_dict(cls, data: Any) -> SampleMeta:
         return cls(**_fields_of(cls, data, required=("sample_id", "dataset_id")))
 
 
@@ -128,7 +129,7 @@ class Sample:
         }
 
     @classmethod
-    def from_dict(cls, data: Any) -> "Sample":
+    def from_dict(cls, data: Any) -> Sample:
         fields = _fields_of(cls, data, required=("input_ids", "loss_mask", "meta"))
         fields["meta"] = SampleMeta.from_dict(fields["meta"])
         fields.setdefault("segment_ids", None)
@@ -191,7 +192,7 @@ class PreferenceSample:
         }
 
     @classmethod
-    def from_dict(cls, data: Any) -> "PreferenceSample":
+    def from_dict(cls, data: Any) -> PreferenceSample:
         fields = _fields_of(cls, data, required=tuple(cls.__dataclass_fields__))
         fields["meta"] = SampleMeta.from_dict(fields["meta"])
         return cls(**fields)

@@ -19,8 +19,9 @@ A store behind its anchor is refused with ``CHECKPOINT_STALE``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
-from typing import Any, Sequence
+from typing import Any
 
 from .. import checks, errors
 from .codes import error

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-from typing import Callable
+from collections.abc import Callable
 
 from ..files import durable
 from .. import errors

@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .. import checks, errors
 from ..errors import MAX_WORLD_SIZE
@@ -204,7 +205,7 @@ class CheckpointStore:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], identity: RunIdentity, signing_key: Any,
-             **options: Any) -> "CheckpointStore":
+             **options: Any) -> CheckpointStore:
         """``CheckpointStore(path, identity, signing_key, **options)``: see the constructor."""
         return cls(path, identity, signing_key, **options)
 
@@ -539,7 +540,7 @@ class CheckpointStore:
             self.tape.abandon()
             self._lock.release()
 
-    def __enter__(self) -> "CheckpointStore":
+    def __enter__(self) -> CheckpointStore:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

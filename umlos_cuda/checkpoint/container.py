@@ -31,9 +31,10 @@ demand; :func:`verify_container` runs every check.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -87,7 +88,7 @@ class TraceLink:
         }
 
     @classmethod
-    def from_dict(cls, value: Any, what: str = paths.TRACE_LINK_PATH) -> "TraceLink":
+    def from_dict(cls, value: Any, what: str = paths.TRACE_LINK_PATH) -> TraceLink:
         code = errors.CHECKPOINT_CONTENT_INVALID
         keys = {"trace_root_hash", "trace_tail_hash", "event_count", "segments"}
         if not isinstance(value, dict) or set(value) != keys:
@@ -620,7 +621,7 @@ class ContainerReader:
         self._extra_cursors: dict[str, Any] | None = None
 
     @classmethod
-    def in_memory(cls, info: ContainerInfo, files: Mapping[str, bytes], cache: dict[str, Any] | None = None) -> "ContainerReader":
+    def in_memory(cls, info: ContainerInfo, files: Mapping[str, bytes], cache: dict[str, Any] | None = None) -> ContainerReader:
         """A reader of a container a writer holds in memory (``files`` are the
         bytes ``info``'s entries were computed from): the writer runs the
         reader's content checks on what it is about to write."""
@@ -635,7 +636,7 @@ class ContainerReader:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "ContainerReader":
+    def __enter__(self) -> ContainerReader:
         return self
 
     def __exit__(self, *exc) -> None:

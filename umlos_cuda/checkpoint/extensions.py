@@ -27,8 +27,9 @@ among the installed subsystems once (:mod:`.plugins`), then refuses.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .. import errors
 from ..manifest.core import Manifest

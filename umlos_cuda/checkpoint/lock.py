@@ -23,7 +23,8 @@ from __future__ import annotations
 import errno
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .. import errors
 from ..errors import UmlosError
@@ -62,7 +63,7 @@ class StoreLock:
     def held(self) -> bool:
         return self._fd is not None
 
-    def acquire(self, timeout: float = 0.0) -> "StoreLock":
+    def acquire(self, timeout: float = 0.0) -> StoreLock:
         """Take the lock, waiting up to ``timeout`` seconds; ``CHECKPOINT_LOCKED`` otherwise."""
         if fcntl is None:  # pragma: no cover
             raise UmlosError(errors.CHECKPOINT_IO_ERROR, "store locking needs a POSIX system (fcntl.flock)",
@@ -107,7 +108,7 @@ class StoreLock:
             finally:
                 os.close(fd)
 
-    def __enter__(self) -> "StoreLock":
+    def __enter__(self) -> StoreLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

@@ -19,7 +19,7 @@ of the entries under ``tensors/``, ``optimizer/`` and ``dp/``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..hashing import cbor_canonical, sha256
 

@@ -18,7 +18,8 @@ written beside the target as ``<target>.migration.cbor``.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .. import errors
 from ..hashing import cbor_canonical, hash_canonical

@@ -19,8 +19,8 @@ import hashlib
 import os
 import re
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from .. import errors
 from ..errors import UINT32_MAX, UmlosError

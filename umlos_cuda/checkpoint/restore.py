@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 

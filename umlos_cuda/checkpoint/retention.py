@@ -37,9 +37,10 @@ untouched. Running collection again finishes the removal.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Sequence
+from typing import Any
 
 from .. import checks, errors
 from ..hashing import cbor_canonical

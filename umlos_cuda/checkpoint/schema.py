@@ -16,8 +16,9 @@ value of the wrong type is ``CHECKPOINT_SCHEMA_INVALID``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from functools import partial
-from typing import Any, Mapping
+from typing import Any
 
 from .. import checks, distribution, errors
 from ..hashing import ZERO_HASH, hash_canonical

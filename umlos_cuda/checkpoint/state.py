@@ -12,8 +12,9 @@ and the engine's contract hashes (defaults in :mod:`.schema`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -21,7 +21,8 @@ the two apart, and the summary's ``writer_active`` says which it was).
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from .. import errors
 from ..hashing import sha256

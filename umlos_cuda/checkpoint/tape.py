@@ -34,9 +34,10 @@ import bisect
 import hashlib
 import os
 import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -625,7 +626,7 @@ def _segment_chunks(
     if not isinstance(header, dict) or set(header) != SEGMENT_HEADER_KEYS or header["format"] != TAPE_FORMAT:
         raise error(errors.TRACE_FORMAT_INVALID, f"{what}: not a {TAPE_FORMAT} segment header", operator=TAPE)
     block_size, max_events = header["block_size"], header["max_events"]
-    if not (is_uint(block_size) and 1 <= block_size and is_uint(max_events) and max_events >= 1):
+    if not (is_uint(block_size) and block_size >= 1 and is_uint(max_events) and max_events >= 1):
         raise error(errors.TRACE_FORMAT_INVALID, f"{what}: invalid block_size or max_events", operator=TAPE)
     if header["segment_index"] != index or header["first_seq"] != first_seq or header["prev_hash"] != prev_hash:
         raise error(errors.TRACE_CHAIN_MISMATCH, f"{what}: segment header does not continue the chain "

@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ..hashing import cbor_canonical
 

@@ -6,7 +6,7 @@ manifest."""
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from collections.abc import Callable
 
 
 def non_negative_int(what: str) -> Callable[[str], int]:

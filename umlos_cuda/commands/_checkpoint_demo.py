@@ -26,8 +26,9 @@ never for real checkpoints.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -10,7 +10,8 @@ chunk size, ``--force`` and ``--quiet``.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ._args import positive_int
 

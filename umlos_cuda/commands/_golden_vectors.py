@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 

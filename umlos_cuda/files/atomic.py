@@ -35,7 +35,8 @@ import os
 import resource
 import secrets
 import stat
-from typing import BinaryIO, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
 
 from . import durable
 from .. import errors

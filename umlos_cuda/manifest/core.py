@@ -29,8 +29,9 @@ import math
 import numbers
 import os
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .. import checks, errors
 from ..errors import UmlosError
@@ -165,12 +166,12 @@ class Manifest:
 
     # -- construction -----------------------------------------------------
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> "Manifest":
+    def from_dict(cls, raw: Mapping[str, Any]) -> Manifest:
         """Validate ``raw``, fill the R3 defaults and compute the hashes; ``raw`` is copied, never kept."""
         return cls(raw)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], *, max_bytes: int = MAX_MANIFEST_BYTES) -> "Manifest":
+    def load(cls, path: str | os.PathLike[str], *, max_bytes: int = MAX_MANIFEST_BYTES) -> Manifest:
         """Load a JSON (``.json``) or YAML (any other suffix) manifest file of at most ``max_bytes``."""
         try:
             raw = read_manifest_file(path, max_bytes=max_bytes)
@@ -188,10 +189,10 @@ class Manifest:
     def __reduce__(self) -> tuple:
         return type(self), (self._plain,)
 
-    def __copy__(self) -> "Manifest":
+    def __copy__(self) -> Manifest:
         return self
 
-    def __deepcopy__(self, memo: dict) -> "Manifest":
+    def __deepcopy__(self, memo: dict) -> Manifest:
         return self
 
     def __eq__(self, other: object) -> bool:
@@ -218,7 +219,7 @@ class Manifest:
             )
         return self.datasets[dataset_key]
 
-    def with_overrides(self, **top_level: Any) -> "Manifest":
+    def with_overrides(self, **top_level: Any) -> Manifest:
         """A new manifest with some top-level fields replaced (re-validated, re-hashed)."""
         raw = self.to_dict()
         raw.update(top_level)

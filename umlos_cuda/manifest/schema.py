@@ -13,7 +13,7 @@ that it lists exactly the keys below.
 from __future__ import annotations
 
 import difflib
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from .. import errors
 from ..errors import UmlosError

@@ -14,8 +14,9 @@ the statistics; N = 10^7 needs about 0.5 GB.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -221,8 +222,8 @@ def describe(report: QualityReport) -> str:
     return "\n".join((
         f"dataset: {report.labels.source}, "
         f"global batch {config.batch_size:,}, seed {config.seed}",
-        f"batch TV: mean total-variation distance of a batch's class mix from the dataset's (0 = same mix); "
-        f"vs perm: over the permutation's",
+        "batch TV: mean total-variation distance of a batch's class mix from the dataset's (0 = same mix); "
+        "vs perm: over the permutation's",
         f"jump: |index(p+1) - index(p)|, median / N (random: {1 - 2 ** -0.5:.4f}) and KS distance from a random "
         f"permutation's jumps (0 = same)",
         f"Spearman: rank correlation of position and index (random: 0); chi2: position bucket x index bucket, "

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .. import checks, errors
 from ..errors import UmlosError
@@ -86,7 +87,7 @@ class Accountant:
         self.cursor: tuple[int, int, bytes] | None = None
 
     def attach(self, tape: Any = None, *, t: int | None = None, state_fp: Callable[[], bytes] | None = None,
-               cursor: tuple[int, int, bytes] | None = None) -> "Accountant":
+               cursor: tuple[int, int, bytes] | None = None) -> Accountant:
         """Set what records carry (only the arguments given); returns self."""
         if tape is not None:
             self.tape = tape

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +58,7 @@ class StateFingerprint:
     def __init__(self) -> None:
         self._items: dict[int, bytes] = {}
 
-    def add(self, item: str, value: Any) -> "StateFingerprint":
+    def add(self, item: str, value: Any) -> StateFingerprint:
         """Fold ``value`` in as ``item`` (one of :data:`ITEMS`); returns self."""
         if not isinstance(item, str) or item not in ITEM_NUMBERS:
             raise _invalid(f"item {item!r} is not one of {', '.join(ITEMS)}")
@@ -67,7 +68,7 @@ class StateFingerprint:
         self._items[number] = encode(value, item)
         return self
 
-    def add_data_cursor(self, epoch: int, index: int, order: bytes) -> "StateFingerprint":
+    def add_data_cursor(self, epoch: int, index: int, order: bytes) -> StateFingerprint:
         """Item 4: ``uint64_be(epoch) || uint64_be(index) || order`` (order: 32 bytes, :func:`order_hash`)."""
         epoch, index = (checks.uint64(value, f"data_cursor {name}", fail=_invalid)
                         for name, value in (("epoch", epoch), ("index", index)))
@@ -75,7 +76,7 @@ class StateFingerprint:
             raise _invalid("data_cursor order hash must be 32 bytes")
         return self.add("data_cursor", struct.pack(">QQ", int(epoch), int(index)) + order)
 
-    def add_rng(self, streams: Any) -> "StateFingerprint":
+    def add_rng(self, streams: Any) -> StateFingerprint:
         """Item 6: the master seed and the three offsets (:meth:`RngStreams.state_bytes`)."""
         return self.add("rng", streams.state_bytes())
 

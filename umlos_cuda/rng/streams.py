@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import struct
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -167,7 +168,7 @@ class RngStreams:
 
     @classmethod
     def from_manifest(cls, manifest: Manifest | Mapping[str, Any] | str, replay_token: bytes | None = None,
-                      backend: str = "auto") -> "RngStreams":
+                      backend: str = "auto") -> RngStreams:
         """The master stream of ``manifest``, every offset 0 (docs/spec/rng.md §1:
         Bootstrap seeds the master, draws nothing). ``replay_token`` (32
         bytes) replaces the manifest's ``kernel_replay_token`` as everywhere.

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from .. import errors
 from ..batching.lengths.jsonl import read_chunks

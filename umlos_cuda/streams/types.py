@@ -99,7 +99,7 @@ class StreamSample:
         }
 
     @classmethod
-    def from_dict(cls, data: Any) -> "StreamSample":
+    def from_dict(cls, data: Any) -> StreamSample:
         if not isinstance(data, dict) or set(data) != set(SAMPLE_FIELDS):
             keys = sorted(data) if isinstance(data, dict) else type(data).__name__
             raise _invalid(f"a stream sample has exactly the fields {', '.join(SAMPLE_FIELDS)}; got {keys}")
@@ -110,7 +110,7 @@ class StreamSample:
         rest = {name: data[name] for name in SAMPLE_FIELDS[3:]}
         return cls(sample, **rest)
 
-    def with_seq(self, seq: int) -> "StreamSample":
+    def with_seq(self, seq: int) -> StreamSample:
         """The same sample at another arrival number."""
         values = {name: getattr(self, name) for name in ("sample", "prompt", "response", "source", "episode_id",
                                                          "reward", "difficulty", "game", "solved", "priority")}

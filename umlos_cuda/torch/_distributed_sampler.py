@@ -25,9 +25,10 @@ builds the whole list at once. With ``shuffle=False`` the order is
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -12,7 +12,8 @@ masked-out samples.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .. import errors
 from ..cursor import Cursor

@@ -29,8 +29,9 @@ import atexit
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
 
 def run_distributed(

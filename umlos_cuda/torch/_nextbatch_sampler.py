@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from .. import errors
 from ..backends import to_numpy

@@ -23,8 +23,8 @@ is called, so a later ``set_epoch`` cannot change an iteration in progress.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 

@@ -21,7 +21,8 @@ interface torchdata's ``StatefulDataLoader`` calls.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from .. import errors
 from ..errors import UmlosError

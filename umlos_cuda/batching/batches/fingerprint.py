@@ -26,9 +26,10 @@ import hashlib
 import json
 import os
 import struct
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -103,7 +104,7 @@ class BatchFingerprint:
                 "positions": None if self.positions is None else [list(p) for p in self.positions]}
 
     @classmethod
-    def from_json(cls, data: Any) -> "BatchFingerprint":
+    def from_json(cls, data: Any) -> BatchFingerprint:
         keys = {"format", "fingerprint", "n_batches", "plan_fingerprint", "digests", "positions"}
         if not isinstance(data, dict) or data.get("format") != FINGERPRINT_FORMAT or set(data) != keys:
             raise _invalid(f"a saved batch fingerprint is a JSON object with format {FINGERPRINT_FORMAT!r} and "
@@ -128,7 +129,7 @@ class BatchFingerprint:
             handle.write((json.dumps(self.to_json(), indent=2) + "\n").encode("ascii"))
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "BatchFingerprint":
+    def load(cls, path: str | os.PathLike[str]) -> BatchFingerprint:
         from ...files.folders import read_json
 
         try:
@@ -154,7 +155,7 @@ def compute_batch_fingerprint(batches: Iterable[Any], n_batches: int = DEFAULT_N
     return batch_fingerprint(batches, n_batches).fingerprint
 
 
-def verify_batch_fingerprint(batches: Iterable[Any], expected: "str | BatchFingerprint",
+def verify_batch_fingerprint(batches: Iterable[Any], expected: str | BatchFingerprint,
                              n_batches: int = DEFAULT_N_BATCHES, *,
                              positions: Iterable[tuple[int, int]] | None = None) -> BatchFingerprint:
     """Recompute the fingerprint and compare it with ``expected``: a hex
@@ -170,7 +171,7 @@ def verify_batch_fingerprint(batches: Iterable[Any], expected: "str | BatchFinge
     return got
 
 
-def compare_fingerprints(got: BatchFingerprint, expected: "str | BatchFingerprint") -> None:
+def compare_fingerprints(got: BatchFingerprint, expected: str | BatchFingerprint) -> None:
     """BATCH_FINGERPRINT_MISMATCH unless ``got`` is ``expected`` (see :func:`verify_batch_fingerprint`)."""
     _check_expected(expected)
     want = expected.fingerprint if isinstance(expected, BatchFingerprint) else expected

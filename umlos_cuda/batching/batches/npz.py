@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import io
 import zipfile
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

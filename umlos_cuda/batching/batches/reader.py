@@ -18,7 +18,8 @@ against a fresh collation (byte for byte).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -102,7 +103,7 @@ class BatchReader:
         for epoch in range(self.num_epochs):
             yield from self.iter_epoch(epoch)
 
-    def shard(self, rank: int, world_size: int) -> "BatchReader":
+    def shard(self, rank: int, world_size: int) -> BatchReader:
         """A reader of rank ``rank``'s files: global microbatch ``i`` of each
         epoch goes to rank ``i % world_size`` (the plan's sharding)."""
         return BatchReader(self.root, plan=shard_plan(self.plan, rank, world_size))

@@ -41,9 +41,10 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ... import checks, errors
 from ...errors import UmlosError

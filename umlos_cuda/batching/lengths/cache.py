@@ -30,8 +30,9 @@ import json
 import os
 import struct
 import warnings
+from collections.abc import Iterable, Iterator, Sequence
 from json.encoder import encode_basestring_ascii
-from typing import BinaryIO, Iterable, Iterator, Sequence
+from typing import BinaryIO
 
 import numpy as np
 
@@ -105,7 +106,7 @@ class LengthCache:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_arrays(cls, sample_ids: Sequence[str] | None, lengths: Iterable[int] | np.ndarray,
-                    tokenizer_hash: str, *, dataset_hash: str | None = None) -> "LengthCache":
+                    tokenizer_hash: str, *, dataset_hash: str | None = None) -> LengthCache:
         """A cache from ids and lengths in dataset order.
 
         ``sample_ids=None`` means the line numbers ``"0"``, ``"1"``, ...
@@ -130,7 +131,7 @@ class LengthCache:
         return cls(array, tokenizer_hash, sample_ids=ids, ids_are_line_numbers=ids is None, dataset_hash=dataset_hash)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], *, sidecar: str = "auto") -> "LengthCache":
+    def load(cls, path: str | os.PathLike[str], *, sidecar: str = "auto") -> LengthCache:
         """Read the cache at ``path`` (the JSONL).
 
         ``sidecar``: ``"auto"`` (default) reads the lengths from the sidecar
@@ -212,7 +213,7 @@ class LengthCacheWriter:
         self._pending: PendingFile | None = None
         self._handle: BinaryIO | None = None
 
-    def __enter__(self) -> "LengthCacheWriter":
+    def __enter__(self) -> LengthCacheWriter:
         if self.folder is None:
             self._pending = PendingFile(self.path, force=self.force, kind=LENGTH_CACHE, inputs=self.inputs)
             self._handle = self._pending.handle

@@ -25,7 +25,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ... import errors
 from ...errors import UmlosError
@@ -56,7 +57,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hash_canonical(canonical_tokenizer(tokenizer)).hex()
 
 
-def dataset_digest(tokenizer_hash: str) -> "hashlib._Hash":
+def dataset_digest(tokenizer_hash: str) -> hashlib._Hash:
     """A SHA-256 object primed with the domain tag and ``tokenizer_hash``;
     feeding it the dataset's bytes and taking ``hexdigest()`` gives
     :func:`dataset_fingerprint` (the length builder does so while it reads)."""

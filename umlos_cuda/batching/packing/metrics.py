@@ -11,8 +11,8 @@ rows. The oversize counts say what happened to sequences longer than
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

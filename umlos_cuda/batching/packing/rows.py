@@ -30,8 +30,8 @@ the tests compare the two bit for bit.
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -89,7 +89,7 @@ class SequenceToPack:
     def length(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def piece(self, start: int, stop: int) -> "SequenceToPack":
+    def piece(self, start: int, stop: int) -> SequenceToPack:
         """Tokens ``[start, stop)`` as a sequence of the same sample."""
         return SequenceToPack(self.sample_id, self.input_ids[start:stop], self.loss_mask[start:stop],
                               self.offset + start)

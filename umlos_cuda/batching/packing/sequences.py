@@ -17,7 +17,7 @@ The steps:
 from __future__ import annotations
 
 import operator
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

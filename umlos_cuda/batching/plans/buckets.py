@@ -128,6 +128,6 @@ class BucketSpec:
         return {"edges": list(self.edges), "overflow_max": self.overflow_max, "min_length": self.min_length}
 
     @classmethod
-    def default(cls) -> "BucketSpec":
+    def default(cls) -> BucketSpec:
         """The default: edges 128, 256, 512, 1024 and overflow 2048."""
         return cls((128, 256, 512, 1024), 2048)

@@ -15,9 +15,10 @@ fingerprint, so a restore into a sampler over another plan is refused.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Mapping
+from typing import Any
 
 from ... import checks, errors
 from ...checkpoint.extensions import CursorKind, register_cursor_kind
@@ -45,7 +46,7 @@ class PlanCursor:
             object.__setattr__(self, name, value)
 
     @classmethod
-    def of(cls, sampler) -> "PlanCursor":
+    def of(cls, sampler) -> PlanCursor:
         """The cursor of a :class:`~umlos_cuda.torch.PlanBatchSampler` (or anything with its ``state_dict``)."""
         state = sampler.state_dict()
         return cls(state["plan_fingerprint"], state["epoch"], state["microbatch_index"])
@@ -54,7 +55,7 @@ class PlanCursor:
         return {"plan_fingerprint": self.plan_fingerprint, "epoch": self.epoch, "microbatch_index": self.microbatch_index}
 
     @classmethod
-    def from_state(cls, state: Any, manifest: Any = None) -> "PlanCursor":
+    def from_state(cls, state: Any, manifest: Any = None) -> PlanCursor:
         if not isinstance(state, Mapping) or set(state) != {"plan_fingerprint", "epoch", "microbatch_index"}:
             raise plan_error(errors.PLAN_CURSOR_INVALID,
                              "a plan cursor is a map with exactly plan_fingerprint, epoch and microbatch_index")

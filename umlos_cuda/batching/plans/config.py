@@ -52,7 +52,7 @@ class PadPolicy(str, enum.Enum):
     PAD_TO_MAX_IN_BATCH = "pad_to_max"  # throughput: rows are the longest sample's length
 
     @classmethod
-    def parse(cls, value) -> "PadPolicy":
+    def parse(cls, value) -> PadPolicy:
         if isinstance(value, cls):
             return value
         for policy in cls:
@@ -157,14 +157,14 @@ class BatchingConfig:
 
     @classmethod
     def predictable(cls, token_budget: int = 4096, bucket_edges=(128, 256, 512, 1024), overflow_max: int = 2048,
-                    seed: int = 42, **kwargs) -> "BatchingConfig":
+                    seed: int = 42, **kwargs) -> BatchingConfig:
         """Fixed shapes: pad to the bucket's length."""
         return cls(token_budget, tuple(bucket_edges), overflow_max, PadPolicy.PAD_TO_BUCKET, seed,
                    profile=BatchingProfile.PREDICTABLE, **kwargs)
 
     @classmethod
     def throughput(cls, token_budget: int = 4096, bucket_edges=(128, 256, 512, 1024), overflow_max: int = 2048,
-                   seed: int = 42, **kwargs) -> "BatchingConfig":
+                   seed: int = 42, **kwargs) -> BatchingConfig:
         """Fewest padding tokens: pad to the longest sample of each microbatch."""
         return cls(token_budget, tuple(bucket_edges), overflow_max, PadPolicy.PAD_TO_MAX_IN_BATCH, seed,
                    profile=BatchingProfile.THROUGHPUT, **kwargs)
@@ -187,7 +187,7 @@ class BatchingConfig:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "BatchingConfig":
+    def from_dict(cls, data: dict) -> BatchingConfig:
         """The config :meth:`to_dict` gave."""
         if not isinstance(data, dict):
             raise config_error(f"a batching config is a mapping, got {type(data).__name__}")

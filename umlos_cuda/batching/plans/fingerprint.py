@@ -34,11 +34,11 @@ def epoch_digest(epoch: int, index_base: int, index_step: int, offsets, samples,
                  row_offsets=None, pack_rows=None) -> str:
     digest = hashlib.sha256(b"umlos_batch_plan_epoch_v1")
     samples = np.asarray(samples)
-    head = [int(epoch), int(index_base), int(index_step), int(len(bucket_ids)), int(samples.shape[0]),
+    head = [int(epoch), int(index_base), int(index_step), len(bucket_ids), int(samples.shape[0]),
             samples.dtype.str]
     arrays = [(offsets, "<i8"), (samples, samples.dtype.newbyteorder("<")), (bucket_ids, "<i2"), (max_len, "<u4")]
     if pack_rows is not None:
-        head.append(int(len(row_offsets)) - 1)
+        head.append(len(row_offsets) - 1)
         arrays += [(row_offsets, "<i8"), (pack_rows, "<i8")]
     digest.update(cbor_canonical(head))
     for array, dtype in arrays:

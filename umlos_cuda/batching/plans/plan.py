@@ -16,9 +16,10 @@ the same thing at every world size.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 

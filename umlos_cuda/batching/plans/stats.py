@@ -14,7 +14,7 @@ rows, not its samples, are padded), and ``packing`` holds the epoch's
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -88,7 +88,7 @@ class MegatronDataset:
         self._ones.flags.writeable = False
 
     @classmethod
-    def open(cls, prefix: str | os.PathLike[str], *, tokenizer_hash: str = UNKNOWN_TOKENIZER) -> "MegatronDataset":
+    def open(cls, prefix: str | os.PathLike[str], *, tokenizer_hash: str = UNKNOWN_TOKENIZER) -> MegatronDataset:
         """The pair ``prefix.idx`` / ``prefix.bin`` (a path ending in ``.idx`` or ``.bin`` is taken as its prefix)."""
         prefix = os.fspath(prefix)
         if prefix.endswith((".idx", ".bin")):

@@ -63,7 +63,7 @@ class TokenStore:
         self._cache: LengthCache | None = None
 
     @classmethod
-    def open(cls, directory: str | os.PathLike[str], *, mmap: bool = True) -> "TokenStore":
+    def open(cls, directory: str | os.PathLike[str], *, mmap: bool = True) -> TokenStore:
         """The store in ``directory``; TOKEN_STORE_NOT_FOUND when there is none."""
         root = os.path.abspath(os.fspath(directory))
         meta_path = os.path.join(root, "meta.json")

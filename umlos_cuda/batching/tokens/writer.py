@@ -26,8 +26,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from itertools import chain
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -151,7 +152,7 @@ class NpyStream:
         self._digest = hashlib.sha256()
         self.sha256: str | None = None
 
-    def __enter__(self) -> "NpyStream":
+    def __enter__(self) -> NpyStream:
         self._handle = self.folder.create(self.name)
         self._handle.write(b"\0" * NPY_HEADER_BYTES)
         return self

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import enum
 import heapq
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ class EvictionPolicy(str, enum.Enum):
     RESERVOIR = "reservoir"
 
     @classmethod
-    def parse(cls, value: Any) -> "EvictionPolicy":
+    def parse(cls, value: Any) -> EvictionPolicy:
         for policy in cls:
             if value == policy or value == policy.value:
                 return policy

@@ -16,8 +16,9 @@ so far); restoring it gives the same draws after.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ class BufferRng:
             self._offsets = _checked_offsets(offsets)
 
     @classmethod
-    def from_manifest(cls, manifest: Any, replay_token: bytes | None = None) -> "BufferRng":
+    def from_manifest(cls, manifest: Any, replay_token: bytes | None = None) -> BufferRng:
         manifest = as_manifest(manifest)
         token = manifest.resolve_replay_token(replay_token)
         return cls(hash_canonical([BUFFER_DERIVATION, token, manifest.hash])[:16])

@@ -17,9 +17,9 @@ fingerprint plan the same windows.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Sequence
 
 import numpy as np
 
@@ -41,7 +41,7 @@ class BufferSnapshot:
     @classmethod
     def build(cls, keys: np.ndarray, samples: Sequence[StreamSample], priorities: np.ndarray,
               draw_counts: np.ndarray, added: int, lengths: np.ndarray | None = None,
-              digests: np.ndarray | None = None) -> "BufferSnapshot":
+              digests: np.ndarray | None = None) -> BufferSnapshot:
         """``lengths`` and ``digests`` (rows of 32 bytes) are computed from the
         samples when not given (the buffer keeps them as arrays)."""
         keys = np.ascontiguousarray(keys, dtype="<i8")

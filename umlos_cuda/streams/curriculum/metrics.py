@@ -42,7 +42,7 @@ def window_metrics(snapshot: BufferSnapshot, rows: np.ndarray) -> dict[str, Any]
                                        for i in np.argsort(names) if outcomes[i]},
         "replay_hit_rate": round(hits / total, 6),
         "difficulty_distribution": {names[i]: round(float(drawn[i] / total), 6) for i in np.argsort(names) if drawn[i]},
-        "draws": int(len(rows)),
+        "draws": len(rows),
         "buffer_size": len(snapshot),
     }
 

@@ -31,7 +31,8 @@ RNG's ``policy`` sub-stream; novelty's recent draws are part of the state.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 

@@ -9,7 +9,7 @@ server (:class:`~.stream.GymEpisodeStream`).
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from ...batching.samples import Sample, SampleMeta
 from .episodes import EpisodeDraws, episode_seed

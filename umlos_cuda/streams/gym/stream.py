@@ -22,8 +22,9 @@ position to resume from.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ... import checks, errors
 from ...batching.lengths.tokenizer import load_tokenizer

@@ -94,7 +94,7 @@ class PuzzleObservation:
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def from_json(cls, data: dict) -> "PuzzleObservation":
+    def from_json(cls, data: dict) -> PuzzleObservation:
         missing = [name for name in OBSERVATION_FIELDS if name not in data]
         if missing:
             raise failure(errors.GYM_PROTOCOL_ERROR, f"an observation lacks {', '.join(missing)}: {str(data)[:200]}")
@@ -218,7 +218,7 @@ class TelnetGymClient:
         if lines is not None:
             lines.close()
 
-    def __enter__(self) -> "TelnetGymClient":
+    def __enter__(self) -> TelnetGymClient:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -139,7 +139,7 @@ class TelnetLines:
             except OSError:  # pragma: no cover - closing a dead socket
                 pass
 
-    def __enter__(self) -> "TelnetLines":
+    def __enter__(self) -> TelnetLines:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -169,10 +169,10 @@ class TelnetLines:
         remaining = deadline - time.monotonic()
         try:
             if remaining <= 0:
-                raise socket.timeout
+                raise TimeoutError
             self._sock.settimeout(remaining)
             data = self._sock.recv(1 << 16)
-        except socket.timeout:
+        except TimeoutError:
             self.close()
             raise failure(errors.GYM_TIMEOUT, f"the puzzle server at {self.host}:{self.port} sent no complete answer "
                                               f"to {waiting_for} within {self.timeout:g} s") from None

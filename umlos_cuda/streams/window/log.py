@@ -28,8 +28,9 @@ import errno
 import json
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from ... import errors
 from ...files import durable

@@ -14,8 +14,8 @@ nothing and is refused (``WINDOW_LOG_INVALID``), never reported as replayed.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ... import errors
 from ..failures import failure

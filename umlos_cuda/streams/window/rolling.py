@@ -35,9 +35,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -135,7 +136,7 @@ class RollingBatchPlanWindow:
         return header
 
     @classmethod
-    def from_header(cls, header: Mapping[str, Any], log: Any = None) -> "RollingBatchPlanWindow":
+    def from_header(cls, header: Mapping[str, Any], log: Any = None) -> RollingBatchPlanWindow:
         """A fresh builder (empty buffer, offsets 0) configured as the log's header says."""
         try:
             spec = header["buffer"]
@@ -215,7 +216,7 @@ class RollingBatchPlanWindow:
                 "policy": None if self.policy is None else self.policy.state_dict()}
 
     @classmethod
-    def resume(cls, state: Any, log: Any) -> "RollingBatchPlanWindow":
+    def resume(cls, state: Any, log: Any) -> RollingBatchPlanWindow:
         """The builder of a checkpoint: the log is cut back to the checkpoint's
         windows, the buffer refilled from the samples it records, the policies'
         state put back; new windows append to the same log."""

@@ -39,6 +39,7 @@ Verification and restore through a store are :mod:`.store_readers`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections.abc import Iterable, Mapping
@@ -547,10 +548,9 @@ class CheckpointStore:
         if exc_type is None:
             self.close()
             return
-        try:
+        # Keep the block's own exception; what close could not remove, recovery will.
+        with contextlib.suppress(errors.UmlosError):
             self.close()
-        except errors.UmlosError:
-            pass  # keep the block's own exception; what close could not remove, recovery will
 
 
 def recover_store(store_dir: str | os.PathLike[str], lock_timeout: float = 0.0) -> RecoveryReport:

@@ -31,6 +31,7 @@ decides and reports exactly as before (``fast=False`` uses it alone).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import os
 import re
@@ -457,10 +458,8 @@ class _OpenSegment:
         return Segment(self.index, self.first_seq, self.events, self.size, self.digest.digest())
 
     def abandon(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.close(self.fd)
-        except OSError:
-            pass
 
 
 class TapeWriter:

@@ -12,6 +12,7 @@ beside the list) may renumber or hide them for CUDA programs.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 from typing import Any
@@ -66,10 +67,8 @@ def describe() -> dict[str, Any]:
     except Exception as exc:
         info["reason"] = f"NVML failed while listing devices ({_error(exc)})"
     finally:
-        try:
+        with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
-        except Exception:
-            pass
     if info["reason"] is None:
         if info["devices"]:
             info["available"] = True

@@ -26,6 +26,7 @@ interpreter, so no worker thread can be caught by it.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import traceback
@@ -119,8 +120,6 @@ def _exit(code: int) -> NoReturn:
         traceback.print_exc()
         code = code or 1
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
     os._exit(code)

@@ -28,6 +28,7 @@ longer than :data:`MAX_LINE_BYTES` (``GYM_PROTOCOL_ERROR``).
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 
@@ -134,10 +135,8 @@ class TelnetLines:
     def close(self) -> None:
         sock, self._sock = getattr(self, "_sock", None), None
         if sock is not None:
-            try:
+            with contextlib.suppress(OSError):  # closing a dead socket
                 sock.close()
-            except OSError:  # pragma: no cover - closing a dead socket
-                pass
 
     def __enter__(self) -> TelnetLines:
         return self

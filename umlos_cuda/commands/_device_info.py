@@ -81,18 +81,24 @@ def _read(nvml, info: dict[str, Any]) -> None:
     info["driver_version"] = _field(lambda: _text(nvml.nvmlSystemGetDriverVersion()))
     info["cuda_driver_version"] = _field(lambda: _cuda_version(int(nvml.nvmlSystemGetCudaDriverVersion())))
     for index in range(int(nvml.nvmlDeviceGetCount())):
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        memory = _field(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
-        info["devices"].append(
-            {
-                "index": index,
-                "name": _field(lambda: _text(nvml.nvmlDeviceGetName(handle))),
-                "memory_total_bytes": None if memory is None else int(memory.total),
-                "memory_used_bytes": None if memory is None else int(memory.used),
-                "compute_capability": _field(lambda: "%d.%d" % tuple(nvml.nvmlDeviceGetCudaComputeCapability(handle))),
-                "uuid": _field(lambda: _text(nvml.nvmlDeviceGetUUID(handle))),
-            }
-        )
+        info["devices"].append(_device(nvml, index))
+
+
+def _device(nvml, index: int) -> dict[str, Any]:
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    memory = _field(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+    return {
+        "index": index,
+        "name": _field(lambda: _text(nvml.nvmlDeviceGetName(handle))),
+        "memory_total_bytes": None if memory is None else int(memory.total),
+        "memory_used_bytes": None if memory is None else int(memory.used),
+        "compute_capability": _field(lambda: _capability(*nvml.nvmlDeviceGetCudaComputeCapability(handle))),
+        "uuid": _field(lambda: _text(nvml.nvmlDeviceGetUUID(handle))),
+    }
+
+
+def _capability(major: int, minor: int) -> str:
+    return f"{major:d}.{minor:d}"
 
 
 def _field(read):

@@ -95,8 +95,9 @@ class RunIdentity:
         for name in ("backend_binary_hash", "determinism_profile_hash", "dependencies_lock_hash",
                      "operator_contracts_root_hash", "code_commit_hash"):
             schema.check_hash(getattr(self, name), name, code)
-        self.token  # validates replay_token
-        self.sampler_config_hash  # validates stage / preset
+        # The two properties raise CHECKPOINT_STATE_INVALID on a bad replay_token, stage or preset.
+        _ = self.token
+        _ = self.sampler_config_hash
 
     @property
     def token(self) -> bytes:

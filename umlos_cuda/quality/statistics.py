@@ -30,6 +30,7 @@ for the class mix), so N = 10^7 takes about a second per order.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -198,4 +199,4 @@ def first_batch_overlap(first_batches: list[np.ndarray]) -> np.ndarray:
     """The share of each epoch's first batch found in the next epoch's first batch."""
     if len(first_batches) < 2:
         raise _error(f"the overlap of consecutive epochs needs at least 2 epochs, got {len(first_batches)}")
-    return np.array([np.intersect1d(a, b).size / a.size for a, b in zip(first_batches, first_batches[1:])])
+    return np.array([np.intersect1d(a, b).size / a.size for a, b in pairwise(first_batches)])

@@ -298,7 +298,7 @@ def read_microbatches_jsonl(path: str, meta: BatchPlanMeta, sample_ids, base: in
     packed = meta.config.pack is not None
     sizes, rows, bucket_ids, max_len, row_sizes, pack_sizes = [], [], [], [], [], []
     try:
-        handle = open(path, "rb")
+        handle = open(path, "rb")  # noqa: SIM115 - the with below closes it; only open's OSError is mapped here
     except OSError as exc:
         raise _format(f"cannot read {path}: {exc.strerror or exc}") from exc
     with handle:

@@ -354,7 +354,7 @@ def bucket_mix_drift(bucket_ids: np.ndarray, num_buckets: int, fraction: float =
     total = int(bucket_ids.shape[0])
     if total == 0:
         return 0.0
-    take = max(1, int(round(total * fraction)))
+    take = max(1, round(total * float(fraction)))
     head = np.bincount(bucket_ids[:take], minlength=num_buckets) / take
     tail = np.bincount(bucket_ids[total - take:], minlength=num_buckets) / take
     return float(0.5 * np.abs(head - tail).sum())

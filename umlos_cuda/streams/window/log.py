@@ -124,7 +124,7 @@ class LogContents:
 
 def iter_lines(path: str, drop_torn_tail: bool) -> Iterator[tuple[int, dict[str, Any] | None]]:
     try:
-        handle = open(path, "rb")
+        handle = open(path, "rb")  # noqa: SIM115 - the with below closes it; only open's OSError is mapped here
     except OSError as exc:
         raise failure(errors.WINDOW_LOG_INVALID, f"cannot read the window log {path}: {exc}") from None
     with handle:

@@ -86,7 +86,7 @@ class _Pass:
     yielded: int = 0
 
 
-class DistributedSampler(_SamplerBase):  # type: ignore[misc,valid-type]
+class DistributedSampler(_SamplerBase):
     """Sampler that restricts data loading to a subset of the dataset, per rank.
 
     Same arguments, defaults and protocol as

@@ -27,7 +27,7 @@ from ._order import DATASET_KEY
 DATASET_ID = "umlos_cuda.torch.DistributedEvalSampler"
 
 
-class DistributedEvalSampler(_SamplerBase):  # type: ignore[misc,valid-type]
+class DistributedEvalSampler(_SamplerBase):
     """Batch sampler for exact distributed evaluation.
 
     Use with a :class:`MaskedDataset`; each batch is then ``(samples, mask)``::

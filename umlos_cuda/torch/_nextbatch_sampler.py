@@ -36,7 +36,7 @@ from ._padding import Padding
 STATE_FORMAT = "umlos_cuda.torch.NextBatchSampler/1"
 
 
-class NextBatchSampler(_SamplerBase):  # type: ignore[misc,valid-type]
+class NextBatchSampler(_SamplerBase):
     """Batch sampler over a manifest's dataset: ``DataLoader(ds, batch_sampler=...)``.
 
     Args:
@@ -106,7 +106,7 @@ class NextBatchSampler(_SamplerBase):  # type: ignore[misc,valid-type]
         self._iter_start = self.cursor  # the cursor the current pass of iter() began at
         self._owner: object | None = None  # the pass that moves self.cursor (None: none)
 
-    def _engine(self) -> Callable[[Cursor], Any]:
+    def _engine(self) -> Callable[..., Any]:
         """``next_batch`` bound to this sampler's configuration as it is now."""
         return functools.partial(
             next_batch,

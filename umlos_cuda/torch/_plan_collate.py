@@ -29,10 +29,10 @@ import numpy as np
 try:
     from torch.utils.data import Dataset as _DatasetBase
 except ImportError:  # pragma: no cover - exercised where torch is absent
-    _DatasetBase = object  # type: ignore[assignment,misc]
+    _DatasetBase = object
 
 
-class TokenDataset(_DatasetBase):  # type: ignore[misc,valid-type]
+class TokenDataset(_DatasetBase):
     """Map-style dataset over a token source: item ``row`` is
     ``(row, input_ids, loss_mask)`` (NumPy views of the memory-mapped files).
 
@@ -134,7 +134,7 @@ class PlanCollator:
 
         rows = [item[0] for item in items]
         if self.config.pack is not None:
-            batch = self._packed(items)
+            batch = self._packed(items, self.config.pack.max_length)
         else:
             ids = [item[1] for item in items]
             masks = [item[2] for item in items]
@@ -143,7 +143,7 @@ class PlanCollator:
         tensors["rows"] = torch.tensor(rows, dtype=torch.int64)
         return tensors
 
-    def _packed(self, items: list):
+    def _packed(self, items: list, width: int):
         from ..batching.collate import collate_arrays, collate_error
         from ..batching.packing.rows import pack_rows
 
@@ -155,7 +155,6 @@ class PlanCollator:
             if k == len(grouped):
                 grouped.append([])
             grouped[-1].append({"sample_id": str(row), "input_ids": ids, "loss_mask": mask})
-        width = self.config.pack.max_length
         built = pack_rows(grouped, self.separator_ids, max_length=width)
         return collate_arrays([r.input_ids for r in built], [r.loss_mask for r in built], width, pad_id=self.pad_id,
                               max_len=width, segment_ids=[r.segment_ids for r in built],

@@ -33,7 +33,7 @@ from ._sampler_base import SamplerBase as _SamplerBase
 STATE_FORMAT = "umlos_cuda.torch.PlanBatchSampler/1"
 
 
-class PlanBatchSampler(_SamplerBase):  # type: ignore[misc,valid-type]
+class PlanBatchSampler(_SamplerBase):
     """Batch sampler over a plan: ``DataLoader(ds, batch_sampler=PlanBatchSampler(plan))``.
 
     Args:

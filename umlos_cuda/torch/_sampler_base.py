@@ -7,6 +7,6 @@ from __future__ import annotations
 try:
     from torch.utils.data import Sampler as SamplerBase
 except ImportError:  # pragma: no cover - exercised where torch is absent
-    SamplerBase = object  # type: ignore[assignment,misc]
+    SamplerBase = object
 
 __all__ = ["SamplerBase"]

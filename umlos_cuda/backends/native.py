@@ -119,7 +119,7 @@ def _checked(what: str):
 
 def create() -> NativeBackend:
     try:
-        from .. import _native
+        from .. import _native  # type: ignore[attr-defined]  # C++, built at install: mypy reads no .so
     except ImportError as exc:
         raise backend_error(
             errors.BACKEND_UNAVAILABLE,

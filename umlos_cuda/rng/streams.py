@@ -134,7 +134,7 @@ def resolve_backend(backend: str) -> str:
 
 def _native_module():
     try:
-        from .. import _native
+        from .. import _native  # type: ignore[attr-defined]  # C++, built at install: mypy reads no .so
     except ImportError:
         return None
     return _native if hasattr(_native, "philox_stream") else None

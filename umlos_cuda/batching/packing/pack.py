@@ -35,7 +35,7 @@ _NATIVE_MODES = {PackingMode.FIRST_FIT: 0, PackingMode.BEST_FIT: 1, PackingMode.
 def native_module():
     """``umlos_cuda._packing``, or None when the extension was not built."""
     try:
-        from ... import _packing
+        from ... import _packing  # type: ignore[attr-defined]  # C++, built at install: mypy reads no .so
     except ImportError:
         return None
     return _packing

@@ -50,11 +50,16 @@ def registry_error(message: str) -> UmlosError:
 class Plan(Protocol):
     """One epoch of one sampling mode, ready to map positions (O(1) per index).
 
-    ``mode`` names the mode that built it; ``n`` is the epoch's length.
+    ``mode`` names the mode that built it; ``n`` is the epoch's length. Both
+    are read-only (properties here), so a frozen dataclass with a ``mode``
+    class variable satisfies the protocol.
     """
 
-    mode: str
-    n: int
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def n(self) -> int: ...
 
     def kernel_tables(self) -> tuple[np.ndarray, ...]:
         """The uint64 arrays a compiled map reads (device backends upload them once per device)."""
@@ -106,7 +111,8 @@ class SamplingMode:
     native_map: str | None = None
     cuda_source: str | None = None
     cuda_map: Mapping[str, str] = field(default_factory=dict)
-    inverse: Callable[[Plan, np.ndarray], np.ndarray] | None = None
+    # Any: inverse takes its own mode's plan (FeistelPlan, ...), not every Plan.
+    inverse: Callable[[Any, np.ndarray], np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier() or self.name != self.name.lower():

@@ -148,7 +148,7 @@ def _decode_value(data: bytes, max_depth: int, max_items: int, fail) -> tuple[An
             raise fail(f"nested deeper than {max_depth} levels", at)
         if count > size - pos:
             raise fail("an array claims more items than the data holds", at)
-        items = []
+        items: list[Any] = []
         append = items.append
         depth += 1
         for _ in range(count):

@@ -219,8 +219,8 @@ class CheckpointStore:
             if stray:
                 raise error(errors.CHECKPOINT_SCHEMA_INVALID,
                             f"{self.path} holds store objects but no {MARKER_NAME}", operator=COMMIT)
-            marker = {"format": STORE_FORMAT, "tenant_id": self.identity.tenant_id,
-                      "run_id": self.identity.run_id, "public_key": self.public_key}
+            marker: dict[str, Any] = {"format": STORE_FORMAT, "tenant_id": self.identity.tenant_id,
+                                      "run_id": self.identity.run_id, "public_key": self.public_key}
             atomic.write_file_atomic(marker_path, cbor_canonical(marker))
         marker = read_marker(self.path)
         if marker["public_key"] != self.public_key:

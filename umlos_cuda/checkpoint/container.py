@@ -404,6 +404,8 @@ class ContainerBuilder:
         """
         if self.manifest_bytes is None:
             self.finish()
+        # finish() sets all three (or raises)
+        assert self.manifest_bytes is not None and self.header is not None and self.checkpoint_hash is not None
         atomic.make_dir(directory)
         made = {""}
         for path, data in sorted(self.files.items(), key=lambda item: sort_key(item[0])):
@@ -563,6 +565,7 @@ def _check_entries(entries: Any, what: str, version: str) -> list[dict]:
             raise error(errors.CHECKPOINT_PATH_INVALID, f"{what}: paths differ only by case at {entry['path']!r}")
         folded.add(entry["path"].casefold())
         if info.kind == "tensor":
+            assert info.rank is not None and info.shard is not None  # a tensor path names both
             shards.setdefault(info.rank, set()).add(info.shard)
         elif info.kind == "cursor_kind" and not kinds_allowed:
             raise error(errors.CHECKPOINT_PATH_INVALID, f"{what}: {entry['path']!r} is not in the schema {version} "
@@ -636,6 +639,14 @@ class ContainerReader:
             os.close(self._fd)
             self._fd = None
 
+    @property
+    def _root(self) -> int:
+        """The container folder's descriptor, which the file checks read under
+        (an in-memory reader has none; a closed one no longer has it)."""
+        if self._fd is None:
+            raise error(errors.CHECKPOINT_STATE_INVALID, f"{self.path}: no container folder is open (in memory or closed)")
+        return self._fd
+
     def __enter__(self) -> ContainerReader:
         return self
 
@@ -646,7 +657,7 @@ class ContainerReader:
     def check_file(self, path: str) -> None:
         """The file at ``path`` exists, is regular and matches its entry's size and hash."""
         entry = self.entries[path]
-        size, digest = paths.hash_file(self._fd, path)
+        size, digest = paths.hash_file(self._root, path)
         if size != entry["size"]:
             raise error(errors.CHECKPOINT_SIZE_MISMATCH, f"{path} is {size} bytes; the manifest lists {entry['size']}")
         if digest != entry["sha256"]:
@@ -662,7 +673,7 @@ class ContainerReader:
             raise error(errors.CHECKPOINT_FILE_MISSING, f"the container has no entry {path}")
         if self._files is not None:
             return self._files[path]  # the entries were computed from these bytes
-        data = paths.read_bytes(self._fd, path, max(entry["size"], 0), code=errors.CHECKPOINT_SIZE_MISMATCH)
+        data = paths.read_bytes(self._root, path, max(entry["size"], 0), code=errors.CHECKPOINT_SIZE_MISMATCH)
         if len(data) != entry["size"]:
             raise error(errors.CHECKPOINT_SIZE_MISMATCH, f"{path} is {len(data)} bytes; the manifest lists {entry['size']}")
         if sha256(data) != entry["sha256"]:
@@ -684,7 +695,7 @@ class ContainerReader:
         """Nothing in the folder that the manifest does not list (files, links, folders)."""
         listed = set(self.entries) | {paths.MANIFEST_NAME}
         folders = {"/".join(p.split("/")[:i]) for p in listed for i in range(1, p.count("/") + 1)}
-        for relpath, kind in paths.walk(self._fd):
+        for relpath, kind in paths.walk(self._root):
             if kind == "file" and relpath in listed:
                 continue
             if kind == "dir" and relpath in folders:
@@ -767,11 +778,12 @@ class ContainerReader:
         (hence checked) by its registered kind against the run manifest."""
         if self._extra_cursors is not None:
             return self._extra_cursors
-        out = {}
+        out: dict[str, Any] = {}
         for path in self.entries:
             if not path.startswith("data/cursors="):
                 continue
             name = paths.parse_entry_path(path).name
+            assert name is not None  # a cursors= path names its kind
             value = self.cbor(path)
             if not isinstance(value, dict) or set(value) != {"kind", "state"} or value["kind"] != name:
                 raise error(errors.CHECKPOINT_CONTENT_INVALID, f"{path} must be {{kind: {name!r}, state}}")
@@ -844,11 +856,13 @@ class ContainerReader:
         for path in self.entries:
             info = paths.parse_entry_path(path)
             if info.kind == "tensor":
+                assert info.rank is not None and info.shard is not None  # a tensor path names both
                 layout[info.rank] = max(layout.get(info.rank, 0), info.shard + 1)
         return layout
 
     def optimizer_ranks(self) -> list[int]:
-        return sorted(paths.parse_entry_path(p).rank for p in self.entries if p.startswith("optimizer/"))
+        ranks = [paths.parse_entry_path(p).rank for p in self.entries if p.startswith("optimizer/")]
+        return sorted(rank for rank in ranks if rank is not None)  # every optimizer path names its rank
 
     def arrays(self, path: str) -> dict[str, np.ndarray]:
         return tensors.decode(self.read_verified(path), path)

@@ -73,14 +73,16 @@ def check_lineage(store_dir: str, marker: Mapping[str, Any], commits: Sequence[C
 
 def check_bound(checkpoint_hash: bytes, header: Mapping[str, Any], record: CommitRecord) -> None:
     """The container is the one certificate ``record`` binds."""
+    checkpoint = record.checkpoint
+    assert checkpoint is not None  # the callers pass commits that carry a checkpoint
     if checkpoint_hash != record.checkpoint_hash:
         raise error(errors.CHECKPOINT_COMMIT_MISMATCH,
-                    f"{record.checkpoint['path']} is not the checkpoint commit {record.seq} certifies")
+                    f"{checkpoint['path']} is not the checkpoint commit {record.seq} certifies")
     if header["lineage_root_hash"] != record.lineage_root_hash:
         raise error(errors.CHECKPOINT_COMMIT_MISMATCH, f"commit {record.seq}: lineage_root_hash differs from the header")
     if header["trace_tail_hash_at_checkpoint"] != record.trace["tail_hash"] or header["t"] != record.t:
         raise error(errors.CHECKPOINT_COMMIT_MISMATCH, f"commit {record.seq}: trace tail or t differs from the header")
-    if header["checkpoint_merkle_root"] != record.checkpoint["checkpoint_merkle_root"] \
+    if header["checkpoint_merkle_root"] != checkpoint["checkpoint_merkle_root"] \
             or header["trace_root_hash"] != record.trace["root_hash"]:
         raise error(errors.CHECKPOINT_COMMIT_MISMATCH, f"commit {record.seq}: header differs from the certificate")
 
@@ -90,6 +92,7 @@ def check_binding(header: Mapping[str, Any], checkpoint_hash: bytes, record: Com
     """A committed container against its certificate, its lineage record, the
     previous committed checkpoint (``checkpoint_hash_prev``) and the store."""
     check_bound(checkpoint_hash, header, record)
+    assert record.checkpoint is not None  # check_bound's callers pass commits that carry a checkpoint
     path = record.checkpoint["path"]
     if header.get("checkpoint_hash_prev") != previous_checkpoint:
         raise error(errors.CHECKPOINT_CHAIN_MISMATCH, f"{path}: checkpoint_hash_prev does not name the previous checkpoint")
@@ -282,6 +285,7 @@ def check_same_identity(header: Mapping[str, Any], identity: dict[str, Any] | No
     fixed = {name: header[name] for name in schema.IDENTITY_FIELDS
              if name not in ("checkpoint_merkle_root", "tmmu_plan_hash")}
     if identity is not None and fixed != identity:
+        assert record.checkpoint is not None  # the caller verified this commit's container
         changed = sorted(k for k in fixed if fixed[k] != identity[k])
         raise error(errors.CHECKPOINT_IDENTITY_MISMATCH,
                     f"{record.checkpoint['path']}: identity field(s) {', '.join(changed)} change within the run")
@@ -292,7 +296,7 @@ def store_summary(store_dir: str, marker: Mapping[str, Any], commits: Sequence[C
                   key_trusted: bool, checkpoints: int, collected: int, writer_active: bool) -> dict[str, Any]:
     """What ``verify_store`` reports about the store it checked."""
     latest = commits[-1] if commits else None
-    latest_checkpoint = next((r for r in reversed(commits) if r.checkpoint), None)
+    latest_checkpoint = next((r.checkpoint for r in reversed(commits) if r.checkpoint), None)
     return {
         "store": store_dir,
         "tenant_id": marker["tenant_id"],
@@ -305,8 +309,8 @@ def store_summary(store_dir: str, marker: Mapping[str, Any], commits: Sequence[C
         "head": latest.head if latest else None,
         "writer_active": writer_active,
         "latest_t": latest.t if latest else None,
-        "latest_checkpoint": os.path.join(store_dir, latest_checkpoint.checkpoint["path"]) if latest_checkpoint else None,
-        "latest_checkpoint_hash": latest_checkpoint.checkpoint_hash.hex() if latest_checkpoint else None,
+        "latest_checkpoint": os.path.join(store_dir, latest_checkpoint["path"]) if latest_checkpoint else None,
+        "latest_checkpoint_hash": latest_checkpoint["checkpoint_hash"].hex() if latest_checkpoint else None,
         "trace_events": tape.next_seq,
         "trace_tail_hash": tape.tail_hash.hex(),
         "trace_segments": len(tape.segments),

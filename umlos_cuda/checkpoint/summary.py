@@ -60,7 +60,7 @@ def certifying_commit(container: str, public_key: Any = None) -> CommitRecord | 
 def inspect_container(path: str) -> dict[str, Any]:
     with ContainerReader(path) as reader:
         header = reader.header
-        tensors = {}
+        tensors: dict[str, Any] = {}
         for entry in reader.info.entries:
             info = paths.parse_entry_path(entry["path"])
             if info.kind in ("tensor", "optimizer", "array"):
@@ -68,6 +68,7 @@ def inspect_container(path: str) -> dict[str, Any]:
                     tensors[entry["path"]] = reader.describe_arrays(entry["path"])
                 except errors.UmlosError as exc:
                     tensors[entry["path"]] = {"error": f"{exc.code}: {exc.message}"}
+        cursors: dict[str, Any]
         try:
             cursors = {k: c.to_dict() for k, c in reader.cursors().items()}
         except errors.UmlosError as exc:
@@ -111,7 +112,7 @@ def inspect_store(path: str) -> dict[str, Any]:
                 "t": r.t,
                 "checkpoint": r.checkpoint["path"] if r.checkpoint else None,
                 "collected": bool(r.checkpoint) and r.seq <= collected_through,
-                "checkpoint_hash": r.checkpoint_hash.hex() if r.checkpoint else None,
+                "checkpoint_hash": r.checkpoint_hash.hex() if r.checkpoint_hash is not None else None,
                 "lineage_root_hash": r.lineage_root_hash.hex(),
                 "trace_events": r.trace["event_count"],
                 "trace_tail_hash": r.trace["tail_hash"].hex(),

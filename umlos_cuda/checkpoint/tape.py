@@ -517,23 +517,23 @@ class TapeWriter:
             self._next_index += 1
         self._open.events += 1
         if len(self._block) >= self.block_size:
-            self._flush_block()
+            self._flush_block(self._open)
         if self._open.events >= self.max_events:
-            self._flush_block()
+            self._flush_block(self._open)
             self._sealed.append(self._open.close())
             self._open = None
         return digest
 
-    def _flush_block(self) -> None:
+    def _flush_block(self, segment: _OpenSegment) -> None:
         if self._block:
-            self._open.write(frame(cbor_canonical({"block_index": self._open.blocks, "records": self._block})))
-            self._open.blocks += 1
+            segment.write(frame(cbor_canonical({"block_index": segment.blocks, "records": self._block})))
+            segment.blocks += 1
             self._block = []
 
     def seal(self) -> list[Segment]:
         """Close every segment written since the last commit (fsynced ``.tmp`` files)."""
         if self._open is not None:
-            self._flush_block()
+            self._flush_block(self._open)
             self._sealed.append(self._open.close())
             self._open = None
         return list(self._sealed)
@@ -573,7 +573,8 @@ def _read_exact(handle, count: int, what: str, at: int) -> bytes:
 
 def _new_matcher() -> tape_fast.BlockMatcher:
     """The fast path's block matcher, its patterns built from :data:`SCHEMAS`."""
-    shapes = {is_uint: "uint", is_hash: "hash", is_text: "text", is_bool: "bool", is_float: "float", is_cursor: "cursor"}
+    shapes: dict[Callable[[Any], bool], str] = {is_uint: "uint", is_hash: "hash", is_text: "text", is_bool: "bool",
+                                                 is_float: "float", is_cursor: "cursor"}
     return tape_fast.BlockMatcher({kind: {**COMMON, **SCHEMAS[kind]} for kind in tape_fast.FAST_KINDS}, shapes)
 
 
@@ -705,6 +706,7 @@ def iter_segment(
     for records, hashes, _ in _segment_chunks(handle, what, index=index, first_seq=first_seq, prev_hash=prev_hash,
                                               ended=ended, digest=digest, matcher=_new_matcher() if fast else None,
                                               want_records=True):
+        assert records is not None  # want_records=True
         yield from zip(records, hashes)
 
 
@@ -728,7 +730,8 @@ def read_tape(
     """
     state = TapeState()
     matcher = _new_matcher() if fast else None
-    cut_counts = sorted(cuts) if cuts else []
+    cuts = cuts or {}
+    cut_counts = sorted(cuts)
     for item in segments:
         index = parse_segment_name(item["path"])
         if index != state.next_segment_index:
@@ -754,6 +757,7 @@ def read_tape(
                 state.ended = ended
                 count += len(hashes)
                 if on_record is not None:
+                    assert records is not None  # want_records=True
                     for record, digest_of_record in zip(records, hashes):
                         on_record(record, digest_of_record)
                 at = bisect.bisect_right(cut_counts, first)

@@ -115,8 +115,8 @@ def block_affine_params(perm_block_ids: np.ndarray, n: int, block_size: int, key
     return base, m, a, c
 
 
-def mulmod_add(a: np.ndarray, x: np.ndarray, c: np.ndarray, m: np.ndarray, max_m: int) -> np.ndarray:
-    """``(a * x + c) mod m`` exactly, for ``a, x, c < m`` (uint64 arrays).
+def mulmod_add(a: np.ndarray, x: np.ndarray, c: np.ndarray, m: np.ndarray | np.uint64, max_m: int) -> np.ndarray:
+    """``(a * x + c) mod m`` exactly, for ``a, x, c < m`` (uint64 arrays; ``m`` may be one uint64).
 
     When every ``m <= 2^32`` the product and sum fit in 64 bits:
     ``(m-1)^2 + (m-1) < 2^64``. Otherwise the 128-bit product is reduced bit by

@@ -130,6 +130,7 @@ class Manifest:
     sampler_block_size: int
     drop_last: bool
     sampling_mode: str
+    _plain: dict[str, Any]  # the validated manifest as plain data (canonical is its read-only view)
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
         """Validate ``raw``, fill the R3 defaults and compute the hashes (``INVALID_MANIFEST`` on bad input)."""

@@ -46,7 +46,7 @@ def _decode_rng(value: Any, manifest: Manifest) -> dict[str, Any]:
 _FINGERPRINT_KEYS = ("rng_fingerprint", "state_fp", "functional_fp")
 
 
-def _decode_fingerprints(value: Any, manifest: Manifest) -> dict[str, bytes | None]:
+def _decode_fingerprints(value: Any, manifest: Manifest | None) -> dict[str, bytes | None]:
     if not isinstance(value, dict) or set(value) != set(_FINGERPRINT_KEYS):
         raise ValueError(f"fingerprints are {{{', '.join(_FINGERPRINT_KEYS)}}}")
     for name in _FINGERPRINT_KEYS:

@@ -67,7 +67,7 @@ def probe_indices(manifest: Any, dataset_key: str | None = None) -> np.ndarray:
 
 def functional_fp_preimage(probe_loss: float, probe_metric: float, task_type: str, spec_version: str) -> bytes:
     """``binary64_be(probe_loss) || binary64_be(probe_metric) || utf8(task_type) || utf8(spec_version)``."""
-    parts = []
+    parts: list[bytes] = []
     for name, value in (("probe_loss", probe_loss), ("probe_metric", probe_metric)):
         if not checks.is_number(value):
             raise _invalid(f"{name} must be a binary64 number, got {type(value).__name__}")

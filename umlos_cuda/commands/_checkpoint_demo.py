@@ -60,6 +60,12 @@ def demo_public_key() -> str:
     return signing.public_key_bytes(DEMO_KEY_SEED).hex()
 
 
+def _hash16(checkpoint_hash: bytes | None) -> str:
+    """The first 16 hex digits of the checkpoint a commit of a state wrote."""
+    assert checkpoint_hash is not None  # commit(state) always writes a checkpoint
+    return checkpoint_hash.hex()[:16]
+
+
 class _Job:
     """The toy job: cursor, per-rank model state, and the NextBatch calls of a step."""
 
@@ -87,6 +93,7 @@ class _Job:
                     lanes[lane] = np.bitwise_xor.reduce(indices[lane::4] * _MIX) if indices[lane::4].size else 0
                 self.digest[rank] = self.digest[rank] * _MIX + lanes
             cursor_after = batch.cursor
+        assert cursor_after is not None  # world_size >= 1: some rank ran
         self.cursor = cursor_after
         return records
 
@@ -174,7 +181,7 @@ def run_checkpoint_demo(
                 store.tape.append(record)
             if t % every_k == 0:
                 commit = store.commit(job.state(t))
-                log(f"step {t:>4}: committed checkpoint {commit.checkpoint_hash.hex()[:16]} (commit {commit.seq}, "
+                log(f"step {t:>4}: committed checkpoint {_hash16(commit.checkpoint_hash)} (commit {commit.seq}, "
                     f"head {commit.head})")
         log(f"step {crash_after:>4}: writer stops without committing (steps {crash_after - crash_after % every_k + 1}"
             f"..{crash_after} exist only as temp objects)")
@@ -188,6 +195,8 @@ def run_checkpoint_demo(
         rolled_back = list(store.recovery.rolled_back)
         log(f"recovery: rolled back {len(rolled_back)} uncommitted object(s): {', '.join(rolled_back) or 'none'}")
         restored = store.restore_latest(expect_head=anchor)
+        if restored is None:
+            raise error(errors.CONTRACT_VIOLATION, "the first writer committed no checkpoint to restore")
         job.load(restored)
         start = restored.t
         log(f"restored checkpoint {restored.checkpoint_hash.hex()[:16]} at step {start}, cursor {job.cursor.to_dict()} "
@@ -208,7 +217,7 @@ def run_checkpoint_demo(
             "final_cursors": {dataset_key: job.cursor.to_dict()},
         })
         final = store.commit(job.state(steps))
-        log(f"step {steps:>4}: run_end, final checkpoint {final.checkpoint_hash.hex()[:16]} (commit {final.seq}, "
+        log(f"step {steps:>4}: run_end, final checkpoint {_hash16(final.checkpoint_hash)} (commit {final.seq}, "
             f"head {final.head})")
         commits = final.seq
 

@@ -132,8 +132,10 @@ def _compute_epoch_run(inputs, manifests, backend):
             if after is not None and batch.cursor != after:
                 raise _mismatch(f"ranks disagree on the cursor after step {steps}")
             after = batch.cursor
+        assert after is not None  # world_size >= 1: some rank ran
         cursor = after
         steps += 1
+    assert metadata is not None  # the epoch has a first step
     return {
         "steps": steps,
         "count": count,
@@ -177,6 +179,7 @@ def _compute_batch(inputs, manifests, backend):
         replay.update(bytes.fromhex(batch.metadata["data_replay_t"]))
         ranks.append({"count": len(data) // 8, "sha256": _sha(data)})
         after, metadata = batch.cursor, batch.metadata
+    assert after is not None and metadata is not None  # world_size >= 1: some rank ran
     return {
         "ranks": ranks,
         "sha256": whole.hexdigest(),

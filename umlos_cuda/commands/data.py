@@ -11,6 +11,7 @@ and writes ``lengths.jsonl`` (one ``{"sample_id", "tokenizer_hash",
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from ._args import positive_int
 from ._dataset_args import add_dataset_arguments, run_with_progress
@@ -84,7 +85,7 @@ def run_stats(args) -> int:
     histogram = power_of_two_histogram(lengths)
     points = percentiles(lengths)
     choices = optimal_bucket_choices(lengths, args.buckets)
-    summary = {
+    summary: dict[str, Any] = {
         "samples": len(cache),
         "tokens": int(lengths.sum(dtype="u8")),
         "tokenizer_hash": cache.tokenizer_hash,

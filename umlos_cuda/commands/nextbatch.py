@@ -170,4 +170,4 @@ def npy_header(count: int) -> bytes:
 
 def _le_bytes(indices: np.ndarray) -> memoryview:
     """The array's bytes as NPY_DTYPE, without a copy when it already is one."""
-    return memoryview(np.ascontiguousarray(indices, dtype=NPY_DTYPE)).cast("B")
+    return np.ascontiguousarray(indices, dtype=NPY_DTYPE).data.cast("B")

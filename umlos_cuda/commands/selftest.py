@@ -111,7 +111,7 @@ def check_philox(engine) -> Result:
         got = [tuple(int(w) for w in row) for row in device_philox(rows)]
         where = f"on backend {engine.name}"
     else:
-        got = [tuple(int(w) for w in philox4x32_10(*row[:4], int(row[4]), int(row[5]))) for row in rows]
+        got = [tuple(int(w) for w in philox4x32_10(row[0], row[1], row[2], row[3], int(row[4]), int(row[5]))) for row in rows]
         where = "on the NumPy reference (umlos_cuda.philox)"
         if engine.name != "numpy":
             where += f"; backend {engine.name} has no Philox entry point, its Philox is checked by parity"

@@ -76,12 +76,13 @@ class Sample:
     SFT) and 0 elsewhere (the prompt); ``segment_ids`` is None for a single
     sequence, and for a packed one numbers its segments ``0, 0, 0, 1, 1, 2,
     ...`` (starting at 0, each step 0 or +1). All three have the same,
-    non-zero, length.
+    non-zero, length. Each may be given as any flat sequence or 1-D array of
+    integers (the annotations say what is accepted); it is kept as a tuple of ints.
     """
 
-    input_ids: tuple[int, ...]
-    loss_mask: tuple[int, ...]
-    segment_ids: tuple[int, ...] | None
+    input_ids: Sequence[int] | np.ndarray
+    loss_mask: Sequence[int] | np.ndarray
+    segment_ids: Sequence[int] | np.ndarray | None
     meta: SampleMeta
 
     def __post_init__(self) -> None:

@@ -28,8 +28,8 @@ UNKNOWN = "unknown"
 
 
 def window_metrics(snapshot: BufferSnapshot, rows: np.ndarray) -> dict[str, Any]:
-    codes, names = snapshot.difficulty_codes
-    names = [name or UNKNOWN for name in names]
+    codes, difficulties = snapshot.difficulty_codes
+    names = [name or UNKNOWN for name in difficulties]
     solved = snapshot.solved
     known = solved >= 0
     outcomes = np.bincount(codes[known], minlength=len(names))

@@ -13,6 +13,7 @@ Neither needs anything the server does not send.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from ... import checks, errors
 from ..failures import failure
@@ -69,7 +70,7 @@ class RandomPlayer:
 
 
 #: The players ``gym run --policy`` names (the flag keeps its name).
-PLAYERS = {"hint": HintPlayer, "random": RandomPlayer}
+PLAYERS: dict[str, Callable[[], Player]] = {"hint": HintPlayer, "random": RandomPlayer}
 
 
 def make_player(player) -> Player:

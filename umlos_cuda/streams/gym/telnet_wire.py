@@ -98,7 +98,7 @@ class TelnetLines:
         self._strip = TelnetStripper()
         deadline = time.monotonic() + timeout
         try:
-            self._sock = socket.create_connection((host, port), timeout=timeout)
+            self._sock: socket.socket | None = socket.create_connection((host, port), timeout=timeout)
         except OSError as exc:
             raise failure(errors.GYM_CONNECTION_FAILED, f"cannot connect to the puzzle server at {host}:{port}: {exc}",
                           reason="refused") from None
@@ -118,14 +118,15 @@ class TelnetLines:
         sync = f"{SYNC_STEM}{self._sync}"
         payload = (f"{command}\n" if command is not None else "") + f"{sync}\n"
         deadline = time.monotonic() + self.timeout
+        sock = self._connected()
         try:
-            self._sock.sendall(payload.encode("utf-8"))
+            sock.sendall(payload.encode("utf-8"))
         except OSError as exc:
             self.close()
             raise failure(errors.GYM_CONNECTION_FAILED, f"the puzzle server at {self.host}:{self.port} closed the "
                                                         f"connection while {command!r} was sent: {exc}",
                           reason="closed") from None
-        lines = []
+        lines: list[str] = []
         while True:
             line = self._next_line(deadline, command)
             if _unprompt(line) == sync:
@@ -161,16 +162,20 @@ class TelnetLines:
                 raise self._protocol(f"more than {MAX_LINE_BYTES} bytes without a line end")
             self._receive(deadline, repr(command) if command is not None else "the sync word")
 
-    def _receive(self, deadline: float, waiting_for: str) -> None:
-        """Read one chunk (at least one byte) into the pending text, or fail."""
+    def _connected(self) -> socket.socket:
         if self._sock is None:
             raise failure(errors.GYM_CONNECTION_FAILED, "the connection to the puzzle server is closed", reason="closed")
+        return self._sock
+
+    def _receive(self, deadline: float, waiting_for: str) -> None:
+        """Read one chunk (at least one byte) into the pending text, or fail."""
+        sock = self._connected()
         remaining = deadline - time.monotonic()
         try:
             if remaining <= 0:
                 raise TimeoutError
-            self._sock.settimeout(remaining)
-            data = self._sock.recv(1 << 16)
+            sock.settimeout(remaining)
+            data = sock.recv(1 << 16)
         except TimeoutError:
             self.close()
             raise failure(errors.GYM_TIMEOUT, f"the puzzle server at {self.host}:{self.port} sent no complete answer "

@@ -147,7 +147,9 @@ def iter_lines(path: str, drop_torn_tail: bool) -> Iterator[tuple[int, dict[str,
 def read_log(path: str | os.PathLike[str], *, drop_torn_tail: bool = False, max_windows: int | None = None) -> LogContents:
     """The header and window records (at most ``max_windows``), checked for order."""
     path = log_path(path)
-    header, windows, torn = None, [], False
+    header: dict[str, Any] | None = None
+    windows: list[dict[str, Any]] = []
+    torn = False
     for number, value in iter_lines(path, drop_torn_tail):
         if value is None:
             torn = True

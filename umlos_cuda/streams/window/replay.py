@@ -42,6 +42,7 @@ def replay_log(path: str | os.PathLike[str], progress: Callable[[int], None] | N
     report = ReplayReport()
     index = -1
     for number, record in iter_lines(path, drop_torn_tail=False):
+        assert record is not None  # drop_torn_tail=False: a torn tail raises instead
         if record["kind"] == "header":
             continue
         index += 1

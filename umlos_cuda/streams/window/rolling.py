@@ -57,7 +57,7 @@ from .log import WindowLog, log_path, read_log, truncate_log
 
 STATE_FORMAT = "umlos-cuda/plan-window-v1"
 #: The batching configuration windows use unless given one.
-DEFAULT_BATCHING = dict(token_budget=16384, bucket_edges=(256, 512, 1024, 2048), overflow_max=4096)
+DEFAULT_BATCHING: dict[str, Any] = dict(token_budget=16384, bucket_edges=(256, 512, 1024, 2048), overflow_max=4096)
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,9 @@ class Window:
 
     @property
     def plan_fingerprint(self) -> str:
-        return self.plan.fingerprint
+        fingerprint = self.plan.fingerprint
+        assert fingerprint is not None  # a built plan has one (only a bare BatchPlanMeta lacks it)
+        return fingerprint
 
 
 class RollingBatchPlanWindow:
@@ -176,14 +178,18 @@ class RollingBatchPlanWindow:
                                 tokenizer_hash=self.tokenizer_hash).build(1)
         epoch = plan.epochs[0]
         count = min(self.window_microbatches, len(epoch))
-        microbatches, described, pack_sizes = [], [], []
+        microbatches: list[tuple[StreamSample, ...]] = []
+        described: list[list[Any]] = []
+        pack_sizes: list[tuple[int, ...]] = []
         for j in range(count):
             plan_rows = epoch.rows(j).tolist()
             samples = tuple(snapshot.samples[rows[r]] for r in plan_rows)
             microbatches.append(samples)
             described.append([[s.sample_id for s in samples], int(epoch.bucket_ids[j]), int(epoch.max_len[j])])
             if epoch.pack_rows is not None:
-                pack_sizes.append(plan.microbatch(0, j).pack_sizes)
+                sizes = plan.microbatch(0, j).pack_sizes
+                assert sizes is not None  # a packed plan's microbatches have them
+                pack_sizes.append(sizes)
                 described[-1].append(list(pack_sizes[-1]))
         fingerprint = hashlib.sha256(canonical_json({"plan": plan.fingerprint, "microbatches": described})).hexdigest()
         window = Window(self.index, snapshot, rows, plan, tuple(microbatches), fingerprint, metrics,

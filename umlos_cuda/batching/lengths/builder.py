@@ -115,6 +115,7 @@ class DatasetEncoding:
                 if pending is not None:
                     yield pending[0], pending[1].result()
                 pending = (chunk, future)
+            assert pending is not None  # read_chunks raises DATASET_EMPTY rather than yield no chunk
             yield pending[0], pending[1].result()
 
     def finish(self, ids_are_line_numbers: bool) -> str:

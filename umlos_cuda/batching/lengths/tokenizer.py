@@ -98,7 +98,7 @@ def _tokenizer_from_file(tokenizer_class, path: str):
 def _special_tokens(config: dict, special_map: dict) -> dict[str, Any]:
     """The special-token roles, as token text (the files store either the text
     or an AddedToken object with a ``content`` field)."""
-    found = {}
+    found: dict[str, Any] = {}
     for key in SPECIAL_TOKEN_KEYS:
         value = config.get(key, special_map.get(key))
         if value is None:

@@ -29,7 +29,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -146,7 +146,9 @@ def batch_fingerprint(batches: Iterable[Any], n_batches: int = DEFAULT_N_BATCHES
     digests = tuple(microbatch_digest(*_arrays(batch, i)) for i, batch in enumerate(islice(batches, n)))
     if not digests:
         raise _invalid("there are no microbatches to fingerprint")
-    kept = None if positions is None else tuple(tuple(p) for p in islice(positions, len(digests)))
+    kept = None
+    if positions is not None:  # the pairs as given (a cast: tuple() does not keep their length in the type)
+        kept = cast(tuple[tuple[int, int], ...], tuple(tuple(p) for p in islice(positions, len(digests))))
     return BatchFingerprint(combine_digests(digests), n, digests, kept, plan_fingerprint)
 
 

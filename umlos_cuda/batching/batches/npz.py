@@ -50,7 +50,8 @@ def batch_file_name(epoch: int, index: int) -> str:
     return f"epoch_{int(epoch)}_batch_{int(index):04d}.npz"
 
 
-def file_arrays(epoch: int, microbatch: Any, batch: CollatedBatch, plan_fingerprint: str) -> dict[str, np.ndarray]:
+def file_arrays(epoch: int, microbatch: Any, batch: CollatedBatch,
+                plan_fingerprint: str | None) -> dict[str, np.ndarray]:
     """Every member of the batch file of ``microbatch``, in :data:`MEMBERS` order."""
     arrays: dict[str, np.ndarray] = batch.as_dict()
     arrays["sample_ids"] = np.array(list(microbatch.samples), dtype=str)

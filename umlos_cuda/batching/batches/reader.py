@@ -57,7 +57,8 @@ class BatchReader:
             self._digests.update(((row["epoch"], i), d) for i, d in zip(row["indices"], row["digests"]))
         positions = self.fingerprint.positions or ()
         if len(positions) != len(self.fingerprint.digests) or \
-                any(self._digests.get(tuple(p)) != d for p, d in zip(positions, self.fingerprint.digests)):
+                any(self._digests.get((epoch, index)) != d
+                    for (epoch, index), d in zip(positions, self.fingerprint.digests)):
             raise file_error(f"{INDEX_FILE} in {self.root}: its batch fingerprint disagrees with its file digests")
 
     def __repr__(self) -> str:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any, Self
 
 from ... import checks, errors
 from ...errors import UmlosError
@@ -53,13 +54,13 @@ def config_error(message: str) -> UmlosError:
 
 class _Choice(str, enum.Enum):
     @classmethod
-    def parse(cls, value):
+    def parse(cls, value: Any) -> Self:
         if isinstance(value, cls):
             return value
         for choice in cls:
             if value == choice.value or (isinstance(value, str) and value.lower() == choice.value):
                 return choice
-        what = cls.__doc__.split(":")[0]
+        what = (cls.__doc__ or cls.__name__).split(":")[0]
         raise config_error(f"{what} must be one of {', '.join(c.value for c in cls)}, got {value!r}")
 
 

@@ -91,6 +91,7 @@ class SequenceToPack:
 
     def piece(self, start: int, stop: int) -> SequenceToPack:
         """Tokens ``[start, stop)`` as a sequence of the same sample."""
+        assert self.loss_mask is not None  # __post_init__ fills in the all-ones default
         return SequenceToPack(self.sample_id, self.input_ids[start:stop], self.loss_mask[start:stop],
                               self.offset + start)
 

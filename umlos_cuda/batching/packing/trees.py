@@ -56,7 +56,7 @@ def first_fit(needs: np.ndarray, capacity: int) -> np.ndarray:
         size *= 2
     tree = _max_tree(np.full(size, capacity, dtype=np.int64))
     opened = 0
-    rows = []
+    rows: list[int] = []
     append = rows.append
     for need in needs.tolist():
         if opened == size:  # every leaf is an open row: double
@@ -93,7 +93,7 @@ def best_fit(needs: np.ndarray, capacity: int) -> np.ndarray:
     counts = array("q", bytes(16 * size)) if size <= DENSE_ROOMS else defaultdict(int)
     heaps: dict[int, list[int]] = {}
     opened = 0
-    rows = []
+    rows: list[int] = []
     append = rows.append
     for need in needs.tolist():
         room = _least_at_least(counts, size, need)
@@ -108,11 +108,11 @@ def best_fit(needs: np.ndarray, capacity: int) -> np.ndarray:
             _add(counts, size, room, -1)
             left = room - need
         append(row)
-        heap = heaps.get(left)
-        if heap is None:
+        same_room = heaps.get(left)
+        if same_room is None:
             heaps[left] = [row]
         else:
-            heapq.heappush(heap, row)
+            heapq.heappush(same_room, row)
         _add(counts, size, left, 1)
     return np.asarray(rows, dtype=np.int64)
 

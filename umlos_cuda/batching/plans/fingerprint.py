@@ -47,7 +47,7 @@ def epoch_digest(epoch: int, index_base: int, index_step: int, offsets, samples,
 
 
 def _update(digest, array: np.ndarray) -> None:
-    view = memoryview(array.reshape(-1)).cast("B")
+    view = array.reshape(-1).data.cast("B")
     for start in range(0, len(view), _HASH_WINDOW):
         digest.update(view[start:start + _HASH_WINDOW])
 

@@ -243,6 +243,7 @@ class BatchPlan:
         ids = self._ids(rows)
         packs = sizes = None
         if plan.pack_rows is not None:
+            assert plan.row_offsets is not None  # a packed epoch has both
             bounds = np.asarray(plan.row_offsets[int(plan.pack_rows[j]):int(plan.pack_rows[j + 1]) + 1], dtype=np.int64)
             bounds = (bounds - bounds[0]).tolist()
             sizes = tuple(b - a for a, b in zip(bounds, bounds[1:]))

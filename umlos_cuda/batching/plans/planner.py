@@ -132,8 +132,11 @@ def build_epoch(lengths: np.ndarray, config: BatchingConfig, epoch: int, *, mani
         if counts[k + 1]:
             grouped[bases[k]:bases[k + 1]] = rows[buckets == k]
     del rows, buckets
-    starts, bucket_of, max_len = [], [], []
-    row_sizes, microbatch_rows = [], []  # packed plans only
+    start_parts: list[np.ndarray] = []
+    bucket_parts: list[np.ndarray] = []
+    max_len_parts: list[np.ndarray] = []
+    row_sizes: list[np.ndarray] = []  # packed plans only
+    microbatch_rows: list[np.ndarray] = []
     for k in range(spec.num_buckets):
         if not counts[k + 1]:
             continue
@@ -141,22 +144,24 @@ def build_epoch(lengths: np.ndarray, config: BatchingConfig, epoch: int, *, mani
         if config.pack is None:
             cut, longest = _cut_bucket(bucket_lengths, k, config)
         else:
+            rows_per_microbatch = config.rows_per_microbatch
+            assert rows_per_microbatch is not None  # the plan packs
             permutation, cut, rows_of_batches, sizes_of_rows = pack_bucket(bucket_lengths, config.pack,
-                                                                           config.rows_per_microbatch)
+                                                                           rows_per_microbatch)
             grouped[bases[k]:bases[k + 1]] = grouped[bases[k]:bases[k + 1]][permutation]
             longest = np.full(cut.shape[0], config.pack.max_length, dtype=np.uint32)
             row_sizes.append(sizes_of_rows)
             microbatch_rows.append(rows_of_batches)
-        starts.append(cut + bases[k])
-        bucket_of.append(np.full(cut.shape[0], k, dtype=np.int16))
-        max_len.append(longest)
-    if not starts:
+        start_parts.append(cut + bases[k])
+        bucket_parts.append(np.full(cut.shape[0], k, dtype=np.int16))
+        max_len_parts.append(longest)
+    if not start_parts:
         empty = (np.zeros(1, np.int64), np.zeros(1, np.int64)) if config.pack is not None else (None, None)
         return EpochArrays(np.zeros(1, np.int64), grouped, np.zeros(0, np.int16), np.zeros(0, np.uint32), skipped,
                            *empty)
-    starts = np.concatenate(starts)
-    bucket_of = np.concatenate(bucket_of)
-    max_len = np.concatenate(max_len)
+    starts = np.concatenate(start_parts)
+    bucket_of = np.concatenate(bucket_parts)
+    max_len = np.concatenate(max_len_parts)
     ends = np.append(starts[1:], grouped.shape[0])
     order = _interleave(bucket_of, spec.num_buckets, manifest, epoch)
     sizes = (ends - starts)[order]
@@ -300,13 +305,13 @@ def _batch_ends(window: np.ndarray, budget: int, largest_count: int, wanted: int
     i = np.arange(wanted, dtype=np.int64)
     count = np.zeros(wanted, dtype=np.int64)
     current = np.zeros(wanted, dtype=np.uint64)
-    budget = np.uint64(budget)
+    limit = np.uint64(budget)
     for level in range(len(levels) - 1, -1, -1):
         table, step = levels[level], 1 << level
         candidate = count + step
         fits = (i + candidate <= m) & (candidate <= largest_count)
         longest = np.maximum(current, table[np.minimum(i + count, table.shape[0] - 1)])
-        fits &= candidate.astype(np.uint64) * longest <= budget
+        fits &= candidate.astype(np.uint64) * longest <= limit
         count = np.where(fits, candidate, count)
         current = np.where(fits, longest, current)
     return i + np.maximum(count, 1)

@@ -67,6 +67,7 @@ def _shard_epoch(plan: BatchPlan, epoch: EpochPlan, rank: int, world_size: int) 
     max_len = np.asarray(epoch.max_len)[chosen]
     row_offsets = pack_rows = None
     if epoch.pack_rows is not None:
+        assert epoch.row_offsets is not None  # a packed epoch has both
         row_offsets, pack_rows = select_rows(epoch.row_offsets, epoch.pack_rows, chosen, gather_batches)
     stats = epoch_stats(epoch.epoch, new_offsets, samples, bucket_ids, max_len, plan.lengths,
                         plan.config.bucket_spec, epoch.stats["skipped"], row_offsets=row_offsets,

@@ -94,7 +94,8 @@ def _check_bindings(plan: BatchPlan, lengths) -> None:
         raise plan_error(errors.PLAN_LENGTHS_MISMATCH,
                          f"the length cache ({given.shape[0]} samples) holds other lengths than the plan was built from")
     ids_are_rows = getattr(lengths, "ids_are_line_numbers", False)
-    if (plan.sample_ids is None) != ids_are_rows or (not ids_are_rows and list(lengths.sample_ids) != list(plan.sample_ids)):
+    plan_ids = plan.sample_ids
+    if (plan_ids is None) != ids_are_rows or (plan_ids is not None and list(lengths.sample_ids) != list(plan_ids)):
         raise plan_error(errors.PLAN_LENGTHS_MISMATCH, "the length cache names its samples differently from the plan")
 
 
@@ -188,6 +189,7 @@ def _check_reproduces(plan: BatchPlan, digests: tuple[str, ...]) -> None:
                                sample_ids=plan.sample_ids, dataset_hash=plan.meta.dataset_hash).build(plan.num_epochs)
     if plan.meta.shard is not None:
         rebuilt = shard_plan(rebuilt, plan.meta.shard["rank"], plan.meta.shard["world_size"])
+        assert rebuilt.meta.shard is not None  # shard_plan names the source
         if plan.meta.shard["source_fingerprint"] != rebuilt.meta.shard["source_fingerprint"]:
             raise plan_error(errors.PLAN_NOT_REPRODUCIBLE,
                              "the shard names a source plan its configuration does not build")

@@ -28,7 +28,7 @@ import json
 import os
 from collections.abc import Callable
 from itertools import chain
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -122,6 +122,7 @@ def encode_chunk(source: DatasetEncoding, chunk: RecordChunk, token_dtype: np.dt
         return encoded, _as_tokens(ids, token_dtype), np.ones(total, dtype=np.uint8)
     lengths = encoded + source.appended
     ends = np.cumsum(encoded)
+    assert source.eos_id is not None  # a template source appends it (DatasetEncoding.__init__)
     ids = np.insert(ids, ends, source.eos_id)  # the end-of-sequence token after each record's text
     prompts = source.encode(source.prompts(chunk), chunk)
     masked = np.minimum(np.fromiter((len(e) for e in prompts), dtype=np.int64, count=len(prompts)), lengths)
@@ -158,12 +159,12 @@ class NpyStream:
         return self
 
     def write(self, array: np.ndarray) -> None:
-        data = memoryview(np.ascontiguousarray(array, dtype=self.dtype)).cast("B")
+        data = np.ascontiguousarray(array, dtype=self.dtype).data.cast("B")
         self._handle.write(data)
         self._digest.update(data)
         self.count += len(data) // self.dtype.itemsize
 
-    def __exit__(self, kind, value, traceback) -> bool:
+    def __exit__(self, kind, value, traceback) -> Literal[False]:
         with self._handle:
             if kind is None:
                 self._handle.seek(0)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import platform
 import time
+from functools import partial
 
 import numpy as np
 
@@ -57,12 +58,12 @@ def epoch_rows(sizes, backends, repeat):
     for n in sizes:
         manifest = manifest_for(n)
         rng = np.random.default_rng(0)
-        t_perm = best_of(repeat, lambda: rng.permutation(n))
+        t_perm = best_of(repeat, partial(rng.permutation, n))
         rows.append((n, "numpy.random.Generator.permutation", n / t_perm, 1.0))
         try:
             import torch
 
-            t_torch = best_of(repeat, lambda: torch.randperm(n))
+            t_torch = best_of(repeat, partial(torch.randperm, n))
             rows.append((n, "torch.randperm (cpu)", n / t_torch, t_perm / t_torch))
         except ImportError:
             pass
@@ -70,10 +71,19 @@ def epoch_rows(sizes, backends, repeat):
             engine = get_backend(name)
             out = engine.xp.empty(n, dtype=np.uint64)
             uc.epoch_indices(manifest, "train", epoch=0, out=out, backend=name)  # warm: plan, compile, page faults
-            t = best_of(repeat, lambda: uc.epoch_indices(manifest, "train", epoch=0, out=out, backend=name))
+            t = best_of(repeat, partial(uc.epoch_indices, manifest, "train", epoch=0, out=out, backend=name))
             rows.append((n, f"umlos_cuda.epoch_indices [{name}]", n / t, t_perm / t))
             del out
     return rows
+
+
+def _first_batch(manifest, name: str) -> None:
+    _plans.clear()
+    uc.next_batch(manifest, "train", world_size=8, rank=0, cursor=uc.Cursor(0, 0), backend=name)
+
+
+def _warm_batch(manifest, name: str) -> None:
+    uc.next_batch(manifest, "train", world_size=8, rank=0, cursor=uc.Cursor(0, 4096), backend=name)
 
 
 def setup_rows(backends, repeat, n=10**11):
@@ -83,22 +93,10 @@ def setup_rows(backends, repeat, n=10**11):
         engine = get_backend(name)
         seed16 = epoch_seed(manifest.replay_token, manifest.hash, "train", 0)
 
-        def setup():
-            engine.build_plan(seed16, n, manifest.sampler_block_size)
-
-        t_setup = best_of(repeat, setup)
-
-        def first_batch():
-            _plans.clear()
-            uc.next_batch(manifest, "train", world_size=8, rank=0, cursor=uc.Cursor(0, 0), backend=name)
-
-        t_first = best_of(repeat, first_batch)
+        t_setup = best_of(repeat, partial(engine.build_plan, seed16, n, manifest.sampler_block_size))
+        t_first = best_of(repeat, partial(_first_batch, manifest, name))
         uc.next_batch(manifest, "train", world_size=8, rank=0, backend=name)  # plan now cached
-
-        def warm_batch():
-            uc.next_batch(manifest, "train", world_size=8, rank=0, cursor=uc.Cursor(0, 4096), backend=name)
-
-        t_warm = best_of(repeat * 10, warm_batch)
+        t_warm = best_of(repeat * 10, partial(_warm_batch, manifest, name))
         rows.append((name, t_setup, t_first, t_warm))
     return rows
 

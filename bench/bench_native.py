@@ -34,6 +34,7 @@ import argparse
 import os
 import platform
 import time
+from functools import partial
 
 import numpy as np
 
@@ -91,7 +92,7 @@ def throughput(n: int, repeat: int, with_numpy: bool, modes: tuple[str, ...]) ->
     for mode in modes:
         manifest = manifest_for(n, mode=mode)
         uc.epoch_indices(manifest, KEY, 0, backend="native", out=buffer)  # builds and caches the plan
-        native_times[mode] = best_of(repeat, lambda: uc.epoch_indices(manifest, KEY, 0, backend="native", out=buffer))
+        native_times[mode] = best_of(repeat, partial(uc.epoch_indices, manifest, KEY, 0, backend="native", out=buffer))
         if with_numpy:
             checks[mode] = buffer.copy()
     fill_target = np.empty(n, dtype=np.uint64)
@@ -116,12 +117,17 @@ def throughput(n: int, repeat: int, with_numpy: bool, modes: tuple[str, ...]) ->
         for mode in modes:
             manifest = manifest_for(n, mode=mode)
             uc.epoch_indices(manifest, KEY, 0, backend="numpy", out=out)
-            t_numpy = best_of(1, lambda: uc.epoch_indices(manifest, KEY, 0, backend="numpy", out=out))
+            t_numpy = best_of(1, partial(uc.epoch_indices, manifest, KEY, 0, backend="numpy", out=out))
             assert np.array_equal(out, checks[mode]), f"numpy and native differ ({mode})"
             rows.append(row(f"numpy epoch_indices, {mode} (reference)", t_numpy, n,
                             f"numpy / native = {t_numpy / native_times[mode]:.1f}x the time"))
     print(f"\nOne epoch of N = {n:,} (block 2^20), best of {repeat}:\n")
     print_table(("what", "ms", "M idx/s", "ratio (same run)"), rows)
+
+
+def _first_batch(manifest, backend: str) -> None:
+    nextbatch._plans.clear()
+    uc.next_batch(manifest, KEY, 8, 3, "train", uc.Cursor(5, 4096 * 1000), backend=backend)
 
 
 def setup_and_first_batch(n: int, repeat: int, modes: tuple[str, ...]) -> None:
@@ -130,16 +136,11 @@ def setup_and_first_batch(n: int, repeat: int, modes: tuple[str, ...]) -> None:
     seed16 = epoch_seed(b"\0" * 32, b"\1" * 32, KEY, 0)
     rows = []
     for mode in modes:
-        t_plan_native = best_of(repeat, lambda: native.build_plan(seed16, n, 1 << 20, mode))
-        t_plan_numpy = best_of(max(1, repeat // 2), lambda: numpy_backend.build_plan(seed16, n, 1 << 20, mode))
+        t_plan_native = best_of(repeat, partial(native.build_plan, seed16, n, 1 << 20, mode))
+        t_plan_numpy = best_of(max(1, repeat // 2), partial(numpy_backend.build_plan, seed16, n, 1 << 20, mode))
         manifest = manifest_for(n, batch=4096, mode=mode)
-
-        def first_batch(backend: str) -> None:
-            nextbatch._plans.clear()
-            uc.next_batch(manifest, KEY, 8, 3, "train", uc.Cursor(5, 4096 * 1000), backend=backend)
-
-        t_first_native = best_of(repeat, lambda: first_batch("native"))
-        t_first_numpy = best_of(max(1, repeat // 2), lambda: first_batch("numpy"))
+        t_first_native = best_of(repeat, partial(_first_batch, manifest, "native"))
+        t_first_numpy = best_of(max(1, repeat // 2), partial(_first_batch, manifest, "numpy"))
         rows += [
             (f"{mode}: epoch setup (its plan)", f"{t_plan_native * 1e3:.3f}", f"{t_plan_numpy * 1e3:.3f}"),
             (f"{mode}: first batch, cold plan cache (W=8, G=4096)", f"{t_first_native * 1e3:.3f}",
@@ -173,7 +174,7 @@ def main() -> None:
     try:
         get_backend("native")
     except UmlosError as exc:
-        raise SystemExit(f"backend 'native' is unavailable: {exc.message}")
+        raise SystemExit(f"backend 'native' is unavailable: {exc.message}") from None
     print(
         f"umlos-cuda {uc.__version__} | {platform.python_implementation()} {platform.python_version()} | "
         f"NumPy {np.__version__} | {cpu_model()} | {os.cpu_count()} CPUs | "

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from functools import partial
 from unittest import mock
 
 import numpy as np
@@ -164,7 +165,7 @@ def run(sizes: list[int], chuk_max: int, python_max: int, rows_max: int) -> None
             count = int(rows.max()) + 1
             python = "-"
             if n <= python_max:
-                again, python_seconds = timed(lambda: pack_lengths(lengths, MAX_LENGTH, mode, backend="python"))
+                again, python_seconds = timed(partial(pack_lengths, lengths, MAX_LENGTH, mode, backend="python"))
                 assert np.array_equal(again, rows)
                 python = rate(n, python_seconds)
             line = f"{n:>10,} {mode:<9} | {rate(n, seconds):>11} {python:>9} "

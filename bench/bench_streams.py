@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 POLICY = """policies:
   - type: difficulty_bucket
@@ -60,7 +61,7 @@ def episodes_per_second(episodes: int) -> None:
             if time.monotonic() > deadline or server.poll() is not None:
                 raise SystemExit("the puzzle server did not start")
             time.sleep(0.02)
-        port = int(open(port_file).read().split()[1])
+        port = int(Path(port_file).read_text().split()[1])
         tokenizer = small_tokenizer()
         print(f"{'player':8} {'games':34} {'episodes':>8} {'steps':>7} {'solved':>6} {'episodes/s':>10} {'steps/s':>8}")
         for player, games, max_steps in (("hint", ("sudoku",), 200),

@@ -32,6 +32,7 @@ import json
 import platform
 import sys
 import time
+from functools import partial
 
 import numpy as np
 
@@ -101,30 +102,30 @@ def measure(cp, backend, sizes, repeat: int, peak: float | None, torch_cuda, mod
             continue
         out = cp.empty(n, dtype=np.uint64)
         # What this device's memory system gives a plain store of the same bytes.
-        t = time_gpu(cp, repeat, lambda: out.fill(0))
+        t = time_gpu(cp, repeat, partial(out.fill, 0))
         rows.append(row(n, "baseline: out.fill(0), uint64", t, 8, peak))
         out32 = cp.empty(n, dtype=np.int32) if n <= (1 << 31) else None
         for mode in modes:
             started = time.perf_counter()
             plan = backend.build_plan(SEED16, n, BLOCK_SIZE, mode)
             plan_s = time.perf_counter() - started
-            t = time_gpu(cp, repeat, lambda: backend.map_train(plan, 0, n, out=out))
+            t = time_gpu(cp, repeat, partial(backend.map_train, plan, 0, n, out=out))
             rows.append(row(n, f"{mode} map_train uint64", t, 8, peak) | {"plan_build_s": plan_s, "plan_builder": plan.builder, "mode": mode})
             if out32 is not None:
-                t = time_gpu(cp, repeat, lambda: backend.map_train(plan, 0, n, out=out32))
+                t = time_gpu(cp, repeat, partial(backend.map_train, plan, 0, n, out=out32))
                 rows.append(row(n, f"{mode} map_train int32", t, 4, peak))
             plan = None
         out = out32 = None  # free before the shuffles run
         cp.get_default_memory_pool().free_all_blocks()
         try:
-            t = time_gpu(cp, repeat, lambda: cp.random.permutation(n))
+            t = time_gpu(cp, repeat, partial(cp.random.permutation, n))
             rows.append(row(n, "cupy.random.permutation", t, 8, peak))
         except Exception as exc:  # out of memory at large N: reported, not fatal
             rows.append({"n": n, "what": "cupy.random.permutation", "error": f"{type(exc).__name__}: {exc}"})
         cp.get_default_memory_pool().free_all_blocks()
         if torch_cuda is not None:
             try:
-                t = time_gpu(cp, repeat, lambda: torch_cuda.randperm(n, device="cuda"))
+                t = time_gpu(cp, repeat, partial(torch_cuda.randperm, n, device="cuda"))
                 rows.append(row(n, "torch.randperm(device='cuda')", t, 8, peak))
             except Exception as exc:
                 rows.append({"n": n, "what": "torch.randperm(device='cuda')", "error": f"{type(exc).__name__}: {exc}"})

@@ -29,10 +29,8 @@ def reference_pack_lengths(lengths, max_length: int, mode: str, separator_len: i
             used.append(length)
             rows[i] = len(used) - 1
             continue
-        if mode == "best_fit":
-            chosen = min(fitting, key=lambda r: (max_length - used[r], r))
-        else:  # first_fit, and greedy after its sort
-            chosen = fitting[0]
+        # first_fit, and greedy after its sort, take the first row with room
+        chosen = min(fitting, key=lambda r: (max_length - used[r], r)) if mode == "best_fit" else fitting[0]
         used[chosen] += separator_len + length
         rows[i] = chosen
     return rows

@@ -22,6 +22,7 @@ import shutil
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -290,7 +291,7 @@ def test_a_killed_writer_resumes(world, tmp_path, capsys, workers, kill_at):
 
 # ====================================================================== writer failures
 def test_a_store_that_is_not_the_plans_is_refused(world, tmp_path):
-    root, store, plan, _ = world
+    _, store, _, _ = world
     lengths = np.asarray(store.lengths)
     ids = store.sample_ids
     cases = [
@@ -308,7 +309,7 @@ def test_a_store_that_is_not_the_plans_is_refused(world, tmp_path):
 
 
 def test_output_folder_rules(world, tmp_path):
-    root, store, plan, _ = world
+    _, store, plan, _ = world
     other = BatchPlanBuilder(store.length_cache(), BatchingConfig.throughput(1024, (64, 128), 256, seed=1)).build(1)
     write_batches(other, tmp_path / "out", store)
     expect(errors.BATCH_OUTPUT_MISMATCH, write_batches, plan, tmp_path / "out", store, mention="plan_fingerprint")
@@ -428,7 +429,7 @@ def run(capsys, *argv):
 
 
 def test_batch_commands(world, tmp_path, capsys):
-    root, store, plan, _ = world
+    root, _, plan, _ = world
     code, out, err = run(capsys, "batch", "generate", "--plan", root / "plan", "--store", root / "store",
                          "--output", tmp_path / "out", "--workers", "2")
     assert code == 0 and f"{plan.total_microbatches} files ({plan.total_microbatches} written" in out
@@ -491,11 +492,11 @@ def test_installed_command():
 
 # ====================================================================== failure codes
 def test_every_code_of_the_block_is_documented():
-    source = open(os.path.join(ROOT, "umlos_cuda", "errors.py"), encoding="utf-8").read()
+    source = Path(os.path.join(ROOT, "umlos_cuda", "errors.py")).read_text(encoding="utf-8")
     block = source.split("#: Token stores, collation, batch files and batch fingerprints", 1)[1].split("\n\n", 1)[0]
     codes = set(re.findall(r'^([A-Z_]+) = "\1"', block, re.M))
     assert {errors.TOKEN_STORE_INVALID, errors.MEGATRON_INDEX_INVALID, errors.BATCH_FINGERPRINT_MISMATCH} <= codes
-    doc = open(os.path.join(ROOT, "docs", "batching.md"), encoding="utf-8").read()
+    doc = Path(os.path.join(ROOT, "docs", "batching.md")).read_text(encoding="utf-8")
     table = doc.split("## Failure codes", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `([A-Z_]+)` \|", table, re.M))
     assert codes <= documented, sorted(codes - documented)
@@ -515,7 +516,7 @@ def packed_plan(store, separator_len: int):
 def test_packed_plans_collate_row_by_packed_row(world, tmp_path, separators):
     from umlos_cuda.batching.packing.rows import pack_rows
 
-    root, store, _, _ = world
+    _, store, _, _ = world
     plan = packed_plan(store, len(separators))
     report = write_batches(plan, tmp_path / "out", store, separator_ids=separators, workers=2)
     reader = BatchReader(tmp_path / "out")

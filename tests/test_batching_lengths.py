@@ -16,6 +16,7 @@ import json
 import os
 import re
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -226,7 +227,7 @@ def test_load_errors(tmp_path):
 
 def _corrupt_sidecar(path, how):
     side = sidecar_path(path)
-    raw = bytearray(open(side, "rb").read())
+    raw = bytearray(Path(side).read_bytes())
     if how == "magic":
         raw[0:8] = b"NOTMAGIC"
     elif how == "truncated":
@@ -241,16 +242,16 @@ def _corrupt_sidecar(path, how):
         raw = bytearray(bytes(raw).replace(b'"count":3', b'"count":2'))
     elif how == "short file":
         raw = raw[:10]
-    open(side, "wb").write(bytes(raw))
+    Path(side).write_bytes(bytes(raw))
 
 
 def _edit_jsonl(path, how):
-    text = open(path).read()
+    text = Path(path).read_text()
     if how == "jsonl edited":  # same size, other content
         text = text.replace('"length": 7', '"length": 8')
     elif how == "jsonl grown":
         text += json.dumps({"sample_id": "d", "tokenizer_hash": HASH, "length": 1}) + "\n"
-    open(path, "w").write(text)
+    Path(path).write_text(text)
 
 
 @pytest.mark.parametrize("how", ["magic", "truncated", "length byte", "header", "version", "count", "short file",
@@ -504,7 +505,7 @@ def test_statistics_errors(lengths, buckets, mention):
 # ====================================================================== failure codes
 def batching_codes() -> set[str]:
     """The codes of errors.py's batching block (from its header comment to the next blank line)."""
-    source = open(os.path.join(ROOT, "umlos_cuda", "errors.py"), encoding="utf-8").read()
+    source = Path(os.path.join(ROOT, "umlos_cuda", "errors.py")).read_text(encoding="utf-8")
     block = source.split("#: LLM batching (umlos_cuda.batching)", 1)[1].split("\n\n", 1)[0]
     return set(re.findall(r'^([A-Z_]+) = "\1"', block, re.M))
 
@@ -515,7 +516,7 @@ def test_every_batching_code_is_documented():
     codes = batching_codes()
     assert {errors.SAMPLE_INVALID, errors.TOKENIZER_INVALID, errors.DATASET_RECORD_INVALID,
             errors.LENGTHS_SIDECAR_MISMATCH} <= codes
-    doc = open(os.path.join(ROOT, "docs", "batching.md"), encoding="utf-8").read()
+    doc = Path(os.path.join(ROOT, "docs", "batching.md")).read_text(encoding="utf-8")
     table = doc.split("## Failure codes", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `([A-Z_]+)` \|", table, re.M))
     assert codes <= documented, sorted(codes - documented)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -513,12 +514,12 @@ def test_metrics_of_nothing():
 
 
 def test_every_packing_code_is_documented():
-    source = open(os.path.join(ROOT, "umlos_cuda", "errors.py"), encoding="utf-8").read()
+    source = Path(os.path.join(ROOT, "umlos_cuda", "errors.py")).read_text(encoding="utf-8")
     block = source.split("#: Sequence packing (", 1)[1].split("\n\n", 1)[0]
     codes = set(re.findall(r'^([A-Z_]+) = "\1"', block, re.M)) | {errors.PLAN_PACKS_INVALID}
     assert codes == {"PACKING_CONFIG_INVALID", "PACKING_SEQUENCE_TOO_LONG", "PACKING_INPUT_INVALID",
                      "PLAN_PACKS_INVALID"}
-    doc = open(os.path.join(ROOT, "docs", "batching.md"), encoding="utf-8").read()
+    doc = Path(os.path.join(ROOT, "docs", "batching.md")).read_text(encoding="utf-8")
     table = doc.split("## Failure codes", 1)[1].split("\n## ", 1)[0]
     for code in codes:
         assert re.search(rf"^\| `{code}` \|", table, re.M), code

@@ -258,8 +258,12 @@ def test_iter_from_resumes_the_sequence():
         assert tail == [x for x in everything if (x[0], x[1]) >= (epoch, index)]
     shard = shard_plan(plan, 1, 3)
     assert [(e, i) for e, i, _ in shard.iter_from(1, 5)] == [(e, i) for e, i, _ in plan.iter_from(1, 5) if i % 3 == 1]
+
+    def drain(cursor):
+        return list(plan.iter_from(*cursor))
+
     for bad in [(3, 0), (0, len(plan.epochs[0]) + 1), (-1, 0), (0, -1), (True, 0), (0, 1.5)]:
-        expect(errors.PLAN_CURSOR_INVALID, lambda: list(plan.iter_from(*bad)))
+        expect(errors.PLAN_CURSOR_INVALID, drain, bad)
 
 
 # --------------------------------------------------------------- the bucket mix

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -65,7 +66,7 @@ def test_the_documented_layout(saved):
                                          "umlos-artifact.json"]
     assert sorted(os.listdir(os.path.join(saved, "epoch_0"))) == [
         "bucket_ids.npy", "max_len.npy", "microbatches.jsonl", "offsets.npy", "samples.npy", "stats.json"]
-    meta = json.load(open(os.path.join(saved, "meta.json")))
+    meta = json.loads(Path(os.path.join(saved, "meta.json")).read_text())
     for field in ("dataset_hash", "tokenizer_hash", "bucket_edges", "token_budget", "pack_config", "pad_policy",
                   "version", "seed", "sampling_mode", "sampler_config_hash", "fingerprint", "num_epochs"):
         assert field in meta
@@ -79,7 +80,7 @@ def test_the_documented_layout(saved):
         assert list(item) == ["index", "samples", "bucket_id", "max_len", "packs"]
         assert item["index"] == j and item["packs"] is None
         assert item == plan.microbatch(1, j).to_json()
-    stats = json.load(open(os.path.join(saved, "epoch_0", "stats.json")))
+    stats = json.loads(Path(os.path.join(saved, "epoch_0", "stats.json")).read_text())
     assert stats["samples"] + stats["skipped_samples"] == 1500
     assert stats["padding_tokens"] == stats["padded_tokens"] - stats["tokens"]
     assert stats["padding_waste"] == pytest.approx(stats["padding_tokens"] / stats["padded_tokens"])
@@ -92,7 +93,7 @@ def test_files_are_byte_identical(tmp_path, saved):
     for folder, _, files in os.walk(saved):
         for name in files:
             other = os.path.join(tmp_path / "again", os.path.relpath(os.path.join(folder, name), saved))
-            assert open(os.path.join(folder, name), "rb").read() == open(other, "rb").read(), name
+            assert Path(os.path.join(folder, name)).read_bytes() == Path(other).read_bytes(), name
 
 
 def test_jsonl_modes_and_jsonl_only_folders(tmp_path, saved):
@@ -158,7 +159,7 @@ def test_a_half_written_folder_does_not_load(tmp_path, saved):
 
 # --------------------------------------------------------------- load and verify failures
 def edit_json(path, change):
-    value = json.load(open(path))
+    value = json.loads(Path(path).read_text())
     change(value)
     with open(path, "w") as handle:
         json.dump(value, handle, indent=2)
@@ -184,11 +185,11 @@ def tamper_cases():
 
     def jsonl_line(d):
         path = os.path.join(d, "epoch_0", "microbatches.jsonl")
-        lines = open(path).read().splitlines()
+        lines = Path(path).read_text().splitlines()
         item = json.loads(lines[0])
         item["samples"] = item["samples"][::-1]
         lines[0] = json.dumps(item)
-        open(path, "w").write("\n".join(lines) + "\n")
+        Path(path).write_text("\n".join(lines) + "\n")
 
     def swap_microbatches(d):
         plan = load_plan(d, mmap=False)
@@ -210,7 +211,7 @@ def tamper_cases():
         ("PLAN_FORMAT_INVALID", meta(lambda m: m.pop("lengths_sha256"))),
         ("PLAN_FORMAT_INVALID", meta(lambda m: m.update(colour="blue"))),
         ("PLAN_FORMAT_INVALID", meta(lambda m: m.update(token_budget=100))),  # below overflow_max
-        ("PLAN_FORMAT_INVALID", lambda d: open(os.path.join(d, "meta.json"), "w").write("{")),
+        ("PLAN_FORMAT_INVALID", lambda d: Path(os.path.join(d, "meta.json")).write_text("{")),
         ("PLAN_FORMAT_INVALID", lambda d: np.save(os.path.join(d, "epoch_0", "offsets.npy"), np.zeros(3, np.int32))),
         ("PLAN_FORMAT_INVALID", lambda d: os.unlink(os.path.join(d, "epoch_1", "stats.json"))),
         ("PLAN_FORMAT_INVALID", npy("offsets", lambda a: a.__setitem__(2, a[1]))),  # an empty microbatch
@@ -234,7 +235,7 @@ def tamper_cases():
 def test_verify_names_what_is_wrong(tmp_path, saved, code, damage, capsys):
     folder = copy(saved, tmp_path)
     damage(folder)
-    if code == "PLAN_NOT_REPRODUCIBLE" and json.load(open(os.path.join(folder, "meta.json")))["sampler_config_hash"] == "ab" * 32:
+    if code == "PLAN_NOT_REPRODUCIBLE" and json.loads(Path(os.path.join(folder, "meta.json")).read_text())["sampler_config_hash"] == "ab" * 32:
         # an edited meta field changes the fingerprint: re-seal it so that only the rebuild can tell
         plan = load_plan(folder, mmap=False)
         resealed = BatchPlan(finish_meta(plan.meta, plan.epochs), plan.epochs, plan.lengths, plan.sample_ids)
@@ -290,7 +291,7 @@ def test_cli_pipeline(tmp_path, capsys):
     assert sum(r["microbatches"] for r in ranks) == report["epochs"][0]["microbatches"]
     assert sum(r["samples"] for r in ranks) == report["epochs"][0]["samples"]
     assert main(["plan", "shard", out, "--world-size", "3", "--output", str(tmp_path / "shards")]) == 0
-    index = json.load(open(tmp_path / "shards" / "shards.json"))
+    index = json.loads(Path(tmp_path / "shards" / "shards.json").read_text())
     assert index["source_fingerprint"] == fingerprint and len(index["shards"]) == 3
     for row in index["shards"]:
         shard = load_plan(tmp_path / "shards" / f"rank_{row['rank']}")
@@ -305,7 +306,7 @@ def test_cli_pipeline(tmp_path, capsys):
 
 
 def test_every_plan_code_is_documented():
-    doc = open(os.path.join(ROOT, "docs", "batching.md")).read()
+    doc = Path(os.path.join(ROOT, "docs", "batching.md")).read_text()
     section = doc.split("## Failure codes", 1)[1]
     for code in PLAN_CODES:
         assert re.search(rf"^\| `{code}` \|", section, re.M), code

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -118,12 +119,13 @@ def test_files_round_trip_and_verify(tmp_path):
     plan = BatchPlanBuilder(lengths, config, tokenizer_hash="tok").build(2)
     folder = str(tmp_path / "plan")
     save_plan(plan, folder)
-    meta = json.load(open(os.path.join(folder, "meta.json")))
+    meta = json.loads(Path(os.path.join(folder, "meta.json")).read_text())
     assert meta["pack_config"] == {"mode": "best_fit", "max_length": 2048, "separator_len": 2}
     assert {"row_offsets.npy", "pack_rows.npy"} <= set(os.listdir(os.path.join(folder, "epoch_0")))
     loaded = load_plan(folder)
     assert loaded.fingerprint == plan.fingerprint and loaded.config == config
-    first = json.loads(open(os.path.join(folder, "epoch_0", "microbatches.jsonl")).readline())
+    with open(os.path.join(folder, "epoch_0", "microbatches.jsonl")) as handle:
+        first = json.loads(handle.readline())
     assert first == plan.microbatch(0, 0).to_json() and first["packs"] and isinstance(first["packs"][0], list)
     assert verify_plan(folder)["fingerprint"] == plan.fingerprint
     # a folder holding only the JSONL loads to the same arrays
@@ -261,11 +263,11 @@ def restat(change):
 
 def jsonl_packs(folder):
     path = os.path.join(folder, "epoch_0", "microbatches.jsonl")
-    lines = open(path).read().splitlines()
+    lines = Path(path).read_text().splitlines()
     item = json.loads(lines[0])
     item["packs"] = [item["packs"][0][:1], item["packs"][0][1:]] + item["packs"][1:]
     lines[0] = json.dumps(item)
-    open(path, "w").write("\n".join(lines) + "\n")
+    Path(path).write_text("\n".join(lines) + "\n")
 
 
 CASES = [
@@ -297,10 +299,10 @@ def test_unpacked_plans_refuse_packs_in_their_jsonl(tmp_path):
     folder = str(tmp_path / "plan")
     save_plan(BatchPlanBuilder(lengths_of(300), BatchingConfig(8192, (512,), 2048)).build(1), folder)
     path = os.path.join(folder, "epoch_0", "microbatches.jsonl")
-    lines = open(path).read().splitlines()
+    lines = Path(path).read_text().splitlines()
     item = json.loads(lines[0])
     item["packs"] = [item["samples"]]
-    open(path, "w").write("\n".join([json.dumps(item)] + lines[1:]) + "\n")
+    Path(path).write_text("\n".join([json.dumps(item)] + lines[1:]) + "\n")
     expect(errors.PLAN_JSONL_MISMATCH, verify_plan, folder)
 
 

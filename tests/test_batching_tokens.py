@@ -17,6 +17,7 @@ import os
 import pickle
 import shutil
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -272,9 +273,16 @@ def test_megatron_multimodal_modes(tmp_path):
 
 def patch_idx(offset: int, data: bytes):
     def edit(prefix):
-        raw = bytearray(open(prefix + ".idx", "rb").read())
+        raw = bytearray(Path(prefix + ".idx").read_bytes())
         raw[offset:offset + len(data)] = data
-        open(prefix + ".idx", "wb").write(bytes(raw))
+        Path(prefix + ".idx").write_bytes(bytes(raw))
+    return edit
+
+
+def append_idx(data: bytes):
+    def edit(prefix):
+        with open(prefix + ".idx", "ab") as handle:
+            handle.write(data)
     return edit
 
 
@@ -284,8 +292,8 @@ def patch_idx(offset: int, data: bytes):
     (patch_idx(17, bytes([6])), "dtype code 6 (float64)"),
     (patch_idx(17, bytes([9])), "dtype code 9"),
     (patch_idx(18, struct.pack("<Q", 11)), "11 sequences"),
-    (lambda p: open(p + ".idx", "ab").write(b"\0" * 3), "bytes;"),
-    (lambda p: open(p + ".idx", "wb").write(b"MMIDIDX"), "the header alone"),
+    (append_idx(b"\0" * 3), "bytes;"),
+    (lambda p: Path(p + ".idx").write_bytes(b"MMIDIDX"), "the header alone"),
     (patch_idx(34, struct.pack("<i", -1)), "negative length"),
     (patch_idx(34 + 40 + 8, struct.pack("<q", 10 ** 9)), "outside"),
     (patch_idx(34 + 40 + 8, struct.pack("<q", 1)), "aligned"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from pathlib import Path
 
 import pytest
 
@@ -97,7 +98,7 @@ def test_verify_with_trusted_keys(tmp_path, capsys):
 def test_recover_command(tmp_path, capsys):
     store = str(tmp_path / "s")
     build_store(store)
-    open(os.path.join(store, "trace", "segment=4.tape.tmp"), "wb").write(b"torn")
+    Path(os.path.join(store, "trace", "segment=4.tape.tmp")).write_bytes(b"torn")
     code, _, err = run(capsys, "checkpoint", "verify", store)
     assert code == 2 and err.startswith("error CHECKPOINT_UNCOMMITTED")
     code, out, _ = run(capsys, "checkpoint", "recover", store)
@@ -132,14 +133,14 @@ def test_demo_continuation_is_identical_and_verifies(tmp_path, capsys):
     rng = random.Random(7)
     for _ in range(150):
         path = rng.choice(files)
-        data = open(path, "rb").read()
+        data = Path(path).read_bytes()
         position = rng.randrange(len(data))
         changed = bytearray(data)
         changed[position] ^= rng.randrange(1, 256)
-        open(path, "wb").write(changed)
+        Path(path).write_bytes(changed)
         code, _, err = run(capsys, "checkpoint", "verify", workdir)
         assert code == 2 and err.startswith("error "), (path, position)
-        open(path, "wb").write(data)
+        Path(path).write_bytes(data)
     assert run(capsys, "checkpoint", "verify", workdir)[0] == 0
     # Running the demo again replaces its own store.
     again = run_checkpoint_demo(workdir, small_manifest_file(tmp_path), "train", world_size=4, steps=20, every_k=4,

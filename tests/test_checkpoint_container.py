@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -75,7 +76,7 @@ def test_header_has_every_required_field_and_hash_is_sha256_of_header(container)
     assert {"dp_accountant_state_root_hash", "dataset_snapshot_id", "artifact_index_hash",
             "migration_supported_from", "migration_operator", "migration_invariants"} <= set(header)
     assert info.checkpoint_hash == sha256(cbor_canonical(header))
-    raw = open(os.path.join(path, "checkpoint_manifest.cbor"), "rb").read()
+    raw = Path(os.path.join(path, "checkpoint_manifest.cbor")).read_bytes()
     assert raw == cbor_canonical({"format": schema.CONTAINER_FORMAT, "header": header, "entries": info.entries,
                                   "checkpoint_hash": info.checkpoint_hash})
     m = manifest()
@@ -89,7 +90,7 @@ def test_header_has_every_required_field_and_hash_is_sha256_of_header(container)
 def test_entries_hash_the_files_and_merkle_roots_follow_rfc6962(container):
     path, info = container
     for entry in info.entries:
-        data = open(os.path.join(path, entry["path"]), "rb").read()
+        data = Path(os.path.join(path, entry["path"])).read_bytes()
         assert (len(data), sha256(data)) == (entry["size"], entry["sha256"])
     leaves = [cbor_canonical([e["path"], e["size"], e["sha256"]]) for e in info.entries]
     assert info.header["checkpoint_merkle_root"] == merkle.merkle_root(leaves)
@@ -98,9 +99,9 @@ def test_entries_hash_the_files_and_merkle_roots_follow_rfc6962(container):
     assert info.header["weights_manifest_hash"] == hash_canonical(tensors)
     dp = [e for e in info.entries if e["path"].startswith("dp/")]
     assert info.header["dp_accountant_state_root_hash"] == merkle.entries_root(dp)
-    assert info.header["tmmu_plan_hash"] == sha256(open(os.path.join(path, "tmmu/plan.cbor"), "rb").read())
+    assert info.header["tmmu_plan_hash"] == sha256(Path(os.path.join(path, "tmmu/plan.cbor")).read_bytes())
     assert info.header["artifact_index_hash"] == sha256(
-        open(os.path.join(path, "artifacts/artifact_index.cbor"), "rb").read())
+        Path(os.path.join(path, "artifacts/artifact_index.cbor")).read_bytes())
 
 
 def test_merkle_tree_by_hand():
@@ -120,7 +121,7 @@ def test_writing_is_deterministic(tmp_path):
     b = write_container(str(tmp_path / "b"))
     assert a.checkpoint_hash == b.checkpoint_hash
     for rel in files_of(str(tmp_path / "a")):
-        assert open(tmp_path / "a" / rel, "rb").read() == open(tmp_path / "b" / rel, "rb").read()
+        assert Path(tmp_path / "a" / rel).read_bytes() == Path(tmp_path / "b" / rel).read_bytes()
     c = write_container(str(tmp_path / "c"), t=4)
     assert c.checkpoint_hash != a.checkpoint_hash
 
@@ -291,7 +292,7 @@ def test_migration_1_0_to_1_1(tmp_path):
     # Migration output hashes identically: a second run produces the same bytes.
     again = migrate_container(source, str(tmp_path / "again"), KEY, policy=policy)
     assert again == certificate
-    assert open(target + ".migration.cbor", "rb").read() == open(str(tmp_path / "again") + ".migration.cbor", "rb").read()
+    assert Path(target + ".migration.cbor").read_bytes() == Path(str(tmp_path / "again") + ".migration.cbor").read_bytes()
     expect_code(errors.CHECKPOINT_MIGRATION_UNSUPPORTED, migrate_container, target, str(tmp_path / "x"), KEY)
     expect_code(errors.CHECKPOINT_MIGRATION_UNSUPPORTED, migrate_container, source, str(tmp_path / "y"), KEY,
                 policy={"restore_profiles": ["eval_params"]})
@@ -386,7 +387,7 @@ def test_inspect_only_reads_the_manifest(container):
     with ContainerReader(path) as reader:
         assert reader.checkpoint_hash == info.checkpoint_hash
         assert reader.tensor_layout() == {0: 2, 1: 2}
-    assert parse_manifest(open(os.path.join(path, "checkpoint_manifest.cbor"), "rb").read()).header == info.header
+    assert parse_manifest(Path(os.path.join(path, "checkpoint_manifest.cbor")).read_bytes()).header == info.header
 
 
 def test_missing_container():
@@ -397,7 +398,7 @@ def test_every_checkpoint_code_is_documented():
     """docs/checkpoint-format.md §12 lists exactly the CHECKPOINT_* and TRACE_* codes of errors.py."""
     import re
 
-    doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "checkpoint-format.md")).read()
+    doc = Path(os.path.join(os.path.dirname(__file__), "..", "docs", "checkpoint-format.md")).read_text()
     table = doc.split("## 12. Failure codes", 1)[1].split("## 13.", 1)[0]
     documented = set(re.findall(r"^\| `((?:CHECKPOINT|TRACE)_[A-Z_]+)` \|", table, re.M))
     defined = {value for name, value in vars(errors).items()

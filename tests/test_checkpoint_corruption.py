@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -48,7 +49,7 @@ def pristine(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("corrupt") / "c")
     save_checkpoint(path, identity(), state(2, shards=1, ranks=2))
     verify_container(path)
-    return path, {rel: open(os.path.join(path, rel), "rb").read() for rel in files_of(path)}
+    return path, {rel: Path(os.path.join(path, rel)).read_bytes() for rel in files_of(path)}
 
 
 @pytest.fixture()
@@ -178,7 +179,7 @@ def test_every_swapped_shard_is_detected(pristine, work, tmp_path):
     other = str(tmp_path / "other")
     save_checkpoint(other, identity(), state(3, shards=1, ranks=2))
     for rel in shards:
-        replacement = open(os.path.join(other, rel), "rb").read()
+        replacement = Path(os.path.join(other, rel)).read_bytes()
         if replacement == originals[rel]:
             continue
         with open(os.path.join(work, rel), "wb") as handle:
@@ -200,7 +201,6 @@ def test_cli_verify_rejects_each_damage_with_its_code(pristine, work, capsys):
     from umlos_cuda.cli import main
 
     assert main(["checkpoint", "verify", work]) == 0
-    _, originals = pristine
     with open(os.path.join(work, "tensors/rank=0/shard=0.bin"), "r+b") as handle:
         handle.seek(100)
         byte = handle.read(1)

@@ -30,6 +30,7 @@ import shutil
 import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -284,7 +285,7 @@ def commit_labels(tmp_path) -> list[str]:
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     status, _ = collect(*fork_writer(store_dir, steps=1, label_log=log))
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-    labels = open(log).read().split()
+    labels = Path(log).read_text().split()
     assert labels[0] == "commit_begin" and labels[-1] == "committed"
     return labels
 
@@ -298,7 +299,7 @@ def test_sigkill_at_every_step_of_a_commit(tmp_path):
     for k, label in enumerate(labels):
         store_dir = str(tmp_path / f"k{k}")
         shutil.copytree(template, store_dir)
-        status, log = collect(*fork_writer(store_dir, steps=1, kill_at=k))
+        status, _ = collect(*fork_writer(store_dir, steps=1, kill_at=k))
         assert os.WIFSIGNALED(status), (k, label)
         # The certificate rename ("committed") is the commit point.
         expected = 2 if label == "committed" else 1
@@ -308,7 +309,7 @@ def test_sigkill_at_every_step_of_a_commit(tmp_path):
             assert report.rolled_back, (k, label)  # the temp objects of the interrupted commit
         verify_store(store_dir)
         # The next writer continues from whatever is committed.
-        status, log = collect(*fork_writer(store_dir, steps=2))
+        status, _ = collect(*fork_writer(store_dir, steps=2))
         assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
         assert check_after_kill(store_dir, {expected + 2}, reference) == expected + 2
         verify_store(store_dir)

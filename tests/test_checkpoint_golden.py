@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,7 +35,7 @@ def listing(root):
     for folder, _, names in os.walk(root):
         for name in names:
             path = os.path.join(folder, name)
-            out[os.path.relpath(path, root).replace(os.sep, "/")] = open(path, "rb").read()
+            out[os.path.relpath(path, root).replace(os.sep, "/")] = Path(path).read_bytes()
     return out
 
 

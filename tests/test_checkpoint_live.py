@@ -8,6 +8,7 @@ import os
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,10 +18,18 @@ from umlos_cuda.checkpoint import CheckpointStore, verify_store
 from umlos_cuda.checkpoint.commit import checkpoint_dir
 from umlos_cuda.checkpoint.lock import while_no_writer
 from test_checkpoint_support import DATASET, KEY, identity, state
-from test_checkpoint_store import expect_code, run_steps, store_dir  # noqa: F401 (store_dir: a fixture)
+from test_checkpoint_store import build_store, expect_code, run_steps
 
 #: How long the parent verifies while the child commits (bounded; see the live test).
 VERIFY_SECONDS = 2.5
+
+
+@pytest.fixture()
+def store_dir(tmp_path):
+    """A store with three commits, as test_checkpoint_store's fixture builds it."""
+    path = str(tmp_path / "store")
+    build_store(path)
+    return path
 
 
 def test_in_flight_objects_of_a_writer_are_not_leftovers(store_dir):
@@ -31,7 +40,7 @@ def test_in_flight_objects_of_a_writer_are_not_leftovers(store_dir):
         shutil.copytree(os.path.join(store_dir, checkpoint_dir(3)), os.path.join(store_dir, "checkpoints", "commit=4.tmp"))
         summary = verify_store(store_dir)
         assert summary["writer_active"] is True and summary["commits"] == 3
-        open(os.path.join(store_dir, "trace", "notes.txt"), "w").write("x")
+        Path(os.path.join(store_dir, "trace", "notes.txt")).write_text("x")
         expect_code(errors.CHECKPOINT_UNEXPECTED_FILE, verify_store, store_dir)  # not a store name: refused anyway
         os.unlink(os.path.join(store_dir, "trace", "notes.txt"))
     finally:

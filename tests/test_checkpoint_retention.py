@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
+from functools import partial
 
 import pytest
 
 import umlos_cuda as uc
 from umlos_cuda import errors
-from umlos_cuda.checkpoint import CheckpointStore, atomic, open_store, restore_latest, retention, verify_store
+from umlos_cuda.checkpoint import CheckpointStore, atomic, restore_latest, retention, verify_store
 from umlos_cuda.checkpoint.tape import iter_fields
 from umlos_cuda.cli import main
 from umlos_cuda.hashing import cbor_canonical
@@ -194,7 +195,7 @@ def test_sigkill_at_every_step_of_a_collection(tmp_path):
     for k, label in enumerate(labels):
         store_dir = str(tmp_path / f"k{k}")
         shutil.copytree(template, store_dir)
-        status = fork_hooked(lambda: retention.collect_garbage(store_dir, 1), kill_at=k)
+        status = fork_hooked(partial(retention.collect_garbage, store_dir, 1), kill_at=k)
         assert os.WIFSIGNALED(status), (k, label)
         # Without any repair: the store verifies and restores its newest commit.
         summary = verify_store(store_dir)
@@ -232,7 +233,7 @@ def test_sigkill_at_every_step_of_a_commit_with_keep_last(tmp_path):
     for k, label in enumerate(labels):
         store_dir = str(tmp_path / f"k{k}")
         shutil.copytree(template, store_dir)
-        status = fork_hooked(lambda: commit_with_keep_last(store_dir), kill_at=k)
+        status = fork_hooked(partial(commit_with_keep_last, store_dir), kill_at=k)
         assert os.WIFSIGNALED(status), (k, label)
         newest = 4 if k >= labels.index("committed") else 3
         assert check_after_kill(store_dir, {newest}, reference) == newest, (k, label)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from itertools import pairwise
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,7 +83,7 @@ def test_commits_bind_trace_checkpoint_and_lineage(store_dir):
     read_tape(store_dir, [s for r in commits for s in r.trace["segments"]], on_record=lambda r, h: kinds.append(r))
     assert [r["type"] for r in kinds] == ["run_header"] + ["iter", "iter", "checkpoint"] * 3
     iters = [r for r in kinds if r["type"] == "iter"]
-    assert all(a["cursor_after"] == b["cursor_before"] for a, b in zip(iters, iters[1:]))
+    assert all(a["cursor_after"] == b["cursor_before"] for a, b in pairwise(iters))
     assert [uc.Cursor(**r["cursor_after"]) for r in iters] == reference_cursors(manifest(), 6)[1:]
 
 
@@ -94,7 +96,7 @@ def test_restore_latest_continues_identically(store_dir):
         cursor = run_steps(store, again.cursors[DATASET], 7, 10)
         store.commit(state(10, cursor))
     assert cursor == reference_cursors(manifest(), 10)[10]
-    marker, commits = open_store(store_dir)
+    _, commits = open_store(store_dir)
     records = []
     read_tape(store_dir, [s for r in commits for s in r.trace["segments"]], on_record=lambda r, h: records.append(r))
     assert records[10]["type"] == "restore" and records[10]["restore_profile_id"] == "train_full"
@@ -145,9 +147,9 @@ def test_resigned_certificate_with_another_key_is_refused(store_dir):
     from umlos_cuda.checkpoint import cbor_safe
 
     path = os.path.join(store_dir, certificate_path(3))
-    certificate = cbor_safe.decode(open(path, "rb").read())
+    certificate = cbor_safe.decode(Path(path).read_bytes())
     forged = signing.sign_certificate(signing.RUN_COMMIT_DOMAIN, certificate["body"], OTHER_KEY)
-    open(path, "wb").write(cbor_canonical(forged))
+    Path(path).write_bytes(cbor_canonical(forged))
     expect_code(errors.CHECKPOINT_SIGNATURE_INVALID, verify_store, store_dir)
     expect_code(errors.CHECKPOINT_SIGNATURE_INVALID, restore_latest, store_dir)
 
@@ -193,9 +195,9 @@ def test_deleted_or_renumbered_certificate(store_dir):
 
 def test_lineage_tampering(store_dir):
     path = os.path.join(store_dir, lineage_path(1))
-    data = bytearray(open(path, "rb").read())
+    data = bytearray(Path(path).read_bytes())
     data[-1] ^= 1
-    open(path, "wb").write(data)
+    Path(path).write_bytes(data)
     expect_code(errors.CHECKPOINT_COMMIT_MISMATCH, verify_store, store_dir)
 
 
@@ -270,9 +272,9 @@ def test_recover_command_rolls_back_a_half_commit(store_dir):
 
 
 def test_unknown_files_in_the_store(store_dir):
-    open(os.path.join(store_dir, "notes.txt"), "w").write("ignored: not in a store folder")
+    Path(os.path.join(store_dir, "notes.txt")).write_text("ignored: not in a store folder")
     verify_store(store_dir)
-    open(os.path.join(store_dir, "checkpoints", "README"), "w").write("x")
+    Path(os.path.join(store_dir, "checkpoints", "README")).write_text("x")
     expect_code(errors.CHECKPOINT_UNEXPECTED_FILE, verify_store, store_dir)
     report = recover_store(store_dir)
     assert report.unknown == ["checkpoints/README"] and os.path.exists(os.path.join(store_dir, "checkpoints", "README"))
@@ -299,7 +301,7 @@ def test_store_without_marker_or_missing(tmp_path):
     expect_code(errors.CHECKPOINT_NOT_FOUND, verify_store, str(tmp_path))
     expect_code(errors.CHECKPOINT_NOT_FOUND, CheckpointStore.open, str(tmp_path / "a" / "b"), identity(), KEY)
     os.makedirs(tmp_path / "odd" / "commits")
-    open(tmp_path / "odd" / "commits" / "commit=1.cbor", "wb").write(b"x")
+    Path(tmp_path / "odd" / "commits" / "commit=1.cbor").write_bytes(b"x")
     expect_code(errors.CHECKPOINT_SCHEMA_INVALID, CheckpointStore.open, str(tmp_path / "odd"), identity(), KEY)
 
 
@@ -347,14 +349,14 @@ def test_a_linked_container_folder_is_refused(store_dir, tmp_path):
 
 
 def flip_last_byte(path):
-    data = bytearray(open(path, "rb").read())
+    data = bytearray(Path(path).read_bytes())
     data[-1] ^= 1
-    open(path, "wb").write(data)
+    Path(path).write_bytes(data)
 
 
 def truncate(path):
-    data = open(path, "rb").read()
-    open(path, "wb").write(data[:-3])
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data[:-3])
 
 
 STORE_DAMAGE = {

@@ -4,6 +4,7 @@ and the checks that the cases themselves are what the other tests assume."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -82,7 +83,7 @@ def reseal(path: str, changes: dict[str, bytes]) -> None:
     from umlos_cuda.checkpoint.container import component_roots, encode_manifest, parse_manifest
     from umlos_cuda.hashing import sha256
 
-    info = parse_manifest(open(os.path.join(path, paths.MANIFEST_NAME), "rb").read())
+    info = parse_manifest(Path(os.path.join(path, paths.MANIFEST_NAME)).read_bytes())
     for rel, data in changes.items():
         with open(os.path.join(path, rel), "wb") as handle:
             handle.write(data)

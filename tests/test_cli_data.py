@@ -50,7 +50,8 @@ def test_build_then_stats(workspace, tokenizer, capsys):
     texts = corpus(500, seed=11)
     assert cache.lengths.tolist() == [len(tokenizer.encode(t)) for t in texts]
     assert cache.sample_ids == [f"train_{i:05d}" for i in range(500)]
-    rows = [json.loads(line) for line in open(workspace / "lengths.jsonl")]
+    with open(workspace / "lengths.jsonl") as handle:
+        rows = [json.loads(line) for line in handle]
     assert list(rows[0]) == ["sample_id", "tokenizer_hash", "length"]
     assert {row["tokenizer_hash"] for row in rows} == {tokenizer_fingerprint(workspace / "model")}
     assert f"{len(texts)} samples" in out and "samples/s" in out
@@ -72,7 +73,7 @@ def test_build_then_stats(workspace, tokenizer, capsys):
 
 
 def test_build_prompt_response_and_options(workspace, tokenizer, capsys):
-    code, out, err = run(capsys, "data", "lengths", "build", "--dataset", workspace / "train.jsonl",
+    code, _, err = run(capsys, "data", "lengths", "build", "--dataset", workspace / "train.jsonl",
                          "--tokenizer", workspace / "tokenizer.json", "--output", workspace / "sft.jsonl",
                          "--prompt-field", "prompt", "--response-field", "response", "--eos-token", "</s>",
                          "--id-field", "none", "--chunk-size", "33", "--quiet")

@@ -21,6 +21,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -304,7 +305,7 @@ def test_a_signal_during_a_large_window_removes_the_temp_file(tmp_path, signum):
 def test_the_new_codes_are_documented():
     """docs/nextbatch.md, "Failure codes", names every code this CLI and the
     entry points added for outputs and request sizes."""
-    doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "nextbatch.md")).read()
+    doc = Path(os.path.join(os.path.dirname(__file__), "..", "docs", "nextbatch.md")).read_text()
     section = doc.split("### Failure codes", 1)[1].split("\n## ", 1)[0]
     for code in (errors.OUTPUT_PATH_INVALID, errors.OUTPUT_EXISTS, errors.OUTPUT_WRITE_FAILED, errors.REQUEST_TOO_LARGE):
         assert re.search(rf"`{code}`", section), code

@@ -28,6 +28,7 @@ import re
 import sys
 import types
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -742,7 +743,7 @@ def test_a_failing_launch_at_creation_is_backend_unavailable():
 def test_new_codes_are_documented():
     import os
 
-    doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "nextbatch.md"), encoding="utf-8").read()
+    doc = Path(os.path.join(os.path.dirname(__file__), "..", "docs", "nextbatch.md")).read_text(encoding="utf-8")
     section = doc.split("### Failure codes", 1)[1].split("\n## ", 1)[0]
     for code in (errors.DEVICE_ERROR, errors.OUTPUT_DTYPE_OVERFLOW, errors.BACKEND_UNAVAILABLE):
         assert f"`{code}`" in section, code

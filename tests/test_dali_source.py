@@ -5,6 +5,7 @@ reason when nvidia-dali is not installed), and a GPU pipeline where there is one
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import numpy as np
@@ -73,10 +74,8 @@ def test_shards_in_order_equal_the_global_sequence():
     merged = []
     for it in range(5):
         for s in sources:
-            try:
+            with contextlib.suppress(StopIteration):
                 merged.extend(ints(s(info(it, 1))))
-            except StopIteration:
-                pass
     assert merged == uc.epoch_indices(MANIFEST, "train", epoch=1, backend="numpy").tolist()
 
 

@@ -322,8 +322,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CODES = {name for name, value in vars(errors).items() if isinstance(value, str) and value == name and name.isupper()}
 #: A backticked word shaped like a code: the last part of some code's name, or INVALID_ first.
 CODE_SHAPED = re.compile(
-    r"`((?:INVALID_[A-Z0-9_]+)|(?:[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*_(?:%s)))`"
-    % "|".join(sorted({code.rsplit("_", 1)[1] for code in CODES if "_" in code}))
+    r"`((?:INVALID_[A-Z0-9_]+)|(?:[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*_(?:{})))`"
+    .format("|".join(sorted({code.rsplit("_", 1)[1] for code in CODES if "_" in code})))
 )
 
 

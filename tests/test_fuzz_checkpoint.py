@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -100,7 +101,7 @@ def mutate(data: bytes, steps) -> bytes:
 @FUZZ
 @given(mutation)
 def test_manifest_parser_on_mutated_manifests(good_container, steps):
-    data = open(os.path.join(good_container, "checkpoint_manifest.cbor"), "rb").read()
+    data = Path(os.path.join(good_container, "checkpoint_manifest.cbor")).read_bytes()
     changed = mutate(data, steps)
     info = only_umlos_errors(parse_manifest, changed)
     if info is not None:
@@ -123,9 +124,9 @@ def test_container_reader_and_restore_on_fuzzed_files(good_container, tmp_path_f
     shutil.copytree(good_container, work)
     names = sorted(os.path.relpath(os.path.join(d, f), work) for d, _, fs in os.walk(work) for f in fs)
     target = data.draw(st.sampled_from(names))
-    original = open(os.path.join(work, target), "rb").read()
+    original = Path(os.path.join(work, target)).read_bytes()
     replacement = data.draw(st.one_of(mutation.map(lambda s: mutate(original, s)), st.binary(max_size=200)))
-    open(os.path.join(work, target), "wb").write(replacement)
+    Path(os.path.join(work, target)).write_bytes(replacement)
     for profile in ("train_full", "data_cursors", "eval_params"):
         only_umlos_errors(restore_checkpoint, work, profile=profile)
     result = only_umlos_errors(verify_container, work)

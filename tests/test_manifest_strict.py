@@ -6,7 +6,6 @@ the command line."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -265,7 +264,7 @@ def test_yaml_integers_of_thousands_of_digits(tmp_path, line):
 
 
 def test_json_integer_of_thousands_of_digits(tmp_path):
-    refused(uc.Manifest.load, write(tmp_path, '{"global_batch_size": %s, "datasets": {}}' % BIG, "run.json"))
+    refused(uc.Manifest.load, write(tmp_path, f'{{"global_batch_size": {BIG}, "datasets": {{}}}}', "run.json"))
 
 
 @pytest.mark.parametrize("raw", [{**GOOD, "seed": 10**5000}, {**GOOD, "extra": {"n": -(10**5000)}},

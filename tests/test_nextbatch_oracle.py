@@ -5,7 +5,6 @@ R6 parameters in isolation."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 import oracle

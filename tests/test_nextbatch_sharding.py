@@ -103,7 +103,7 @@ def test_drop_last_train_stops_at_whole_batches():
 def test_drop_last_false_emits_the_partial_train_batch():
     n, g = 1000, 48
     raw = raw_manifest(n, 64, g, seed=11, drop_last=False)
-    steps, cursors = run_epoch(uc.Manifest.from_dict(raw), 4, "train", epoch=0)
+    steps, _ = run_epoch(uc.Manifest.from_dict(raw), 4, "train", epoch=0)
     assert len(steps) == 21
     assert [len(x) for x in steps[-1]] == [12, 12, 12, 4]
     assert sorted(flatten(steps)) == list(range(n))

@@ -5,6 +5,7 @@ draws, independent sub-streams, and a state that restores to identical draws."""
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import cbor2
 import numpy as np
@@ -123,7 +124,7 @@ def test_golden_draws():
     import os
 
     path = os.path.join(os.path.dirname(__file__), "..", "golden", "nextbatch_v1.json")
-    data = json.load(open(path, encoding="utf-8"))
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
     cases = [case for case in data["cases"] if case["kind"] == "draws"]
     assert len(cases) == 4 * len(data["manifests"])
     for case in cases:

@@ -182,7 +182,7 @@ def test_a_violation_on_the_store_tape_passes_the_reader(tmp_path):
         assert info.value.code == errors.RNG_CONSUMPTION_VIOLATION
         store.commit()
     verify_store(store_dir)
-    failure = [r for r in tape_records(store_dir) if r["type"] == "failure"][0]
+    failure = next(r for r in tape_records(store_dir) if r["type"] == "failure")
     assert failure["failure_operator"] == "test.Violates_v1" and failure["rng_fingerprint_t"] == streams.fingerprint()
     assert (failure["diagnostics"]["expected_misc"], failure["diagnostics"]["actual_misc"]) == (1, 2)
 

@@ -58,7 +58,7 @@ def test_too_many_draws():
 
 
 def test_too_few_draws():
-    streams, tape = streams_with_tape()
+    streams, _ = streams_with_tape()
 
     @consumes(streams, "init", 2, operator="test.TooFew_v1")
     def operator():
@@ -69,7 +69,7 @@ def test_too_few_draws():
 
 
 def test_wrong_stream():
-    streams, tape = streams_with_tape()
+    streams, _ = streams_with_tape()
 
     @consumes(streams, "misc", 1, operator="test.WrongStream_v1")
     def operator():

@@ -29,7 +29,7 @@ import oracle
 import umlos_cuda as uc
 from umlos_cuda import errors
 from umlos_cuda.epoch import build_plan_reference, epoch_seed, philox_key_words
-from umlos_cuda.hashing import cbor_canonical, hash_canonical, sha256
+from umlos_cuda.hashing import cbor_canonical, sha256
 from umlos_cuda.nextbatch import data_replay_t, sampler_config_hash
 from umlos_cuda.philox import PHILOX_KATS, philox4x32_10
 from umlos_cuda.presets import MODE_STREAMING
@@ -251,7 +251,7 @@ def toy_intra_block():
             (f"pb = {pb}: first candidate 1 + (k0 mod {m - 1})", str(start)),
             (f"pb = {pb}: a (first candidate coprime with {m})", str(a)),
             (f"pb = {pb}: c = k1 mod {m}", str(c)),
-            (f"pb = {pb}: indices of local positions 0..{m - 1}", ints(base + (a * l + c) % m for l in range(m))),
+            (f"pb = {pb}: indices of local positions 0..{m - 1}", ints(base + (a * local + c) % m for local in range(m))),
         ]
     return rows
 
@@ -417,22 +417,22 @@ def large_exact():
     seed16 = epoch_seed(m_obj.replay_token, m_obj.hash, "big", 0)
     plan = build_plan_reference(seed16, n, block_size)
     p = 3 * block_size - 2
-    b, l = p // block_size, p % block_size
+    b, local = p // block_size, p % block_size
     base, m, a, c = (int(plan.base[b]), int(plan.m[b]), int(plan.a[b]), int(plan.c[b]))
-    exact = base + (a * l + c) % m
-    wrapped = base + (((a * l + c) & ((1 << 64) - 1)) % m)
+    exact = base + (a * local + c) % m
+    wrapped = base + (((a * local + c) & ((1 << 64) - 1)) % m)
     value = int(uc.epoch_indices(raw, "big", epoch=0, start=p, count=1, backend="numpy")[0])
     assert value == exact == oracle.Oracle(raw).epoch("big", 0).index(p) and wrapped != exact
     return [
         ("N", str(n)),
         ("sampler_block_size", str(block_size)),
         ("position p", str(p)),
-        ("virtual block b, local l", f"{b}, {l}"),
+        ("virtual block b, local l", f"{b}, {local}"),
         ("permuted block pb", str(int(plan.block_order[b]))),
         ("block_start, m", f"{base}, {m}"),
         ("a, c", f"{a}, {c}"),
-        ("a * l + c (exact)", str(a * l + c)),
-        ("bits of a * l + c", str((a * l + c).bit_length())),
+        ("a * l + c (exact)", str(a * local + c)),
+        ("bits of a * l + c", str((a * local + c).bit_length())),
         ("index (exact)", str(exact)),
         ("index if a * l + c wrapped at 2^64 (wrong)", str(wrapped)),
     ]

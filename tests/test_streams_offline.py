@@ -32,7 +32,8 @@ def test_prompt_response_records_use_the_batching_template(dataset):
     samples = list(OfflineDatasetStream(dataset, tokenizer(), prompt_field="prompt", response_field="response",
                                         difficulty_field="level", eos_token=EOS, chunk_size=5))
     assert [s.seq for s in samples] == list(range(23)) and samples[3].sample_id == "r3"
-    record = json.loads(open(dataset).readlines()[3])
+    with open(dataset) as handle:
+        record = json.loads(handle.readlines()[3])
     expected = sft_sample(tokenizer(), record["prompt"], record["response"], SampleMeta("r3", "x"), eos_token=EOS)
     assert samples[3].sample.input_ids == expected.input_ids and samples[3].sample.loss_mask == expected.loss_mask
     assert samples[3].difficulty == "hard" and samples[3].sample.meta.difficulty == 4.0

@@ -69,19 +69,19 @@ GAME = {"1 ?": b"Invalid difficulty. Choose from: easy, hard\r\nSeed: 9\r\n", "m
     (b'{"type": "observation", "game": "Sudoku"}\r\n', "lacks"),
 ])
 def test_a_malformed_observation_is_a_protocol_error(show, mention):
-    with TcpServer(scripted({**GAME, "show": show})) as server:
-        with TelnetGymClient(host="127.0.0.1", port=server.port, timeout=10) as client:
-            assert [g.name for g in client.games()] == ["Sudoku"]
-            assert client.difficulties() == ("easy", "hard")
-            expect(errors.GYM_PROTOCOL_ERROR, client.start, "sudoku", "easy", 5, mention=mention)
+    with (TcpServer(scripted({**GAME, "show": show})) as server,
+          TelnetGymClient(host="127.0.0.1", port=server.port, timeout=10) as client):
+        assert [g.name for g in client.games()] == ["Sudoku"]
+        assert client.difficulties() == ("easy", "hard")
+        expect(errors.GYM_PROTOCOL_ERROR, client.start, "sudoku", "easy", 5, mention=mention)
 
 
 def test_an_unknown_difficulty_or_game_is_refused_before_the_server_falls_back():
-    with TcpServer(scripted(GAME)) as server:
-        with TelnetGymClient(host="127.0.0.1", port=server.port, timeout=10) as client:
-            expect(errors.GYM_CONFIG_INVALID, client.start, "sudoku", "medium", 5, mention="easy, hard")
-            expect(errors.GYM_CONFIG_INVALID, client.start, "chess", "easy", 5, mention="Sudoku")
-            expect(errors.GYM_CONFIG_INVALID, client.start, "sudoku", "easy", -1, mention="puzzle seed")
+    with (TcpServer(scripted(GAME)) as server,
+          TelnetGymClient(host="127.0.0.1", port=server.port, timeout=10) as client):
+        expect(errors.GYM_CONFIG_INVALID, client.start, "sudoku", "medium", 5, mention="easy, hard")
+        expect(errors.GYM_CONFIG_INVALID, client.start, "chess", "easy", 5, mention="Sudoku")
+        expect(errors.GYM_CONFIG_INVALID, client.start, "sudoku", "easy", -1, mention="puzzle seed")
 
 
 def test_the_stream_gives_up_after_its_reconnect_budget():

@@ -10,6 +10,8 @@ import dataclasses
 import json
 import os
 import re
+from itertools import pairwise
+from pathlib import Path
 
 import pytest
 
@@ -37,7 +39,7 @@ def builder(log=None, eviction="reservoir"):
 
 def feed(window, samples, every=20, on_window=None):
     out = []
-    for i, s in enumerate(samples):
+    for s in samples:
         window.add(s, 1.0 + (s.seq % 4))
         if (window.buffer.added) % every == 0:
             out.append(window.next_window())
@@ -162,15 +164,16 @@ def test_the_plot(tmp_path):
     log = tmp_path / "windows.jsonl"
     feed(builder(log), SAMPLES[:80])
     png = plot_curriculum(log, tmp_path / "curriculum.png")
-    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    with open(png, "rb") as handle:
+        assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_every_streams_code_is_documented():
-    source = open(os.path.join(ROOT, "umlos_cuda", "errors.py"), encoding="utf-8").read()
+    source = Path(os.path.join(ROOT, "umlos_cuda", "errors.py")).read_text(encoding="utf-8")
     block = source.split("#: Online streams, replay buffers", 1)[1].split("\n\n", 1)[0]
     codes = set(re.findall(r'^([A-Z_]+) = "\1"', block, re.M))
     assert len(codes) == 9
-    doc = open(os.path.join(ROOT, "docs", "streams.md"), encoding="utf-8").read()
+    doc = Path(os.path.join(ROOT, "docs", "streams.md")).read_text(encoding="utf-8")
     table = doc.split("## Failure codes", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `([A-Z_]+)` \|", table, re.M))
     assert codes <= documented, sorted(codes - documented)
@@ -195,7 +198,7 @@ def test_packed_windows_record_their_packing_and_replay_bit_for_bit(tmp_path):
         for mb, sizes in zip(w.microbatches, w.pack_sizes):
             assert sum(sizes) == len(mb) and len(sizes) <= 2
             starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
-            for a, b in zip(starts, starts[1:]):  # every packed row fits max_length
+            for a, b in pairwise(starts):  # every packed row fits max_length
                 assert sum(s.length for s in mb[a:b]) <= pack.max_length
     # Packing puts several samples in a row: fewer, fuller microbatches than the unpacked run.
     assert any(max(sizes) > 1 for w in windows for sizes in w.pack_sizes)

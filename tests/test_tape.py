@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,7 +106,7 @@ def test_blocks_and_rotation(tmp_path):
     assert [s["event_count"] for s in segments] == [7] * 6
     assert [s["first_seq"] for s in segments] == [0, 7, 14, 21, 28, 35]
     for segment in segments:
-        data = open(os.path.join(store_dir, segment["path"]), "rb").read()
+        data = Path(os.path.join(store_dir, segment["path"])).read_bytes()
         assert (len(data), sha256(data)) == (segment["size"], segment["sha256"])
         frames = split_frames(data)
         header = cbor_safe.decode(frames[0])
@@ -122,7 +123,7 @@ def test_default_block_size_is_512(tmp_path):
     write_run(store_dir, 300)  # 1 + 600 + 1 records in one segment
     commits, _ = records_of(store_dir)
     segment = commits[-1].trace["segments"][0]
-    frames = split_frames(open(os.path.join(store_dir, segment["path"]), "rb").read())
+    frames = split_frames(Path(os.path.join(store_dir, segment["path"])).read_bytes())
     assert [len(cbor_safe.decode(f)["records"]) for f in frames[1:]] == [512, 90]
 
 
@@ -258,15 +259,15 @@ def test_every_byte_of_a_committed_tape_is_covered(tmp_path):
     commits, _ = records_of(store_dir)
     segments = [s for c in commits for s in c.trace["segments"]]
     path = os.path.join(store_dir, segments[0]["path"])
-    original = open(path, "rb").read()
+    original = Path(path).read_bytes()
     for position in range(len(original)):
         changed = bytearray(original)
         changed[position] ^= 0x41
-        open(path, "wb").write(changed)
+        Path(path).write_bytes(changed)
         with pytest.raises(uc.UmlosError) as info:
             read_tape(store_dir, segments)
         assert info.value.code in (errors.TRACE_FORMAT_INVALID, errors.TRACE_CHAIN_MISMATCH, errors.TRACE_TRUNCATED)
-    open(path, "wb").write(original)
+    Path(path).write_bytes(original)
     verify_store(store_dir)
     print(f"\ntape byte changes: {len(original)} tried, {len(original)} detected")
 
@@ -435,7 +436,7 @@ def test_fast_and_strict_readers_agree_on_bad_values(overrides):
 
 
 def test_fast_and_strict_readers_agree_on_mutations():
-    from hypothesis import HealthCheck, given, settings, strategies as st
+    from hypothesis import HealthCheck, given, settings
     from test_fuzz_checkpoint import mutate, mutation
 
     good = iter_segment_bytes(iter_chain(13))

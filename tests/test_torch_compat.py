@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+from itertools import chain
 
 import numpy as np
 import pytest
@@ -153,7 +154,7 @@ def test_default_gives_every_rank_ceil_n_over_w(n, w):
     size = -(-n // w)
     assert [len(s) for s in samplers] == [len(x) for x in per_rank] == [size] * w
     assert all(s.num_samples == size and s.total_size == size * w for s in samplers)
-    flat = sum(per_rank, [])
+    flat = list(chain.from_iterable(per_rank))
     assert set(flat) == set(range(n))  # nothing skipped
     assert len(flat) - n == size * w - n  # repeated: only the padding
 
@@ -168,7 +169,7 @@ def test_pad_false_is_exactly_once_with_uneven_steps():
     """The explicit option: each sample on one rank; here rank 0 takes a step more."""
     n, w, batch = 33, 4, 4  # 33 // 4 = 8 = 2 batches of 4, and rank 0 has a 9th sample
     samplers = ranks(n, w, pad=False)
-    assert sorted(sum((list(s) for s in samplers), [])) == list(range(n))
+    assert sorted(chain.from_iterable(list(s) for s in samplers)) == list(range(n))
     assert [s.get_num_batches(batch) for s in samplers] == [3, 2, 2, 2]
 
 
@@ -200,7 +201,7 @@ def test_padded_state_resumes_at_another_world_size():
         s.load_state_dict(state)
         s.set_epoch(0)
     rest = [list(s) for s in after]
-    seen = sum(head, []) + sum(rest, [])
+    seen = list(chain.from_iterable(head)) + list(chain.from_iterable(rest))
     assert set(seen) == set(range(n))
     assert [len(x) for x in rest] == [len(range(24 + r, 105, 3)) for r in range(3)]  # up to ceil(103 / 3) * 3
     assert rest[0][:3] == full[24:33:3]

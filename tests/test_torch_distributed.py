@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from itertools import chain
 
 import pytest
 
@@ -69,7 +70,7 @@ def test_w4_run_passes_rank0_checks(runs):
 def test_w4_distributed_sampler_epoch0_equals_w1(runs):
     worker = _worker_module()
     per_rank = runs["start-w4"]["ds_epoch0"]
-    flat = sum(per_rank, [])
+    flat = list(chain.from_iterable(per_rank))
     assert sorted(flat) == list(range(worker.DS_N))  # every index once, so disjoint
     assert [len(x) for x in per_rank] == [26, 26, 26, 25]  # 103 = 4 * 25 + 3, pad=False
     assert worker.interleave(per_rank) == worker.w1_order(0)

@@ -11,6 +11,7 @@ import itertools
 import json
 import subprocess
 import sys
+from itertools import chain
 
 import cbor2
 import numpy as np
@@ -91,7 +92,7 @@ def test_partition_without_padding(n, w):
     per_rank = [list(s) for s in samplers]
     assert [len(s) for s in samplers] == [len(x) for x in per_rank] == [len(range(r, n, w)) for r in range(w)]
     assert [s.num_samples for s in samplers] == [len(x) for x in per_rank]
-    flat = sum(per_rank, [])
+    flat = list(chain.from_iterable(per_rank))
     assert sorted(flat) == list(range(n))  # disjoint and complete
     assert interleave(per_rank) == list(DistributedSampler(n, 1, 0, seed=3, block_size=8))
 
@@ -155,7 +156,7 @@ def test_empty_dataset_is_empty():
 def test_fewer_samples_than_ranks():
     per_rank = [list(s) for s in ranks(3, 8, seed=1, pad=False)]
     assert [len(x) for x in per_rank] == [1, 1, 1, 0, 0, 0, 0, 0]
-    assert sorted(sum(per_rank, [])) == [0, 1, 2]
+    assert sorted(chain.from_iterable(per_rank)) == [0, 1, 2]
     padded = [list(s) for s in ranks(3, 8, seed=1)]  # the default: one sample each, the order repeated
     assert padded[:3] == per_rank[:3] and padded[3:] == (per_rank[:3] * 2)[:5]
 
@@ -172,7 +173,7 @@ def test_get_batch_get_indices_get_num_batches(batch_size):
     assert s.get_indices().dtype == np.int64
     batches = [s.get_batch(i, batch_size).tolist() for i in range(s.get_num_batches(batch_size))]
     assert s.get_num_batches(batch_size) == -(-len(everything) // batch_size)
-    assert sum(batches, []) == everything
+    assert list(chain.from_iterable(batches)) == everything
     assert all(len(b) == batch_size for b in batches[:-1]) and 1 <= len(batches[-1]) <= batch_size
 
 
@@ -283,7 +284,7 @@ def test_resume_at_another_world_size_continues_the_global_order(w_before, w_aft
     assert cbor2.loads(cbor2.dumps(state)) == state
     after = ranks(n, w_after, **kw)
     rests = []
-    for r, s in enumerate(after):
+    for s in after:
         s.load_state_dict(state)
         s.set_epoch(state["epoch"])  # the usual loop keeps the restored position
         rests.append(list(s))

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-import umlos_cuda as uc
 from umlos_cuda import errors
 from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, save_plan, shard_plan
 
@@ -45,7 +45,8 @@ def test_ranks_deal_out_the_global_sequence(world_size):
     merged = [per_rank[i % world_size][i // world_size] for i in range(m)]
     assert merged == sequence(PLAN, 0)
     assert all((s.epoch, s.microbatch_index) == (1, 0) for s in samplers)  # the next pass is epoch 1
-    assert [list(s) for s in samplers][0] == sequence(PLAN, 1)[0::world_size]
+    passes = [list(s) for s in samplers]  # every rank runs its pass
+    assert passes[0] == sequence(PLAN, 1)[0::world_size]
     assert (samplers[0].epoch, samplers[0].microbatch_index) == (1, len(PLAN.epochs[1]))  # the plan is done
 
 
@@ -125,10 +126,10 @@ def test_torchrun_stop_at_4_ranks_resume_at_2(tmp_path):
     plan = make_plan(n=1200, epochs=2, seed=8)
     save_plan(plan, tmp_path / "plan")
     finish(launch(4, "plan_worker.py", "--phase", "start", "--workdir", str(tmp_path)), "torchrun W=4 (start)")
-    state = json.load(open(tmp_path / "state.json"))
+    state = json.loads(Path(tmp_path / "state.json").read_text())
     assert state["world_size"] == 4 and (state["epoch"], state["microbatch_index"]) == (1, 5 * 4)
     finish(launch(2, "plan_worker.py", "--phase", "resume", "--workdir", str(tmp_path)), "torchrun W=2 (resume)")
-    start, resume = (json.load(open(tmp_path / f"{phase}.json")) for phase in ("start", "resume"))
+    start, resume = (json.loads(Path(tmp_path / f"{phase}.json").read_text()) for phase in ("start", "resume"))
     assert start["world_size"] == 4 and resume["world_size"] == 2
     assert min((e, i) for e, i, _ in resume["records"]) == (1, 20)
     consumed = sorted((e, i, rows) for e, i, rows in start["records"] + resume["records"])

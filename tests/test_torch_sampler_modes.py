@@ -7,6 +7,8 @@ states that name the order they were written with."""
 
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 import pytest
 
@@ -73,7 +75,7 @@ def test_block_affine_is_the_earlier_order_bit_for_bit(n, seed, block_size):
 def test_every_registered_mode_is_selectable_and_partitions(mode):
     n, w = 103, 4
     samplers = [DistributedSampler(n, w, r, seed=9, block_size=16, pad=False, sampling_mode=mode) for r in range(w)]
-    taken = sorted(sum((list(s) for s in samplers), []))
+    taken = sorted(chain.from_iterable(list(s) for s in samplers))
     assert taken == list(range(n))
     full = list(DistributedSampler(n, 1, 0, seed=9, block_size=16, sampling_mode=mode))
     assert [list(s) for s in samplers] == [full[r::w] for r in range(w)]
@@ -123,5 +125,5 @@ def test_resume_at_another_world_size_under_feistel():
         s.load_state_dict(state)
         rest.append(list(s))
     order = independent_feistel_order(n, 2)
-    assert sorted(sum(rest, [])) == sorted(order[120:])
+    assert sorted(chain.from_iterable(rest)) == sorted(order[120:])
     assert rest[0] == order[120::3]

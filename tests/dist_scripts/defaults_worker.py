@@ -19,6 +19,7 @@ import argparse
 import datetime
 import json
 import os
+from itertools import chain
 
 import torch
 import torch.distributed as dist
@@ -88,7 +89,7 @@ def run(workdir: str) -> None:
     expected_steps = -(-size // BATCH)
     assert all(r["steps"] == [expected_steps] * EPOCHS for r in everyone), "ranks took different numbers of steps"
     checks.append("equal_steps")
-    flat = sum((r["seen"] for r in everyone), [])
+    flat = list(chain.from_iterable(r["seen"] for r in everyone))
     assert set(flat) == set(range(n)) and len(flat) == size * world, "epoch 0: an index missing or over-repeated"
     checks.append("every_index_seen")
     report = {"world_size": world, "n": n, "checks": checks, "steps": [r["steps"] for r in everyone]}

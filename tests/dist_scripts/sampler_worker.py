@@ -24,12 +24,12 @@ import argparse
 import datetime
 import json
 import os
+from itertools import chain
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
-import umlos_cuda as uc
 from umlos_cuda.torch import DistributedEvalSampler, DistributedSampler, MaskedDataset, NextBatchSampler, run_distributed
 
 # DistributedSampler scenario: N not divisible by 4, 3 or 2; loader batch 5.
@@ -121,7 +121,7 @@ def nb_merge(per_rank: list[list[dict]]) -> list[dict]:
         for rec in records:
             steps.setdefault((rec["epoch"], rec["global_position"]), [[] for _ in per_rank])[r] = rec["values"]
     return [
-        {"epoch": e, "global_position": g, "indices": sum(parts, [])} for (e, g), parts in sorted(steps.items())
+        {"epoch": e, "global_position": g, "indices": list(chain.from_iterable(parts))} for (e, g), parts in sorted(steps.items())
     ]
 
 
@@ -136,9 +136,9 @@ def phase_start(workdir: str, report: dict) -> None:
     sampler = DistributedSampler(ds_dataset(DS_N), world, rank, True, DS_SEED, False, pad=False, block_size=DS_BLOCK)
     loader = DataLoader(ds_dataset(DS_N), batch_size=DS_BATCH, sampler=sampler)
     sampler.set_epoch(0)
-    epoch0 = sum(read(loader), [])
+    epoch0 = list(chain.from_iterable(read(loader)))
     sampler.set_epoch(1)
-    epoch1_head = sum(read(loader, DS_STEPS_BEFORE_SAVE), [])
+    epoch1_head = list(chain.from_iterable(read(loader, DS_STEPS_BEFORE_SAVE)))
     ds_state = sampler.state_dict()
     all0, all1 = gather(epoch0), gather(epoch1_head)
     states = gather(ds_state)
@@ -190,7 +190,7 @@ def phase_start(workdir: str, report: dict) -> None:
         return
     checks = report["checks"]
     # DistributedSampler, epoch 0: disjoint, exactly once, rank order == W = 1
-    flat0 = sum(all0, [])
+    flat0 = list(chain.from_iterable(all0))
     assert len(set(flat0)) == len(flat0), "epoch 0: ranks overlap"
     check_epoch(flat0, DS_N, "DistributedSampler epoch 0")
     assert [len(v) for v in all0] == [len(range(r, DS_N, world)) for r in range(world)], "no padding, remainder spread"
@@ -206,7 +206,7 @@ def phase_start(workdir: str, report: dict) -> None:
     w1 = nb_w1_steps(3)
     w1_epoch0 = [s for s in w1 if s["epoch"] == 0]
     assert merged0 == w1_epoch0, "NextBatch epoch 0 at W = 4 differs from W = 1"
-    flat = sum((s["indices"] for s in merged0), [])
+    flat = list(chain.from_iterable(s["indices"] for s in merged0))
     check_epoch(flat, 50, "NextBatchSampler epoch 0")
     assert len(nb_all0[0]) == 5 and all(len(nb_all0[r]) == 4 for r in range(1, world)), "last batch: only rank 0 has data"
     merged1 = nb_merge(nb_all1)
@@ -250,7 +250,7 @@ def phase_resume(workdir: str, report: dict) -> None:
     sampler.load_state_dict(ds_state)
     loader = DataLoader(ds_dataset(DS_N), batch_size=DS_BATCH, sampler=sampler)
     sampler.set_epoch(ds_state["epoch"])  # the usual loop: keeps the restored position
-    rest = sum(read(loader), [])
+    rest = list(chain.from_iterable(read(loader)))
     all_rest = gather(rest)
 
     nb = NextBatchSampler(NB_MANIFEST, "train")
@@ -261,7 +261,7 @@ def phase_resume(workdir: str, report: dict) -> None:
     if rank != 0:
         return
     p = ds_state["global_position"]
-    flat = sum(all_rest, [])
+    flat = list(chain.from_iterable(all_rest))
     assert len(set(flat)) == len(flat), "resumed ranks overlap"
     assert interleave(all_rest, p) == w1_order(1)[p:], "resumed rest of epoch 1 differs from W = 1"
     report["checks"].append("distributed_sampler_resume")

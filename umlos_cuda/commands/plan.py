@@ -102,7 +102,7 @@ def register(subparsers) -> None:
 def run_build(args) -> int:
     from ..batching.plans.builder import BatchPlanBuilder
     from ..batching.plans.buckets import config_error
-    from ..batching.plans.config import BatchingConfig
+    from ..batching.plans.config import BatchingConfig, BatchingProfile
     from ..batching.lengths.cache import LengthCache
     from ..batching.lengths.cache import sidecar_path
     from ..batching.plans.io import check_output_dir, save_plan
@@ -124,7 +124,8 @@ def run_build(args) -> int:
     config = BatchingConfig(args.token_budget, edges, args.overflow_max, args.pad_policy, args.seed,
                             stage=MODE_ALIASES.get(args.sampling_mode, args.sampling_mode),
                             sampler_block_size=args.block_size, min_length=args.min_length,
-                            profile="predictable" if args.pad_policy == "pad_to_bucket" else "throughput",
+                            profile=(BatchingProfile.PREDICTABLE if args.pad_policy == "pad_to_bucket"
+                                     else BatchingProfile.THROUGHPUT),
                             pack=pack, order=args.order)
     inputs = (args.lengths, sidecar_path(args.lengths))
     check_output_dir(args.output, args.force, inputs)  # fail before the work

@@ -142,7 +142,7 @@ class PackingConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data) -> "PackingConfig":
+    def from_dict(cls, data) -> PackingConfig:
         """The config :meth:`to_dict` gave."""
         required, optional = {"mode", "max_length", "separator_len"}, {"separator_ids", "oversize"}
         if not isinstance(data, dict) or not required <= set(data) <= required | optional:

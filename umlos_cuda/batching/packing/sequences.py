@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable
+from typing import cast
 
 import numpy as np
 
@@ -95,7 +96,9 @@ def pack_sequences(sequences: Iterable, max_length: int = 2048, mode: PackingMod
     all give the same rows bit for bit.
     """
     if config is None:
-        config = PackingConfig(max_length, mode, tuple(separator_ids), oversize)
+        # cast: PackingConfig.__post_init__ parses a mode's or policy's name, in its own order of checks
+        config = PackingConfig(max_length, cast(PackingMode, mode), tuple(separator_ids),
+                               cast(OversizePolicy, oversize))
     separator = config.layout_separator()
     items = as_sequences(sequences)
     lengths = np.fromiter(map(len, map(_INPUT_IDS, items)), dtype=np.int64, count=len(items))

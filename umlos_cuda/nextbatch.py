@@ -81,7 +81,8 @@ class _Call:
     epoch_limit: int
 
 
-def data_replay_t(token: bytes, dataset_key: str, epoch: int, global_position: int, world_size: int, rank: int) -> bytes:
+def data_replay_t(token: bytes, dataset_key: str, epoch: int, global_position: int, world_size: int,
+                  rank: int) -> bytes:
     """R9 ``data_replay_t`` (32 bytes), from the cursor before the call."""
     return hash_canonical(["nextbatch_v2", token, dataset_key, epoch, global_position, world_size, rank])
 
@@ -263,7 +264,8 @@ def _emit_streaming(backend, call: _Call, epoch: int, start: int, count: int):
         epoch_offset, local = divmod(position, call.n)
         length = min(end, (epoch_offset + 1) * call.n) - position
         if epoch + epoch_offset > UINT64_MAX:
-            raise UmlosError(errors.UINT64_OVERFLOW, "the epoch counter would pass 2^64 - 1", dataset_key=call.dataset_key,
+            raise UmlosError(errors.UINT64_OVERFLOW, "the epoch counter would pass 2^64 - 1",
+                             dataset_key=call.dataset_key,
                              operator=OPERATOR)
         pieces.append(_emit(backend, call, epoch + epoch_offset, local, length))
         position += length
@@ -435,7 +437,8 @@ def epoch_indices(
     """
     context: dict[str, Any] = {}
     try:
-        call, epoch, start, count, stride = _window(manifest, dataset_key, epoch, start, count, stride, replay_token, context)
+        call, epoch, start, count, stride = _window(manifest, dataset_key, epoch, start, count, stride, replay_token,
+                                                    context)
         return _epoch_indices(call, epoch, start, count, stride, backend, out, dtype, stream)
     except UmlosError as exc:
         _complete_record(exc, dataset_key, lambda: context.get("data_replay_t"))
@@ -506,7 +509,8 @@ def _window(manifest, dataset_key, epoch, start, count, stride, replay_token, co
         count = -(-(limit - start) // stride)
     count = _uint64(count, "count")
     if count and start + (count - 1) * stride >= limit:
-        shown = f"[{start}, {start + count})" if stride == 1 else f"{start}, {start + stride}, ..., {start + (count - 1) * stride}"
+        last = start + (count - 1) * stride
+        shown = f"[{start}, {start + count})" if stride == 1 else f"{start}, {start + stride}, ..., {last}"
         raise UmlosError(
             errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY,
             f"window {shown} passes the end of the epoch ({limit} positions)",

@@ -64,7 +64,8 @@ class SamplerConfig:
         return sampler_config_hash(self.sampling_mode, self.block_size, self.drop_last, mode=self.mode.name)
 
 
-def resolve_sampler(manifest: Manifest, stage: str, preset: str | None = None, *, mode: str | None = None) -> SamplerConfig:
+def resolve_sampler(manifest: Manifest, stage: str, preset: str | None = None, *,
+                    mode: str | None = None) -> SamplerConfig:
     """The sampler of a call on ``manifest`` with ``stage`` or ``preset`` (the preset wins).
 
     ``mode`` names a registered sampling mode; None takes the manifest's
@@ -83,7 +84,8 @@ def resolve_sampler(manifest: Manifest, stage: str, preset: str | None = None, *
     )
 
 
-def sampler_config_hash(sampling_mode: str, sampler_block_size: int, drop_last: bool, *, mode: str = DEFAULT_MODE) -> bytes:
+def sampler_config_hash(sampling_mode: str, sampler_block_size: int, drop_last: bool, *,
+                        mode: str = DEFAULT_MODE) -> bytes:
     """R9 ``sampler_config_hash`` (32 bytes) with the config tokens of sampling mode ``mode``."""
     return _config_hash(sampling_mode, sampler_block_size, drop_last, get_mode(mode).config_tokens)
 

@@ -65,7 +65,8 @@ def host_output(out, count: int, dtype, largest: int) -> np.ndarray:
             )
         resolved = output_dtype(out.dtype)
         if dtype is not None and output_dtype(dtype) != resolved:
-            raise backend_error(errors.INVALID_ARGUMENT, f"dtype {np.dtype(dtype).name} differs from out's {resolved.name}")
+            raise backend_error(errors.INVALID_ARGUMENT,
+                                f"dtype {np.dtype(dtype).name} differs from out's {resolved.name}")
     check_fits(resolved, largest, f"index {largest}")
     return np.empty(count, dtype=resolved) if out is None else out
 

@@ -189,7 +189,8 @@ class CupyBackend:
         except Exception as exc:  # NVRTC missing or failing, driver too old for the PTX, ...
             text = str(exc).strip().splitlines()
             detail = " / ".join(text[:6]) if text else type(exc).__name__
-            raise _unavailable(f"compiling the kernels for device {device_id} failed: {type(exc).__name__}: {detail}") from exc
+            raise _unavailable(f"compiling the kernels for device {device_id} failed: "
+                               f"{type(exc).__name__}: {detail}") from exc
         return kernels
 
     def _grid(self, device_id: int, count: int) -> tuple[int]:
@@ -242,15 +243,18 @@ class CupyBackend:
         else:
             raise backend_error(
                 errors.INVALID_ARGUMENT,
-                f"out must be a CUDA device array (CuPy, or one with __cuda_array_interface__), got {type(out).__name__}",
+                "out must be a CUDA device array (CuPy, or one with __cuda_array_interface__), "
+                f"got {type(out).__name__}",
             )
         if array.ndim != 1 or array.shape[0] != count:
             raise backend_error(errors.INVALID_ARGUMENT, f"out must have shape ({count},), got {tuple(array.shape)}")
         if not array.flags.c_contiguous:
-            raise backend_error(errors.INVALID_ARGUMENT, "out must be contiguous (a strided view cannot be written in place)")
+            raise backend_error(errors.INVALID_ARGUMENT,
+                                "out must be contiguous (a strided view cannot be written in place)")
         resolved = output_dtype(array.dtype)
         if dtype is not None and output_dtype(dtype) != resolved:
-            raise backend_error(errors.INVALID_ARGUMENT, f"dtype {np.dtype(dtype).name} differs from out's {resolved.name}")
+            raise backend_error(errors.INVALID_ARGUMENT,
+                                f"dtype {np.dtype(dtype).name} differs from out's {resolved.name}")
         return array, out, resolved, int(array.device.id)
 
     @contextmanager

@@ -94,7 +94,8 @@ class NativeBackend(HostBackend):
             try:
                 module = importlib.import_module(mode.native_module)
             except ImportError as exc:
-                raise _no_native_code(mode, f"needs the module {mode.native_module}, which is not importable ({exc})") from exc
+                raise _no_native_code(mode, f"needs the module {mode.native_module}, "
+                                            f"which is not importable ({exc})") from exc
             self._modules[mode.native_module] = module
         return module
 

@@ -41,7 +41,8 @@ Typical use::
         keep_elsewhere(record.head)               # restore_latest(..., expect_head=...) later
 """
 
-from .commit import CheckpointStore, CommitRecord, RecoveryReport, is_store, open_store, recover_store, restore_latest, verify_store
+from .commit import (CheckpointStore, CommitRecord, RecoveryReport, is_store, open_store, recover_store, restore_latest,
+                     verify_store)
 from .container import ContainerBuilder, ContainerInfo, ContainerReader, TraceLink, save_checkpoint, verify_container
 from .extensions import CursorKind, cursor_kinds, register_cursor_kind, register_record_type
 from .restore import RestoredCheckpoint, restore_checkpoint

@@ -36,7 +36,8 @@ def crash_point(label: str) -> None:
 
 def _io_error(exc: OSError, what: str) -> UmlosError:
     return UmlosError(
-        errors.CHECKPOINT_IO_ERROR, f"cannot {what}: {exc.strerror or exc}", operator=errors.CHECKPOINT_SERIALIZE_OPERATOR
+        errors.CHECKPOINT_IO_ERROR, f"cannot {what}: {exc.strerror or exc}",
+        operator=errors.CHECKPOINT_SERIALIZE_OPERATOR
     )
 
 

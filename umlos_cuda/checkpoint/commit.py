@@ -148,8 +148,8 @@ def remove_objects(store_dir: str, relpaths: list[str]) -> None:
                 try:
                     folders[folder] = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=root)
                 except OSError as exc:
-                    raise error(errors.CHECKPOINT_UNEXPECTED_FILE if exc.errno == errno.ELOOP else errors.CHECKPOINT_IO_ERROR,
-                                f"cannot open {store_dir}/{folder} without following links: {exc.strerror}",
+                    code = errors.CHECKPOINT_UNEXPECTED_FILE if exc.errno == errno.ELOOP else errors.CHECKPOINT_IO_ERROR
+                    raise error(code, f"cannot open {store_dir}/{folder} without following links: {exc.strerror}",
                                 operator=COMMIT) from None
             atomic.crash_point("recover_remove")
             atomic.remove_in(folders[folder], name, f"{store_dir}/{relpath}")
@@ -225,11 +225,13 @@ class CheckpointStore:
         marker = read_marker(self.path)
         if marker["public_key"] != self.public_key:
             raise error(errors.CHECKPOINT_SIGNATURE_INVALID,
-                        f"the store is bound to key {marker['public_key'].hex()}; this writer has {self.public_key.hex()}",
+                        f"the store is bound to key {marker['public_key'].hex()}; this writer has "
+                        f"{self.public_key.hex()}",
                         operator=COMMIT)
         if (marker["tenant_id"], marker["run_id"]) != (self.identity.tenant_id, self.identity.run_id):
             raise error(errors.CHECKPOINT_IDENTITY_MISMATCH,
-                        f"the store belongs to tenant {marker['tenant_id']!r}, run {marker['run_id']!r}", operator=COMMIT)
+                        f"the store belongs to tenant {marker['tenant_id']!r}, run {marker['run_id']!r}",
+                        operator=COMMIT)
         self.marker = marker
         for folder in MANAGED_DIRS:
             atomic.ensure_dir(os.path.join(self.path, folder))
@@ -354,7 +356,8 @@ class CheckpointStore:
         session (reopen the store: recovery rolls the commit back)."""
         self._usable()
         if self.tape.event_count == 0:
-            raise error(errors.CHECKPOINT_STATE_INVALID, "start the run (start_run) before the first commit", operator=COMMIT)
+            raise error(errors.CHECKPOINT_STATE_INVALID, "start the run (start_run) before the first commit",
+                        operator=COMMIT)
         builder = self._checked_builder(state, schema_version, restore_profiles)
         try:
             record = self._commit(state, builder)

@@ -42,7 +42,8 @@ def _check_policy(policy: Any) -> dict[str, Any]:
     profiles = sorted(set(policy["restore_profiles"]))
     if schema.FULL_PROFILE not in profiles or set(profiles) - set(schema.RESTORE_PROFILES):
         raise error(errors.CHECKPOINT_MIGRATION_UNSUPPORTED,
-                    f"restore_profiles must include {schema.FULL_PROFILE} and only {', '.join(schema.RESTORE_PROFILES)}",
+                    f"restore_profiles must include {schema.FULL_PROFILE} and only "
+                    f"{', '.join(schema.RESTORE_PROFILES)}",
                     operator=MIGRATE)
     return {"restore_profiles": profiles}
 
@@ -133,18 +134,22 @@ def verify_migration(
         with open(certificate_path, "rb") as handle:
             data = handle.read(1 << 20)
     except OSError as exc:
-        raise error(errors.CHECKPOINT_NOT_FOUND, f"cannot read {certificate_path}: {exc.strerror}", operator=MIGRATE) from None
+        raise error(errors.CHECKPOINT_NOT_FOUND, f"cannot read {certificate_path}: {exc.strerror}",
+                    operator=MIGRATE) from None
     certificate = cbor_safe.decode(data, what=os.path.basename(certificate_path), max_depth=4)
     trusted = signing.parse_public_key(public_key) if public_key is not None else None
     body = signing.check_certificate(signing.MIGRATION_DOMAIN, certificate, certificate_path, trusted)
     if set(body) != BODY_KEYS or body["kind"] != "migration" or body["migration_operator"] != schema.MIGRATION_OPERATOR:
-        raise error(errors.CHECKPOINT_SCHEMA_INVALID, f"{certificate_path}: not a migration certificate body", operator=MIGRATE)
+        raise error(errors.CHECKPOINT_SCHEMA_INVALID, f"{certificate_path}: not a migration certificate body",
+                    operator=MIGRATE)
     policy = _check_policy(body["migration_policy"])
     if hash_canonical(policy) != body["migration_policy_hash"]:
-        raise error(errors.CHECKPOINT_BINDING_MISMATCH, "migration_policy_hash does not match the policy", operator=MIGRATE)
+        raise error(errors.CHECKPOINT_BINDING_MISMATCH, "migration_policy_hash does not match the policy",
+                    operator=MIGRATE)
     source_info = verify_container(source) if source is not None else None
     if source_info is not None and source_info.checkpoint_hash != body["source_hash"]:
-        raise error(errors.CHECKPOINT_BINDING_MISMATCH, "the source container is not the certified source", operator=MIGRATE)
+        raise error(errors.CHECKPOINT_BINDING_MISMATCH, "the source container is not the certified source",
+                    operator=MIGRATE)
     if target is not None:
         target_info = verify_container(target)
         if target_info.checkpoint_hash != body["target_hash"]:

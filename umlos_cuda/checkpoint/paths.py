@@ -160,8 +160,10 @@ def _os_error(exc: OSError, what: str, link: bool = False) -> UmlosError:
             operator=errors.CHECKPOINT_VALIDATE_OPERATOR,
         )
     if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-        return UmlosError(errors.CHECKPOINT_FILE_MISSING, f"{what} is missing", operator=errors.CHECKPOINT_VALIDATE_OPERATOR)
-    return UmlosError(errors.CHECKPOINT_IO_ERROR, f"cannot read {what}: {exc.strerror}", operator=errors.CHECKPOINT_VALIDATE_OPERATOR)
+        return UmlosError(errors.CHECKPOINT_FILE_MISSING, f"{what} is missing",
+                          operator=errors.CHECKPOINT_VALIDATE_OPERATOR)
+    return UmlosError(errors.CHECKPOINT_IO_ERROR, f"cannot read {what}: {exc.strerror}",
+                      operator=errors.CHECKPOINT_VALIDATE_OPERATOR)
 
 
 def open_root(path: str | os.PathLike[str], *, follow: bool = True) -> int:
@@ -220,7 +222,8 @@ def read_bytes(root_fd: int, relpath: str, max_bytes: int, code: str = errors.CH
     try:
         size = os.fstat(fd).st_size
         if size > max_bytes:
-            raise UmlosError(code, f"{relpath} is {size} bytes; the limit is {max_bytes}", operator=errors.CHECKPOINT_VALIDATE_OPERATOR)
+            raise UmlosError(code, f"{relpath} is {size} bytes; the limit is {max_bytes}",
+                             operator=errors.CHECKPOINT_VALIDATE_OPERATOR)
         with os.fdopen(os.dup(fd), "rb") as handle:
             data = handle.read(max_bytes + 1)
     except OSError as exc:
@@ -228,7 +231,8 @@ def read_bytes(root_fd: int, relpath: str, max_bytes: int, code: str = errors.CH
     finally:
         os.close(fd)
     if len(data) > max_bytes:
-        raise UmlosError(code, f"{relpath} grew past {max_bytes} bytes while read", operator=errors.CHECKPOINT_VALIDATE_OPERATOR)
+        raise UmlosError(code, f"{relpath} grew past {max_bytes} bytes while read",
+                         operator=errors.CHECKPOINT_VALIDATE_OPERATOR)
     return data
 
 

@@ -232,7 +232,8 @@ def check_uint64(value: Any, what: str, code: str = errors.CHECKPOINT_SCHEMA_INV
 
 def check_text_list(value: Any, what: str, *, sorted_unique: bool = True) -> list[str]:
     if not isinstance(value, list) or len(value) > limits.MAX_TEXT_LIST:
-        raise error(errors.CHECKPOINT_SCHEMA_INVALID, f"{what} must be a list of at most {limits.MAX_TEXT_LIST} strings")
+        raise error(errors.CHECKPOINT_SCHEMA_INVALID,
+                    f"{what} must be a list of at most {limits.MAX_TEXT_LIST} strings")
     for item in value:
         check_text(item, f"{what} item")
     if sorted_unique and value != sorted(set(value)):

@@ -3,10 +3,12 @@
 ``CheckpointState`` is plain data: the step ``t``, the data cursors per
 dataset key, tensor shards per rank, optimizer state per rank, the DP
 accountant's state, the TMMU plan, named user state (byte blobs or
-arrays) and the cursors of registered kinds (:mod:`.extensions`). ``RunIdentity`` carries the fields a restore must match (the
-identity rule, docs/checkpoint-format.md §7): tenant, run, manifest (hence manifest_hash, replay token, policy and
-env hashes), the stage whose ``sampler_config_hash`` the cursors belong to,
-and the engine's contract hashes (defaults in :mod:`.schema`).
+arrays) and the cursors of registered kinds (:mod:`.extensions`).
+``RunIdentity`` carries the fields a restore must match (the identity rule,
+docs/checkpoint-format.md §7): tenant, run, manifest (hence manifest_hash,
+replay token, policy and env hashes), the stage whose ``sampler_config_hash``
+the cursors belong to, and the engine's contract hashes (defaults in
+:mod:`.schema`).
 """
 
 from __future__ import annotations
@@ -62,11 +64,13 @@ class CheckpointState:
         out = {}
         for key, value in self.cursors.items():
             if not isinstance(key, str) or not key:
-                raise error(errors.CHECKPOINT_STATE_INVALID, f"cursor key {key!r} must be non-empty text", operator=SERIALIZE)
+                raise error(errors.CHECKPOINT_STATE_INVALID, f"cursor key {key!r} must be non-empty text",
+                            operator=SERIALIZE)
             try:
                 out[key] = value if isinstance(value, Cursor) else Cursor.from_dict(value)
             except errors.UmlosError as exc:
-                raise error(errors.CHECKPOINT_STATE_INVALID, f"cursor {key!r}: {exc.message}", operator=SERIALIZE) from None
+                raise error(errors.CHECKPOINT_STATE_INVALID, f"cursor {key!r}: {exc.message}",
+                            operator=SERIALIZE) from None
         return out
 
 

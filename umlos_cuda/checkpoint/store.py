@@ -98,14 +98,16 @@ def check_certificate_body(body: Any, seq: int, marker: Mapping[str, Any], what:
     """The shape of a run-commit certificate body (docs/checkpoint-format.md, "Run commit")."""
     keys = {"kind", "store_format", "tenant_id", "run_id", "seq", "t", "prev_certificate_hash",
             "trace", "checkpoint", "lineage"}
-    if not isinstance(body, dict) or set(body) != keys or body["kind"] != "run_commit" or body["store_format"] != STORE_FORMAT:
+    if not isinstance(body, dict) or set(body) != keys or body["kind"] != "run_commit" \
+            or body["store_format"] != STORE_FORMAT:
         raise _body_error(what, f"a run_commit body has exactly {sorted(keys)}")
     if body["seq"] != seq:
         raise _body_error(what, f"names commit {body['seq']!r}")
     if body["tenant_id"] != marker["tenant_id"] or body["run_id"] != marker["run_id"]:
         raise _body_error(what, "tenant_id or run_id differs from the store")
     schema.check_uint64(body["t"], f"{what}: t", errors.CHECKPOINT_COMMIT_MISMATCH)
-    schema.check_hash(body["prev_certificate_hash"], f"{what}: prev_certificate_hash", errors.CHECKPOINT_COMMIT_MISMATCH)
+    schema.check_hash(body["prev_certificate_hash"], f"{what}: prev_certificate_hash",
+                      errors.CHECKPOINT_COMMIT_MISMATCH)
     trace = body["trace"]
     if not isinstance(trace, dict) or set(trace) != {"root_hash", "tail_hash", "event_count", "ended", "segments"}:
         raise _body_error(what, "trace has exactly root_hash, tail_hash, event_count, ended, segments")
@@ -130,7 +132,8 @@ def check_certificate_body(body: Any, seq: int, marker: Mapping[str, Any], what:
         for name in ("checkpoint_hash", "checkpoint_merkle_root"):
             schema.check_hash(checkpoint[name], f"{what}: checkpoint.{name}", errors.CHECKPOINT_COMMIT_MISMATCH)
     lineage = body["lineage"]
-    if not isinstance(lineage, dict) or set(lineage) != {"path", "lineage_root_hash"} or lineage["path"] != lineage_path(seq):
+    if not isinstance(lineage, dict) or set(lineage) != {"path", "lineage_root_hash"} \
+            or lineage["path"] != lineage_path(seq):
         raise _body_error(what, f"lineage has exactly path ({lineage_path(seq)}) and lineage_root_hash")
     schema.check_hash(lineage["lineage_root_hash"], f"{what}: lineage_root_hash", errors.CHECKPOINT_COMMIT_MISMATCH)
     return body
@@ -143,14 +146,16 @@ def read_marker(store_dir: str, trusted_key: bytes | None = None) -> dict[str, A
         data = paths.read_bytes(root, MARKER_NAME, limits.MAX_MARKER_BYTES)
     except errors.UmlosError as exc:
         if exc.code == errors.CHECKPOINT_FILE_MISSING:
-            raise error(errors.CHECKPOINT_NOT_FOUND, f"{store_dir} is not a checkpoint store (no {MARKER_NAME})") from None
+            raise error(errors.CHECKPOINT_NOT_FOUND,
+                        f"{store_dir} is not a checkpoint store (no {MARKER_NAME})") from None
         raise
     finally:
         os.close(root)
     marker = cbor_safe.decode(data, what=MARKER_NAME, max_bytes=limits.MAX_MARKER_BYTES, max_depth=2)
     keys = {"format", "tenant_id", "run_id", "public_key"}
     if not isinstance(marker, dict) or set(marker) != keys or marker["format"] != STORE_FORMAT:
-        raise error(errors.CHECKPOINT_SCHEMA_INVALID, f"{MARKER_NAME} must be {{format: {STORE_FORMAT}, tenant_id, run_id, public_key}}")
+        raise error(errors.CHECKPOINT_SCHEMA_INVALID,
+                    f"{MARKER_NAME} must be {{format: {STORE_FORMAT}, tenant_id, run_id, public_key}}")
     schema.check_text(marker["tenant_id"], "store tenant_id")
     schema.check_text(marker["run_id"], "store run_id")
     if not isinstance(marker["public_key"], bytes) or len(marker["public_key"]) != 32:
@@ -173,7 +178,8 @@ def check_layout(store_dir: str) -> None:
             except FileNotFoundError:
                 continue
             except OSError as exc:
-                raise error(errors.CHECKPOINT_IO_ERROR, f"cannot examine {store_dir}/{folder}: {exc.strerror}") from None
+                raise error(errors.CHECKPOINT_IO_ERROR,
+                            f"cannot examine {store_dir}/{folder}: {exc.strerror}") from None
             if not stat.S_ISDIR(mode):
                 kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a folder"
                 raise error(errors.CHECKPOINT_UNEXPECTED_FILE,
@@ -204,7 +210,8 @@ def read_commits(store_dir: str, marker: Mapping[str, Any]) -> list[CommitRecord
             seqs.append(int(match.group(1)))
     seqs.sort()
     if seqs != list(range(1, len(seqs) + 1)):
-        raise error(errors.CHECKPOINT_CHAIN_MISMATCH, f"commit certificates are not numbered 1..{len(seqs)}: {seqs[:8]}")
+        raise error(errors.CHECKPOINT_CHAIN_MISMATCH,
+                    f"commit certificates are not numbered 1..{len(seqs)}: {seqs[:8]}")
     root = paths.open_root(store_dir)
     records: list[CommitRecord] = []
     try:
@@ -217,10 +224,12 @@ def read_commits(store_dir: str, marker: Mapping[str, Any]) -> list[CommitRecord
             body = signing.check_certificate(signing.RUN_COMMIT_DOMAIN, certificate, what, marker["public_key"])
             check_certificate_body(body, seq, marker, what)
             if body["prev_certificate_hash"] != previous_hash:
-                raise error(errors.CHECKPOINT_CHAIN_MISMATCH, f"{what}: prev_certificate_hash does not name commit {seq - 1}")
+                raise error(errors.CHECKPOINT_CHAIN_MISMATCH,
+                            f"{what}: prev_certificate_hash does not name commit {seq - 1}")
             for segment in body["trace"]["segments"]:
                 if parse_segment_name(segment["path"]) != next_segment or segment["first_seq"] != events:
-                    raise error(errors.CHECKPOINT_CHAIN_MISMATCH, f"{what}: segment {segment['path']} does not continue the tape")
+                    raise error(errors.CHECKPOINT_CHAIN_MISMATCH,
+                                f"{what}: segment {segment['path']} does not continue the tape")
                 next_segment += 1
                 events += segment["event_count"]
             if body["trace"]["event_count"] != events:

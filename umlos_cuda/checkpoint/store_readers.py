@@ -54,7 +54,8 @@ def check_lineage(store_dir: str, marker: Mapping[str, Any], commits: Sequence[C
             what = lineage_path(record.seq)
             data = paths.read_bytes(root, what, MAX_CERTIFICATE_BYTES)
             if sha256(data) != record.lineage_root_hash:
-                raise error(errors.CHECKPOINT_COMMIT_MISMATCH, f"{what} does not hash to the certified lineage_root_hash")
+                raise error(errors.CHECKPOINT_COMMIT_MISMATCH,
+                            f"{what} does not hash to the certified lineage_root_hash")
             lineage = cbor_safe.decode(data, what=what, max_bytes=MAX_CERTIFICATE_BYTES, max_depth=2)
             expected = {
                 "kind": "lineage", "seq": record.seq, "tenant_id": marker["tenant_id"], "run_id": marker["run_id"],
@@ -79,7 +80,8 @@ def check_bound(checkpoint_hash: bytes, header: Mapping[str, Any], record: Commi
         raise error(errors.CHECKPOINT_COMMIT_MISMATCH,
                     f"{checkpoint['path']} is not the checkpoint commit {record.seq} certifies")
     if header["lineage_root_hash"] != record.lineage_root_hash:
-        raise error(errors.CHECKPOINT_COMMIT_MISMATCH, f"commit {record.seq}: lineage_root_hash differs from the header")
+        raise error(errors.CHECKPOINT_COMMIT_MISMATCH,
+                    f"commit {record.seq}: lineage_root_hash differs from the header")
     if header["trace_tail_hash_at_checkpoint"] != record.trace["tail_hash"] or header["t"] != record.t:
         raise error(errors.CHECKPOINT_COMMIT_MISMATCH, f"commit {record.seq}: trace tail or t differs from the header")
     if header["checkpoint_merkle_root"] != checkpoint["checkpoint_merkle_root"] \
@@ -95,8 +97,10 @@ def check_binding(header: Mapping[str, Any], checkpoint_hash: bytes, record: Com
     assert record.checkpoint is not None  # check_bound's callers pass commits that carry a checkpoint
     path = record.checkpoint["path"]
     if header.get("checkpoint_hash_prev") != previous_checkpoint:
-        raise error(errors.CHECKPOINT_CHAIN_MISMATCH, f"{path}: checkpoint_hash_prev does not name the previous checkpoint")
-    if header["manifest_hash"] != lineage["manifest_hash"] or header["dataset_snapshot_id"] != lineage["dataset_snapshot_id"]:
+        raise error(errors.CHECKPOINT_CHAIN_MISMATCH,
+                    f"{path}: checkpoint_hash_prev does not name the previous checkpoint")
+    if header["manifest_hash"] != lineage["manifest_hash"] \
+            or header["dataset_snapshot_id"] != lineage["dataset_snapshot_id"]:
         raise error(errors.CHECKPOINT_COMMIT_MISMATCH,
                     f"{lineage_path(record.seq)}: manifest or dataset snapshot differs from the checkpoint")
     if header["tenant_id"] != marker["tenant_id"] or header["run_id"] != marker["run_id"]:

@@ -107,7 +107,8 @@ def is_float(v: Any) -> bool:
 
 def is_cursor(v: Any) -> bool:
     """A NextBatch cursor ``{epoch, global_index}``."""
-    return isinstance(v, dict) and set(v) == {"epoch", "global_index"} and is_uint(v["epoch"]) and is_uint(v["global_index"])
+    return (isinstance(v, dict) and set(v) == {"epoch", "global_index"}
+            and is_uint(v["epoch"]) and is_uint(v["global_index"]))
 
 
 def _cursors(v: Any) -> bool:
@@ -430,7 +431,8 @@ class _OpenSegment:
         try:
             self.fd = durable.create_exclusive(self.temp, 0o644)
         except OSError as exc:
-            raise error(errors.CHECKPOINT_IO_ERROR, f"cannot create {self.temp}: {exc.strerror}", operator=TAPE) from None
+            raise error(errors.CHECKPOINT_IO_ERROR, f"cannot create {self.temp}: {exc.strerror}",
+                        operator=TAPE) from None
         self.digest = hashlib.sha256()
         self.size = 0
         self.events = 0
@@ -444,7 +446,8 @@ class _OpenSegment:
         try:
             durable.write_all(self.fd, data)
         except OSError as exc:
-            raise error(errors.CHECKPOINT_IO_ERROR, f"cannot write {self.temp}: {exc.strerror}", operator=TAPE) from None
+            raise error(errors.CHECKPOINT_IO_ERROR, f"cannot write {self.temp}: {exc.strerror}",
+                        operator=TAPE) from None
         self.digest.update(data)
         self.size += len(data)
 
@@ -452,7 +455,8 @@ class _OpenSegment:
         try:
             os.fsync(self.fd)
         except OSError as exc:
-            raise error(errors.CHECKPOINT_IO_ERROR, f"cannot fsync {self.temp}: {exc.strerror}", operator=TAPE) from None
+            raise error(errors.CHECKPOINT_IO_ERROR, f"cannot fsync {self.temp}: {exc.strerror}",
+                        operator=TAPE) from None
         finally:
             os.close(self.fd)
         return Segment(self.index, self.first_seq, self.events, self.size, self.digest.digest())
@@ -653,7 +657,8 @@ def _segment_chunks(
         block = cbor_safe.decode(payload, code=errors.TRACE_FORMAT_INVALID, what=f"{what} block {block_index}",
                                  operator=TAPE, max_bytes=MAX_FRAME_BYTES, max_depth=MAX_RECORD_DEPTH,
                                  max_items=max_items)
-        if not isinstance(block, dict) or set(block) != {"block_index", "records"} or block["block_index"] != block_index:
+        if not isinstance(block, dict) or set(block) != {"block_index", "records"} \
+                or block["block_index"] != block_index:
             raise error(errors.TRACE_FORMAT_INVALID, f"{what}: block {block_index} is malformed or out of order",
                         operator=TAPE)
         records = block["records"]
@@ -735,7 +740,8 @@ def read_tape(
     for item in segments:
         index = parse_segment_name(item["path"])
         if index != state.next_segment_index:
-            raise error(errors.TRACE_CHAIN_MISMATCH, f"segment {index} follows segment {index - 1 if state.segments else 0}",
+            raise error(errors.TRACE_CHAIN_MISMATCH,
+                        f"segment {index} follows segment {index - 1 if state.segments else 0}",
                         operator=TAPE)
         digest = hashlib.sha256()
         count = 0

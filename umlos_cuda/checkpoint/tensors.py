@@ -74,16 +74,19 @@ def encode(arrays: Mapping[str, Any], what: str) -> bytes:
             raise error(errors.CHECKPOINT_STATE_INVALID, f"{what}: {problem}", operator=SERIALIZE)
         if not isinstance(array, np.ndarray):
             raise error(
-                errors.CHECKPOINT_STATE_INVALID, f"{what}: {name!r} is a {type(array).__name__}, not a NumPy array", operator=SERIALIZE
+                errors.CHECKPOINT_STATE_INVALID, f"{what}: {name!r} is a {type(array).__name__}, not a NumPy array",
+                operator=SERIALIZE
             )
         if array.dtype.newbyteorder("=") not in _ALLOWED_NUMPY:
             raise error(
                 errors.CHECKPOINT_STATE_INVALID,
-                f"{what}: {name!r} has dtype {array.dtype}; allowed: {', '.join(sorted(str(d) for d in _ALLOWED_NUMPY))}",
+                f"{what}: {name!r} has dtype {array.dtype}; allowed: "
+                f"{', '.join(sorted(str(d) for d in _ALLOWED_NUMPY))}",
                 operator=SERIALIZE,
             )
         if array.ndim > MAX_DIMS:
-            raise error(errors.CHECKPOINT_STATE_INVALID, f"{what}: {name!r} has more than {MAX_DIMS} dimensions", operator=SERIALIZE)
+            raise error(errors.CHECKPOINT_STATE_INVALID, f"{what}: {name!r} has more than {MAX_DIMS} dimensions",
+                        operator=SERIALIZE)
         prepared[name] = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False))
     try:
         data = safetensors.numpy.save(prepared)
@@ -92,7 +95,8 @@ def encode(arrays: Mapping[str, Any], what: str) -> bytes:
     try:
         describe(data, what)  # the reader's checks: what a reader refuses is never written
     except errors.UmlosError as exc:
-        raise error(errors.CHECKPOINT_STATE_INVALID, f"readers would refuse it: {exc.message}", operator=SERIALIZE) from None
+        raise error(errors.CHECKPOINT_STATE_INVALID, f"readers would refuse it: {exc.message}",
+                    operator=SERIALIZE) from None
     return data
 
 

@@ -202,7 +202,8 @@ def run_checkpoint_demo(
         log(f"restored checkpoint {restored.checkpoint_hash.hex()[:16]} at step {start}, cursor {job.cursor.to_dict()} "
             f"(the store still holds head {anchor[:16]})")
         if job.snapshot() != expected_state[start]:
-            raise error(errors.CONTRACT_VIOLATION, f"the restored state differs from the uninterrupted run at step {start}")
+            raise error(errors.CONTRACT_VIOLATION,
+                        f"the restored state differs from the uninterrupted run at step {start}")
         for t in range(start + 1, steps + 1):
             for record in job.step(t):
                 store.tape.append(record)

@@ -81,7 +81,8 @@ def load_golden(path: str | None = None) -> dict[str, Any]:
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise _mismatch(f"not a NextBatch_v2 golden file (format must be {FORMAT!r})")
     if document.get("format_version") != FORMAT_VERSION:
-        raise _mismatch(f"golden format_version {document.get('format_version')!r} is not the supported {FORMAT_VERSION}")
+        raise _mismatch(f"golden format_version {document.get('format_version')!r} is not the supported "
+                        f"{FORMAT_VERSION}")
     return document
 
 
@@ -160,7 +161,8 @@ def _compute_positions(inputs, manifests, backend):
     manifest = _manifest(inputs, manifests)
     found = []
     for position in inputs["positions"]:
-        one = epoch_indices(manifest, inputs["dataset"], epoch=inputs["epoch"], start=position, count=1, backend=backend)
+        one = epoch_indices(manifest, inputs["dataset"], epoch=inputs["epoch"], start=position, count=1,
+                            backend=backend)
         found.extend(_ints(one))
     return {"indices": found}
 
@@ -235,7 +237,8 @@ class GoldenReport:
         return [result for result in self.results if not result.passed]
 
     def summary(self) -> str:
-        return f"{len(self.results) - len(self.failures)}/{len(self.results)} golden cases pass on backend {self.backend}"
+        passing = len(self.results) - len(self.failures)
+        return f"{passing}/{len(self.results)} golden cases pass on backend {self.backend}"
 
     def raise_for_failures(self) -> None:
         """Raise ``UmlosError(GOLDEN_MISMATCH)`` naming the failed cases, if any."""

@@ -48,7 +48,8 @@ def register(subparsers) -> None:
     )
     check.add_argument("batches", metavar="DIR")
     check.add_argument("--store", metavar="STORE", help="also compare with the token store")
-    check.add_argument("--rank", type=non_negative_int("rank"), metavar="R", help="with --world-size: only this rank's files")
+    check.add_argument("--rank", type=non_negative_int("rank"), metavar="R",
+                       help="with --world-size: only this rank's files")
     check.add_argument("--world-size", type=positive_int("world size"), metavar="W")
     check.set_defaults(func=run_check)
 
@@ -73,7 +74,8 @@ def register(subparsers) -> None:
         "BATCH_FINGERPRINT_MISMATCH on a mismatch.",
     )
     _plan_and_store(verify)
-    verify.add_argument("--expected-fingerprint", required=True, metavar="F", help="hex digest or saved fingerprint file")
+    verify.add_argument("--expected-fingerprint", required=True, metavar="F",
+                        help="hex digest or saved fingerprint file")
     verify.add_argument("--n-batches", type=positive_int("n batches"), default=100, metavar="N",
                         help="microbatches covered when F is a hex digest (default 100)")
     verify.set_defaults(func=run_verify)

@@ -131,7 +131,8 @@ def run_verify(args) -> int:
         return 0
     if result["kind"] == "store":
         collected = f" ({result['checkpoints_collected']} collected)" if result.get("checkpoints_collected") else ""
-        print(f"OK store {result['store']}: {result['commits']} commits, {result['checkpoints']} checkpoints{collected}, "
+        print(f"OK store {result['store']}: {result['commits']} commits, "
+              f"{result['checkpoints']} checkpoints{collected}, "
               f"{result['trace_events']} trace events in {result['trace_segments']} segments")
         print(f"   latest checkpoint {result['latest_checkpoint']} ({result['latest_checkpoint_hash']})")
         if result["head"]:
@@ -139,10 +140,12 @@ def run_verify(args) -> int:
                   "--expect-head refuses a store rolled back past it")
         if result["writer_active"]:
             print("   a writer holds the store: the committed state was checked, not its in-flight objects")
-        trust = "trusted key" if result["key_trusted"] else "the store's own key (pass --public-key to check who signed)"
+        trust = ("trusted key" if result["key_trusted"]
+                 else "the store's own key (pass --public-key to check who signed)")
         print(f"   certificates signed by {result['public_key']}, checked against {trust}")
     else:
-        print(f"OK container {result['path']}: {result['files']} files, schema {result['schema_version']}, t={result['t']}")
+        print(f"OK container {result['path']}: {result['files']} files, schema {result['schema_version']}, "
+              f"t={result['t']}")
         print(f"   checkpoint_hash {result['checkpoint_hash']}")
         certificate = result["certificate"]
         if certificate:

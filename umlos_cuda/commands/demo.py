@@ -139,7 +139,8 @@ def stream_and_check(manifest, dataset_key, *, world_size, batches, cursor, back
     overlap or do not reconstruct the W = 1 batch.
     """
     if batches < 1:
-        raise UmlosError(errors.INVALID_ARGUMENT, f"--batches must be at least 1, got {batches}", operator=errors.DEMO_OPERATOR)
+        raise UmlosError(errors.INVALID_ARGUMENT, f"--batches must be at least 1, got {batches}",
+                         operator=errors.DEMO_OPERATOR)
     progress = Progress(batches, f"demo W={world_size}", enabled=show_progress)
     seen = []
     start_cursor = cursor
@@ -156,12 +157,14 @@ def stream_and_check(manifest, dataset_key, *, world_size, batches, cursor, back
         single = next_batch(manifest, dataset_key, world_size=1, rank=0, cursor=cursor, backend=backend)
         combined = np.concatenate(parts)
         if np.unique(combined).size != combined.size:
-            raise UmlosError(errors.CONTRACT_VIOLATION, f"batch {step}: ranks' slices overlap", operator=errors.DEMO_OPERATOR)
+            raise UmlosError(errors.CONTRACT_VIOLATION, f"batch {step}: ranks' slices overlap",
+                             operator=errors.DEMO_OPERATOR)
         if not np.array_equal(combined, to_numpy(single.indices)):
             raise UmlosError(errors.CONTRACT_VIOLATION, f"batch {step}: ranks do not reconstruct the W = 1 batch",
                              operator=errors.DEMO_OPERATOR)
         if single.cursor != batch.cursor:
-            raise UmlosError(errors.CONTRACT_VIOLATION, f"batch {step}: cursors differ between W = {world_size} and W = 1",
+            raise UmlosError(errors.CONTRACT_VIOLATION,
+                             f"batch {step}: cursors differ between W = {world_size} and W = 1",
                              operator=errors.DEMO_OPERATOR)
         seen.append(combined)
         cursor = batch.cursor
@@ -170,7 +173,8 @@ def stream_and_check(manifest, dataset_key, *, world_size, batches, cursor, back
     elapsed = time.perf_counter() - started
     everything = np.concatenate(seen)
     if np.unique(everything).size != everything.size:
-        raise UmlosError(errors.CONTRACT_VIOLATION, "an index repeated within the streamed window", operator=errors.DEMO_OPERATOR)
+        raise UmlosError(errors.CONTRACT_VIOLATION, "an index repeated within the streamed window",
+                         operator=errors.DEMO_OPERATOR)
     return {
         "manifest": manifest,
         "dataset_key": dataset_key,

@@ -111,7 +111,8 @@ def run(args) -> int:
     rows += [(label, version or "not installed") for label, version in report["packages"].items()]
     rows += [
         ("kernel source", report["kernel_source_sha256"]),
-        ("CPUs", f"{cpus['logical']} logical" + (f", {cpus['usable']} usable by this process" if cpus["usable"] else "")),
+        ("CPUs",
+         f"{cpus['logical']} logical" + (f", {cpus['usable']} usable by this process" if cpus["usable"] else "")),
     ]
     rows += [(f"backend {name}", status) for name, status in report["backends"].items()]
     rows.append(("backend auto", f"-> {report['auto_backend']}" if report["auto_backend"] else "no backend is usable"))

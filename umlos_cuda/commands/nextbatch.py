@@ -32,7 +32,8 @@ INDICES_CHUNK = 1 << 24
 PREVIEW = 16
 #: What the .npy files hold: little-endian uint64, whatever the host.
 NPY_DTYPE = np.dtype("<u8")
-BACKEND_HELP = "numpy, native (C++ on this CPU), cupy (NVIDIA GPU) or auto: the first usable of cupy, native, numpy (default auto)"
+BACKEND_HELP = ("numpy, native (C++ on this CPU), cupy (NVIDIA GPU) or auto: the first usable of cupy, native, numpy "
+                "(default auto)")
 
 
 def register(subparsers) -> None:

@@ -75,7 +75,8 @@ def run(args) -> int:
         print(f"indices       {shown}{more}")
         print(f"epoch         {meta['epoch']}  (rank {meta['rank']} of {meta['world_size']}, strided)")
         if batch.misc_draw is not None:
-            print(f"misc draw     {batch.misc_draw}  (misc offset {meta['misc_offset_before']} -> {meta['misc_offset_after']})")
+            print(f"misc draw     {batch.misc_draw}  (misc offset {meta['misc_offset_before']} -> "
+                  f"{meta['misc_offset_after']})")
         for name in ("order_hash", "manifest_hash", "backend"):
             print(f"{name:<13} {meta[name]}")
     return 0

@@ -49,10 +49,11 @@ def register(subparsers) -> None:
     build.add_argument("--pad-policy", choices=("pad_to_bucket", "pad_to_max"), default="pad_to_bucket",
                        help="pad_to_bucket (predictable shapes, default) or pad_to_max (throughput)")
     build.add_argument("--sampling-mode", default="shuffle", metavar="M",
-                       help=f"the engine order: {', '.join(MODE_ALIASES)} or the engine's mode string (default shuffle)")
+                       help=f"the engine order: {', '.join(MODE_ALIASES)} or the engine's mode string "
+                            "(default shuffle)")
     build.add_argument("--order", default="block_affine", metavar="MODE",
-                       help="which shuffle a shuffled or streaming plan follows: block_affine, feistel or block_feistel "
-                       "(docs/sampling-modes.md; default block_affine)")
+                       help="which shuffle a shuffled or streaming plan follows: block_affine, feistel or "
+                            "block_feistel (docs/sampling-modes.md; default block_affine)")
     build.add_argument("--min-length", type=non_negative_int("min length"), default=1, metavar="L",
                        help="shorter samples are skipped (default 1: empty ones)")
     build.add_argument("--block-size", type=positive_int("block size"), default=1 << 20, metavar="B",
@@ -186,7 +187,8 @@ def run_info(args) -> int:
         print(f"  shard {meta.shard['rank']} of {meta.shard['world_size']} (source {meta.shard['source_fingerprint']})")
     for stats in report["epochs"]:
         print(f"  epoch {stats['epoch']}: {stats['microbatches']} microbatches, {stats['samples']} samples, "
-              f"{stats['skipped_samples']} skipped, {stats['tokens']} tokens, padding_waste {stats['padding_waste']:.4f}, "
+              f"{stats['skipped_samples']} skipped, {stats['tokens']} tokens, padding_waste "
+              f"{stats['padding_waste']:.4f}, "
               f"bucket_mix_drift {stats['bucket_mix_drift']:.4f}")
         if "packing" in stats:
             print("    " + packing_line(stats["packing"]))

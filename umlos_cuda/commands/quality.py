@@ -67,7 +67,8 @@ def register(subparsers) -> None:
                         metavar="S1,S2", help="sampler_block_size values for modes made of blocks "
                         f"(default {','.join(str(b) for b in DEFAULT_BLOCK_SIZES)})")
     parser.add_argument("--buckets", type=positive_int("--buckets"), default=DEFAULT_BUCKETS, metavar="K",
-                        help=f"position and index buckets of the chi-square table, 2 to 1024 (default {DEFAULT_BUCKETS})")
+                        help="position and index buckets of the chi-square table, 2 to 1024 (default "
+                             f"{DEFAULT_BUCKETS})")
     parser.add_argument("--epochs", type=positive_int("--epochs"), default=DEFAULT_EPOCHS, metavar="E",
                         help=f"epochs whose first batches are compared, at least 2 (default {DEFAULT_EPOCHS})")
     parser.add_argument("--seed", type=non_negative_int("--seed"), default=0, help="manifest seed (default 0)")
@@ -76,7 +77,8 @@ def register(subparsers) -> None:
                              "numpy that has each mode's code; the bits are the same)")
     figure = parser.add_argument_group("output")
     figure.add_argument("--out", default=DEFAULT_OUT, metavar="FILE.png",
-                        help=f"the figure to write (default {DEFAULT_OUT}; a new file, or an existing one with --force)")
+                        help=f"the figure to write (default {DEFAULT_OUT}; a new file, or an existing one "
+                             "with --force)")
     figure.add_argument("--force", action="store_true", help="replace an existing --out file")
     figure.add_argument("--no-plot", action="store_true", help="print the table only")
     figure.add_argument("--json", action="store_true", help="print the measurements as one JSON object")

@@ -111,7 +111,8 @@ def check_philox(engine) -> Result:
         got = [tuple(int(w) for w in row) for row in device_philox(rows)]
         where = f"on backend {engine.name}"
     else:
-        got = [tuple(int(w) for w in philox4x32_10(row[0], row[1], row[2], row[3], int(row[4]), int(row[5]))) for row in rows]
+        got = [tuple(int(w) for w in philox4x32_10(row[0], row[1], row[2], row[3], int(row[4]),
+                                                   int(row[5]))) for row in rows]
         where = "on the NumPy reference (umlos_cuda.philox)"
         if engine.name != "numpy":
             where += f"; backend {engine.name} has no Philox entry point, its Philox is checked by parity"
@@ -127,7 +128,8 @@ def check_philox(engine) -> Result:
 def check_r9() -> Result:
     got = sampler_config_hash(MODE_SHUFFLE, DEFAULT_BLOCK_SIZE, False).hex()
     status = PASS if got == R9_SELF_CHECK else FAIL
-    return Result("r9-self-check", status, f"sampler_config_hash {got}" + ("" if status == PASS else f", want {R9_SELF_CHECK}"))
+    return Result("r9-self-check", status,
+                  f"sampler_config_hash {got}" + ("" if status == PASS else f", want {R9_SELF_CHECK}"))
 
 
 def _exact_index(plan, position: int) -> int:
@@ -177,7 +179,8 @@ def sweep(engine, show_progress: bool) -> list[Result]:
     if not compare:
         results.append(Result("parity", SKIP, "backend numpy is the reference; nothing to compare against"))
     elif mismatches:
-        results.append(Result("parity", FAIL, f"{len(mismatches)} of {len(jobs)} windows differ; first: {mismatches[0]}"))
+        results.append(Result("parity", FAIL,
+                              f"{len(mismatches)} of {len(jobs)} windows differ; first: {mismatches[0]}"))
     else:
         results.append(Result("parity", PASS, f"{total:,} positions in {len(jobs)} windows of {len(SWEEP)} shapes "
                                               f"identical to numpy ({elapsed:.1f} s)"))
@@ -188,7 +191,8 @@ def sweep(engine, show_progress: bool) -> list[Result]:
     if inexact:
         results.append(Result("exact", FAIL, f"differs from the Python-integer formula at {inexact[0]}"))
     else:
-        results.append(Result("exact", PASS, f"{exact_checked:,} sampled positions equal R6 computed with Python integers"))
+        results.append(Result("exact", PASS,
+                              f"{exact_checked:,} sampled positions equal R6 computed with Python integers"))
     return results
 
 

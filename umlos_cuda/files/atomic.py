@@ -240,7 +240,8 @@ def _publish(temp: str, path: str, force: bool) -> None:
             return
         os.unlink(temp)
     except FileExistsError:
-        raise _error(errors.OUTPUT_EXISTS, f"{path} appeared while it was being written; pass --force to replace it") from None
+        raise _error(errors.OUTPUT_EXISTS,
+                     f"{path} appeared while it was being written; pass --force to replace it") from None
     except OSError as exc:
         raise _error(errors.OUTPUT_WRITE_FAILED, f"cannot publish {path}: {_reason(exc)}") from exc
 

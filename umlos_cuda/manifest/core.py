@@ -43,7 +43,8 @@ from .schema import (DATA_KEYS, DATASET_KEYS, DATASET_OPTIONAL_KEYS, DOCS, FREE_
 from .view import HOW_TO_CHANGE, ReadOnlyDict, freeze, thaw
 from ..modes import DEFAULT_MODE, mode_names
 
-__all__ = ["DatasetSpec", "Manifest", "as_manifest", "canonicalize", "read_manifest_file", "MAX_MANIFEST_BYTES", "MAX_NESTING"]
+__all__ = ["DatasetSpec", "Manifest", "as_manifest", "canonicalize", "read_manifest_file", "MAX_MANIFEST_BYTES",
+           "MAX_NESTING"]
 
 #: R3 defaults, filled before hashing.
 DEFAULT_SPEC_VERSION = "UML_OS-v3.8-OS"
@@ -144,7 +145,8 @@ class Manifest:
             plain["spec_version"].encode("utf-8") + policy_hash + env_manifest_hash + struct.pack(">Q", plain["seed"])
         )
         datasets = {
-            key: DatasetSpec(key, entry["cardinality"], entry["id"], entry["version"], entry["hash"], entry.get("split"))
+            key: DatasetSpec(key, entry["cardinality"], entry["id"], entry["version"], entry["hash"],
+                             entry.get("split"))
             for key, entry in plain["datasets"].items()
         }
         fields = {
@@ -416,7 +418,8 @@ class _PlainCopy:
             size = len(text.encode("utf-8"))
         except UnicodeEncodeError:
             raise invalid_manifest(
-                f"{where}: {_short(text)} is not valid Unicode text (a lone surrogate such as \\ud800 has no UTF-8 form)",
+                f"{where}: {_short(text)} is not valid Unicode text "
+                "(a lone surrogate such as \\ud800 has no UTF-8 form)",
             ) from None
         self._count_bytes(size)
 

@@ -101,7 +101,8 @@ def _tv_along_epoch(ax, rows: list[Row], colours) -> None:
 def _jumps(ax, rows: list[Row], colours, n: int) -> None:
     levels = JumpStatistics.QUANTILE_LEVELS
     for row, colour in zip(rows, colours):
-        ax.step(np.maximum(row.jumps.quantiles, 1) / n, levels, where="post", color=colour, label=row.label, linewidth=1)
+        ax.step(np.maximum(row.jumps.quantiles, 1) / n, levels, where="post", color=colour, label=row.label,
+                linewidth=1)
     x = np.logspace(np.log10(1.0 / n), 0, 200)
     ax.plot(x, random_jump_cdf(x * n, n), color="grey", linestyle=":", label="random (exact)")
     ax.set_xscale("log")

@@ -145,7 +145,8 @@ def spearman_position_index(order: np.ndarray) -> float:
         raise _error(f"Spearman's correlation needs at least 2 positions, got {n}")
     squares = 0.0
     for start in range(0, n, _CHUNK):
-        d = order[start : start + _CHUNK].astype(np.float64) - np.arange(start, min(start + _CHUNK, n), dtype=np.float64)
+        positions = np.arange(start, min(start + _CHUNK, n), dtype=np.float64)
+        d = order[start : start + _CHUNK].astype(np.float64) - positions
         squares += float(np.dot(d, d))
     return 1.0 - 6.0 * squares / (float(n) * (float(n) * n - 1.0))
 

@@ -140,7 +140,8 @@ class Accountant:
         if not self._open or self._open[-1] is not frame:
             raise UmlosError(errors.RNG_DECLARATION_INVALID,
                              f"operator {frame.declaration.operator} ended while "
-                             f"{self.open_operators()[-1] if self._open else 'no operator'} was the innermost one running",
+                             f"{self.open_operators()[-1] if self._open else 'no operator'} "
+                             "was the innermost one running",
                              operator=CONTRACT_OPERATOR)
         self._open.pop()
         if not returned:

@@ -32,7 +32,8 @@ __all__ = [
     "HintPlayer", "LengthQuotaPolicy", "MockGymStream", "NoveltyPolicy", "OfflineDatasetStream", "Player",
     "PlayerContext", "PuzzleEpisode", "PuzzleObservation", "RandomPlayer", "ReplayBuffer", "ReplayReport",
     "RollingBatchPlanWindow", "SampleStream", "SamplingPolicy", "StepResult", "StreamMetrics", "StreamSample",
-    "TelnetClientConfig", "TelnetGymClient", "TokenStoreStream", "Window", "WindowCheckpoint", "WindowLog", "episode_samples",
+    "TelnetClientConfig", "TelnetGymClient", "TokenStoreStream", "Window", "WindowCheckpoint", "WindowLog",
+    "episode_samples",
     "hint_command", "load_policies", "make_player", "play_episode", "plot_curriculum", "policies_from_data",
     "policies_from_yaml", "puzzle_seed", "read_log", "replay_log", "stream_manifest", "window_metrics",
 ]

@@ -267,7 +267,8 @@ class DistributedSampler(_SamplerBase):
                 errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY,
                 f"batch_index {batch_index!r}: rank {self.rank} has no samples this epoch",
             )
-        batch_index = require_int(batch_index, "batch_index", 0, batches - 1, errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY)
+        batch_index = require_int(batch_index, "batch_index", 0, batches - 1,
+                                  errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY)
         first = batch_index * batch_size
         return self._rank_order().rank_indices(first, min(batch_size, self.num_samples - first))
 
@@ -352,7 +353,8 @@ class DistributedSampler(_SamplerBase):
         if state.get("dataset_length") != self._length:
             raise argument_error(
                 errors.CARDINALITY_MISMATCH,
-                f"the state was written for a dataset of {state.get('dataset_length')!r} samples, this one has {self._length}",
+                f"the state was written for a dataset of {state.get('dataset_length')!r} samples, "
+                f"this one has {self._length}",
             )
         epoch = require_uint64(state.get("epoch"), "state epoch", errors.SAMPLER_STATE_INVALID)
         position = require_uint64(state.get("global_position"), "state global_position", errors.SAMPLER_STATE_INVALID)

@@ -60,7 +60,8 @@ class DistributedEvalSampler(_SamplerBase):
         backend: str = "auto",
     ) -> None:
         self.num_replicas, self.rank = resolve_world(num_replicas, rank, size_name="num_replicas")
-        self.batch_size = require_int(batch_size, "batch_size", 1, UINT64_MAX // self.num_replicas, errors.BATCH_SIZE_INCONSISTENT)
+        self.batch_size = require_int(batch_size, "batch_size", 1, UINT64_MAX // self.num_replicas,
+                                      errors.BATCH_SIZE_INCONSISTENT)
         self.length = _dataset_length(dataset)
         self._inner: NextBatchSampler | None = None
         if self.length:
@@ -69,7 +70,8 @@ class DistributedEvalSampler(_SamplerBase):
                 "datasets": {DATASET_KEY: {"id": DATASET_ID, "version": 1, "hash": "", "cardinality": self.length}},
             }
             self._inner = NextBatchSampler(
-                manifest, DATASET_KEY, stage="eval", rank=self.rank, world_size=self.num_replicas, backend=backend, pad=True
+                manifest, DATASET_KEY, stage="eval", rank=self.rank, world_size=self.num_replicas,
+                backend=backend, pad=True
             )
 
     def __len__(self) -> int:

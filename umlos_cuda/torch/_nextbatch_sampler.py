@@ -203,7 +203,8 @@ class NextBatchSampler(_SamplerBase):
         """Restore the cursor from :meth:`state_dict` output written at any world
         size; the manifest, dataset key and stage must be the ones it was written with."""
         if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
-            raise argument_error(errors.SAMPLER_STATE_INVALID, f"not a NextBatchSampler state (expected format {STATE_FORMAT!r})")
+            raise argument_error(errors.SAMPLER_STATE_INVALID,
+                                 f"not a NextBatchSampler state (expected format {STATE_FORMAT!r})")
         for key, mine in (
             ("manifest_hash", self.manifest.hash.hex()),
             ("dataset_key", self.dataset_key),
@@ -226,7 +227,8 @@ class NextBatchSampler(_SamplerBase):
         self._owner = None
 
 
-def _steps(engine: Callable[..., Any], cursor: Cursor, pad: bool, micro_batch_size: int) -> Iterator[tuple[Cursor, dict, list]]:
+def _steps(engine: Callable[..., Any], cursor: Cursor, pad: bool,
+           micro_batch_size: int) -> Iterator[tuple[Cursor, dict, list]]:
     """Call ``engine`` (``next_batch`` with the configuration bound) from ``cursor``
     to the end of its epoch; a generator's arguments are fixed when it is made,
     which is what makes an iterator a snapshot."""

@@ -57,7 +57,8 @@ def check_effective_seed(effective_seed: int, what: str) -> int:
     """``effective_seed`` if it is in ``[-2^63, 2^64 - 1]``, else ``INVALID_ARGUMENT``."""
     if not MIN_SEED <= effective_seed <= MAX_SEED:
         raise argument_error(
-            errors.INVALID_ARGUMENT, f"{what} = {effective_seed} is outside [-2^63, 2^64 - 1], the seeds PyTorch accepts"
+            errors.INVALID_ARGUMENT,
+            f"{what} = {effective_seed} is outside [-2^63, 2^64 - 1], the seeds PyTorch accepts"
         )
     return effective_seed
 

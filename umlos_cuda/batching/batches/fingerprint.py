@@ -112,7 +112,8 @@ class BatchFingerprint:
         positions = data["positions"]
         if positions is not None:
             if not isinstance(positions, list) or not all(
-                    isinstance(p, list) and len(p) == 2 and all(type(v) is int and v >= 0 for v in p) for p in positions):
+                    isinstance(p, list) and len(p) == 2 and all(type(v) is int and v >= 0 for v in p)
+                    for p in positions):
                 raise _invalid("positions must be null or a list of [epoch, index] pairs of non-negative integers")
             positions = tuple(tuple(p) for p in positions)
         digests = data["digests"]

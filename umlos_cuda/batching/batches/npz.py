@@ -41,7 +41,8 @@ FILES_FORMAT = "umlos_cuda.batch_files/1"
 INDEX_FILE = "batches.json"
 PLAN_FOLDER = "plan"
 #: The members of a batch file, in the order they are written.
-MEMBERS = FIELDS + ("sample_ids", "rows", "row_sizes", "bucket_id", "epoch", "index", "max_len", "plan_fingerprint", "fingerprint")
+MEMBERS = FIELDS + ("sample_ids", "rows", "row_sizes", "bucket_id", "epoch", "index", "max_len", "plan_fingerprint",
+                    "fingerprint")
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 

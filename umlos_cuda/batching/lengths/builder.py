@@ -102,7 +102,8 @@ class DatasetEncoding:
         """The token count of each record of ``chunk`` (what the length cache holds)."""
         return [len(encoding) + self.appended for encoding in self.encode(self.texts(chunk), chunk)]
 
-    def stream(self, work: Callable[[RecordChunk], T], chunk_size: int = DEFAULT_CHUNK) -> Iterator[tuple[RecordChunk, T]]:
+    def stream(self, work: Callable[[RecordChunk], T],
+               chunk_size: int = DEFAULT_CHUNK) -> Iterator[tuple[RecordChunk, T]]:
         """Yield ``(chunk, work(chunk))`` in file order; ``work`` runs in a
         worker thread while this one reads and checks the next chunk."""
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="umlos-encode") as pool:

@@ -125,7 +125,8 @@ class LengthCache:
                 raise _invalid(f"{len(ids)} sample ids but {array.shape[0]} lengths; give one id per length")
             for position, sample_id in enumerate(ids):
                 if not isinstance(sample_id, str):
-                    raise _invalid(f"sample id #{position} is {type(sample_id).__name__} {sample_id!r}; ids are strings")
+                    raise _invalid(f"sample id #{position} is {type(sample_id).__name__} {sample_id!r}; "
+                                   "ids are strings")
             _check_unique(ids, "sample ids")
         array.flags.writeable = False
         return cls(array, tokenizer_hash, sample_ids=ids, ids_are_line_numbers=ids is None, dataset_hash=dataset_hash)

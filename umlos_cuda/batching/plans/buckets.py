@@ -36,7 +36,8 @@ TABLE_MAX = 1 << 22
 @functools.lru_cache(maxsize=16)
 def _bucket_table(edges: tuple[int, ...], overflow_max: int, min_length: int) -> np.ndarray:
     """Bucket id of every length 0 .. overflow_max + 1 (the last stands for all longer ones)."""
-    table = np.searchsorted(np.asarray(edges, dtype=np.int64), np.arange(overflow_max + 2), side="left").astype(np.int16)
+    table = np.searchsorted(np.asarray(edges, dtype=np.int64), np.arange(overflow_max + 2),
+                            side="left").astype(np.int16)
     table[:min_length] = SKIPPED
     table[overflow_max + 1] = SKIPPED
     table.flags.writeable = False

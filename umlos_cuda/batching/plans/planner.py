@@ -89,7 +89,9 @@ def plan_manifest(config: BatchingConfig, n: int) -> Manifest:
         "seed": config.seed,
         "global_batch_size": 1,
         "data": {"sampler_block_size": config.sampler_block_size, "drop_last": False, "sampling_mode": config.order},
-        "datasets": {PLAN_DATASET_KEY: {"id": "umlos_cuda.batching.plans.plan", "version": 1, "hash": "", "cardinality": n}},
+        "datasets": {
+            PLAN_DATASET_KEY: {"id": "umlos_cuda.batching.plans.plan", "version": 1, "hash": "", "cardinality": n},
+        },
     })
 
 

@@ -39,7 +39,8 @@ def check_rank(rank, world_size) -> tuple[int, int]:
     if not 1 <= world_size <= MAX_WORLD_SIZE:
         raise plan_error(errors.INVALID_RANK, f"world_size {world_size} is outside [1, {MAX_WORLD_SIZE}]")
     if not 0 <= rank < world_size:
-        raise plan_error(errors.INVALID_RANK, f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]")
+        raise plan_error(errors.INVALID_RANK,
+                         f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]")
     return rank, world_size
 
 

@@ -61,7 +61,8 @@ def epoch_stats(epoch: int, offsets: np.ndarray, samples: np.ndarray, bucket_ids
     return stats
 
 
-def tokens_per_batch(offsets: np.ndarray, samples: np.ndarray, lengths: np.ndarray, window: int = 1 << 22) -> np.ndarray:
+def tokens_per_batch(offsets: np.ndarray, samples: np.ndarray, lengths: np.ndarray,
+                     window: int = 1 << 22) -> np.ndarray:
     """Sum of the lengths of each microbatch, a bounded number of rows at a time."""
     offsets = np.asarray(offsets, dtype=np.int64)
     cumulative = np.zeros(offsets.shape[0], dtype=np.int64)

@@ -83,16 +83,19 @@ def _check_bindings(plan: BatchPlan, lengths) -> None:
         from .builder import sample_ids_sha256
 
         if sample_ids_sha256(plan.sample_ids) != meta.sample_ids_sha256:
-            raise plan_error(errors.PLAN_LENGTHS_MISMATCH, "sample_ids.jsonl does not hash to meta.json's sample_ids_sha256")
+            raise plan_error(errors.PLAN_LENGTHS_MISMATCH,
+                             "sample_ids.jsonl does not hash to meta.json's sample_ids_sha256")
     if lengths is None:
         return
     given = np.asarray(lengths.lengths, dtype="<u4")
     if lengths.tokenizer_hash != meta.tokenizer_hash:
         raise plan_error(errors.PLAN_LENGTHS_MISMATCH,
-                         f"the length cache was counted by tokenizer {lengths.tokenizer_hash}, the plan by {meta.tokenizer_hash}")
+                         f"the length cache was counted by tokenizer {lengths.tokenizer_hash}, the plan by "
+                         f"{meta.tokenizer_hash}")
     if given.shape[0] != meta.num_samples or sha256_array(given) != meta.lengths_sha256:
         raise plan_error(errors.PLAN_LENGTHS_MISMATCH,
-                         f"the length cache ({given.shape[0]} samples) holds other lengths than the plan was built from")
+                         f"the length cache ({given.shape[0]} samples) holds other lengths than the plan "
+                         "was built from")
     ids_are_rows = getattr(lengths, "ids_are_line_numbers", False)
     plan_ids = plan.sample_ids
     if (plan_ids is None) != ids_are_rows or (plan_ids is not None and list(lengths.sample_ids) != list(plan_ids)):
@@ -125,7 +128,8 @@ def _check_epoch(plan: BatchPlan, epoch: EpochPlan, skip_mask: np.ndarray) -> No
         missing = np.flatnonzero(~seen & ~skip_mask)
         if missing.size:
             raise plan_error(errors.PLAN_SAMPLES_INVALID,
-                             f"epoch {e}: {missing.size} sample(s) are neither planned nor skipped (first: row {int(missing[0])})")
+                             f"epoch {e}: {missing.size} sample(s) are neither planned nor skipped (first: row "
+                             f"{int(missing[0])})")
     bucket_ids = np.asarray(epoch.bucket_ids, dtype=np.int64)
     if bucket_ids.size and (int(bucket_ids.min()) < 0 or int(bucket_ids.max()) >= spec.num_buckets):
         raise plan_error(errors.PLAN_BUCKET_MISMATCH, f"epoch {e}: a bucket id is outside [0, {spec.num_buckets - 1}]")
@@ -145,7 +149,8 @@ def _check_epoch(plan: BatchPlan, epoch: EpochPlan, skip_mask: np.ndarray) -> No
         stats["global_microbatches"] = epoch.stats.get("global_microbatches")
     if stats != epoch.stats:
         differ = sorted(k for k in set(stats) | set(epoch.stats) if stats.get(k) != epoch.stats.get(k))
-        raise plan_error(errors.PLAN_STATS_MISMATCH, f"epoch {e}: stats.json disagrees with the microbatches on {differ}")
+        raise plan_error(errors.PLAN_STATS_MISMATCH,
+                         f"epoch {e}: stats.json disagrees with the microbatches on {differ}")
 
 
 def _check_padding(epoch: EpochPlan, config, sample_lengths: np.ndarray, offsets: np.ndarray) -> None:
@@ -161,7 +166,8 @@ def _check_padding(epoch: EpochPlan, config, sample_lengths: np.ndarray, offsets
     if bad.size:
         j = int(bad[0])
         raise plan_error(errors.PLAN_BUCKET_MISMATCH,
-                         f"epoch {e}: microbatch {j} has max_len {int(max_len[j])}; {config.pad_policy.value} gives {int(expected[j])}")
+                         f"epoch {e}: microbatch {j} has max_len {int(max_len[j])}; {config.pad_policy.value} gives "
+                         f"{int(expected[j])}")
     over = np.flatnonzero(sizes * max_len > config.token_budget)
     if over.size:
         j = int(over[0])
@@ -178,7 +184,8 @@ def _check_jsonl(plan: BatchPlan, epoch: EpochPlan, path: str) -> None:
         arrays = read_microbatches_jsonl(path, plan.meta, plan.sample_ids, base, step)
     except UmlosError as exc:
         raise plan_error(errors.PLAN_JSONL_MISMATCH, f"{exc.message}") from None
-    names = ("offsets", "samples", "bucket_ids", "max_len") + (("row_offsets", "pack_rows") if "pack_rows" in arrays else ())
+    packed = ("row_offsets", "pack_rows") if "pack_rows" in arrays else ()
+    names = ("offsets", "samples", "bucket_ids", "max_len") + packed
     for name in names:
         if not np.array_equal(arrays[name], np.asarray(getattr(epoch, name))):
             raise plan_error(errors.PLAN_JSONL_MISMATCH, f"{path}: its {name} differ from the binary form's")
@@ -201,4 +208,5 @@ def _check_reproduces(plan: BatchPlan, digests: tuple[str, ...]) -> None:
     differ = [e for e, (a, b) in enumerate(zip(digests, again.epoch_digests)) if a != b]
     if differ:
         raise plan_error(errors.PLAN_NOT_REPRODUCIBLE,
-                         f"epochs {differ} differ from what the configuration builds from these lengths on the engine's order")
+                         f"epochs {differ} differ from what the configuration builds from these lengths on the "
+                         "engine's order")

@@ -107,8 +107,9 @@ class MegatronDataset:
             raise _invalid(f"{idx_path(prefix)} has version {version}; this reader reads version {IDX_VERSION}")
         if code not in DTYPE_CODES or np.dtype(DTYPE_CODES[code]).kind not in "iu":
             named = DTYPE_CODES[code].__name__ if code in DTYPE_CODES else "none"
+            integer_codes = ", ".join(f"{c} {t.__name__}" for c, t in DTYPE_CODES.items() if np.dtype(t).kind in "iu")
             raise _invalid(f"{idx_path(prefix)} has dtype code {code} ({named}); token ids need an integer code, one "
-                           "of " + ", ".join(f"{c} {t.__name__}" for c, t in DTYPE_CODES.items() if np.dtype(t).kind in "iu"))
+                           "of " + integer_codes)
         dtype = np.dtype(DTYPE_CODES[code]).newbyteorder("<")
         plain = HEADER_BYTES + 12 * count + 8 * documents
         if index.shape[0] not in (plain, plain + count):

@@ -17,7 +17,8 @@ from ..types import StreamSample, difficulty_rank
 
 
 class MockGymStream:
-    def __init__(self, episodes: int, *, seed: int = 0, games=("sudoku", "kenken"), difficulties=("easy", "medium", "hard"),
+    def __init__(self, episodes: int, *, seed: int = 0, games=("sudoku", "kenken"),
+                 difficulties=("easy", "medium", "hard"),
                  solve_rate: float = 0.6, min_length: int = 16, max_length: int = 600, vocab: int = 1000,
                  start_episode: int = 0) -> None:
         self.episodes, self.seed = episodes, seed

@@ -86,7 +86,8 @@ class GymConfig:
             object.__setattr__(self, name, checks.integer(getattr(self, name), name, low, None, fail=_config_invalid,
                                                           message=checks.AT_LEAST))
         if self.output not in OUTPUT_MODES:
-            raise failure(errors.GYM_CONFIG_INVALID, f"output must be one of {', '.join(OUTPUT_MODES)}, got {self.output!r}")
+            raise failure(errors.GYM_CONFIG_INVALID,
+                          f"output must be one of {', '.join(OUTPUT_MODES)}, got {self.output!r}")
         for name in ("backoff_s", "backoff_max_s"):
             value = getattr(self, name)
             checks.number(value, name, at_least=0, finite=False, fail=_config_invalid,

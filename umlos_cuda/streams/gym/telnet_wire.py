@@ -164,7 +164,8 @@ class TelnetLines:
 
     def _connected(self) -> socket.socket:
         if self._sock is None:
-            raise failure(errors.GYM_CONNECTION_FAILED, "the connection to the puzzle server is closed", reason="closed")
+            raise failure(errors.GYM_CONNECTION_FAILED, "the connection to the puzzle server is closed",
+                          reason="closed")
         return self._sock
 
     def _receive(self, deadline: float, waiting_for: str) -> None:

@@ -51,4 +51,5 @@ def _decode(state: Any, manifest: Any = None) -> WindowCheckpoint:
 
 
 register_cursor_kind(CursorKind(KIND, encode=_encode, decode=_decode,
-                                description="rolling plan window over a replay buffer (buffer slots, RNG offsets, windows)"))
+                                description="rolling plan window over a replay buffer "
+                                            "(buffer slots, RNG offsets, windows)"))

@@ -144,7 +144,8 @@ def iter_lines(path: str, drop_torn_tail: bool) -> Iterator[tuple[int, dict[str,
             yield number, value
 
 
-def read_log(path: str | os.PathLike[str], *, drop_torn_tail: bool = False, max_windows: int | None = None) -> LogContents:
+def read_log(path: str | os.PathLike[str], *, drop_torn_tail: bool = False,
+             max_windows: int | None = None) -> LogContents:
     """The header and window records (at most ``max_windows``), checked for order."""
     path = log_path(path)
     header: dict[str, Any] | None = None

@@ -97,7 +97,8 @@ class RollingBatchPlanWindow:
     """
 
     def __init__(self, buffer: ReplayBuffer, window_microbatches: int = 1000, *, batching: BatchingConfig | None = None,
-                 pack: PackingConfig | None = None, policy: ComposedPolicy | None = None, samples_per_window: int | None = None, log: Any = None,
+                 pack: PackingConfig | None = None, policy: ComposedPolicy | None = None,
+                 samples_per_window: int | None = None, log: Any = None,
                  tokenizer_hash: str = "unknown") -> None:
         if not isinstance(buffer, ReplayBuffer):
             raise failure(errors.REPLAY_BUFFER_INVALID, f"buffer must be a ReplayBuffer, got {type(buffer).__name__}")
@@ -106,7 +107,8 @@ class RollingBatchPlanWindow:
                 checks.integer(value, name, 1, None, fail=partial(failure, errors.REPLAY_BUFFER_INVALID),
                                message=checks.POSITIVE, strict=True)
         if policy is not None and not isinstance(policy, ComposedPolicy):
-            raise failure(errors.SAMPLING_POLICY_INVALID, "policy must be a ComposedPolicy (load_policies, policies_from_data)")
+            raise failure(errors.SAMPLING_POLICY_INVALID,
+                          "policy must be a ComposedPolicy (load_policies, policies_from_data)")
         self.buffer = buffer
         self.window_microbatches = window_microbatches
         self.batching = batching or BatchingConfig.throughput(**DEFAULT_BATCHING)
@@ -202,7 +204,8 @@ class RollingBatchPlanWindow:
     def record(self, window: Window, added: list[tuple[int, StreamSample, float]]) -> dict[str, Any]:
         return {
             "window": window.index,
-            "added": [{"key": key, "priority": priority, "sample": sample.to_dict()} for key, sample, priority in added],
+            "added": [{"key": key, "priority": priority, "sample": sample.to_dict()}
+                      for key, sample, priority in added],
             "snapshot_fingerprint": window.snapshot.fingerprint,
             "plan_fingerprint": window.plan_fingerprint,
             "window_fingerprint": window.fingerprint,

@@ -86,7 +86,8 @@ def chuk_plan(batching, ids, lengths, mode):
     lengths_by_id = dict(zip(ids, lengths.tolist()))
     factory = batching.BatchingConfig.predictable if mode == "predictable" else batching.BatchingConfig.throughput
     config = factory(token_budget=BUDGET, bucket_edges=EDGES, overflow_max=OVERFLOW, seed=SEED)
-    builder = batching.BatchPlanBuilder(lengths=lengths_by_id, batching_config=config, dataset_hash="d", tokenizer_hash="t")
+    builder = batching.BatchPlanBuilder(lengths=lengths_by_id, batching_config=config, dataset_hash="d",
+                                        tokenizer_hash="t")
     return asyncio.run(builder.build(num_epochs=1)), lengths_by_id
 
 
@@ -181,7 +182,8 @@ def huge(n: int, mode: str, keep: str | None) -> None:
     print(f"  plan built in {built:.1f} s ({n / built:,.0f} samples/s): {stats['microbatches']:,} microbatches, "
           f"padding_waste {stats['padding_waste']:.4f}, bucket_mix_drift {stats['bucket_mix_drift']:.5f}, "
           f"{stats['skipped_samples']:,} skipped")
-    print(f"  written in {saved:.1f} s ({sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(target) for f in fs) / 2**20:,.0f} MiB)")
+    print(f"  written in {saved:.1f} s "
+          f"({sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(target) for f in fs) / 2**20:,.0f} MiB)")
     print(f"  peak RSS {peak / 2**30:.2f} GiB = {peak / n:.1f} bytes per sample (goal: <= 64)")
     if keep is None:
         shutil.rmtree(folder, ignore_errors=True)

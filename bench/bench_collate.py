@@ -90,8 +90,8 @@ def main() -> None:
     report = BatchWriter(plan, out, source, workers=args.workers, force=True).write_all()
     written = time.perf_counter() - start
     size = sum(os.path.getsize(os.path.join(out, n)) for n in os.listdir(out) if n.endswith(".npz"))
-    print(f"BatchWriter:  {written:.3f} s, {report.files / written:7.0f} files/s, {real / written / 1e6:.1f} M tokens/s, "
-          f"{size / 2**20:.0f} MiB ({report.written} written)")
+    print(f"BatchWriter:  {written:.3f} s, {report.files / written:7.0f} files/s, "
+          f"{real / written / 1e6:.1f} M tokens/s, {size / 2**20:.0f} MiB ({report.written} written)")
 
     reader = BatchReader(out)
     paths = [reader.path(0, mb.index) for mb in microbatches]

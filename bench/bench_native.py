@@ -169,7 +169,8 @@ def main() -> None:
     parser.add_argument("--setup-n", type=float, default=1e11, help="N for epoch setup and first-batch latency")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-numpy", action="store_true", help="skip the NumPy reference rows (seconds at 10^8)")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"sampling modes, comma-separated (default {','.join(MODES)})")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"sampling modes, comma-separated (default {','.join(MODES)})")
     args = parser.parse_args()
     try:
         get_backend("native")

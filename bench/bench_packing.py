@@ -145,7 +145,8 @@ def run(sizes: list[int], chuk_max: int, python_max: int, rows_max: int) -> None
         pack_sequences(our_sequences(warm), MAX_LENGTH, mode)
         if batching is not None:
             chuk_pack(batching, [batching.SequenceToPack(sample_id=str(i), input_ids=tuple(range(x)),
-                                                         loss_mask=(1,) * x) for i, x in enumerate(warm.tolist())], mode)
+                                                         loss_mask=(1,) * x) for i, x in enumerate(warm.tolist())],
+                                                         mode)
     for n in sizes:
         lengths = lengths_of(n)
         bound = -(-int(lengths.sum(dtype=np.int64)) // MAX_LENGTH)

@@ -49,7 +49,8 @@ def write_store(store_dir: str, events: int) -> list[dict]:
         for t in range(1, events):
             record = dict(template)
             digest = hashlib.sha256(t.to_bytes(8, "little")).digest()
-            record.update(t=t, global_position=8 * t, data_replay_t=digest, indices_sha256=hashlib.sha256(digest).digest(),
+            record.update(t=t, global_position=8 * t, data_replay_t=digest,
+                          indices_sha256=hashlib.sha256(digest).digest(),
                           cursor_before={"epoch": t // 125, "global_index": 8 * (t - 1)},
                           cursor_after={"epoch": t // 125, "global_index": 8 * t})
             store.tape.append(record)
@@ -105,12 +106,14 @@ def main(argv=None) -> int:
             ("verify_store (after; whole store)", summary),
         ]
         print()
-        print(f"| {'path':<34} | {'events':>9} | {'wall s':>7} | {'CPU s':>7} | {'events/s (CPU)':>14} | {'vs strict':>9} |")
+        print(f"| {'path':<34} | {'events':>9} | {'wall s':>7} | {'CPU s':>7} | {'events/s (CPU)':>14} | "
+              f"{'vs strict':>9} |")
         print(f"|{'-' * 36}|{'-' * 10}:|{'-' * 8}:|{'-' * 8}:|{'-' * 15}:|{'-' * 10}:|")
         for name, (_, wall, cpu) in rows:
             print(f"| {name:<34} | {args.events:>9,} | {wall:>7.2f} | {cpu:>7.2f} | {args.events / cpu:>14,.0f} | "
                   f"{strict[2] / cpu:>8.1f}x |")
-        print(f"\nsame tape state from both readers: {fast[0].next_seq:,} events, tail {fast[0].tail_hash.hex()[:16]}...")
+        print(f"\nsame tape state from both readers: {fast[0].next_seq:,} events, tail "
+              f"{fast[0].tail_hash.hex()[:16]}...")
     finally:
         if args.keep:
             print(f"kept {work}")

@@ -98,7 +98,8 @@ def measure(cp, backend, sizes, repeat: int, peak: float | None, torch_cuda, mod
     for n in sizes:
         # uint64 output, plus headroom for the shuffles' temporaries.
         if 8 * n * 3 > free:
-            print(f"N = {n:.0e}: skipped, needs about {24 * n / 2**30:.0f} GiB of {free / 2**30:.0f} GiB free", file=sys.stderr)
+            print(f"N = {n:.0e}: skipped, needs about {24 * n / 2**30:.0f} GiB of {free / 2**30:.0f} GiB free",
+                  file=sys.stderr)
             continue
         out = cp.empty(n, dtype=np.uint64)
         # What this device's memory system gives a plain store of the same bytes.
@@ -110,7 +111,8 @@ def measure(cp, backend, sizes, repeat: int, peak: float | None, torch_cuda, mod
             plan = backend.build_plan(SEED16, n, BLOCK_SIZE, mode)
             plan_s = time.perf_counter() - started
             t = time_gpu(cp, repeat, partial(backend.map_train, plan, 0, n, out=out))
-            rows.append(row(n, f"{mode} map_train uint64", t, 8, peak) | {"plan_build_s": plan_s, "plan_builder": plan.builder, "mode": mode})
+            rows.append(row(n, f"{mode} map_train uint64", t, 8, peak) | {"plan_build_s": plan_s,
+                                                                          "plan_builder": plan.builder, "mode": mode})
             if out32 is not None:
                 t = time_gpu(cp, repeat, partial(backend.map_train, plan, 0, n, out=out32))
                 rows.append(row(n, f"{mode} map_train int32", t, 4, peak))
@@ -157,8 +159,8 @@ def print_table(header: dict, rows: list[dict]) -> None:
     if plans:
         print()
         for r in plans:
-            print(f"{r['mode']} plan for N = {r['n']:,} (block {BLOCK_SIZE}): {r['plan_build_s'] * 1e3:.3f} ms on the host "
-                  f"({r['plan_builder']})")
+            print(f"{r['mode']} plan for N = {r['n']:,} (block {BLOCK_SIZE}): "
+                  f"{r['plan_build_s'] * 1e3:.3f} ms on the host ({r['plan_builder']})")
 
 
 def main(argv=None) -> int:
@@ -167,7 +169,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--peak-gbs", type=float, default=None, help="HBM bandwidth to compare with (GB/s)")
     parser.add_argument("--json", metavar="F", help="also write the rows and the header to F")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"sampling modes, comma-separated (default {','.join(MODES)})")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"sampling modes, comma-separated (default {','.join(MODES)})")
     args = parser.parse_args(argv)
 
     from umlos_cuda.backends import get_backend

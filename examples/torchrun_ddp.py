@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
-from umlos_cuda.torch import DistributedEvalSampler, DistributedSampler, MaskedDataset, NextBatchSampler, run_distributed
+from umlos_cuda.torch import (DistributedEvalSampler, DistributedSampler, MaskedDataset, NextBatchSampler,
+                              run_distributed)
 
 N, GLOBAL_BATCH, EPOCHS = 1000, 32, 3
 CHECKPOINT = "ddp-checkpoint.pt"

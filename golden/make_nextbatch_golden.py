@@ -63,7 +63,8 @@ def manifests() -> dict:
     # Defaults omitted: spec_version, seed 0, sampler_block_size 2^20, drop_last false (R3).
     out["n1e6_defaults"] = {"global_batch_size": G, "datasets": dataset(N6)}
     out["n1e6_b1000_drop_last"] = {
-        "seed": 7, "global_batch_size": G, "data": {"sampler_block_size": 1000, "drop_last": True}, "datasets": dataset(N6),
+        "seed": 7, "global_batch_size": G, "data": {"sampler_block_size": 1000, "drop_last": True},
+        "datasets": dataset(N6),
     }
     for i, seed in enumerate(SEEDS):
         out[f"n1e9_s{i}"] = {
@@ -102,7 +103,8 @@ def cases(raws: dict) -> list[dict]:
                               "world_size": world_size},
                 })
     out.append({"id": "n1e6/defaults/w8/train", "kind": "epoch_run",
-                "input": {"manifest": "n1e6_defaults", "dataset": DATASET, "stage": "train", "epoch": 0, "world_size": 8}})
+                "input": {"manifest": "n1e6_defaults", "dataset": DATASET, "stage": "train", "epoch": 0,
+                          "world_size": 8}})
     for stage in STAGES:
         out.append({"id": f"n1e6/b1000_drop_last/w12/{stage}", "kind": "epoch_run",
                     "input": {"manifest": "n1e6_b1000_drop_last", "dataset": DATASET, "stage": stage, "epoch": 1,
@@ -127,7 +129,8 @@ def cases(raws: dict) -> list[dict]:
             for stage in STAGES:
                 for label, index in (("middle", middle), ("last", last)):
                     out.append({"id": f"n1e9/s{i}/w{world_size}/{stage}/{label}", "kind": "batch",
-                                "input": {"manifest": name, "dataset": DATASET, "stage": stage, "world_size": world_size,
+                                "input": {"manifest": name, "dataset": DATASET, "stage": stage,
+                                          "world_size": world_size,
                                           "cursor": {"epoch": i, "global_index": index}}})
     return out
 
@@ -153,7 +156,8 @@ def generate(raws: dict, todo: list[dict], *, out: str, backend: str, spec: str,
         "spec": spec,
         "generator": {"script": script, "version": version, "umlos_cuda": umlos_cuda.__version__, "backend": backend},
         "encoding": {
-            "sha256": "SHA-256 (lowercase hex) of the indices in emission order, each uint64 little-endian, concatenated",
+            "sha256": "SHA-256 (lowercase hex) of the indices in emission order, "
+                      "each uint64 little-endian, concatenated",
             "epoch_run": "next_batch from cursor (epoch, 0) until the cursor leaves the epoch; at each step every rank "
                          "0..W-1 in order",
             "data_replay_t_sha256": "SHA-256 of the 32-byte data_replay_t of every call, concatenated in call order",

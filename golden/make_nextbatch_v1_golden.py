@@ -67,7 +67,8 @@ def shard_case(name: str, raw: dict, epoch: int, world_size: int) -> dict:
         batch = next_batch_v1(raw, DATASET, world_size, rank, epoch, backend="numpy")
         order = batch.order_hash.hex()
         values = batch.indices.tolist()
-        ranks.append({"count": len(values), "sha256": digest(batch.indices), "first_8": values[:8], "last_8": values[-8:]})
+        ranks.append({"count": len(values), "sha256": digest(batch.indices), "first_8": values[:8],
+                      "last_8": values[-8:]})
     return {"id": f"shard/{name}/e{epoch}/w{world_size}", "kind": "shard",
             "input": {"manifest": name, "dataset": DATASET, "epoch": epoch, "world_size": world_size},
             "expected": {"order_hash": order, "ranks": ranks}}

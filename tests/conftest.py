@@ -22,10 +22,12 @@ from hypothesis import HealthCheck, settings
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 settings.register_profile(
-    "ci", deadline=None, derandomize=True, print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+    "ci", deadline=None, derandomize=True, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
 settings.register_profile(
-    "thorough", deadline=None, max_examples=1000, print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+    "thorough", deadline=None, max_examples=1000, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
 settings.load_profile(os.environ.get("UMLOS_HYPOTHESIS", "ci"))
 

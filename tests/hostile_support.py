@@ -60,7 +60,8 @@ class Outcome:
 
     def describe(self) -> str:
         tail = self.stderr[-2000:]
-        return f"argv={list(self.argv)} rc={self.returncode} after {self.seconds:.1f}s\nstderr: {tail}\nstdout: {self.stdout[-500:]}"
+        return (f"argv={list(self.argv)} rc={self.returncode} after {self.seconds:.1f}s\n"
+                f"stderr: {tail}\nstdout: {self.stdout[-500:]}")
 
 
 def _limits(memory: int, cpu_s: int):

@@ -224,7 +224,8 @@ MODE_STREAMING = "STREAMING_SHUFFLE_BLOCK_AFFINE_V1"
 def sampler_config_hash(sampling_mode: str, block_size: int, drop_last: bool) -> bytes:
     """R9."""
     return hash_canonical(
-        [sampling_mode, block_size, drop_last, "epoch_seed_rule_v2", "intra_block_affine_coprime_v1", "rank_contiguous_shard_v1"]
+        [sampling_mode, block_size, drop_last, "epoch_seed_rule_v2", "intra_block_affine_coprime_v1",
+         "rank_contiguous_shard_v1"]
     )
 
 

@@ -221,7 +221,8 @@ def block_feistel_toy():
         rows += [
             (f"pb = {pb}: key words (draws {2 * pb}, {2 * pb + 1}, domain 4)", " ".join(hex64(w) for w in words4)),
             (f"pb = {pb}: block_start, m, w", f"{base}, {m}, {spec_width(m)}"),
-            (f"pb = {pb}: indices of local positions 0..{m - 1}", t.ints(base + check(local, m, words4) for local in range(m))),
+            (f"pb = {pb}: indices of local positions 0..{m - 1}",
+             t.ints(base + check(local, m, words4) for local in range(m))),
         ]
     got = uc.epoch_indices(raw, t.TOY_KEY, backend="numpy")
     rows.append(("epoch 0, positions 0..29", t.ints(got)))

@@ -103,7 +103,8 @@ def rng_substreams():
             rows.append((f"{stream}: block {block} counter", words(*c)))
             rows.append((f"{stream}: block {block} output", words(*output)))
         draws = draws_at(seed16, stream, 0, 8)
-        assert draws.tolist() == [oracle.philox4x32_10(counter(n // 4, number, seed16), (w0, w1))[n % 4] for n in range(8)]
+        assert draws.tolist() == [oracle.philox4x32_10(counter(n // 4, number, seed16), (w0, w1))[n % 4]
+                                  for n in range(8)]
         rows.append((f"{stream}: draws 0..7", ints(draws)))
     offset = (1 << 34) - 2
     for block in ((1 << 32) - 1, 1 << 32):

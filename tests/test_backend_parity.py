@@ -127,7 +127,8 @@ def _usable(backend: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "config_id,backend", [(c[0], b) for c in CONFIGS for b in BACKENDS], ids=[f"{c[0]}-{b}" for c in CONFIGS for b in BACKENDS]
+    "config_id,backend", [(c[0], b) for c in CONFIGS for b in BACKENDS],
+    ids=[f"{c[0]}-{b}" for c in CONFIGS for b in BACKENDS]
 )
 def test_epoch_indices_bit_identical(config_id, backend):
     _usable(backend)

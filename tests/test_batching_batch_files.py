@@ -364,7 +364,8 @@ def test_the_canonical_bytes(world):
     batches = [{"input_ids": ids, "loss_mask": mask}, {"input_ids": ids[:1], "loss_mask": mask[:1]}]
     assert compute_batch_fingerprint(batches) == overall
     assert compute_batch_fingerprint(batches, n_batches=1) != overall
-    assert microbatch_digest(ids, mask) != microbatch_digest(np.pad(ids, ((0, 0), (0, 1))), np.pad(mask, ((0, 0), (0, 1))))
+    assert microbatch_digest(ids, mask) != microbatch_digest(np.pad(ids, ((0, 0), (0, 1))),
+                                                             np.pad(mask, ((0, 0), (0, 1))))
 
 
 def test_save_load_and_verify(world, tmp_path):

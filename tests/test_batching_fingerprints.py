@@ -51,7 +51,8 @@ def test_same_for_every_way_of_passing_the_tokenizer(base, base_hash, tmp_path):
     file = tmp_path / "tokenizer.json"
     base.save(str(file))
     bare_dir = write_model_dir(tmp_path / "bare", base)
-    neutral_config = write_model_dir(tmp_path / "cfg", base, {"model_max_length": 2048, "clean_up_tokenization_spaces": False})
+    neutral_config = write_model_dir(tmp_path / "cfg", base,
+                                     {"model_max_length": 2048, "clean_up_tokenization_spaces": False})
     for source in (base, str(file), file, bare_dir, neutral_config, load_tokenizer(file)):
         assert tokenizer_fingerprint(source) == base_hash, source
 

@@ -14,8 +14,8 @@ from umlos_cuda.batching.plans.buckets import BucketSpec
 from umlos_cuda.batching.plans.builder import BatchPlanBuilder
 from umlos_cuda.batching.plans.config import PLAN_STAGES, BatchingConfig, PadPolicy
 from umlos_cuda.batching.packing.pack import native_module
-from umlos_cuda.batching.plans.planner import (PLAN_DATASET_KEY, bucket_mix_drift, cuts_by_lifting, cuts_by_scan, greedy_cuts,
-                                         greedy_cuts_and_longest, plan_manifest)
+from umlos_cuda.batching.plans.planner import (PLAN_DATASET_KEY, bucket_mix_drift, cuts_by_lifting, cuts_by_scan,
+                                               greedy_cuts, greedy_cuts_and_longest, plan_manifest)
 
 SHUFFLE, SEQUENTIAL, STREAMING = PLAN_STAGES
 
@@ -159,7 +159,8 @@ def check_invariants(plan, lengths, config):
             assert mb.index == j and mb.packs is None and mb.samples == tuple(plan.sample_id(r) for r in rows)
             bucket_lengths = [int(lengths[r]) for r in rows]
             assert {int(b) for b in spec.bucket_ids(np.asarray(bucket_lengths))} == {mb.bucket_id}
-            pad = spec.bucket_max_length(mb.bucket_id) if config.pad_policy is PadPolicy.PAD_TO_BUCKET else max(bucket_lengths)
+            to_bucket = config.pad_policy is PadPolicy.PAD_TO_BUCKET
+            pad = spec.bucket_max_length(mb.bucket_id) if to_bucket else max(bucket_lengths)
             assert mb.max_len == pad and len(rows) * pad <= config.token_budget
             per_bucket.setdefault(mb.bucket_id, []).append(rows)
             seen += rows
@@ -235,7 +236,8 @@ def test_determinism_and_seed_sensitivity():
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7])
 def test_shards_deal_out_the_one_global_sequence(world_size):
     lengths = lognormal(3000, 2)
-    plan = BatchPlanBuilder(lengths, BatchingConfig.predictable(8192, (128, 512, 1024), 2048), tokenizer_hash="t").build(2)
+    plan = BatchPlanBuilder(lengths, BatchingConfig.predictable(8192, (128, 512, 1024), 2048),
+                            tokenizer_hash="t").build(2)
     shards = [shard_plan(plan, r, world_size) for r in range(world_size)]
     for e in range(2):
         merged = sorted((mb.index, mb.samples) for s in shards for mb in s.iter_epoch(e))

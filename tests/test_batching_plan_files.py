@@ -199,7 +199,8 @@ def tamper_cases():
         b = next(j for j in range(1, len(epoch)) if ids[j] == ids[a] and sizes[j] == sizes[a])
         samples = np.asarray(epoch.samples).copy()
         lo_a, lo_b, size = int(epoch.offsets[a]), int(epoch.offsets[b]), int(sizes[a])
-        samples[lo_a:lo_a + size], samples[lo_b:lo_b + size] = epoch.samples[lo_b:lo_b + size], epoch.samples[lo_a:lo_a + size]
+        samples[lo_a:lo_a + size], samples[lo_b:lo_b + size] = \
+            epoch.samples[lo_b:lo_b + size], epoch.samples[lo_a:lo_a + size]
         swapped = EpochPlan(0, epoch.offsets, samples, epoch.bucket_ids, epoch.max_len, epoch.stats)
         epochs = [swapped] + plan.epochs[1:]
         forged = BatchPlan(finish_meta(plan.meta, epochs), epochs, plan.lengths, plan.sample_ids)
@@ -215,7 +216,8 @@ def tamper_cases():
         ("PLAN_FORMAT_INVALID", lambda d: np.save(os.path.join(d, "epoch_0", "offsets.npy"), np.zeros(3, np.int32))),
         ("PLAN_FORMAT_INVALID", lambda d: os.unlink(os.path.join(d, "epoch_1", "stats.json"))),
         ("PLAN_FORMAT_INVALID", npy("offsets", lambda a: a.__setitem__(2, a[1]))),  # an empty microbatch
-        ("PLAN_LENGTHS_MISMATCH", lambda d: edit_npy(os.path.join(d, "lengths.npy"), lambda a: a.__setitem__(0, a[0] + 1))),
+        ("PLAN_LENGTHS_MISMATCH",
+         lambda d: edit_npy(os.path.join(d, "lengths.npy"), lambda a: a.__setitem__(0, a[0] + 1))),
         ("PLAN_SAMPLES_INVALID", npy("samples", lambda a: a.__setitem__(1, a[0]))),
         ("PLAN_SAMPLES_INVALID", npy("samples", lambda a: a.__setitem__(0, 10**6))),
         ("PLAN_BUCKET_MISMATCH", npy("bucket_ids", lambda a: a.__setitem__(0, (a[0] + 1) % 5))),
@@ -235,7 +237,8 @@ def tamper_cases():
 def test_verify_names_what_is_wrong(tmp_path, saved, code, damage, capsys):
     folder = copy(saved, tmp_path)
     damage(folder)
-    if code == "PLAN_NOT_REPRODUCIBLE" and json.loads(Path(os.path.join(folder, "meta.json")).read_text())["sampler_config_hash"] == "ab" * 32:
+    if code == "PLAN_NOT_REPRODUCIBLE" \
+            and json.loads(Path(os.path.join(folder, "meta.json")).read_text())["sampler_config_hash"] == "ab" * 32:
         # an edited meta field changes the fingerprint: re-seal it so that only the rebuild can tell
         plan = load_plan(folder, mmap=False)
         resealed = BatchPlan(finish_meta(plan.meta, plan.epochs), plan.epochs, plan.lengths, plan.sample_ids)

@@ -138,7 +138,8 @@ def test_verify_refuses_what_restore_refuses(tmp_path, case):
 def test_the_writer_refuses_a_cursor_past_the_dataset(tmp_path):
     for index in (1000, 5000):
         bad = dataclasses.replace(state(1), cursors={DATASET: uc.Cursor(0, index)})
-        expect_code(errors.CHECKPOINT_STATE_INVALID, uc.checkpoint.save_checkpoint, str(tmp_path / "c"), identity(), bad)
+        expect_code(errors.CHECKPOINT_STATE_INVALID, uc.checkpoint.save_checkpoint, str(tmp_path / "c"), identity(),
+                    bad)
     ok = dataclasses.replace(state(1), cursors={DATASET: uc.Cursor(7, 999)})
     uc.checkpoint.save_checkpoint(str(tmp_path / "c"), identity(), ok)
     assert restore_checkpoint(str(tmp_path / "c")).cursors[DATASET] == uc.Cursor(7, 999)

@@ -168,7 +168,8 @@ def test_demo_on_the_bundled_manifest(tmp_path):
 def test_demo_refuses_bad_arguments_and_foreign_stores(tmp_path):
     with pytest.raises(uc.UmlosError) as info:
         run_checkpoint_demo(str(tmp_path / "w"), manifest(), steps=4, every_k=4, log=lambda line: None)
-    assert info.value.code == errors.INVALID_ARGUMENT and info.value.message == "every_k (4) must be smaller than steps (4)"
+    assert info.value.code == errors.INVALID_ARGUMENT
+    assert info.value.message == "every_k (4) must be smaller than steps (4)"
     assert info.value.record["failure_operator"] == errors.DEMO_OPERATOR
     store = str(tmp_path / "foreign")
     build_store(store)

@@ -147,7 +147,8 @@ def test_full_restore_round_trips_everything(container):
     assert np.array_equal(restored.user_state["loss_hist"], original.user_state["loss_hist"])
     assert restored.manifest.hash == manifest().hash
     assert restored.trace_link.event_count == 5
-    assert restored.report["checkpoint_size_bytes"] == sum(os.path.getsize(os.path.join(path, f)) for f in files_of(path))
+    assert restored.report["checkpoint_size_bytes"] == sum(os.path.getsize(os.path.join(path, f))
+                                                           for f in files_of(path))
 
 
 def test_restored_cursor_continues_nextbatch_identically(tmp_path):
@@ -220,7 +221,8 @@ def test_identity_rule_aborts_on_each_field(container, field):
     wrong = dict(expected)
     wrong[field] = "other" if isinstance(expected[field], str) else bytes(32 - 1) + b"\x01"
     error = expect_code(errors.CHECKPOINT_IDENTITY_MISMATCH, restore_checkpoint, path, expect=wrong)
-    assert error.record["diagnostics"]["field"] == field and error.record["failure_operator"] == errors.CHECKPOINT_RESTORE_OPERATOR
+    assert error.record["diagnostics"]["field"] == field
+    assert error.record["failure_operator"] == errors.CHECKPOINT_RESTORE_OPERATOR
 
 
 def test_identity_from_another_manifest_or_stage_is_refused(container):
@@ -276,7 +278,8 @@ def test_migration_1_0_to_1_1(tmp_path):
     certificate = migrate_container(source, target, KEY, policy=policy)
     body = certificate["body"]
     new = verify_container(target)
-    assert new.header["checkpoint_schema_version"] == "1.1" and new.header["restore_profiles"] == ["data_cursors", "train_full"]
+    assert new.header["checkpoint_schema_version"] == "1.1"
+    assert new.header["restore_profiles"] == ["data_cursors", "train_full"]
     assert new.header["checkpoint_merkle_root"] == old.header["checkpoint_merkle_root"]
     assert {k: v for k, v in new.header.items() if k not in ("checkpoint_schema_version", "restore_profiles",
                                                               "migration_supported_from")} == \
@@ -292,7 +295,8 @@ def test_migration_1_0_to_1_1(tmp_path):
     # Migration output hashes identically: a second run produces the same bytes.
     again = migrate_container(source, str(tmp_path / "again"), KEY, policy=policy)
     assert again == certificate
-    assert Path(target + ".migration.cbor").read_bytes() == Path(str(tmp_path / "again") + ".migration.cbor").read_bytes()
+    again_file = Path(str(tmp_path / "again") + ".migration.cbor")
+    assert Path(target + ".migration.cbor").read_bytes() == again_file.read_bytes()
     expect_code(errors.CHECKPOINT_MIGRATION_UNSUPPORTED, migrate_container, target, str(tmp_path / "x"), KEY)
     expect_code(errors.CHECKPOINT_MIGRATION_UNSUPPORTED, migrate_container, source, str(tmp_path / "y"), KEY,
                 policy={"restore_profiles": ["eval_params"]})

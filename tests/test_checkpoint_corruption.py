@@ -115,7 +115,8 @@ def test_every_deleted_file_is_detected(pristine, work):
         full = os.path.join(work, rel)
         os.unlink(full)
         code, restore_code = refused(work)
-        assert code == restore_code == (errors.CHECKPOINT_NOT_FOUND if rel == MANIFEST else errors.CHECKPOINT_FILE_MISSING)
+        expected = errors.CHECKPOINT_NOT_FOUND if rel == MANIFEST else errors.CHECKPOINT_FILE_MISSING
+        assert code == restore_code == expected
         with open(full, "wb") as handle:
             handle.write(data)
     shutil.rmtree(os.path.join(work, "tensors", "rank=1"))

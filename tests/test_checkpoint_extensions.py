@@ -180,7 +180,8 @@ def test_writer_refuses_state_its_kind_would_not_read(tmp_path):
             ({3: ToyCursor(1, TAG)}, "cursor kind name"),
         ]
         for extra, words in cases:
-            error = expect_code(errors.CHECKPOINT_STATE_INVALID, store.commit, CheckpointState(1, {}, extra_cursors=extra))
+            error = expect_code(errors.CHECKPOINT_STATE_INVALID, store.commit,
+                                CheckpointState(1, {}, extra_cursors=extra))
             assert words in error.message, (extra, error.message)
         error = expect_code(errors.CHECKPOINT_STATE_INVALID, store.commit,
                             CheckpointState(1, {}, extra_cursors={"toy": ToyCursor(1, TAG)}), schema_version="1.1")
@@ -243,12 +244,14 @@ def test_a_kind_no_one_registered_is_refused_then_found_through_an_entry_point(t
 
 
 def test_a_1_1_container_cannot_hold_cursor_kinds(tmp_path):
-    info = save_checkpoint(str(tmp_path / "c"), identity(), CheckpointState(1, {}, extra_cursors={"toy": ToyCursor(1, TAG)}))
+    info = save_checkpoint(str(tmp_path / "c"), identity(),
+                           CheckpointState(1, {}, extra_cursors={"toy": ToyCursor(1, TAG)}))
     header = dict(info.header, checkpoint_schema_version="1.1", migration_supported_from=["1.0"])
     error = expect_code(errors.CHECKPOINT_PATH_INVALID, parse_manifest, encode_manifest(header, info.entries))
     assert "data/cursors=toy.cbor" in error.message and "schema 1.1" in error.message
     assert paths.parse_entry_path("data/cursors=toy.cbor") == paths.PathInfo("cursor_kind", name="toy")
-    for bad in ("data/cursors=Toy.cbor", "data/cursors=.cbor", "data/cursors=toy.bin", "data/cursors=" + "a" * 33 + ".cbor"):
+    for bad in ("data/cursors=Toy.cbor", "data/cursors=.cbor", "data/cursors=toy.bin",
+                "data/cursors=" + "a" * 33 + ".cbor"):
         expect_code(errors.CHECKPOINT_PATH_INVALID, paths.parse_entry_path, bad)
 
 
@@ -257,7 +260,8 @@ def test_a_1_1_container_cannot_hold_cursor_kinds(tmp_path):
 
 def test_registering_a_cursor_kind():
     assert register_cursor_kind(TOY) is TOY  # the same kind again: nothing changes
-    error = expect_code(errors.CHECKPOINT_STATE_INVALID, register_cursor_kind, CursorKind("toy", encode_toy, decode_lax))
+    error = expect_code(errors.CHECKPOINT_STATE_INVALID, register_cursor_kind,
+                        CursorKind("toy", encode_toy, decode_lax))
     assert "already registered" in error.message and "position" in error.message
     for name in ("Toy", "1toy", "toy-x", "", "t" * 33, None):
         expect_code(errors.CHECKPOINT_STATE_INVALID, CursorKind, name, encode_toy, decode_toy)
@@ -273,7 +277,8 @@ def test_registering_a_record_type():
         expect_code(errors.CHECKPOINT_STATE_INVALID, register_record_type, "toy.other", fields)
     error = expect_code(errors.CHECKPOINT_STATE_INVALID, register_record_type, TOY_STEP, {"t": tape.is_text})
     assert "another schema" in error.message
-    expect_code(errors.CHECKPOINT_STATE_INVALID, register_record_type, TOY_FAREWELL, {"t": tape.is_uint})  # after_run_end differs
+    expect_code(errors.CHECKPOINT_STATE_INVALID, register_record_type, TOY_FAREWELL,
+                {"t": tape.is_uint})  # after_run_end differs
 
 
 def test_tape_checks_the_toy_records(tmp_path):

@@ -53,7 +53,8 @@ def test_regenerating_gives_the_same_bytes(golden_dir, tmp_path):
 def test_summary_matches_the_files(golden_dir, summary):
     files = listing(golden_dir)
     assert summary["files"] == {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(files.items())}
-    assert summary["generator"] == {"script": "golden/make_checkpoint_golden.py", "version": generator.GENERATOR_VERSION}
+    assert summary["generator"] == {"script": "golden/make_checkpoint_golden.py",
+                                    "version": generator.GENERATOR_VERSION}
     assert summary["checkpoint_hashes"] == [
         "32dea46eaab6d584055c47b5106441b556c63505afeda244744dc76ec4bee553",
         "e215c6efda489b85ee6b3b0e1681662135aab30bcdb90fa0d3b2ac2eb90022eb",

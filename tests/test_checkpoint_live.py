@@ -37,7 +37,8 @@ def test_in_flight_objects_of_a_writer_are_not_leftovers(store_dir):
     try:
         restored = store.restore_latest()
         run_steps(store, restored.cursors[DATASET], 7, 8)  # an open temp segment
-        shutil.copytree(os.path.join(store_dir, checkpoint_dir(3)), os.path.join(store_dir, "checkpoints", "commit=4.tmp"))
+        shutil.copytree(os.path.join(store_dir, checkpoint_dir(3)),
+                        os.path.join(store_dir, "checkpoints", "commit=4.tmp"))
         summary = verify_store(store_dir)
         assert summary["writer_active"] is True and summary["commits"] == 3
         Path(os.path.join(store_dir, "trace", "notes.txt")).write_text("x")

@@ -43,7 +43,8 @@ def reference_cursors(m: uc.Manifest, steps: int) -> list[uc.Cursor]:
     return out
 
 
-def state(t: int, cursor: uc.Cursor | None = None, *, dp: bool = True, shards: int = 2, ranks: int = 2) -> CheckpointState:
+def state(t: int, cursor: uc.Cursor | None = None, *, dp: bool = True, shards: int = 2,
+          ranks: int = 2) -> CheckpointState:
     """A small deterministic state whose every array depends on ``t``."""
     cursor = cursor or uc.Cursor(0, (8 * t) % 1000)
     tensors = {

@@ -96,7 +96,8 @@ def test_next_batch_out_writes_the_indices(capsys, manifest, tmp_path):
     assert code == 0 and err == ""
     assert out == f"wrote 12 indices to {target}; next cursor {{'epoch': 0, 'global_index': 48}}\n"
     written = np.load(target)
-    assert written.dtype == np.dtype("<u8") and written.tolist() == MODEL.next_batch("train", 4, 2, "train", 0, 0).indices
+    assert written.dtype == np.dtype("<u8")
+    assert written.tolist() == MODEL.next_batch("train", 4, 2, "train", 0, 0).indices
     with open(target, "rb") as handle:  # byte for byte what np.save writes
         raw = handle.read()
     assert raw == nextbatch_command.npy_header(12) + written.tobytes()
@@ -142,7 +143,8 @@ def test_indices_progress_goes_to_stderr(capsys, manifest, tmp_path):
         (["next-batch", "{m}", "--dataset", "validation"], errors.INVALID_DATASET_KEY),
         (["next-batch", "{m}", "--dataset", "train", "--world-size", 4, "--rank", 4], errors.INVALID_RANK),
         (["next-batch", "{m}", "--dataset", "train", "--world-size", 5], errors.BATCH_SIZE_INCONSISTENT),
-        (["next-batch", "{m}", "--dataset", "train", "--global-index", 1000], errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY),
+        (["next-batch", "{m}", "--dataset", "train", "--global-index", 1000],
+         errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY),
         (["next-batch", "{m}", "--dataset", "train", "--epoch", 2**64], errors.INVALID_MANIFEST),
         (["next-batch", "{missing}", "--dataset", "train"], errors.INVALID_MANIFEST),
         (["indices", "{m}", "--dataset", "train", "--epoch", 0, "--start", 1001, "--out", "{out}"],
@@ -165,7 +167,8 @@ def test_a_batch_too_large_to_allocate_is_refused(capsys, tmp_path):
     path = tmp_path / "huge.json"
     path.write_text(json.dumps(raw_manifest(2**64 - 1, 1 << 63, 2**40)))
     status, _, err = run(capsys, "next-batch", path, "--dataset", "train", "--stage", "eval", "--backend", "numpy")
-    assert status == 2 and err.startswith(f"error {errors.REQUEST_TOO_LARGE}: this call would return 1099511627776 indices")
+    assert status == 2 and err.startswith(
+        f"error {errors.REQUEST_TOO_LARGE}: this call would return 1099511627776 indices")
 
 
 @pytest.mark.parametrize(
@@ -194,7 +197,8 @@ def test_bad_arguments_are_named_in_the_users_words(capsys, manifest, argv, mess
     ],
 )
 def test_bad_indices_arguments(capsys, manifest, tmp_path, argv, message):
-    err = usage_error(capsys, "indices", manifest, "--dataset", "train", "--epoch", "0", "--out", str(tmp_path / "o.npy"),
+    err = usage_error(capsys, "indices", manifest, "--dataset", "train", "--epoch", "0", "--out",
+                      str(tmp_path / "o.npy"),
                       *argv)
     assert message in err
     assert not (tmp_path / "o.npy").exists()
@@ -277,14 +281,18 @@ def command(*argv) -> list[str]:
 def test_exit_statuses_of_the_installed_command(manifest, tmp_path):
     done = subprocess.run(command("next-batch", manifest, "--dataset", "train", "--backend", "numpy", "--json"),
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and json.loads(done.stdout)["indices"] == MODEL.next_batch("train", 1, 0, "train", 0, 0).indices
-    done = subprocess.run(command("next-batch", manifest, "--dataset", "nope"), capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.startswith("error INVALID_DATASET_KEY: ") and "Traceback" not in done.stderr
+    assert done.returncode == 0
+    assert json.loads(done.stdout)["indices"] == MODEL.next_batch("train", 1, 0, "train", 0, 0).indices
+    done = subprocess.run(command("next-batch", manifest, "--dataset", "nope"), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error INVALID_DATASET_KEY: ") and "Traceback" not in done.stderr
     done = subprocess.run(command("next-batch", manifest, "--dataset", "train", "--rank", "-1"),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "rank must be a non-negative integer" in done.stderr
     done = subprocess.run(command("indices", manifest, "--dataset", "train", "--epoch", 0, "--out", tmp_path),
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.startswith("error OUTPUT_PATH_INVALID: ") and "Traceback" not in done.stderr
+    assert done.returncode == 2
+    assert done.stderr.startswith("error OUTPUT_PATH_INVALID: ") and "Traceback" not in done.stderr
     done = subprocess.run([sys.executable, "-m", "umlos_cuda.cli"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "usage: umlos-cuda" in done.stdout

@@ -137,7 +137,8 @@ def test_anything_but_a_regular_file_is_refused(capsys, manifest, tmp_path, whic
     before = os.lstat(target)
     status, err = write(capsys, manifest, which, target, *(["--force"] if force else []))
     assert status == 2
-    assert err.startswith(f"error {errors.OUTPUT_PATH_INVALID}: {target} is {kind}; umlos-cuda writes only regular files")
+    assert err.startswith(
+        f"error {errors.OUTPUT_PATH_INVALID}: {target} is {kind}; umlos-cuda writes only regular files")
     after = os.lstat(target)
     assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode)  # untouched
     if make is _symlink_to_file:
@@ -307,5 +308,6 @@ def test_the_new_codes_are_documented():
     entry points added for outputs and request sizes."""
     doc = Path(os.path.join(os.path.dirname(__file__), "..", "docs", "nextbatch.md")).read_text()
     section = doc.split("### Failure codes", 1)[1].split("\n## ", 1)[0]
-    for code in (errors.OUTPUT_PATH_INVALID, errors.OUTPUT_EXISTS, errors.OUTPUT_WRITE_FAILED, errors.REQUEST_TOO_LARGE):
+    for code in (errors.OUTPUT_PATH_INVALID, errors.OUTPUT_EXISTS, errors.OUTPUT_WRITE_FAILED,
+                 errors.REQUEST_TOO_LARGE):
         assert re.search(rf"`{code}`", section), code

@@ -56,7 +56,8 @@ def kernel_signatures() -> dict[str, list[str]]:
     """
     from umlos_cuda.kernel_source import kernel_source
 
-    kinds = {"u64": "u64", "unsigned long long": "u64", "u32": "u32", "unsigned int": "u32", "long long": "i64", "int": "i32"}
+    kinds = {"u64": "u64", "unsigned long long": "u64", "u32": "u32", "unsigned int": "u32", "long long": "i64",
+             "int": "i32"}
     signatures = {}
     for name, params in re.findall(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', kernel_source()):
         parsed = []
@@ -177,7 +178,8 @@ def make_fake_cupy(devices: int = 2, *, device_count_error: bool = False, compil
             for position, (kind, arg) in enumerate(zip(self.signature, args)):
                 if kind.startswith("*"):
                     expected = {"*u64": np.uint64, "*i64": np.int64, "*i32": np.int32, "*u32": np.uint32}[kind]
-                    assert isinstance(arg, FakeArray), f"{self.name} argument {position}: a device array, got {type(arg)}"
+                    assert isinstance(arg, FakeArray), \
+                        f"{self.name} argument {position}: a device array, got {type(arg)}"
                     assert arg.dtype == expected, f"{self.name} argument {position}: {kind}, got {arg.dtype}"
                     assert arg._device_id == self.device_id, f"{self.name} argument {position} is on another device"
                 else:
@@ -276,7 +278,8 @@ def make_fake_cupy(devices: int = 2, *, device_count_error: bool = False, compil
 
     cp.empty = empty
     cp.zeros = lambda n, dtype=np.float64: FakeArray(np.zeros(n, dtype=dtype), current_device())
-    cp.arange = lambda start, stop, step=1, dtype=None: FakeArray(np.arange(start, stop, step, dtype=dtype), current_device())
+    cp.arange = lambda start, stop, step=1, dtype=None: FakeArray(np.arange(start, stop, step, dtype=dtype),
+                                                                  current_device())
     cp.asnumpy = lambda x: x.get()
     cp.concatenate = lambda arrays: FakeArray(np.concatenate([a._data for a in arrays]), current_device())
     cp.from_dlpack = lambda obj: obj.backing
@@ -405,7 +408,8 @@ def test_strided_windows_match_numpy(cupy_engine, n, block_size):
     plan = cupy_engine.build_plan(_seed(4), n, block_size)
     host = build_plan_reference(_seed(4), n, block_size)
     every_block = min(50, (n - 8) // (block_size + 1) + 1)  # one position per block
-    for start, count, stride in ((0, 1000, 8), (7, every_block, block_size + 1), (n - 1 - 3 * 999, 1000, 3), (1, 2, n - 2)):
+    strided = ((0, 1000, 8), (7, every_block, block_size + 1), (n - 1 - 3 * 999, 1000, 3), (1, 2, n - 2))
+    for start, count, stride in strided:
         assert start + (count - 1) * stride < n
         got = to_numpy(cupy_engine.map_train(plan, start, count, stride=stride))
         want = NumpyBackend().map_train(host, start, count, stride=stride)
@@ -861,7 +865,8 @@ def test_epoch_indices_dtype_and_stream(cupy_registered, dtype):
     manifest = _manifest(n=200_003, block=1 << 12)
     want = uc.epoch_indices(manifest, "train", epoch=3, start=5, count=150_000, backend="numpy")
     stream = cupy_registered.xp.cuda.Stream()
-    got = uc.epoch_indices(manifest, "train", epoch=3, start=5, count=150_000, backend="cupy", dtype=dtype, stream=stream)
+    got = uc.epoch_indices(manifest, "train", epoch=3, start=5, count=150_000, backend="cupy", dtype=dtype,
+                           stream=stream)
     stream.synchronize()
     assert got.dtype == np.dtype(dtype or "uint64")
     assert np.array_equal(to_numpy(got).astype(np.uint64), want)

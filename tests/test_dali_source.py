@@ -237,7 +237,8 @@ def test_parallel_external_source_in_worker_processes():
 
     src = IndexSource(MANIFEST, "train", shard_id=0, num_shards=2)
 
-    @pipeline_def(batch_size=src.micro_batch_size, num_threads=1, device_id=None, py_num_workers=1, py_start_method="spawn")
+    @pipeline_def(batch_size=src.micro_batch_size, num_threads=1, device_id=None, py_num_workers=1,
+                  py_start_method="spawn")
     def pipe():
         return fn.external_source(source=src, batch=True, batch_info=True, parallel=True)
 

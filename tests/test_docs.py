@@ -42,7 +42,8 @@ SNIPPET_TIMEOUT_S = 900
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<lang>[^`\s]*)\s*$")
 SKIP = re.compile(r"^<!--\s*snippet:\s*skip\s*(?:\((?P<reason>[^)]*)\))?\s*-->$")
 WRITE = re.compile(r"^<!--\s*snippet:\s*write\s+(?P<name>[\w.-]+(?:/[\w.-]+)*)\s*-->$")
-INLINE_LINK = re.compile(r"(?<!!)\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|!\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?")
+INLINE_LINK = re.compile(r"(?<!!)\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)"
+                         r"|!\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?")
 REFERENCE_LINK = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$")
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 
@@ -297,8 +298,8 @@ def test_link_finder_sees_inline_reference_and_image_links_but_not_code(tmp_path
 #: Names of the source material the specification was written from, which the
 #: repository must neither link to nor cite by file name or by number ("seed 000
 #: §5"): docs/spec/ is its own, and code cites its sections (docs/spec/README.md).
-OUTSIDE_MATERIAL = re.compile(r"\.\./shared\b|\bshared/(?:spec|seeds)\b|\b00[0-4]_[0-9a-f]{16}\b|nextbatch-v2-resolutions"
-                              r"|\b[Ss]eeds? 00[0-4]\b|\b[Ss]eed §")
+OUTSIDE_MATERIAL = re.compile(r"\.\./shared\b|\bshared/(?:spec|seeds)\b|\b00[0-4]_[0-9a-f]{16}\b"
+                              r"|nextbatch-v2-resolutions|\b[Ss]eeds? 00[0-4]\b|\b[Ss]eed §")
 
 
 def text_files() -> list[str]:

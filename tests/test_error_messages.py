@@ -108,7 +108,8 @@ COMMON = [
     ("a cursor past the epoch", lambda: nb(cursor=uc.Cursor(0, 1000)),
      errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY, NB, r"cursor\.global_index 1000 is outside the epoch \[0, 999\]"),
     ("a malformed cursor in a call", lambda: nb(cursor={"epoch": 0}),
-     errors.INVALID_MANIFEST, NB, r"a cursor is a mapping with exactly the keys epoch and global_index, got \{'epoch': 0\}"),
+     errors.INVALID_MANIFEST, NB,
+     r"a cursor is a mapping with exactly the keys epoch and global_index, got \{'epoch': 0\}"),
     ("a short replay token", lambda: nb(replay_token=bytes(31)),
      errors.INVALID_MANIFEST, NB, r"replay_token must be 32 bytes, got bytes of length 31"),
     ("a dataset of another length", lambda: uc.check_dataset_length(uc.Manifest.from_dict(GOOD), "train", 999),
@@ -126,7 +127,8 @@ COMMON = [
      errors.INVALID_CURSOR, errors.CURSOR_OPERATOR, r"cursor CBOR is malformed: .+"),
     # -- windows and outputs
     ("a window past the epoch", lambda: window(start=990, count=11),
-     errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY, NB, r"window \[990, 1001\) passes the end of the epoch \(1000 positions\)"),
+     errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY, NB,
+     r"window \[990, 1001\) passes the end of the epoch \(1000 positions\)"),
     ("an output dtype that is not an index type", lambda: window(dtype="int8"),
      errors.INVALID_ARGUMENT, NB, r"dtype must be one of uint64, int64, int32, got int8"),
     ("an out array of another length", lambda: window(count=3, out=np.empty(4, np.uint64)),
@@ -138,7 +140,8 @@ COMMON = [
      errors.OUTPUT_DTYPE_OVERFLOW, NB, r"an epoch of N = 1099511627776 reaches index 1099511627775, which does not fit "
      r"in int32 \(largest 2147483647\); use uint64, int64"),
     ("an unknown backend", lambda: get_backend("tpu"),
-     errors.BACKEND_UNAVAILABLE, errors.BACKEND_OPERATOR, r"unknown backend 'tpu'; choose one of numpy, native, cupy, auto"),
+     errors.BACKEND_UNAVAILABLE, errors.BACKEND_OPERATOR,
+     r"unknown backend 'tpu'; choose one of numpy, native, cupy, auto"),
     ("an out array a backend cannot write", lambda: get_backend("numpy").sequential(0, 3, np.empty(4, np.uint64)),
      errors.INVALID_ARGUMENT, errors.BACKEND_OPERATOR,
      r"out must be a writable, contiguous NumPy array of shape \(3,\), got ndarray \(4,\)"),
@@ -169,7 +172,8 @@ TORCH = [
      errors.SAMPLER_STATE_INVALID, errors.TORCH_OPERATOR,
      r"not a DistributedSampler state \(expected format 'umlos_cuda\.torch\.DistributedSampler/1'\)"),
     ("a state of another seed", lambda: torch_samplers()[0](10, 2, 0).load_state_dict(distributed_state()),
-     errors.SAMPLER_STATE_INVALID, errors.TORCH_OPERATOR, r"the state was written with seed=5 but this sampler has seed=0"),
+     errors.SAMPLER_STATE_INVALID, errors.TORCH_OPERATOR,
+     r"the state was written with seed=5 but this sampler has seed=0"),
     ("a state of another manifest",
      lambda: torch_samplers()[1](GOOD, "train", world_size=1, rank=0).load_state_dict(
          nextbatch_sampler_state(manifest_hash="00" * 32)),
@@ -207,4 +211,5 @@ def test_common_sampler_errors(what, call, code, operator, message):
 @pytest.mark.parametrize("setting,name", [("lots", "UMLOS_MAX_INDICES"), ("-1", "UMLOS_MAX_BLOCKS")])
 def test_settings_that_are_not_counts(monkeypatch, setting, name):
     monkeypatch.setenv(name, setting)
-    check(lambda: window(), errors.INVALID_ARGUMENT, NB, rf"{name} must be a non-negative integer, got '{re.escape(setting)}'")
+    check(lambda: window(), errors.INVALID_ARGUMENT, NB,
+          rf"{name} must be a non-negative integer, got '{re.escape(setting)}'")

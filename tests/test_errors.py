@@ -102,7 +102,8 @@ def test_cardinality_mismatch():
     ],
 )
 def test_global_position_exceeds_cardinality(raw, stage, cursor):
-    error = expect(errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY, call, raw, stage=stage, cursor=cursor, world_size=4, rank=2)
+    error = expect(errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY, call, raw, stage=stage, cursor=cursor, world_size=4,
+                   rank=2)
     # Inputs were valid enough to compute data_replay_t: it is the R9 value.
     expected = oracle.Oracle(raw).violations("train", 4, 2, stage, *cursor)
     assert expected == {errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY}
@@ -118,9 +119,11 @@ def test_drop_last_limit_allows_the_last_whole_batch():
 
 def test_epoch_indices_windows_past_the_epoch():
     expect(errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY, uc.epoch_indices, GOOD, "train", start=1001, backend="numpy")
-    expect(errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY, uc.epoch_indices, GOOD, "train", start=990, count=11, backend="numpy")
+    expect(errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY, uc.epoch_indices, GOOD, "train", start=990, count=11,
+           backend="numpy")
     dropped = raw_manifest(1000, 64, 48, drop_last=True)
-    expect(errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY, uc.epoch_indices, dropped, "train", start=959, count=2, backend="numpy")
+    expect(errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY, uc.epoch_indices, dropped, "train", start=959, count=2,
+           backend="numpy")
     assert len(uc.epoch_indices(dropped, "train", backend="numpy")) == 960
     assert len(uc.epoch_indices(GOOD, "train", start=1000, backend="numpy")) == 0
 
@@ -312,7 +315,8 @@ def test_failure_record_carries_data_replay_t_when_the_inputs_are_well_typed(cod
     ],
 )
 def test_failure_record_has_no_data_replay_t_when_it_cannot_be_computed(raw, world_size, rank, cursor, token):
-    error = expect(errors.INVALID_MANIFEST, call, raw, world_size=world_size, rank=rank, cursor=cursor, replay_token=token)
+    error = expect(errors.INVALID_MANIFEST, call, raw, world_size=world_size, rank=rank, cursor=cursor,
+                   replay_token=token)
     assert error.record["data_replay_t"] is None
 
 
@@ -349,7 +353,8 @@ def documented_code_names(text: str) -> set[str]:
 
 
 def test_the_code_finder_sees_codes_and_only_codes():
-    text = "`CHECKPOINT_FOO_INVALID`, `INVALID_THING`, `PLAN_NOT_FOUND`; not `UMLOS_MAX_BLOCKS`, `WORLD_SIZE`, `SEQUENTIAL_V1`"
+    text = ("`CHECKPOINT_FOO_INVALID`, `INVALID_THING`, `PLAN_NOT_FOUND`; "
+            "not `UMLOS_MAX_BLOCKS`, `WORLD_SIZE`, `SEQUENTIAL_V1`")
     assert documented_code_names(text) == {"CHECKPOINT_FOO_INVALID", "INVALID_THING", "PLAN_NOT_FOUND"}
 
 

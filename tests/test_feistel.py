@@ -117,7 +117,8 @@ def test_feistel_kernel_bodies_equal_the_reference(harness, numpy_backend, grid,
     for start, count, stride in ((0, 1000, 1), (n - 777, 777, 1), (5, 400, (n - 6) // 400)):
         want = numpy_backend.map_train(plan, start, count, stride=stride, dtype=DTYPES[dtype])
         out = np.full(count, 0x5A5A5A5A, dtype=DTYPES[dtype])  # garbage an unwritten element shows
-        harness.harness_feistel_map(grid, block, dtype, *(int(v) for v in plan.kernel_params()), start, count, stride, pointer(out))
+        harness.harness_feistel_map(grid, block, dtype, *(int(v) for v in plan.kernel_params()), start, count, stride,
+                                    pointer(out))
         assert np.array_equal(out, want)
 
 
@@ -129,7 +130,8 @@ def test_block_feistel_kernel_bodies_and_tables_equal_the_reference(harness, num
     key, w2, w3 = philox_key_words(SEED16)
     ids = np.append(plan.block_order, np.uint64(n // block_size))
     tables = [np.zeros(ids.shape[0], dtype=np.uint64) for _ in range(6)]
-    harness.harness_block_feistel_params(pointer(ids), ids.shape[0], n, block_size, key[0], key[1], w2, w3, *map(pointer, tables))
+    harness.harness_block_feistel_params(pointer(ids), ids.shape[0], n, block_size, key[0], key[1], w2, w3,
+                                         *map(pointer, tables))
     assert all(np.array_equal(a, b) for a, b in zip(tables, plan.kernel_tables()))
     size, magic, info = (int(v) for v in plan.kernel_params())
     assert (magic, info) == tuple(int(v) for v in divider_params(block_size))
@@ -160,7 +162,8 @@ def test_native_equals_numpy_over_ten_million_positions(native, numpy_backend, m
     plan = native.build_plan(SEED16, n, block_size, mode)
     assert np.array_equal(native.map_train(plan, start, count, stride=stride), want)
     if n < 1 << 31:
-        assert np.array_equal(native.map_train(plan, start, count, stride=stride, dtype=np.int32), want.astype(np.int32))
+        assert np.array_equal(native.map_train(plan, start, count, stride=stride, dtype=np.int32),
+                              want.astype(np.int32))
 
 
 @pytest.mark.parametrize("mode", FEISTEL_MODES)
@@ -258,8 +261,8 @@ def test_the_inverse_undoes_the_order_at_every_edge_size(numpy_backend, mode):
     for k in range(1, 65):
         for n in edge_sizes(k):
             plan = numpy_backend.build_plan(SEED16, n, block_size_for(n), mode)
-            positions = np.unique(np.array([int(v) % n for v in rng.integers(0, 1 << 63, 200, dtype=np.uint64)] + [0, n - 1],
-                                           dtype=np.uint64))  # fmt: skip
+            drawn = [int(v) % n for v in rng.integers(0, 1 << 63, 200, dtype=np.uint64)]
+            positions = np.unique(np.array(drawn + [0, n - 1], dtype=np.uint64))
             indices = np.array([int(numpy_backend.map_train(plan, int(p), 1)[0]) for p in positions], dtype=np.uint64)
             assert (indices < np.uint64(n)).all()
             assert np.array_equal(get_mode(mode).inverse(plan, indices), positions), (mode, n)
@@ -339,7 +342,8 @@ def test_every_stage_and_preset_runs_each_mode(mode):
     assert train.metadata["blocks_materialized"] == spec_mode.plan_blocks(1000, 64)
     assert train.indices.tolist() == uc.epoch_indices(raw, "train", start=4, count=4, backend="numpy").tolist()
     evaluation = uc.next_batch(raw, "train", stage="eval", cursor=uc.Cursor(0, 992), backend="numpy")
-    assert evaluation.indices.tolist() == list(range(992, 1000)) and evaluation.metadata["sampling_mode"] == "SEQUENTIAL_V1"
+    assert evaluation.indices.tolist() == list(range(992, 1000))
+    assert evaluation.metadata["sampling_mode"] == "SEQUENTIAL_V1"
     streaming = uc.next_batch(raw, "train", preset="streaming_infinite", cursor=uc.Cursor(0, 996), backend="numpy")
     assert streaming.metadata["sampling_mode"] == spec_mode.streaming_sampling_mode
     expected = np.concatenate([uc.epoch_indices(raw, "train", 0, 996, 4, backend="numpy"),

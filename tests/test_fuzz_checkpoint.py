@@ -117,7 +117,8 @@ def test_manifest_parser_on_random_structures(top, header):
     only_umlos_errors(parse_manifest, cbor_canonical(top))
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=120, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_container_reader_and_restore_on_fuzzed_files(good_container, tmp_path_factory, data):
     work = os.path.join(str(tmp_path_factory.mktemp("fuzz")), "c")

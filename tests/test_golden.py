@@ -82,12 +82,13 @@ def tampered(tmp_path, document):
 
 
 def test_a_changed_value_is_reported(tampered):
-    report = golden.verify(path=tampered, backend="numpy", only=["n1e9/s2/window", "n1e9/s3/positions", "manifest/n1e6_s2"])
+    report = golden.verify(path=tampered, backend="numpy",
+                           only=["n1e9/s2/window", "n1e9/s3/positions", "manifest/n1e6_s2"])
     assert not report.ok
     assert {f.id for f in report.failures} == {"n1e9/s2/window/end", "n1e9/s3/positions", "manifest/n1e6_s2"}
     assert len(report.results) == 5
-    assert any(line.startswith("sha256: expected") for line in report.failures[0].mismatches + report.failures[1].mismatches
-               + report.failures[2].mismatches)
+    mismatches = report.failures[0].mismatches + report.failures[1].mismatches + report.failures[2].mismatches
+    assert any(line.startswith("sha256: expected") for line in mismatches)
     with pytest.raises(uc.UmlosError) as info:
         report.raise_for_failures()
     assert info.value.code == errors.GOLDEN_MISMATCH
@@ -95,7 +96,8 @@ def test_a_changed_value_is_reported(tampered):
 
 
 def test_cli_verify_passes(capsys):
-    assert main(["golden", "verify", "--backend", "numpy", "--only", "n1e9/s1/positions", "--only", "n1e6/s0/w8/eval"]) == 0
+    assert main(["golden", "verify", "--backend", "numpy", "--only", "n1e9/s1/positions", "--only",
+                 "n1e6/s0/w8/eval"]) == 0
     out = capsys.readouterr().out
     assert "PASS n1e9/s1/positions" in out and "PASS n1e6/s0/w8/eval" in out
     assert "2/2 golden cases pass" in out
@@ -153,7 +155,8 @@ def oracle_run(model, spec):
     steps = 0
     while cursor[0] == epoch and (steps == 0 or "cursor" not in spec):
         for rank in range(spec["world_size"]):
-            batch = model.next_batch(spec["dataset"], spec["world_size"], rank, spec["stage"], *cursor, streaming=streaming)
+            batch = model.next_batch(spec["dataset"], spec["world_size"], rank, spec["stage"], *cursor,
+                                     streaming=streaming)
             digest.update(oracle.indices_le_bytes(batch.indices))
             replay.update(bytes.fromhex(batch.data_replay_t))
             indices_all.extend(batch.indices)

@@ -54,7 +54,8 @@ def test_cbor_canonical_bytes():
 
 
 # ----------------------------------------------------------------- manifests
-STATED_DEFAULTS = {"spec_version": "UML_OS-v3.8-OS", "seed": 0, "data": {"sampler_block_size": 1048576, "drop_last": False}}
+STATED_DEFAULTS = {"spec_version": "UML_OS-v3.8-OS", "seed": 0,
+                   "data": {"sampler_block_size": 1048576, "drop_last": False}}
 
 
 @pytest.mark.parametrize(
@@ -124,7 +125,8 @@ json_scalars = st.one_of(
 )
 json_values = st.recursive(
     json_scalars,
-    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(st.text(max_size=6), children, max_size=4)),
+    lambda children: st.one_of(st.lists(children, max_size=4),
+                               st.dictionaries(st.text(max_size=6), children, max_size=4)),
     max_leaves=12,
 )
 json_maps = st.dictionaries(st.text(max_size=6), json_values, max_size=4)

@@ -131,7 +131,8 @@ def test_block_affine_params_header(harness, n, block_size):
     ids = np.ascontiguousarray(ids, dtype=np.uint64)
     tables = [_sentinel(len(ids)) for _ in range(4)]
     harness.harness_block_affine_params(
-        pointer(ids), len(ids), n, block_size, plan.key[0], plan.key[1], plan.w2, plan.w3, *(pointer(t) for t in tables),
+        pointer(ids), len(ids), n, block_size, plan.key[0], plan.key[1], plan.w2, plan.w3,
+        *(pointer(t) for t in tables),
     )  # fmt: skip
     for name, got in zip(("base", "m", "a", "c"), tables):
         np.testing.assert_array_equal(got, getattr(plan, name), err_msg=name)
@@ -210,7 +211,8 @@ def test_map_positions_kernel_signed(harness, dtype, code):
     for start, count in ((0, 5000), (n - 3000, 3000), (2**21, 1)):
         out = _sentinel(count, dtype)
         harness.harness_map_positions(
-            3, 5, code, pointer(plan.base), pointer(plan.m), pointer(plan.a), pointer(plan.c), block_size, int(magic), int(info),
+            3, 5, code, pointer(plan.base), pointer(plan.m), pointer(plan.a), pointer(plan.c), block_size, int(magic),
+            int(info),
             start, count, 1, pointer(out),
         )  # fmt: skip
         expected = reference.map_positions(plan, start, count, np.empty(count, dtype=np.uint64))

@@ -80,7 +80,8 @@ def test_unknown_key_is_refused_with_the_nearest_allowed_one(raw, named, suggest
 def test_unknown_key_far_from_any_lists_what_is_allowed():
     message = refused(uc.Manifest.from_dict, {**GOOD, "zzqqxx": 1})
     assert "unknown key 'zzqqxx'" in message and "did you mean" not in message
-    assert "allowed at the top level: spec_version, seed, global_batch_size, data, datasets, policy, env, extra" in message
+    allowed = "allowed at the top level: spec_version, seed, global_batch_size, data, datasets, policy, env, extra"
+    assert allowed in message
     assert "put your own fields under 'extra'" in message
 
 
@@ -139,7 +140,8 @@ def test_absent_null_and_empty_give_the_same_replay_token(name):
         (GOOD_YAML + "global_batch_size: 96\n", "global_batch_size"),
         ("seed: 1\n'seed': 2\n" + GOOD_YAML, "seed"),
         (GOOD_YAML + "data: {drop_last: true, drop_last: false}\n", "drop_last"),
-        ("global_batch_size: 48\ndatasets:\n  train: {id: x, version: '1', hash: h, cardinality: 1000, cardinality: 5}\n",
+        ("global_batch_size: 48\ndatasets:\n"
+         "  train: {id: x, version: '1', hash: h, cardinality: 1000, cardinality: 5}\n",
          "cardinality"),
         ("global_batch_size: 48\ndatasets:\n  train: {id: x, version: '1', hash: h, cardinality: 1}\n"
          "  train: {id: x, version: '1', hash: h, cardinality: 2}\n", "train"),
@@ -292,7 +294,8 @@ def test_yaml_and_dict_lone_surrogates(tmp_path):
 
 @pytest.mark.parametrize("value", ["2001-13-01", "2001-02-30", "2001-01-01 25:00:00"])
 def test_yaml_impossible_dates(tmp_path, value):
-    assert "a value cannot be read" in refused(uc.Manifest.load, write(tmp_path, GOOD_YAML + f"extra: {{d: {value}}}\n"))
+    assert "a value cannot be read" in refused(uc.Manifest.load,
+                                               write(tmp_path, GOOD_YAML + f"extra: {{d: {value}}}\n"))
 
 
 # ------------------------------------------------------------------ command line

@@ -77,7 +77,8 @@ def test_resolve_sampler_refuses_an_unknown_mode():
 def test_registration_refuses_clashes():
     base = block_affine.MODE
     fields = dict(train_sampling_mode="T_V1", streaming_sampling_mode="S_V1", config_tokens=(),
-                  build_plan=base.build_plan, reference_map=base.reference_map, plan_blocks=base.plan_blocks)  # fmt: skip
+                  build_plan=base.build_plan, reference_map=base.reference_map,
+                  plan_blocks=base.plan_blocks)  # fmt: skip
     cases = [
         (SamplingMode(name="block_affine", **fields), "already registered"),
         (SamplingMode(name="clash", **{**fields, "train_sampling_mode": oracle.MODE_SHUFFLE}), "already used"),
@@ -93,7 +94,8 @@ def test_registration_refuses_clashes():
     with pytest.raises(UmlosError) as info:
         modes.unregister_mode("block_affine")
     assert info.value.code == errors.INVALID_ARGUMENT
-    for bad in ({"name": "Bad Name"}, {"cuda_map": {"uint64": "k"}}, {"cuda_map": {"float32": "k"}, "cuda_source": "x.cu"}):
+    for bad in ({"name": "Bad Name"}, {"cuda_map": {"uint64": "k"}},
+                {"cuda_map": {"float32": "k"}, "cuda_source": "x.cu"}):
         with pytest.raises(UmlosError) as info:
             SamplingMode(**{"name": "ok", **fields, **bad})
         assert info.value.code == errors.INVALID_ARGUMENT

@@ -54,7 +54,8 @@ def test_extension_holds_only_entry_points_the_package_calls(native):
     (computed inside build_plan) are not exported on their own."""
     package = pathlib.Path(umlos_cuda.__file__).parent
     code = "\n".join(path.read_text(encoding="utf-8") for path in package.rglob("*.py"))
-    functions = {name for name in dir(native._native) if callable(getattr(native._native, name)) and not name.startswith("_")}
+    functions = {name for name in dir(native._native)
+                 if callable(getattr(native._native, name)) and not name.startswith("_")}
     assert {"build_plan", "map_positions", "philox4x32_10", "max_threads"} <= functions
     assert not functions & {"block_permute_j", "block_affine_params", "divider"}
     for name in functions:

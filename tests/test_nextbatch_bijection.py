@@ -53,7 +53,8 @@ def test_train_epoch_is_a_bijection(n, block_size):
     if n <= ORACLE_MAX_N:
         assert indices.tolist() == epoch.window(0, n)
     else:  # sampled positions: each block's first, last and a middle position
-        positions = sorted({p for b in range(0, n, block_size) for p in (b, min(n - 1, b + block_size // 2), min(n - 1, b + block_size - 1))})[:600]
+        positions = sorted({p for b in range(0, n, block_size) for p in (b, min(n - 1, b + block_size // 2),
+                                                                         min(n - 1, b + block_size - 1))})[:600]
         assert [int(indices[p]) for p in positions] == [epoch.index(p) for p in positions]
 
 

@@ -110,7 +110,8 @@ def test_next_batch_record_names_the_key_even_without_a_token():
 HUGE = raw_manifest(2**64 - 1, 1 << 63, 2**40)  # global_batch_size 2^40: 8 TiB of uint64
 
 
-@pytest.mark.parametrize("stage,preset", [("eval", None), ("infer", None), ("train", None), (None, "streaming_infinite")])
+@pytest.mark.parametrize("stage,preset",
+                         [("eval", None), ("infer", None), ("train", None), (None, "streaming_infinite")])
 def test_a_batch_too_large_to_allocate_is_refused_before_allocating(backend, stage, preset):
     kwargs = {"preset": preset} if preset else {"stage": stage}
     error = raised(uc.next_batch, HUGE, "train", backend=backend, **kwargs)

@@ -65,6 +65,7 @@ def test_known_values():
 
 def test_streaming_is_train_subsampling():
     raw = raw_manifest(10, 4, 24)
-    meta = uc.next_batch(raw, "train", 2, 1, preset="streaming_infinite", cursor=uc.Cursor(0, 8), backend="numpy").metadata
+    meta = uc.next_batch(raw, "train", 2, 1, preset="streaming_infinite", cursor=uc.Cursor(0, 8),
+                         backend="numpy").metadata
     assert meta["subsampling_mode"] == "SHUFFLE_WITHOUT_REPLACEMENT"
     assert meta["blocks_materialized"] == 3 and meta["effective_batch_size"] == 24 and meta["effective_q"] == 2.4

@@ -19,8 +19,10 @@ SEEDS = st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 2**64 - 1]))
 @st.composite
 def configurations(draw):
     """A small valid manifest and a valid call on it."""
-    n = draw(st.one_of(st.integers(1, 300), st.integers(301, 5000), st.sampled_from([1, 2, 255, 256, 257, 4095, 4096, 4097])))
-    block_size = draw(st.one_of(st.integers(1, 40), st.integers(1, n + 5), st.sampled_from([1, 2, 3, 64, 100, 1 << 20])))
+    n = draw(st.one_of(st.integers(1, 300), st.integers(301, 5000),
+                       st.sampled_from([1, 2, 255, 256, 257, 4095, 4096, 4097])))
+    block_size = draw(st.one_of(st.integers(1, 40), st.integers(1, n + 5),
+                                st.sampled_from([1, 2, 3, 64, 100, 1 << 20])))
     world_size = draw(st.sampled_from(WORLD_SIZES))
     g = world_size * draw(st.integers(1, 12))
     stage = draw(st.sampled_from(["train", "eval", "infer"]))
@@ -28,7 +30,8 @@ def configurations(draw):
     assume(not (stage == "train" and drop_last and g > n))
     raw = raw_manifest(n, block_size, g, draw(SEEDS), drop_last)
     limit = (n // g) * g if (stage == "train" and drop_last) else n
-    global_index = draw(st.one_of(st.integers(0, limit - 1), st.sampled_from([0, limit - 1]), st.just(max(0, limit - g))))
+    global_index = draw(st.one_of(st.integers(0, limit - 1), st.sampled_from([0, limit - 1]),
+                                  st.just(max(0, limit - g))))
     rank = draw(st.integers(0, world_size - 1))
     epoch = draw(st.one_of(st.integers(0, 3), st.integers(0, 2**64 - 2)))
     return raw, world_size, rank, stage, epoch, global_index

@@ -16,7 +16,8 @@ G = 24  # divisible by every world size in WORLD_SIZES
 
 
 @pytest.mark.parametrize("stage", ["train", "eval", "infer"])
-@pytest.mark.parametrize("n,block_size,drop_last", [(1000, 64, False), (1000, 64, True), (997, 1000, False), (50, 7, True), (5, 3, False)])
+@pytest.mark.parametrize("n,block_size,drop_last",
+                         [(1000, 64, False), (1000, 64, True), (997, 1000, False), (50, 7, True), (5, 3, False)])
 def test_every_world_size_gives_the_same_global_sequence(n, block_size, drop_last, stage):
     raw = raw_manifest(n, block_size, G, seed=77, drop_last=drop_last)
     manifest = uc.Manifest.from_dict(raw)
@@ -52,10 +53,12 @@ def test_contiguous_shards_reconstruct_the_global_batch(world_size):
         mb = 96 // world_size
         pieces = []
         for rank in range(world_size):
-            part = indices_list(uc.next_batch(manifest, "train", world_size, rank, "train", uc.Cursor(3, global_index), backend="numpy"))
+            part = indices_list(uc.next_batch(manifest, "train", world_size, rank, "train", uc.Cursor(3, global_index),
+                                              backend="numpy"))
             # Rank r's slice is exactly positions [gp + r*mb, gp + (r+1)*mb) clipped to the epoch.
             lo, hi = min(n, global_index + rank * mb), min(n, global_index + (rank + 1) * mb)
-            assert part == indices_list(uc.epoch_indices(manifest, "train", epoch=3, start=lo, count=hi - lo, backend="numpy"))
+            assert part == indices_list(uc.epoch_indices(manifest, "train", epoch=3, start=lo, count=hi - lo,
+                                                         backend="numpy"))
             pieces.extend(part)
         assert pieces == indices_list(whole)
 

@@ -77,7 +77,8 @@ def test_strided_window_at_the_end_of_a_uint64_epoch(backend):
     start, count, stride = 12345, 64, (U64 - 12345) // 63 - 1
     assert start + (count - 1) * stride < U64
     got = to_numpy(uc.epoch_indices(raw, "train", 0, start, count, stride=stride, backend=backend))
-    one_by_one = [int(uc.epoch_indices(raw, "train", 0, start + i * stride, 1, backend="numpy")[0]) for i in range(count)]
+    one_by_one = [int(uc.epoch_indices(raw, "train", 0, start + i * stride, 1, backend="numpy")[0])
+                  for i in range(count)]
     assert [int(v) for v in got] == one_by_one
 
 
@@ -88,7 +89,8 @@ def raised(function, *args, **kwargs) -> uc.UmlosError:
 
 
 @pytest.mark.parametrize("kwargs,code,message", [
-    ({"start": 0, "count": 5, "stride": 0}, errors.INVALID_ARGUMENT, "stride must be at least 1 (1: a contiguous window)"),
+    ({"start": 0, "count": 5, "stride": 0}, errors.INVALID_ARGUMENT,
+     "stride must be at least 1 (1: a contiguous window)"),
     ({"start": 0, "count": 5, "stride": -2}, errors.INVALID_ARGUMENT, "stride must be in [0, 2^64 - 1], got -2"),
     ({"start": 0, "count": 5, "stride": True}, errors.INVALID_ARGUMENT, None),
     ({"start": 1, "count": 101, "stride": 10}, errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY,

@@ -4,8 +4,9 @@ No GPU is needed: NVRTC from PyPI (``pip install 'umlos-cuda[nvrtc]'``, i.e.
 cuda-bindings and nvidia-cuda-nvrtc-cu12) compiles to PTX and SASS on any
 machine. The test fails on any error *or warning* in the compile log, checks
 that every kernel of the ABI (the shared ones and each registered sampling
-mode's) is exported under its unmangled ``extern "C"`` name, and first proves on a deliberately sloppy program that the log reading
-does see warnings. It skips, saying why, only when the packages are missing.
+mode's) is exported under its unmangled ``extern "C"`` name, and first proves
+on a deliberately sloppy program that the log reading does see warnings. It
+skips, saying why, only when the packages are missing.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def _nvrtc():
         try:
             from cuda import nvrtc  # older cuda-python layout
         except ImportError:
-            pytest.skip("NVRTC bindings missing: pip install 'umlos-cuda[nvrtc]' (cuda-bindings, nvidia-cuda-nvrtc-cu12)")
+            pytest.skip("NVRTC bindings missing: pip install 'umlos-cuda[nvrtc]' (cuda-bindings, "
+                        "nvidia-cuda-nvrtc-cu12)")
     try:
         err, _major, _minor = nvrtc.nvrtcVersion()
     except Exception as exc:  # the bindings are there but libnvrtc is not loadable

@@ -60,7 +60,8 @@ def cuda_major(requirement: Requirement) -> int | None:
         if match:
             return int(match.group(1))
     assert name in MAJOR_BY_VERSION, f"{name}: unknown CUDA package; say in this test which major it is for"
-    admitted = {major for major in range(10, 20) for minor in (0, 5, 9) if requirement.specifier.contains(f"{major}.{minor}")}
+    admitted = {major for major in range(10, 20) for minor in (0, 5, 9)
+                if requirement.specifier.contains(f"{major}.{minor}")}
     assert len(admitted) == 1, f"{requirement} admits CUDA majors {sorted(admitted)}; pin exactly one"
     return admitted.pop()
 
@@ -173,7 +174,8 @@ def test_discovered_packages_are_every_shipped_folder(tmp_path):
     mapped = setuptools["package-dir"]
     discovered = discover_packages()
     assert set(discovered) == _data_folders(mapped) and len(discovered) == len(set(discovered))
-    assert {"umlos_cuda._kernels", "umlos_cuda._golden.checkpoint_store_v1.trace", "umlos_cuda.manifests"} <= set(discovered)
+    assert {"umlos_cuda._kernels", "umlos_cuda._golden.checkpoint_store_v1.trace",
+            "umlos_cuda.manifests"} <= set(discovered)
     assert not any("__pycache__" in name or "=" in name for name in discovered)
     for package in discovered:
         root = max((p for p in mapped if package == p or package.startswith(p + ".")), key=len)
@@ -295,7 +297,8 @@ def test_wheel_metadata(built):
         (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
         text = archive.read(metadata).decode()
     assert "License-Expression: Apache-2.0" in text
-    core = [line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("Requires-Dist:") and ";" not in line]
+    core = [line.split(": ", 1)[1] for line in text.splitlines()
+            if line.startswith("Requires-Dist:") and ";" not in line]
     assert {Requirement(r).name for r in core} >= {"cryptography", "safetensors"}
     for extra in ("gpu-cu12", "gpu-cu13", "checkpoint"):
         assert f"Provides-Extra: {extra}" in text
@@ -319,7 +322,8 @@ def test_editable_build_notice_is_the_one_the_makefile_filters(source_copy, tmp_
 
 def test_installed_package_finds_kernels_and_golden_files():
     for name in ("nextbatch_kernels.cu", "nextbatch.cuh", "philox.cuh", "platform.cuh"):
-        assert resources.files("umlos_cuda._kernels").joinpath(name).read_bytes() == (ROOT / "kernels" / name).read_bytes()
+        shipped = resources.files("umlos_cuda._kernels").joinpath(name)
+        assert shipped.read_bytes() == (ROOT / "kernels" / name).read_bytes()
     golden = resources.files("umlos_cuda._golden")
     store = ROOT / "golden" / "checkpoint_store_v1"
     files = [p for p in store.rglob("*") if p.is_file()]

@@ -57,7 +57,8 @@ def test_stream_is_the_concatenation_of_epochs(drop_last):
     n, g = 100, 24
     raw = raw_manifest(n, 16, g, seed=5, drop_last=drop_last)
     sequence, cursors = stream(raw, 4, uc.Cursor(3, 0), 25)  # 600 positions = 6 epochs
-    epochs = [indices_list(uc.epoch_indices(raw_manifest(n, 16, g, seed=5, drop_last=False), "train", epoch=e, backend="numpy"))
+    epochs = [indices_list(uc.epoch_indices(raw_manifest(n, 16, g, seed=5, drop_last=False), "train", epoch=e,
+                                            backend="numpy"))
               for e in range(3, 9)]
     if not drop_last:
         assert sequence == [i for e in epochs for i in e]
@@ -102,7 +103,8 @@ def test_stream_metadata_has_its_own_mode_and_hash():
 
 def test_stream_refuses_a_cursor_past_n():
     with pytest.raises(uc.UmlosError) as info:
-        uc.next_batch(raw_manifest(100, 16, 24), "train", 1, 0, "train", uc.Cursor(0, 100), backend="numpy", preset=STREAM)
+        uc.next_batch(raw_manifest(100, 16, 24), "train", 1, 0, "train", uc.Cursor(0, 100), backend="numpy",
+                      preset=STREAM)
     assert info.value.code == errors.GLOBAL_POSITION_EXCEEDS_CARDINALITY
 
 
@@ -158,7 +160,8 @@ def test_one_sampler_resolution_for_calls_and_checkpoints(stage, preset, want_st
 @pytest.mark.parametrize("stage,preset,message", [
     ("training", None, "stage 'training' is not one of train, eval, infer"),
     (None, None, "stage None is not one of train, eval, infer"),
-    ("train", "streaming", "unknown preset 'streaming'; choose one of train_shuffle, eval_sequential, streaming_infinite"),
+    ("train", "streaming", "unknown preset 'streaming'; choose one of train_shuffle, eval_sequential, "
+                           "streaming_infinite"),
 ])  # fmt: skip
 def test_bad_stages_and_presets_name_the_allowed_values(stage, preset, message):
     manifest = uc.Manifest.from_dict(raw_manifest(100))

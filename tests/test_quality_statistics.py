@@ -68,7 +68,8 @@ def test_batch_tv_by_hand():
     assert batch_class_tv(np.array([0, 0, 1, 1]), 2, frequencies).tolist() == [0.5, 0.5]
     # batches {0, 1} twice: the dataset's mix
     assert batch_class_tv(np.array([0, 1, 1, 0]), 2, frequencies).tolist() == [0.0, 0.0]
-    # three classes 1/2, 1/4, 1/4; batch {0, 0, 0, 2}: 1/2 (1/4 + 1/4 + 0) = 1/4; batch {1, 1, 2, 0}: 1/2 (1/4 + 1/4 + 0) = 1/4
+    # three classes 1/2, 1/4, 1/4;
+    # batch {0, 0, 0, 2}: 1/2 (1/4 + 1/4 + 0) = 1/4; batch {1, 1, 2, 0}: 1/2 (1/4 + 1/4 + 0) = 1/4
     frequencies = np.array([0.5, 0.25, 0.25])
     assert batch_class_tv(np.array([0, 0, 0, 2, 1, 1, 2, 0]), 4, frequencies) == pytest.approx([0.25, 0.25])
     # a partial last batch is left out

@@ -224,7 +224,8 @@ def test_verify_in_a_fresh_process_finds_the_kinds_through_the_entry_point(tmp_p
                           cwd=str(tmp_path), timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("OK store")
-    probe = "import sys; import umlos_cuda.checkpoint.tape as t; t.record_schema('rng.iter'); print(sorted(sys.modules).count('umlos_cuda.rng.checkpoint_kinds'))"
+    probe = ("import sys; import umlos_cuda.checkpoint.tape as t; t.record_schema('rng.iter'); "
+             "print(sorted(sys.modules).count('umlos_cuda.rng.checkpoint_kinds'))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=str(tmp_path), timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr
 
@@ -253,7 +254,8 @@ def test_functional_fp_in_the_fingerprints_file_is_bound_by_the_header(tmp_path)
         store.commit(CheckpointState(0, {DATASET: uc.Cursor()}, extra_cursors={
             "fingerprints": rng_checkpoint.fingerprints(streams, functional_fp=fp)}))
     assert restore_latest(store_dir, ident).extra_cursors["fingerprints"]["functional_fp"] == fp
-    found = [os.path.join(d, f) for d, _, files in os.walk(store_dir) for f in files if f == "cursors=fingerprints.cbor"]
+    found = [os.path.join(d, f) for d, _,
+             files in os.walk(store_dir) for f in files if f == "cursors=fingerprints.cbor"]
     assert len(found) == 1
     with open(found[0], "rb") as handle:
         data = handle.read()

@@ -52,7 +52,8 @@ def test_too_many_draws():
         streams.draw("misc", 2)
 
     error = violation(operator)
-    check_record(error, streams, "test.TooMany_v1", {"init": 0, "cluster": 0, "misc": 1}, {"init": 0, "cluster": 0, "misc": 2})
+    check_record(error, streams, "test.TooMany_v1", {"init": 0, "cluster": 0, "misc": 1},
+                 {"init": 0, "cluster": 0, "misc": 2})
     assert "misc +2 (expected 1)" in error.message and "exactly 1 draw from stream misc" in error.message
     assert len(tape) == 1 and tape[0]["failure_code"] == errors.RNG_CONSUMPTION_VIOLATION
 
@@ -65,7 +66,8 @@ def test_too_few_draws():
         streams.draw("init", 1)
 
     error = violation(operator)
-    check_record(error, streams, "test.TooFew_v1", {"init": 2, "cluster": 0, "misc": 0}, {"init": 1, "cluster": 0, "misc": 0})
+    check_record(error, streams, "test.TooFew_v1", {"init": 2, "cluster": 0, "misc": 0},
+                 {"init": 1, "cluster": 0, "misc": 0})
 
 
 def test_wrong_stream():
@@ -216,7 +218,8 @@ def test_declarations_are_a_table_for_audits():
     assert [d.operator for d in streams.accountant.declarations()] == sorted(table)  # declared before any call
 
 
-@pytest.mark.parametrize("stream,draws", [("none", 1), ("misc", 0), ("rng", 1), ("misc", -1), ("misc", True), (None, 0)])
+@pytest.mark.parametrize("stream,draws",
+                         [("none", 1), ("misc", 0), ("rng", 1), ("misc", -1), ("misc", True), (None, 0)])
 def test_malformed_declarations_are_refused(stream, draws):
     streams = RngStreams.from_manifest(RAW)
     with pytest.raises(uc.UmlosError) as info:

@@ -251,7 +251,8 @@ def toy_intra_block():
             (f"pb = {pb}: first candidate 1 + (k0 mod {m - 1})", str(start)),
             (f"pb = {pb}: a (first candidate coprime with {m})", str(a)),
             (f"pb = {pb}: c = k1 mod {m}", str(c)),
-            (f"pb = {pb}: indices of local positions 0..{m - 1}", ints(base + (a * local + c) % m for local in range(m))),
+            (f"pb = {pb}: indices of local positions 0..{m - 1}",
+             ints(base + (a * local + c) % m for local in range(m))),
         ]
     return rows
 
@@ -317,7 +318,8 @@ def metadata_hashes():
     m = toy()
     default = 1 << 20
     train_default = sampler_config_hash("SHUFFLE_WITHOUT_REPLACEMENT_BLOCK_AFFINE_V1", default, False)
-    assert train_default.hex() == oracle.sampler_config_hash("SHUFFLE_WITHOUT_REPLACEMENT_BLOCK_AFFINE_V1", default, False).hex()
+    oracle_default = oracle.sampler_config_hash("SHUFFLE_WITHOUT_REPLACEMENT_BLOCK_AFFINE_V1", default, False)
+    assert train_default.hex() == oracle_default.hex()
     replay = data_replay_t(m.replay_token, TOY_KEY, 0, 12, TOY_WORLD_SIZE, 1)
     batch = uc.next_batch(m, TOY_KEY, TOY_WORLD_SIZE, 1, "train", uc.Cursor(0, 12), backend="numpy")
     assert batch.metadata["data_replay_t"] == replay.hex()
@@ -329,7 +331,8 @@ def metadata_hashes():
              "intra_block_affine_coprime_v1", "rank_contiguous_shard_v1"]))),
         ("sampler_config_hash, eval or infer, block 2^20, drop_last false",
          sampler_config_hash("SEQUENTIAL_V1", default, False).hex()),
-        ("sampler_config_hash, streaming_infinite, block 2^20", sampler_config_hash(MODE_STREAMING, default, False).hex()),
+        ("sampler_config_hash, streaming_infinite, block 2^20",
+         sampler_config_hash(MODE_STREAMING, default, False).hex()),
         ("sampler_config_hash, toy train (block 8, drop_last false)", batch.metadata["sampler_config_hash"]),
         ("data_replay_t preimage, toy, epoch 0, position 12, W = 3, rank 1", spaced_hex(preimage)),
         ("data_replay_t", replay.hex()),
@@ -468,7 +471,8 @@ def parse_examples(text: str, where: str) -> dict[str, list[tuple[str, str]]]:
         fence = number + 1
         while fence < len(lines) and not lines[fence].strip():
             fence += 1
-        assert fence < len(lines) and lines[fence].strip() == "```text", f"{where}:{number + 1}: {name} needs a ```text block"
+        assert fence < len(lines) and lines[fence].strip() == "```text", \
+            f"{where}:{number + 1}: {name} needs a ```text block"
         entries: list[list[str]] = []
         for body in lines[fence + 1 :]:
             if body.strip() == "```":

@@ -106,7 +106,8 @@ def test_order_hash_names_the_order():
     assert order_hash(RAW, "train", 4) == oracle.hash_canonical(["umlos_epoch_order_v1", config, 5000, seed16])
     assert order_hash(RAW, "train", 4) != order_hash(RAW, "train", 5)
     eval_config = oracle.sampler_config_hash("SEQUENTIAL_V1", 256, False)
-    assert order_hash(RAW, "train", 4, stage="eval") == oracle.hash_canonical(["umlos_epoch_order_v1", eval_config, 5000, None])
+    expected = oracle.hash_canonical(["umlos_epoch_order_v1", eval_config, 5000, None])
+    assert order_hash(RAW, "train", 4, stage="eval") == expected
     assert order_hash(RAW, "train", 4, stage="eval") == order_hash(RAW, "train", 9, stage="eval")
 
 

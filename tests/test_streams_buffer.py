@@ -177,6 +177,7 @@ def test_bad_calls_and_states():
         expect(errors.REPLAY_BUFFER_INVALID, check_state, {**good, **change}, mention=mention)
     expect(errors.REPLAY_BUFFER_INVALID, check_state, {**good, "extra": 1})
     expect(errors.REPLAY_BUFFER_INVALID, ReplayBuffer(5, seed=0).load_state_dict, good, {}, mention="max_size")
-    expect(errors.REPLAY_BUFFER_INVALID, ReplayBuffer(4, seed=0).load_state_dict, good, {}, mention="no recorded sample")
+    expect(errors.REPLAY_BUFFER_INVALID, ReplayBuffer(4, seed=0).load_state_dict, good, {},
+           mention="no recorded sample")
     expect(errors.REPLAY_BUFFER_INVALID, ReplayBuffer(4, seed=1).load_state_dict, good, {0: SAMPLES[0]},
            mention="another run")

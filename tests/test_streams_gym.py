@@ -44,7 +44,8 @@ def test_the_client_reads_the_menu_and_plays(server):
         assert {"Sudoku", "KenKen", "Lights Out"} <= set(names) and len(names) >= 20
         assert {"easy", "medium", "hard"} <= set(client.difficulties())
         first = client.start("sudoku", "easy", 7)
-        assert (first.game, first.difficulty, first.seed, first.moves, first.is_complete) == ("Sudoku", "easy", 7, 0, False)
+        assert (first.game, first.difficulty, first.seed, first.moves, first.is_complete) == \
+            ("Sudoku", "easy", 7, 0, False)
         assert "SUDOKU RULES" in client.rules and len(first.grid) == 9
         command = hint_command(client.hint())
         result = client.step(command)

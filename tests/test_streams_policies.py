@@ -134,7 +134,8 @@ def test_policies_are_deterministic_given_the_buffer_and_cursor():
 
 def test_windows_log_the_curriculum_metrics():
     buffer = full_buffer(300)
-    window = RollingBatchPlanWindow(buffer, 8, policy=ComposedPolicy([FailureReplayPolicy(2.0)]), samples_per_window=120)
+    window = RollingBatchPlanWindow(buffer, 8, policy=ComposedPolicy([FailureReplayPolicy(2.0)]),
+                                    samples_per_window=120)
     first, second = window.next_window(), window.next_window()
     assert first.metrics["replay_hit_rate"] == 0.0 and second.metrics["replay_hit_rate"] > 0
     assert abs(sum(second.metrics["difficulty_distribution"].values()) - 1) < 1e-5

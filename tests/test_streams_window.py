@@ -206,8 +206,9 @@ def test_packed_windows_record_their_packing_and_replay_bit_for_bit(tmp_path):
     assert report.windows == len(windows) and report.last_window_fingerprint == windows[-1].fingerprint
     # The same run through a BatchingConfig that carries the pack is the same run.
     other = tmp_path / "other.jsonl"
-    same = feed(RollingBatchPlanWindow(ReplayBuffer(80, "reservoir", manifest=identity().manifest, priority_exponent=0.5),
-                                       6, batching=dataclasses.replace(BATCHING, pack=pack), log=other), SAMPLES)
+    other_buffer = ReplayBuffer(80, "reservoir", manifest=identity().manifest, priority_exponent=0.5)
+    batching = dataclasses.replace(BATCHING, pack=pack)
+    same = feed(RollingBatchPlanWindow(other_buffer, 6, batching=batching, log=other), SAMPLES)
     assert [w.fingerprint for w in same] == [w.fingerprint for w in windows]
     assert replay_log(other).last_window_fingerprint == windows[-1].fingerprint
 

@@ -290,7 +290,8 @@ def iter_record(seq, prev, **overrides):
               "global_batch_size": 8, "subsampling_mode": "SHUFFLE_WITHOUT_REPLACEMENT",
               "sampling_mode": "SHUFFLE_WITHOUT_REPLACEMENT_BLOCK_AFFINE_V1", "sampler_config_hash": bytes([5]) * 32,
               "effective_q": 0.008, "epoch_seed_hash": bytes([6]) * 32, "data_replay_t": sha256(b"%d" % seq),
-              "cursor_before": {"epoch": 0, "global_index": 8 * seq - 8}, "cursor_after": {"epoch": 0, "global_index": 8 * seq},
+              "cursor_before": {"epoch": 0, "global_index": 8 * seq - 8},
+              "cursor_after": {"epoch": 0, "global_index": 8 * seq},
               "world_size": 1, "rank": 0, "count": 8, "indices_sha256": sha256(b"i%d" % seq)}
     record.update(overrides)
     return record
@@ -457,7 +458,8 @@ END = dict(status="success", final_epoch_count=0, total_samples_seen=8, restore_
 def test_run_end_without_its_optional_fields_keeps_its_bytes():
     """Not giving task_type, world_size or backend_hash writes the record existing tapes hold."""
     legacy = {"type": "run_end", "status": "success", "final_epoch_count": 0, "total_samples_seen": 8,
-              "checkpoint_hash": None, "restore_status": "none", "final_cursors": {DATASET: {"epoch": 0, "global_index": 8}}}
+              "checkpoint_hash": None, "restore_status": "none",
+              "final_cursors": {DATASET: {"epoch": 0, "global_index": 8}}}
     assert cbor_canonical(tape.run_end_fields(**END)) == cbor_canonical(legacy)
 
 

@@ -223,7 +223,8 @@ def test_invalid_rank_is_a_value_error_in_pytorch_words(rank):
 
 
 def test_invalid_num_replicas_is_a_value_error_in_the_same_words():
-    with pytest.raises(ValueError, match=r"Invalid num_replicas 0, num_replicas should be in the interval \[1, 4294967295\]"):
+    with pytest.raises(ValueError,
+                       match=r"Invalid num_replicas 0, num_replicas should be in the interval \[1, 4294967295\]"):
         DistributedSampler(10, num_replicas=0, rank=0)
 
 

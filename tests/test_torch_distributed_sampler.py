@@ -210,11 +210,16 @@ def test_huge_dataset_needs_no_order_array():
     [
         ({"num_replicas": 8, "rank": 9}, "INVALID_RANK", r"Invalid rank 9, rank should be in the interval \[0, 7\]"),
         ({"num_replicas": 8, "rank": -1}, "INVALID_RANK", r"Invalid rank -1, rank should be in the interval \[0, 7\]"),
-        ({"num_replicas": 0, "rank": 0}, "INVALID_RANK", r"Invalid num_replicas 0, num_replicas should be in the interval \[1, 4294967295\]"),
-        ({"num_replicas": 2.0, "rank": 0}, "INVALID_RANK", r"Invalid num_replicas 2.0 \(float\), num_replicas should be an integer in the interval \[1, 4294967295\]"),
-        ({"num_replicas": 2, "rank": 0, "seed": 2**64}, "INVALID_ARGUMENT", r"seed = 18446744073709551616 is outside \[-2\^63, 2\^64 - 1\]"),
-        ({"num_replicas": 2, "rank": 0, "seed": -(2**63) - 1}, "INVALID_ARGUMENT", r"seed = -9223372036854775809 is outside \[-2\^63, 2\^64 - 1\]"),
-        ({"num_replicas": 2, "rank": 0, "seed": 1.0}, "INVALID_ARGUMENT", r"seed must be an integer in \[-2\^63, 2\^64 - 1\], got float"),
+        ({"num_replicas": 0, "rank": 0}, "INVALID_RANK", r"Invalid num_replicas 0, num_replicas should be in the "
+                                                         r"interval \[1, 4294967295\]"),
+        ({"num_replicas": 2.0, "rank": 0}, "INVALID_RANK", r"Invalid num_replicas 2.0 \(float\), num_replicas should "
+                                                           r"be an integer in the interval \[1, 4294967295\]"),
+        ({"num_replicas": 2, "rank": 0, "seed": 2**64}, "INVALID_ARGUMENT", r"seed = 18446744073709551616 is outside "
+                                                                            r"\[-2\^63, 2\^64 - 1\]"),
+        ({"num_replicas": 2, "rank": 0, "seed": -(2**63) - 1}, "INVALID_ARGUMENT", r"seed = -9223372036854775809 is "
+                                                                                   r"outside \[-2\^63, 2\^64 - 1\]"),
+        ({"num_replicas": 2, "rank": 0, "seed": 1.0}, "INVALID_ARGUMENT",
+         r"seed must be an integer in \[-2\^63, 2\^64 - 1\], got float"),
         ({"num_replicas": 2, "rank": 0, "block_size": 0}, "BATCH_SIZE_INCONSISTENT", r"block_size 0 is outside \[1, "),
         ({"num_replicas": 2, "rank": 0, "backend": "tpu"}, "BACKEND_UNAVAILABLE", r"choose one of"),
     ],
@@ -237,7 +242,8 @@ def test_dataset_without_length_is_refused():
 def test_set_epoch_range():
     s = DistributedSampler(10, num_replicas=1, rank=0, seed=2**64 - 3)
     s.set_epoch(2)
-    with pytest.raises(SamplerArgumentError, match=r"epoch 3 is outside \[0, 2\]: seed \+ epoch must be in \[-2\^63, 2\^64 - 1\]"):
+    with pytest.raises(SamplerArgumentError,
+                       match=r"epoch 3 is outside \[0, 2\]: seed \+ epoch must be in \[-2\^63, 2\^64 - 1\]"):
         s.set_epoch(3)
     with pytest.raises(SamplerArgumentError, match=r"epoch -1 is outside"):
         s.set_epoch(-1)

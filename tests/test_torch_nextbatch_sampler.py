@@ -175,7 +175,8 @@ def test_manifest_from_a_file(tmp_path):
     [
         ({"world_size": 5, "rank": 0}, "BATCH_SIZE_INCONSISTENT", "not divisible by world_size 5"),
         ({"world_size": 4, "rank": 4}, "INVALID_RANK", r"Invalid rank 4, rank should be in the interval \[0, 3\]"),
-        ({"world_size": 0, "rank": 0}, "INVALID_RANK", r"Invalid world_size 0, world_size should be in the interval \[1, "),
+        ({"world_size": 0, "rank": 0}, "INVALID_RANK",
+         r"Invalid world_size 0, world_size should be in the interval \[1, "),
         ({"stage": "test"}, "INVALID_STAGE_TYPE", "not one of train, eval, infer"),
         ({"dataset_key": "val"}, "INVALID_DATASET_KEY", "known keys: train"),
         ({"cursor": uc.Cursor(0, 50)}, "GLOBAL_POSITION_EXCEEDS_CARDINALITY", r"outside the epoch \[0, 49\]"),
@@ -198,7 +199,8 @@ def test_constructor_errors(kwargs, code, message):
         ({"stage": "eval"}, "SAMPLER_STATE_INVALID", "stage"),
         ({"format": "x"}, "SAMPLER_STATE_INVALID", "not a NextBatchSampler state"),
         ({"cursor": {"epoch": 0, "global_index": 60}}, "GLOBAL_POSITION_EXCEEDS_CARDINALITY", "outside the epoch"),
-        ({"cursor": {"epoch": 0}}, "SAMPLER_STATE_INVALID", "the state's cursor: .*exactly the keys epoch and global_index"),
+        ({"cursor": {"epoch": 0}}, "SAMPLER_STATE_INVALID",
+         "the state's cursor: .*exactly the keys epoch and global_index"),
     ],
 )
 def test_load_state_dict_refuses_a_foreign_state(change, code, message):
@@ -221,7 +223,8 @@ def test_drives_a_dataloader_and_stateful_dataloader():
     assert read == [[10 * i for i in b] for _, b in run(NextBatchSampler(m, "train", rank=1, world_size=2), 1)]
 
     tdl = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
-    full = [b[0].tolist() for b in tdl.StatefulDataLoader(data, batch_sampler=NextBatchSampler(m, "train", rank=1, world_size=2))]
+    loader = tdl.StatefulDataLoader(data, batch_sampler=NextBatchSampler(m, "train", rank=1, world_size=2))
+    full = [b[0].tolist() for b in loader]
     first = tdl.StatefulDataLoader(data, batch_sampler=NextBatchSampler(m, "train", rank=1, world_size=2))
     it = iter(first)
     head = [next(it)[0].tolist() for _ in range(2)]
@@ -244,7 +247,8 @@ def test_eval_every_sample_once_equal_steps(n, w, batch_size):
     steps = -(-n // (batch_size * w))
     assert [len(s) for s in samplers] == [len(x) for x in per_rank] == [steps] * w
     assert all(len(b) == batch_size for batches in per_rank for b in batches)
-    in_rank_order = [i for step in range(steps) for r in range(w) for i in per_rank[r][step] if not isinstance(i, Padding)]
+    in_rank_order = [i for step in range(steps) for r in range(w) for i in per_rank[r][step]
+                     if not isinstance(i, Padding)]
     assert in_rank_order == list(range(n))
     assert list(samplers[0]) == per_rank[0]  # a second pass is the same evaluation
 

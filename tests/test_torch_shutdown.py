@@ -61,7 +61,8 @@ def _one_rank(body: str) -> subprocess.CompletedProcess:
         from umlos_cuda.torch import run_distributed
         """
     ) + textwrap.dedent(body) + "\nrun_distributed(main, store=dist.HashStore(), rank=0, world_size=1)\n"
-    return subprocess.run([sys.executable, "-c", code], env=environment(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    return subprocess.run([sys.executable, "-c", code], env=environment(), capture_output=True, text=True,
+                          timeout=LAUNCH_TIMEOUT_S)
 
 
 @pytest.mark.parametrize(

@@ -58,7 +58,8 @@ def test_an_initialised_process_group_comes_before_the_environment(no_launcher, 
         (None, 0, {"WORLD_SIZE": "two"}, r"^environment variable WORLD_SIZE='two' is not an integer$"),
     ],
 )
-def test_errors_are_invalid_rank_with_the_callers_operator(no_launcher, monkeypatch, world_size, rank, environ, message):
+def test_errors_are_invalid_rank_with_the_callers_operator(no_launcher, monkeypatch, world_size, rank, environ,
+                                                           message):
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(uc.UmlosError) as info:

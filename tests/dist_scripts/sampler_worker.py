@@ -30,7 +30,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
-from umlos_cuda.torch import DistributedEvalSampler, DistributedSampler, MaskedDataset, NextBatchSampler, run_distributed
+from umlos_cuda.torch import (DistributedEvalSampler, DistributedSampler, MaskedDataset, NextBatchSampler,
+                              run_distributed)
 
 # DistributedSampler scenario: N not divisible by 4, 3 or 2; loader batch 5.
 DS_N = 103
@@ -121,7 +122,8 @@ def nb_merge(per_rank: list[list[dict]]) -> list[dict]:
         for rec in records:
             steps.setdefault((rec["epoch"], rec["global_position"]), [[] for _ in per_rank])[r] = rec["values"]
     return [
-        {"epoch": e, "global_position": g, "indices": list(chain.from_iterable(parts))} for (e, g), parts in sorted(steps.items())
+        {"epoch": e, "global_position": g, "indices": list(chain.from_iterable(parts))} for (e, g),
+        parts in sorted(steps.items())
     ]
 
 
@@ -208,7 +210,8 @@ def phase_start(workdir: str, report: dict) -> None:
     assert merged0 == w1_epoch0, "NextBatch epoch 0 at W = 4 differs from W = 1"
     flat = list(chain.from_iterable(s["indices"] for s in merged0))
     check_epoch(flat, 50, "NextBatchSampler epoch 0")
-    assert len(nb_all0[0]) == 5 and all(len(nb_all0[r]) == 4 for r in range(1, world)), "last batch: only rank 0 has data"
+    assert len(nb_all0[0]) == 5 and all(len(nb_all0[r]) == 4 for r in range(1, world)), \
+        "last batch: only rank 0 has data"
     merged1 = nb_merge(nb_all1)
     assert merged1 == [s for s in w1 if s["epoch"] == 1][:NB_STEPS_BEFORE_SAVE]
     assert all(s["cursor"] == {"epoch": 1, "global_index": 24} for s in nb_states), nb_states

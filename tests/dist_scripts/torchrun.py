@@ -38,7 +38,8 @@ def launch(nproc: int, script: str, *args: str) -> subprocess.Popen:
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
         os.path.join(SCRIPTS, script), *args,
     ]
-    return subprocess.Popen(cmd, env=environment(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, env=environment(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
 
 
 def finish(proc: subprocess.Popen, what: str, expect_success: bool = True) -> str:

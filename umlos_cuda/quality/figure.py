@@ -24,7 +24,7 @@ _POINTS = 200
 def matplotlib_missing() -> str | None:
     """None when matplotlib can be imported, else the reason and the install command."""
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401 - imported only to see whether it imports
     except ImportError as exc:
         return f"matplotlib is not installed ({exc}); pip install 'umlos-cuda[plot]' for the figure"
     return None

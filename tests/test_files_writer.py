@@ -108,7 +108,8 @@ def test_force_replaces_the_same_kind_and_leaves_nothing_aside(tmp_path):
 def test_force_never_replaces_another_kind_or_a_foreign_folder(tmp_path):
     write(tmp_path / "store", kind=STORE)
     error = code_of(write, tmp_path / "store", force=True)
-    assert error.code == errors.OUTPUT_PATH_INVALID and "is a token store written by umlos-cuda, not a plan" in error.message
+    assert error.code == errors.OUTPUT_PATH_INVALID
+    assert "is a token store written by umlos-cuda, not a plan" in error.message
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "meta.json").write_text("{}")
     (tmp_path / "model" / "weights.bin").write_bytes(b"w")
@@ -145,9 +146,8 @@ def test_a_failure_leaves_nothing_and_a_retry_needs_no_force(tmp_path):
     error = code_of(failing)
     assert error.code == errors.OUTPUT_WRITE_FAILED and str(tmp_path / "out") in error.message
     assert os.listdir(tmp_path) == []
-    with pytest.raises(KeyboardInterrupt):
-        with output_folder(tmp_path / "out", PLAN):
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), output_folder(tmp_path / "out", PLAN):
+        raise KeyboardInterrupt
     assert os.listdir(tmp_path) == []
     write(tmp_path / "out")
 
@@ -233,7 +233,8 @@ def test_an_output_is_never_an_input(tmp_path):
     os.link(dataset, tmp_path / "hard.jsonl")
     os.symlink(dataset, tmp_path / "soft.jsonl")
     cases = {
-        dataset: f" is {dataset},", tmp_path / "hard.jsonl": f" is {dataset},", tmp_path / "soft.jsonl": f" is {dataset},",
+        dataset: f" is {dataset},", tmp_path / "hard.jsonl": f" is {dataset},",
+        tmp_path / "soft.jsonl": f" is {dataset},",
         tmp_path / "data": f" holds {dataset},",
     }
     for output, words in cases.items():
@@ -253,7 +254,12 @@ def test_a_folder_output_refuses_its_inputs_before_anything_else(tmp_path):
 
 
 # ---------------------------------------------------------------------- one file
-CACHE = FileKind("length cache", lambda path: open(path, "rb").read(1) == b"{")
+def _starts_a_json_object(path: str) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(1) == b"{"
+
+
+CACHE = FileKind("length cache", _starts_a_json_object)
 
 
 def test_force_replaces_a_file_only_of_its_kind(tmp_path):

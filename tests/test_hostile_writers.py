@@ -128,7 +128,7 @@ def victim(w: Workspace) -> str:
 
 def assert_modes(folder: str, umask: int) -> None:
     """Every folder and file under ``folder`` has the mode the umask gives."""
-    for base, dirs, files in os.walk(folder):
+    for base, _, files in os.walk(folder):
         assert stat.S_IMODE(os.stat(base).st_mode) == 0o777 & ~umask, base
         for name in files:
             path = os.path.join(base, name)

@@ -24,7 +24,8 @@ import os
 import secrets
 import shutil
 import stat
-from typing import BinaryIO, Iterator
+from collections.abc import Iterator
+from typing import BinaryIO
 
 from .durable import NEW_FILE, write_all
 
@@ -46,13 +47,13 @@ class Folder:
         self.path = path
 
     @classmethod
-    def open(cls, path: str, *, follow: bool = False) -> "Folder":
+    def open(cls, path: str, *, follow: bool = False) -> Folder:
         """Open the folder ``path``; ``follow=True`` accepts a link at its name
         (for a parent the user named, never for one a command creates)."""
         flags = _FOLDER & ~os.O_NOFOLLOW if follow else _FOLDER
         return cls(os.open(path, flags), os.path.abspath(path))
 
-    def __enter__(self) -> "Folder":
+    def __enter__(self) -> Folder:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -78,7 +79,7 @@ class Folder:
     def names(self) -> list[str]:
         return os.listdir(self.fd)
 
-    def sub(self, name: str) -> "Folder":
+    def sub(self, name: str) -> Folder:
         """The existing subfolder ``name`` (never a link to one)."""
         return Folder(os.open(name, _FOLDER, dir_fd=self.fd), self.join(name))
 
@@ -116,12 +117,12 @@ class Folder:
         return os.fdopen(fd, "rb")
 
     # -------------------------------------------------------------- creating
-    def mkdir(self, name: str) -> "Folder":
+    def mkdir(self, name: str) -> Folder:
         """Create the subfolder ``name`` (mode 0777 less the umask) and open it."""
         os.mkdir(name, 0o777, dir_fd=self.fd)
         return self.sub(name)
 
-    def mkdir_temp(self, prefix: str) -> tuple[str, "Folder"]:
+    def mkdir_temp(self, prefix: str) -> tuple[str, Folder]:
         """A new subfolder with an unguessable name ``prefix<random>``."""
         for _ in range(100):
             name = f"{prefix}{secrets.token_hex(4)}"
@@ -178,7 +179,7 @@ class Folder:
                 os.unlink(temp, dir_fd=self.fd)
             raise
 
-    def rename(self, source: str, target: str, into: "Folder | None" = None) -> None:
+    def rename(self, source: str, target: str, into: Folder | None = None) -> None:
         """Rename ``source`` here to ``target`` here (or in ``into``)."""
         os.rename(source, target, src_dir_fd=self.fd, dst_dir_fd=(into or self).fd)
 

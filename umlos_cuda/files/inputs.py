@@ -16,7 +16,7 @@ that does not exist is skipped (its reader reports it).
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 from .. import errors
 from ..errors import UmlosError

@@ -39,7 +39,7 @@ import contextlib
 import errno
 import os
 import stat
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from .. import errors
 from ..errors import UmlosError

@@ -133,7 +133,7 @@ class BatchWriter:
         with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="umlos-batches") as pool:
             pending: set = set()
             try:
-                for epoch, index, microbatch in self.plan.iter_from(0, 0):
+                for epoch, _, microbatch in self.plan.iter_from(0, 0):
                     if len(pending) >= window:
                         done, pending = wait(pending, return_when=FIRST_COMPLETED)
                         self._collect(done, digests, counts, progress, total)
@@ -155,13 +155,12 @@ class BatchWriter:
         try:
             _refuse_strays(folder)
             index = folder.join(INDEX_FILE)
-            if folder.lstat(INDEX_FILE) is not None:
-                if self.force or _read_identity(index) != self.identity():
-                    if not self.force:
-                        raise _mismatch(f"{self.output} holds batch files of another job ({INDEX_FILE} differs in "
-                                        f"{_differences(_read_identity(index), self.identity())}); pass --force to "
-                                        "replace them, or write to another folder")
-                    _clear(folder)
+            if folder.lstat(INDEX_FILE) is not None and (self.force or _read_identity(index) != self.identity()):
+                if not self.force:
+                    raise _mismatch(f"{self.output} holds batch files of another job ({INDEX_FILE} differs in "
+                                    f"{_differences(_read_identity(index), self.identity())}); pass --force to "
+                                    "replace them, or write to another folder")
+                _clear(folder)
             _write_index(folder, {**self.identity(), "complete": False})  # unreadable until every file is checked
             for name in folder.names():  # what a killed run left half-written
                 if (name.startswith(".tmp-") and _OUR_FILES.match(name)) or _INDEX_TEMP.match(name) \
@@ -286,7 +285,7 @@ def _refuse_strays(folder: Folder) -> None:
 def _clear(folder: Folder) -> None:
     """Remove a batch folder's own files (never anything else in it)."""
     for name in folder.names():
-        if _OUR_FILES.match(name) or name == INDEX_FILE or name == PLAN_FOLDER:
+        if _OUR_FILES.match(name) or name in (INDEX_FILE, PLAN_FOLDER):
             folder.remove(name)
 
 

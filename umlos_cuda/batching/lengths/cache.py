@@ -95,6 +95,7 @@ class LengthCache:
             if self.ids_are_line_numbers:
                 self._sample_ids = [str(i) for i in range(len(self))]
             else:
+                assert self._ids_source is not None  # load() keeps the JSONL's path when it defers the ids
                 ids, lengths, _ = _parse_jsonl(self._ids_source)
                 if not np.array_equal(lengths, self.lengths):  # the JSONL changed since load()
                     raise UmlosError(errors.LENGTHS_SIDECAR_MISMATCH,
@@ -225,17 +226,20 @@ class LengthCacheWriter:
     def add(self, sample_ids: Sequence[str] | None, lengths: Sequence[int] | np.ndarray) -> None:
         """Append rows; ``sample_ids=None`` means the line numbers ``str(row)``."""
         array = _as_lengths(lengths, allow_empty=True)
+        ids: Sequence[str] | range
         if sample_ids is None:
-            sample_ids = range(self._count, self._count + array.shape[0])
+            ids = range(self._count, self._count + array.shape[0])
         elif len(sample_ids) != array.shape[0]:
             raise _invalid(f"{len(sample_ids)} sample ids but {array.shape[0]} lengths")
-        elif self.ids_are_line_numbers:
-            self.ids_are_line_numbers = all(sample_id == str(row)
-                                            for row, sample_id in enumerate(sample_ids, self._count))
+        else:
+            ids = sample_ids
+            if self.ids_are_line_numbers:
+                self.ids_are_line_numbers = all(sample_id == str(row)
+                                                for row, sample_id in enumerate(sample_ids, self._count))
         tail = self._row_tail
         text = "".join(
             f'{{"sample_id": {encode_basestring_ascii(str(sample_id))}{tail}{length}}}\n'
-            for sample_id, length in zip(sample_ids, array.tolist())
+            for sample_id, length in zip(ids, array.tolist())
         ).encode("ascii")
         if self._handle is None:
             raise _invalid(f"rows are added to {self.path} inside its `with` block")

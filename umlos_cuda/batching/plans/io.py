@@ -125,7 +125,8 @@ def save_shards(plan: BatchPlan, world_size: int, directory, *, jsonl: str = "au
 
 def _wants_jsonl(plan: BatchPlan, jsonl: str) -> bool:
     if jsonl not in JSONL_MODES:
-        raise plan_error(errors.BATCHING_CONFIG_INVALID, f"jsonl must be one of {', '.join(JSONL_MODES)}, got {jsonl!r}")
+        raise plan_error(errors.BATCHING_CONFIG_INVALID,
+                         f"jsonl must be one of {', '.join(JSONL_MODES)}, got {jsonl!r}")
     entries = sum(int(e.samples.shape[0]) for e in plan.epochs)
     return jsonl == "always" or (jsonl == "auto" and entries <= JSONL_AUTO_LIMIT)
 
@@ -230,7 +231,8 @@ def meta_from_json(data) -> BatchPlanMeta:
         if data["pack_config"] is not None:
             config = replace(config, pack=PackingConfig.from_dict(data["pack_config"]))
         shard = data["shard"]
-        if shard is not None and (not isinstance(shard, dict) or set(shard) != {"rank", "world_size", "source_fingerprint"}):
+        if shard is not None and (not isinstance(shard, dict)
+                                  or set(shard) != {"rank", "world_size", "source_fingerprint"}):
             raise _format(f"meta.json shard must be null or {{rank, world_size, source_fingerprint}}, got {shard!r}")
         meta = BatchPlanMeta(
             config=config,

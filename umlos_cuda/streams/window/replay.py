@@ -67,6 +67,7 @@ def replay_log(path: str | os.PathLike[str], progress: Callable[[int], None] | N
         if progress is not None:
             progress(index + 1)
     if report.windows == 0:
-        raise failure(errors.WINDOW_LOG_INVALID, f"{path} holds a header and no window: the run that wrote it stopped "
-                                                 "before its first window, so there is nothing to replay (run it again)")
+        raise failure(errors.WINDOW_LOG_INVALID,
+                      f"{path} holds a header and no window: the run that wrote it stopped "
+                      "before its first window, so there is nothing to replay (run it again)")
     return report

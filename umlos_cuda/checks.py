@@ -45,8 +45,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field as dataclass_field, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .errors import UINT64_MAX, UmlosError
 

@@ -198,7 +198,8 @@ class ContainerBuilder:
         restore_profiles: Iterable[str] | None = None,
     ) -> None:
         if not isinstance(identity, RunIdentity) or not isinstance(state, CheckpointState):
-            raise error(errors.CHECKPOINT_STATE_INVALID, "expected a RunIdentity and a CheckpointState", operator=SERIALIZE)
+            raise error(errors.CHECKPOINT_STATE_INVALID, "expected a RunIdentity and a CheckpointState",
+                        operator=SERIALIZE)
         schema_version = _schema_version(schema_version, state)
         self.identity = identity
         self.state = state
@@ -208,10 +209,12 @@ class ContainerBuilder:
         if restore_profiles is None:
             restore_profiles = schema.RESTORE_PROFILES
         self.restore_profiles = sorted(set(restore_profiles))
-        if schema.FULL_PROFILE not in self.restore_profiles or set(self.restore_profiles) - set(schema.RESTORE_PROFILES):
+        if schema.FULL_PROFILE not in self.restore_profiles \
+                or set(self.restore_profiles) - set(schema.RESTORE_PROFILES):
             raise error(
                 errors.CHECKPOINT_STATE_INVALID,
-                f"restore_profiles must include {schema.FULL_PROFILE} and only {', '.join(schema.RESTORE_PROFILES)}",
+                f"restore_profiles must include {schema.FULL_PROFILE} and only "
+                f"{', '.join(schema.RESTORE_PROFILES)}",
                 operator=SERIALIZE,
             )
         self.files = self._build_files()
@@ -300,7 +303,8 @@ class ContainerBuilder:
         if state.dp_accountant is None:
             files[paths.DP_PATH] = cbor_canonical({"dp_enabled": False})
         else:
-            files[paths.DP_PATH] = cbor_canonical({"dp_enabled": True, "state": plain(state.dp_accountant, "dp_accountant")})
+            files[paths.DP_PATH] = cbor_canonical({"dp_enabled": True,
+                                                   "state": plain(state.dp_accountant, "dp_accountant")})
         files[paths.TMMU_PATH] = cbor_canonical({"plan": plain(state.tmmu_plan, "tmmu_plan")})
         files[paths.TRACE_LINK_PATH] = cbor_canonical(self.trace_link.to_dict())
         if not isinstance(state.tensors, Mapping) or not isinstance(state.optimizer, Mapping):
@@ -308,7 +312,8 @@ class ContainerBuilder:
         for rank, shards in state.tensors.items():
             rank = _rank(rank)
             if isinstance(shards, Mapping) or not isinstance(shards, (list, tuple)):
-                raise error(errors.CHECKPOINT_STATE_INVALID, f"tensors[{rank}] must be a list of shards", operator=SERIALIZE)
+                raise error(errors.CHECKPOINT_STATE_INVALID, f"tensors[{rank}] must be a list of shards",
+                            operator=SERIALIZE)
             for shard, arrays in enumerate(shards):
                 files[paths.tensor_path(rank, shard)] = tensors.encode(arrays, f"tensors[{rank}][{shard}]")
         for rank, arrays in state.optimizer.items():
@@ -342,7 +347,8 @@ class ContainerBuilder:
             files[paths.cursor_kind_path(name)] = encode_cursor_kind(name, value)
         return files
 
-    def finish(self, *, lineage_root_hash: bytes = schema.ZERO_HASH, checkpoint_hash_prev: bytes | None = None) -> bytes:
+    def finish(self, *, lineage_root_hash: bytes = schema.ZERO_HASH,
+               checkpoint_hash_prev: bytes | None = None) -> bytes:
         """Build the header and manifest, check them and the files as a reader
         would (:meth:`validate`); return ``checkpoint_hash``."""
         header = self._header(lineage_root_hash, checkpoint_hash_prev)
@@ -449,7 +455,8 @@ def encode_cursor_kind(name: Any, value: Any) -> bytes:
         encoded = kind.encode(value)
     except extensions.REFUSALS as exc:
         raise error(errors.CHECKPOINT_STATE_INVALID,
-                    f"extra_cursors[{name!r}]: the kind's encode refused it ({_reason(exc)})", operator=SERIALIZE) from None
+                    f"extra_cursors[{name!r}]: the kind's encode refused it ({_reason(exc)})",
+                    operator=SERIALIZE) from None
     return cbor_canonical({"kind": name, "state": plain(encoded, f"extra_cursors[{name!r}]")})
 
 
@@ -458,7 +465,7 @@ def _reason(exc: BaseException) -> str:
 
 
 def _rank(rank: Any) -> int:
-    return checks.integer(rank, "rank", 0, paths.UINT32_MAX,
+    return checks.integer(rank, "rank", 0, errors.UINT32_MAX,
                           fail=partial(error, errors.CHECKPOINT_STATE_INVALID, operator=SERIALIZE),
                           message="{name} {value!r} must be an integer in [0, 2^32 - 1]")
 
@@ -524,7 +531,8 @@ def parse_manifest(data: bytes, what: str = paths.MANIFEST_NAME) -> ContainerInf
     if not isinstance(top, dict) or set(top) != MANIFEST_KEYS:
         raise error(errors.CHECKPOINT_SCHEMA_INVALID, f"{what} must be a map with exactly {sorted(MANIFEST_KEYS)}")
     if top["format"] != schema.CONTAINER_FORMAT:
-        raise error(errors.CHECKPOINT_SCHEMA_UNSUPPORTED, f"{what}: format {top['format']!r} is not {schema.CONTAINER_FORMAT}")
+        raise error(errors.CHECKPOINT_SCHEMA_UNSUPPORTED,
+                    f"{what}: format {top['format']!r} is not {schema.CONTAINER_FORMAT}")
     header = schema.validate_header(top["header"])
     stored_hash = schema.check_hash(top["checkpoint_hash"], "checkpoint_hash")
     checkpoint_hash = hash_canonical(header)
@@ -624,7 +632,8 @@ class ContainerReader:
         self._extra_cursors: dict[str, Any] | None = None
 
     @classmethod
-    def in_memory(cls, info: ContainerInfo, files: Mapping[str, bytes], cache: dict[str, Any] | None = None) -> ContainerReader:
+    def in_memory(cls, info: ContainerInfo, files: Mapping[str, bytes],
+                  cache: dict[str, Any] | None = None) -> ContainerReader:
         """A reader of a container a writer holds in memory (``files`` are the
         bytes ``info``'s entries were computed from): the writer runs the
         reader's content checks on what it is about to write."""
@@ -644,7 +653,8 @@ class ContainerReader:
         """The container folder's descriptor, which the file checks read under
         (an in-memory reader has none; a closed one no longer has it)."""
         if self._fd is None:
-            raise error(errors.CHECKPOINT_STATE_INVALID, f"{self.path}: no container folder is open (in memory or closed)")
+            raise error(errors.CHECKPOINT_STATE_INVALID,
+                        f"{self.path}: no container folder is open (in memory or closed)")
         return self._fd
 
     def __enter__(self) -> ContainerReader:
@@ -675,7 +685,8 @@ class ContainerReader:
             return self._files[path]  # the entries were computed from these bytes
         data = paths.read_bytes(self._root, path, max(entry["size"], 0), code=errors.CHECKPOINT_SIZE_MISMATCH)
         if len(data) != entry["size"]:
-            raise error(errors.CHECKPOINT_SIZE_MISMATCH, f"{path} is {len(data)} bytes; the manifest lists {entry['size']}")
+            raise error(errors.CHECKPOINT_SIZE_MISMATCH,
+                        f"{path} is {len(data)} bytes; the manifest lists {entry['size']}")
         if sha256(data) != entry["sha256"]:
             raise error(errors.CHECKPOINT_HASH_MISMATCH, f"{path}: SHA-256 differs from the manifest")
         self.checked.add(path)
@@ -761,7 +772,8 @@ class ContainerReader:
         out = {}
         for key, item in cursors.items():
             if key not in manifest.datasets:
-                raise error(errors.CHECKPOINT_BINDING_MISMATCH, f"cursor dataset key {key!r} is not in the run manifest")
+                raise error(errors.CHECKPOINT_BINDING_MISMATCH,
+                            f"cursor dataset key {key!r} is not in the run manifest")
             if not isinstance(item, dict) or set(item) != {"epoch", "global_index"}:
                 raise error(code, f"{paths.CURSORS_PATH}: cursor {key!r} has exactly epoch and global_index")
             out[key] = Cursor(
@@ -822,7 +834,8 @@ class ContainerReader:
     def trace_link(self) -> TraceLink:
         link = TraceLink.from_dict(self.cbor(paths.TRACE_LINK_PATH))
         if link.trace_root_hash != self.header["trace_root_hash"]:
-            raise error(errors.CHECKPOINT_BINDING_MISMATCH, "trace_root_hash differs between header and trace/link.cbor")
+            raise error(errors.CHECKPOINT_BINDING_MISMATCH,
+                        "trace_root_hash differs between header and trace/link.cbor")
         if link.trace_tail_hash != self.header["trace_tail_hash_at_checkpoint"]:
             raise error(errors.CHECKPOINT_BINDING_MISMATCH,
                         "trace_tail_hash_at_checkpoint differs between header and trace/link.cbor")
@@ -837,7 +850,8 @@ class ContainerReader:
         index = value["artifacts"]
         listed = set()
         for name, item in index.items():
-            if not paths.valid_name(name) or not isinstance(item, dict) or set(item) != {"kind", "path", "size", "sha256"}:
+            if not paths.valid_name(name) or not isinstance(item, dict) \
+                    or set(item) != {"kind", "path", "size", "sha256"}:
                 raise error(errors.CHECKPOINT_CONTENT_INVALID, f"artifact {name!r}: invalid index entry")
             if item["kind"] not in ("blob", "array") or item["path"] != paths.artifact_path(item["kind"], name):
                 raise error(errors.CHECKPOINT_CONTENT_INVALID, f"artifact {name!r}: kind and path disagree")

@@ -92,13 +92,16 @@ def check_identity(header: Mapping[str, Any], expect: Mapping[str, Any] | None) 
     for name in schema.IDENTITY_FIELDS:
         if name in expect and header.get(name) != expect[name]:
             have, want = header.get(name), expect[name]
-            show = (lambda v: v.hex() if isinstance(v, bytes) else repr(v))
             raise error(
                 errors.CHECKPOINT_IDENTITY_MISMATCH,
-                f"{name} of the checkpoint is {show(have)}, this run expects {show(want)}",
+                f"{name} of the checkpoint is {_show(have)}, this run expects {_show(want)}",
                 operator=RESTORE,
                 field=name,
             )
+
+
+def _show(value: Any) -> str:
+    return value.hex() if isinstance(value, bytes) else repr(value)
 
 
 def check_profile(header: Mapping[str, Any], profile: Any) -> str:
@@ -128,7 +131,7 @@ def normalize_ranks(ranks: Any) -> list[int] | None:
                     f"ranks must be a list of rank numbers (integers in [0, 2^32 - 1]), got {type(ranks).__name__}",
                     operator=RESTORE)
     fail = partial(error, errors.CHECKPOINT_STATE_INVALID, operator=RESTORE)
-    return [checks.integer(rank, "rank", 0, paths.UINT32_MAX, fail=fail,
+    return [checks.integer(rank, "rank", 0, errors.UINT32_MAX, fail=fail,
                            message="ranks holds {value!r}; ranks are integers in [0, 2^32 - 1]") for rank in ranks]
 
 

@@ -139,7 +139,8 @@ def collect_locked(store_dir: str, commits: Sequence[CommitRecord], keep_last: i
     return report
 
 
-def collect_garbage(store_dir: str | os.PathLike[str], keep_last: int, *, lock_timeout: float = 0.0) -> CollectionReport:
+def collect_garbage(store_dir: str | os.PathLike[str], keep_last: int, *,
+                    lock_timeout: float = 0.0) -> CollectionReport:
     """Keep the ``keep_last`` newest checkpoints of a store and remove the
     older containers (module docstring), under the writer's lock
     (``CHECKPOINT_LOCKED`` while a writer holds the store)."""

@@ -21,7 +21,8 @@ from functools import partial
 from typing import Any
 
 from .. import checks, distribution, errors
-from ..hashing import ZERO_HASH, hash_canonical
+from ..hashing import ZERO_HASH as ZERO_HASH  # re-exported: schema.ZERO_HASH in the container and commit code
+from ..hashing import hash_canonical
 from . import limits, merkle
 from .codes import SERIALIZE, error
 

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from .. import checks, errors
-from ..errors import NEXTBATCH_V1_OPERATOR, UmlosError
+from ..errors import MAX_WORLD_SIZE, NEXTBATCH_V1_OPERATOR, UmlosError
 from ..manifest.core import Manifest, as_manifest
-from ..nextbatch import MAX_WORLD_SIZE, check_request_size, epoch_indices
+from ..nextbatch import check_request_size, epoch_indices
 from .contract import consumes
 from .state_fingerprint import order_hash
 

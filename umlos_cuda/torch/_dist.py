@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any
 
 from .. import checks, errors, world
-from ..errors import MAX_WORLD_SIZE, UINT64_MAX, UmlosError  # noqa: F401  (MAX_WORLD_SIZE: re-exported)
+from ..errors import UINT64_MAX, UmlosError
 
 
 class SamplerArgumentError(UmlosError, ValueError):

@@ -52,7 +52,8 @@ class PlanCursor:
         return cls(state["plan_fingerprint"], state["epoch"], state["microbatch_index"])
 
     def to_state(self) -> dict[str, Any]:
-        return {"plan_fingerprint": self.plan_fingerprint, "epoch": self.epoch, "microbatch_index": self.microbatch_index}
+        return {"plan_fingerprint": self.plan_fingerprint, "epoch": self.epoch,
+                "microbatch_index": self.microbatch_index}
 
     @classmethod
     def from_state(cls, state: Any, manifest: Any = None) -> PlanCursor:

@@ -298,7 +298,8 @@ def read_microbatches_jsonl(path: str, meta: BatchPlanMeta, sample_ids, base: in
     """Arrays from a microbatches.jsonl (ids mapped back to rows)."""
     lookup = None if sample_ids is None else {sid: row for row, sid in enumerate(sample_ids)}
     packed = meta.config.pack is not None
-    sizes, rows, bucket_ids, max_len, row_sizes, pack_sizes = [], [], [], [], [], []
+    sizes, rows, bucket_ids, max_len, pack_sizes = [], [], [], [], []
+    row_sizes: list[int] = []
     try:
         handle = open(path, "rb")  # noqa: SIM115 - the with below closes it; only open's OSError is mapped here
     except OSError as exc:

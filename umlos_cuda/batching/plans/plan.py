@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -246,8 +247,8 @@ class BatchPlan:
             assert plan.row_offsets is not None  # a packed epoch has both
             bounds = np.asarray(plan.row_offsets[int(plan.pack_rows[j]):int(plan.pack_rows[j + 1]) + 1], dtype=np.int64)
             bounds = (bounds - bounds[0]).tolist()
-            sizes = tuple(b - a for a, b in zip(bounds, bounds[1:]))
-            packs = tuple(ids[a:b] for a, b in zip(bounds, bounds[1:]))
+            sizes = tuple(b - a for a, b in pairwise(bounds))
+            packs = tuple(ids[a:b] for a, b in pairwise(bounds))
         return MicrobatchSpec(plan.global_index(j), ids, int(plan.bucket_ids[j]), int(plan.max_len[j]), rows,
                               packs, sizes)
 

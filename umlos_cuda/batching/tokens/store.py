@@ -189,7 +189,8 @@ def _read_meta(path: str) -> dict:
         raise _invalid(f"{path} has format {got!r}; this reader reads {STORE_FORMAT!r}")
     if set(meta) != set(META_FIELDS):
         raise _invalid(f"{path} must have exactly the fields {', '.join(META_FIELDS)}; "
-                       f"missing {sorted(set(META_FIELDS) - set(meta))}, unknown {sorted(set(meta) - set(META_FIELDS))}")
+                       f"missing {sorted(set(META_FIELDS) - set(meta))}, "
+                       f"unknown {sorted(set(meta) - set(META_FIELDS))}")
     for name, low, wording in (("num_samples", 1, checks.POSITIVE), ("num_tokens", 0, checks.NON_NEGATIVE)):
         checks.integer(meta[name], name, low, None, fail=lambda message: _invalid(f"{path}: {message}"),
                        message=wording, strict=True)

@@ -103,7 +103,8 @@ class ReplayBuffer:
     def add(self, sample: StreamSample, priority: float | None = None) -> bool:
         """Offer ``sample`` (priority: ``sample.priority`` unless given); True when it was stored."""
         if not isinstance(sample, StreamSample):
-            raise failure(errors.REPLAY_BUFFER_INVALID, f"a buffer holds StreamSample objects, got {type(sample).__name__}")
+            raise failure(errors.REPLAY_BUFFER_INVALID,
+                          f"a buffer holds StreamSample objects, got {type(sample).__name__}")
         priority = sample.priority if priority is None else priority
         priority = checks.number(priority, "priority", above=0, fail=_invalid,
                                  message="a priority is a positive finite number, got {value!r}")
@@ -213,7 +214,8 @@ class ReplayBuffer:
             mine = getattr(self, name)
             mine = mine.value if isinstance(mine, EvictionPolicy) else mine
             if state[name] != mine:
-                raise failure(errors.REPLAY_BUFFER_INVALID, f"the saved buffer has {name} {state[name]!r}, this one {mine!r}")
+                raise failure(errors.REPLAY_BUFFER_INVALID,
+                              f"the saved buffer has {name} {state[name]!r}, this one {mine!r}")
         self.rng.load_state_dict(state["rng"])
         slots = np.frombuffer(state["slots"], dtype="<i8").astype(np.int64)
         lookup = samples if callable(samples) else samples.__getitem__
@@ -230,8 +232,9 @@ class ReplayBuffer:
                 try:
                     sample = lookup(key)
                 except (KeyError, IndexError):
-                    raise failure(errors.REPLAY_BUFFER_INVALID, f"no recorded sample for key {key} held by the "
-                                                                "saved buffer (is the window log of this run?)") from None
+                    raise failure(errors.REPLAY_BUFFER_INVALID,
+                                  f"no recorded sample for key {key} held by the saved buffer "
+                                  "(is the window log of this run?)") from None
                 self._samples[slot] = sample
                 self._lengths[slot] = sample.length
                 self._digests[slot] = np.frombuffer(bytes.fromhex(sample.digest), dtype=np.uint8)
@@ -252,7 +255,8 @@ def check_state(state: Any) -> dict[str, Any]:
     """``state`` if it has the layout of :meth:`ReplayBuffer.state_dict`, else REPLAY_BUFFER_INVALID."""
     if not isinstance(state, Mapping) or set(state) != _STATE_KEYS:
         keys = sorted(state) if isinstance(state, Mapping) else type(state).__name__
-        raise failure(errors.REPLAY_BUFFER_INVALID, f"a buffer state has exactly the keys {', '.join(sorted(_STATE_KEYS))}; "
+        raise failure(errors.REPLAY_BUFFER_INVALID,
+                      f"a buffer state has exactly the keys {', '.join(sorted(_STATE_KEYS))}; "
                                                     f"got {keys}")
     if state["format"] != STATE_FORMAT:
         raise failure(errors.REPLAY_BUFFER_INVALID, f"buffer state format {state['format']!r} is not {STATE_FORMAT!r}")

@@ -64,7 +64,8 @@ class BufferRng:
     def draw(self, stream: str, k: int) -> np.ndarray:
         """The next ``k`` uint32 draws of ``stream``."""
         if stream not in _NUMBERS:
-            raise failure(errors.REPLAY_BUFFER_INVALID, f"buffer sub-stream {stream!r} is not one of {', '.join(STREAMS)}")
+            raise failure(errors.REPLAY_BUFFER_INVALID,
+                          f"buffer sub-stream {stream!r} is not one of {', '.join(STREAMS)}")
         k = int(k)
         offset = self._offsets[stream]
         self._offsets[stream] = offset + k
@@ -95,9 +96,11 @@ class BufferRng:
     def load_state_dict(self, state: Any) -> None:
         """Put back a state of the same key (another key is another run: refused)."""
         if not isinstance(state, Mapping) or set(state) != {"format", "master_seed", "offsets"}:
-            raise failure(errors.REPLAY_BUFFER_INVALID, "a buffer RNG state has exactly format, master_seed and offsets")
+            raise failure(errors.REPLAY_BUFFER_INVALID,
+                          "a buffer RNG state has exactly format, master_seed and offsets")
         if state["format"] != STATE_FORMAT:
-            raise failure(errors.REPLAY_BUFFER_INVALID, f"buffer RNG state format {state['format']!r} is not {STATE_FORMAT!r}")
+            raise failure(errors.REPLAY_BUFFER_INVALID,
+                          f"buffer RNG state format {state['format']!r} is not {STATE_FORMAT!r}")
         if state["master_seed"] != self.seed16:
             raise failure(errors.REPLAY_BUFFER_INVALID, "the saved buffer RNG belongs to another run (another manifest "
                                                         "or replay token): its key differs from this buffer's")

@@ -153,7 +153,8 @@ class TelnetGymClient:
             found = [m.group(1) for line in lines if (m := _DIFFICULTIES.search(line))]
             self.menu()
             if not found:
-                raise failure(errors.GYM_PROTOCOL_ERROR, "the server did not list its difficulties after an unknown one: "
+                raise failure(errors.GYM_PROTOCOL_ERROR,
+                              "the server did not list its difficulties after an unknown one: "
                                                          f"{lines[:3]}")
             self._difficulties = tuple(name.strip() for name in found[0].split(","))
         return self._difficulties
@@ -259,7 +260,8 @@ def parse_answer(lines: list[str]) -> StepResult:
             try:
                 data = json.loads(text)
             except ValueError as exc:
-                raise failure(errors.GYM_PROTOCOL_ERROR, f"a JSON line that does not decode ({exc}): {text[:200]}") from None
+                raise failure(errors.GYM_PROTOCOL_ERROR,
+                              f"a JSON line that does not decode ({exc}): {text[:200]}") from None
             if not isinstance(data, dict) or not isinstance(data.get("type"), str):
                 raise failure(errors.GYM_PROTOCOL_ERROR, f"a JSON line without a 'type': {text[:200]}")
             kind = data["type"]

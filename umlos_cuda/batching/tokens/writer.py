@@ -68,13 +68,14 @@ def tokenize_dataset(dataset: str | os.PathLike[str], tokenizer: Any, output: st
     vocab = source.encoder.get_vocab_size(with_added_tokens=True)
     token_dtype = np.dtype("<u2" if vocab <= UINT16_VOCAB else "<u4")
     with output_folder(target, STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR) as folder:
-        _write_store(source, folder, token_dtype, chunk_size, progress)
+        _write_store(source, folder, token_dtype, chunk_size, progress, vocab)
     return TokenStore.open(target)
 
 
-def _write_store(source: DatasetEncoding, root: Folder, token_dtype: np.dtype, chunk_size: int, progress) -> None:
+def _write_store(source: DatasetEncoding, root: Folder, token_dtype: np.dtype, chunk_size: int, progress,
+                 vocab_size: int) -> None:
     def encode(chunk: RecordChunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return encode_chunk(source, chunk, token_dtype)
+        return encode_chunk(source, chunk, token_dtype, vocab_size)
 
     sizes: list[np.ndarray] = []
     with NpyStream(root, "tokens.npy", token_dtype) as tokens, \
@@ -104,12 +105,13 @@ def _write_store(source: DatasetEncoding, root: Folder, token_dtype: np.dtype, c
         "tokens_sha256": tokens.sha256,
         "loss_mask_sha256": masks.sha256,
         "offsets_sha256": sha256_array(offsets),
+        "vocab_size": int(vocab_size),
     }
     with root.file("meta.json") as handle:  # last: the store is complete
         handle.write((json.dumps(meta, indent=2) + "\n").encode("ascii"))
 
 
-def encode_chunk(source: DatasetEncoding, chunk: RecordChunk, token_dtype: np.dtype
+def encode_chunk(source: DatasetEncoding, chunk: RecordChunk, token_dtype: np.dtype, vocab_size: int | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(lengths, token ids, loss mask)`` of one chunk, the ids and masks
     of its records concatenated."""
@@ -118,7 +120,7 @@ def encode_chunk(source: DatasetEncoding, chunk: RecordChunk, token_dtype: np.dt
     total = int(encoded.sum())
     ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=total)
     if not source.is_template:
-        return encoded, _as_tokens(ids, token_dtype), np.ones(total, dtype=np.uint8)
+        return encoded, _as_tokens(ids, token_dtype, vocab_size), np.ones(total, dtype=np.uint8)
     lengths = encoded + source.appended
     ends = np.cumsum(encoded)
     ids = np.insert(ids, ends, source.eos_id)  # the end-of-sequence token after each record's text
@@ -127,13 +129,16 @@ def encode_chunk(source: DatasetEncoding, chunk: RecordChunk, token_dtype: np.dt
     starts = np.cumsum(lengths) - lengths
     position = np.arange(ids.shape[0], dtype=np.int64) - np.repeat(starts, lengths)
     mask = (position >= np.repeat(masked, lengths)).astype(np.uint8)
-    return lengths, _as_tokens(ids, token_dtype), mask
+    return lengths, _as_tokens(ids, token_dtype, vocab_size), mask
 
 
-def _as_tokens(ids: np.ndarray, token_dtype: np.dtype) -> np.ndarray:
-    if ids.size and int(ids.max()) > np.iinfo(token_dtype).max:
-        raise UmlosError(errors.TOKENIZER_INVALID, f"token id {int(ids.max())} does not fit {token_dtype}; the "
-                         "tokenizer reports a smaller vocabulary than it produces", operator=errors.BATCHING_OPERATOR)
+def _as_tokens(ids: np.ndarray, token_dtype: np.dtype, vocab_size: int | None = None) -> np.ndarray:
+    """The ids as ``token_dtype``; an id past the vocabulary (which the store's readers refuse) is refused now."""
+    limit = np.iinfo(token_dtype).max + 1 if vocab_size is None else min(vocab_size, np.iinfo(token_dtype).max + 1)
+    if ids.size and int(ids.max()) >= limit:
+        raise UmlosError(errors.TOKENIZER_INVALID, f"token id {int(ids.max())} does not fit {token_dtype} or the "
+                         f"vocabulary of {limit} ids; the tokenizer reports a smaller vocabulary than it produces",
+                         operator=errors.BATCHING_OPERATOR)
     return ids.astype(token_dtype)
 
 

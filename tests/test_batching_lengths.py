@@ -448,6 +448,31 @@ def test_build_refuses_bad_records_and_leaves_nothing(tmp_path, tokenizer, lines
     assert listing(tmp_path) == ["train.jsonl"]
 
 
+def test_a_byte_order_mark_and_trailing_blank_lines_are_not_errors(tmp_path, tokenizer):
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_bytes(b'\xef\xbb\xbf{"text": "a b"}\n{"text": "c", "id": "x"}\n\n  \n')
+    cache = build_lengths(dataset, tokenizer, tmp_path / "l.jsonl")
+    assert list(cache.sample_ids) == ["0", "x"]
+    assert cache.dataset_hash == dataset_fingerprint(dataset, cache.tokenizer_hash)  # every byte, BOM included
+
+
+def test_bad_lines_are_skipped_and_counted_when_asked(tmp_path, tokenizer):
+    from umlos_cuda.batching.lengths.jsonl import SkippedLines
+
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_bytes(b'{"text": "a"}\n\n{"text": 5}\nnot json\n{"text": "b c", "id": "y"}\n{"body": "d"}\n')
+    error = expect(errors.DATASET_RECORD_INVALID, build_lengths, dataset, tokenizer, tmp_path / "l.jsonl",
+                   mention="line 2 is empty")
+    assert "--skip-bad-lines" in error.message
+    skipped = SkippedLines()
+    cache = build_lengths(dataset, tokenizer, tmp_path / "l.jsonl", skipped=skipped)
+    assert skipped.count == 4 and list(cache.sample_ids) == ["0", "y"]  # ids stay the records' own
+    assert [m.split(" line ")[1][:1] for m in skipped.first] == ["2", "3", "4", "6"]
+    dataset.write_bytes(b"nope\n\n")
+    expect(errors.DATASET_EMPTY, build_lengths, dataset, tokenizer, tmp_path / "m.jsonl", skipped=SkippedLines(),
+           mention="blank or was skipped")
+
+
 def test_build_dataset_errors(tmp_path, tokenizer):
     (tmp_path / "empty.jsonl").write_bytes(b"")
     expect(errors.DATASET_EMPTY, build_lengths, tmp_path / "empty.jsonl", tokenizer, tmp_path / "l.jsonl")

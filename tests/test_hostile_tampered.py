@@ -495,7 +495,7 @@ def user_docs_python_plan_is_the_cli_plan(ws, tmp_path):
     """docs/batching.md: "The same in Python" builds the plan its `plan build` command builds."""
     text = open(os.path.join(ROOT, "docs", "batching.md"), encoding="utf-8").read()
     command = re.search(r"```sh\n(umlos-cuda plan build --lengths lengths\.jsonl.*?)```", text, re.S).group(1)
-    snippet = re.search(r"The same in Python:\n\n```python\n(.*?)```", text, re.S).group(1)
+    snippet = re.search(r"The same in Python[^\n]*\n(?:[^\n]+\n)*\n```python\n(.*?)```", text, re.S).group(1)
     from umlos_cuda.batching import LengthCache
 
     lengths = np.clip(np.random.default_rng(1).lognormal(5, 1, 400), 1, 1024).astype(np.uint32)

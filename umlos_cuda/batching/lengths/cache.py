@@ -444,6 +444,12 @@ def _parse_jsonl(path: str) -> tuple[list[str], np.ndarray, str]:
             raise _invalid(f"{path} line {number + 1} is not JSON ({exc})") from None
         if not isinstance(row, dict):
             raise _invalid(f"{path} line {number + 1} is {type(row).__name__}; rows are JSON objects")
+        if "sample_id" not in row and "length" not in row:  # a dataset (or another JSONL) given as a cache
+            keys = ", ".join(sorted(map(str, row))[:6]) or "none"
+            raise _invalid(f"{path} line {number + 1} is not a length cache row (its fields: {keys}); a length "
+                           'cache has one {"sample_id", "tokenizer_hash", "length"} object per line, made from a '
+                           f"dataset by `umlos-cuda data lengths build --dataset {path} --tokenizer TOKENIZER "
+                           "--output LENGTHS.jsonl` (or `data tokenize`, whose store holds lengths.jsonl)")
         sample_id, row_hash, length = row.get("sample_id"), row.get("tokenizer_hash"), row.get("length")
         if not isinstance(sample_id, str):
             raise _invalid(f"{path} line {number + 1}: sample_id must be a string, got {sample_id!r}")

@@ -33,7 +33,7 @@ import numpy as np
 
 from ... import errors
 from ...errors import UmlosError
-from ..lengths.jsonl import DEFAULT_ID_FIELD, RecordChunk
+from ..lengths.jsonl import DEFAULT_ID_FIELD, RecordChunk, SkippedLines
 from ...files.artifacts import json_field
 from ...files.writer import ArtifactKind, Folder, check_output_folder, output_folder
 from ..lengths.builder import DEFAULT_CHUNK, DatasetEncoding, input_paths
@@ -53,18 +53,22 @@ def tokenize_dataset(dataset: str | os.PathLike[str], tokenizer: Any, output: st
                      text_field: str | None = None, prompt_field: str | None = None,
                      response_field: str | None = None, id_field: str = DEFAULT_ID_FIELD,
                      eos_token: str | None = None, force: bool = False, chunk_size: int = DEFAULT_CHUNK,
-                     progress: Callable[[int, int], None] | None = None) -> TokenStore:
+                     progress: Callable[[int, int], None] | None = None,
+                     skipped: SkippedLines | None = None) -> TokenStore:
     """Encode every record and write the token store folder ``output``.
 
     ``progress(bytes_read, bytes_total)`` is called after each chunk. The
     output is checked before any work: an existing folder raises
     OUTPUT_EXISTS unless ``force`` (which replaces only a token store), and
     the output is never the dataset or the tokenizer's folder (OUTPUT_IS_INPUT).
+    Given ``skipped`` (a :class:`~umlos_cuda.batching.lengths.jsonl.SkippedLines`),
+    bad lines are skipped and counted there instead of refused.
     """
     inputs = input_paths(dataset, tokenizer)
     target = check_output_folder(output, STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR)
     source = DatasetEncoding(dataset, tokenizer, text_field=text_field, prompt_field=prompt_field,
-                             response_field=response_field, id_field=id_field, eos_token=eos_token)
+                             response_field=response_field, id_field=id_field, eos_token=eos_token,
+                             skipped=skipped)
     vocab = source.encoder.get_vocab_size(with_added_tokens=True)
     token_dtype = np.dtype("<u2" if vocab <= UINT16_VOCAB else "<u4")
     with output_folder(target, STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR) as folder:

@@ -64,7 +64,7 @@ def _dataset(path, count: int = 120) -> None:
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
     """model/ (11 tokens), train.jsonl, store/, plan/ (from the store's cache), batches/, megatron prefixes."""
-    from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, LengthCache
+    from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, LengthCache, save_plan, shard_plan
     from umlos_cuda.batching.batches.writer import write_batches
     from umlos_cuda.batching.tokens.writer import tokenize_dataset
 
@@ -75,18 +75,17 @@ def ws(tmp_path_factory):
     cache = LengthCache.load(root / "store" / "lengths.jsonl")
     config = BatchingConfig.predictable(64, (4, 8), 16, seed=7)
     plan = BatchPlanBuilder(cache, config).build(2)
-    plan.save(root / "plan")
+    save_plan(plan, root / "plan")
     write_batches(root / "plan", root / "batches", store, workers=1)
-    shard_plan = plan.shard(1, 3)
-    shard_plan.save(root / "shard")
+    save_plan(shard_plan(plan, 1, 3), root / "shard")
     for dtype in (np.int8, np.int16, np.int32):
         name = np.dtype(dtype).name
         prefix = root / f"mega_{name}"
         write_megatron(prefix, [[3, -2, 5], [4, 4], [7, 1, 2, 2]], dtype=dtype)
         LengthCache.from_arrays(None, [3, 2, 4], "unknown").write(root / f"mega_{name}.lengths.jsonl")
         mcfg = BatchingConfig.predictable(16, (4,), 8, seed=1)
-        BatchPlanBuilder(LengthCache.load(root / f"mega_{name}.lengths.jsonl"), mcfg).build(1).save(
-            root / f"mega_{name}.plan")
+        save_plan(BatchPlanBuilder(LengthCache.load(root / f"mega_{name}.lengths.jsonl"), mcfg).build(1),
+                  root / f"mega_{name}.plan")
     return root
 
 
@@ -230,8 +229,8 @@ def tamper_plan_row_out_of_range(ws, tmp_path):
     samples = np.load(tmp_path / "plan" / "epoch_1" / "samples.npy")
     samples[5] = 10_000
     save_npy(tmp_path / "plan" / "epoch_1" / "samples.npy", samples)
-    outcome = run_api(tmp_path, "from umlos_cuda.batching import BatchPlan\n"
-                                "guarded(lambda: list(BatchPlan.load('plan').iter_epoch(1)))\n")
+    outcome = run_api(tmp_path, "from umlos_cuda.batching import load_plan\n"
+                                "guarded(lambda: list(load_plan('plan').iter_epoch(1)))\n")
     hs.assert_refused(outcome, "PLAN_SAMPLES_INVALID", names="plan")
 
 
@@ -572,9 +571,9 @@ TORCH_LOADER = (
     "import warnings\n"
     "import numpy as np, torch\n"
     "from torch.utils.data import DataLoader, TensorDataset\n"
-    "from umlos_cuda.batching import BatchPlan\n"
+    "from umlos_cuda.batching import load_plan\n"
     "from umlos_cuda.torch import PlanBatchSampler\n"
-    "plan = BatchPlan.load('plan')\n"
+    "plan = load_plan('plan')\n"
     "data = TensorDataset(torch.arange(plan.meta.num_samples))\n"
 )
 

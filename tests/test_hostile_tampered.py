@@ -618,20 +618,23 @@ def user_past_the_last_epoch_warns(ws, tmp_path):
                       "    warnings.simplefilter('always')\n"
                       "    for epoch in range(3):\n"
                       "        counts.append(sum(1 for _ in loader))\n"
-                      "print('counts', counts, 'warnings', [str(w.message) for w in seen])\n")
+                      "print('counts', counts, 'warnings', len(seen))\n"
+                      "print(seen[0].message if seen else '')\n")
     hs.assert_ok(outcome)
-    assert "counts [" in outcome.stdout and ", 0] warnings ['" in outcome.stdout, outcome.describe()
-    assert "last epoch" in outcome.stdout, outcome.describe()
+    assert "counts [20, 20, 0] warnings 1" in outcome.stdout, outcome.describe()  # warned once, at the third pass
+    assert "last epoch (1) is done" in outcome.stdout, outcome.describe()
 
 
 def user_torchdata_set_vital_is_quiet(ws, tmp_path):
+    """Neither torchdata's set_vital deprecation nor the prefetch warning (torchdata snapshots exactly)."""
     copy(ws, tmp_path, "plan")
     outcome = run_api(tmp_path, TORCH_LOADER +
                       "import torchdata.stateful_dataloader as tdl\n"
-                      "loader = tdl.StatefulDataLoader(data, batch_sampler=PlanBatchSampler(plan))\n"
+                      "loader = tdl.StatefulDataLoader(data, batch_sampler=PlanBatchSampler(plan), num_workers=2)\n"
+                      "it = iter(loader); next(it); state = loader.state_dict(); del it\n"
                       "print(sum(1 for _ in loader))\n")
     hs.assert_ok(outcome)
-    assert "set_vital" not in outcome.stderr, outcome.describe()
+    assert "set_vital" not in outcome.stderr and "Warning" not in outcome.stderr, outcome.describe()
 
 
 def user_progress_has_rate_and_time_left(ws, tmp_path):

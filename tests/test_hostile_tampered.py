@@ -654,19 +654,34 @@ def user_progress_has_rate_and_time_left(ws, tmp_path):
 
 
 def user_curriculum_plot_ticks(ws, tmp_path):
+    """`gym replay --plot`'s figure: whole windows on the x axis, and equal shares both visible."""
     outcome = run_api(tmp_path, "import matplotlib\nmatplotlib.use('Agg')\n"
-                                "from umlos_cuda.streams.curriculum.metrics import curriculum_figure\n"
-                                "windows = [{'index': i, 'metrics': {'difficulty_distribution': "
-                                "{'easy': 0.5, 'medium': 0.5}}} for i in range(3)]\n"
-                                "figure = curriculum_figure(windows)\n"
-                                "axis = figure.axes[0]\n"
-                                "figure.canvas.draw()\n"
-                                "print('ticks', [t.get_text() for t in axis.get_xticklabels()])\n"
-                                "print('series', len(axis.containers) + len(axis.lines))\n"
-                                "figure.savefig('plot.png')\n", owned=["plot.png"])
+                                "from matplotlib.figure import Figure\n"
+                                "from umlos_cuda.batching import BatchingConfig\n"
+                                "from umlos_cuda.streams import (MockGymStream, ReplayBuffer, RollingBatchPlanWindow,\n"
+                                "                                plot_curriculum)\n"
+                                "window = RollingBatchPlanWindow(ReplayBuffer(8, 'fifo', seed=1), 2, log='windows.jsonl',\n"
+                                "    batching=BatchingConfig.throughput(8192, (512, 1024), 2048))\n"
+                                "for i, s in enumerate(MockGymStream(6, seed=3, max_length=200,\n"
+                                "                                    difficulties=('easy', 'medium'))):\n"
+                                "    window.add(s)\n"
+                                "    if i % 2 == 1:\n"
+                                "        window.next_window()\n"
+                                "save = Figure.savefig\n"
+                                "def spy(figure, *args, **kwargs):\n"
+                                "    axis = figure.axes[0]\n"
+                                "    figure.canvas.draw()\n"
+                                "    low, high = axis.get_xlim()\n"
+                                "    print('ticks', [t.get_text() for t in axis.get_xticklabels() "
+                                "if low <= t.get_position()[0] <= high])\n"
+                                "    print('series', len(axis.containers) + len(axis.lines))\n"
+                                "    return save(figure, *args, **kwargs)\n"
+                                "Figure.savefig = spy\n"
+                                "plot_curriculum('windows.jsonl', 'plot.png')\n", owned=["windows.jsonl", "plot.png"])
     hs.assert_ok(outcome)
-    ticks = re.search(r"ticks (\[.*\])", outcome.stdout).group(1)
-    assert all(re.fullmatch(r"-?\d+", t.replace("\u2212", "-")) for t in json.loads(ticks.replace("'", '"')) if t), ticks
+    ticks = json.loads(re.search(r"ticks (\[.*\])", outcome.stdout).group(1).replace("'", '"'))
+    assert [t for t in ticks if t] == ["0", "1", "2"], ticks  # whole windows only
+    assert "series 2" in outcome.stdout  # one series per difficulty
 
 
 CASES = [

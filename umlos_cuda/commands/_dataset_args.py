@@ -51,7 +51,7 @@ def run_with_progress(args, parser, label: str, build: Callable[..., Any]) -> tu
 
     if (args.prompt_field is None) != (args.response_field is None):
         parser.error("--prompt-field and --response-field go together")
-    progress = Progress(1, label, enabled=not args.quiet)
+    progress = Progress(1, label, enabled=not args.quiet, unit="B")  # the builders report bytes read
 
     def report(done: int, total: int) -> None:
         progress.total = max(total, 1)

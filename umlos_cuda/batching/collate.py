@@ -273,5 +273,6 @@ def plan_separator_ids(plan: Any, separator_ids: Sequence[int] | None) -> tuple[
     ids = tuple(separator_ids or ())
     if len(ids) != wanted or any(not checks.is_integer(t) or not 0 <= t <= _INT32_MAX for t in ids):
         raise collate_error(f"the plan puts {wanted} separator token(s) between packed samples; give exactly "
-                            f"{wanted} separator id(s) in [0, 2^31 - 1], got {list(ids)}")
+                            f"{wanted} separator id(s) in [0, 2^31 - 1] (--separator-ids ID,... on the command "
+                            f"line), got {list(ids)}")
     return tuple(int(t) for t in ids)

@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import sys
 
 import numpy as np
 import pytest
@@ -87,6 +86,11 @@ def ws(tmp_path_factory):
         save_plan(BatchPlanBuilder(LengthCache.load(root / f"mega_{name}.lengths.jsonl"), mcfg).build(1),
                   root / f"mega_{name}.plan")
     return root
+
+
+def read_doc(name: str) -> str:
+    with open(os.path.join(ROOT, "docs", name), encoding="utf-8") as handle:
+        return handle.read()
 
 
 def copy(ws, tmp_path, *names) -> None:
@@ -259,7 +263,8 @@ def tamper_shard_global_count(ws, tmp_path):
     stats["global_microbatches"] += 30
     stats_path.write_text(json.dumps(stats))
     outcome = run_api(tmp_path, "from umlos_cuda.torch import PlanBatchSampler\n"
-                                "guarded(lambda: print(PlanBatchSampler('shard', rank=1, world_size=3).steps_remaining))\n")
+                                "sampler = lambda: PlanBatchSampler('shard', rank=1, world_size=3)\n"
+                                "guarded(lambda: print(sampler().steps_remaining))\n")
     hs.assert_refused(outcome, "PLAN_STATS_MISMATCH", names="shard")
 
 
@@ -400,17 +405,17 @@ def _megatron_generate(ws, tmp_path, dtype: str) -> hs.Outcome:
 
 def tamper_megatron_negative_int8(ws, tmp_path):
     hs.assert_refused(_megatron_generate(ws, tmp_path, "int8"), ("COLLATE_INPUT_INVALID", "MEGATRON_INDEX_INVALID"),
-                      names=f"mega_int8")
+                      names="mega_int8")
 
 
 def tamper_megatron_negative_int16(ws, tmp_path):
     hs.assert_refused(_megatron_generate(ws, tmp_path, "int16"), ("COLLATE_INPUT_INVALID", "MEGATRON_INDEX_INVALID"),
-                      names=f"mega_int16")
+                      names="mega_int16")
 
 
 def tamper_megatron_negative_int32(ws, tmp_path):
     hs.assert_refused(_megatron_generate(ws, tmp_path, "int32"), ("COLLATE_INPUT_INVALID", "MEGATRON_INDEX_INVALID"),
-                      names=f"mega_int32")
+                      names="mega_int32")
 
 
 # ---------------------------------------------------------------------- tamper/: puzzle-server answers
@@ -429,7 +434,8 @@ def _server_case(tmp_path, replies: dict, code: str) -> hs.Outcome:
                                  f"    with TelnetGymClient(host='127.0.0.1', port={server.port}, timeout=10) as c:\n"
                                  "        o = c.start('sudoku', 'easy', 5)\n"
                                  "        r = c.step('place 1 1 1')\n"
-                                 "        print('complete', o.is_complete, 'accepted', r.accepted, 'solved', r.solved)\n"
+                                 "        print('complete', o.is_complete, 'accepted', r.accepted,\n"
+                                 "              'solved', r.solved)\n"
                                  "guarded(play)\n")
 
 
@@ -492,7 +498,7 @@ def user_gym_runs_on_two_ports_agree(ws, tmp_path):
 
 def user_docs_python_plan_is_the_cli_plan(ws, tmp_path):
     """docs/batching.md: "The same in Python" builds the plan its `plan build` command builds."""
-    text = open(os.path.join(ROOT, "docs", "batching.md"), encoding="utf-8").read()
+    text = read_doc("batching.md")
     command = re.search(r"```sh\n(umlos-cuda plan build --lengths lengths\.jsonl.*?)```", text, re.S).group(1)
     snippet = re.search(r"The same in Python[^\n]*\n(?:[^\n]+\n)*\n```python\n(.*?)```", text, re.S).group(1)
     from umlos_cuda.batching import LengthCache
@@ -510,7 +516,7 @@ def user_docs_python_plan_is_the_cli_plan(ws, tmp_path):
 
 def user_docs_collate_comment_agrees(ws, tmp_path):
     """The comment beside the labels assert of docs/batching.md says what the assert checks."""
-    text = open(os.path.join(ROOT, "docs", "batching.md"), encoding="utf-8").read()
+    text = read_doc("batching.md")
     line = next(line for line in text.splitlines() if line.startswith("assert batch.labels.tolist() == [[6, 7,"))
     comment = line.split("#", 1)[1]
     assert "ignored" not in comment or "5 -> 6" not in comment, line
@@ -660,8 +666,9 @@ def user_curriculum_plot_ticks(ws, tmp_path):
                                 "from umlos_cuda.batching import BatchingConfig\n"
                                 "from umlos_cuda.streams import (MockGymStream, ReplayBuffer, RollingBatchPlanWindow,\n"
                                 "                                plot_curriculum)\n"
-                                "window = RollingBatchPlanWindow(ReplayBuffer(8, 'fifo', seed=1), 2, log='windows.jsonl',\n"
-                                "    batching=BatchingConfig.throughput(8192, (512, 1024), 2048))\n"
+                                "batching = BatchingConfig.throughput(8192, (512, 1024), 2048)\n"
+                                "window = RollingBatchPlanWindow(ReplayBuffer(8, 'fifo', seed=1), 2,\n"
+                                "                                log='windows.jsonl', batching=batching)\n"
                                 "for i, s in enumerate(MockGymStream(6, seed=3, max_length=200,\n"
                                 "                                    difficulties=('easy', 'medium'))):\n"
                                 "    window.add(s)\n"

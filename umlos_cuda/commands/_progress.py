@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 #: In a log: the first line once this many seconds have passed, then one every LOG_EVERY_S.
 FIRST_LINE_S = 1.0
@@ -78,6 +78,6 @@ class Progress:
 
 
 def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     hours, rest = divmod(seconds, 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"

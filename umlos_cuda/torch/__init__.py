@@ -25,9 +25,6 @@ module only; every other warning, torch's and torchdata's included, shows.
 
 import warnings as _warnings
 
-_warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning,
-                         module="torchdata.stateful_dataloader.stateful_dataloader")
-
 from ._dist import SamplerArgumentError, SamplerTypeError, resolve_world
 from ._distributed_sampler import DistributedSampler
 from ._eval_sampler import DistributedEvalSampler
@@ -37,6 +34,9 @@ from ._order import sampler_manifest
 from ._padding import MaskedDataset, Padding
 from ._plan_collate import PackedBatchSampler, PlanCollator, TokenDataset
 from ._plan_sampler import PlanBatchSampler
+
+_warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning,
+                         module="torchdata.stateful_dataloader.stateful_dataloader")
 
 __all__ = [
     "DistributedEvalSampler",

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from json.encoder import encode_basestring_ascii
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

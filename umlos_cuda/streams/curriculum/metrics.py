@@ -74,9 +74,10 @@ def curriculum_figure(windows: list[dict]) -> Any:
 
     plt = _pyplot()
     shares = [w["metrics"]["difficulty_distribution"] for w in windows]
-    names = sorted({d for share in shares for d in share},
-                   key=lambda name: (DIFFICULTY_ORDER.index(name) if name in DIFFICULTY_ORDER else len(DIFFICULTY_ORDER),
-                                     name))
+    def order(name: str) -> tuple[int, str]:  # easiest at the bottom of each bar; unknown names last
+        return (DIFFICULTY_ORDER.index(name) if name in DIFFICULTY_ORDER else len(DIFFICULTY_ORDER), name)
+
+    names = sorted({d for share in shares for d in share}, key=order)
     x = np.array([w.get("window", i) for i, w in enumerate(windows)], dtype=np.int64)
     figure, axis = plt.subplots(figsize=(7, 3.5))
     bottom = np.zeros(len(windows))

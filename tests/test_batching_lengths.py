@@ -279,6 +279,65 @@ def test_a_missing_sidecar(tmp_path, recwarn):
     assert LengthCache.load(path).lengths.tolist() == [7] and not recwarn.list  # absent is not stale
 
 
+def _forge(path, lengths=None, **fields):
+    """Rewrite the sidecar of ``path`` with other lengths or header fields and a recomputed header (a forgery)."""
+    import hashlib
+
+    side = sidecar_path(path)
+    header, offset = read_sidecar_header(side)
+    data = np.fromfile(side, dtype="<u4", offset=offset) if lengths is None else np.asarray(lengths, dtype="<u4")
+    header.update(fields, lengths_sha256=hashlib.sha256(data.tobytes()).hexdigest())
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("ascii")
+    prefix = lengths_module.SIDECAR_MAGIC + struct.pack("<I", len(text)) + text
+    Path(side).write_bytes(prefix + b"\0" * (-len(prefix) % lengths_module.SIDECAR_ALIGN) + data.tobytes())
+
+
+ODD_IDS = ['a"b', "back\\slash", "naïve ☃", "", "x, \"tokenizer_hash\": \"h\", \"length\": 9", "0", "007", "\n"]
+
+
+@pytest.mark.parametrize("block", [7, 64, 1 << 20])
+@pytest.mark.parametrize("ids", [None, ODD_IDS])
+def test_the_sidecar_is_checked_row_by_row_against_its_jsonl(tmp_path, monkeypatch, block, ids):
+    """A forged sidecar (its header recomputed) is refused at the first row that disagrees, whatever
+    the ids hold and wherever the rows cross a read block."""
+    from umlos_cuda.batching.lengths import rows as rows_module
+
+    monkeypatch.setattr(rows_module, "_BLOCK", block)
+    lengths = [0, 1, 10, 4294967295, 99, 5, 1000000, 7][:len(ids) if ids else 8]
+    path = str(tmp_path / "l.jsonl")
+    LengthCache.from_arrays(ids, lengths, HASH).write(path)
+    assert LengthCache.load(path, sidecar="require").lengths.tolist() == lengths
+    for row in (0, 3, len(lengths) - 1):
+        forged = list(lengths)
+        forged[row] = (forged[row] + 1) % (1 << 32)
+        _forge(path, forged)
+        expect(errors.LENGTHS_SIDECAR_MISMATCH, LengthCache.load, path, sidecar="require", mention=f"at row {row + 1}")
+        with pytest.warns(UserWarning, match="reading the lengths from"):
+            assert LengthCache.load(path).lengths.tolist() == lengths  # auto: the JSONL wins
+    _forge(path, lengths, tokenizer_hash="f" * 64)
+    expect(errors.LENGTHS_SIDECAR_MISMATCH, LengthCache.load, path, sidecar="require", mention="at row 1")
+    _forge(path, lengths, tokenizer_hash=HASH, sample_ids="jsonl" if ids is None else "line_numbers")
+    if ids is None:  # calling line numbers "jsonl" only costs a parse of the ids: they still read true
+        assert LengthCache.load(path, sidecar="require").sample_ids == [str(i) for i in range(8)]
+    else:
+        expect(errors.LENGTHS_SIDECAR_MISMATCH, LengthCache.load, path, sidecar="require", mention="at row 1")
+    _forge(path, lengths + [3], count=len(lengths) + 1, sample_ids="line_numbers" if ids is None else "jsonl")
+    expect(errors.LENGTHS_SIDECAR_MISMATCH, LengthCache.load, path, sidecar="require")
+
+
+def test_a_sidecar_beside_a_jsonl_of_another_shape_is_not_trusted(tmp_path):
+    """Rows with other spacing or key order parse to the same lengths but were not written with the
+    sidecar: the sidecar is stale (the JSONL is then parsed)."""
+    path = str(tmp_path / "l.jsonl")
+    LengthCache.from_arrays(None, [3, 4], HASH).write(path)
+    text = Path(path).read_text().replace('", "length": ', '","length": ')
+    Path(path).write_text(text)
+    import hashlib
+
+    _forge(path, jsonl_size=len(text), jsonl_sha256=hashlib.sha256(text.encode()).hexdigest())
+    expect(errors.LENGTHS_SIDECAR_MISMATCH, LengthCache.load, path, sidecar="require", mention="at row 1")
+
+
 # ====================================================================== build_lengths
 @pytest.fixture
 def texts():
@@ -387,6 +446,31 @@ def test_build_refuses_bad_records_and_leaves_nothing(tmp_path, tokenizer, lines
     expect(errors.DATASET_RECORD_INVALID, build_lengths, dataset, tokenizer, tmp_path / "l.jsonl", chunk_size=1,
            mention=mention)
     assert listing(tmp_path) == ["train.jsonl"]
+
+
+def test_a_byte_order_mark_and_trailing_blank_lines_are_not_errors(tmp_path, tokenizer):
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_bytes(b'\xef\xbb\xbf{"text": "a b"}\n{"text": "c", "id": "x"}\n\n  \n')
+    cache = build_lengths(dataset, tokenizer, tmp_path / "l.jsonl")
+    assert list(cache.sample_ids) == ["0", "x"]
+    assert cache.dataset_hash == dataset_fingerprint(dataset, cache.tokenizer_hash)  # every byte, BOM included
+
+
+def test_bad_lines_are_skipped_and_counted_when_asked(tmp_path, tokenizer):
+    from umlos_cuda.batching.lengths.jsonl import SkippedLines
+
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_bytes(b'{"text": "a"}\n\n{"text": 5}\nnot json\n{"text": "b c", "id": "y"}\n{"body": "d"}\n')
+    error = expect(errors.DATASET_RECORD_INVALID, build_lengths, dataset, tokenizer, tmp_path / "l.jsonl",
+                   mention="line 2 is empty")
+    assert "--skip-bad-lines" in error.message
+    skipped = SkippedLines()
+    cache = build_lengths(dataset, tokenizer, tmp_path / "l.jsonl", skipped=skipped)
+    assert skipped.count == 4 and list(cache.sample_ids) == ["0", "y"]  # ids stay the records' own
+    assert [m.split(" line ")[1][:1] for m in skipped.first] == ["2", "3", "4", "6"]
+    dataset.write_bytes(b"nope\n\n")
+    expect(errors.DATASET_EMPTY, build_lengths, dataset, tokenizer, tmp_path / "m.jsonl", skipped=SkippedLines(),
+           mention="blank or was skipped")
 
 
 def test_build_dataset_errors(tmp_path, tokenizer):

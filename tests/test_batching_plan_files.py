@@ -266,7 +266,8 @@ def test_verify_checks_shards(tmp_path, saved):
     save_plan(shard_plan(plan, 1, 3), tmp_path / "binary", jsonl="never")
     for folder, code in ((tmp_path / "shard", errors.PLAN_JSONL_MISMATCH),  # its JSONL indices say rank 1
                          (tmp_path / "binary", errors.PLAN_FINGERPRINT_MISMATCH)):
-        edit_json(folder / "meta.json", lambda m: m["shard"].update(rank=2))
+        # rank 0 holds as many microbatches as rank 1 (loading checks the count against stats.json)
+        edit_json(folder / "meta.json", lambda m: m["shard"].update(rank=0))
         expect(code, verify_plan, folder)
 
 

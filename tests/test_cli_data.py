@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -153,6 +154,7 @@ def test_installed_command(workspace):
                              "build", "--dataset", "train.jsonl", "--tokenizer", "model", "--output", "l.jsonl"],
                             cwd=workspace, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.strip().splitlines()[-1] == "lengths l.jsonl: 100%"
+    assert re.fullmatch(r"lengths l\.jsonl: 100% \([\d.]+ MB/[\d.]+ MB\) in [\d.]+ s, [\d.]+ MB/s",
+                        result.stderr.strip().splitlines()[-1]), result.stderr
     assert np.array_equal(LengthCache.load(workspace / "l.jsonl").lengths,
                           LengthCache.load(workspace / "l.jsonl", sidecar="ignore").lengths)

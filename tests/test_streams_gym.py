@@ -17,8 +17,8 @@ import pytest
 from umlos_cuda import cli
 from umlos_cuda.batching import load_tokenizer
 from umlos_cuda.batching.templates import sft_prompt
-from umlos_cuda.streams import (GymConfig, GymEpisodeStream, HintPlayer, TelnetGymClient, hint_command, read_log,
-                                replay_log)
+from umlos_cuda.streams import (GymConfig, GymEpisodeStream, HintPlayer, TelnetGymClient, hint_command, puzzle_seed,
+                                read_log, replay_log)
 from streams_support import EOS, puzzle_server, require_gym, tokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -118,7 +118,8 @@ def test_a_killed_consumer_resumes_with_the_same_windows(server, tmp_path):
     for name in ("snapshot_fingerprint", "plan_fingerprint", "window_fingerprint", "rng_offsets", "added"):
         assert [w[name] for w in run_b.windows] == [w[name] for w in run_a.windows], name
     added = [e["sample"]["episode_id"] for w in run_a.windows for e in w["added"]]
-    assert added == [f"gym/ep{e}" for e in range(episodes)]  # every episode once, in order
+    assert [a.rsplit("/", 1)[1] for a in added] == [f"ep{e}" for e in range(episodes)]  # every episode once, in order
+    assert added[0] == f"gym/sudoku/easy/seed{puzzle_seed(11, 0)}/ep0"  # what the episode is, not the server's port
     assert replay_log(tmp_path / "a.jsonl").windows == replay_log(tmp_path / "b.jsonl").windows == 6
     assert cli.main(["gym", "replay", str(tmp_path / "b.jsonl")]) == 0
 

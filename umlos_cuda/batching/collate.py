@@ -146,8 +146,8 @@ def collate_arrays(input_ids: Sequence[np.ndarray], loss_masks: Sequence[np.ndar
         row = np.asarray(input_ids[b])
         if row.dtype.kind not in "iu" or row.ndim != 1:
             raise collate_error(f"row {b}: input_ids must be a flat integer array, got {row.dtype} {row.shape}")
-        if row.dtype.itemsize >= 4 and (int(row.max()) > _INT32_MAX or int(row.min()) < 0):
-            raise collate_error(f"row {b}: token ids must lie in [0, 2^31 - 1] (int32)")
+        if (row.dtype.kind == "i" and int(row.min()) < 0) or (row.dtype.itemsize >= 4 and int(row.max()) > _INT32_MAX):
+            raise collate_error(f"row {b}: token ids must lie in [0, 2^31 - 1] (int32)")  # signed of any width
         tokens[b, :n] = row
         row_mask = np.asarray(loss_masks[b])
         if row_mask.shape != (n,):
@@ -239,6 +239,16 @@ def collate_microbatch(source: Any, microbatch: Any, *, pad_id: int = 0,
     :func:`~umlos_cuda.batching.packing.rows.pack_rows` (``separator_ids``
     between a row's samples, as many as the plan's ``separator_len``; see
     :func:`plan_separator_ids`)."""
+    try:
+        return _collate_microbatch(source, microbatch, pad_id, separator_ids)
+    except UmlosError as exc:  # say which store and microbatch: a message about "row 0" alone names no file
+        if exc.code != errors.COLLATE_INPUT_INVALID:
+            raise
+        where = getattr(source, "root", None) or getattr(source, "prefix", None) or type(source).__name__
+        raise collate_error(f"{where}, microbatch {getattr(microbatch, 'index', '?')}: {exc.message}") from None
+
+
+def _collate_microbatch(source: Any, microbatch: Any, pad_id: int, separator_ids: Sequence[int]) -> CollatedBatch:
     width = int(microbatch.max_len)
     packed = microbatch.packed_rows() if hasattr(microbatch, "packed_rows") else None
     if packed is None:
@@ -264,5 +274,6 @@ def plan_separator_ids(plan: Any, separator_ids: Sequence[int] | None) -> tuple[
     ids = tuple(separator_ids or ())
     if len(ids) != wanted or any(not checks.is_integer(t) or not 0 <= t <= _INT32_MAX for t in ids):
         raise collate_error(f"the plan puts {wanted} separator token(s) between packed samples; give exactly "
-                            f"{wanted} separator id(s) in [0, 2^31 - 1], got {list(ids)}")
+                            f"{wanted} separator id(s) in [0, 2^31 - 1] (--separator-ids ID,... on the command "
+                            f"line), got {list(ids)}")
     return tuple(int(t) for t in ids)

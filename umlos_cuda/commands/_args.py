@@ -45,3 +45,12 @@ def add_pack_arguments(parser: argparse.ArgumentParser, *, what: str, default_ma
                         help=f"tokens per packed row (default {default_max_len})")
     parser.add_argument("--pack-separator-len", type=non_negative_int("pack separator len"), default=0, metavar="K",
                         help="separator tokens between the samples of a row (default 0)")
+
+
+def add_no_verify_argument(parser: argparse.ArgumentParser, *, reads: str) -> None:
+    """``--no-verify``: one spelling for every command that derives new files
+    from a plan or a token store, which re-hashes ``reads`` against their
+    recorded digests by default (docs/batching.md, "What is checked when")."""
+    parser.add_argument("--no-verify", action="store_true",
+                        help=f"skip re-hashing {reads} against the digests recorded beside them (default: check, "
+                        "so that a file changed after it was written is refused; the structure is always checked)")

@@ -35,28 +35,41 @@ def add_dataset_arguments(parser, *, output_metavar: str, output_help: str, verb
                         "names none (a bare tokenizer.json never does)")
     parser.add_argument("--chunk-size", type=positive_int("chunk size"), default=4096, metavar="N",
                         help="records encoded together (default 4096)")
+    parser.add_argument("--skip-bad-lines", action="store_true",
+                        help="skip lines that are not a record (not JSON, not an object, a field missing or of another "
+                        "type, blank between records) and report how many, instead of stopping at the first")
     parser.add_argument("--force", action="store_true", help=force_help)
     parser.add_argument("--quiet", action="store_true", help="no progress line")
 
 
 def run_with_progress(args, parser, label: str, build: Callable[..., Any]) -> tuple[Any, float]:
     """``build(dataset, tokenizer, output, **options)`` with a progress line
-    on stderr; returns its result and the seconds it took."""
+    on stderr; returns its result and the seconds it took. With
+    ``--skip-bad-lines`` it prints how many lines were skipped (and why, for
+    the first few)."""
+    from ..batching.lengths.jsonl import SkippedLines
     from ._progress import Progress
 
     if (args.prompt_field is None) != (args.response_field is None):
         parser.error("--prompt-field and --response-field go together")
-    progress = Progress(1, label, enabled=not args.quiet)
+    progress = Progress(1, label, enabled=not args.quiet, unit="B")  # the builders report bytes read
 
     def report(done: int, total: int) -> None:
         progress.total = max(total, 1)
         progress.update(done)
 
+    skipped = SkippedLines() if args.skip_bad_lines else None
     start = time.perf_counter()
     try:
         result = build(args.dataset, args.tokenizer, args.output, text_field=args.text_field,
                        prompt_field=args.prompt_field, response_field=args.response_field, id_field=args.id_field,
-                       eos_token=args.eos_token, force=args.force, chunk_size=args.chunk_size, progress=report)
+                       eos_token=args.eos_token, force=args.force, chunk_size=args.chunk_size, progress=report,
+                       skipped=skipped)
     finally:
         progress.close()
+    if skipped is not None:
+        print(f"skipped {skipped.count} bad line{'' if skipped.count == 1 else 's'} of {args.dataset}"
+              + "".join(f"\n  {message}" for message in skipped.first)
+              + (f"\n  ... and {skipped.count - len(skipped.first)} more"
+                 if skipped.count > len(skipped.first) else ""))
     return result, time.perf_counter() - start

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 
-from ._args import non_negative_int, positive_int
+from ._args import add_no_verify_argument, non_negative_int, positive_int
 
 
 def register(subparsers) -> None:
@@ -33,6 +33,7 @@ def register(subparsers) -> None:
         "kept when they are byte-identical to what it would write, the rest is written.",
     )
     _plan_and_store(generate)
+    add_no_verify_argument(generate, reads="the plan and the store")
     generate.add_argument("--output", required=True, metavar="DIR", help="the batch folder (created)")
     generate.add_argument("--workers", type=positive_int("workers"), metavar="N",
                           help="writer threads (default: the CPU count, at most 8)")
@@ -51,6 +52,7 @@ def register(subparsers) -> None:
     check.add_argument("--rank", type=non_negative_int("rank"), metavar="R",
                        help="with --world-size: only this rank's files")
     check.add_argument("--world-size", type=positive_int("world size"), metavar="W")
+    add_no_verify_argument(check, reads="the folder's plan and the --store")
     check.set_defaults(func=run_check)
 
     fingerprint = actions.add_parser(
@@ -60,6 +62,7 @@ def register(subparsers) -> None:
         "can name the first microbatch that differs.",
     )
     _plan_and_store(fingerprint)
+    add_no_verify_argument(fingerprint, reads="the plan and the store")
     fingerprint.add_argument("--n-batches", type=positive_int("n batches"), default=100, metavar="N",
                              help="microbatches covered (default 100)")
     fingerprint.add_argument("--output", metavar="FILE", help="save the fingerprint (JSON) here")
@@ -105,7 +108,7 @@ def run_generate(args) -> int:
 
     started = time.perf_counter()
     writer = BatchWriter(args.plan, args.output, args.store, workers=args.workers, force=args.force,
-                         separator_ids=_separator_ids(args))
+                         separator_ids=_separator_ids(args), verify=not args.no_verify)
     progress = Progress(writer.plan.total_microbatches, f"batches {args.output}", enabled=not args.quiet)
     try:
         report = writer.write_all(lambda done, _: progress.update(done))
@@ -127,7 +130,7 @@ def run_check(args) -> int:
         raise config_error("--rank and --world-size go together")
     if args.world_size is not None:
         reader = reader.shard(args.rank, args.world_size)
-    report = reader.verify(args.store)
+    report = reader.verify(args.store, digests=not args.no_verify)
     against = " and the token store" if report["against_store"] else ""
     print(f"ok  {report['files']} batch files match plan {report['plan_fingerprint']}{against}")
     print(f"batch fingerprint {report['batch_fingerprint']}")
@@ -168,8 +171,11 @@ def run_verify(args) -> int:
 def _fingerprint(args, n_batches: int):
     from ..batching.batches.fingerprint import fingerprint_plan_batches
     from ..batching.plans.io import load_plan
-    from ..batching.tokens.sources import open_token_source
+    from ..batching.tokens.sources import open_token_source, verify_source
 
-    plan = load_plan(args.plan)
+    check = not getattr(args, "no_verify", True)  # batch verify compares content itself: it names the microbatch
+    plan = load_plan(args.plan, verify=check)
     source = open_token_source(args.store, tokenizer_hash=plan.meta.tokenizer_hash)
+    if check:
+        verify_source(source)
     return fingerprint_plan_batches(plan, source, n_batches, separator_ids=_separator_ids(args))

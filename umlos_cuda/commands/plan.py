@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 
-from ._args import add_pack_arguments, non_negative_int, positive_int
+from ._args import add_no_verify_argument, add_pack_arguments, non_negative_int, positive_int
 
 #: Short names for the engine's sampling modes.
 MODE_ALIASES = {
@@ -96,6 +96,7 @@ def register(subparsers) -> None:
     shard.add_argument("--output", required=True, metavar="OUT")
     shard.add_argument("--jsonl", choices=("auto", "always", "never"), default="auto")
     shard.add_argument("--force", action="store_true", help="replace an existing shard set at OUT (nothing else)")
+    add_no_verify_argument(shard, reads="the plan")
     shard.set_defaults(func=run_shard)
     plan.set_defaults(func=lambda args: (plan.print_help(), 1)[1])
 
@@ -223,7 +224,7 @@ def run_shard(args) -> int:
 
     check_rank(0, args.world_size)
     check_shards_dir(args.output, args.force, (args.plan,))  # fail before the work
-    plan = load_plan(args.plan)
+    plan = load_plan(args.plan, verify=not args.no_verify)
     rows = save_shards(plan, args.world_size, args.output, jsonl=args.jsonl, force=args.force, inputs=(args.plan,))
     for row in rows:
         print(f"rank {row['rank']}: {row['microbatches']} microbatches, fingerprint {row['fingerprint']}")

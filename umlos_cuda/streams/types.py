@@ -44,7 +44,7 @@ class StreamSample:
     Args:
         sample: the training sample (its ``meta.sample_id`` is the sample's id).
         prompt, response: the text it was tokenized from ("" when it came as tokens).
-        source: what produced it (``gym:HOST:PORT``, ``offline:PATH``, ``mock``).
+        source: what produced it (``gym``, ``offline:PATH``, ``mock``).
         episode_id: the episode it belongs to, or None.
         seq: its arrival number in its stream (0, 1, 2, ...).
         reward: the episode's reward, or None.

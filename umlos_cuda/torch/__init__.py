@@ -15,7 +15,15 @@
 
 Importing this package does not need torch; the samplers subclass
 ``torch.utils.data.Sampler`` when torch is installed. See docs/integrations.md.
+
+Importing it also silences one warning that is not the user's to act on:
+torchdata's ``StatefulDataLoader`` (which docs/integrations.md recommends
+with these samplers) calls ``torch.set_vital``, deprecated since torch 2.13,
+on every construction. The filter matches that message from that torchdata
+module only; every other warning, torch's and torchdata's included, shows.
 """
+
+import warnings as _warnings
 
 from ._dist import SamplerArgumentError, SamplerTypeError, resolve_world
 from ._distributed_sampler import DistributedSampler
@@ -26,6 +34,9 @@ from ._order import sampler_manifest
 from ._padding import MaskedDataset, Padding
 from ._plan_collate import PackedBatchSampler, PlanCollator, TokenDataset
 from ._plan_sampler import PlanBatchSampler
+
+_warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning,
+                         module="torchdata.stateful_dataloader.stateful_dataloader")
 
 __all__ = [
     "DistributedEvalSampler",

@@ -13,20 +13,26 @@ lockstep steps the pass has, so it can join the last collective with an
 empty contribution).
 
 One pass of ``iter()`` runs to the end of the cursor's epoch; the next pass
-is the next epoch. ``state_dict()`` / ``load_state_dict()`` carry the cursor
-and the plan's fingerprint (a restore into another plan is refused), the
-interface torchdata's ``StatefulDataLoader`` calls.
+is the next epoch. A pass that starts after the plan's last epoch yields
+nothing and warns (the plan was built for fewer epochs than the loop runs).
+``state_dict()`` / ``load_state_dict()`` carry the cursor and the plan's
+fingerprint (a restore into another plan is refused), the interface
+torchdata's ``StatefulDataLoader`` calls. A plain ``state_dict()`` while a
+``DataLoader`` with workers has fetched microbatches ahead of the loop warns
+(those would be skipped on resume; see :meth:`PlanBatchSampler.state_dict`).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .. import errors
 from ..errors import UmlosError
 from ._dist import argument_error, as_argument_error, require_uint64, resolve_world
+from ._prefetch import called_by_torchdata, pulled_by_workers
 from ._sampler_base import SamplerBase as _SamplerBase
 
 #: ``state_dict()["format"]``.
@@ -80,6 +86,7 @@ class PlanBatchSampler(_SamplerBase):
         self.last_microbatch: dict[str, int] | None = None
         self._iter_start = (self.epoch, self.microbatch_index)
         self._owner: object | None = None
+        self._prefetched: object | None = None  # the pass whose microbatches a loader's workers pulled ahead
 
     # -- sizes -------------------------------------------------------------
     @property
@@ -112,6 +119,11 @@ class PlanBatchSampler(_SamplerBase):
     def __iter__(self) -> Iterator[list[int]]:
         self._iter_start = (self.epoch, self.microbatch_index)
         self._owner = owner = object()
+        last = self.plan.num_epochs - 1
+        if self.epoch == last and self.microbatch_index >= self._epoch_length(last):
+            warnings.warn(f"PlanBatchSampler: the plan's last epoch ({last}) is done, so this pass yields no "
+                          f"microbatch; the plan has {self.plan.num_epochs} epoch(s): build it with more "
+                          "(`umlos-cuda plan build --epochs`), or call set_epoch() to go back", stacklevel=2)
         return self._generate(self.epoch, self.microbatch_index, owner)
 
     def _generate(self, epoch: int, start: int, owner: object) -> Iterator[list[int]]:
@@ -123,6 +135,8 @@ class PlanBatchSampler(_SamplerBase):
                 self.epoch, self.microbatch_index = self._after(epoch, start, step + 1)
             self.last_microbatch = {"epoch": epoch, "index": index, "bucket_id": int(plan_epoch.bucket_ids[local]),
                                     "max_len": int(plan_epoch.max_len[local])}
+            if pulled_by_workers():
+                self._prefetched = owner
             yield rows.tolist()
         if self._owner is owner:  # a rank without a microbatch in the last step ends the epoch too
             self.epoch, self.microbatch_index = self._after(epoch, start, self.steps_from(epoch, start))
@@ -157,9 +171,17 @@ class PlanBatchSampler(_SamplerBase):
         By default the cursor follows what the sampler handed out. A
         DataLoader with workers prefetches: pass ``batches_consumed`` (the
         microbatches this rank's loop used in the current pass) or use
-        torchdata's ``StatefulDataLoader``.
+        torchdata's ``StatefulDataLoader``. Called without it while workers
+        have pulled this pass's microbatches ahead, it warns: the state
+        would resume after the prefetched microbatches, skipping them.
         """
         epoch, index = self.epoch, self.microbatch_index
+        if batches_consumed is None and self._prefetched is not None and self._prefetched is self._owner \
+                and not called_by_torchdata():
+            warnings.warn("PlanBatchSampler.state_dict(): a DataLoader with workers has fetched microbatches ahead "
+                          "of the loop, and this cursor counts them as used, so a resume would skip them; pass "
+                          "state_dict(batches_consumed=K), K the microbatches the loop used in this pass, or use "
+                          "torchdata's StatefulDataLoader", stacklevel=2)
         if batches_consumed is not None:
             epoch, index = self._after(*self._iter_start, require_uint64(batches_consumed, "batches_consumed"))
         return {"format": STATE_FORMAT, "plan_fingerprint": self.fingerprint, "epoch": epoch,

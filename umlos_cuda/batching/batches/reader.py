@@ -47,6 +47,7 @@ class BatchReader:
         self.root = os.path.abspath(os.fspath(directory))
         self.index = read_index(os.path.join(self.root, INDEX_FILE))
         self.plan = plan if plan is not None else load_plan(os.path.join(self.root, PLAN_FOLDER))
+        self._folder_plan = self.plan if plan is None else None  # what verify() re-hashes (a shard's source)
         if self.index["plan_fingerprint"] not in (self.plan.fingerprint, self.plan.meta.source_fingerprint):
             raise file_error(f"{self.root} was written for plan {self.index['plan_fingerprint']}, not "
                              f"{self.plan.fingerprint}")  # a shard of the folder's plan names it as its source
@@ -107,7 +108,9 @@ class BatchReader:
     def shard(self, rank: int, world_size: int) -> BatchReader:
         """A reader of rank ``rank``'s files: global microbatch ``i`` of each
         epoch goes to rank ``i % world_size`` (the plan's sharding)."""
-        return BatchReader(self.root, plan=shard_plan(self.plan, rank, world_size))
+        reader = BatchReader(self.root, plan=shard_plan(self.plan, rank, world_size))
+        reader._folder_plan = self._folder_plan
+        return reader
 
     def _local(self, epoch: int, index: int) -> int:
         plan = self.plan.get_epoch(epoch)
@@ -118,20 +121,30 @@ class BatchReader:
         return local
 
     # ------------------------------------------------------------------ checks
-    def verify(self, store: Any = None, *, progress: Callable[[int, int], None] | None = None) -> dict:
+    def verify(self, store: Any = None, *, progress: Callable[[int, int], None] | None = None,
+               digests: bool = True) -> dict:
         """Check every file of the plan (of the shard): it loads, it is its
         plan microbatch's (epoch, index, rows, ids, bucket, pad length), its
         arrays are consistent, its digest is the one ``batches.json``
         records; with ``store`` (the token source), its bytes are exactly
         those a fresh collation gives. BATCH_FILE_INVALID names the first
-        file that fails."""
+        file that fails. First, unless ``digests=False``, the folder's plan
+        and the token source are re-hashed against their recorded digests
+        (a plan changed after the files were written is named as such, not
+        as a file that disagrees with it)."""
         from ..collate import collate_microbatch
-        from ..tokens.sources import check_source_matches_plan, open_token_source
+        from ..plans.integrity import check_digests
+        from ..tokens.sources import check_source_matches_plan, open_token_source, verify_source
 
+        if digests:
+            folder = os.path.join(self.root, PLAN_FOLDER)
+            check_digests(self._folder_plan or load_plan(folder), folder)
         source = None
         if store is not None:
             source = open_token_source(store, tokenizer_hash=self.plan.meta.tokenizer_hash)
             check_source_matches_plan(source, self.plan)
+            if digests:
+                verify_source(source)
         total, done = len(self), 0
         for epoch in range(self.num_epochs):
             for microbatch in self.plan.iter_epoch(epoch):

@@ -56,7 +56,7 @@ from .fingerprint import DEFAULT_N_BATCHES, BatchFingerprint, combine_digests
 from ..collate import collate_microbatch, plan_separator_ids
 from ..plans.plan import BatchPlan
 from ..plans.io import load_plan, save_plan_into
-from ..tokens.sources import check_source_matches_plan, open_token_source
+from ..tokens.sources import check_source_matches_plan, open_token_source, verify_source
 
 #: The fields of batches.json that say what the files are made from.
 IDENTITY = ("format", "plan_fingerprint", "tokenizer_hash", "lengths_sha256", "pad_id", "separator_ids")
@@ -95,16 +95,21 @@ class BatchWriter:
         workers: threads (default: the CPU count, at most 8).
         force: replace an existing batch folder of another job instead of refusing.
         n_batches: microbatches the batch fingerprint covers (default 100).
+        verify: re-hash a plan given as a folder and the token source against
+            their recorded digests before anything is written (default; see
+            :func:`~umlos_cuda.batching.tokens.sources.verify_source`).
     """
 
     def __init__(self, plan: BatchPlan | str | os.PathLike[str], output_dir: str | os.PathLike[str], store: Any, *,
                  pad_id: int = 0, separator_ids=(), workers: int | None = None, force: bool = False,
-                 n_batches: int = DEFAULT_N_BATCHES) -> None:
+                 n_batches: int = DEFAULT_N_BATCHES, verify: bool = True) -> None:
         self.inputs = _input_paths(plan, store)
-        self.plan = plan if isinstance(plan, BatchPlan) else load_plan(plan)
+        self.plan = plan if isinstance(plan, BatchPlan) else load_plan(plan, verify=verify)
         self.separator_ids = plan_separator_ids(self.plan, separator_ids)
         self.source = open_token_source(store, tokenizer_hash=self.plan.meta.tokenizer_hash)
         check_source_matches_plan(self.source, self.plan)
+        if verify:
+            verify_source(self.source)
         self.output = os.path.abspath(os.fspath(output_dir))
         self.pad_id = pad_id
         self.workers = checks.integer(workers or min(8, os.cpu_count() or 1), "workers", 1, None,

@@ -27,7 +27,7 @@ import numpy as np
 
 from ... import errors
 from ...errors import UmlosError
-from .jsonl import DEFAULT_ID_FIELD, RecordChunk, invalid_record, read_chunks, require_dataset_file
+from .jsonl import DEFAULT_ID_FIELD, RecordChunk, SkippedLines, invalid_record, read_chunks, require_dataset_file
 from .fingerprints import dataset_digest, tokenizer_fingerprint
 from .cache import LengthCache, LengthCacheWriter, check_length_cache_output
 from ..templates import sft_length, sft_prompt, sft_text
@@ -46,13 +46,15 @@ class DatasetEncoding:
     end-of-sequence token (``eos_id``) is appended after the encoded text.
     :meth:`stream` hands each chunk to a function run in a worker thread
     while the next chunk is read; :meth:`finish` then refuses repeated ids
-    and returns the dataset fingerprint of the bytes read.
+    and returns the dataset fingerprint of the bytes read. Given
+    ``skipped`` (a :class:`~.jsonl.SkippedLines`), bad lines are skipped and
+    counted there instead of refused.
     """
 
     def __init__(self, dataset: str | os.PathLike[str], tokenizer: Any, *, text_field: str | None = None,
                  prompt_field: str | None = None, response_field: str | None = None,
                  id_field: str = DEFAULT_ID_FIELD, eos_token: str | None = None,
-                 check_outputs: Callable[[], object] | None = None) -> None:
+                 check_outputs: Callable[[], object] | None = None, skipped: SkippedLines | None = None) -> None:
         self.fields, self.to_text, self.appended = _mode(text_field, prompt_field, response_field)
         self.dataset = require_dataset_file(dataset)
         if check_outputs is not None:  # checked before the tokenizer loads: a wrong path fails at once
@@ -67,6 +69,7 @@ class DatasetEncoding:
             self.encoder = Tokenizer.from_str(self.encoder.to_str())
             self.encoder.no_padding()
         self.id_field = id_field
+        self.skipped = skipped
         self.total_bytes = os.path.getsize(self.dataset)
         self._digest = dataset_digest(self.tokenizer_hash)
         self._id_hashes: list[np.ndarray] = []
@@ -109,7 +112,7 @@ class DatasetEncoding:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="umlos-encode") as pool:
             pending = None
             for chunk in read_chunks(self.dataset, self.fields, id_field=self.id_field, chunk_size=chunk_size,
-                                     digest=self._digest):
+                                     digest=self._digest, skipped=self.skipped):
                 future = pool.submit(work, chunk)
                 self._id_hashes.append(np.fromiter(map(hash, chunk.sample_ids), dtype=np.int64,
                                                    count=len(chunk.sample_ids)))
@@ -123,7 +126,8 @@ class DatasetEncoding:
         """After the stream: refuse repeated ids (DATASET_RECORD_INVALID naming
         both lines) and return the dataset fingerprint."""
         if not ids_are_line_numbers:
-            _refuse_repeated_ids(self.dataset, self.id_field, np.concatenate(self._id_hashes))
+            _refuse_repeated_ids(self.dataset, self.id_field, np.concatenate(self._id_hashes),
+                                 None if self.skipped is None else SkippedLines())
         return self._digest.hexdigest()
 
 
@@ -131,19 +135,23 @@ def build_lengths(dataset: str | os.PathLike[str], tokenizer: Any, output: str |
                   text_field: str | None = None, prompt_field: str | None = None,
                   response_field: str | None = None, id_field: str = DEFAULT_ID_FIELD,
                   eos_token: str | None = None, force: bool = False, chunk_size: int = DEFAULT_CHUNK,
-                  progress: Callable[[int, int], None] | None = None) -> LengthCache:
+                  progress: Callable[[int, int], None] | None = None,
+                  skipped: SkippedLines | None = None) -> LengthCache:
     """Count every record's tokens and write the length cache at ``output``.
 
     Give ``text_field`` (default ``"text"``) or both ``prompt_field`` and
     ``response_field``. ``progress(bytes_read, bytes_total)`` is called
     after each chunk. Output paths are checked before any work: ``force``
     replaces a length cache and nothing else, and never the dataset or the
-    tokenizer (OUTPUT_IS_INPUT).
+    tokenizer (OUTPUT_IS_INPUT). Given ``skipped`` (a
+    :class:`~.jsonl.SkippedLines`), bad lines are skipped and counted there
+    instead of refused.
     """
     inputs = input_paths(dataset, tokenizer)
     source = DatasetEncoding(dataset, tokenizer, text_field=text_field, prompt_field=prompt_field,
                              response_field=response_field, id_field=id_field, eos_token=eos_token,
-                             check_outputs=lambda: check_length_cache_output(output, force, inputs))
+                             check_outputs=lambda: check_length_cache_output(output, force, inputs),
+                             skipped=skipped)
     with LengthCacheWriter(output, source.tokenizer_hash, force=force, inputs=inputs) as writer:
         for chunk, lengths in source.stream(source.lengths, chunk_size):
             writer.add(chunk.sample_ids, lengths)
@@ -171,7 +179,7 @@ def _mode(text_field, prompt_field, response_field) -> tuple[tuple[str, ...], Ca
     return (prompt_field, response_field), lambda values: list(map(sft_text, *values)), sft_length(0)
 
 
-def _refuse_repeated_ids(dataset: str, id_field: str, hashes: np.ndarray) -> None:
+def _refuse_repeated_ids(dataset: str, id_field: str, hashes: np.ndarray, skipped: SkippedLines | None) -> None:
     """Raise when two records share an id. The hashes only nominate
     candidates (64 bits may collide); a second pass over the ids decides."""
     ordered = np.sort(hashes)
@@ -179,7 +187,7 @@ def _refuse_repeated_ids(dataset: str, id_field: str, hashes: np.ndarray) -> Non
     if not candidates:
         return
     first_line: dict[str, int] = {}
-    for chunk in read_chunks(dataset, (), id_field=id_field):
+    for chunk in read_chunks(dataset, (), id_field=id_field, skipped=skipped):
         for line, sample_id in enumerate(chunk.sample_ids, chunk.first_line):
             if hash(sample_id) not in candidates:
                 continue

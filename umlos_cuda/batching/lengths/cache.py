@@ -41,7 +41,7 @@ from ...files.artifacts import FileKind, read_head
 from ...files.atomic import PendingFile, check_output_path, write_failed
 from ...files.folder import Folder
 from ...errors import UINT32_MAX, UmlosError
-from .fingerprints import feed_file
+from .rows import scan_rows
 
 #: Suffix of the binary sidecar, appended to the JSONL's name.
 SIDECAR_SUFFIX = ".u32"
@@ -411,8 +411,6 @@ def _load_with_sidecar(path: str) -> LengthCache:
     if header.get("jsonl_size") != jsonl_size:
         raise _sidecar_error(f"{side} was written for a JSONL of {header.get('jsonl_size')} bytes; "
                              f"{path} has {jsonl_size}")
-    if _file_sha256(path) != header.get("jsonl_sha256"):
-        raise _sidecar_error(f"{side} was written for other JSONL content than {path} holds now")
     lengths = np.asarray(np.memmap(side, dtype="<u4", mode="r", offset=offset, shape=(count,)))
     if hashlib.sha256(lengths.data).hexdigest() != header.get("lengths_sha256"):
         raise _sidecar_error(f"{side}: its length bytes do not match their SHA-256 in the header")
@@ -422,6 +420,13 @@ def _load_with_sidecar(path: str) -> LengthCache:
     ids_kind = header.get("sample_ids")
     if ids_kind not in ("line_numbers", "jsonl"):
         raise _sidecar_error(f"{side} has sample_ids {ids_kind!r}; expected line_numbers or jsonl")
+    # One read of the JSONL: its SHA-256, and every row against what the sidecar says (rows.py).
+    _, jsonl_sha256, bad = scan_rows(path, lengths, tokenizer_hash, ids_kind == "line_numbers", _invalid)
+    if jsonl_sha256 != header.get("jsonl_sha256"):
+        raise _sidecar_error(f"{side} was written for other JSONL content than {path} holds now")
+    if bad is not None:
+        raise _sidecar_error(f"{side} disagrees with {path} at row {bad + 1} (its length, tokenizer_hash or "
+                             "line-number id): the sidecar was changed after it was written")
     return LengthCache(lengths, tokenizer_hash, ids_are_line_numbers=ids_kind == "line_numbers",
                        ids_source=path, dataset_hash=dataset_hash)
 
@@ -445,6 +450,12 @@ def _parse_jsonl(path: str) -> tuple[list[str], np.ndarray, str]:
             raise _invalid(f"{path} line {number + 1} is not JSON ({exc})") from None
         if not isinstance(row, dict):
             raise _invalid(f"{path} line {number + 1} is {type(row).__name__}; rows are JSON objects")
+        if "sample_id" not in row and "length" not in row:  # a dataset (or another JSONL) given as a cache
+            keys = ", ".join(sorted(map(str, row))[:6]) or "none"
+            raise _invalid(f"{path} line {number + 1} is not a length cache row (its fields: {keys}); a length "
+                           'cache has one {"sample_id", "tokenizer_hash", "length"} object per line, made from a '
+                           f"dataset by `umlos-cuda data lengths build --dataset {path} --tokenizer TOKENIZER "
+                           "--output LENGTHS.jsonl` (or `data tokenize`, whose store holds lengths.jsonl)")
         sample_id, row_hash, length = row.get("sample_id"), row.get("tokenizer_hash"), row.get("length")
         if not isinstance(sample_id, str):
             raise _invalid(f"{path} line {number + 1}: sample_id must be a string, got {sample_id!r}")
@@ -511,12 +522,6 @@ def _require_file(path: str) -> None:
     if not os.path.isfile(path):
         what = "is not a regular file" if os.path.exists(path) else "does not exist"
         raise _invalid(f"length cache {path} {what} (build one with `umlos-cuda data lengths build`)")
-
-
-def _file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    feed_file(digest, path, _invalid)
-    return digest.hexdigest()
 
 
 def _invalid(message: str) -> UmlosError:

@@ -9,7 +9,11 @@ A record's id is its ``id`` field (a string, or an integer written as its
 decimal text) or, when it has none, its 0-based line number as text. Any
 other line raises DATASET_RECORD_INVALID naming the line (1-based, as editors
 count): not UTF-8, not JSON, not an object, empty, a wanted field missing or
-not a string, an id that is empty or of another type.
+not a string, an id that is empty or of another type; given a
+:class:`SkippedLines`, such lines are skipped and counted instead. What
+editors and exporters add is not an error: a UTF-8 byte-order mark before
+the first line, and blank lines at the end of the file (a blank line
+before a record still is).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ... import checks, errors
@@ -36,6 +40,23 @@ class RecordChunk:
     bytes_read: int  # bytes of the file consumed so far
 
 
+@dataclass
+class SkippedLines:
+    """The bad lines a read skipped (``--skip-bad-lines``): how many, and the first few with the reason."""
+
+    count: int = 0
+    first: list[str] = field(default_factory=list)
+
+    def add(self, error: UmlosError) -> None:
+        self.count += 1
+        if len(self.first) < 5:
+            self.first.append(error.message)
+
+
+#: The UTF-8 byte-order mark some editors put before the first line.
+BOM = b"\xef\xbb\xbf"
+
+
 def require_dataset_file(path: str | os.PathLike[str]) -> str:
     """``path`` as a string when it is an existing regular file; else DATASET_UNREADABLE."""
     path = os.fspath(path)
@@ -46,35 +67,65 @@ def require_dataset_file(path: str | os.PathLike[str]) -> str:
 
 
 def read_chunks(path: str | os.PathLike[str], fields: tuple[str, ...], *, id_field: str = DEFAULT_ID_FIELD,
-                chunk_size: int = 1024, digest: Any = None) -> Iterator[RecordChunk]:
+                chunk_size: int = 1024, digest: Any = None, skipped: SkippedLines | None = None
+                ) -> Iterator[RecordChunk]:
     """Yield the records of ``path`` in chunks of ``chunk_size``; every byte
-    read also goes to ``digest.update`` when a digest is given."""
+    read also goes to ``digest.update`` when a digest is given. A bad line
+    raises DATASET_RECORD_INVALID, or is counted in ``skipped`` when given."""
     path = require_dataset_file(path)
     ids: list[str] = []
     values: list[list[str]] = [[] for _ in fields]
     first = 0
     consumed = 0
     number = -1
+    records = 0
+    blank: list[int] = []  # blank lines not yet followed by a record: an error only if one follows
     try:
         with open(path, "rb") as handle:
             for number, raw in enumerate(handle):
                 consumed += len(raw)
                 if digest is not None:
                     digest.update(raw)
-                record = _record(path, number, raw)
-                ids.append(_sample_id(path, number, record, id_field))
-                for column, name in zip(values, fields):
-                    column.append(_field(path, number, record, name))
+                if number == 0 and raw.startswith(BOM):
+                    raw = raw[len(BOM):]
+                if not raw.strip():
+                    blank.append(number)
+                    continue
+                try:
+                    for line in blank:
+                        _bad(invalid_record(path, line, "is empty; every line holds one JSON object"), skipped)
+                    blank = []
+                    record = _record(path, number, raw)
+                    sample_id = _sample_id(path, number, record, id_field)
+                    row = [_field(path, number, record, name) for name in fields]
+                except UmlosError as exc:
+                    _bad(exc, skipped)
+                    continue
+                if not ids:
+                    first = number
+                ids.append(sample_id)
+                for column, value in zip(values, row):
+                    column.append(value)
+                records += 1
                 if len(ids) == chunk_size:
                     yield RecordChunk(ids, values, first, consumed)
-                    ids, values, first = [], [[] for _ in fields], number + 1
+                    ids, values = [], [[] for _ in fields]
     except OSError as exc:
         raise unreadable(f"cannot read {path}: {exc.strerror or exc}") from exc
     if ids:
         yield RecordChunk(ids, values, first, consumed)
-    if number < 0:
-        raise UmlosError(errors.DATASET_EMPTY, f"dataset {path} holds no record (the file is empty)",
+    if records == 0:
+        why = "the file is empty" if number < 0 else "every line is blank or was skipped"
+        raise UmlosError(errors.DATASET_EMPTY, f"dataset {path} holds no record ({why})",
                          operator=errors.BATCHING_OPERATOR)
+
+
+def _bad(error: UmlosError, skipped: SkippedLines | None) -> None:
+    """Count a bad line in ``skipped``, or raise it saying how to skip such lines."""
+    if skipped is None:
+        raise UmlosError(error.code, f"{error.message} (--skip-bad-lines skips such lines and counts them)",
+                         operator=errors.BATCHING_OPERATOR) from None
+    skipped.add(error)
 
 
 def _record(path: str, number: int, raw: bytes) -> dict:

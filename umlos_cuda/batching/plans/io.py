@@ -49,6 +49,7 @@ from ...files.artifacts import json_field, write_marker
 from ...files.folders import read_npy
 from ...files.folders import read_json as folders_read_json
 from ...files.writer import ArtifactKind, Folder, check_output_folder, output_folder, output_member
+from .integrity import check_digests, check_shard_field, check_structure
 from .plan import PLAN_FORMAT, BatchPlan, BatchPlanMeta, EpochPlan, plan_error
 from ..packing.config import PackingConfig
 from .sharding import shard_plan
@@ -175,26 +176,39 @@ def _write_json(folder: Folder, name: str, value) -> None:
 
 
 # ---------------------------------------------------------------------- reading
-def load_plan(directory, *, mmap: bool = True) -> BatchPlan:
-    """The plan in ``directory``; arrays are memory-mapped unless ``mmap=False``."""
+def load_plan(directory, *, mmap: bool = True, verify: bool = False) -> BatchPlan:
+    """The plan in ``directory``; arrays are memory-mapped unless ``mmap=False``.
+
+    Every load checks the structure the reader relies on
+    (:func:`~.integrity.check_structure`); ``verify=True`` also re-hashes
+    the content against meta.json (:func:`~.integrity.check_digests`), as
+    the commands that derive new artifacts from a plan do by default."""
     root = os.fspath(directory)
     meta_path = os.path.join(root, "meta.json")
     if not os.path.isfile(meta_path):
         raise plan_error(errors.PLAN_NOT_FOUND, f"no batch plan at {root}: {meta_path} does not exist "
                                                 "(build one with `umlos-cuda plan build`)")
-    meta = meta_from_json(read_json(meta_path))
+    try:
+        meta = meta_from_json(read_json(meta_path))
+    except UmlosError as exc:
+        if exc.code != errors.PLAN_FORMAT_INVALID or exc.message.startswith(meta_path):
+            raise
+        raise _format(f"{root}/{exc.message}") from None  # "meta.json ..." names the folder too
     lengths = read_npy(os.path.join(root, "lengths.npy"), "<u4", (meta.num_samples,), mmap, _format)
     sample_ids = None
     if meta.sample_ids_sha256 is not None:
         sample_ids = read_sample_ids(os.path.join(root, "sample_ids.jsonl"), meta.num_samples)
     epochs = [_load_epoch(root, e, meta, lengths, sample_ids, mmap) for e in range(meta.num_epochs)]
-    return BatchPlan(meta, epochs, lengths, sample_ids)
+    plan = BatchPlan(meta, epochs, lengths, sample_ids)
+    if verify:
+        check_digests(plan, root)
+    return plan
 
 
 def _load_epoch(root: str, epoch: int, meta: BatchPlanMeta, lengths, sample_ids, mmap: bool) -> EpochPlan:
     folder = os.path.join(root, f"epoch_{epoch}")
     stats = read_json(os.path.join(folder, "stats.json"))
-    if not isinstance(stats, dict) or "microbatches" not in stats:
+    if not isinstance(stats, dict):
         raise _format(f"{folder}/stats.json is not a stats object")
     base, step = (meta.shard["rank"], meta.shard["world_size"]) if meta.shard else (0, 1)
     if os.path.exists(os.path.join(folder, "offsets.npy")):
@@ -205,18 +219,8 @@ def _load_epoch(root: str, epoch: int, meta: BatchPlanMeta, lengths, sample_ids,
         arrays = read_microbatches_jsonl(os.path.join(folder, "microbatches.jsonl"), meta, sample_ids, base, step)
     else:
         raise _format(f"{folder} holds neither offsets.npy nor microbatches.jsonl")
+    check_structure(folder, arrays, stats, meta.num_samples, meta.config.bucket_spec.num_buckets, meta.shard)
     offsets = arrays["offsets"]
-    m = int(arrays["bucket_ids"].shape[0])
-    if offsets.shape != (m + 1,) or arrays["max_len"].shape != (m,) or int(offsets[0]) != 0 \
-            or int(offsets[-1]) != int(arrays["samples"].shape[0]):
-        raise _format(f"{folder}: offsets, samples, bucket_ids and max_len do not fit together "
-                      f"({offsets.shape[0]} offsets for {m} microbatches)")
-    if meta.config.pack is not None:
-        row_offsets, pack_rows = arrays["row_offsets"], arrays["pack_rows"]
-        if pack_rows.shape != (m + 1,) or row_offsets.shape[0] < 1 or int(pack_rows[-1]) != row_offsets.shape[0] - 1 \
-                or int(row_offsets[-1]) != int(arrays["samples"].shape[0]):
-            raise _format(f"{folder}: row_offsets and pack_rows do not fit the microbatches "
-                          f"({pack_rows.shape[0]} row bounds for {m} microbatches)")
     return EpochPlan(epoch, offsets, arrays["samples"], arrays["bucket_ids"], arrays["max_len"], stats, base, step,
                      arrays.get("row_offsets"), arrays.get("pack_rows"))
 
@@ -234,6 +238,7 @@ def meta_from_json(data) -> BatchPlanMeta:
         if shard is not None and (not isinstance(shard, dict)
                                   or set(shard) != {"rank", "world_size", "source_fingerprint"}):
             raise _format(f"meta.json shard must be null or {{rank, world_size, source_fingerprint}}, got {shard!r}")
+        check_shard_field(shard, "meta.json")
         meta = BatchPlanMeta(
             config=config,
             num_epochs=checks.integer(data["num_epochs"], "num_epochs", 1, None, fail=_meta,

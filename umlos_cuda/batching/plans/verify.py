@@ -33,6 +33,7 @@ import os
 import numpy as np
 
 from ... import errors
+from ...errors import UmlosError
 from .builder import BatchPlanBuilder
 from .config import PadPolicy
 from .plan import BatchPlan, EpochPlan, plan_error
@@ -45,7 +46,18 @@ from .stats import epoch_stats
 
 def verify_plan(directory, *, expected_fingerprint: str | None = None, lengths=None,
                 reproduce: bool = True) -> dict:
-    """Run every check on the plan in ``directory``; return ``{"fingerprint", "checks"}``."""
+    """Run every check on the plan in ``directory``; return ``{"fingerprint", "checks"}``.
+    A failure's message starts with the folder (the checks below speak of epochs and files in it)."""
+    try:
+        return _verify(directory, expected_fingerprint, lengths, reproduce)
+    except UmlosError as exc:
+        where = os.fspath(directory)
+        if where in exc.message:
+            raise
+        raise UmlosError(exc.code, f"{where}: {exc.message}", operator=exc.record["failure_operator"]) from None
+
+
+def _verify(directory, expected_fingerprint: str | None, lengths, reproduce: bool) -> dict:
     plan = load_plan(directory)
     checks = ["loads"]
     _check_bindings(plan, lengths)
@@ -177,8 +189,6 @@ def _check_padding(epoch: EpochPlan, config, sample_lengths: np.ndarray, offsets
 
 
 def _check_jsonl(plan: BatchPlan, epoch: EpochPlan, path: str) -> None:
-    from ...errors import UmlosError
-
     base, step = epoch.index_base, epoch.index_step
     try:
         arrays = read_microbatches_jsonl(path, plan.meta, plan.sample_ids, base, step)

@@ -48,6 +48,8 @@ DTYPE_CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6
                8: np.uint16}
 #: magic, version, dtype code, sequence count, document count.
 HEADER_BYTES = len(IDX_MAGIC) + 8 + 1 + 8 + 8
+#: Tokens scanned at a time by :meth:`MegatronDataset.verify`.
+_VERIFY_WINDOW = 1 << 24
 #: Tokenizer hash of a dataset opened without naming its tokenizer.
 UNKNOWN_TOKENIZER = "unknown"
 
@@ -164,6 +166,34 @@ class MegatronDataset:
 
     def __getitem__(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         return self.arrays(row)
+
+    def verify(self) -> dict:
+        """Check that no sequence holds a negative token id (Megatron files
+        record no digests, so this is what they can prove): a signed dtype
+        (int8, int16, int32, int64) can store ids no tokenizer produces.
+        The ``.bin`` is scanned in bounded windows; MEGATRON_INDEX_INVALID
+        names the first sequence that holds one."""
+        if self.dtype.kind == "i":
+            width = self.dtype.itemsize
+            tokens = self.data[:self.data.shape[0] - self.data.shape[0] % width].view(self.dtype)
+            for start in range(0, tokens.shape[0], _VERIFY_WINDOW):
+                part = tokens[start:start + _VERIFY_WINDOW]
+                if part.size and int(part.min()) < 0:
+                    self._refuse_negative((start + np.flatnonzero(part < 0)) * width)
+        return {"samples": len(self), "tokens": self.num_tokens, "tokenizer_hash": self.tokenizer_hash}
+
+    def _refuse_negative(self, positions: np.ndarray) -> None:
+        """Raise for the first sequence holding one of the byte ``positions`` (bytes between sequences are no token)."""
+        order = np.argsort(self.pointers, kind="stable")
+        starts = np.asarray(self.pointers)[order]
+        ends = starts + np.asarray(self.sizes, dtype=np.int64)[order] * self.dtype.itemsize
+        slot = np.searchsorted(starts, positions, side="right") - 1
+        inside = (slot >= 0) & (positions < ends[np.maximum(slot, 0)])
+        if inside.any():
+            row = int(order[slot[np.argmax(inside)]])
+            value = int(self.input_ids(row).min())
+            raise _invalid(f"{bin_path(self.prefix)}: sequence {row} holds token id {value}; token ids are never "
+                           f"negative (the {self.dtype} file was not written from a tokenizer's ids)")
 
 
 def _reopen(prefix: str, tokenizer_hash: str) -> MegatronDataset:

@@ -8,7 +8,9 @@ batch files and fingerprints use:
 * ``len(source)``, ``source.lengths`` (uint32, dataset order),
   ``source.tokenizer_hash``, ``source.ids_are_line_numbers``,
   ``source.sample_id(row)``, ``source.length_cache()``;
-* ``source.arrays(row)`` -> ``(input_ids, loss_mask)``, read-only views.
+* ``source.arrays(row)`` -> ``(input_ids, loss_mask)``, read-only views;
+* ``source.verify()``: what the files can prove about themselves
+  (:func:`verify_source`, run by default before batch files are derived).
 
 :func:`check_source_matches_plan` refuses a source that is not the one a
 plan was built from (BATCH_STORE_MISMATCH): another sample count, other
@@ -63,6 +65,16 @@ def check_source_matches_plan(source, plan) -> None:
 
         if sample_ids_sha256(source.length_cache().sample_ids) != meta.sample_ids_sha256:
             raise _mismatch(f"the sample ids of {where} differ from those of the plan")
+
+
+def verify_source(source) -> None:
+    """Re-check what a source's own files can prove before anything is derived from it: a token store's
+    digests, loss mask values and vocabulary (:meth:`TokenStore.verify`), a Megatron dataset's token
+    ids (:meth:`MegatronDataset.verify`); a source without ``verify`` (an object a caller built) is its
+    caller's to check."""
+    check = getattr(source, "verify", None)
+    if callable(check):
+        check()
 
 
 def _mismatch(message: str) -> UmlosError:

@@ -5,7 +5,7 @@ What goes in: a folder written by ``umlos-cuda data tokenize``
 sample ``i``'s token ids and loss mask, as read-only views of memory-mapped
 files, whatever the dataset's size. Layout (docs/batching.md, "Token store")::
 
-    DIR/meta.json           format, counts, token dtype, hashes (below)
+    DIR/meta.json           format, counts, token dtype, vocabulary size, hashes (below)
     DIR/tokens.npy          every sample's token ids, concatenated (uint16, or uint32 past 65,536 ids)
     DIR/loss_mask.npy       one uint8 per token: 1 where the token is trained on
     DIR/offsets.npy         int64 [N + 1]: sample i is tokens[offsets[i]:offsets[i + 1]]
@@ -39,6 +39,9 @@ STORE_FORMAT = "umlos_cuda.token_store/1"
 TOKEN_DTYPES = ("<u2", "<u4")
 META_FIELDS = ("format", "num_samples", "num_tokens", "token_dtype", "tokenizer_hash", "dataset_hash", "loss_mask",
                "sample_ids", "tokens_sha256", "loss_mask_sha256", "offsets_sha256")
+#: meta.json fields a store may lack: ``vocab_size`` (the tokenizer's, with added tokens) is written since
+#: stores check their token ids against it; a store written before has only its dtype's range.
+OPTIONAL_FIELDS = ("vocab_size",)
 #: ``loss_mask`` in meta.json: every token trained on, or the instruction template's rule.
 LOSS_MASK_RULES = ("all", "template")
 LENGTHS_FILE = "lengths.jsonl"
@@ -160,15 +163,30 @@ class TokenStore:
         return Sample(ids, mask, None, SampleMeta(self.sample_id(row), dataset_id))
 
     # ------------------------------------------------------------------ checks
+    @property
+    def vocab_size(self) -> int | None:
+        """The tokenizer's vocabulary size (added tokens included), when meta.json records it."""
+        return self.meta.get("vocab_size")
+
     def verify(self) -> dict:
         """Re-hash the three arrays (SHA-256 of their bytes) against
-        meta.json and check the length cache; TOKEN_STORE_INVALID names the
-        first file that differs."""
+        meta.json, check that every token id is below ``vocab_size`` and
+        every loss mask value is 0 or 1, and check the length cache;
+        TOKEN_STORE_INVALID names the first file that differs.
+
+        The digests sit in meta.json beside the arrays: they catch a file
+        changed after it was written, not a store rewritten consistently
+        (digests recomputed); the vocabulary bound still catches token ids
+        no tokenizer of that size produces."""
         arrays = {"tokens": self.tokens, "loss_mask": self.loss_mask_array, "offsets": self.offsets}
         for name, array in arrays.items():
             if sha256_array(np.asarray(array)) != self.meta[f"{name}_sha256"]:
                 raise _invalid(f"{self.root}/{name}.npy does not hash to meta.json's {name}_sha256: "
                                "the file changed after it was written")
+        largest = int(self.tokens.max(initial=0))
+        if self.vocab_size is not None and largest >= self.vocab_size:
+            raise _invalid(f"{self.root}/tokens.npy holds token id {largest}, outside the tokenizer's vocabulary of "
+                           f"{self.vocab_size} ids (meta.json vocab_size): not what the tokenizer produced")
         if int(self.loss_mask_array.max(initial=0)) > 1:
             raise _invalid(f"{self.root}/loss_mask.npy holds values other than 0 and 1")
         self.length_cache()
@@ -187,13 +205,19 @@ def _read_meta(path: str) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != STORE_FORMAT:
         got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise _invalid(f"{path} has format {got!r}; this reader reads {STORE_FORMAT!r}")
-    if set(meta) != set(META_FIELDS):
-        raise _invalid(f"{path} must have exactly the fields {', '.join(META_FIELDS)}; "
-                       f"missing {sorted(set(META_FIELDS) - set(meta))}, "
-                       f"unknown {sorted(set(meta) - set(META_FIELDS))}")
+    if not set(META_FIELDS) <= set(meta) <= set(META_FIELDS + OPTIONAL_FIELDS):
+        known = set(META_FIELDS + OPTIONAL_FIELDS)
+        raise _invalid(f"{path} must have exactly the fields {', '.join(META_FIELDS)} (and may have "
+                       f"{', '.join(OPTIONAL_FIELDS)}); missing {sorted(set(META_FIELDS) - set(meta))}, "
+                       f"unknown {sorted(set(meta) - known)}")
     for name, low, wording in (("num_samples", 1, checks.POSITIVE), ("num_tokens", 0, checks.NON_NEGATIVE)):
         checks.integer(meta[name], name, low, None, fail=lambda message: _invalid(f"{path}: {message}"),
                        message=wording, strict=True)
+    if "vocab_size" in meta:
+        limit = 1 << (16 if meta["token_dtype"] == "<u2" else 32)
+        checks.integer(meta["vocab_size"], "vocab_size", 1, limit,
+                       fail=lambda message: _invalid(f"{path}: {message} (token_dtype {meta['token_dtype']!r})"),
+                       strict=True)
     choices = (("token_dtype", TOKEN_DTYPES), ("loss_mask", LOSS_MASK_RULES), ("sample_ids", ("line_numbers", "jsonl")))
     for name, allowed in choices:
         if meta[name] not in allowed:

@@ -34,7 +34,7 @@ import numpy as np
 
 from ... import errors
 from ...errors import UmlosError
-from ..lengths.jsonl import DEFAULT_ID_FIELD, RecordChunk
+from ..lengths.jsonl import DEFAULT_ID_FIELD, RecordChunk, SkippedLines
 from ...files.artifacts import json_field
 from ...files.writer import ArtifactKind, Folder, check_output_folder, output_folder
 from ..lengths.builder import DEFAULT_CHUNK, DatasetEncoding, input_paths
@@ -54,28 +54,33 @@ def tokenize_dataset(dataset: str | os.PathLike[str], tokenizer: Any, output: st
                      text_field: str | None = None, prompt_field: str | None = None,
                      response_field: str | None = None, id_field: str = DEFAULT_ID_FIELD,
                      eos_token: str | None = None, force: bool = False, chunk_size: int = DEFAULT_CHUNK,
-                     progress: Callable[[int, int], None] | None = None) -> TokenStore:
+                     progress: Callable[[int, int], None] | None = None,
+                     skipped: SkippedLines | None = None) -> TokenStore:
     """Encode every record and write the token store folder ``output``.
 
     ``progress(bytes_read, bytes_total)`` is called after each chunk. The
     output is checked before any work: an existing folder raises
     OUTPUT_EXISTS unless ``force`` (which replaces only a token store), and
     the output is never the dataset or the tokenizer's folder (OUTPUT_IS_INPUT).
+    Given ``skipped`` (a :class:`~umlos_cuda.batching.lengths.jsonl.SkippedLines`),
+    bad lines are skipped and counted there instead of refused.
     """
     inputs = input_paths(dataset, tokenizer)
     target = check_output_folder(output, STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR)
     source = DatasetEncoding(dataset, tokenizer, text_field=text_field, prompt_field=prompt_field,
-                             response_field=response_field, id_field=id_field, eos_token=eos_token)
+                             response_field=response_field, id_field=id_field, eos_token=eos_token,
+                             skipped=skipped)
     vocab = source.encoder.get_vocab_size(with_added_tokens=True)
     token_dtype = np.dtype("<u2" if vocab <= UINT16_VOCAB else "<u4")
     with output_folder(target, STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR) as folder:
-        _write_store(source, folder, token_dtype, chunk_size, progress)
+        _write_store(source, folder, token_dtype, chunk_size, progress, vocab)
     return TokenStore.open(target)
 
 
-def _write_store(source: DatasetEncoding, root: Folder, token_dtype: np.dtype, chunk_size: int, progress) -> None:
+def _write_store(source: DatasetEncoding, root: Folder, token_dtype: np.dtype, chunk_size: int, progress,
+                 vocab_size: int) -> None:
     def encode(chunk: RecordChunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return encode_chunk(source, chunk, token_dtype)
+        return encode_chunk(source, chunk, token_dtype, vocab_size)
 
     sizes: list[np.ndarray] = []
     with NpyStream(root, "tokens.npy", token_dtype) as tokens, \
@@ -105,12 +110,13 @@ def _write_store(source: DatasetEncoding, root: Folder, token_dtype: np.dtype, c
         "tokens_sha256": tokens.sha256,
         "loss_mask_sha256": masks.sha256,
         "offsets_sha256": sha256_array(offsets),
+        "vocab_size": int(vocab_size),
     }
     with root.file("meta.json") as handle:  # last: the store is complete
         handle.write((json.dumps(meta, indent=2) + "\n").encode("ascii"))
 
 
-def encode_chunk(source: DatasetEncoding, chunk: RecordChunk, token_dtype: np.dtype
+def encode_chunk(source: DatasetEncoding, chunk: RecordChunk, token_dtype: np.dtype, vocab_size: int | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(lengths, token ids, loss mask)`` of one chunk, the ids and masks
     of its records concatenated."""
@@ -119,7 +125,7 @@ def encode_chunk(source: DatasetEncoding, chunk: RecordChunk, token_dtype: np.dt
     total = int(encoded.sum())
     ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=total)
     if not source.is_template:
-        return encoded, _as_tokens(ids, token_dtype), np.ones(total, dtype=np.uint8)
+        return encoded, _as_tokens(ids, token_dtype, vocab_size), np.ones(total, dtype=np.uint8)
     lengths = encoded + source.appended
     ends = np.cumsum(encoded)
     assert source.eos_id is not None  # a template source appends it (DatasetEncoding.__init__)
@@ -129,13 +135,16 @@ def encode_chunk(source: DatasetEncoding, chunk: RecordChunk, token_dtype: np.dt
     starts = np.cumsum(lengths) - lengths
     position = np.arange(ids.shape[0], dtype=np.int64) - np.repeat(starts, lengths)
     mask = (position >= np.repeat(masked, lengths)).astype(np.uint8)
-    return lengths, _as_tokens(ids, token_dtype), mask
+    return lengths, _as_tokens(ids, token_dtype, vocab_size), mask
 
 
-def _as_tokens(ids: np.ndarray, token_dtype: np.dtype) -> np.ndarray:
-    if ids.size and int(ids.max()) > np.iinfo(token_dtype).max:
-        raise UmlosError(errors.TOKENIZER_INVALID, f"token id {int(ids.max())} does not fit {token_dtype}; the "
-                         "tokenizer reports a smaller vocabulary than it produces", operator=errors.BATCHING_OPERATOR)
+def _as_tokens(ids: np.ndarray, token_dtype: np.dtype, vocab_size: int | None = None) -> np.ndarray:
+    """The ids as ``token_dtype``; an id past the vocabulary (which the store's readers refuse) is refused now."""
+    limit = np.iinfo(token_dtype).max + 1 if vocab_size is None else min(vocab_size, np.iinfo(token_dtype).max + 1)
+    if ids.size and int(ids.max()) >= limit:
+        raise UmlosError(errors.TOKENIZER_INVALID, f"token id {int(ids.max())} does not fit {token_dtype} or the "
+                         f"vocabulary of {limit} ids; the tokenizer reports a smaller vocabulary than it produces",
+                         operator=errors.BATCHING_OPERATOR)
     return ids.astype(token_dtype)
 
 

@@ -10,7 +10,8 @@ Per window (computed on the window's snapshot and the rows its policy drew):
   draws (the sampling distribution the curriculum produced).
 
 :func:`plot_curriculum` draws ``difficulty_distribution`` window after
-window from a window log into a PNG (matplotlib, the ``plot`` extra).
+window from a window log into a PNG (matplotlib, the ``plot`` extra): a
+stacked bar per window (:func:`curriculum_figure`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 from ... import errors
 from ...errors import UmlosError
 from ..buffer.snapshot import BufferSnapshot
+from ..types import DIFFICULTY_ORDER
 
 UNKNOWN = "unknown"
 
@@ -50,6 +52,58 @@ def window_metrics(snapshot: BufferSnapshot, rows: np.ndarray) -> dict[str, Any]
 def plot_curriculum(log: str | os.PathLike[str], output: str | os.PathLike[str]) -> str:
     """Write the PNG of each window's difficulty distribution; its path.
     Without matplotlib: BACKEND_UNAVAILABLE naming the extra to install."""
+    from ..window.log import read_log
+
+    plt = _pyplot()
+    figure = curriculum_figure(read_log(log).windows)
+    output = os.fspath(output)
+    figure.savefig(output, dpi=100)
+    plt.close(figure)
+    return output
+
+
+def curriculum_figure(windows: list[dict]) -> Any:
+    """The figure :func:`plot_curriculum` saves: one stacked bar per window.
+
+    Stacked bars, not lines: the shares of a window add up to 1, so two
+    difficulties drawn with the same share would hide one line under the
+    other, while stacked segments each keep their own area, color and
+    hatch. Windows are whole numbers on the x axis (the log's window
+    index), never 0.5 or 1.5."""
+    from matplotlib.ticker import MaxNLocator
+
+    plt = _pyplot()
+    shares = [w["metrics"]["difficulty_distribution"] for w in windows]
+    def order(name: str) -> tuple[int, str]:  # easiest at the bottom of each bar; unknown names last
+        return (DIFFICULTY_ORDER.index(name) if name in DIFFICULTY_ORDER else len(DIFFICULTY_ORDER), name)
+
+    names = sorted({d for share in shares for d in share}, key=order)
+    x = np.array([w.get("window", i) for i, w in enumerate(windows)], dtype=np.int64)
+    figure, axis = plt.subplots(figsize=(7, 3.5))
+    bottom = np.zeros(len(windows))
+    colors = plt.get_cmap("viridis")(np.linspace(0.1, 0.9, max(len(names), 1)))
+    for k, name in enumerate(names):
+        height = np.array([share.get(name, 0.0) for share in shares])
+        axis.bar(x, height, bottom=bottom, width=0.8, label=name, color=colors[k], edgecolor="black", linewidth=0.5,
+                 hatch=_HATCHES[k % len(_HATCHES)])
+        bottom += height
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if len(x):
+        axis.set_xlim(x.min() - 0.6, x.max() + 0.6)
+    axis.set_ylim(0, 1)
+    axis.set_xlabel("window")
+    axis.set_ylabel("share of draws")
+    axis.set_title("sampling distribution by difficulty")
+    axis.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small")
+    figure.tight_layout()
+    return figure
+
+
+#: Hatches that tell stacked segments apart in grey print too.
+_HATCHES = ("", "//", "..", "xx", "\\\\", "oo", "--")
+
+
+def _pyplot() -> Any:
     try:
         import matplotlib
 
@@ -58,20 +112,4 @@ def plot_curriculum(log: str | os.PathLike[str], output: str | os.PathLike[str])
     except ImportError:
         raise UmlosError(errors.BACKEND_UNAVAILABLE, "plotting needs matplotlib: pip install 'umlos-cuda[plot]'",
                          operator=errors.STREAMS_OPERATOR) from None
-    from ..window.log import read_log
-
-    windows = read_log(log).windows
-    names = sorted({d for w in windows for d in w["metrics"]["difficulty_distribution"]})
-    figure, axis = plt.subplots(figsize=(7, 3.5))
-    x = np.arange(len(windows))
-    for name in names:
-        axis.plot(x, [w["metrics"]["difficulty_distribution"].get(name, 0.0) for w in windows], label=name, marker=".")
-    axis.set_xlabel("window")
-    axis.set_ylabel("share of draws")
-    axis.set_title("sampling distribution by difficulty")
-    axis.legend(loc="best", fontsize="small")
-    figure.tight_layout()
-    output = os.fspath(output)
-    figure.savefig(output, dpi=100)
-    plt.close(figure)
-    return output
+    return plt

@@ -9,6 +9,10 @@ prompt is the game's rules and grid and whose response is the player's
 commands, tokenized with the batching template (``sft_sample``: loss on
 the response only). The reward is 1.0 for a solved episode, else 0.0.
 
+A sample's id is ``SOURCE/GAME/DIFFICULTY/seedPUZZLE_SEED/epINDEX`` (plus
+``/sK`` per step): derived from what the episode is, so the same run
+configuration gives the same ids on any server address.
+
 ``output="episode"`` gives one sample per episode (the first grid, then
 every command, one per line); ``output="steps"`` one per command (the grid
 it saw, then the command).
@@ -129,7 +133,8 @@ def episode_samples(episode: PuzzleEpisode, tokenizer: Any, *, source: str, firs
     """The samples of ``episode`` (see the module docstring), numbered from ``first_seq``."""
     if output not in OUTPUT_MODES:
         raise failure(errors.GYM_CONFIG_INVALID, f"output must be one of {', '.join(OUTPUT_MODES)}, got {output!r}")
-    episode_id = f"{source}/ep{episode.index}"
+    # What the episode is (puzzle and position in the run), not where its server listened.
+    episode_id = f"{source}/{episode.game}/{episode.difficulty}/seed{episode.seed}/ep{episode.index}"
     if output == "episode":
         texts = [(episode_id, prompt_text(episode, episode.first_grid), "\n".join(episode.commands))]
     else:

@@ -53,7 +53,9 @@ class GymConfig:
         seed: the run seed (puzzle seeds and player draws derive from it).
         output: ``"episode"`` (one sample per episode) or ``"steps"``.
         max_reconnects, backoff_s, backoff_max_s: the reconnect budget (see the module).
-        name: the samples' ``source`` (default ``gym:HOST:PORT``); sample ids start with it.
+        name: the samples' ``source`` (default ``gym``); sample ids start with it. The rest of an
+            id is what the episode is, ``GAME/DIFFICULTY/seedPUZZLE_SEED/epINDEX``, never where the
+            server listens, so two runs of the same configuration give the same samples.
     """
 
     host: str = "127.0.0.1"
@@ -98,7 +100,7 @@ class GymConfig:
 
     @property
     def source(self) -> str:
-        return self.name or f"gym:{self.host}:{self.port}"
+        return self.name or "gym"
 
     def episode_plan(self, index: int) -> tuple[str, str, int]:
         """``(game, difficulty, puzzle seed)`` of episode ``index``."""

@@ -43,6 +43,11 @@ _MENU_LINE = re.compile(r"^\s*(\d+)\)\s+(.+?)\s+-\s+(.*)$")
 _DIFFICULTIES = re.compile(r"Invalid difficulty\. Choose from: (.+)$")
 #: The fields an observation must carry.
 OBSERVATION_FIELDS = ("game", "difficulty", "seed", "moves", "is_complete", "grid_display")
+#: The JSON type of each observation field read here ("count": an integer >= 0, never a bool; None: may be null).
+OBSERVATION_TYPES = {"game": str, "difficulty": str, "seed": "count", "moves": "count", "is_complete": bool,
+                     "grid_display": str, "hints_remaining": ("count", None)}
+#: The same for a result's fields (each may be absent).
+RESULT_TYPES = {"success": bool, "message": (str, None), "state": (dict, None)}
 #: The largest puzzle seed (the server's seeds are non-negative integers; 2^31 - 1 keeps every game's generator happy).
 MAX_PUZZLE_SEED = (1 << 31) - 1
 
@@ -95,11 +100,16 @@ class PuzzleObservation:
 
     @classmethod
     def from_json(cls, data: dict) -> PuzzleObservation:
+        """The observation, each field of its JSON type: ``"is_complete": "false"`` is refused, never
+        read as true (an unsolved episode would be rewarded)."""
         missing = [name for name in OBSERVATION_FIELDS if name not in data]
         if missing:
             raise failure(errors.GYM_PROTOCOL_ERROR, f"an observation lacks {', '.join(missing)}: {str(data)[:200]}")
-        return cls(str(data["game"]), str(data["difficulty"]), data["seed"], data["moves"], bool(data["is_complete"]),
-                   str(data["grid_display"]), data.get("grid"), data.get("hints_remaining"), data)
+        for name, kind in OBSERVATION_TYPES.items():
+            if name in data and not _is(data[name], kind):
+                raise _wrong_type("an observation", name, data[name], kind)
+        return cls(data["game"], data["difficulty"], data["seed"], data["moves"], data["is_complete"],
+                   data["grid_display"], data.get("grid"), data.get("hints_remaining"), data)
 
 
 @dataclass(frozen=True)
@@ -269,12 +279,38 @@ def parse_answer(lines: list[str]) -> StepResult:
                 observation = PuzzleObservation.from_json(data)
                 solved = solved or observation.is_complete
             elif kind == "result":
-                accepted = bool(data.get("success"))
-                message = str(data.get("message", ""))
-                if isinstance(data.get("state"), dict) and data["state"].get("is_complete"):
+                for name, wanted in RESULT_TYPES.items():
+                    if name in data and not _is(data[name], wanted):
+                        raise _wrong_type("a result", name, data[name], wanted)
+                state = data.get("state") or {}
+                if "is_complete" in state and not _is(state["is_complete"], bool):
+                    raise _wrong_type("a result's state", "is_complete", state["is_complete"], bool)
+                accepted = data.get("success") is True
+                message = data.get("message") or ""
+                if state.get("is_complete") is True:
                     solved = True
             elif kind == "complete":
                 solved = True
         elif text.startswith("GAME OVER"):
             game_over = True
     return StepResult(tuple(lines), accepted, message, observation, solved, game_over and not solved)
+
+
+def _is(value: Any, kind) -> bool:
+    """``value`` is of the JSON type ``kind`` (a type, ``"count"``, None for null, or a tuple of these)."""
+    if isinstance(kind, tuple):
+        return any(_is(value, k) for k in kind)
+    if kind is None:
+        return value is None
+    if kind == "count":
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    if kind is bool:
+        return isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def _wrong_type(what: str, name: str, value: Any, kind) -> Exception:
+    names = {str: "a string", bool: "true or false", dict: "an object", "count": "an integer >= 0", None: "null"}
+    wanted = " or ".join(names[k] for k in (kind if isinstance(kind, tuple) else (kind,)))
+    return failure(errors.GYM_PROTOCOL_ERROR, f"{what}'s {name} must be {wanted}, got {json.dumps(value)[:80]}; "
+                                              "the server speaks another protocol version or is not a puzzle server")

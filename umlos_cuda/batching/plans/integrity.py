@@ -1,0 +1,145 @@
+"""What a consumer checks before it trusts a plan folder.
+
+Two levels, because they cost differently and guard different things:
+
+* :func:`check_structure` runs on **every load** (``load_plan``). It checks
+  what the reader itself relies on to hand out microbatches: offsets that
+  start at 0, end at the sample count and rise strictly (no empty or
+  negative microbatch, not only the first and last value; PLAN_FORMAT_INVALID),
+  rows inside the plan's samples (PLAN_SAMPLES_INVALID), bucket ids inside
+  the bucket spec (PLAN_BUCKET_MISMATCH), a packed plan's row bounds that
+  tile each microbatch (PLAN_PACKS_INVALID), and a ``stats.json`` whose
+  counts are those of the arrays (PLAN_STATS_MISMATCH: a sampler's
+  ``len()`` and the cursor checks read them, so a forged count would make
+  them lie). Vectorised over the arrays: memory-mapped reads in bounded
+  windows, no per-sample object.
+* :func:`check_digests` runs on the paths that **derive new artifacts**
+  from a plan (``plan shard``, ``batch generate``, ``batch check``; the
+  commands' ``--no-verify`` skips it). A plan whose samples were swapped
+  passes every structural check; only its content digests see it. It
+  re-hashes ``lengths.npy``, the ids and every epoch's arrays and compares
+  them with ``meta.json`` (PLAN_LENGTHS_MISMATCH,
+  PLAN_FINGERPRINT_MISMATCH). ``plan verify`` does this and much more
+  (every sample once, budgets, a rebuild).
+
+The digests live in the same folder as the arrays, so they catch a change
+to any file made without recomputing them, not a folder rewritten
+consistently by someone who can run this code: against that, compare the
+fingerprint with one kept elsewhere (``plan verify --expected-fingerprint``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import errors
+from ...errors import MAX_WORLD_SIZE, UmlosError
+from .fingerprint import epoch_plan_digest, plan_fingerprint, sha256_array
+from .plan import BatchPlan, plan_error
+
+#: Rows checked at a time for the range of ``samples`` (bounded temporaries on memory-mapped arrays).
+_WINDOW = 1 << 22
+
+
+def check_shard_field(shard, where: str) -> None:
+    """A shard's ``rank`` and ``world_size`` are integers with ``0 <= rank < world_size <= 2^32 - 1``."""
+    if shard is None:
+        return
+    rank, world_size = shard.get("rank"), shard.get("world_size")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, world_size)) \
+            or not 1 <= world_size <= MAX_WORLD_SIZE or not 0 <= rank < world_size:
+        raise _format(f"{where}: shard rank {rank!r} and world_size {world_size!r} must be integers with "
+                      f"0 <= rank < world_size <= {MAX_WORLD_SIZE}")
+
+
+def check_structure(folder: str, arrays: dict, stats, num_samples: int, num_buckets: int, shard) -> None:
+    """Refuse (PLAN_FORMAT_INVALID, naming ``folder``) an epoch a reader cannot hand out as it is."""
+    offsets, samples = arrays["offsets"], arrays["samples"]
+    m = int(arrays["bucket_ids"].shape[0])
+    s = int(samples.shape[0])
+    if offsets.shape != (m + 1,) or arrays["max_len"].shape != (m,):
+        raise _format(f"{folder}: offsets, samples, bucket_ids and max_len do not fit together "
+                      f"({offsets.shape[0]} offsets for {m} microbatches)")
+    steps = np.diff(np.asarray(offsets, dtype=np.int64))
+    if int(offsets[0]) != 0 or int(offsets[-1]) != s or (m and int(steps.min()) < 1):
+        bad = int(np.argmin(steps)) if m and int(steps.min()) < 1 else None
+        where = f"; microbatch {bad} spans {int(steps[bad])} rows" if bad is not None else ""
+        raise _format(f"{folder}/offsets.npy must rise strictly from 0 to the {s} rows of samples.npy{where}")
+    for start in range(0, s, _WINDOW):
+        part = np.asarray(samples[start:start + _WINDOW])
+        if part.size and int(part.max()) >= num_samples:
+            row = start + int(np.argmax(part))
+            raise plan_error(errors.PLAN_SAMPLES_INVALID, f"{folder}/samples.npy: entry {row} names row "
+                             f"{int(samples[row])}, past the plan's {num_samples} samples")
+    buckets = np.asarray(arrays["bucket_ids"])
+    if m and (int(buckets.min()) < 0 or int(buckets.max()) >= num_buckets):
+        raise plan_error(errors.PLAN_BUCKET_MISMATCH,
+                         f"{folder}/bucket_ids.npy holds a bucket id outside [0, {num_buckets - 1}]")
+    if "pack_rows" in arrays:
+        _check_packs(folder, arrays, m, s)
+    _check_stats(folder, stats, m, s, shard)
+
+
+def _check_packs(folder: str, arrays: dict, m: int, s: int) -> None:
+    row_offsets = np.asarray(arrays["row_offsets"], dtype=np.int64)
+    pack_rows = np.asarray(arrays["pack_rows"], dtype=np.int64)
+    r = row_offsets.shape[0] - 1
+    if pack_rows.shape != (m + 1,) or r < 0 or int(pack_rows[-1]) != r or int(row_offsets[-1]) != s:
+        raise _format(f"{folder}: row_offsets and pack_rows do not fit the microbatches "
+                      f"({pack_rows.shape[0]} row bounds for {m} microbatches)")
+    if int(pack_rows[0]) != 0 or int(row_offsets[0]) != 0 or (m and int(np.diff(pack_rows).min()) < 1) \
+            or (r and int(np.diff(row_offsets).min()) < 1) \
+            or not np.array_equal(row_offsets[pack_rows], np.asarray(arrays["offsets"], dtype=np.int64)):
+        raise plan_error(errors.PLAN_PACKS_INVALID, f"{folder}: row_offsets and pack_rows must rise strictly from 0 "
+                         "and cut each microbatch's samples into non-empty rows")
+
+
+def _check_stats(folder: str, stats, m: int, s: int, shard) -> None:
+    """The counts a sampler's ``len()`` and a cursor check read must be those of the arrays."""
+    where = f"{folder}/stats.json"
+    if not isinstance(stats, dict):
+        raise _format(f"{where} is not a stats object")
+    for key, count in (("microbatches", m), ("samples", s)):
+        value = stats.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value != count:
+            raise _stats(f"{where} says {key} {value!r}; the epoch's arrays hold {count}")
+    if shard is None:
+        if "global_microbatches" in stats:
+            raise _stats(f"{where} has global_microbatches, but meta.json says the plan is not a shard")
+        return
+    total = stats.get("global_microbatches")
+    rank, world_size = shard["rank"], shard["world_size"]
+    if isinstance(total, bool) or not isinstance(total, int) or total < 0 or len(range(rank, total, world_size)) != m:
+        raise _stats(f"{where} says global_microbatches {total!r}; rank {rank} of {world_size} holds {m} of them, "
+                      f"so the full epoch has {rank + (m - 1) * world_size + 1 if m else 0} to "
+                      f"{rank + m * world_size} microbatches")
+
+
+def check_digests(plan: BatchPlan, folder: str) -> None:
+    """The plan's content hashes to what ``meta.json`` records (see the module docstring)."""
+    from .builder import sample_ids_sha256
+
+    meta = plan.meta
+    skip = "the plan changed after it was written: rebuild it, or pass --no-verify to use it as it is"
+    if sha256_array(np.asarray(plan.lengths, dtype="<u4")) != meta.lengths_sha256:
+        raise plan_error(errors.PLAN_LENGTHS_MISMATCH,
+                         f"{folder}/lengths.npy does not hash to meta.json's lengths_sha256; {skip}")
+    if plan.sample_ids is not None and sample_ids_sha256(plan.sample_ids) != meta.sample_ids_sha256:
+        raise plan_error(errors.PLAN_LENGTHS_MISMATCH,
+                         f"{folder}/sample_ids.jsonl does not hash to meta.json's sample_ids_sha256; {skip}")
+    digests = tuple(epoch_plan_digest(e) for e in plan.epochs)
+    fingerprint = plan_fingerprint(meta.header(), digests)
+    if digests != meta.epoch_digests or fingerprint != meta.fingerprint:
+        differ = [e for e, (a, b) in enumerate(zip(digests, meta.epoch_digests)) if a != b]
+        what = f"epochs {differ} differ" if differ else "meta.json's fields differ"
+        raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH,
+                         f"{folder}: the plan's content hashes to {fingerprint} but meta.json records "
+                         f"{meta.fingerprint} ({what}); {skip}")
+
+
+def _format(message: str) -> UmlosError:
+    return plan_error(errors.PLAN_FORMAT_INVALID, message)
+
+
+def _stats(message: str) -> UmlosError:
+    return plan_error(errors.PLAN_STATS_MISMATCH, message)

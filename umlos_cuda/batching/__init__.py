@@ -1,8 +1,16 @@
-"""LLM batching on top of the index engine: samples, fingerprints, length
-caches, buckets, token-budget batch plans, sequence packing, token stores,
-collation, batch files and batch fingerprints (docs/batching.md).
+"""LLM batching on top of the index engine (docs/batching.md).
 
-Each step of the pipeline is one module; this package only re-exports.
+The pipeline, one sub-package per stage, in the order data flows:
+
+    samples, templates   :class:`Sample`, :class:`PreferenceSample`; the SFT template
+    lengths/             length caches: JSONL reading, tokenizer loading, fingerprints, the builder, statistics
+    packing/             sequence packing: :func:`pack_lengths`, :func:`pack_sequences`, packed rows, metrics
+    plans/               token-budget batch plans: config, planner, builder, plan folders, verify, sharding
+    tokens/              token stores and Megatron indexed datasets, as token sources
+    collate              one microbatch to padded arrays; attention_mask: segment masks
+    batches/             batch files: writer, reader, batch fingerprints
+
+This package only re-exports the public names of those modules.
 """
 
 from .attention_mask import create_segment_attention_mask

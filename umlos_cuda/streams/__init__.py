@@ -2,8 +2,16 @@
 replay buffer, rolling batch-plan windows and curriculum policies, every
 window recorded so that a run replays offline bit for bit (docs/streams.md).
 
-Each job is one module; this package only re-exports. Importing it
-registers the ``plan_window`` checkpoint cursor kind.
+    types, failures   :class:`StreamSample`, :class:`StreamMetrics`; the streams failure codes
+    protocols         the stream and player interfaces
+    offline           a JSONL dataset or a token store as a stream
+    gym/              the puzzle gym: telnet wire and client, players, episodes, the stream, the server
+    buffer/           the replay buffer, its Philox sub-streams, frozen snapshots
+    curriculum/       sampling policies, ``policy.yaml``, per-window metrics and their plot
+    window/           rolling batch-plan windows, the window log, offline replay, the cursor kind
+
+This package only re-exports. Importing it registers the ``plan_window``
+checkpoint cursor kind.
 """
 
 from .buffer.rng import BufferRng, stream_manifest

@@ -220,9 +220,9 @@ def run_verify(args) -> int:
 
 def run_shard(args) -> int:
     from ..batching.plans.io import check_shards_dir, load_plan, save_shards
-    from ..batching.plans.sharding import check_rank
+    from ..batching.plans.sharding import check_shard_count
 
-    check_rank(0, args.world_size)
+    check_shard_count(args.world_size)
     check_shards_dir(args.output, args.force, (args.plan,))  # fail before the work
     plan = load_plan(args.plan, verify=not args.no_verify)
     rows = save_shards(plan, args.world_size, args.output, jsonl=args.jsonl, force=args.force, inputs=(args.plan,))

@@ -1,4 +1,5 @@
-"""Files on disk: how every command writes its outputs, so that nothing is lost or half-written.
+"""Files on disk: how every command writes its outputs, so that nothing is lost or half-written,
+and how every command reads its inputs, so that nothing hangs, exhausts memory or escapes unchecked.
 
 Modules:
     writer     the one output layer every writing command goes through: checks before any work
@@ -8,5 +9,6 @@ Modules:
     folder     a folder held open by its descriptor: nothing below it is reached through a link
     atomic     one output file, published by rename: readers see nothing or all of it
     durable    the steps every writer takes: exclusive create, full write, fsync of file and folder
-    folders    bounded reads of the JSON and ``.npy`` files inside this project's folders
+    reader     the one bounded input layer: regular files only, sizes and depths before parsing,
+               capped lines, ``.npy`` and ``.npz`` headers checked against their bytes
 """

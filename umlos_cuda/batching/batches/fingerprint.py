@@ -131,12 +131,16 @@ class BatchFingerprint:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> BatchFingerprint:
-        from ...files.folders import read_json
+        from ...files.reader import read_json
 
         try:
-            return cls.from_json(read_json(path, _invalid))
+            data = read_json(path, _invalid)
         except FileNotFoundError:
             raise _invalid(f"cannot read {os.fspath(path)}: it does not exist") from None
+        try:
+            return cls.from_json(data)
+        except UmlosError as exc:
+            raise _invalid(f"{os.fspath(path)}: {exc.message}") from None
 
 
 def batch_fingerprint(batches: Iterable[Any], n_batches: int = DEFAULT_N_BATCHES, *,

@@ -34,6 +34,7 @@ import numpy as np
 
 from ... import errors
 from ...errors import UmlosError
+from ...files import reader
 from .fingerprint import microbatch_digest
 from ..collate import FIELDS, CollatedBatch, collate_arrays
 
@@ -88,19 +89,13 @@ def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
 
 
 def read_batch_file(path: str) -> dict[str, np.ndarray]:
-    """Every member of the batch file at ``path`` (BATCH_FILE_INVALID when
-    it is missing, not a readable ``.npz``, or lacks a member)."""
+    """Every member of the batch file at ``path`` (BATCH_FILE_INVALID when it is
+    missing, not a regular file, not a readable ``.npz``, or holds other members
+    than :data:`MEMBERS`, stored, each the size its header says: files/reader.py)."""
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            arrays = {name: archive[name] for name in archive.files}
+        return reader.read_npz(path, MEMBERS, file_error)
     except FileNotFoundError:
         raise file_error(f"{path} is missing (run `umlos-cuda batch generate` again to write it)") from None
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise file_error(f"{path} is not a readable .npz file ({exc})") from None
-    missing = [name for name in MEMBERS if name not in arrays]
-    if missing:
-        raise file_error(f"{path} lacks {', '.join(missing)}")
-    return arrays
 
 
 def check_batch_file(path: str, arrays: Mapping[str, np.ndarray], epoch: int, microbatch: Any,

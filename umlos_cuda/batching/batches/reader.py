@@ -28,7 +28,7 @@ from ...errors import UmlosError
 from .npz import (FILES_FORMAT, INDEX_FILE, PLAN_FOLDER, batch_file_name, check_batch_file, file_arrays, file_error,
                   npz_bytes, read_batch_file)
 from .fingerprint import BatchFingerprint
-from ...files.folders import read_json
+from ...files import reader
 from ..plans.plan import BatchPlan, plan_error
 from ..plans.io import load_plan
 from ..plans.sharding import shard_plan
@@ -52,7 +52,10 @@ class BatchReader:
             raise file_error(f"{self.root} was written for plan {self.index['plan_fingerprint']}, not "
                              f"{self.plan.fingerprint}")  # a shard of the folder's plan names it as its source
         self.pad_id = self.index["pad_id"]
-        self.fingerprint = BatchFingerprint.from_json(self.index["batch_fingerprint"])
+        try:
+            self.fingerprint = BatchFingerprint.from_json(self.index["batch_fingerprint"])
+        except UmlosError as exc:
+            raise file_error(f"{INDEX_FILE} in {self.root}: its batch_fingerprint is malformed ({exc.message})") from None
         self._digests: dict[tuple[int, int], str] = {}
         for row in self.index["epochs"]:
             self._digests.update(((row["epoch"], i), d) for i, d in zip(row["indices"], row["digests"]))
@@ -155,10 +158,10 @@ class BatchReader:
                 if source is not None:
                     batch = collate_microbatch(source, microbatch, pad_id=self.pad_id,
                                                separator_ids=self.index.get("separator_ids") or ())
-                    with open(path, "rb") as handle:
-                        if handle.read() != npz_bytes(file_arrays(epoch, microbatch, batch, self.plan_fingerprint)):
-                            raise file_error(f"{path} differs from what the token store collates for epoch {epoch} "
-                                             f"microbatch {microbatch.index}")
+                    fresh = npz_bytes(file_arrays(epoch, microbatch, batch, self.plan_fingerprint))
+                    if not reader.same_bytes(path, fresh, file_error):
+                        raise file_error(f"{path} differs from what the token store collates for epoch {epoch} "
+                                         f"microbatch {microbatch.index}")
                 done += 1
                 if progress is not None:
                     progress(done, total)
@@ -170,22 +173,45 @@ def read_index(path: str, *, require_complete: bool = True) -> dict:
     """batches.json: BATCH_FILES_NOT_FOUND when missing or unfinished, BATCH_FILE_INVALID when malformed."""
     folder = os.path.dirname(path)
     try:
-        data = read_json(path, file_error)
+        data = reader.read_json(path, file_error)
     except FileNotFoundError:
         raise _not_found(f"no batch files at {folder}: {path} does not exist (write them with "
                          "`umlos-cuda batch generate`)") from None
     if not isinstance(data, dict) or data.get("format") != FILES_FORMAT:
         raise file_error(f"{path} is not a batch folder index (format {FILES_FORMAT!r})")
+    _check_identity(data, path)
     if require_complete:
         if data.get("complete") is not True:
             raise _not_found(f"the batch files in {folder} are unfinished: writing stopped before the end (run "
                              "`umlos-cuda batch generate` again with the same arguments to finish)")
         epochs = data.get("epochs")
-        if not isinstance(epochs, list) or not all(isinstance(e, dict) and {"epoch", "indices", "digests"} <= set(e)
-                                                   and len(e["indices"]) == len(e["digests"]) for e in epochs) \
+        if not isinstance(epochs, list) or not all(_is_epoch_row(e) for e in epochs) \
                 or not isinstance(data.get("batch_fingerprint"), dict):
             raise file_error(f"{path} lacks the per-epoch digests or the batch fingerprint of a finished folder")
     return data
+
+
+def _check_identity(data: dict, path: str) -> None:
+    """The types of what the writer compares on resume and the reader uses (pad_id, separator_ids)."""
+    for name in ("plan_fingerprint", "tokenizer_hash", "lengths_sha256"):
+        if not isinstance(data.get(name), str):
+            raise file_error(f"{path}: {name} must be a string, got {type(data.get(name)).__name__}")
+    if not _is_int(data.get("pad_id")):
+        raise file_error(f"{path}: pad_id must be an integer, got {type(data.get('pad_id')).__name__}")
+    separators = data.get("separator_ids")
+    if not (separators is None or (isinstance(separators, list) and all(_is_int(t) for t in separators))):
+        raise file_error(f"{path}: separator_ids must be a list of integers")
+
+
+def _is_epoch_row(row) -> bool:
+    return isinstance(row, dict) and {"epoch", "indices", "digests"} <= set(row) and _is_int(row["epoch"]) \
+        and isinstance(row["indices"], list) and isinstance(row["digests"], list) \
+        and len(row["indices"]) == len(row["digests"]) and all(_is_int(i) for i in row["indices"]) \
+        and all(isinstance(d, str) for d in row["digests"])
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _not_found(message: str) -> UmlosError:

@@ -45,9 +45,9 @@ from ... import checks, errors
 from ...errors import UmlosError
 from .builder import sample_ids_lines
 from .config import BatchingConfig
+from ...files import reader
 from ...files.artifacts import json_field, write_marker
-from ...files.folders import read_npy
-from ...files.folders import read_json as folders_read_json
+from ...files.reader import read_npy
 from ...files.writer import ArtifactKind, Folder, check_output_folder, output_folder, output_member
 from .integrity import check_digests, check_shard_field, check_structure
 from .plan import PLAN_FORMAT, BatchPlan, BatchPlanMeta, EpochPlan, plan_error
@@ -111,6 +111,9 @@ def save_shards(plan: BatchPlan, world_size: int, directory, *, jsonl: str = "au
                 inputs: Iterable = ()) -> list[dict]:
     """Write ``directory/rank_<r>`` (the shard of rank ``r``) for every rank and
     ``directory/shards.json``, all in one atomic step; returns one row per rank."""
+    from .sharding import check_shard_count
+
+    world_size = check_shard_count(world_size)
     rows = []
     with output_folder(directory, SHARDS, force=force, inputs=inputs, operator=errors.BATCH_PLAN_OPERATOR) as folder:
         for rank in range(world_size):
@@ -185,7 +188,7 @@ def load_plan(directory, *, mmap: bool = True, verify: bool = False) -> BatchPla
     the commands that derive new artifacts from a plan do by default."""
     root = os.fspath(directory)
     meta_path = os.path.join(root, "meta.json")
-    if not os.path.isfile(meta_path):
+    if not os.path.lexists(meta_path):  # anything else there is refused by the reader, saying what it is
         raise plan_error(errors.PLAN_NOT_FOUND, f"no batch plan at {root}: {meta_path} does not exist "
                                                 "(build one with `umlos-cuda plan build`)")
     try:
@@ -207,16 +210,16 @@ def load_plan(directory, *, mmap: bool = True, verify: bool = False) -> BatchPla
 
 def _load_epoch(root: str, epoch: int, meta: BatchPlanMeta, lengths, sample_ids, mmap: bool) -> EpochPlan:
     folder = os.path.join(root, f"epoch_{epoch}")
-    stats = read_json(os.path.join(folder, "stats.json"))
-    if not isinstance(stats, dict):
-        raise _format(f"{folder}/stats.json is not a stats object")
+    stats = check_stats(read_json(os.path.join(folder, "stats.json")), f"{folder}/stats.json",
+                        meta.config.pack is not None)
     base, step = (meta.shard["rank"], meta.shard["world_size"]) if meta.shard else (0, 1)
     if os.path.exists(os.path.join(folder, "offsets.npy")):
         arrays = {}
         for name, dtype in ARRAYS + (PACK_ARRAYS if meta.config.pack is not None else ()):
             arrays[name] = read_npy(os.path.join(folder, f"{name}.npy"), dtype or meta.index_dtype, None, mmap, _format)
     elif os.path.exists(os.path.join(folder, "microbatches.jsonl")):
-        arrays = read_microbatches_jsonl(os.path.join(folder, "microbatches.jsonl"), meta, sample_ids, base, step)
+        arrays = read_microbatches_jsonl(os.path.join(folder, "microbatches.jsonl"), meta, sample_ids, base, step,
+                                         stats["microbatches"])
     else:
         raise _format(f"{folder} holds neither offsets.npy nor microbatches.jsonl")
     check_structure(folder, arrays, stats, meta.num_samples, meta.config.bucket_spec.num_buckets, meta.shard)
@@ -230,6 +233,7 @@ def meta_from_json(data) -> BatchPlanMeta:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise _format(f"meta.json has format {got!r}; this reader reads {PLAN_FORMAT!r}")
     try:
+        _check_meta_types(data)
         order = {"order": data["order"]} if "order" in data else {}  # written only when not the default
         config = BatchingConfig.from_dict({**{k: data[k] for k in _CONFIG_KEYS}, **order})
         if data["pack_config"] is not None:
@@ -270,10 +274,77 @@ def _meta(message: str) -> UmlosError:
     return _format(f"meta.json: {message}")
 
 
+#: meta.json's text fields: True where null is allowed.
+_TEXT_FIELDS = (("tokenizer_hash", False), ("dataset_hash", True), ("lengths_sha256", False),
+                ("sample_ids_sha256", True), ("sampler_config_hash", False), ("manifest_hash", False),
+                ("fingerprint", False))
+
+
+def _check_meta_types(data: dict) -> None:
+    """The types of the fields that reach code beyond the configuration (which checks its own):
+    hashes are strings, epoch_digests one string per epoch (a shard's numbers: check_shard_field)."""
+    for name, nullable in _TEXT_FIELDS:
+        value = data[name]
+        if not (isinstance(value, str) or (nullable and value is None)):
+            raise _format(f"meta.json: {name} must be a string{' or null' if nullable else ''}, "
+                          f"got {type(value).__name__}")
+    digests = data["epoch_digests"]
+    if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests) \
+            or len(digests) != data["num_epochs"]:
+        raise _format(f"meta.json: epoch_digests must be a list of {data['num_epochs']} strings, one per epoch")
+    shard = data["shard"]
+    if isinstance(shard, dict) and not isinstance(shard.get("source_fingerprint"), str):
+        raise _format("meta.json: shard's source_fingerprint must be a string")
+
+
+#: stats.json's counts (integers >= 0) and measures (numbers), as plan info and verify read them.
+STATS_COUNTS = ("epoch", "microbatches", "samples", "skipped_samples", "tokens", "padded_tokens", "padding_tokens")
+STATS_MEASURES = ("padding_waste", "bucket_mix_drift")
+PACKING_COUNTS = ("rows", "lower_bound_rows")
+PACKING_MEASURES = ("packing_efficiency", "segments_per_row")
+
+
+def check_stats(stats, where: str, packed: bool) -> dict:
+    """``stats`` when it has the fields the commands read, of their types (PLAN_FORMAT_INVALID otherwise).
+    Whether the numbers are right is :func:`~umlos_cuda.batching.plans.verify.verify_plan`'s job."""
+    if not isinstance(stats, dict):
+        raise _format(f"{where} is not a stats object")
+
+    def fail(message: str) -> UmlosError:
+        return _format(f"{where}: {message}")
+
+    for name in STATS_COUNTS + (("global_microbatches",) if "global_microbatches" in stats else ()):
+        checks.integer(stats.get(name), name, 0, None, fail=fail, message=checks.AT_LEAST)
+    for name in STATS_MEASURES:
+        _number(stats.get(name), name, where)
+    if not isinstance(stats.get("skipped"), list) or not all(isinstance(s, str) for s in stats["skipped"]):
+        raise _format(f"{where}: skipped must be a list of sample ids")
+    histogram = stats.get("bucket_histogram")
+    if not isinstance(histogram, list) or not all(isinstance(row, dict) for row in histogram):
+        raise _format(f"{where}: bucket_histogram must be a list of objects")
+    if packed:
+        packing = stats.get("packing")
+        if not isinstance(packing, dict):
+            raise _format(f"{where}: a packed plan's stats hold a packing object")
+        for name in PACKING_COUNTS:
+            checks.integer(packing.get(name), f"packing.{name}", 0, None, fail=fail, message=checks.AT_LEAST)
+        for name in PACKING_MEASURES:
+            _number(packing.get(name), f"packing.{name}", where)
+    return stats
+
+
+def _number(value, what: str, where: str) -> float:
+    """A measure: any real number (NaN and infinities are what the statistics say, not a type error)."""
+    if not checks.is_number(value):
+        raise _format(f"{where}: {what} must be a number, got {type(value).__name__}")
+    return value
+
+
 def read_json(path: str):
-    """A plan file's JSON (folders.read_json), PLAN_FORMAT_INVALID when missing too."""
+    """A plan file's JSON (files.reader.read_json: a regular file, bounded in size and depth),
+    PLAN_FORMAT_INVALID when missing too."""
     try:
-        return folders_read_json(path, _format)
+        return reader.read_json(path, _format)
     except FileNotFoundError:
         raise _format(f"{path} is missing") from None
 
@@ -281,36 +352,28 @@ def read_json(path: str):
 def read_sample_ids(path: str, count: int) -> list[str]:
     ids = []
     try:
-        with open(path, "rb") as handle:
-            for number, line in enumerate(handle):
-                try:
-                    value = json.loads(line)
-                except ValueError:
-                    value = None
-                if not isinstance(value, str):
-                    raise _format(f"{path} line {number + 1} is not a JSON string")
-                ids.append(value)
+        for number, line in reader.iter_lines(path, _format, max_lines=count):
+            value = reader.loads_json(line, _format, f"{path} line {number + 1}")
+            if not isinstance(value, str):
+                raise _format(f"{path} line {number + 1} is not a JSON string")
+            ids.append(value)
     except FileNotFoundError:
         raise _format(f"{path} is missing (meta.json says the ids are stored)") from None
-    except OSError as exc:
-        raise _format(f"cannot read {path}: {exc.strerror or exc}") from exc
     if len(ids) != count:
         raise _format(f"{path} has {len(ids)} ids for {count} samples")
     return ids
 
 
-def read_microbatches_jsonl(path: str, meta: BatchPlanMeta, sample_ids, base: int, step: int) -> dict:
-    """Arrays from a microbatches.jsonl (ids mapped back to rows)."""
+def read_microbatches_jsonl(path: str, meta: BatchPlanMeta, sample_ids, base: int, step: int,
+                            max_lines: int | None = None) -> dict:
+    """Arrays from a microbatches.jsonl (ids mapped back to rows); at most ``max_lines``
+    microbatches when given (the count stats.json records)."""
     lookup = None if sample_ids is None else {sid: row for row, sid in enumerate(sample_ids)}
     packed = meta.config.pack is not None
     sizes, rows, bucket_ids, max_len, pack_sizes = [], [], [], [], []
     row_sizes: list[int] = []
     try:
-        handle = open(path, "rb")  # noqa: SIM115 - the with below closes it; only open's OSError is mapped here
-    except OSError as exc:
-        raise _format(f"cannot read {path}: {exc.strerror or exc}") from exc
-    with handle:
-        for number, line in enumerate(handle):
+        for number, line in reader.iter_lines(path, _format, max_lines=max_lines):
             where = f"{path} line {number + 1}"
             item = _microbatch(line, where, base + number * step, packed)
             for sid in item["samples"]:
@@ -324,6 +387,8 @@ def read_microbatches_jsonl(path: str, meta: BatchPlanMeta, sample_ids, base: in
             if packed:
                 row_sizes.extend(len(p) for p in item["packs"])
                 pack_sizes.append(len(item["packs"]))
+    except FileNotFoundError:
+        raise _format(f"{path} is missing") from None
     arrays = {"offsets": _bounds(sizes), "samples": np.asarray(rows, dtype=meta.index_dtype),
               "bucket_ids": np.asarray(bucket_ids, dtype="<i2"), "max_len": np.asarray(max_len, dtype="<u4")}
     if packed:
@@ -347,10 +412,7 @@ _MICROBATCH_KEYS = "a microbatch has exactly the fields {fields}"
 def _microbatch(line: bytes, where: str, index: int, packed: bool) -> dict:
     """One line of microbatches.jsonl, checked: its fields, its index, and its
     packs (lists of sample ids that, joined, are its samples) in a packed plan."""
-    try:
-        item = json.loads(line)
-    except ValueError:
-        raise _format(f"{where} is not JSON") from None
+    item = reader.loads_json(line, _format, where, not_json="is not JSON")
     item = checks.record(item, _MICROBATCH_FIELDS, fail=lambda message: _format(f"{where}: {message}"),
                          not_a_map=_MICROBATCH_KEYS, unknown=_MICROBATCH_KEYS, missing=_MICROBATCH_KEYS)
     if item["index"] != index:

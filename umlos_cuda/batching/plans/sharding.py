@@ -27,7 +27,9 @@ from .planner import gather_batches
 
 #: world_size and rank are uint32 (docs/spec/nextbatch-v2.md §1; one definition, in umlos_cuda.errors).
 MAX_WORLD_SIZE = errors.MAX_WORLD_SIZE
-#: ``rank_shares`` lists at most this many ranks (one row each).
+#: ``rank_shares`` lists at most this many ranks (one row each), and ``save_shards`` writes at most
+#: this many shard folders: a world size the engine takes (up to 2^32 - 1) would otherwise mean
+#: billions of folders, written for years.
 MAX_SHARE_RANKS = 1 << 16
 
 
@@ -42,6 +44,18 @@ def check_rank(rank, world_size) -> tuple[int, int]:
         raise plan_error(errors.INVALID_RANK,
                          f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]")
     return rank, world_size
+
+
+def check_shard_count(world_size) -> int:
+    """``world_size`` when :func:`check_rank` takes it and one folder per rank stays within
+    :data:`MAX_SHARE_RANKS` (BATCHING_CONFIG_INVALID otherwise)."""
+    _, world_size = check_rank(0, world_size)
+    if world_size > MAX_SHARE_RANKS:
+        raise plan_error(errors.BATCHING_CONFIG_INVALID,
+                         f"shards are written for at most {MAX_SHARE_RANKS} ranks (one folder each), got world_size "
+                         f"{world_size}; a larger job reads the full plan with its rank (PlanSampler, shard_plan) "
+                         "instead of one folder per rank")
+    return world_size
 
 
 def shard_plan(plan: BatchPlan, rank: int, world_size: int) -> BatchPlan:

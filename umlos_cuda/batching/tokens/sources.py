@@ -41,7 +41,7 @@ def open_token_source(path: Any, *, tokenizer_hash: str | None = None):
     if os.path.isdir(path):
         return TokenStore.open(path)
     prefix = path[:-4] if path.endswith((".idx", ".bin")) else path
-    if os.path.isfile(idx_path(prefix)):
+    if os.path.lexists(idx_path(prefix)):  # anything else there is refused by the reader, saying what it is
         return MegatronDataset.open(prefix, **({} if tokenizer_hash is None else {"tokenizer_hash": tokenizer_hash}))
     raise UmlosError(errors.TOKEN_STORE_NOT_FOUND, f"{path} is neither a token store folder nor the prefix of a "
                      f"Megatron dataset ({idx_path(prefix)} does not exist)", operator=errors.BATCHING_OPERATOR)

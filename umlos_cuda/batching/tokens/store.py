@@ -29,7 +29,7 @@ import numpy as np
 
 from ... import checks, errors
 from ...errors import UmlosError
-from ...files.folders import read_json, read_npy
+from ...files.reader import read_json, read_npy
 from ..lengths.cache import LengthCache
 from ..plans.fingerprint import sha256_array
 from ..samples import Sample, SampleMeta
@@ -70,7 +70,7 @@ class TokenStore:
         """The store in ``directory``; TOKEN_STORE_NOT_FOUND when there is none."""
         root = os.path.abspath(os.fspath(directory))
         meta_path = os.path.join(root, "meta.json")
-        if not os.path.isfile(meta_path):
+        if not os.path.lexists(meta_path):  # anything else there is refused by the reader, saying what it is
             raise store_error(errors.TOKEN_STORE_NOT_FOUND, f"no token store at {root}: {meta_path} does not exist "
                               "(write one with `umlos-cuda data tokenize`)")
         meta = _read_meta(meta_path)

@@ -37,6 +37,7 @@ from typing import BinaryIO
 import numpy as np
 
 from ... import checks, errors
+from ...files import reader
 from ...files.artifacts import FileKind, read_head
 from ...files.atomic import PendingFile, check_output_path, write_failed
 from ...files.folder import Folder
@@ -50,6 +51,8 @@ SIDECAR_VERSION = 1
 #: The length bytes start at a multiple of this, so the array maps aligned.
 SIDECAR_ALIGN = 16
 SIDECAR_MODES = ("auto", "require", "ignore")
+#: The longest sidecar header read (this project writes a few hundred bytes).
+MAX_SIDECAR_HEADER_BYTES = 1 << 16
 
 
 def sidecar_path(path: str | os.PathLike[str]) -> str:
@@ -340,9 +343,10 @@ def _is_length_cache(path: str) -> bool:
     head = read_head(path, 1 << 16)
     if head == b"":
         return True
-    try:
-        row = json.loads(head.split(b"\n", 1)[0]) if head else None
-    except (ValueError, RecursionError):
+    first = head.split(b"\n", 1)[0] if head else b""
+    try:  # nesting measured first (files/reader.py): no parse of a line deeper than the input layer allows
+        row = json.loads(first) if first and reader.json_depth(first) <= reader.MAX_JSON_DEPTH else None
+    except ValueError:
         row = None
     if isinstance(row, dict) and set(row) == {"sample_id", "tokenizer_hash", "length"}:
         return True
@@ -371,23 +375,26 @@ def _sidecar_bytes(lengths: np.ndarray, fields: dict) -> bytes:
 
 
 def read_sidecar_header(path: str) -> tuple[dict, int]:
-    """The sidecar's header fields and the offset of its length bytes."""
+    """The sidecar's header fields and the offset of its length bytes (a regular file whose header
+    is at most :data:`MAX_SIDECAR_HEADER_BYTES`, read by files/reader.py)."""
     try:
-        with open(path, "rb") as handle:
+        with reader.open_regular(path, _sidecar_error) as handle:
             head = handle.read(len(SIDECAR_MAGIC) + 4)
             if len(head) < len(SIDECAR_MAGIC) + 4 or head[:len(SIDECAR_MAGIC)] != SIDECAR_MAGIC:
                 raise _sidecar_error(f"{path} is not a length cache sidecar (no {SIDECAR_MAGIC.decode()} magic)")
             (size,) = struct.unpack("<I", head[len(SIDECAR_MAGIC):])
+            if size > MAX_SIDECAR_HEADER_BYTES:
+                raise _sidecar_error(f"{path} announces a header of {size:,} bytes; a sidecar's header is at most "
+                                     f"{MAX_SIDECAR_HEADER_BYTES:,} (write the cache again)")
             text = handle.read(size)
     except FileNotFoundError:
         raise _sidecar_error(f"{path} does not exist") from None
     except OSError as exc:
         raise _sidecar_error(f"cannot read {path}: {exc.strerror or exc}") from exc
-    try:
-        header = json.loads(text.decode("ascii"))
-    except (UnicodeDecodeError, ValueError):
-        header = None
-    if not isinstance(header, dict) or len(text) != size:
+    if len(text) != size:
+        raise _sidecar_error(f"{path} has a truncated or malformed header")
+    header = reader.loads_json(text, _sidecar_error, f"the header of {path}")
+    if not isinstance(header, dict):
         raise _sidecar_error(f"{path} has a truncated or malformed header")
     if header.get("format_version") != SIDECAR_VERSION:
         raise _sidecar_error(f"{path} has format_version {header.get('format_version')!r}; "
@@ -411,7 +418,8 @@ def _load_with_sidecar(path: str) -> LengthCache:
     if header.get("jsonl_size") != jsonl_size:
         raise _sidecar_error(f"{side} was written for a JSONL of {header.get('jsonl_size')} bytes; "
                              f"{path} has {jsonl_size}")
-    lengths = np.asarray(np.memmap(side, dtype="<u4", mode="r", offset=offset, shape=(count,)))
+    with reader.open_regular(side, _sidecar_error) as handle:
+        lengths = np.asarray(np.memmap(handle, dtype="<u4", mode="r", offset=offset, shape=(count,)))
     if hashlib.sha256(lengths.data).hexdigest() != header.get("lengths_sha256"):
         raise _sidecar_error(f"{side}: its length bytes do not match their SHA-256 in the header")
     tokenizer_hash, dataset_hash = header.get("tokenizer_hash"), header.get("dataset_hash")
@@ -442,12 +450,7 @@ def _parse_jsonl(path: str) -> tuple[list[str], np.ndarray, str]:
         return _invalid(f"{path} line {number + 1}: {message}")
 
     for number, line in _lines(path):
-        try:
-            row = json.loads(line)
-        except UnicodeDecodeError:
-            raise _invalid(f"{path} line {number + 1} is not UTF-8") from None
-        except ValueError as exc:
-            raise _invalid(f"{path} line {number + 1} is not JSON ({exc})") from None
+        row = reader.loads_json(line, _invalid, f"{path} line {number + 1}", not_json="is not JSON")
         if not isinstance(row, dict):
             raise _invalid(f"{path} line {number + 1} is {type(row).__name__}; rows are JSON objects")
         if "sample_id" not in row and "length" not in row:  # a dataset (or another JSONL) given as a cache
@@ -478,13 +481,12 @@ def _parse_jsonl(path: str) -> tuple[list[str], np.ndarray, str]:
 
 def _lines(path: str) -> Iterator[tuple[int, bytes]]:
     try:
-        with open(path, "rb") as handle:
-            for number, line in enumerate(handle):
-                if not line.strip():
-                    raise _invalid(f"{path} line {number + 1} is empty")
-                yield number, line
-    except OSError as exc:
-        raise _invalid(f"cannot read {path}: {exc.strerror or exc}") from exc
+        for number, line in reader.iter_lines(path, _invalid):
+            if not line.strip():
+                raise _invalid(f"{path} line {number + 1} is empty")
+            yield number, line
+    except FileNotFoundError:
+        raise _invalid(f"length cache {path} does not exist (build one with `umlos-cuda data lengths build`)") from None
 
 
 # ---------------------------------------------------------------------- checks

@@ -30,6 +30,7 @@ from typing import Any
 
 from ... import errors
 from ...errors import UmlosError
+from ...files import reader
 from ...hashing import hash_canonical
 from .jsonl import require_dataset_file, unreadable
 from .tokenizer import load_tokenizer
@@ -79,12 +80,14 @@ def dataset_fingerprint(path: str | os.PathLike[str], tokenizer_hash: str) -> st
 
 
 def feed_file(digest: Any, path: str, error: Callable[[str], UmlosError]) -> None:
-    """Stream the file at ``path`` into ``digest`` in 1 MiB blocks; a failed
-    read raises ``error(message)``."""
+    """Stream the regular file at ``path`` into ``digest`` in 1 MiB blocks; a failed
+    read (or a FIFO, a folder, a device) raises ``error(message)``."""
     try:
-        with open(path, "rb") as handle:
+        with reader.open_regular(path, error) as handle:
             while block := handle.read(_CHUNK):
                 digest.update(block)
+    except FileNotFoundError:
+        raise error(f"cannot read {path}: it does not exist") from None
     except OSError as exc:
         raise error(f"cannot read {path}: {exc.strerror or exc}") from exc
 

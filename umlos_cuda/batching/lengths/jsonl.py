@@ -8,9 +8,11 @@ bar). Memory holds one chunk, whatever the file's size.
 A record's id is its ``id`` field (a string, or an integer written as its
 decimal text) or, when it has none, its 0-based line number as text. Any
 other line raises DATASET_RECORD_INVALID naming the line (1-based, as editors
-count): not UTF-8, not JSON, not an object, empty, a wanted field missing or
-not a string, an id that is empty or of another type; given a
-:class:`SkippedLines`, such lines are skipped and counted instead. What
+count): not UTF-8, not JSON, nested deeper than 64 levels, not an object,
+empty, a wanted field missing or not a string, an id that is empty or of
+another type; given a :class:`SkippedLines`, such lines are skipped and
+counted instead. A line over 64 MiB is refused before it is read whole
+(files/reader.py), skipped lines or not. What
 editors and exporters add is not an error: a UTF-8 byte-order mark before
 the first line, and blank lines at the end of the file (a blank line
 before a record still is).
@@ -18,7 +20,6 @@ before a record still is).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from typing import Any
 
 from ... import checks, errors
 from ...errors import UmlosError
+from ...files import reader
 
 DEFAULT_ID_FIELD = "id"
 
@@ -79,39 +81,38 @@ def read_chunks(path: str | os.PathLike[str], fields: tuple[str, ...], *, id_fie
     consumed = 0
     number = -1
     records = 0
-    blank: list[int] = []  # blank lines not yet followed by a record: an error only if one follows
+    blank = range(0)  # blank lines not yet followed by a record, an error only if one follows (a range: flat memory)
     try:
-        with open(path, "rb") as handle:
-            for number, raw in enumerate(handle):
-                consumed += len(raw)
-                if digest is not None:
-                    digest.update(raw)
-                if number == 0 and raw.startswith(BOM):
-                    raw = raw[len(BOM):]
-                if not raw.strip():
-                    blank.append(number)
-                    continue
-                try:
-                    for line in blank:
-                        _bad(invalid_record(path, line, "is empty; every line holds one JSON object"), skipped)
-                    blank = []
-                    record = _record(path, number, raw)
-                    sample_id = _sample_id(path, number, record, id_field)
-                    row = [_field(path, number, record, name) for name in fields]
-                except UmlosError as exc:
-                    _bad(exc, skipped)
-                    continue
-                if not ids:
-                    first = number
-                ids.append(sample_id)
-                for column, value in zip(values, row):
-                    column.append(value)
-                records += 1
-                if len(ids) == chunk_size:
-                    yield RecordChunk(ids, values, first, consumed)
-                    ids, values = [], [[] for _ in fields]
-    except OSError as exc:
-        raise unreadable(f"cannot read {path}: {exc.strerror or exc}") from exc
+        for number, raw in reader.iter_lines(path, unreadable, line_error=_line_error):
+            consumed += len(raw)
+            if digest is not None:
+                digest.update(raw)
+            if number == 0 and raw.startswith(BOM):
+                raw = raw[len(BOM):]
+            if not raw.strip():
+                blank = range(blank.start if blank else number, number + 1)
+                continue
+            try:
+                for line in blank:
+                    _bad(invalid_record(path, line, "is empty; every line holds one JSON object"), skipped)
+                blank = range(0)
+                record = _record(path, number, raw)
+                sample_id = _sample_id(path, number, record, id_field)
+                row = [_field(path, number, record, name) for name in fields]
+            except UmlosError as exc:
+                _bad(exc, skipped)
+                continue
+            if not ids:
+                first = number
+            ids.append(sample_id)
+            for column, value in zip(values, row):
+                column.append(value)
+            records += 1
+            if len(ids) == chunk_size:
+                yield RecordChunk(ids, values, first, consumed)
+                ids, values = [], [[] for _ in fields]
+    except FileNotFoundError:
+        raise unreadable(f"dataset {path} does not exist") from None
     if ids:
         yield RecordChunk(ids, values, first, consumed)
     if records == 0:
@@ -133,12 +134,7 @@ def _record(path: str, number: int, raw: bytes) -> dict:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise invalid_record(path, number, f"is not UTF-8 (byte {exc.start} of the line)") from None
-    if not text.strip():
-        raise invalid_record(path, number, "is empty; every line holds one JSON object")
-    try:
-        record = json.loads(text)
-    except ValueError as exc:
-        raise invalid_record(path, number, f"is not JSON: {exc}") from None
+    record = reader.loads_json(text, _line_error, f"{path} line {number + 1}", not_json="is not JSON")
     if not isinstance(record, dict):
         raise invalid_record(path, number, f"holds a JSON {type(record).__name__}; every line holds one object")
     return record
@@ -164,6 +160,10 @@ def _field(path: str, number: int, record: dict, name: str) -> str:
     if not isinstance(value, str):
         raise invalid_record(path, number, f"has {name!r} of type {type(value).__name__}; it must be a string")
     return value
+
+
+def _line_error(message: str) -> UmlosError:
+    return UmlosError(errors.DATASET_RECORD_INVALID, message, operator=errors.BATCHING_OPERATOR)
 
 
 def invalid_record(path: str, number: int, problem: str) -> UmlosError:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ...errors import UINT32_MAX, UmlosError
+from ...files import reader
 
 _BLOCK = 1 << 20
 _PREFIX = b'{"sample_id": '
@@ -50,13 +51,16 @@ def scan_rows(path: str, lengths: np.ndarray, tokenizer_hash: str, line_numbers:
     digest = hashlib.sha256()
     size, row, carry, bad = 0, 0, b"", None
     try:
-        with open(path, "rb") as handle:
+        with reader.open_regular(path, error) as handle:
             while block := handle.read(_BLOCK):
                 digest.update(block)
                 size += len(block)
                 data = carry + block
                 cut = data.rfind(b"\n") + 1
                 carry = data[cut:]
+                if len(carry) > reader.MAX_LINE_BYTES:  # one line may not grow without bound (files/reader.py)
+                    raise error(f"{path} line {row + 1} is longer than {reader.MAX_LINE_BYTES:,} bytes, the "
+                                "longest line read")
                 if bad is None and cut:
                     rows = _block_rows(data[:cut], tail, line_numbers, row)
                     count = rows.shape[0]
@@ -66,6 +70,8 @@ def scan_rows(path: str, lengths: np.ndarray, tokenizer_hash: str, line_numbers:
                         differ = np.flatnonzero(rows != lengths[row:row + count])
                         bad = row + int(differ[0]) if differ.size else None
                     row += count
+    except FileNotFoundError:
+        raise error(f"cannot read {path}: it does not exist") from None
     except OSError as exc:
         raise error(f"cannot read {path}: {exc.strerror or exc}") from exc
     if bad is None and (carry or row != lengths.shape[0]):

@@ -14,17 +14,20 @@ SentencePiece or vocab files raises TOKENIZER_INVALID saying so.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from ... import errors
 from ...errors import UmlosError
+from ...files import reader
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+#: The largest tokenizer.json read (those of large vocabularies are tens of megabytes); the files
+#: beside it are read up to files.reader.MAX_JSON_BYTES.
+MAX_TOKENIZER_BYTES = 1 << 30
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 #: The special-token roles of tokenizer_config.json read here.
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
@@ -70,7 +73,7 @@ def load_tokenizer(source: Any) -> LoadedTokenizer:
     path = os.fspath(source)
     if os.path.isdir(path):
         file = os.path.join(path, TOKENIZER_FILE)
-        if not os.path.isfile(file):
+        if not os.path.lexists(file):
             raise _invalid(f"{path} has no {TOKENIZER_FILE}; only the fast tokenizer format of the tokenizers "
                            "library is read (convert the tokenizer with transformers' save_pretrained)")
         config = _read_json(os.path.join(path, CONFIG_FILE))
@@ -89,8 +92,18 @@ def load_tokenizer(source: Any) -> LoadedTokenizer:
 
 
 def _tokenizer_from_file(tokenizer_class, path: str):
+    """The file's bytes are read here (a regular file of at most :data:`MAX_TOKENIZER_BYTES`,
+    files/reader.py), not by the library, which would block on a FIFO and read any size."""
     try:
-        return tokenizer_class.from_file(path)
+        data = reader.read_bytes(path, _invalid, max_bytes=MAX_TOKENIZER_BYTES, what="tokenizer.json")
+    except FileNotFoundError:
+        raise _invalid(f"no tokenizer at {path}: the file does not exist") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _invalid(f"cannot read {path}: it is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        return tokenizer_class.from_str(text)
     except Exception as exc:  # the library raises plain Exception for every parse error
         raise _invalid(f"the tokenizers library cannot load {path}: {exc}") from exc
 
@@ -121,26 +134,26 @@ def _token_text(value: Any, key: str) -> str:
 
 
 def _read_json(path: str) -> dict:
+    """An optional JSON file beside tokenizer.json ({} when absent), read by files/reader.py."""
     text = _read_text(path)
     if text is None:
         return {}
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise _invalid(f"{path} is not JSON: {exc}") from None
+    data = reader.loads_json(text, _invalid, path, not_json="is not JSON")
     if not isinstance(data, dict):
         raise _invalid(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data
 
 
 def _read_text(path: str) -> str | None:
+    """An optional text file beside tokenizer.json (None when absent), read by files/reader.py."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
+        data = reader.read_bytes(path, _invalid, max_bytes=reader.MAX_JSON_BYTES, what="tokenizer file")
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _invalid(f"cannot read {path}: {exc}") from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _invalid(f"cannot read {path}: it is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def _invalid(message: str) -> UmlosError:

@@ -26,7 +26,8 @@ The ``.idx`` layout (Megatron-LM ``megatron/core/datasets/indexed_dataset.py``,
 Everything is checked when the pair opens (MEGATRON_INDEX_INVALID): magic,
 version, an integer dtype code, a file size that fits the counts exactly,
 sizes that are not negative, pointers aligned to the dtype and inside the
-``.bin``, document indices ascending from 0 to S. Both files are
+``.bin`` (checked without int64 overflow: a pointer near 2^63 cannot wrap
+back inside), document indices ascending from 0 to S. Both files are
 memory-mapped; nothing is one Python object per sequence.
 """
 
@@ -39,6 +40,7 @@ import numpy as np
 
 from ... import checks, errors
 from ...errors import UmlosError
+from ...files import reader
 from ..lengths.cache import LengthCache
 
 IDX_MAGIC = b"MMIDIDX\x00\x00"
@@ -207,11 +209,15 @@ def _check(prefix: str, dtype: np.dtype, sizes, pointers, document_indices, bin_
     if int(sizes.min()) < 0:
         raise _invalid(f"{idx_path(prefix)}: sequence {int(np.argmin(sizes))} has a negative length")
     width = dtype.itemsize
-    ends = pointers + sizes.astype(np.int64) * width
-    bad = np.flatnonzero((pointers < 0) | (pointers % width != 0) | (ends > bin_size))
+    # pointer + size * width can wrap past 2^63 in int64 and look small: compare the size with the room
+    # left after the pointer instead, which cannot overflow once 0 <= pointer <= bin_size.
+    room = (np.int64(bin_size) - np.clip(pointers, 0, bin_size)) // width
+    bad = np.flatnonzero((pointers < 0) | (pointers > bin_size) | (pointers % width != 0)
+                         | (sizes.astype(np.int64) > room))
     if bad.size:
         row = int(bad[0])
-        raise _invalid(f"{idx_path(prefix)}: sequence {row} points at bytes {int(pointers[row])} to {int(ends[row])}, "
+        start, end = int(pointers[row]), int(pointers[row]) + int(sizes[row]) * width  # Python integers: exact
+        raise _invalid(f"{idx_path(prefix)}: sequence {row} points at bytes {start} to {end}, "
                        f"outside the {bin_size}-byte {bin_path(prefix)} or not aligned to {width} bytes")
     if document_indices.shape[0] < 1 or int(document_indices[0]) != 0 or int(document_indices[-1]) != count \
             or (document_indices.shape[0] > 1 and int(np.diff(document_indices).min()) < 0):
@@ -219,14 +225,11 @@ def _check(prefix: str, dtype: np.dtype, sizes, pointers, document_indices, bin_
 
 
 def _map(path: str) -> np.ndarray:
+    """The file mapped read-only (a regular file: files/reader.py), an empty array when empty."""
     try:
-        if os.path.getsize(path) == 0:
-            return np.zeros(0, dtype=np.uint8)
-        return np.memmap(path, dtype=np.uint8, mode="r")
+        return reader.map_file(path, _invalid)
     except FileNotFoundError:
         raise _invalid(f"{path} does not exist (a Megatron dataset is PREFIX.idx with PREFIX.bin)") from None
-    except (OSError, ValueError) as exc:
-        raise _invalid(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from exc
 
 
 def _view(buffer: np.ndarray, offset: int, dtype: str, count: int) -> np.ndarray:

@@ -225,24 +225,31 @@ def iter_lines(path: str | os.PathLike[str], error: ErrorFactory, *, max_line_by
     line is a bad record, not an unreadable file). ``max_line_bytes`` defaults to
     :data:`MAX_LINE_BYTES`."""
     path = os.fspath(path)
+    with open_regular(path, error) as handle:
+        yield from lines_of(handle, path, error, max_line_bytes=max_line_bytes, max_lines=max_lines,
+                            line_error=line_error)
+
+
+def lines_of(handle: BinaryIO, path: str, error: ErrorFactory, *, max_line_bytes: int | None = None,
+             max_lines: int | None = None, line_error: ErrorFactory | None = None) -> Iterator[tuple[int, bytes]]:
+    """:func:`iter_lines` of a file the caller opened (and checked) itself, from its position."""
     max_line_bytes = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
     line_error = line_error or error
-    with open_regular(path, error) as handle:
-        number = 0
-        while True:
-            try:
-                raw = handle.readline(max_line_bytes + 1)
-            except OSError as exc:
-                raise error(f"cannot read {path}: {exc.strerror or exc}") from None
-            if not raw:
-                return
-            if len(raw) > max_line_bytes and not (len(raw) == max_line_bytes + 1 and raw.endswith(b"\n")):
-                raise line_error(f"{path} line {number + 1} is longer than {max_line_bytes:,} bytes, the longest "
-                                 "line read (is it one record per line?)")
-            if max_lines is not None and number >= max_lines:
-                raise line_error(f"{path} has more than {max_lines:,} lines")
-            yield number, raw
-            number += 1
+    number = 0
+    while True:
+        try:
+            raw = handle.readline(max_line_bytes + 1)
+        except OSError as exc:
+            raise error(f"cannot read {path}: {exc.strerror or exc}") from None
+        if not raw:
+            return
+        if len(raw) > max_line_bytes and not (len(raw) == max_line_bytes + 1 and raw.endswith(b"\n")):
+            raise line_error(f"{path} line {number + 1} is longer than {max_line_bytes:,} bytes, the longest "
+                             "line read (is it one record per line?)")
+        if max_lines is not None and number >= max_lines:
+            raise line_error(f"{path} has more than {max_lines:,} lines")
+        yield number, raw
+        number += 1
 
 
 def strip_bom(number: int, raw: bytes) -> bytes:

@@ -12,7 +12,9 @@ PyYAML's safe constructors and adds three refusals, each a ``yaml.YAMLError``:
   nodes or ``max_bytes`` bytes of scalar text, measured on the node graph
   before anything is built (each distinct node is visited once, so the
   refusal is immediate however large the expansion), or that refers to
-  itself through an alias, or is nested deeper than ``max_depth``;
+  itself through an alias, or is nested deeper than ``max_depth`` (counted
+  while the document is composed, so that no depth reaches Python's recursion
+  limit);
 - a scalar that cannot become a Python value (an integer of more than
   Python's 4300 digits, a date like ``2001-13-01``).
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from yaml.composer import ComposerError
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
@@ -38,6 +41,19 @@ class StrictSafeLoader(yaml.SafeLoader):
     max_nodes = 1_000_000
     max_bytes = 16 << 20
     max_depth = 64
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node:
+        """PyYAML's composer recurses once per level (two frames each): refuse a document nested
+        deeper than ``max_depth`` while composing it, before Python's recursion limit is reached
+        (a 1 MiB file of block mappings indented one more space a line is 1,400 levels deep)."""
+        depth = getattr(self, "_compose_depth", -1) + 1  # the root is at depth 0, as ExpansionBound counts
+        if depth > self.max_depth:
+            raise ComposerError(None, None, f"nested deeper than {self.max_depth} levels", self.peek_event().start_mark)
+        self._compose_depth = depth
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._compose_depth = depth - 1
 
     def get_single_data(self) -> Any:
         node = self.get_single_node()

@@ -44,8 +44,10 @@ from .snapshot import BufferSnapshot
 from ..types import StreamSample
 
 STATE_FORMAT = "umlos-cuda/replay-buffer-v1"
-#: The largest buffer (slots are preallocated arrays).
+#: The largest buffer.
 MAX_SIZE = 1 << 26
+#: Slots allocated at first; the arrays double as samples arrive, up to max_size.
+INITIAL_SLOTS = 1024
 _STATE_KEYS = {"format", "max_size", "eviction", "priority_exponent", "rng", "added", "next_fifo", "slots",
                "priorities", "draw_counts"}
 
@@ -87,12 +89,15 @@ class ReplayBuffer:
         self.eviction = EvictionPolicy.parse(eviction)
         self.rng = rng if rng is not None else BufferRng.from_manifest(
             manifest if manifest is not None else stream_manifest(seed), replay_token)
-        self._slots = np.full(max_size, -1, dtype=np.int64)  # the key each slot holds, -1 when empty
-        self._priorities = np.zeros(max_size, dtype=np.float64)
-        self._draw_counts = np.zeros(max_size, dtype=np.int64)
-        self._lengths = np.zeros(max_size, dtype=np.uint32)
-        self._digests = np.zeros((max_size, 32), dtype=np.uint8)
-        self._samples: list[StreamSample | None] = [None] * max_size
+        # Slot arrays grow with the samples held (doubling, up to max_size), so memory follows what
+        # the buffer holds, not what a configuration or a window log's header asks for.
+        self._slots = np.full(0, -1, dtype=np.int64)  # the key each slot holds, -1 when empty
+        self._priorities = np.zeros(0, dtype=np.float64)
+        self._draw_counts = np.zeros(0, dtype=np.int64)
+        self._lengths = np.zeros(0, dtype=np.uint32)
+        self._digests = np.zeros((0, 32), dtype=np.uint8)
+        self._samples: list[StreamSample | None] = []
+        self._reserve(min(max_size, INITIAL_SLOTS))
         self._size = 0
         self.added = 0  # samples offered so far: the next key
         self._next_fifo = 0
@@ -117,8 +122,23 @@ class ReplayBuffer:
         self._put(slot, key, sample, float(priority))
         return True
 
+    def _reserve(self, slots: int) -> None:
+        """Room for at least ``slots`` slots (at most max_size); new slots are empty."""
+        have = self._slots.shape[0]
+        if slots <= have:
+            return
+        grown = min(self.max_size, max(slots, 2 * have))
+        extra = grown - have
+        self._slots = np.concatenate([self._slots, np.full(extra, -1, dtype=np.int64)])
+        self._priorities = np.concatenate([self._priorities, np.zeros(extra, dtype=np.float64)])
+        self._draw_counts = np.concatenate([self._draw_counts, np.zeros(extra, dtype=np.int64)])
+        self._lengths = np.concatenate([self._lengths, np.zeros(extra, dtype=np.uint32)])
+        self._digests = np.concatenate([self._digests, np.zeros((extra, 32), dtype=np.uint8)])
+        self._samples.extend([None] * extra)
+
     def _slot_for(self, key: int, priority: float) -> int | None:
         if self._size < self.max_size:
+            self._reserve(self._size + 1)
             self._size += 1
             return self._size - 1
         if self.eviction is EvictionPolicy.FIFO:
@@ -220,13 +240,14 @@ class ReplayBuffer:
         slots = np.frombuffer(state["slots"], dtype="<i8").astype(np.int64)
         lookup = samples if callable(samples) else samples.__getitem__
         size = slots.shape[0]
+        self._reserve(size)
         self._slots[:] = -1
         self._slots[:size] = slots
         self._priorities[:] = 0
         self._priorities[:size] = np.frombuffer(state["priorities"], dtype="<f8")
         self._draw_counts[:] = 0
         self._draw_counts[:size] = np.frombuffer(state["draw_counts"], dtype="<i8")
-        self._samples = [None] * self.max_size
+        self._samples = [None] * len(self._samples)
         for slot, key in enumerate(slots.tolist()):
             if key >= 0:
                 try:

@@ -12,8 +12,9 @@ The format::
       - type: length_quota
         quotas: {128: 0.1, 256: 0.2, 512: 0.4, 1024: 0.3}
 
-The file is read with the project's strict YAML loader (duplicate keys and
-alias bombs refused). An unknown top-level key, policy type or policy key is
+The file is read by files/reader.py (a regular file of at most 1 MiB) and
+parsed with the project's strict YAML loader (duplicate keys, alias bombs and
+nesting past 64 levels refused). An unknown top-level key, policy type or policy key is
 ``SAMPLING_POLICY_INVALID`` naming it and what is allowed; a value of the
 wrong type or range likewise. :func:`load_policies` returns a
 :class:`~.policies.ComposedPolicy`; :func:`policies_from_data` does the same
@@ -29,6 +30,7 @@ from typing import Any
 import yaml
 
 from ... import checks, errors
+from ...files import reader
 from ...manifest import yaml_safe
 from ..failures import failure
 from .policies import ComposedPolicy, DifficultyBucketPolicy, FailureReplayPolicy, LengthQuotaPolicy, NoveltyPolicy
@@ -47,12 +49,13 @@ def load_policies(path: str | os.PathLike[str]) -> ComposedPolicy:
     """The policies of a ``policy.yaml`` file."""
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read(MAX_POLICY_BYTES + 1)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _invalid(f"cannot read {path}: {exc}") from None
-    if len(text) > MAX_POLICY_BYTES:
-        raise _invalid(f"{path} is over {MAX_POLICY_BYTES} bytes")
+        data = reader.read_bytes(path, _invalid, max_bytes=MAX_POLICY_BYTES, what="policy file")
+    except FileNotFoundError:
+        raise _invalid(f"cannot read {path}: it does not exist") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _invalid(f"cannot read {path}: it is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     return policies_from_yaml(text, where=path)
 
 

@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from typing import Any
 
 from ... import errors
 from ...errors import UmlosError
@@ -48,16 +49,30 @@ def server_version() -> str | None:
         return None
 
 
+def check_address(host: Any, port: Any) -> None:
+    """GYM_CONFIG_INVALID unless ``host`` is a non-empty string and ``port`` an integer in
+    [0, 65535]: checked before anything listens, so a bad value is one line, not a traceback
+    from the socket layer after the server started (the port file is the output layer's)."""
+    if not isinstance(host, str) or not host:
+        raise failure(errors.GYM_CONFIG_INVALID, f"host must be a non-empty string, got {host!r}")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise failure(errors.GYM_CONFIG_INVALID, f"port must be an integer in [0, 65535] (0: a free one), got {port!r}")
+
+
 async def serve(host: str, port: int, port_file: str | None = None, log_level: str = "WARNING") -> None:
     """Listen on ``host:port`` until cancelled; announce the bound port."""
     from ...files.atomic import atomic_output, check_output_path
 
+    check_address(host, port)
     if port_file:
         check_output_path(port_file, force=True)  # before listening: a wrong path fails at once
     telnet_server, handler = _server_classes()
     logging.getLogger().setLevel(log_level)  # the server's module configures INFO when imported
     server = telnet_server(host, port, handler)
-    server.server = await server._create_server()
+    try:
+        server.server = await server._create_server()
+    except OSError as exc:  # an address this machine does not have, a port in use, a name that does not resolve
+        raise failure(errors.GYM_CONFIG_INVALID, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     bound_host, bound_port = server.server.sockets[0].getsockname()[:2]
     if port_file:
         with atomic_output(port_file, force=True) as handle:

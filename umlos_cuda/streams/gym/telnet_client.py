@@ -36,6 +36,7 @@ from functools import partial
 from typing import Any
 
 from ... import checks, errors
+from ...files.reader import loads_json
 from ..failures import failure
 from .telnet_wire import TelnetLines
 
@@ -48,6 +49,9 @@ OBSERVATION_TYPES = {"game": str, "difficulty": str, "seed": "count", "moves": "
                      "grid_display": str, "hints_remaining": ("count", None)}
 #: The same for a result's fields (each may be absent).
 RESULT_TYPES = {"success": bool, "message": (str, None), "state": (dict, None)}
+#: The longest timeout of one command: a finite number the socket layer takes (inf or 1e300 would
+#: raise OverflowError there), and longer than any server needs.
+MAX_TIMEOUT_S = 86_400
 #: The largest puzzle seed (the server's seeds are non-negative integers; 2^31 - 1 keeps every game's generator happy).
 MAX_PUZZLE_SEED = (1 << 31) - 1
 
@@ -71,8 +75,10 @@ class TelnetClientConfig:
         fail = partial(failure, errors.GYM_CONFIG_INVALID)
         checks.integer(self.port, "port", 1, 65535, fail=fail, strict=True,
                        message="{name} must be an integer in [{low}, {high}], got {value!r}")
-        checks.number(self.timeout, "timeout", above=0, finite=False, fail=fail,
+        checks.number(self.timeout, "timeout", above=0, fail=fail,
                       message="{name} must be a positive number of seconds, got {value!r}")
+        if self.timeout > MAX_TIMEOUT_S:
+            raise fail(f"timeout must be at most {MAX_TIMEOUT_S} seconds (one day), got {self.timeout!r}")
 
 
 @dataclass(frozen=True)
@@ -260,6 +266,10 @@ def rules_text(lines: list[str]) -> str:
     return "\n".join(out).strip()
 
 
+def _protocol(message: str):
+    return failure(errors.GYM_PROTOCOL_ERROR, message)
+
+
 def parse_answer(lines: list[str]) -> StepResult:
     """A :class:`StepResult` from the lines of one answer in JSON mode."""
     accepted = message = observation = None
@@ -267,11 +277,8 @@ def parse_answer(lines: list[str]) -> StepResult:
     for line in lines:
         text = line.strip()
         if text.startswith("{"):
-            try:
-                data = json.loads(text)
-            except ValueError as exc:
-                raise failure(errors.GYM_PROTOCOL_ERROR,
-                              f"a JSON line that does not decode ({exc}): {text[:200]}") from None
+            data = loads_json(text, _protocol, f"a JSON line of the server ({text[:80]}...)",
+                              not_json="does not decode")
             if not isinstance(data, dict) or not isinstance(data.get("type"), str):
                 raise failure(errors.GYM_PROTOCOL_ERROR, f"a JSON line without a 'type': {text[:200]}")
             kind = data["type"]

@@ -22,8 +22,9 @@ first bytes it reads.
 
 Failures, each an ``UmlosError``: a refused or closed connection
 (``GYM_CONNECTION_FAILED``), no complete answer before the deadline
-(``GYM_TIMEOUT``), and bytes that are not lines of UTF-8 text or a line
-longer than :data:`MAX_LINE_BYTES` (``GYM_PROTOCOL_ERROR``).
+(``GYM_TIMEOUT``), and bytes that are not lines of UTF-8 text, a line
+longer than :data:`MAX_LINE_BYTES` or an answer of more than
+:data:`MAX_ANSWER_BYTES` (``GYM_PROTOCOL_ERROR``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ IAC, NOP, SB, SE = 255, 241, 250, 240
 WILL, WONT, DO, DONT = 251, 252, 253, 254
 #: The longest line accepted from the server (an observation of the largest grid is ~10 kB).
 MAX_LINE_BYTES = 1 << 20
+#: The most bytes one answer (or the greeting) may take, lines and telnet commands together: a
+#: server that floods lines, each under the line cap, is refused here instead of filling memory.
+MAX_ANSWER_BYTES = 16 << 20
 #: The sync word's stem; the server has no command of this name in the menu or in a game.
 SYNC_STEM = "zzsync"
 PROMPT = "> "
@@ -95,6 +99,7 @@ class TelnetLines:
         self.host, self.port, self.timeout = host, port, timeout
         self._sync = 0
         self._pending = b""
+        self._received = 0  # bytes received for the current answer
         self._strip = TelnetStripper()
         deadline = time.monotonic() + timeout
         try:
@@ -104,6 +109,7 @@ class TelnetLines:
                           reason="refused") from None
         try:
             self._sock.sendall(bytes([IAC, NOP]))
+            self._received = 0
             self._receive(deadline, "the greeting")  # the server has read its first bytes: commands are safe now
         except OSError as exc:
             self.close()
@@ -119,6 +125,7 @@ class TelnetLines:
         payload = (f"{command}\n" if command is not None else "") + f"{sync}\n"
         deadline = time.monotonic() + self.timeout
         sock = self._connected()
+        self._received = len(self._pending)
         try:
             sock.sendall(payload.encode("utf-8"))
         except OSError as exc:
@@ -190,6 +197,10 @@ class TelnetLines:
             self.close()
             raise failure(errors.GYM_CONNECTION_FAILED, f"the puzzle server at {self.host}:{self.port} closed the "
                                                         f"connection while waiting for {waiting_for}", reason="closed")
+        self._received += len(data)
+        if self._received > MAX_ANSWER_BYTES:
+            raise self._protocol(f"more than {MAX_ANSWER_BYTES} bytes while this client waited for {waiting_for} "
+                                 "(no answer of the puzzle server is that long)")
         self._pending += self._strip.feed(data)
 
     def _protocol(self, what: str):

@@ -25,7 +25,6 @@ that it is still the regular file this writer created or opened
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 from collections.abc import Iterator
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import errors
-from ...files import durable
+from ...files import durable, reader
 from ...files.artifacts import ArtifactKind, first_line_field
 from ..failures import failure
 from ..types import canonical_json
@@ -123,25 +122,45 @@ class LogContents:
 
 
 def iter_lines(path: str, drop_torn_tail: bool) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    """``(number, record)`` for each line (numbers from 1), read by files/reader.py: a regular file,
+    each line at most :data:`~umlos_cuda.files.reader.MAX_LINE_BYTES` and 64 levels deep."""
     try:
-        handle = open(path, "rb")  # noqa: SIM115 - the with below closes it; only open's OSError is mapped here
-    except OSError as exc:
-        raise failure(errors.WINDOW_LOG_INVALID, f"cannot read the window log {path}: {exc}") from None
-    with handle:
-        for number, raw in enumerate(handle, 1):
+        for index, raw in reader.iter_lines(path, _invalid):
+            number = index + 1
             if not raw.endswith(b"\n"):
                 if drop_torn_tail:
                     yield number, None
                     return
-                raise failure(errors.WINDOW_LOG_INVALID, f"{path}:{number} is torn (the file ends inside a line); "
-                                                         "a crash cut it: resume from a checkpoint, which drops it")
-            try:
-                value = json.loads(raw)
-            except ValueError as exc:
-                raise failure(errors.WINDOW_LOG_INVALID, f"{path}:{number} is not JSON: {exc}") from None
+                raise _invalid(f"{path}:{number} is torn (the file ends inside a line); "
+                               "a crash cut it: resume from a checkpoint, which drops it")
+            value = reader.loads_json(raw, _invalid, f"{path}:{number}", not_json="is not JSON")
             if not isinstance(value, dict) or value.get("kind") not in ("header", "window"):
-                raise failure(errors.WINDOW_LOG_INVALID, f"{path}:{number} is not a header or window record")
+                raise _invalid(f"{path}:{number} is not a header or window record")
+            if value["kind"] == "window":
+                _check_window_record(value, f"{path}:{number}")
             yield number, value
+    except FileNotFoundError:
+        raise _invalid(f"cannot read the window log {path}: it does not exist") from None
+
+
+def _check_window_record(value: dict[str, Any], where: str) -> None:
+    """The layout every reader of window records relies on: ``added`` is a list of
+    ``{"key": int >= 0, "priority": number, "sample": object}``. The sample's fields and the
+    fingerprints are checked by whoever rebuilds the window (replay, resume)."""
+    added = value.get("added")
+    if not isinstance(added, list):
+        raise _invalid(f"{where}: 'added' must be a list of samples, got {type(added).__name__}")
+    for position, entry in enumerate(added):
+        if not isinstance(entry, dict) or not {"key", "priority", "sample"} <= set(entry) \
+                or isinstance(entry["key"], bool) or not isinstance(entry["key"], int) or entry["key"] < 0 \
+                or isinstance(entry["priority"], bool) or not isinstance(entry["priority"], (int, float)) \
+                or not isinstance(entry["sample"], dict):
+            raise _invalid(f"{where}: added[{position}] must be {{key: integer >= 0, priority: number, "
+                           "sample: object}")
+
+
+def _invalid(message: str):
+    return failure(errors.WINDOW_LOG_INVALID, message)
 
 
 def read_log(path: str | os.PathLike[str], *, drop_torn_tail: bool = False,
@@ -183,7 +202,7 @@ def truncate_log(path: str | os.PathLike[str], windows: int) -> None:
             raise failure(errors.WINDOW_LOG_INVALID, f"the window log {path} is not a regular file")
         os.set_blocking(fd, True)
         keep, seen = 0, -1
-        for raw in handle:
+        for _, raw in reader.lines_of(handle, path, _invalid):
             if not raw.endswith(b"\n") or seen == windows:
                 break
             seen += 1

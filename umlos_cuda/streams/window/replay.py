@@ -38,7 +38,7 @@ class ReplayReport:
 def replay_log(path: str | os.PathLike[str], progress: Callable[[int], None] | None = None) -> ReplayReport:
     path = log_path(path)
     header = read_log(path, max_windows=0).header
-    builder = RollingBatchPlanWindow.from_header(header)
+    builder = RollingBatchPlanWindow.from_header(header, where=f"{path}:1")
     report = ReplayReport()
     index = -1
     for number, record in iter_lines(path, drop_torn_tail=False):
@@ -48,18 +48,23 @@ def replay_log(path: str | os.PathLike[str], progress: Callable[[int], None] | N
         index += 1
         if record.get("window") != index:
             raise failure(errors.WINDOW_LOG_INVALID, f"{path}:{number} should be window {index}")
-        for entry in record["added"]:
-            if entry.get("key") != builder.buffer.added:
-                raise failure(errors.WINDOW_LOG_INVALID, f"{path}:{number}: sample key {entry.get('key')!r} out of "
+        for entry in record["added"]:  # iter_lines checked their layout
+            if entry["key"] != builder.buffer.added:
+                raise failure(errors.WINDOW_LOG_INVALID, f"{path}:{number}: sample key {entry['key']!r} out of "
                                                          f"order (expected {builder.buffer.added})")
-            builder.add(StreamSample.from_dict(entry["sample"]), entry["priority"])
+            try:
+                builder.add(StreamSample.from_dict(entry["sample"]), entry["priority"])
+            except errors.UmlosError as exc:
+                raise failure(errors.WINDOW_LOG_INVALID, f"{path}:{number}: sample key {entry['key']} is refused: "
+                                                         f"{exc.code}: {exc.message}") from None
             report.samples += 1
         window = builder.next_window()
         rebuilt = builder.record(window, [])
         for name in CHECKED:
             if rebuilt[name] != record.get(name):
                 raise failure(errors.WINDOW_REPLAY_MISMATCH, f"window {index}: the rebuilt {name} is "
-                                                             f"{rebuilt[name]!r}, the log says {record.get(name)!r}")
+                                                             f"{rebuilt[name]!r}, the log says {record.get(name)!r} "
+                                                             f"({path}:{number})")
         report.windows += 1
         report.microbatches += len(window.microbatches)
         report.build_seconds.append(window.build_seconds)

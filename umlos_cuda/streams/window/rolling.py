@@ -140,8 +140,10 @@ class RollingBatchPlanWindow:
         return header
 
     @classmethod
-    def from_header(cls, header: Mapping[str, Any], log: Any = None) -> RollingBatchPlanWindow:
-        """A fresh builder (empty buffer, offsets 0) configured as the log's header says."""
+    def from_header(cls, header: Mapping[str, Any], log: Any = None,
+                    where: str = "the window log") -> RollingBatchPlanWindow:
+        """A fresh builder (empty buffer, offsets 0) configured as the log's header says; a header
+        this cannot build from is WINDOW_LOG_INVALID naming ``where`` (the log's path)."""
         try:
             spec = header["buffer"]
             buffer = ReplayBuffer(spec["max_size"], spec["eviction"], priority_exponent=spec["priority_exponent"],
@@ -153,8 +155,11 @@ class RollingBatchPlanWindow:
                        policy=None if policies is None else policies_from_data(policies, "the log's policies"),
                        samples_per_window=header["samples_per_window"], log=log,
                        tokenizer_hash=header["tokenizer_hash"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise failure(errors.WINDOW_LOG_INVALID, f"the window log's header is malformed: {exc!r}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise failure(errors.WINDOW_LOG_INVALID, f"{where}: the header is malformed: {exc!r}") from None
+        except errors.UmlosError as exc:  # the buffer, batching or policy configuration it records is refused
+            raise failure(errors.WINDOW_LOG_INVALID, f"{where}: the header is refused: {exc.code}: {exc.message}") \
+                from None
 
     # -- windows -----------------------------------------------------------------------------
     def add(self, sample: StreamSample, priority: float | None = None) -> bool:
@@ -236,7 +241,7 @@ class RollingBatchPlanWindow:
             raise failure(errors.WINDOW_LOG_INVALID, f"{path} holds {len(contents.windows)} windows; the checkpoint "
                                                      f"covers {state['windows']}")
         truncate_log(path, state["windows"])
-        builder = cls.from_header(contents.header, log=WindowLog(path))
+        builder = cls.from_header(contents.header, log=WindowLog(path), where=f"{path}:1")
         needed = builder.buffer.keys_needed(state["buffer"])
         samples = {entry["key"]: StreamSample.from_dict(entry["sample"])
                    for record in contents.windows for entry in record["added"] if entry["key"] in needed}

@@ -44,6 +44,7 @@ from .. import errors
 from ..backends import to_numpy
 from ..cursor import Cursor
 from ..errors import UmlosError
+from ..files import reader
 from ..manifest.core import Manifest
 from ..nextbatch import epoch_indices, next_batch
 
@@ -68,15 +69,13 @@ def index_bytes(indices) -> bytes:
 
 def load_golden(path: str | None = None) -> dict[str, Any]:
     """The parsed golden file: the packaged one, or ``path``."""
+    where = path or f"{GOLDEN_PACKAGE}/{GOLDEN_NAME}"
     try:
         if path is None:
-            text = resources.files(GOLDEN_PACKAGE).joinpath(GOLDEN_NAME).read_text(encoding="utf-8")
-        else:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
-        document = json.loads(text)
+            document = json.loads(resources.files(GOLDEN_PACKAGE).joinpath(GOLDEN_NAME).read_text(encoding="utf-8"))
+        else:  # a file given on the command line: a regular file, bounded in size and depth
+            document = reader.read_json(path, lambda message: _mismatch(f"cannot read the golden file: {message}"))
     except (OSError, ValueError, ModuleNotFoundError) as exc:
-        where = path or f"{GOLDEN_PACKAGE}/{GOLDEN_NAME}"
         raise _mismatch(f"cannot read the golden file {where}: {exc}") from exc
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise _mismatch(f"not a NextBatch_v2 golden file (format must be {FORMAT!r})")

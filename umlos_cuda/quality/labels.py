@@ -16,12 +16,14 @@ Either way the result is :class:`Labels`: dense class ids and the class names.
 from __future__ import annotations
 
 import os
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import errors
 from ..errors import QUALITY_OPERATOR as OPERATOR, UmlosError
+from ..files import reader
 
 #: Kinds of NumPy arrays accepted as labels: signed and unsigned integers, booleans, strings.
 LABEL_KINDS = "iubUS"
@@ -67,12 +69,12 @@ def load_labels(path: str | os.PathLike[str]) -> Labels:
         raise _unreadable(f"no label file at {path!r}")
     if not os.path.isfile(path):
         raise _unreadable(f"{path!r} is not a regular file")
-    try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        raise _unreadable(f"{path!r} is not a .npy array of labels ({exc})") from None
-    if not isinstance(array, np.ndarray):  # np.load returns an NpzFile for a .npz archive
+    if zipfile.is_zipfile(path):
         raise _unreadable(f"{path!r} is a .npz archive; save one array with numpy.save(path, labels)")
+    try:  # files/reader.py: a regular file whose header describes exactly its bytes; never unpickled
+        array = reader.load_npy(path, lambda message: _unreadable(f"{message}; labels are a .npy array"), mmap=True)
+    except FileNotFoundError:
+        raise _unreadable(f"no label file at {path!r}") from None
     if array.ndim != 1:
         raise _invalid(f"{path!r} holds an array of shape {array.shape}; labels are one class per sample (1-D)")
     if array.size == 0:

@@ -204,7 +204,8 @@ def test_read_npy_checks_dtype_and_shape_from_the_header(tmp_path):
     path = tmp_path / "a.npy"
     path.write_bytes(npy_bytes(np.arange(4, dtype="<u4")))
     assert reader.read_npy(path, "<u4", (4,), True, error).tolist() == [0, 1, 2, 3]
-    refused(reader.read_npy, path, "<u4", (5,), True, error, mention="holds <u4 of shape (4,); expected <u4 of shape (5,)")
+    refused(reader.read_npy, path, "<u4", (5,), True, error,
+            mention="holds <u4 of shape (4,); expected <u4 of shape (5,)")
     refused(reader.read_npy, path, "<i8", None, False, error, expected="meta.json says",
             mention="meta.json says one-dimensional <i8")
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .folder import Folder
+from .reader import MAX_JSON_DEPTH, json_depth
 
 #: The marker's file name inside every folder artifact.
 MARKER = "umlos-artifact.json"
@@ -124,9 +125,11 @@ def read_head(path: str, limit: int) -> bytes | None:
 
 
 def _json(data: bytes | None) -> Any:
-    if data is None:
+    """The JSON value of ``data``, or None; nesting is measured first (files/reader.py), so the
+    parser never recurses deeper than the input layer allows."""
+    if data is None or json_depth(data) > MAX_JSON_DEPTH:
         return None
     try:
         return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+    except (UnicodeDecodeError, ValueError):
         return None

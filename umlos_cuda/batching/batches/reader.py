@@ -55,7 +55,8 @@ class BatchReader:
         try:
             self.fingerprint = BatchFingerprint.from_json(self.index["batch_fingerprint"])
         except UmlosError as exc:
-            raise file_error(f"{INDEX_FILE} in {self.root}: its batch_fingerprint is malformed ({exc.message})") from None
+            raise file_error(f"{INDEX_FILE} in {self.root}: its batch_fingerprint is malformed "
+                             f"({exc.message})") from None
         self._digests: dict[tuple[int, int], str] = {}
         for row in self.index["epochs"]:
             self._digests.update(((row["epoch"], i), d) for i, d in zip(row["indices"], row["digests"]))

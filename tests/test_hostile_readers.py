@@ -1,0 +1,1009 @@
+"""Hostile inputs for every reader of the LLM stack: hangs, unbounded memory, raw tracebacks.
+
+The issue "Nothing lost, nothing trusted blindly" found that a FIFO in a plan
+or batch folder hangs the commands that read it, that whole files and whole
+lines are read into memory, that headers are trusted for sizes, that a
+puzzle server can flood the client, and that deep JSON or YAML and wrong
+field types escape as raw tracebacks. Each case here builds one such input
+next to a copy of a real artifact and runs the command (or, for readers
+without one, a Python snippet) in a fenced child (tests/hostile_support.py):
+the verdict is a documented refusal naming the file, inside the memory,
+CPU and time limits, with nothing outside the case's folder touched.
+
+Case ids start with their class: ``hang/`` (the reader must stay bounded in
+time and memory: FIFOs, sparse multi-gigabyte files, lines and headers that
+ask for more than the file holds, giant world sizes, a flooding server) and
+``traceback/`` (deep JSON in each JSON reader, deep YAML, wrong field types,
+bad command-line values). The inputs are made here, in a temporary folder;
+the only network use is 127.0.0.1 servers on free ports that stop
+themselves.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import socket
+import struct
+import threading
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+import hostile_support as hs
+from umlos_cuda import errors
+
+#: A hang case must finish well inside this (a bounded reader of these small files takes about a second).
+WALL_S = 40
+#: Sparse files: gigabytes of zeros that cost no disk, more than the children's address space.
+SPARSE_BYTES = 4 << 30
+DEEP = 100_000
+
+
+# ---------------------------------------------------------------------- the artifacts copied by each case
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    """A model directory, a dataset, its length cache, its token store, a plan (with sample ids, binary and
+    JSONL), its batch folder, a saved batch fingerprint, a Megatron pair and a window log, all valid."""
+    from batching_cases import train_tokenizer, write_model_dir
+    from token_cases import random_sequences, write_dataset, write_megatron
+    from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, save_plan
+    from umlos_cuda.batching.batches.fingerprint import fingerprint_plan_batches
+    from umlos_cuda.batching.batches.writer import BatchWriter
+    from umlos_cuda.batching.tokens.writer import tokenize_dataset
+    from umlos_cuda.streams import MockGymStream, ReplayBuffer, RollingBatchPlanWindow
+
+    root = tmp_path_factory.mktemp("hostile-world")
+    write_model_dir(root / "model", train_tokenizer(), {"eos_token": "</s>"})
+    write_dataset(root / "train.jsonl", 60, seed=3)
+    store = tokenize_dataset(root / "train.jsonl", root / "model", root / "store")
+    store.length_cache().write(root / "lengths.jsonl")
+    config = BatchingConfig.predictable(token_budget=512, bucket_edges=(32, 64, 128), overflow_max=256, seed=7)
+    plan = BatchPlanBuilder(store.length_cache(), config).build(1)
+    save_plan(plan, root / "plan", jsonl="always")
+    BatchWriter(root / "plan", root / "batches", root / "store", workers=1).write_all()
+    fingerprint_plan_batches(plan, store, 2).save(root / "fingerprint.json")
+    write_megatron(root / "mega", random_sequences(20, seed=2))
+    window = RollingBatchPlanWindow(ReplayBuffer(16, "fifo", seed=1), 2,
+                                    batching=BatchingConfig.throughput(2048, (128, 256, 512), 1024),
+                                    log=root / "run" / "windows.jsonl")
+    for i, sample in enumerate(MockGymStream(20, seed=5, max_length=300)):
+        window.add(sample)
+        if i % 10 == 9:
+            window.next_window()
+    (root / "policy.yaml").write_text("policies:\n  - type: novelty\n    novelty_window: 10\n")
+    (root / "manifest.yaml").write_text(
+        "global_batch_size: 4\ndatasets:\n  train: {id: c, version: '1', hash: 'sha256:00', cardinality: 100}\n")
+    return root
+
+
+@dataclass
+class Case:
+    """One hostile input: ``make(world, here)`` builds it under ``here`` and returns the argv of the
+    command (or ``("python", code)`` for an API snippet); the child must be refused with one of
+    ``codes`` naming ``names`` (a path relative to ``here``), or finish with status 0 when codes is ()."""
+
+    id: str
+    make: Callable[[Path, Path], tuple]
+    codes: tuple[str, ...]
+    names: str | None = None
+    server: Callable | None = None  # a handler for a hostile 127.0.0.1 server, port passed as {port}
+    wall_s: float = WALL_S
+    owned: tuple[str, ...] = field(default=("out",))
+
+
+def copy(world: Path, here: Path, *names: str) -> None:
+    for name in names:
+        source = world / name
+        if source.is_dir():
+            shutil.copytree(source, here / name, symlinks=True)
+        else:
+            for sibling in world.glob(name + "*"):  # a cache's sidecar, a prefix's .idx and .bin
+                shutil.copy2(sibling, here / sibling.name)
+
+
+def fifo(path: Path) -> None:
+    if path.exists():
+        path.unlink()
+    os.mkfifo(path)
+
+
+def sparse(path: Path, prefix: bytes = b"", size: int = SPARSE_BYTES) -> None:
+    with open(path, "wb") as handle:
+        handle.write(prefix)
+        handle.truncate(size)
+
+
+def deep_json(prefix: str = "", suffix: str = "") -> str:
+    return prefix + "[" * DEEP + "]" * DEEP + suffix
+
+
+def first_npz(folder: Path) -> Path:
+    return sorted(p for p in folder.glob("epoch_*_batch_*.npz"))[0]
+
+
+def write_json(path: Path, value) -> None:
+    path.write_text(json.dumps(value))
+
+
+def edit_json(path: Path, change: Callable[[dict], None]) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    write_json(path, data)
+
+
+def edit_first_line(path: Path, change: Callable[[dict], None]) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    data = json.loads(lines[0])
+    change(data)
+    lines[0] = json.dumps(data) + "\n"
+    path.write_text("".join(lines))
+
+
+def edit_window(path: Path, change: Callable[[dict], None]) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    data = json.loads(lines[1])
+    change(data)
+    lines[1] = json.dumps(data) + "\n"
+    path.write_text("".join(lines))
+
+
+def plan_info(here: Path) -> tuple:
+    return ("plan", "info", str(here / "plan"))
+
+
+def batch_check(here: Path) -> tuple:
+    return ("batch", "check", str(here / "batches"))
+
+
+def generate(here: Path, store: str = "store") -> tuple:
+    return ("batch", "generate", "--plan", str(here / "plan"), "--store", str(here / store),
+            "--output", str(here / "out"), "--quiet", "--workers", "1")
+
+
+def lengths_build(here: Path, dataset: str = "train.jsonl", tokenizer: str = "model") -> tuple:
+    return ("data", "lengths", "build", "--dataset", str(here / dataset), "--tokenizer", str(here / tokenizer),
+            "--output", str(here / "out"), "--quiet")
+
+
+def gym_run(here: Path, port: int | str = 9, *extra: str) -> tuple:
+    return ("gym", "run", "--host", "127.0.0.1", "--port", str(port), "--game", "sudoku", "--episodes", "1",
+            "--tokenizer", str(here / "model"), "--buffer-size", "4", "--window-mbs", "1",
+            "--output", str(here / "out"), "--quiet", "--timeout", "5", *extra)
+
+
+def api(code: str) -> tuple:
+    return ("python", hs.API_PRELUDE + code)
+
+
+def closed_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ---------------------------------------------------------------------- hostile servers
+def flood(line: bytes):
+    """A server that answers nothing but ``line`` over and over, as fast as it can, until the client
+    leaves or 60 s pass (it stops itself)."""
+    def handler(conn, stop):
+        block = line * max(1, (1 << 16) // len(line))
+        deadline = threading.Event()
+        timer = threading.Timer(60, deadline.set)
+        timer.start()
+        try:
+            while not stop.is_set() and not deadline.is_set():
+                conn.sendall(block)
+        finally:
+            timer.cancel()
+    return handler
+
+
+GAME = {"1 ?": b"Invalid difficulty. Choose from: easy\r\n", "menu": b"\r\n",
+        "1 easy 5": b"SUDOKU - EASY MODE\r\nSeed: 5\r\nrules\r\n", "mode json": b'{"type":"mode"}\r\n'}
+GREETING = b"\r\n  1) Sudoku          - Classic logic puzzle\r\n"
+
+
+def scripted(replies: dict[str, bytes]):
+    """The real server's framing (greeting, echo, reply, prompt) with ``replies``; see streams_support."""
+    def handler(conn, stop):
+        conn.settimeout(0.05)
+        conn.sendall(GREETING)
+        buffer = b""
+        while not stop.is_set():
+            try:
+                data = conn.recv(4096)
+            except socket.timeout:
+                continue
+            if not data:
+                return
+            buffer += data.replace(bytes([255, 241]), b"")
+            while b"\n" in buffer:
+                raw, buffer = buffer.split(b"\n", 1)
+                text = raw.decode().strip()
+                conn.settimeout(None)  # a long reply is sent whole, however slowly the client reads
+                conn.sendall(text.encode() + b"\r\n" + replies.get(text, b"Unknown command.\r\n") + b"> ")
+                conn.settimeout(0.05)
+    return handler
+
+
+def observation(**fields) -> bytes:
+    value = {"type": "observation", "game": "sudoku", "difficulty": "easy", "seed": 5, "moves": 0,
+             "is_complete": False, "grid_display": "..."}
+    value.update(fields)
+    return json.dumps(value).encode() + b"\r\n"
+
+
+class HostileServer:
+    """One thread on 127.0.0.1, a free port, ``handler(conn, stop)`` per connection; stops on close or
+    after 90 s on its own."""
+
+    def __init__(self, handler) -> None:
+        self.handler, self.stop = handler, threading.Event()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.sock.settimeout(0.05)
+        self.port = self.sock.getsockname()[1]
+        self.threads: list[threading.Thread] = []
+        self.timer = threading.Timer(90, self.stop.set)
+        self.timer.start()
+        self.accept = threading.Thread(target=self._loop, daemon=True)
+        self.accept.start()
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def _serve(self, conn) -> None:
+        with conn:
+            try:
+                self.handler(conn, self.stop)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.timer.cancel()
+        self.accept.join(5)
+        self.sock.close()
+        for thread in self.threads:
+            thread.join(5)
+
+
+def client_start(port_expr: str = "{port}") -> tuple:
+    return api("from umlos_cuda.streams import TelnetGymClient\n"
+               f"client = TelnetGymClient(host='127.0.0.1', port={port_expr}, timeout=20)\n"
+               "guarded(lambda: print(client.start('sudoku', 'easy', 5)))\n")
+
+
+# ---------------------------------------------------------------------- the cases
+P, B, S, T = errors.PLAN_FORMAT_INVALID, errors.BATCH_FILE_INVALID, errors.TOKEN_STORE_INVALID, errors.TOKENIZER_INVALID
+L, LS, M, W = errors.LENGTHS_INVALID, errors.LENGTHS_SIDECAR_MISMATCH, errors.MEGATRON_INDEX_INVALID, errors.WINDOW_LOG_INVALID
+D, G, GP = errors.DATASET_RECORD_INVALID, errors.GYM_CONFIG_INVALID, errors.GYM_PROTOCOL_ERROR
+
+
+def _plan_fifo(name: str):
+    def make(world, here):
+        copy(world, here, "plan")
+        fifo(here / "plan" / name)
+        return plan_info(here)
+    return make
+
+
+def _jsonl_only_plan(world, here):
+    """The plan copied into ``here`` keeps only its JSONL form (the seed's layout)."""
+    for npy in (here / "plan" / "epoch_0").glob("*.npy"):
+        npy.unlink()
+
+
+def _batch_fifo(world, here):
+    copy(world, here, "batches")
+    fifo(first_npz(here / "batches"))
+    return batch_check(here)
+
+
+def _batch_index_fifo(world, here):
+    copy(world, here, "batches")
+    fifo(here / "batches" / "batches.json")
+    return batch_check(here)
+
+
+def _generate_resume_fifo(world, here):
+    copy(world, here, "plan", "store", "batches")
+    os.rename(here / "batches", here / "out")
+    fifo(first_npz(here / "out"))
+    return generate(here)
+
+
+def _generate_resume_sparse(world, here):
+    copy(world, here, "plan", "store", "batches")
+    os.rename(here / "batches", here / "out")
+    sparse(first_npz(here / "out"), size=8 << 30)
+    return generate(here)
+
+
+def _generate_store_fifo(world, here):
+    copy(world, here, "plan", "store")
+    fifo(here / "store" / "tokens.npy")
+    return generate(here)
+
+
+def _generate_store_meta_fifo(world, here):
+    copy(world, here, "plan", "store")
+    fifo(here / "store" / "meta.json")
+    return generate(here)
+
+
+def _megatron_fifo(suffix: str):
+    def make(world, here):
+        copy(world, here, "mega")
+        fifo(here / f"mega{suffix}")
+        return ("data", "megatron", str(here / "mega"), "--output", str(here / "out"))
+    return make
+
+
+def _lengths_sidecar_fifo(world, here):
+    copy(world, here, "lengths.jsonl")
+    fifo(here / "lengths.jsonl.u32")
+    return ("data", "lengths", "stats", str(here / "lengths.jsonl"))
+
+
+def _tokenizer_fifo(name: str):
+    def make(world, here):
+        copy(world, here, "model", "train.jsonl")
+        fifo(here / "model" / name)
+        return lengths_build(here)
+    return make
+
+
+def _tokenize_fifo_special_tokens(world, here):
+    copy(world, here, "model", "train.jsonl")
+    fifo(here / "model" / "special_tokens_map.json")
+    return ("data", "tokenize", "--dataset", str(here / "train.jsonl"), "--tokenizer", str(here / "model"),
+            "--output", str(here / "out"), "--quiet")
+
+
+def _fingerprint_fifo_offsets(world, here):
+    copy(world, here, "plan", "store")
+    fifo(here / "store" / "offsets.npy")
+    return ("batch", "fingerprint", "--plan", str(here / "plan"), "--store", str(here / "store"), "--n-batches", "2")
+
+
+def _bare_tokenizer_fifo(world, here):
+    copy(world, here, "train.jsonl")
+    fifo(here / "tokenizer.json")
+    return lengths_build(here, tokenizer="tokenizer.json")
+
+
+def _window_log_fifo(world, here):
+    fifo(here / "windows.jsonl")
+    return ("gym", "replay", str(here / "windows.jsonl"))
+
+
+def _policy_fifo(world, here):
+    copy(world, here, "model")
+    fifo(here / "policy.yaml")
+    return gym_run(here, closed_port(), "--policy-yaml", str(here / "policy.yaml"))
+
+
+def _manifest_fifo(command: str):
+    def make(world, here):
+        fifo(here / "m.yaml")
+        if command == "demo":
+            return ("demo", "--manifest", str(here / "m.yaml"), "--quiet")
+        if command == "indices":
+            return ("indices", str(here / "m.yaml"), "--dataset", "train", "--epoch", "0", "--out",
+                    str(here / "out"))
+        return (command, str(here / "m.yaml"), "--dataset", "train")
+    return make
+
+
+def _labels_fifo(world, here):
+    fifo(here / "labels.npy")
+    return ("quality", "--labels", str(here / "labels.npy"), "--no-plot", "--quiet")
+
+
+def _golden_fifo(world, here):
+    fifo(here / "golden.json")
+    return ("golden", "verify", "--file", str(here / "golden.json"))
+
+
+def _fingerprint_fifo(world, here):
+    copy(world, here, "plan", "store")
+    fifo(here / "expected.json")
+    return ("batch", "verify", "--plan", str(here / "plan"), "--store", str(here / "store"),
+            "--expected-fingerprint", str(here / "expected.json"))
+
+
+def _checkpoint_fifo(action: str):
+    def make(world, here):
+        fifo(here / "store")
+        return ("checkpoint", action, str(here / "store"), *(("--keep-last", "1") if action == "gc" else ()))
+    return make
+
+
+def _plan_verify_lengths_fifo(world, here):
+    copy(world, here, "plan")
+    fifo(here / "lengths.jsonl")
+    return ("plan", "verify", str(here / "plan"), "--lengths", str(here / "lengths.jsonl"))
+
+
+def _plan_build_lengths_sparse(world, here):
+    sparse(here / "lengths.jsonl")
+    return ("plan", "build", "--lengths", str(here / "lengths.jsonl"), "--bucket-edges", "64", "--overflow-max",
+            "128", "--token-budget", "512", "--output", str(here / "out"), "--quiet")
+
+
+def _sparse_in_plan(name: str, jsonl_only: bool = False):
+    def make(world, here):
+        copy(world, here, "plan")
+        if jsonl_only:
+            _jsonl_only_plan(world, here)
+        sparse(here / "plan" / name)
+        return plan_info(here)
+    return make
+
+
+def _sparse_store_meta(world, here):
+    copy(world, here, "plan", "store")
+    sparse(here / "store" / "meta.json", b'{"format": "')
+    return generate(here)
+
+
+def _sparse_batches_json(world, here):
+    copy(world, here, "batches")
+    sparse(here / "batches" / "batches.json", b'{"format": "')
+    return batch_check(here)
+
+
+def _sparse_dataset(world, here):
+    copy(world, here, "model")
+    sparse(here / "train.jsonl", b'{"text": "')
+    return lengths_build(here)
+
+
+def _sparse_lengths_cache(world, here):
+    sparse(here / "lengths.jsonl", b'{"sample_id": "')
+    return ("data", "lengths", "stats", str(here / "lengths.jsonl"))
+
+
+def _sparse_sidecar(world, here):
+    copy(world, here, "lengths.jsonl")
+    sparse(here / "lengths.jsonl.u32", b"UMLOSLEN" + struct.pack("<I", 0xFFFFFFFF) + b'{"a": "')
+    return require_sidecar(here)
+
+
+def _sparse_window_log(world, here):
+    sparse(here / "windows.jsonl", b'{"kind": "header", "x": "')
+    return ("gym", "replay", str(here / "windows.jsonl"))
+
+
+def _sparse_tokenizer_config(world, here):
+    copy(world, here, "model", "train.jsonl")
+    sparse(here / "model" / "tokenizer_config.json", b'{"eos_token": "')
+    return lengths_build(here)
+
+
+def _sparse_policy(world, here):
+    copy(world, here, "model")
+    sparse(here / "policy.yaml", b"policies: '")
+    return gym_run(here, closed_port(), "--policy-yaml", str(here / "policy.yaml"))
+
+
+def _npz_extra_deflated_member(world, here):
+    copy(world, here, "batches")
+    path = first_npz(here / "batches")
+    with zipfile.ZipFile(path, "a", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open(zipfile.ZipInfo("extra.npy"), "w", force_zip64=True) as member:
+            header = {"descr": "|u1", "fortran_order": False, "shape": (2 << 30,)}
+            np.lib.format.write_array_header_1_0(member, header)
+            block = bytes(1 << 24)
+            for _ in range(128):
+                member.write(block)
+    return batch_check(here)
+
+
+def _npz_giant_member_header(world, here):
+    copy(world, here, "batches")
+    path = first_npz(here / "batches")
+    with zipfile.ZipFile(path) as archive:
+        members = {info.filename: archive.read(info) for info in archive.infolist()}
+    header = {"descr": "<i4", "fortran_order": False, "shape": (1 << 19, 1 << 19)}  # 2^38 elements
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, header)
+    members["input_ids.npy"] = buffer.getvalue() + b"\0" * 64
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return batch_check(here)
+
+
+def _npy_giant_header(world, here):
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": "<i8", "fortran_order": False, "shape": (1 << 38,)})
+    (here / "labels.npy").write_bytes(buffer.getvalue() + b"\0" * 16)
+    return api("from umlos_cuda.batching.plans.io import _format, read_npy\n"
+               f"guarded(lambda: read_npy({str(here / 'labels.npy')!r}, '<i8', None, False, _format))\n")
+
+
+def _store_tokens_giant_header(world, here):
+    copy(world, here, "store")
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": "<u2", "fortran_order": False, "shape": (1 << 38,)})
+    (here / "store" / "tokens.npy").write_bytes(buffer.getvalue() + b"\0" * 16)
+    return api("from umlos_cuda.batching.tokens.store import TokenStore\n"
+               f"guarded(lambda: TokenStore.open({str(here / 'store')!r}, mmap=False))\n")
+
+
+def _megatron_idx(count: int, documents: int, sizes, pointers, docs, bin_bytes: int, code: int = 4):
+    def make(world, here):
+        with open(here / "evil.idx", "wb") as handle:
+            handle.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, code, count, documents))
+            handle.write(np.asarray(sizes, "<i4").tobytes() + np.asarray(pointers, "<i8").tobytes()
+                         + np.asarray(docs, "<i8").tobytes())
+        (here / "evil.bin").write_bytes(bytes(bin_bytes))
+        return ("data", "megatron", str(here / "evil"), "--output", str(here / "out"))
+    return make
+
+
+def _giant_world_shard(world, here):
+    copy(world, here, "plan")
+    return ("plan", "shard", str(here / "plan"), "--world-size", "4294967295", "--output", str(here / "out"))
+
+
+def _giant_world_info(world, here):
+    copy(world, here, "plan")
+    return ("plan", "info", str(here / "plan"), "--world-size", "4294967295")
+
+
+def _giant_world_check(world, here):
+    copy(world, here, "batches")
+    return ("batch", "check", str(here / "batches"), "--rank", "0", "--world-size", "4294967295")
+
+
+def _window_header_giant_buffer(world, here):
+    copy(world, here, "run")
+    edit_first_line(here / "run" / "windows.jsonl", lambda h: h["buffer"].__setitem__("max_size", 1 << 26))
+    return ("gym", "replay", str(here / "run"))
+
+
+def _flood_info(world, here):
+    return ("gym", "info", "--host", "127.0.0.1", "--port", "{port}", "--timeout", "60")
+
+
+def _flood_run(world, here):
+    copy(world, here, "model")
+    return gym_run(here, "{port}")
+
+
+# -- traceback: deep JSON in each JSON reader
+def _deep_in_plan(name: str, jsonl_only: bool = False, line: bool = False):
+    def make(world, here):
+        copy(world, here, "plan")
+        if jsonl_only:
+            _jsonl_only_plan(world, here)
+        path = here / "plan" / name
+        if line:
+            lines = path.read_text().splitlines(keepends=True)
+            lines[0] = deep_json() + "\n"
+            path.write_text("".join(lines))
+        else:
+            path.write_text(deep_json())
+        return plan_info(here)
+    return make
+
+
+def _deep_store_meta(world, here):
+    copy(world, here, "plan", "store")
+    (here / "store" / "meta.json").write_text(deep_json('{"format": ', "}"))
+    return generate(here)
+
+
+def _deep_batches_json(world, here):
+    copy(world, here, "batches")
+    (here / "batches" / "batches.json").write_text(deep_json('{"format": ', "}"))
+    return batch_check(here)
+
+
+def _deep_lengths(world, here):
+    (here / "lengths.jsonl").write_text(deep_json() + "\n")
+    return ("data", "lengths", "stats", str(here / "lengths.jsonl"))
+
+
+def require_sidecar(here: Path) -> tuple:
+    """The length cache loaded with ``sidecar="require"``: a sidecar it cannot use is refused (the
+    commands' default, ``auto``, sets it aside with a warning and parses the JSONL)."""
+    return api("from umlos_cuda.batching import LengthCache\n"
+               f"guarded(lambda: LengthCache.load({str(here / 'lengths.jsonl')!r}, sidecar='require'))\n")
+
+
+def _deep_sidecar_header(world, here):
+    copy(world, here, "lengths.jsonl")
+    text = deep_json().encode()
+    (here / "lengths.jsonl.u32").write_bytes(b"UMLOSLEN" + struct.pack("<I", len(text)) + text)
+    return require_sidecar(here)
+
+
+def _deep_dataset(world, here):
+    copy(world, here, "model")
+    (here / "train.jsonl").write_text('{"text": "a"}\n' + deep_json('{"text": "b", "x": ', "}") + "\n")
+    return lengths_build(here)
+
+
+def _deep_tokenizer_file(name: str):
+    def make(world, here):
+        copy(world, here, "model", "train.jsonl")
+        (here / "model" / name).write_text(deep_json('{"eos_token": "</s>", "x": ', "}"))
+        return lengths_build(here)
+    return make
+
+
+def _deep_window_log(line: int):
+    def make(world, here):
+        copy(world, here, "run")
+        path = here / "run" / "windows.jsonl"
+        lines = path.read_text().splitlines(keepends=True)
+        lines[line] = deep_json('{"kind": "window", "x": ', "}") + "\n"
+        path.write_text("".join(lines))
+        return ("gym", "replay", str(here / "run"))
+    return make
+
+
+def _deep_fingerprint_file(world, here):
+    copy(world, here, "plan", "store")
+    (here / "expected.json").write_text(deep_json())
+    return ("batch", "verify", "--plan", str(here / "plan"), "--store", str(here / "store"),
+            "--expected-fingerprint", str(here / "expected.json"))
+
+
+def _deep_golden(world, here):
+    (here / "golden.json").write_text(deep_json('{"format": ', "}"))
+    return ("golden", "verify", "--file", str(here / "golden.json"))
+
+
+def _deep_manifest(suffix: str, text: str):
+    def make(world, here):
+        (here / f"m{suffix}").write_text(text)
+        return ("next-batch", str(here / f"m{suffix}"), "--dataset", "train")
+    return make
+
+
+def _deep_policy(text: str):
+    def make(world, here):
+        copy(world, here, "model")
+        (here / "policy.yaml").write_text(text)
+        return gym_run(here, closed_port(), "--policy-yaml", str(here / "policy.yaml"))
+    return make
+
+
+def _block_nested_yaml(depth: int) -> str:
+    return "policies:\n" + "".join(" " * (i + 1) + "a:\n" for i in range(depth)) + " " * (depth + 1) + "b\n"
+
+
+# -- traceback: wrong field types
+def _plan_meta(change: Callable[[dict], None]):
+    def make(world, here):
+        copy(world, here, "plan")
+        edit_json(here / "plan" / "meta.json", change)
+        return plan_info(here)
+    return make
+
+
+def _plan_stats(change: Callable[[dict], None]):
+    def make(world, here):
+        copy(world, here, "plan")
+        edit_json(here / "plan" / "epoch_0" / "stats.json", change)
+        return plan_info(here)
+    return make
+
+
+def _batches_index(change: Callable[[dict], None]):
+    def make(world, here):
+        copy(world, here, "batches")
+        edit_json(here / "batches" / "batches.json", change)
+        return batch_check(here)
+    return make
+
+
+def _store_meta(change: Callable[[dict], None]):
+    def make(world, here):
+        copy(world, here, "plan", "store")
+        edit_json(here / "store" / "meta.json", change)
+        return generate(here)
+    return make
+
+
+def _window_header(change: Callable[[dict], None]):
+    def make(world, here):
+        copy(world, here, "run")
+        edit_first_line(here / "run" / "windows.jsonl", change)
+        return ("gym", "replay", str(here / "run"))
+    return make
+
+
+def _window_record(change: Callable[[dict], None]):
+    def make(world, here):
+        copy(world, here, "run")
+        edit_window(here / "run" / "windows.jsonl", change)
+        return ("gym", "replay", str(here / "run"))
+    return make
+
+
+def _fingerprint_file(change: Callable[[dict], None]):
+    def make(world, here):
+        copy(world, here, "plan", "store", "fingerprint.json")
+        edit_json(here / "fingerprint.json", change)
+        return ("batch", "verify", "--plan", str(here / "plan"), "--store", str(here / "store"),
+                "--expected-fingerprint", str(here / "fingerprint.json"))
+    return make
+
+
+def _sidecar_header(change: Callable[[dict], None], require: bool = False):
+    def make(world, here):
+        copy(world, here, "lengths.jsonl")
+        data = (here / "lengths.jsonl.u32").read_bytes()
+        (size,) = struct.unpack("<I", data[8:12])
+        header = json.loads(data[12:12 + size])
+        lengths = data[-4 * header["count"]:]
+        change(header)
+        text = json.dumps(header).encode()
+        prefix = b"UMLOSLEN" + struct.pack("<I", len(text)) + text
+        (here / "lengths.jsonl.u32").write_bytes(prefix + b"\0" * (-len(prefix) % 16) + lengths)
+        return require_sidecar(here) if require else ("data", "lengths", "stats", str(here / "lengths.jsonl"), "--json")
+    return make
+
+
+def _observation(**fields):
+    return dict(server=lambda: scripted({**GAME, "show": observation(**fields)}))
+
+
+def _serve(*args: str):
+    def make(world, here):
+        return ("gym", "serve", *args)
+    return make
+
+
+def _cli(*args: str):
+    def make(world, here):
+        return args
+    return make
+
+
+def _shard(value):
+    return lambda m: m.__setitem__("shard", value)
+
+
+CASES = [
+    # ------------------------------------------------------------------ hang: FIFOs where a file should be
+    Case("hang/plan-info-fifo-meta-json", _plan_fifo("meta.json"), (P, errors.PLAN_NOT_FOUND), "meta.json"),
+    Case("hang/plan-info-fifo-stats-json", _plan_fifo("epoch_0/stats.json"), (P,), "stats.json"),
+    Case("hang/plan-info-fifo-offsets-npy", _plan_fifo("epoch_0/offsets.npy"), (P,), "offsets.npy"),
+    Case("hang/plan-info-fifo-lengths-npy", _plan_fifo("lengths.npy"), (P,), "lengths.npy"),
+    Case("hang/plan-info-fifo-sample-ids", _plan_fifo("sample_ids.jsonl"), (P,), "sample_ids.jsonl"),
+    Case("hang/plan-verify-fifo-lengths", _plan_verify_lengths_fifo, (L,), "lengths.jsonl"),
+    Case("hang/batch-check-fifo-npz", _batch_fifo, (B,), ".npz"),
+    Case("hang/batch-check-fifo-batches-json", _batch_index_fifo, (B, errors.BATCH_FILES_NOT_FOUND), "batches.json"),
+    Case("hang/batch-generate-fifo-resumed-file", _generate_resume_fifo,
+         (B, errors.BATCH_OUTPUT_MISMATCH, errors.OUTPUT_PATH_INVALID), ".npz"),
+    Case("hang/batch-generate-fifo-store-tokens", _generate_store_fifo, (S,), "tokens.npy"),
+    Case("hang/batch-generate-fifo-store-meta", _generate_store_meta_fifo, (S, errors.TOKEN_STORE_NOT_FOUND,
+                                                                           errors.MEGATRON_INDEX_INVALID), "meta.json"),
+    Case("hang/batch-verify-fifo-expected", _fingerprint_fifo, (errors.BATCH_FINGERPRINT_INVALID,), "expected.json"),
+    Case("hang/data-megatron-fifo-idx", _megatron_fifo(".idx"), (M,), "mega.idx"),
+    Case("hang/data-megatron-fifo-bin", _megatron_fifo(".bin"), (M,), "mega.bin"),
+    # auto mode: a sidecar that is not a regular file is set aside with a warning, the JSONL is parsed
+    Case("hang/data-lengths-stats-fifo-sidecar-falls-back-to-the-jsonl", _lengths_sidecar_fifo, (), None),
+    Case("hang/data-lengths-build-fifo-tokenizer-config", _tokenizer_fifo("tokenizer_config.json"), (T,),
+         "tokenizer_config.json"),
+    Case("hang/data-lengths-build-fifo-chat-template", _tokenizer_fifo("chat_template.jinja"), (T,), "chat_template.jinja"),
+    Case("hang/data-lengths-build-fifo-tokenizer-json", _bare_tokenizer_fifo, (T,), "tokenizer.json"),
+    Case("hang/data-tokenize-fifo-special-tokens-map", _tokenize_fifo_special_tokens, (T,),
+         "special_tokens_map.json"),
+    Case("hang/batch-fingerprint-fifo-store-offsets", _fingerprint_fifo_offsets, (S,), "offsets.npy"),
+    Case("hang/gym-replay-fifo-log", _window_log_fifo, (W,), "windows.jsonl"),
+    Case("hang/gym-run-fifo-policy", _policy_fifo, (errors.SAMPLING_POLICY_INVALID,), "policy.yaml"),
+    Case("hang/next-batch-fifo-manifest", _manifest_fifo("next-batch"), (errors.INVALID_MANIFEST,), "m.yaml"),
+    Case("hang/next-batch-v1-fifo-manifest", _manifest_fifo("next-batch-v1"), (errors.INVALID_MANIFEST,), "m.yaml"),
+    Case("hang/indices-fifo-manifest", _manifest_fifo("indices"), (errors.INVALID_MANIFEST,), "m.yaml"),
+    Case("hang/demo-fifo-manifest", _manifest_fifo("demo"), (errors.INVALID_MANIFEST,), "m.yaml"),
+    Case("hang/quality-fifo-labels", _labels_fifo, (errors.LABELS_UNREADABLE,), "labels.npy"),
+    Case("hang/golden-verify-fifo-file", _golden_fifo, (errors.GOLDEN_MISMATCH,), "golden.json"),
+    Case("hang/checkpoint-inspect-fifo", _checkpoint_fifo("inspect"), (errors.CHECKPOINT_NOT_FOUND,), "store"),
+    Case("hang/checkpoint-verify-fifo", _checkpoint_fifo("verify"), (errors.CHECKPOINT_NOT_FOUND,), "store"),
+    Case("hang/checkpoint-recover-fifo", _checkpoint_fifo("recover"), (errors.CHECKPOINT_NOT_FOUND,), "store"),
+    Case("hang/checkpoint-gc-fifo", _checkpoint_fifo("gc"), (errors.CHECKPOINT_NOT_FOUND,), "store"),
+    # ------------------------------------------------------------------ hang: more bytes than memory
+    Case("hang/plan-info-sparse-meta-json", _sparse_in_plan("meta.json"), (P,), "meta.json"),
+    Case("hang/plan-info-sparse-stats-json", _sparse_in_plan("epoch_0/stats.json"), (P,), "stats.json"),
+    Case("hang/plan-info-sparse-sample-ids", _sparse_in_plan("sample_ids.jsonl"), (P,), "sample_ids.jsonl"),
+    Case("hang/plan-info-sparse-microbatches-jsonl", _sparse_in_plan("epoch_0/microbatches.jsonl", True), (P,),
+         "microbatches.jsonl"),
+    Case("hang/plan-build-sparse-lengths", _plan_build_lengths_sparse, (L,), "lengths.jsonl"),
+    Case("hang/batch-generate-sparse-store-meta", _sparse_store_meta, (S,), "meta.json"),
+    Case("hang/batch-generate-resume-sparse-batch-file", _generate_resume_sparse, (), None, owned=("out",)),
+    Case("hang/batch-check-sparse-batches-json", _sparse_batches_json, (B,), "batches.json"),
+    Case("hang/data-lengths-build-sparse-dataset-line", _sparse_dataset, (D, errors.DATASET_UNREADABLE), "train.jsonl"),
+    Case("hang/data-lengths-build-sparse-tokenizer-config", _sparse_tokenizer_config, (T,), "tokenizer_config.json"),
+    Case("hang/data-lengths-stats-sparse-cache-line", _sparse_lengths_cache, (L,), "lengths.jsonl"),
+    Case("hang/length-cache-sparse-sidecar-header", _sparse_sidecar, (LS,), "lengths.jsonl.u32"),
+    Case("hang/gym-replay-sparse-log-line", _sparse_window_log, (W,), "windows.jsonl"),
+    Case("hang/gym-run-sparse-policy", _sparse_policy, (errors.SAMPLING_POLICY_INVALID,), "policy.yaml"),
+    Case("hang/batch-check-npz-extra-deflated-member", _npz_extra_deflated_member, (B,), ".npz"),
+    Case("hang/batch-check-npz-member-claims-2^38-elements", _npz_giant_member_header, (B,), ".npz"),
+    Case("hang/read-npy-header-claims-2^38-elements", _npy_giant_header, (P,), "labels.npy"),
+    Case("hang/token-store-npy-header-claims-2^38-elements", _store_tokens_giant_header, (S,), "tokens.npy"),
+    Case("hang/megatron-pointer-wraps-past-2^63", _megatron_idx(1, 2, [(1 << 31) - 1], [(1 << 63) - 4], [0, 1], 8),
+         (M,), "evil.idx"),
+    Case("hang/megatron-count-past-the-file", _megatron_idx(1 << 60, 2, [], [], [], 8), (M,), "evil.idx"),
+    # bounded now, the replay goes on and finds that a buffer of another size gives other windows
+    Case("hang/gym-replay-header-asks-for-a-giant-buffer", _window_header_giant_buffer,
+         (W, errors.WINDOW_REPLAY_MISMATCH), "windows.jsonl"),
+    # ------------------------------------------------------------------ hang: giant world sizes
+    Case("hang/plan-shard-world-size-2^32-1", _giant_world_shard, (errors.INVALID_RANK,
+                                                                   errors.BATCHING_CONFIG_INVALID), None),
+    Case("hang/plan-info-world-size-2^32-1", _giant_world_info, (errors.INVALID_RANK,
+                                                                 errors.BATCHING_CONFIG_INVALID), None),
+    Case("hang/batch-check-world-size-2^32-1", _giant_world_check, (), None),
+    # ------------------------------------------------------------------ hang: hostile servers
+    Case("hang/gym-info-telnet-flood-of-lines", _flood_info, (GP,), None, server=lambda: flood(b"x" * 1000 + b"\r\n")),
+    Case("hang/gym-info-telnet-flood-of-long-lines", _flood_info, (GP,), None,
+         server=lambda: flood(b"y" * ((1 << 20) - 8) + b"\r\n")),
+    Case("hang/gym-info-telnet-endless-line", _flood_info, (GP,), None, server=lambda: flood(b"z" * 4096)),
+    Case("hang/gym-run-telnet-flood", _flood_run, (GP, errors.GYM_CONNECTION_FAILED), None,
+         server=lambda: flood(b"x" * 200 + b"\r\n")),
+    Case("hang/client-start-observation-flood", lambda w, h: client_start(), (GP,), None,
+         server=lambda: scripted({**GAME, "show": observation() * 200_000})),  # about 26 MB
+    # ------------------------------------------------------------------ traceback: deep JSON in every JSON reader
+    Case("traceback/deep-json-plan-meta", _deep_in_plan("meta.json"), (P,), "meta.json"),
+    Case("traceback/deep-json-plan-stats", _deep_in_plan("epoch_0/stats.json"), (P,), "stats.json"),
+    Case("traceback/deep-json-sample-ids", _deep_in_plan("sample_ids.jsonl", line=True), (P,), "sample_ids.jsonl"),
+    Case("traceback/deep-json-microbatches-jsonl", _deep_in_plan("epoch_0/microbatches.jsonl", True, True), (P,),
+         "microbatches.jsonl"),
+    Case("traceback/deep-json-batches-json", _deep_batches_json, (B,), "batches.json"),
+    Case("traceback/deep-json-store-meta", _deep_store_meta, (S,), "meta.json"),
+    Case("traceback/deep-json-length-cache", _deep_lengths, (L,), "lengths.jsonl"),
+    Case("traceback/deep-json-sidecar-header-required", _deep_sidecar_header, (LS,), "lengths.jsonl.u32"),
+    Case("traceback/deep-json-dataset-line", _deep_dataset, (D,), "train.jsonl"),
+    Case("traceback/deep-json-tokenizer-config", _deep_tokenizer_file("tokenizer_config.json"), (T,),
+         "tokenizer_config.json"),
+    Case("traceback/deep-json-special-tokens-map", _deep_tokenizer_file("special_tokens_map.json"), (T,),
+         "special_tokens_map.json"),
+    Case("traceback/deep-json-tokenizer-json", _deep_tokenizer_file("tokenizer.json"), (T,), "tokenizer.json"),
+    Case("traceback/deep-json-window-log-header", _deep_window_log(0), (W,), "windows.jsonl"),
+    Case("traceback/deep-json-window-log-record", _deep_window_log(1), (W,), "windows.jsonl"),
+    Case("traceback/deep-json-fingerprint-file", _deep_fingerprint_file, (errors.BATCH_FINGERPRINT_INVALID,),
+         "expected.json"),
+    Case("traceback/deep-json-golden-file", _deep_golden, (errors.GOLDEN_MISMATCH,), "golden.json"),
+    Case("traceback/deep-json-manifest", _deep_manifest(".json", deep_json()), (errors.INVALID_MANIFEST,), "m.json"),
+    Case("traceback/deep-json-server-observation", lambda w, h: client_start(), (GP,), None,
+         server=lambda: scripted({**GAME, "show": deep_json('{"type": "observation", "x": ', "}").encode() + b"\r\n"})),
+    # ------------------------------------------------------------------ traceback: deep YAML
+    Case("traceback/deep-yaml-flow-policy", _deep_policy("policies: " + deep_json()),
+         (errors.SAMPLING_POLICY_INVALID,), "policy.yaml"),
+    Case("traceback/deep-yaml-block-policy", _deep_policy(_block_nested_yaml(1400)),
+         (errors.SAMPLING_POLICY_INVALID,), "policy.yaml"),
+    Case("traceback/deep-yaml-manifest", _deep_manifest(".yaml", "a: " + deep_json()), (errors.INVALID_MANIFEST,),
+         "m.yaml"),
+    Case("traceback/deep-yaml-block-manifest", _deep_manifest(".yaml", _block_nested_yaml(1400)),
+         (errors.INVALID_MANIFEST,), "m.yaml"),
+    # ------------------------------------------------------------------ traceback: wrong field types
+    Case("traceback/plan-meta-shard-of-strings", _plan_meta(_shard({"rank": "0", "world_size": "x",
+                                                                    "source_fingerprint": 5})), (P,), "meta.json"),
+    Case("traceback/plan-meta-shard-world-size-0", _plan_meta(_shard({"rank": 0, "world_size": 0,
+                                                                      "source_fingerprint": "a" * 64})), (P,),
+         "meta.json"),
+    Case("traceback/plan-meta-epoch-digests-number", _plan_meta(lambda m: m.__setitem__("epoch_digests", 5)), (P,),
+         "meta.json"),
+    Case("traceback/plan-meta-fingerprint-list", _plan_meta(lambda m: m.__setitem__("fingerprint", [1])), (P,),
+         "meta.json"),
+    Case("traceback/plan-meta-bucket-edges-string", _plan_meta(lambda m: m.__setitem__("bucket_edges", "64")), (P,),
+         "meta.json"),
+    Case("traceback/plan-meta-pack-config-number", _plan_meta(lambda m: m.__setitem__("pack_config", 5)), (P,),
+         "meta.json"),
+    Case("traceback/plan-meta-num-samples-huge", _plan_meta(lambda m: m.__setitem__("num_samples", 1 << 70)), (P,),
+         "plan"),
+    Case("traceback/plan-stats-padding-waste-string", _plan_stats(lambda s: s.__setitem__("padding_waste", "x")),
+         (P,), "stats.json"),
+    Case("traceback/plan-stats-without-counts", _plan_stats(lambda s: [s.pop(k) for k in list(s) if k != "microbatches"]),
+         (P,), "stats.json"),
+    Case("traceback/batches-json-epochs-indices-number",
+         _batches_index(lambda d: d["epochs"][0].__setitem__("indices", 5)), (B,), "batches.json"),
+    Case("traceback/batches-json-pad-id-string", _batches_index(lambda d: d.__setitem__("pad_id", "x")), (B,),
+         "batches.json"),
+    Case("traceback/batches-json-fingerprint-fields", _batches_index(
+        lambda d: d.__setitem__("batch_fingerprint", {"fingerprint": 1})), (B, errors.BATCH_FINGERPRINT_INVALID),
+        "batches.json"),
+    Case("traceback/store-meta-hash-number", _store_meta(lambda m: m.__setitem__("tokenizer_hash", 5)), (S,),
+         "meta.json"),
+    Case("traceback/window-header-batching-number", _window_header(lambda h: h.__setitem__("batching", 5)), (W,),
+         "windows.jsonl"),
+    Case("traceback/window-header-buffer-list", _window_header(lambda h: h.__setitem__("buffer", [1])), (W,),
+         "windows.jsonl"),
+    Case("traceback/window-header-policies-string", _window_header(lambda h: h.__setitem__("policies", "x")),
+         (W, errors.SAMPLING_POLICY_INVALID), "windows.jsonl"),
+    Case("traceback/window-record-added-number", _window_record(lambda r: r.__setitem__("added", 5)), (W,),
+         "windows.jsonl"),
+    Case("traceback/window-record-added-entry-number", _window_record(lambda r: r.__setitem__("added", [5])), (W,),
+         "windows.jsonl"),
+    Case("traceback/window-record-sample-string", _window_record(
+        lambda r: r["added"][0].__setitem__("sample", "x")), (W, errors.STREAM_INVALID), "windows.jsonl"),
+    Case("traceback/fingerprint-file-n-batches-string",
+         _fingerprint_file(lambda d: d.__setitem__("n_batches", "x")), (errors.BATCH_FINGERPRINT_INVALID,),
+         "fingerprint.json"),
+    # auto mode: a sidecar it cannot use is set aside with a warning and the JSONL is parsed instead
+    Case("traceback/data-lengths-stats-sidecar-count-huge-falls-back-to-the-jsonl",
+         _sidecar_header(lambda h: h.__setitem__("count", 1 << 70)), (), None),
+    Case("traceback/length-cache-sidecar-count-huge-required", _sidecar_header(
+        lambda h: h.__setitem__("count", 1 << 70), require=True), (LS,), "lengths.jsonl.u32"),
+    Case("traceback/length-cache-sidecar-count-list-required", _sidecar_header(
+        lambda h: h.__setitem__("count", [1] * 1000), require=True), (LS,), "lengths.jsonl.u32"),
+    Case("traceback/observation-is-complete-string", lambda w, h: client_start(), (GP,), None,
+         **_observation(is_complete="false")),
+    Case("traceback/observation-seed-string", lambda w, h: client_start(), (GP,), None, **_observation(seed="x")),
+    Case("traceback/observation-not-an-object-grid", lambda w, h: client_start(), (GP,), None,
+         **_observation(moves=[1])),
+    # ------------------------------------------------------------------ traceback: command-line values
+    Case("traceback/gym-info-timeout-inf", _cli("gym", "info", "--port", "9", "--timeout", "inf"), (G,), None),
+    Case("traceback/gym-info-timeout-nan", _cli("gym", "info", "--port", "9", "--timeout", "nan"), (G,), None),
+    Case("traceback/gym-info-timeout-1e300", _cli("gym", "info", "--port", "9", "--timeout", "1e300"), (G,), None),
+    Case("traceback/gym-info-port-70000", _cli("gym", "info", "--port", "70000"), (G,), None),
+    Case("traceback/gym-serve-port-70000", _serve("--port", "70000"), (G,), None),
+    Case("traceback/gym-serve-bad-host", _serve("--host", "256.1.1.1", "--port", "0"), (G,), None),
+    Case("traceback/gym-serve-port-file-in-missing-folder", lambda w, h: ("gym", "serve", "--port", "0", "--port-file",
+                                                                        str(h / "missing" / "port")),
+         (G, errors.OUTPUT_PATH_INVALID), "missing"),
+    Case("traceback/gym-run-timeout-inf", lambda w, h: (copy(w, h, "model"), gym_run(h, 9)[:-2] + ("--timeout", "inf")
+                                                        )[1], (G,), None),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_hostile_input_is_refused_in_bounds(case: Case, world, tmp_path):
+    here = tmp_path / "case"
+    here.mkdir()
+    server = HostileServer(case.server()) if case.server is not None else None
+    try:
+        argv = case.make(world, here)
+        if server is not None:
+            argv = tuple(a.replace("{port}", str(server.port)) for a in argv)
+        before = hs.tree_state(tmp_path)
+        if argv[0] == "python":
+            outcome = hs.python(argv[1], cwd=here, wall_s=case.wall_s)
+        else:
+            outcome = hs.cli(*argv, cwd=here, wall_s=case.wall_s)
+        after = hs.tree_state(tmp_path)
+    finally:
+        if server is not None:
+            server.close()
+    if case.codes:
+        hs.assert_refused(outcome, case.codes, names=case.names)
+    else:
+        hs.assert_ok(outcome)
+    hs.assert_untouched(before, after, owned=[f"case/{o}" for o in case.owned])
+
+
+def test_the_suite_covers_every_command_that_reads_a_path_or_a_host():
+    """Each command whose arguments name a file, a folder or a server is in at least one case."""
+    wanted = {"plan info", "plan verify", "plan build", "plan shard", "batch check", "batch generate", "batch verify",
+              "data megatron", "data lengths stats", "data lengths build", "gym replay", "gym run", "gym info",
+              "gym serve", "next-batch", "next-batch-v1", "indices", "demo", "quality", "golden verify",
+              "checkpoint inspect", "checkpoint verify", "checkpoint recover", "checkpoint gc", "data tokenize",
+              "batch fingerprint"}
+    names = {case.id.split("/", 1)[1] for case in CASES}
+    for command in wanted:
+        assert any(name.startswith(command.replace(" ", "-") + "-") for name in names), command
+    assert len(CASES) >= 45

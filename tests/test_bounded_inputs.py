@@ -1,13 +1,12 @@
-"""What the readers of the LLM stack do with files/reader.py behind them, in-process: datasets with
-a byte-order mark or trailing blank lines, Megatron pointers that would wrap, a replay buffer whose
-memory follows what it holds, YAML nested past the parser's stack, a flooding or mistyped puzzle
-server, and the command-line values no reader could use.
+"""What the readers of the LLM stack do with files/reader.py behind them, in-process: dataset lines
+over the cap, Megatron pointers that would wrap, a replay buffer whose memory follows what it
+holds, YAML nested past the parser's stack, a flooding or deeply nested puzzle server, and the
+command-line values no reader could use.
 
 The same inputs through the commands, in fenced children, are tests/test_hostile_readers.py."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 import socket
 import struct
@@ -19,7 +18,6 @@ import pytest
 import yaml
 
 from umlos_cuda import errors
-from umlos_cuda.batching.lengths.fingerprints import DATASET_DOMAIN, dataset_fingerprint
 from umlos_cuda.batching.lengths.jsonl import read_chunks
 from umlos_cuda.batching.tokens.megatron import MegatronDataset
 from umlos_cuda.errors import UmlosError
@@ -39,32 +37,6 @@ def code_of(function, *args, **kwargs) -> tuple[str, str]:
 # ---------------------------------------------------------------------- JSONL datasets
 def records(path, **kwargs) -> list[str]:
     return [sid for chunk in read_chunks(path, ("text",), **kwargs) for sid in chunk.sample_ids]
-
-
-def test_a_byte_order_mark_and_trailing_blank_lines_are_accepted(tmp_path):
-    plain = b'{"text": "a"}\n{"text": "b"}\n'
-    path = tmp_path / "d.jsonl"
-    path.write_bytes(b"\xef\xbb\xbf" + plain + b"\n  \n\r\n")
-    assert records(path) == ["0", "1"]  # line numbers as ids: the mark does not shift them
-    digest = hashlib.sha256(DATASET_DOMAIN)
-    digest.update(len(b"t").to_bytes(8, "little") + b"t")
-    digest.update(path.read_bytes())
-    assert dataset_fingerprint(path, "t") == digest.hexdigest()  # every byte is still hashed, the mark included
-    chunk_digest = hashlib.sha256()
-    list(read_chunks(path, ("text",), digest=chunk_digest))
-    assert chunk_digest.digest() == hashlib.sha256(path.read_bytes()).digest()
-
-
-def test_a_blank_line_between_records_is_still_refused(tmp_path):
-    path = tmp_path / "d.jsonl"
-    path.write_bytes(b'{"text": "a"}\n\n\n{"text": "b"}\n')
-    code, message = code_of(records, path)
-    assert code == errors.DATASET_RECORD_INVALID and "line 2 is empty" in message and "end the file" in message
-    path.write_bytes(b"\n\n")
-    code, message = code_of(records, path)
-    assert code == errors.DATASET_EMPTY and "blank lines" in message
-    path.write_bytes(b'{"text": "a"}\n\xef\xbb\xbf{"text": "b"}\n')  # a mark inside the file is no mark
-    assert code_of(records, path)[0] == errors.DATASET_RECORD_INVALID
 
 
 def test_a_dataset_line_over_the_cap_is_a_bad_record(tmp_path, monkeypatch):
@@ -186,19 +158,10 @@ def test_a_flooding_server_is_cut_off_at_the_answer_cap():
 
 
 @pytest.mark.parametrize("line,mention", [
-    ('{"type": "observation", "game": "s", "difficulty": "e", "seed": 1, "moves": 0, "is_complete": "false", '
-     '"grid_display": ""}', "is_complete is str"),
-    ('{"type": "observation", "game": "s", "difficulty": "e", "seed": "1", "moves": 0, "is_complete": false, '
-     '"grid_display": ""}', "seed is str"),
-    ('{"type": "observation", "game": 5, "difficulty": "e", "seed": 1, "moves": 0, "is_complete": false, '
-     '"grid_display": ""}', "game is int"),
-    ('{"type": "observation", "game": "s", "difficulty": "e", "seed": 1, "moves": 0, "is_complete": false, '
-     '"grid_display": "", "hints_remaining": "3"}', "hints_remaining is str"),
-    ('{"type": "result", "success": "yes", "message": "ok"}', "success (true or false)"),
-    ('{"type": "result", "success": true, "message": "ok", "state": {"is_complete": 1}}', "success (true or false)"),
     ('{"type": "x", "a": ' + "[" * 10_000 + "]" * 10_000 + "}", "nests 10001 levels"),
+    ('{"type": "observation", "grid": ' + "[" * 65 + "]" * 65 + "}", "nests 66 levels"),
 ])
-def test_server_json_of_the_wrong_type_or_depth_is_a_protocol_error(line, mention):
+def test_server_json_nested_too_deeply_is_a_protocol_error(line, mention):
     code, message = code_of(parse_answer, [line])
     assert code == errors.GYM_PROTOCOL_ERROR and mention in message, message
 

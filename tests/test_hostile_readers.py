@@ -21,6 +21,7 @@ themselves.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -31,7 +32,7 @@ import threading
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -220,7 +221,7 @@ def scripted(replies: dict[str, bytes]):
         while not stop.is_set():
             try:
                 data = conn.recv(4096)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             if not data:
                 return
@@ -269,11 +270,8 @@ class HostileServer:
             self.threads.append(thread)
 
     def _serve(self, conn) -> None:
-        with conn:
-            try:
-                self.handler(conn, self.stop)
-            except OSError:
-                pass
+        with conn, contextlib.suppress(OSError):
+            self.handler(conn, self.stop)
 
     def close(self) -> None:
         self.stop.set()
@@ -292,7 +290,8 @@ def client_start(port_expr: str = "{port}") -> tuple:
 
 # ---------------------------------------------------------------------- the cases
 P, B, S, T = errors.PLAN_FORMAT_INVALID, errors.BATCH_FILE_INVALID, errors.TOKEN_STORE_INVALID, errors.TOKENIZER_INVALID
-L, LS, M, W = errors.LENGTHS_INVALID, errors.LENGTHS_SIDECAR_MISMATCH, errors.MEGATRON_INDEX_INVALID, errors.WINDOW_LOG_INVALID
+L, LS = errors.LENGTHS_INVALID, errors.LENGTHS_SIDECAR_MISMATCH
+M, W = errors.MEGATRON_INDEX_INVALID, errors.WINDOW_LOG_INVALID
 D, G, GP = errors.DATASET_RECORD_INVALID, errors.GYM_CONFIG_INVALID, errors.GYM_PROTOCOL_ERROR
 
 
@@ -507,13 +506,13 @@ def _sparse_policy(world, here):
 def _npz_extra_deflated_member(world, here):
     copy(world, here, "batches")
     path = first_npz(here / "batches")
-    with zipfile.ZipFile(path, "a", zipfile.ZIP_DEFLATED) as archive:
-        with archive.open(zipfile.ZipInfo("extra.npy"), "w", force_zip64=True) as member:
-            header = {"descr": "|u1", "fortran_order": False, "shape": (2 << 30,)}
-            np.lib.format.write_array_header_1_0(member, header)
-            block = bytes(1 << 24)
-            for _ in range(128):
-                member.write(block)
+    with zipfile.ZipFile(path, "a", zipfile.ZIP_DEFLATED) as archive, \
+            archive.open(zipfile.ZipInfo("extra.npy"), "w", force_zip64=True) as member:
+        header = {"descr": "|u1", "fortran_order": False, "shape": (2 << 30,)}
+        np.lib.format.write_array_header_1_0(member, header)
+        block = bytes(1 << 24)
+        for _ in range(128):
+            member.write(block)
     return batch_check(here)
 
 
@@ -809,7 +808,8 @@ CASES = [
     Case("hang/data-lengths-stats-fifo-sidecar-falls-back-to-the-jsonl", _lengths_sidecar_fifo, (), None),
     Case("hang/data-lengths-build-fifo-tokenizer-config", _tokenizer_fifo("tokenizer_config.json"), (T,),
          "tokenizer_config.json"),
-    Case("hang/data-lengths-build-fifo-chat-template", _tokenizer_fifo("chat_template.jinja"), (T,), "chat_template.jinja"),
+    Case("hang/data-lengths-build-fifo-chat-template", _tokenizer_fifo("chat_template.jinja"), (T,),
+         "chat_template.jinja"),
     Case("hang/data-lengths-build-fifo-tokenizer-json", _bare_tokenizer_fifo, (T,), "tokenizer.json"),
     Case("hang/data-tokenize-fifo-special-tokens-map", _tokenize_fifo_special_tokens, (T,),
          "special_tokens_map.json"),
@@ -918,8 +918,8 @@ CASES = [
          "plan"),
     Case("traceback/plan-stats-padding-waste-string", _plan_stats(lambda s: s.__setitem__("padding_waste", "x")),
          (P,), "stats.json"),
-    Case("traceback/plan-stats-without-counts", _plan_stats(lambda s: [s.pop(k) for k in list(s) if k != "microbatches"]),
-         (P,), "stats.json"),
+    Case("traceback/plan-stats-without-counts",
+         _plan_stats(lambda s: [s.pop(k) for k in list(s) if k != "microbatches"]), (P,), "stats.json"),
     Case("traceback/batches-json-epochs-indices-number",
          _batches_index(lambda d: d["epochs"][0].__setitem__("indices", 5)), (B,), "batches.json"),
     Case("traceback/batches-json-pad-id-string", _batches_index(lambda d: d.__setitem__("pad_id", "x")), (B,),

@@ -50,7 +50,8 @@ import os
 import re
 import stat
 import zipfile
-from typing import Any, BinaryIO, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import IO, Any, BinaryIO, Literal
 
 import numpy as np
 
@@ -153,7 +154,8 @@ def map_file(path: str | os.PathLike[str], error: ErrorFactory) -> np.ndarray:
         if file_size(handle) == 0:
             return np.zeros(0, dtype=np.uint8)
         try:
-            return np.memmap(handle, dtype=np.uint8, mode="r")
+            mapped: Any = handle  # numpy's stubs type the file argument narrowly; any file object works
+            return np.memmap(mapped, dtype=np.uint8, mode="r")
         except (OSError, ValueError) as exc:
             raise error(f"cannot map {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
@@ -258,7 +260,7 @@ def strip_bom(number: int, raw: bytes) -> bytes:
 
 
 # ---------------------------------------------------------------------- .npy
-def npy_header(handle: BinaryIO, where: str, error: ErrorFactory) -> tuple[np.dtype, tuple[int, ...], bool]:
+def npy_header(handle: IO[bytes], where: str, error: ErrorFactory) -> tuple[np.dtype, tuple[int, ...], bool]:
     """The dtype, shape and Fortran order of the ``.npy`` header at ``handle``'s position (which ends
     where the data begins). Versions 1.0 and 2.0, headers up to :data:`MAX_NPY_HEADER_BYTES`, no
     object dtypes."""
@@ -297,10 +299,11 @@ def load_npy(path: str | os.PathLike[str], error: ErrorFactory, *, mmap: bool,
         if size - offset != nbytes:
             raise error(f"{path} holds {size - offset:,} bytes after its header, but its header says "
                         f"{dtype.str} of shape {shape}, which is {nbytes:,} bytes: the file is truncated or forged")
-        order = "F" if fortran else "C"
+        order: Literal["C", "F"] = "F" if fortran else "C"
         try:
             if mmap:
-                return np.memmap(handle, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
+                mapped: Any = handle  # numpy's stubs type the file argument narrowly; any file object works
+                return np.memmap(mapped, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
             array = np.fromfile(handle, dtype=dtype, count=math.prod(shape))
         except (OSError, ValueError) as exc:
             raise error(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
@@ -375,10 +378,11 @@ def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: str, err
             raise error(f"{where} holds {info.file_size - header_bytes:,} bytes after its header, but its header "
                         f"says {dtype.str} of shape {shape}, which is {nbytes:,} bytes")
         array = np.empty(shape, dtype=dtype, order="F" if fortran else "C")
-        view = memoryview(array.reshape(-1, order="A").view(np.uint8)) if nbytes else memoryview(b"")
+        view = array.reshape(-1, order="A").view(np.uint8).data if nbytes else memoryview(bytearray())
+        stream: Any = member  # a ZipExtFile: readinto fills the array in place, no copy
         done = 0
         while done < nbytes:
-            count = member.readinto(view[done:])
+            count = stream.readinto(view[done:])
             if not count:
                 raise error(f"{where} ends before its {nbytes:,} bytes of data")
             done += count

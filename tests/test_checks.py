@@ -104,6 +104,38 @@ def test_text_and_instance():
     assert refusal(checks.instance, 3, "ids", (list, tuple)).message == "ids must be a list or tuple, got int"
 
 
+def test_instance_refuses_bools_unless_asked_and_checks_sizes():
+    assert checks.instance(5, "id", (str, int), fail=FAIL) == 5
+    assert refusal(checks.instance, True, "id", (str, int)).message == "id must be a str or int, got bool"
+    assert checks.instance(True, "flag", bool, fail=FAIL) is True
+    token = ("{name} must be 32 bytes, got {type}", "{name} must be 32 bytes, got {type} of length {size}")
+    assert checks.instance(bytes(32), "token", bytes, length=32, fail=FAIL, message=token) == bytes(32)
+    assert refusal(checks.instance, bytes(31), "token", bytes, length=32, message=token).message == \
+        "token must be 32 bytes, got bytes of length 31"
+    assert refusal(checks.instance, "x" * 32, "token", bytes, length=32, message=token).message == \
+        "token must be 32 bytes, got str"
+    assert refusal(checks.instance, [1, 2, 3], "ids", list, max_length=2,
+                   message="{name} must be a list of at most {max_length}").message == "ids must be a list of at most 2"
+    assert checks.instance([1, 2], "ids", list, max_length=2, fail=FAIL) == [1, 2]
+
+
+def test_equal_is_the_value_of_its_type():
+    assert checks.equal("v1", "format", "v1", fail=FAIL) == "v1"
+    assert refusal(checks.equal, "v2", "format", "v1").message == "format 'v2' is not 'v1'"
+    assert refusal(checks.equal, True, "version", 1).message == "version True is not 1"
+    assert refusal(checks.equal, np.array([1, 2]), "version", 1).message.startswith("version array(")
+
+
+def test_choice_names_the_choices():
+    assert checks.choice("val", "split", ("train", "val"), fail=FAIL) == "val"
+    assert refusal(checks.choice, "test", "split", ("train", "val")).message == \
+        "split must be one of train, val, got 'test'"
+    assert refusal(checks.choice, ["train"], "split", {"train": 0}).message == \
+        "split must be one of train, got ['train']"  # an unhashable value is refused, not a TypeError
+    assert refusal(checks.choice, "x", "key", (), message="{name} {value!r}; known: {choices}").message == \
+        "key 'x'; known: (none)"
+
+
 LINE = {
     "index": checks.field(checks.integer),
     "max_len": checks.field(checks.integer, 1, message=checks.AT_LEAST),
@@ -139,6 +171,15 @@ def test_record_key_wordings_and_optional_fields():
     optional = {"note": checks.field(checks.text)}
     assert checks.record({"t": 1}, fields, optional=optional, fail=FAIL) == {"t": 1}
     assert checks.record({"t": 1, "note": "x"}, fields, optional=optional, fail=FAIL) == {"t": 1, "note": "x"}
+
+
+def test_record_key_wordings_may_show_the_data_and_its_keys():
+    fields = {"epoch": checks.is_integer, "global_index": checks.is_integer}
+    both = "a cursor has exactly epoch and global_index, got {value!r} (keys {keys})"
+    error = refusal(checks.record, {"epoch": 0, 1: 2}, fields, unknown=both, missing=both)
+    assert error.message == "a cursor has exactly epoch and global_index, got {'epoch': 0, 1: 2} (keys [1, 'epoch'])"
+    assert refusal(checks.record, [0], fields, not_a_map="got {value!r}, a {type}").message == "got [0], a list"
+    assert len(refusal(checks.record, dict.fromkeys(range(10**4)), fields, unknown=both).message) < 500
 
 
 def test_record_predicates_say_invalid_and_never_raise():

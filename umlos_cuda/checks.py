@@ -1,5 +1,6 @@
 """Checks of values that come from callers, files and servers: integers,
-ranges, finite numbers, text, and records of named fields.
+ranges, finite numbers, text, names from a fixed set, typed (and sized)
+values, and records of named fields.
 
 Why one module: these rules are easy to get subtly wrong when each reader
 and constructor writes them by hand. ``True`` is an ``int`` in Python
@@ -19,7 +20,8 @@ the caller's wording as a template with the fields ``{name}``, ``{value}``
 bounded: "an integer of N bits" past 128 bits, other values cut at 200
 characters), ``{type}`` (the value's type name)
 and the bounds (``{low}``, ``{high}``, ``{at_least}``, ``{above}``). An
-integer wording is one template, or a pair: (not an integer, out of range).
+integer wording is one template, or a pair: (not an integer, out of range);
+so is the wording of :func:`instance` (not of the type, the wrong size).
 Every check returns the value as the type it promises (a plain ``int``, a
 ``float``): store what it returns.
 
@@ -45,7 +47,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field as dataclass_field, replace
 from typing import Any
 
@@ -53,8 +55,9 @@ from .errors import UINT64_MAX, UmlosError
 
 #: A value shown in a message is cut to this many characters.
 SHOWN_CHARS = 200
-#: What a caller passes as ``fail``: its message -> its error.
-Fail = Callable[[str], UmlosError]
+#: What a caller passes as ``fail``: its message -> its error (an UmlosError; a checkpoint
+#: kind's decode refuses with ValueError, which the container words with its own code).
+Fail = Callable[[str], Exception]
 #: An integer wording: one template for both failures, or (not an integer, out of range).
 Wording = str | tuple[str, str]
 
@@ -120,23 +123,24 @@ def uint64(value: Any, name: str, *, fail: Fail) -> int:
 
 
 def number(value: Any, name: str, *, at_least: float | None = None, above: float | None = None,
-           finite: bool = True, fail: Fail, message: str = "{name} must be a finite number, got {value!r}") -> float:
+           finite: bool = True, fail: Fail, message: Wording = "{name} must be a finite number, got {value!r}",
+           ) -> float:
     """``value`` (an int or a float, never a bool) as a ``float`` that is finite
-    (unless ``finite=False``), ``>= at_least`` and ``> above`` where given, else ``fail``.
+    (unless ``finite=False``), ``>= at_least`` and ``> above`` where given, else ``fail``
+    (the wording: one template, or a pair: (not a number, not finite or out of bounds)).
 
     NaN always fails; an int too large for a float fails instead of raising OverflowError.
     """
+    words = {"name": name, "value": _Shown(value), "type": type(value).__name__, "at_least": at_least, "above": above}
     if not is_number(value):
-        raise fail(message.format(name=name, value=_Shown(value), type=type(value).__name__, at_least=at_least,
-                                  above=above))
+        raise fail(_words(message, 0).format(**words))
     try:
         result = float(value)
     except OverflowError:
         result = math.nan
     if math.isnan(result) or (finite and math.isinf(result)) or (at_least is not None and result < at_least) \
             or (above is not None and result <= above):
-        raise fail(message.format(name=name, value=_Shown(value), type=type(value).__name__, at_least=at_least,
-                                  above=above))
+        raise fail(_words(message, 1).format(**words))
     return result
 
 
@@ -148,12 +152,43 @@ def text(value: Any, name: str, *, fail: Fail, empty: bool = True,
     return value
 
 
+def choice(value: Any, name: str, choices: Collection[str], *, fail: Fail,
+           message: str = "{name} must be one of {choices}, got {value!r}") -> str:
+    """``value`` if it is text and one of ``choices``, else ``fail``; ``{choices}`` reads
+    them joined by ", " ("(none)" when there are none)."""
+    if not isinstance(value, str) or value not in choices:
+        raise fail(message.format(name=name, value=_Shown(value), type=type(value).__name__,
+                                  choices=", ".join(choices) or "(none)"))
+    return value
+
+
+def equal(value: Any, name: str, expected: Any, *, fail: Fail,
+          message: str = "{name} {value!r} is not {expected!r}") -> Any:
+    """``value`` if it is ``expected`` (of its very type: ``True`` is not ``1``), else ``fail``:
+    a record's ``format`` or ``kind``."""
+    if type(value) is not type(expected) or value != expected:
+        raise fail(message.format(name=name, value=_Shown(value), type=type(value).__name__, expected=expected))
+    return value
+
+
 def instance(value: Any, name: str, kind: type | tuple[type, ...], *, fail: Fail, empty: bool = True,
-             message: str = "{name} must be a {kind}, got {type}") -> Any:
-    """``value`` if it is an instance of ``kind`` (a non-empty one unless ``empty``), else ``fail``."""
-    if not isinstance(value, kind) or (not empty and not value):
-        shown = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise fail(message.format(name=name, value=_Shown(value), type=type(value).__name__, kind=shown))
+             length: int | None = None, max_length: int | None = None,
+             message: Wording = "{name} must be a {kind}, got {type}") -> Any:
+    """``value`` if it is an instance of ``kind`` (a non-empty one unless ``empty``,
+    of ``length`` items or bytes, of at most ``max_length``, where given), else ``fail``.
+
+    A bool passes only where ``kind`` names ``bool`` (it is an ``int`` too).
+    The wording is one template, or a pair: (not a ``kind``, the wrong size);
+    besides the common fields it may use ``{kind}`` (the type names, joined by
+    " or "), ``{length}``, ``{max_length}`` and ``{size}`` (the value's length).
+    """
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    wrong = not isinstance(value, kind) or (isinstance(value, bool) and bool not in kinds)
+    if wrong or (not empty and not value) or (length is not None and len(value) != length) \
+            or (max_length is not None and len(value) > max_length):
+        raise fail(_words(message, 0 if wrong else 1).format(
+            name=name, value=_Shown(value), type=type(value).__name__, kind=" or ".join(k.__name__ for k in kinds),
+            length=length, max_length=max_length, size=None if wrong else len(value)))
     return value
 
 
@@ -194,8 +229,9 @@ def nullable(checked: Field) -> Field:
     return replace(checked, allows_none=True)
 
 
-#: How a record's keys are refused; the fields: ``{what}``, ``{type}`` (of the data), ``{fields}`` (the
-#: required names), ``{unknown}`` and ``{missing}`` (names joined by ", "), ``{unknown_list}``, ``{missing_list}``.
+#: How a record's keys are refused; the fields: ``{what}``, ``{value}`` (the data, bounded), ``{type}`` (its
+#: type name), ``{fields}`` (the required names), ``{unknown}`` and ``{missing}`` (names joined by ", "),
+#: ``{unknown_list}``, ``{missing_list}`` (lists) and ``{keys}`` (the data's keys, a sorted list, bounded).
 NOT_A_MAP = "{what} must be a mapping, got {type}"
 UNKNOWN = "{what} has unknown field(s) {unknown}; its fields: {fields}"
 MISSING = "{what} lacks the field(s) {missing}"
@@ -217,7 +253,8 @@ def record(data: Any, fields: Mapping[str, Field | Callable[[Any], bool]], *, fa
     AttributeError on a value it did not expect) fails with ``invalid``.
     """
     if not isinstance(data, dict) and not isinstance(data, Mapping):  # dict first: the ABC check is slower
-        raise fail(not_a_map.format(what=what, type=type(data).__name__, fields=", ".join(fields)))
+        raise fail(not_a_map.format(what=what, value=_Shown(data), type=type(data).__name__,
+                                    fields=", ".join(fields)))
     present = {name: check for name, check in optional.items() if name in data} if optional else {}
     if len(data) != len(fields) + len(present) or any(name not in data for name in fields):
         raise fail(_keys_refused(data, fields, present, what, unknown, missing))
@@ -243,9 +280,9 @@ def _keys_refused(data: Mapping[Any, Any], fields: Mapping[str, Any], present: M
     """The message of :func:`record` for keys that are not exactly the fields."""
     extra = sorted((key for key in data if key not in fields and key not in present), key=str)
     absent = sorted((name for name in fields if name not in data), key=str)
-    words = {"what": what, "type": type(data).__name__, "fields": ", ".join(fields),
+    words = {"what": what, "value": _Shown(data), "type": type(data).__name__, "fields": ", ".join(fields),
              "unknown": ", ".join(map(str, extra)), "missing": ", ".join(absent),
-             "unknown_list": extra, "missing_list": absent}
+             "unknown_list": extra, "missing_list": absent, "keys": _Shown(sorted(data, key=str))}
     return (unknown if extra else missing).format(**words)
 
 

@@ -44,8 +44,8 @@ class Cursor:
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> Cursor:
-        if not isinstance(state, Mapping) or set(state) != {"epoch", "global_index"}:
-            raise _invalid(f"a cursor is a mapping with exactly the keys epoch and global_index, got {state!r}")
+        state = checks.record(state, _KEYS, fail=_invalid, not_a_map=_NOT_A_CURSOR, unknown=_NOT_A_CURSOR,
+                              missing=_NOT_A_CURSOR)
         return cls(state["epoch"], state["global_index"])
 
     def to_cbor(self) -> bytes:
@@ -54,8 +54,8 @@ class Cursor:
 
     @classmethod
     def from_cbor(cls, data: bytes) -> Cursor:
-        if not isinstance(data, (bytes, bytearray)) or len(data) > MAX_CURSOR_CBOR_BYTES:
-            raise _invalid("cursor CBOR must be bytes of at most 1 KiB")
+        checks.instance(data, "cursor CBOR", (bytes, bytearray), max_length=MAX_CURSOR_CBOR_BYTES, fail=_invalid,
+                        message="{name} must be bytes of at most 1 KiB")
         try:
             state = cbor2.loads(bytes(data))
         except Exception as exc:  # cbor2 raises several types on malformed input
@@ -72,6 +72,11 @@ def as_cursor(value: Any) -> Cursor:
     if isinstance(value, Mapping):
         return Cursor.from_dict(value)
     raise _invalid(f"cursor must be a Cursor or a mapping, got {type(value).__name__}")
+
+
+#: A cursor's keys; the constructor checks their values (cursor.epoch, cursor.global_index).
+_KEYS = dict.fromkeys(("epoch", "global_index"), checks.field(checks.anything))
+_NOT_A_CURSOR = "a cursor is a mapping with exactly the keys epoch and global_index, got {value!r}"
 
 
 def _invalid(message: str) -> UmlosError:

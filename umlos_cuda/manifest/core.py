@@ -25,8 +25,6 @@ accept (a Manifest, a mapping, a file path).
 
 from __future__ import annotations
 
-import math
-import numbers
 import os
 import struct
 from collections.abc import Mapping
@@ -58,6 +56,11 @@ DEFAULT_SAMPLING_MODE = DEFAULT_MODE
 
 #: The dataset fields every entry must have (docs/manifest.md).
 DATASET_REQUIRED_FIELDS = DATASET_KEYS
+
+#: Wordings of the checks below (templates of umlos_cuda.checks).
+_A_MAPPING = "{name} must be a mapping, got {type}"
+_NEEDS_DATASETS = ("manifest needs datasets: {{KEY: {{id, version, hash, cardinality}}}} or a list of "
+                   "{{id, version, hash, split, cardinality}}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,14 +215,10 @@ class Manifest:
     # -- accessors --------------------------------------------------------
     def dataset(self, dataset_key: Any) -> DatasetSpec:
         """The dataset entry for ``dataset_key``, or ``INVALID_DATASET_KEY``."""
-        if not isinstance(dataset_key, str) or dataset_key not in self.datasets:
-            known = ", ".join(sorted(self.datasets)) or "(none)"
-            raise UmlosError(
-                errors.INVALID_DATASET_KEY,
-                f"dataset_key {dataset_key!r} is not in the manifest; known keys: {known}",
-                dataset_key=dataset_key if isinstance(dataset_key, str) else None,
-                operator=errors.MANIFEST_OPERATOR,
-            )
+        fail = checks.raising(errors.INVALID_DATASET_KEY, operator=errors.MANIFEST_OPERATOR,
+                              dataset_key=dataset_key if isinstance(dataset_key, str) else None)
+        checks.choice(dataset_key, "dataset_key", sorted(self.datasets), fail=fail,
+                      message="{name} {value!r} is not in the manifest; known keys: {choices}")
         return self.datasets[dataset_key]
 
     def with_overrides(self, **top_level: Any) -> Manifest:
@@ -236,11 +235,9 @@ class Manifest:
         """R3: an explicit 32-byte token replaces the derived one."""
         if replay_token is None:
             return self.replay_token
-        if not isinstance(replay_token, (bytes, bytearray)) or len(replay_token) != 32:
-            raise invalid_manifest(
-                f"replay_token must be 32 bytes, got {type(replay_token).__name__}"
-                + (f" of length {len(replay_token)}" if isinstance(replay_token, (bytes, bytearray)) else ""),
-            )
+        checks.instance(replay_token, "replay_token", (bytes, bytearray), length=32, fail=invalid_manifest,
+                        message=("{name} must be 32 bytes, got {type}",
+                                 "{name} must be 32 bytes, got {type} of length {size}"))
         return bytes(replay_token)
 
 
@@ -275,14 +272,12 @@ def canonicalize(raw: Any) -> dict[str, Any]:
     Every mapping has a fixed set of keys (manifest/schema.py) except the
     free-form ``policy``, ``env`` and ``extra``.
     """
-    if not isinstance(raw, Mapping):
-        raise invalid_manifest(f"a manifest must be a mapping, got {type(raw).__name__}")
+    checks.instance(raw, "a manifest", Mapping, fail=invalid_manifest, message=_A_MAPPING)
     manifest = _PlainCopy().copy(raw, "manifest", 0)
     refuse_unknown_keys(manifest, TOP_LEVEL_KEYS, "manifest")
 
     manifest.setdefault("spec_version", DEFAULT_SPEC_VERSION)
-    if not isinstance(manifest["spec_version"], str):
-        raise invalid_manifest("spec_version must be a string")
+    checks.text(manifest["spec_version"], "spec_version", fail=invalid_manifest, message="{name} must be a string")
     manifest.setdefault("seed", DEFAULT_SEED)
     manifest["seed"] = checks.uint64(manifest["seed"], "seed", fail=invalid_manifest)
 
@@ -294,38 +289,31 @@ def canonicalize(raw: Any) -> dict[str, Any]:
     data = manifest.setdefault("data", {})
     if data is None:
         data = manifest["data"] = {}
-    if not isinstance(data, dict):
-        raise invalid_manifest(f"data must be a mapping, got {type(data).__name__}")
+    checks.instance(data, "data", dict, fail=invalid_manifest, message=_A_MAPPING)
     refuse_unknown_keys(data, DATA_KEYS, "data")
     data.setdefault("sampler_block_size", DEFAULT_BLOCK_SIZE)
     data["sampler_block_size"] = checks.uint64(data["sampler_block_size"], "data.sampler_block_size",
                                                fail=invalid_manifest)
     data.setdefault("drop_last", DEFAULT_DROP_LAST)
-    if not isinstance(data["drop_last"], bool):
-        raise invalid_manifest(f"data.drop_last must be true or false, got {data['drop_last']!r}")
+    checks.instance(data["drop_last"], "data.drop_last", bool, fail=invalid_manifest,
+                    message="{name} must be true or false, got {value!r}")
     _canonical_sampling_mode(data)
 
     for name in FREE_FORM_KEYS:
         # null is kept as written (it hashes as it did before keys were checked);
         # anything but a mapping is refused, so `policy: false` cannot pass for
         # "no policy" in the replay token (R3 hashes `policy or {}`).
-        value = manifest.get(name)
-        if value is not None and not isinstance(value, dict):
-            raise invalid_manifest(
-                f"{name} must be a mapping (or null, or left out), got {type(value).__name__} {value!r}",
-            )
+        if manifest.get(name) is not None:
+            checks.instance(manifest[name], name, dict, fail=invalid_manifest,
+                            message="{name} must be a mapping (or null, or left out), got {type} {value!r}")
 
     datasets = datasets_as_map(manifest.get("datasets"))  # the list form becomes the map (manifest/datasets.py)
-    if not isinstance(datasets, dict):
-        raise invalid_manifest(
-            "manifest needs datasets: {KEY: {id, version, hash, cardinality}} or a list of "
-            "{id, version, hash, split, cardinality}"
-            + ("" if datasets is None else f", got {type(datasets).__name__}"),
-        )
+    if datasets is None:
+        raise invalid_manifest(_NEEDS_DATASETS.format())
+    checks.instance(datasets, "datasets", dict, fail=invalid_manifest, message=_NEEDS_DATASETS + ", got {type}")
     manifest["datasets"] = datasets
     for key, entry in datasets.items():
-        if not isinstance(entry, dict):
-            raise invalid_manifest(f"datasets.{key} must be a mapping")
+        checks.instance(entry, f"datasets.{key}", dict, fail=invalid_manifest, message="{name} must be a mapping")
         refuse_unknown_keys(entry, DATASET_KEYS + DATASET_OPTIONAL_KEYS, f"datasets.{key}")
         if "split" in entry:
             check_split(entry["split"], f"datasets.{key}.split")
@@ -334,11 +322,8 @@ def canonicalize(raw: Any) -> dict[str, Any]:
             raise invalid_manifest(f"datasets.{key} lacks {', '.join(missing)} (every dataset names all four)")
         entry["cardinality"] = checks.uint64(entry["cardinality"], f"datasets.{key}.cardinality", fail=invalid_manifest)
         for name in ("id", "version", "hash"):
-            value = entry[name]
-            if isinstance(value, bool) or not isinstance(value, (str, int, bytes)):
-                raise invalid_manifest(
-                    f"datasets.{key}.{name} must be a string or integer, got {type(value).__name__}",
-                )
+            checks.instance(entry[name], f"datasets.{key}.{name}", (str, int, bytes), fail=invalid_manifest,
+                            message="{name} must be a string or integer, got {type}")
     return manifest
 
 
@@ -348,11 +333,7 @@ def _canonical_sampling_mode(data: dict[str, Any]) -> None:
     as manifests written before the key existed do."""
     if "sampling_mode" not in data:
         return
-    mode = data["sampling_mode"]
-    if not isinstance(mode, str) or mode not in mode_names():
-        raise invalid_manifest(
-            f"data.sampling_mode must be one of {', '.join(mode_names())}, got {_short(mode)}",
-        )
+    mode = checks.choice(data["sampling_mode"], "data.sampling_mode", mode_names(), fail=invalid_manifest)
     if mode == DEFAULT_SAMPLING_MODE:
         del data["sampling_mode"]
 
@@ -379,10 +360,8 @@ class _PlainCopy:
         if isinstance(value, Mapping):
             out = {}
             for key, item in value.items():
-                if not isinstance(key, str):
-                    raise invalid_manifest(
-                        f"{where}: map keys must be text, got {_short(key)} (R2)"
-                    )
+                checks.text(key, where, fail=invalid_manifest,
+                            message="{name}: map keys must be text, got {value!r} (R2)")
                 self._count_text(key, f"{where}: key")
                 out[key] = self.copy(item, f"{where}.{key}", depth + 1)
             return out
@@ -397,16 +376,12 @@ class _PlainCopy:
         if value is None or isinstance(value, bool):
             return value
         if isinstance(value, int):
-            if value < -(1 << 64) or value > errors.UINT64_MAX:
-                raise invalid_manifest(
-                    f"{where}: integer {_short(value)} is outside the CBOR integer range"
-                )
-            return int(value)
+            return checks.integer(value, where, -(1 << 64), errors.UINT64_MAX, fail=invalid_manifest,
+                                  message="{name}: {value} is outside the CBOR integer range [-2^64, 2^64 - 1]")
         if isinstance(value, float):
-            if not math.isfinite(value):
-                raise invalid_manifest(f"{where}: {value} is not a finite number")
-            return value
-        if isinstance(value, numbers.Integral):  # NumPy scalars and other Integral types that are not int subclasses
+            checks.number(value, where, fail=invalid_manifest, message="{name}: {value} is not a finite number")
+            return value  # as given: a float subclass (NumPy's float64) hashes as it always has
+        if checks.is_integer(value):  # NumPy scalars and other Integral types that are not int subclasses
             self.nodes -= 1
             return self.copy(int(value), where, depth)
         raise invalid_manifest(

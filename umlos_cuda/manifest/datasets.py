@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import checks
 from .schema import SPLITS, invalid_manifest
 
 
@@ -32,9 +33,8 @@ def datasets_as_map(datasets: Any) -> Any:
     out: dict[str, Any] = {}
     for index, entry in enumerate(datasets):
         where = f"datasets[{index}]"
-        if not isinstance(entry, dict):
-            raise invalid_manifest(f"{where} must be a mapping {{id, version, hash, split, cardinality}}, "
-                                   f"got {type(entry).__name__}")
+        checks.instance(entry, where, dict, fail=invalid_manifest,
+                        message="{name} must be a mapping {{id, version, hash, split, cardinality}}, got {type}")
         if "split" not in entry:
             raise invalid_manifest(f"{where} lacks split: in the list form each dataset declares its split "
                                    f"({' or '.join(SPLITS)}), which becomes its key")
@@ -48,6 +48,4 @@ def datasets_as_map(datasets: Any) -> Any:
 
 def check_split(value: Any, where: str) -> str:
     """``value`` if it is one of :data:`SPLITS`, else ``INVALID_MANIFEST`` naming them."""
-    if not isinstance(value, str) or value not in SPLITS:
-        raise invalid_manifest(f"{where} must be one of {', '.join(SPLITS)}, got {value!r}")
-    return value
+    return checks.choice(value, where, SPLITS, fail=invalid_manifest)

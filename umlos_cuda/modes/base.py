@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .. import errors
+from .. import checks, errors
 from ..errors import UmlosError
 
 #: The output dtypes a compiled map is launched for (keys of ``cuda_map``).
@@ -117,8 +117,8 @@ class SamplingMode:
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier() or self.name != self.name.lower():
             raise registry_error(f"a sampling mode name is a lowercase identifier, got {self.name!r}")
-        if not all(isinstance(token, str) for token in self.config_tokens):
-            raise registry_error(f"config_tokens of {self.name!r} must be strings")
+        for token in self.config_tokens:
+            checks.text(token, f"config_tokens of {self.name!r}", fail=registry_error, message="{name} must be strings")
         unknown = sorted(set(self.cuda_map) - set(MAP_DTYPES))
         if unknown or (self.cuda_map and self.cuda_source is None):
             raise registry_error(

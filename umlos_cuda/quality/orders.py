@@ -88,9 +88,11 @@ def candidates(modes: Sequence[str] | None = None, block_sizes: Sequence[int] = 
 
     An unknown mode is INVALID_MANIFEST naming the registered ones (the registry's error).
     """
-    if not block_sizes or any(not checks.is_integer(b, strict=True) or b < 1 for b in block_sizes):
-        raise UmlosError(errors.INVALID_ARGUMENT, f"block sizes must be positive integers, got {list(block_sizes)!r}",
-                         operator=QUALITY_OPERATOR)
+    fail = checks.raising(errors.INVALID_ARGUMENT, operator=QUALITY_OPERATOR)
+    block_sizes = [checks.integer(b, "each block size", 1, None, strict=True, fail=fail, message=checks.POSITIVE)
+                   for b in block_sizes]
+    if not block_sizes:
+        raise fail("give at least one block size")
     rows = [Candidate(PERMUTATION)]
     for name in mode_names() if modes is None else modes:
         if name == PERMUTATION:

@@ -28,7 +28,6 @@ from typing import Any
 
 from .. import checks, errors
 from ..checkpoint import CursorKind, register_cursor_kind, register_record_type, tape
-from ..errors import UmlosError
 from ..manifest.core import Manifest
 from .streams import RNG_OPERATOR, check_state
 
@@ -43,16 +42,15 @@ def _decode_rng(value: Any, manifest: Manifest) -> dict[str, Any]:
     return check_state(value)
 
 
-_FINGERPRINT_KEYS = ("rng_fingerprint", "state_fp", "functional_fp")
+#: The fingerprints a checkpoint holds, each 32 bytes or null.
+_FINGERPRINTS = dict.fromkeys(("rng_fingerprint", "state_fp", "functional_fp"), tape.nullable(tape.is_hash))
+_NOT_FINGERPRINTS = "fingerprints are {{{fields}}}"
 
 
 def _decode_fingerprints(value: Any, manifest: Manifest | None) -> dict[str, bytes | None]:
-    if not isinstance(value, dict) or set(value) != set(_FINGERPRINT_KEYS):
-        raise ValueError(f"fingerprints are {{{', '.join(_FINGERPRINT_KEYS)}}}")
-    for name in _FINGERPRINT_KEYS:
-        if not tape.nullable(tape.is_hash)(value[name]):
-            raise ValueError(f"{name} is 32 bytes or null")
-    return dict(value)
+    # ValueError: a kind's refusal, which the container words with its own code
+    return checks.record(value, _FINGERPRINTS, fail=ValueError, not_a_map=_NOT_FINGERPRINTS, unknown=_NOT_FINGERPRINTS,
+                         missing=_NOT_FINGERPRINTS, invalid="{name} is 32 bytes or null")
 
 
 RNG = register_cursor_kind(CursorKind("rng", _encode_rng, _decode_rng,
@@ -69,10 +67,11 @@ RNG_ITER = register_record_type("rng.iter", {
 
 
 def _functional(functional_fp: Any) -> bytes | None:
-    if functional_fp is None or (isinstance(functional_fp, bytes) and len(functional_fp) == 32):
-        return functional_fp
-    raise UmlosError(errors.FINGERPRINT_INPUT_INVALID, "functional_fp must be 32 bytes (umlos_cuda.functional_fp) "
-                     f"or None, got {type(functional_fp).__name__}", operator=RNG_OPERATOR)
+    if functional_fp is None:
+        return None
+    return checks.instance(functional_fp, "functional_fp", bytes, length=32,
+                           fail=checks.raising(errors.FINGERPRINT_INPUT_INVALID, operator=RNG_OPERATOR),
+                           message="{name} must be 32 bytes (umlos_cuda.functional_fp) or None, got {type}")
 
 
 def step_record(streams: Any, t: int, *, functional_fp: bytes | None = None) -> dict[str, Any]:

@@ -160,10 +160,9 @@ class Accountant:
         rng_fp = self._streams.fingerprint()
         if self.state_fp is not None:
             state_fp = self.state_fp()
-            if not isinstance(state_fp, bytes) or len(state_fp) != 32:
-                raise UmlosError(errors.FINGERPRINT_INPUT_INVALID,
-                                 f"state_fp() must return 32 bytes, got {type(state_fp).__name__}",
-                                 operator=CONTRACT_OPERATOR)
+            checks.instance(state_fp, "state_fp()", bytes, length=32,
+                            fail=checks.raising(errors.FINGERPRINT_INPUT_INVALID, operator=CONTRACT_OPERATOR),
+                            message="{name} must return 32 bytes, got {type}")
             return rng_fp, state_fp
         from .state_fingerprint import StateFingerprint
 
@@ -268,16 +267,11 @@ def consumes(streams: Any, stream: str = NONE, draws: int = 0, *, operator: str 
 
 
 def _checked_declaration(operator: Any, stream: Any, draws: Any, streams: tuple[str, ...]) -> Declaration:
-    if not isinstance(operator, str) or not operator:
-        raise UmlosError(errors.RNG_DECLARATION_INVALID, f"an operator name is non-empty text, got {operator!r}",
-                         operator=CONTRACT_OPERATOR)
-    allowed = streams + (NONE,)
-    if not isinstance(stream, str) or stream not in allowed:
-        raise UmlosError(errors.RNG_DECLARATION_INVALID,
-                         f"operator {operator}: stream {stream!r} is not one of {', '.join(allowed)}",
-                         operator=CONTRACT_OPERATOR)
-    draws = checks.uint64(draws, f"operator {operator}: the number of draws",
-                          fail=checks.raising(errors.RNG_DECLARATION_INVALID, operator=CONTRACT_OPERATOR))
+    fail = checks.raising(errors.RNG_DECLARATION_INVALID, operator=CONTRACT_OPERATOR)
+    checks.text(operator, "an operator name", empty=False, fail=fail, message="{name} is non-empty text, got {value!r}")
+    checks.choice(stream, f"operator {operator}: stream", streams + (NONE,), fail=fail,
+                  message="{name} {value!r} is not one of {choices}")
+    draws = checks.uint64(draws, f"operator {operator}: the number of draws", fail=fail)
     if (stream == NONE) != (draws == 0):
         raise UmlosError(
             errors.RNG_DECLARATION_INVALID,

@@ -14,7 +14,6 @@ The bytes are in docs/spec/rng.md §6.
 
 from __future__ import annotations
 
-import math
 import struct
 from typing import Any
 
@@ -69,17 +68,14 @@ def functional_fp_preimage(probe_loss: float, probe_metric: float, task_type: st
     """``binary64_be(probe_loss) || binary64_be(probe_metric) || utf8(task_type) || utf8(spec_version)``."""
     parts: list[bytes] = []
     for name, value in (("probe_loss", probe_loss), ("probe_metric", probe_metric)):
-        if not checks.is_number(value):
-            raise _invalid(f"{name} must be a binary64 number, got {type(value).__name__}")
-        value = float(value)
-        if not math.isfinite(value):
-            raise _invalid(f"{name} is {value}: a non-finite probe result aborts the run, "
-                           "it is not fingerprinted")
+        value = checks.number(value, name, fail=_invalid, message=(
+            "{name} must be a binary64 number, got {type}",
+            "{name} is {value}: a non-finite probe result aborts the run, it is not fingerprinted"))
         parts.append(struct.pack(">d", value))
     if task_type not in TASK_TYPES:
         raise _invalid(f"task_type {task_type!r} is not one of {', '.join(TASK_TYPES)}")
-    if not isinstance(spec_version, str) or not spec_version:
-        raise _invalid(f"spec_version must be non-empty text, got {spec_version!r}")
+    checks.text(spec_version, "spec_version", empty=False, fail=_invalid,
+                message="{name} must be non-empty text, got {value!r}")
     return b"".join(parts) + task_type.encode("utf-8") + spec_version.encode("utf-8")
 
 

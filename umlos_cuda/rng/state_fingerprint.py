@@ -60,8 +60,7 @@ class StateFingerprint:
 
     def add(self, item: str, value: Any) -> StateFingerprint:
         """Fold ``value`` in as ``item`` (one of :data:`ITEMS`); returns self."""
-        if not isinstance(item, str) or item not in ITEM_NUMBERS:
-            raise _invalid(f"item {item!r} is not one of {', '.join(ITEMS)}")
+        checks.choice(item, "item", ITEMS, fail=_invalid, message="{name} {value!r} is not one of {choices}")
         number = ITEM_NUMBERS[item]
         if number in self._items:
             raise _invalid(f"item {item} was already added; each item is hashed once")
@@ -72,8 +71,8 @@ class StateFingerprint:
         """Item 4: ``uint64_be(epoch) || uint64_be(index) || order`` (order: 32 bytes, :func:`order_hash`)."""
         epoch, index = (checks.uint64(value, f"data_cursor {name}", fail=_invalid)
                         for name, value in (("epoch", epoch), ("index", index)))
-        if not isinstance(order, bytes) or len(order) != 32:
-            raise _invalid("data_cursor order hash must be 32 bytes")
+        checks.instance(order, "data_cursor order hash", bytes, length=32, fail=_invalid,
+                        message="{name} must be 32 bytes")
         return self.add("data_cursor", struct.pack(">QQ", int(epoch), int(index)) + order)
 
     def add_rng(self, streams: Any) -> StateFingerprint:
@@ -141,20 +140,16 @@ def encode(value: Any, where: str = "value") -> bytes:
     """
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
-    if isinstance(value, bool):
-        raise _invalid(f"{where}: a bool is not a fingerprint value; use 0 or 1")
-    if isinstance(value, (int, np.integer)):
-        if not 0 <= int(value) <= errors.UINT64_MAX:
-            raise _invalid(f"{where}: integer {value} is outside [0, 2^64 - 1]")
-        return struct.pack(">Q", int(value))
+    if isinstance(value, (int, np.integer)):  # bool too: refused
+        return struct.pack(">Q", checks.integer(value, where, fail=_invalid, message=(
+            "{name}: a bool is not a fingerprint value; use 0 or 1", "{name} must be in [0, 2^64 - 1], got {value}")))
     if isinstance(value, (float, np.floating)):
         return _binary64(float(value))
     if isinstance(value, Mapping):
         parts = [struct.pack(">Q", len(value))]
         names = []
         for name in value:
-            if not isinstance(name, str):
-                raise _invalid(f"{where}: names must be text, got {name!r}")
+            checks.text(name, where, fail=_invalid, message="{name}: names must be text, got {value!r}")
             names.append((name.encode("utf-8"), name))
         for raw, name in sorted(names):
             parts.append(struct.pack(">I", len(raw)) + raw + encode(value[name], f"{where}.{name}"))

@@ -67,7 +67,6 @@ STATE_FORMAT = "umlos-cuda/rng-state-v1"
 #: The operator named in this module's failure records.
 RNG_OPERATOR = "UML_OS.Random.Streams_v1"
 
-_STATE_KEYS = ("format", "master_seed", "offsets")
 
 
 def master_seed(manifest_hash: bytes, replay_token: bytes) -> bytes:
@@ -157,8 +156,7 @@ class RngStreams:
     STREAMS = STREAMS
 
     def __init__(self, seed16: bytes, replay_token: bytes, backend: str = "auto") -> None:
-        if not isinstance(seed16, bytes) or len(seed16) != 16:
-            raise UmlosError(errors.RNG_STATE_INVALID, "a master seed is 16 bytes", operator=RNG_OPERATOR)
+        checks.instance(seed16, "a master seed", bytes, length=16, fail=_state_invalid, message="{name} is 16 bytes")
         self._seed = seed16
         self.backend = resolve_backend(backend)
         self.replay_token = replay_token
@@ -252,36 +250,34 @@ def check_state(state: Any) -> dict[str, Any]:
     """``state`` as a plain RNG state if it has exactly the layout of
     :meth:`RngStreams.state_dict` (docs/spec/rng.md §3), else
     ``RNG_STATE_INVALID``. Whose master it is, is the caller's check."""
-    if not isinstance(state, Mapping) or set(state) != set(_STATE_KEYS):
-        keys = sorted(state) if isinstance(state, Mapping) else type(state).__name__
-        raise UmlosError(errors.RNG_STATE_INVALID,
-                         f"an RNG state has exactly the keys {', '.join(_STATE_KEYS)}; got {keys}",
-                         operator=RNG_OPERATOR)
-    if state["format"] != STATE_FORMAT:
-        raise UmlosError(errors.RNG_STATE_INVALID,
-                         f"RNG state format {state['format']!r} is not {STATE_FORMAT!r}", operator=RNG_OPERATOR)
-    seed = state["master_seed"]
-    if not isinstance(seed, bytes) or len(seed) != 16:
-        raise UmlosError(errors.RNG_STATE_INVALID, "master_seed must be 16 bytes", operator=RNG_OPERATOR)
-    return {"format": STATE_FORMAT, "master_seed": bytes(seed), "offsets": _checked_offsets(state["offsets"])}
+    state = checks.record(state, _STATE, fail=_state_invalid, not_a_map="an RNG state has exactly the keys {fields}; "
+                          "got {type}", unknown=_STATE_KEYS_WRONG, missing=_STATE_KEYS_WRONG)
+    return {"format": STATE_FORMAT, "master_seed": bytes(state["master_seed"]), "offsets": state["offsets"]}
 
 
 def check_stream(stream: Any) -> str:
     """``stream`` if it names a sub-stream, else ``RNG_STREAM_INVALID`` naming the choices."""
-    if not isinstance(stream, str) or stream not in STREAM_NUMBERS:
-        raise UmlosError(errors.RNG_STREAM_INVALID,
-                         f"sub-stream {stream!r} is not one of {', '.join(STREAMS)}", operator=RNG_OPERATOR)
-    return stream
+    return checks.choice(stream, "sub-stream", STREAMS, fail=checks.raising(errors.RNG_STREAM_INVALID,
+                                                                               operator=RNG_OPERATOR),
+                         message="{name} {value!r} is not one of {choices}")
 
 
 def _check_count(k: Any) -> int:
     return checks.uint64(k, "a draw count", fail=checks.raising(errors.RNG_STREAM_INVALID, operator=RNG_OPERATOR))
 
 
-def _checked_offsets(offsets: Any) -> dict[str, int]:
-    if not isinstance(offsets, Mapping) or set(offsets) != set(STREAMS):
-        keys = sorted(offsets) if isinstance(offsets, Mapping) else type(offsets).__name__
-        raise UmlosError(errors.RNG_STATE_INVALID,
-                         f"offsets has exactly the keys {', '.join(STREAMS)}; got {keys}", operator=RNG_OPERATOR)
-    fail = checks.raising(errors.RNG_STATE_INVALID, operator=RNG_OPERATOR)
-    return {name: checks.uint64(offsets[name], f"offsets.{name}", fail=fail) for name in STREAMS}
+def _checked_offsets(offsets: Any, name: str, *, fail: checks.Fail) -> dict[str, int]:
+    """The ``offsets`` field of a state: exactly the sub-streams, each a uint64."""
+    offsets = checks.record(offsets, _OFFSETS, fail=fail, not_a_map="offsets has exactly the keys {fields}; got {type}",
+                            unknown="offsets has exactly the keys {fields}; got {keys}",
+                            missing="offsets has exactly the keys {fields}; got {keys}")
+    return {stream: checks.uint64(offsets[stream], f"{name}.{stream}", fail=fail) for stream in STREAMS}
+
+
+_state_invalid = checks.raising(errors.RNG_STATE_INVALID, operator=RNG_OPERATOR)
+#: The layout of :meth:`RngStreams.state_dict`, in the order its fields are checked.
+_STATE = {"format": checks.field(checks.equal, STATE_FORMAT, message="RNG state format {value!r} is not {expected!r}"),
+          "master_seed": checks.field(checks.instance, bytes, length=16, message="{name} must be 16 bytes"),
+          "offsets": checks.field(_checked_offsets)}
+_STATE_KEYS_WRONG = "an RNG state has exactly the keys {fields}; got {keys}"
+_OFFSETS = dict.fromkeys(STREAMS, checks.field(checks.anything))

@@ -126,6 +126,34 @@ def test_equal_is_the_value_of_its_type():
     assert refusal(checks.equal, np.array([1, 2]), "version", 1).message.startswith("version array(")
 
 
+@pytest.mark.parametrize("value", [[1], (1,), range(2), np.arange(3), np.zeros((2, 2))])
+def test_sequences(value):
+    assert checks.sequence(value, "ids", fail=FAIL) is value
+
+
+@pytest.mark.parametrize("value", ["ab", b"ab", bytearray(b"a"), memoryview(b"a"), {"a": 1}, 5, np.int64(3),
+                                   np.array(3), {1, 2}, iter([1])])
+def test_not_sequences(value):
+    assert refusal(checks.sequence, value, "ids").message == f"ids must be a sequence, got {type(value).__name__}"
+
+
+def test_iterables_and_empty_sequences():
+    assert checks.sequence({1, 2}, "edges", iterable=True, fail=FAIL) == {1, 2}
+    refusal(checks.sequence, "12", "edges", iterable=True)
+    refusal(checks.sequence, {"a": 1}, "edges", iterable=True)
+    refusal(checks.sequence, [], "rows", empty=False)
+    refusal(checks.sequence, np.zeros(0), "rows", empty=False)
+
+
+def test_text_patterns_match_the_whole_text():
+    import re
+
+    hex64 = re.compile("[0-9a-f]{64}")
+    assert checks.text("a" * 64, "fp", pattern=hex64, fail=FAIL) == "a" * 64
+    assert refusal(checks.text, "a" * 64 + "\n", "fp", pattern=hex64).message.startswith("fp must be a string, got")
+    refusal(checks.text, "A" * 64, "fp", pattern=hex64)
+
+
 def test_choice_names_the_choices():
     assert checks.choice("val", "split", ("train", "val"), fail=FAIL) == "val"
     assert refusal(checks.choice, "test", "split", ("train", "val")).message == \

@@ -47,9 +47,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Collection, Mapping
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field as dataclass_field, replace
 from typing import Any
+
+import numpy as np
 
 from .errors import UINT64_MAX, UmlosError
 
@@ -144,10 +147,29 @@ def number(value: Any, name: str, *, at_least: float | None = None, above: float
     return result
 
 
-def text(value: Any, name: str, *, fail: Fail, empty: bool = True,
+def text(value: Any, name: str, *, fail: Fail, empty: bool = True, pattern: re.Pattern[str] | None = None,
          message: str = "{name} must be a string, got {value!r}") -> str:
-    """``value`` if it is a ``str`` (a non-empty one unless ``empty``), else ``fail``."""
-    if not isinstance(value, str) or (not empty and not value):
+    """``value`` if it is a ``str`` (a non-empty one unless ``empty``, the whole of it
+    matching ``pattern`` where given), else ``fail``."""
+    if not isinstance(value, str) or (not empty and not value) \
+            or (pattern is not None and not pattern.fullmatch(value)):
+        raise fail(message.format(name=name, value=_Shown(value), type=type(value).__name__))
+    return value
+
+
+#: What :func:`sequence` refuses although it is iterable: its items would be characters, byte values or keys.
+NOT_SEQUENCES = (str, bytes, bytearray, memoryview, Mapping)
+
+
+def sequence(value: Any, name: str, *, fail: Fail, empty: bool = True, iterable: bool = False,
+             message: str = "{name} must be a sequence, got {type}") -> Any:
+    """``value`` if it is a sequence of items (a list, a tuple, a range, a 1-D or wider NumPy
+    array; with ``iterable``, anything iterable, such as a set or a generator), never
+    text, bytes or a mapping (:data:`NOT_SEQUENCES`); a non-empty one unless ``empty``."""
+    kinds = Iterable if iterable else (Sequence, np.ndarray)
+    if not isinstance(value, kinds) or isinstance(value, NOT_SEQUENCES) \
+            or (isinstance(value, np.ndarray) and value.ndim == 0) \
+            or (not empty and isinstance(value, Sized) and len(value) == 0):
         raise fail(message.format(name=name, value=_Shown(value), type=type(value).__name__))
     return value
 

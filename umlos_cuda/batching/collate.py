@@ -98,8 +98,8 @@ def default_collate(samples: Sequence[Any], max_len: int | None = None,
         policy = PadPolicy.parse(pad_policy)
     except UmlosError as exc:
         raise collate_error(exc.message) from None
-    if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence) or not samples:
-        raise collate_error(f"samples must be a non-empty sequence of rows, got {type(samples).__name__}")
+    checks.sequence(samples, "samples", empty=False, fail=collate_error,
+                    message="{name} must be a non-empty sequence of rows, got {type}")
     rows = [_row(sample, i) for i, sample in enumerate(samples)]
     ids, masks, segments, positions = zip(*rows)
     longest = max(len(row) for row in ids)
@@ -272,8 +272,12 @@ def plan_separator_ids(plan: Any, separator_ids: Sequence[int] | None) -> tuple[
     pack = getattr(plan.config, "pack", None)
     wanted = 0 if pack is None else int(pack.separator_len)
     ids = tuple(separator_ids or ())
-    if len(ids) != wanted or any(not checks.is_integer(t) or not 0 <= t <= _INT32_MAX for t in ids):
-        raise collate_error(f"the plan puts {wanted} separator token(s) between packed samples; give exactly "
-                            f"{wanted} separator id(s) in [0, 2^31 - 1] (--separator-ids ID,... on the command "
-                            f"line), got {list(ids)}")
-    return tuple(int(t) for t in ids)
+
+    def refused(message: str) -> UmlosError:  # one message for a wrong count and a wrong id: it says what to give
+        return collate_error(f"the plan puts {wanted} separator token(s) between packed samples; give exactly "
+                             f"{wanted} separator id(s) in [0, 2^31 - 1] (--separator-ids ID,... on the command "
+                             f"line), got {list(ids)}")
+
+    if len(ids) != wanted:
+        raise refused("")
+    return tuple(checks.integer(t, "a separator id", 0, _INT32_MAX, fail=refused) for t in ids)

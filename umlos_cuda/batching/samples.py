@@ -45,20 +45,9 @@ class SampleMeta:
     source: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("sample_id", "dataset_id"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise _invalid(f"SampleMeta.{name} must be a non-empty string, got {value!r}")
-        for name in ("episode_id", "source"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                raise _invalid(f"SampleMeta.{name} must be a string or None, got {type(value).__name__} {value!r}")
-        for name in ("reward", "difficulty"):
-            value = getattr(self, name)
-            if value is not None:
-                value = checks.number(value, f"SampleMeta.{name}", fail=_invalid,
-                                      message="{name} must be a finite number or None, got {value!r}")
-                object.__setattr__(self, name, value)
+        checked = checks.record({name: getattr(self, name) for name in _META_CHECKS}, _META_CHECKS, fail=_invalid)
+        for name in ("reward", "difficulty"):  # as floats (NumPy scalars would not encode)
+            object.__setattr__(self, name, checked[name])
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -105,8 +94,7 @@ class Sample:
             if segments[0] != 0 or not np.isin(steps, (0, 1)).all():
                 raise _invalid("Sample.segment_ids must start at 0 and step by 0 or 1 (0, 0, 1, 1, 1, 2, ...), "
                                f"got {list(segments[:8])}{'...' if len(segments) > 8 else ''}")
-        if not isinstance(self.meta, SampleMeta):
-            raise _invalid(f"Sample.meta must be a SampleMeta, got {type(self.meta).__name__}")
+        checks.instance(self.meta, "Sample.meta", SampleMeta, fail=_invalid, message=_A_META)
         object.__setattr__(self, "input_ids", ids)
         object.__setattr__(self, "loss_mask", mask)
         object.__setattr__(self, "segment_ids", segments)
@@ -164,8 +152,7 @@ class PreferenceSample:
             values[name] = ids
         if values["chosen_ids"] == values["rejected_ids"]:
             raise _invalid("PreferenceSample.chosen_ids and rejected_ids are identical; a pair needs two completions")
-        if not isinstance(self.meta, SampleMeta):
-            raise _invalid(f"PreferenceSample.meta must be a SampleMeta, got {type(self.meta).__name__}")
+        checks.instance(self.meta, "PreferenceSample.meta", SampleMeta, fail=_invalid, message=_A_META)
         for name, ids in values.items():
             object.__setattr__(self, name, ids)
 
@@ -201,8 +188,7 @@ class PreferenceSample:
 
 def _int_tuple(values: Any, what: str) -> tuple[int, ...]:
     """``values`` as a tuple of Python ints; bools, floats and text are refused."""
-    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
-        raise _invalid(f"{what} must be a sequence of integers, got {type(values).__name__}")
+    checks.sequence(values, what, fail=_invalid, message="{name} must be a sequence of integers, got {type}")
     array = np.asarray(values)
     mixed_bools = not isinstance(values, np.ndarray) and any(type(v) is bool for v in values)  # NumPy casts them
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu") or mixed_bools:
@@ -212,16 +198,32 @@ def _int_tuple(values: Any, what: str) -> tuple[int, ...]:
 
 
 def _fields_of(cls, data: Any, required: Sequence[str]) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise _invalid(f"{cls.__name__}.from_dict expects a mapping, got {type(data).__name__}")
-    allowed = set(cls.__dataclass_fields__)
-    unknown = sorted(str(key) for key in data if key not in allowed)
-    if unknown:
-        raise _invalid(f"{cls.__name__} has no field {', '.join(unknown)}; its fields are {', '.join(sorted(allowed))}")
-    missing = [name for name in required if name not in data]
-    if missing:
-        raise _invalid(f"{cls.__name__} lacks {', '.join(missing)}")
-    return dict(data)
+    """The fields of ``data`` for ``cls(**fields)``: its ``required`` fields and any other of the
+    dataclass's; the constructor checks their values."""
+    fields = cls.__dataclass_fields__
+    return checks.record(data, dict.fromkeys(required, _ANY),
+                         optional={name: _ANY for name in fields if name not in required}, fail=_invalid,
+                         what=cls.__name__, not_a_map="{what}.from_dict expects a mapping, got {type}",
+                         unknown=f"{{what}} has no field {{unknown}}; its fields are {', '.join(sorted(fields))}",
+                         missing="{what} lacks {missing}")
+
+
+_ANY = checks.field(checks.anything)
+_A_META = "{name} must be a SampleMeta, got {type}"
+_ID = checks.field(checks.text, empty=False, message="SampleMeta.{name} must be a non-empty string, got {value!r}")
+_NAME = checks.nullable(checks.field(checks.text,
+                                     message="SampleMeta.{name} must be a string or None, got {type} {value!r}"))
+_SCORE = checks.nullable(checks.field(checks.number,
+                                      message="SampleMeta.{name} must be a finite number or None, got {value!r}"))
+#: Each field of a :class:`SampleMeta` and its check, in the order failures are reported.
+_META_CHECKS = {
+    "sample_id": _ID,
+    "dataset_id": _ID,
+    "episode_id": _NAME,
+    "source": _NAME,
+    "reward": _SCORE,
+    "difficulty": _SCORE,
+}
 
 
 def _invalid(message: str) -> UmlosError:

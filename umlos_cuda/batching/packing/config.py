@@ -52,6 +52,12 @@ def config_error(message: str) -> UmlosError:
     return packing_error(errors.PACKING_CONFIG_INVALID, message)
 
 
+#: The keys of a stored config (:meth:`PackingConfig.to_dict`); the constructor checks the values.
+_STORED = dict.fromkeys(("mode", "max_length", "separator_len"), checks.field(checks.anything))
+_STORED_OPTIONAL = dict.fromkeys(("separator_ids", "oversize"), checks.field(checks.anything))
+_NOT_STORED = "a packing config is {{{fields}}} and optionally separator_ids and oversize, got {value!r}"
+
+
 class _Choice(str, enum.Enum):
     @classmethod
     def parse(cls, value: Any) -> Self:
@@ -109,8 +115,8 @@ class PackingConfig:
         set_(self, "max_length", checks.integer(self.max_length, "max_length", 1, MAX_PACK_LENGTH, fail=config_error))
         set_(self, "mode", PackingMode.parse(self.mode))
         set_(self, "oversize", OversizePolicy.parse(self.oversize))
-        if isinstance(self.separator_ids, (str, bytes)) or not hasattr(self.separator_ids, "__iter__"):
-            raise config_error(f"separator_ids must be a sequence of token ids, got {self.separator_ids!r}")
+        checks.sequence(self.separator_ids, "separator_ids", iterable=True, fail=config_error,
+                        message="{name} must be a sequence of token ids, got {value!r}")
         ids = tuple(checks.integer(t, "a separator id", 0, MAX_TOKEN_ID, fail=config_error) for t in self.separator_ids)
         set_(self, "separator_ids", ids)
         length = checks.integer(self.separator_len, "separator_len", 0, MAX_PACK_LENGTH, fail=config_error)
@@ -144,9 +150,7 @@ class PackingConfig:
     @classmethod
     def from_dict(cls, data) -> PackingConfig:
         """The config :meth:`to_dict` gave."""
-        required, optional = {"mode", "max_length", "separator_len"}, {"separator_ids", "oversize"}
-        if not isinstance(data, dict) or not required <= set(data) <= required | optional:
-            raise config_error(f"a packing config is {{mode, max_length, separator_len}} and optionally "
-                               f"separator_ids and oversize, got {data!r}")
+        data = checks.record(data, _STORED, optional=_STORED_OPTIONAL, fail=config_error, not_a_map=_NOT_STORED,
+                             unknown=_NOT_STORED, missing=_NOT_STORED)
         return cls(data["max_length"], data["mode"], data.get("separator_ids", ()),
                    data.get("oversize", OversizePolicy.REFUSE), data["separator_len"])

@@ -63,8 +63,8 @@ class SequenceToPack:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        if not isinstance(self.sample_id, str):
-            raise input_error(f"sample_id must be a string, got {type(self.sample_id).__name__} {self.sample_id!r}")
+        checks.text(self.sample_id, "sample_id", fail=input_error,
+                    message="{name} must be a string, got {type} {value!r}")
         ids = _int_array(self.input_ids, f"sample {self.sample_id!r}: input_ids")
         if ids.shape[0] == 0:
             raise input_error(f"sample {self.sample_id!r} is empty; a packed segment holds at least one token")

@@ -65,8 +65,8 @@ class BucketSpec:
     min_length: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.edges, (str, bytes)) or not hasattr(self.edges, "__iter__"):
-            raise config_error(f"edges must be a sequence of integers, got {self.edges!r}")
+        checks.sequence(self.edges, "edges", iterable=True, fail=config_error,
+                        message="{name} must be a sequence of integers, got {value!r}")
         edges = tuple(checks.integer(e, "each bucket edge", 1, MAX_LENGTH - 1, fail=config_error) for e in self.edges)
         if len(edges) >= MAX_BUCKETS:
             raise config_error(f"at most {MAX_BUCKETS - 1} edges, got {len(edges)}")

@@ -15,7 +15,6 @@ fingerprint, so a restore into a sampler over another plan is refused.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -25,7 +24,11 @@ from ...checkpoint.extensions import CursorKind, register_cursor_kind
 from .plan import check_cursor, plan_error
 
 KIND = "plan"
-_FINGERPRINT = re.compile(r"[0-9a-f]{64}\Z")
+_FINGERPRINT = re.compile(r"[0-9a-f]{64}")
+_invalid = partial(plan_error, errors.PLAN_CURSOR_INVALID)
+#: A cursor's state: its keys (the constructor checks the values).
+_STATE = dict.fromkeys(("plan_fingerprint", "epoch", "microbatch_index"), checks.field(checks.anything))
+_NOT_A_CURSOR = "a plan cursor is a map with exactly plan_fingerprint, epoch and microbatch_index"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +40,10 @@ class PlanCursor:
     microbatch_index: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.plan_fingerprint, str) or not _FINGERPRINT.match(self.plan_fingerprint):
-            raise plan_error(errors.PLAN_CURSOR_INVALID,
-                             f"plan_fingerprint must be 64 lowercase hex digits, got {self.plan_fingerprint!r}")
+        checks.text(self.plan_fingerprint, "plan_fingerprint", pattern=_FINGERPRINT, fail=_invalid,
+                    message="{name} must be 64 lowercase hex digits, got {value!r}")
         for name in ("epoch", "microbatch_index"):
-            value = checks.integer(getattr(self, name), name, fail=partial(plan_error, errors.PLAN_CURSOR_INVALID),
+            value = checks.integer(getattr(self, name), name, fail=_invalid,
                                    message="{name} must be an integer in [0, 2^64 - 1], got {value!r}")
             object.__setattr__(self, name, value)
 
@@ -57,9 +59,8 @@ class PlanCursor:
 
     @classmethod
     def from_state(cls, state: Any, manifest: Any = None) -> PlanCursor:
-        if not isinstance(state, Mapping) or set(state) != {"plan_fingerprint", "epoch", "microbatch_index"}:
-            raise plan_error(errors.PLAN_CURSOR_INVALID,
-                             "a plan cursor is a map with exactly plan_fingerprint, epoch and microbatch_index")
+        state = checks.record(state, _STATE, fail=_invalid, not_a_map=_NOT_A_CURSOR, unknown=_NOT_A_CURSOR,
+                              missing=_NOT_A_CURSOR)
         return cls(state["plan_fingerprint"], state["epoch"], state["microbatch_index"])
 
     def check(self, plan) -> None:

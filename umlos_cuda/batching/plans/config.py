@@ -43,6 +43,9 @@ from ..packing.config import OversizePolicy, PackingConfig
 
 #: The engine calls a plan's order can come from: shuffled train, sequential, streaming preset.
 PLAN_STAGES = (MODE_SHUFFLE, MODE_SEQUENTIAL, MODE_STREAMING)
+#: The keys of a stored config (:meth:`BatchingConfig.to_dict`), each optional; the constructor checks the values.
+_STORED = dict.fromkeys(("token_budget", "bucket_edges", "overflow_max", "min_length", "pad_policy", "mode", "seed",
+                         "sampling_mode", "sampler_block_size", "order"), checks.field(checks.anything))
 
 
 class PadPolicy(str, enum.Enum):
@@ -125,29 +128,26 @@ class BatchingConfig:
         set_(self, "seed", checks.integer(self.seed, "seed", 0, UINT64_MAX, fail=config_error))
         set_(self, "sampler_block_size",
              checks.integer(self.sampler_block_size, "sampler_block_size", 1, UINT64_MAX, fail=config_error))
-        if self.stage not in PLAN_STAGES:
-            raise config_error(f"stage (meta.json's sampling_mode) must be one of {', '.join(PLAN_STAGES)}, "
-                               f"got {self.stage!r}")
-        if not isinstance(self.order, str) or self.order not in mode_names():
-            raise config_error(f"order must be one of {', '.join(mode_names())}, got {self.order!r}")
+        checks.choice(self.stage, "stage (meta.json's sampling_mode)", PLAN_STAGES, fail=config_error)
+        checks.choice(self.order, "order", mode_names(), fail=config_error)
         if self.pack is not None:
             self._check_pack()
 
     def _check_pack(self) -> None:
-        if not isinstance(self.pack, PackingConfig):
-            raise config_error(f"pack must be None or a PackingConfig, got {type(self.pack).__name__}")
-        if self.pack.separator_ids:
-            raise config_error(f"a plan records the separator's length, not its ids {list(self.pack.separator_ids)}: "
-                               f"give separator_len={self.pack.separator_len} and the ids when collating")
-        if self.pack.oversize is not OversizePolicy.REFUSE:
-            raise config_error(f"a plan's pack takes no oversize policy ({self.pack.oversize.value}): samples above "
+        pack: PackingConfig = checks.instance(self.pack, "pack", PackingConfig, fail=config_error,
+                                              message="{name} must be None or a PackingConfig, got {type}")
+        if pack.separator_ids:
+            raise config_error(f"a plan records the separator's length, not its ids {list(pack.separator_ids)}: "
+                               f"give separator_len={pack.separator_len} and the ids when collating")
+        if pack.oversize is not OversizePolicy.REFUSE:
+            raise config_error(f"a plan's pack takes no oversize policy ({pack.oversize.value}): samples above "
                                "overflow_max are skipped and listed, and overflow_max fits in a row")
-        if self.pack.max_length > self.token_budget:
-            raise config_error(f"pack max_length {self.pack.max_length} is above the token budget {self.token_budget}: "
+        if pack.max_length > self.token_budget:
+            raise config_error(f"pack max_length {pack.max_length} is above the token budget {self.token_budget}: "
                                "a microbatch holds at least one row")
-        if self.bucket_spec.overflow_max > self.pack.max_length:
+        if self.bucket_spec.overflow_max > pack.max_length:
             raise config_error(f"overflow_max {self.bucket_spec.overflow_max} is above pack max_length "
-                               f"{self.pack.max_length}: a sample of the longest accepted length would fit no row; "
+                               f"{pack.max_length}: a sample of the longest accepted length would fit no row; "
                                "lower overflow_max (longer samples are skipped and listed)")
 
     @property
@@ -189,13 +189,9 @@ class BatchingConfig:
     @classmethod
     def from_dict(cls, data: dict) -> BatchingConfig:
         """The config :meth:`to_dict` gave."""
-        if not isinstance(data, dict):
-            raise config_error(f"a batching config is a mapping, got {type(data).__name__}")
-        known = {"token_budget", "bucket_edges", "overflow_max", "min_length", "pad_policy", "mode", "seed",
-                 "sampling_mode", "sampler_block_size", "order"}
-        unknown = set(data) - known
-        if unknown:
-            raise config_error(f"unknown batching config keys {sorted(unknown)}; known: {sorted(known)}")
+        data = checks.record(data, {}, optional=_STORED, fail=config_error,
+                             not_a_map="a batching config is a mapping, got {type}",
+                             unknown=f"unknown batching config keys {{unknown_list}}; known: {sorted(_STORED)}")
         renamed = {"sampling_mode": "stage", "mode": "profile"}  # the on-disk keys of two attributes
         values = {renamed.get(key, key): value for key, value in data.items()}
         if "bucket_edges" in values and isinstance(values["bucket_edges"], list):

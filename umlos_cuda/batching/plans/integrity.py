@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
 from ...errors import MAX_WORLD_SIZE, UmlosError
 from .fingerprint import epoch_plan_digest, plan_fingerprint, sha256_array
 from .plan import BatchPlan, plan_error
@@ -46,10 +46,13 @@ def check_shard_field(shard, where: str) -> None:
     if shard is None:
         return
     rank, world_size = shard.get("rank"), shard.get("world_size")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, world_size)) \
-            or not 1 <= world_size <= MAX_WORLD_SIZE or not 0 <= rank < world_size:
-        raise _format(f"{where}: shard rank {rank!r} and world_size {world_size!r} must be integers with "
-                      f"0 <= rank < world_size <= {MAX_WORLD_SIZE}")
+
+    def refused(message: str) -> UmlosError:  # one message for both fields: the rule relates them
+        return _format(f"{where}: shard rank {rank!r} and world_size {world_size!r} must be integers with "
+                       f"0 <= rank < world_size <= {MAX_WORLD_SIZE}")
+
+    world = checks.integer(world_size, "world_size", 1, MAX_WORLD_SIZE, strict=True, fail=refused)
+    checks.integer(rank, "rank", 0, world - 1, strict=True, fail=refused)
 
 
 def check_structure(folder: str, arrays: dict, stats, num_samples: int, num_buckets: int, shard) -> None:
@@ -97,22 +100,24 @@ def _check_packs(folder: str, arrays: dict, m: int, s: int) -> None:
 def _check_stats(folder: str, stats, m: int, s: int, shard) -> None:
     """The counts a sampler's ``len()`` and a cursor check read must be those of the arrays."""
     where = f"{folder}/stats.json"
-    if not isinstance(stats, dict):
-        raise _format(f"{where} is not a stats object")
+    checks.instance(stats, where, dict, fail=_format, message="{name} is not a stats object")
+
+    def says(message: str) -> UmlosError:
+        return _stats(f"{where} says {message}")
+
     for key, count in (("microbatches", m), ("samples", s)):
-        value = stats.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value != count:
-            raise _stats(f"{where} says {key} {value!r}; the epoch's arrays hold {count}")
+        checks.integer(stats.get(key), key, count, count, strict=True, fail=says,
+                       message="{name} {value!r}; the epoch's arrays hold {low}")
     if shard is None:
         if "global_microbatches" in stats:
             raise _stats(f"{where} has global_microbatches, but meta.json says the plan is not a shard")
         return
-    total = stats.get("global_microbatches")
     rank, world_size = shard["rank"], shard["world_size"]
-    if isinstance(total, bool) or not isinstance(total, int) or total < 0 or len(range(rank, total, world_size)) != m:
-        raise _stats(f"{where} says global_microbatches {total!r}; rank {rank} of {world_size} holds {m} of them, "
-                      f"so the full epoch has {rank + (m - 1) * world_size + 1 if m else 0} to "
-                      f"{rank + m * world_size} microbatches")
+    # rank holds microbatches rank, rank + world_size, ...: m of them when the epoch has low to high
+    low, high = rank + (m - 1) * world_size + 1 if m else 0, rank + m * world_size
+    checks.integer(stats.get("global_microbatches"), "global_microbatches", low, high, strict=True, fail=says,
+                   message=f"{{name}} {{value!r}}; rank {rank} of {world_size} holds {m} of them, so the full epoch "
+                           "has {low} to {high} microbatches")
 
 
 def check_digests(plan: BatchPlan, folder: str) -> None:

@@ -216,10 +216,10 @@ class BatchPlan:
         return sum(len(e) for e in self.epochs)
 
     def get_epoch(self, epoch: int) -> EpochPlan:
-        if not checks.is_integer(epoch) or not 0 <= epoch < self.num_epochs:
-            raise plan_error(errors.PLAN_CURSOR_INVALID,
-                             f"epoch {epoch!r} is not in the plan; it has epochs 0 to {self.num_epochs - 1}")
-        return self.epochs[int(epoch)]
+        epoch = checks.integer(epoch, "epoch", 0, self.num_epochs - 1,
+                               fail=partial(plan_error, errors.PLAN_CURSOR_INVALID),
+                               message="{name} {value!r} is not in the plan; it has epochs 0 to {high}")
+        return self.epochs[epoch]
 
     def epoch_microbatches(self, epoch: int) -> int:
         """Microbatches of ``epoch`` in the full (unsharded) plan."""

@@ -100,9 +100,8 @@ class StreamSample:
 
     @classmethod
     def from_dict(cls, data: Any) -> StreamSample:
-        if not isinstance(data, dict) or set(data) != set(SAMPLE_FIELDS):
-            keys = sorted(data) if isinstance(data, dict) else type(data).__name__
-            raise _invalid(f"a stream sample has exactly the fields {', '.join(SAMPLE_FIELDS)}; got {keys}")
+        data = checks.record(data, _STORED, fail=_invalid, not_a_map="a stream sample has exactly the fields {fields}; "
+                             "got {type}", unknown=_STORED_KEYS, missing=_STORED_KEYS)
         try:
             sample = Sample(data["input_ids"], data["loss_mask"], None, SampleMeta.from_dict(data["meta"]))
         except errors.UmlosError as exc:
@@ -155,6 +154,9 @@ def _invalid(message: str):
     return failure(errors.STREAM_INVALID, message)
 
 
+#: The fields of :meth:`StreamSample.to_dict`; ``from_dict`` checks the keys, the constructors the values.
+_STORED = dict.fromkeys(SAMPLE_FIELDS, checks.field(checks.anything))
+_STORED_KEYS = "a stream sample has exactly the fields {fields}; got {keys}"
 _NAME = checks.nullable(checks.field(checks.text, message="{name} must be a string or None, got {value!r}"))
 #: Each field of a :class:`StreamSample` and its check, in the order failures are reported.
 _CHECKS = {

@@ -9,6 +9,7 @@ imports torch, so the samplers also work in a process without it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
@@ -65,3 +66,14 @@ def resolve_world(world_size: Any = None, rank: Any = None, size_name: str = "wo
 
 def require_uint64(value: Any, what: str, code: str = errors.INVALID_ARGUMENT) -> int:
     return require_int(value, what, 0, UINT64_MAX, code)
+
+
+def state_of(state: Any, kind: str, state_format: str, code: str) -> Mapping[str, Any]:
+    """``state`` if it is a mapping whose ``format`` is ``state_format``, else a
+    SamplerArgumentError ``code``: not a ``kind`` state. Its other keys are the
+    sampler's to read (a state may carry more than the sampler restores)."""
+    fail = partial(argument_error, code)
+    message = f"not a {{name}} state (expected format {state_format!r})"
+    checks.instance(state, kind, Mapping, fail=fail, message=message)
+    checks.equal(state.get("format"), kind, state_format, fail=fail, message=message)
+    return state

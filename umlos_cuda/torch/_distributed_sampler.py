@@ -35,7 +35,7 @@ import numpy as np
 from .. import checks, errors
 from ..errors import UINT64_MAX
 from ..manifest.core import DEFAULT_BLOCK_SIZE, Manifest
-from ._dist import argument_error, require_int, require_uint64, resolve_world, type_error
+from ._dist import argument_error, require_int, require_uint64, resolve_world, state_of, type_error
 from ._sampler_base import SamplerBase as _SamplerBase
 from ..modes import get_mode
 from ._order import (DEFAULT_SAMPLING_MODE, LEGACY_SAMPLING_MODE, MAX_SEED, RankOrder, check_effective_seed,
@@ -337,10 +337,7 @@ class DistributedSampler(_SamplerBase):
         refused. A state without ``sampling_mode`` was written before the
         sampler had one, under ``block_affine``.
         """
-        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
-            raise argument_error(
-                errors.SAMPLER_STATE_INVALID, f"not a DistributedSampler state (expected format {STATE_FORMAT!r})"
-            )
+        state_of(state, "DistributedSampler", STATE_FORMAT, errors.SAMPLER_STATE_INVALID)
         written = dict(state)
         written.setdefault("sampling_mode", LEGACY_SAMPLING_MODE)
         for key, mine in (("seed", self.seed), ("shuffle", self.shuffle), ("sampling_mode", self.sampling_mode),

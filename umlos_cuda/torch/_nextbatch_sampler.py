@@ -27,7 +27,7 @@ from ..cursor import Cursor, as_cursor
 from ..errors import UmlosError
 from ..manifest.core import Manifest, as_manifest
 from ..nextbatch import check_dataset_length, next_batch
-from ._dist import argument_error, as_argument_error, require_uint64, resolve_world
+from ._dist import argument_error, as_argument_error, require_uint64, resolve_world, state_of
 from ._sampler_base import SamplerBase as _SamplerBase
 from ._padding import Padding
 
@@ -202,9 +202,7 @@ class NextBatchSampler(_SamplerBase):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore the cursor from :meth:`state_dict` output written at any world
         size; the manifest, dataset key and stage must be the ones it was written with."""
-        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
-            raise argument_error(errors.SAMPLER_STATE_INVALID,
-                                 f"not a NextBatchSampler state (expected format {STATE_FORMAT!r})")
+        state_of(state, "NextBatchSampler", STATE_FORMAT, errors.SAMPLER_STATE_INVALID)
         for key, mine in (
             ("manifest_hash", self.manifest.hash.hex()),
             ("dataset_key", self.dataset_key),

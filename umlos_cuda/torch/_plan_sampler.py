@@ -27,11 +27,12 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterator, Mapping
+from functools import partial
 from typing import Any
 
-from .. import errors
+from .. import checks, errors
 from ..errors import UmlosError
-from ._dist import argument_error, as_argument_error, require_uint64, resolve_world
+from ._dist import argument_error, as_argument_error, require_uint64, resolve_world, state_of
 from ._prefetch import called_by_torchdata, pulled_by_workers
 from ._sampler_base import SamplerBase as _SamplerBase
 
@@ -66,9 +67,8 @@ class PlanBatchSampler(_SamplerBase):
 
         try:
             if not isinstance(plan, BatchPlan):
-                if not isinstance(plan, (str, os.PathLike)):
-                    raise argument_error(errors.PLAN_NOT_FOUND,
-                                         f"plan must be a BatchPlan or a plan folder, got {type(plan).__name__}")
+                checks.instance(plan, "plan", (str, os.PathLike), fail=partial(argument_error, errors.PLAN_NOT_FOUND),
+                                message="{name} must be a BatchPlan or a plan folder, got {type}")
                 plan = load_plan(plan)
             self.plan = plan
             self.world_size, self.rank = resolve_world(world_size, rank)
@@ -192,9 +192,7 @@ class PlanBatchSampler(_SamplerBase):
         (same fingerprint), else PLAN_FINGERPRINT_MISMATCH."""
         from ..batching.plans.plan import check_cursor
 
-        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
-            raise argument_error(errors.PLAN_CURSOR_INVALID,
-                                 f"not a PlanBatchSampler state (expected format {STATE_FORMAT!r})")
+        state_of(state, "PlanBatchSampler", STATE_FORMAT, errors.PLAN_CURSOR_INVALID)
         if state.get("plan_fingerprint") != self.fingerprint:
             raise argument_error(errors.PLAN_FINGERPRINT_MISMATCH,
                                  f"the state belongs to plan {state.get('plan_fingerprint')!r}; this sampler's plan is "

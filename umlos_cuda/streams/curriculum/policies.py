@@ -53,8 +53,7 @@ class SamplingPolicy(Protocol):
 
 
 def _shares(values: Mapping[Any, float], what: str) -> dict[Any, float]:
-    if not isinstance(values, Mapping) or not values:
-        raise _invalid(f"{what} must be a non-empty mapping")
+    checks.instance(values, what, Mapping, empty=False, fail=_invalid, message="{name} must be a non-empty mapping")
     out = {}
     for key, value in values.items():
         out[key] = checks.number(value, f"{what}[{key!r}]", at_least=0, fail=_invalid,
@@ -86,8 +85,8 @@ class DifficultyBucketPolicy:
     def __init__(self, weights: Mapping[str, float]) -> None:
         self.weights = _shares(weights, "difficulty_bucket weights")
         for name in self.weights:
-            if not isinstance(name, str):
-                raise _invalid(f"difficulty_bucket weights are keyed by difficulty name, got {name!r}")
+            checks.text(name, "difficulty_bucket weights", fail=_invalid,
+                        message="{name} are keyed by difficulty name, got {value!r}")
         self._names = list(self.weights)
 
     def classes(self, snapshot: BufferSnapshot) -> np.ndarray:
@@ -122,8 +121,8 @@ class LengthQuotaPolicy:
     def __init__(self, quotas: Mapping[int, float]) -> None:
         shares = _shares(quotas, "length_quota quotas")
         for edge in shares:
-            if not checks.is_integer(edge, strict=True) or edge < 1:
-                raise _invalid(f"length_quota quotas are keyed by positive integer lengths, got {edge!r}")
+            checks.integer(edge, "length_quota quotas", 1, None, strict=True, fail=_invalid,
+                           message="{name} are keyed by positive integer lengths, got {value!r}")
         self.edges = np.array(sorted(shares), dtype=np.int64)
         self.quotas = {int(e): shares[int(e)] for e in self.edges}
 
@@ -161,10 +160,12 @@ class NoveltyPolicy:
         return {"recent": np.fromiter(self.recent, dtype="<i8", count=len(self.recent)).tobytes()}
 
     def load_state_dict(self, state: Any) -> None:
-        if not isinstance(state, Mapping) or set(state) != {"recent"} or not isinstance(state["recent"], bytes) \
-                or len(state["recent"]) % 8 or len(state["recent"]) // 8 > self.novelty_window:
-            raise _invalid("a novelty state is {'recent': bytes of at most novelty_window int64 keys}")
-        self.recent = deque(np.frombuffer(state["recent"], dtype="<i8").tolist(), maxlen=self.novelty_window)
+        wrong = "a novelty state is {{'recent': bytes of at most novelty_window int64 keys}}"
+        fields = {"recent": checks.field(checks.instance, bytes, max_length=8 * self.novelty_window, message=wrong)}
+        recent = checks.record(state, fields, fail=_invalid, not_a_map=wrong, unknown=wrong, missing=wrong)["recent"]
+        if len(recent) % 8:
+            raise _invalid(wrong.format())
+        self.recent = deque(np.frombuffer(recent, dtype="<i8").tolist(), maxlen=self.novelty_window)
 
 
 class ComposedPolicy:
@@ -211,8 +212,9 @@ class ComposedPolicy:
         return {"novelty": None if self.novelty is None else self.novelty.state_dict()}
 
     def load_state_dict(self, state: Any) -> None:
-        if not isinstance(state, Mapping) or set(state) != {"novelty"}:
-            raise _invalid("a policy state has exactly the key novelty")
+        keys = "a policy state has exactly the key novelty"
+        state = checks.record(state, {"novelty": checks.field(checks.anything)}, fail=_invalid, not_a_map=keys,
+                              unknown=keys, missing=keys)
         if (state["novelty"] is None) != (self.novelty is None):
             raise _invalid("the saved policy state and this composition disagree on the novelty policy")
         if self.novelty is not None:

@@ -24,12 +24,14 @@ replaying episode ``e`` after a reconnect draws the same numbers.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
 from ...batching.samples import SampleMeta
 from ...batching.templates import sft_sample
 from ...hashing import hash_canonical
@@ -42,6 +44,8 @@ from ..types import StreamSample, difficulty_rank
 EPISODE_DERIVATION = "umlos_gym_episode_v1"
 PUZZLE_DERIVATION = "umlos_gym_puzzle_v1"
 OUTPUT_MODES = ("episode", "steps")
+#: A command: text with something besides whitespace.
+_NOT_BLANK = re.compile(r".*\S.*", re.DOTALL)
 
 
 def episode_seed(run_seed: int, episode: int) -> bytes:
@@ -102,9 +106,9 @@ def play_episode(client: TelnetGymClient, index: int, game: str, difficulty: str
         command = player(observation, context)
         if command is None:
             break
-        if not isinstance(command, str) or not command.strip():
-            raise failure(errors.GYM_CONFIG_INVALID, f"player {getattr(player, 'name', player)!r} returned "
-                                                     f"{command!r}; a player returns a command string or None")
+        checks.text(command, repr(getattr(player, "name", player)), pattern=_NOT_BLANK,
+                    fail=partial(failure, errors.GYM_CONFIG_INVALID),
+                    message="player {name} returned {value!r}; a player returns a command string or None")
         result = client.step(command.strip())
         episode.grids.append(observation.grid_display)
         episode.commands.append(command.strip())

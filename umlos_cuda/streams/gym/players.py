@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import partial
 
 from ... import checks, errors
 from ..failures import failure
@@ -76,9 +77,8 @@ PLAYERS: dict[str, Callable[[], Player]] = {"hint": HintPlayer, "random": Random
 def make_player(player) -> Player:
     """A player from its name or a callable (returned as is)."""
     if isinstance(player, str):
-        if player not in PLAYERS:
-            raise failure(errors.GYM_CONFIG_INVALID, f"player {player!r} is not one of {', '.join(PLAYERS)} "
-                                                     "(or pass a callable)")
+        checks.choice(player, "player", PLAYERS, fail=partial(failure, errors.GYM_CONFIG_INVALID),
+                      message="{name} {value!r} is not one of {choices} (or pass a callable)")
         return PLAYERS[player]()
     if not callable(player):
         raise failure(errors.GYM_CONFIG_INVALID, f"a player is a name ({', '.join(PLAYERS)}) or a callable, "

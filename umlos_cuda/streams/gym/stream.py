@@ -76,27 +76,20 @@ class GymConfig:
     def __post_init__(self) -> None:
         TelnetClientConfig(self.host, self.port, self.timeout)
         for name in ("games", "difficulties"):
-            value = getattr(self, name)
-            if isinstance(value, str):
-                value = (value,)
-            value = tuple(value)
-            if not value or not all(isinstance(v, str) and v for v in value):
-                raise failure(errors.GYM_CONFIG_INVALID, f"{name} must be a non-empty list of names, got {value!r}")
-            object.__setattr__(self, name, value)
+            object.__setattr__(self, name, _names(getattr(self, name), name))
         lowest = {"max_steps": 1, "seed": 0, "max_reconnects": 0} | ({} if self.episodes is None else {"episodes": 0})
         for name, low in lowest.items():
             object.__setattr__(self, name, checks.integer(getattr(self, name), name, low, None, fail=_config_invalid,
                                                           message=checks.AT_LEAST))
-        if self.output not in OUTPUT_MODES:
-            raise failure(errors.GYM_CONFIG_INVALID,
-                          f"output must be one of {', '.join(OUTPUT_MODES)}, got {self.output!r}")
+        checks.choice(self.output, "output", OUTPUT_MODES, fail=_config_invalid)
         for name in ("backoff_s", "backoff_max_s"):
             value = getattr(self, name)
             checks.number(value, name, at_least=0, finite=False, fail=_config_invalid,
                           message="{name} must be a non-negative number, got {value!r}")
         make_player(self.player)
-        if self.name is not None and (not isinstance(self.name, str) or not self.name):
-            raise failure(errors.GYM_CONFIG_INVALID, f"name must be a non-empty string or None, got {self.name!r}")
+        if self.name is not None:
+            checks.text(self.name, "name", empty=False, fail=_config_invalid,
+                        message="{name} must be a non-empty string or None, got {value!r}")
 
     @property
     def source(self) -> str:
@@ -192,3 +185,16 @@ class GymEpisodeStream:
 
 def _config_invalid(message: str) -> UmlosError:
     return failure(errors.GYM_CONFIG_INVALID, message)
+
+
+def _names(value: Any, name: str) -> tuple[str, ...]:
+    """``games`` or ``difficulties``: one name or a non-empty list of non-empty names, as a tuple."""
+    names = (value,) if isinstance(value, str) else tuple(value)
+
+    def refused(message: str) -> UmlosError:  # the whole list, whichever name is wrong
+        return _config_invalid(f"{name} must be a non-empty list of names, got {names!r}")
+
+    checks.instance(names, name, tuple, empty=False, fail=refused)
+    for item in names:
+        checks.text(item, name, empty=False, fail=refused)
+    return names

@@ -49,7 +49,7 @@ from ..buffer.rng import BufferRng
 from ..curriculum.metrics import window_metrics
 from ..failures import failure
 from ..curriculum.config import policies_from_data
-from ..buffer.replay_buffer import ReplayBuffer
+from ..buffer.replay_buffer import ReplayBuffer, check_state
 from ..curriculum.policies import ComposedPolicy
 from ..buffer.snapshot import BufferSnapshot
 from ..types import StreamSample, canonical_json
@@ -256,15 +256,23 @@ class RollingBatchPlanWindow:
 
 def check_window_state(state: Any) -> dict[str, Any]:
     """``state`` if it has the layout of :meth:`RollingBatchPlanWindow.state_dict`."""
-    from ..buffer.replay_buffer import check_state
+    keys = "a window state has exactly format, windows, buffer and policy"
+    return checks.record(state, _WINDOW_STATE, fail=partial(failure, errors.REPLAY_BUFFER_INVALID), not_a_map=keys,
+                         unknown=keys, missing=keys)
 
-    if not isinstance(state, Mapping) or set(state) != {"format", "windows", "buffer", "policy"}:
-        raise failure(errors.REPLAY_BUFFER_INVALID, "a window state has exactly format, windows, buffer and policy")
-    if state["format"] != STATE_FORMAT:
-        raise failure(errors.REPLAY_BUFFER_INVALID, f"window state format {state['format']!r} is not {STATE_FORMAT!r}")
-    checks.integer(state["windows"], "windows", 0, None, fail=partial(failure, errors.REPLAY_BUFFER_INVALID),
-                   message="window state '{name}' must be a non-negative integer", strict=True)
-    check_state(state["buffer"])
-    if state["policy"] is not None and not isinstance(state["policy"], Mapping):
-        raise failure(errors.REPLAY_BUFFER_INVALID, "window state 'policy' must be a map or null")
-    return dict(state)
+
+def _buffer_state(value: Any, name: str, *, fail: checks.Fail) -> Any:
+    """The ``buffer`` of a window state: the replay buffer checks its own state."""
+    check_state(value)
+    return value
+
+
+#: The layout of :meth:`RollingBatchPlanWindow.state_dict`, in the order its fields are checked.
+_WINDOW_STATE = {
+    "format": checks.field(checks.equal, STATE_FORMAT, message="window state format {value!r} is not {expected!r}"),
+    "windows": checks.field(checks.integer, 0, None, strict=True,
+                            message="window state '{name}' must be a non-negative integer"),
+    "buffer": checks.field(_buffer_state),
+    "policy": checks.nullable(checks.field(checks.instance, Mapping,
+                                           message="window state '{name}' must be a map or null")),
+}

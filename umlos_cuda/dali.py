@@ -100,8 +100,8 @@ class IndexSource:
         pad: bool = False,
         replay_token: bytes | None = None,
     ) -> None:
-        if device not in DEVICES:
-            raise _argument_error(errors.INVALID_ARGUMENT, f"device {device!r} is not one of {', '.join(DEVICES)}")
+        checks.choice(device, "device", DEVICES, fail=partial(_argument_error, errors.INVALID_ARGUMENT),
+                      message="{name} {value!r} is not one of {choices}")
         self.manifest = manifest = as_manifest(manifest)
         self.dataset_key = dataset_key
         self.shard_id, self.num_shards = _resolve_shard(shard_id, num_shards)

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import errors
-from .errors import UmlosError
+from . import checks, errors
 from .modes import block_affine
 
 #: The stages of NextBatch_v2: ``train`` is shuffled, ``eval`` and ``infer`` sequential.
@@ -46,16 +45,11 @@ def resolve_preset(preset: str | None, stage: str) -> Preset:
 
     INVALID_STAGE_TYPE for an unknown preset or a stage outside STAGES.
     """
+    fail = checks.raising(errors.INVALID_STAGE_TYPE, operator=errors.NEXTBATCH_OPERATOR)
     if preset is None:
         resolved = Preset(None, stage)
-    elif preset not in PRESETS:
-        raise UmlosError(
-            errors.INVALID_STAGE_TYPE, f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}",
-            operator=errors.NEXTBATCH_OPERATOR,
-        )
     else:
-        resolved = PRESETS[preset]
-    if resolved.stage not in STAGES:
-        raise UmlosError(errors.INVALID_STAGE_TYPE, f"stage {resolved.stage!r} is not one of {', '.join(STAGES)}",
-                         operator=errors.NEXTBATCH_OPERATOR)
+        resolved = PRESETS[checks.choice(preset, "preset", PRESETS, fail=fail,
+                                         message="unknown {name} {value!r}; choose one of {choices}")]
+    checks.choice(resolved.stage, "stage", STAGES, fail=fail, message="{name} {value!r} is not one of {choices}")
     return resolved

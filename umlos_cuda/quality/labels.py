@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import errors
+from .. import checks, errors
 from ..errors import QUALITY_OPERATOR as OPERATOR, UmlosError
 from ..files import reader
 
@@ -48,9 +48,12 @@ class Labels:
 
 def class_sorted_labels(n: int, classes: int) -> Labels:
     """``n`` samples stored sorted into ``classes`` classes of (nearly) equal size."""
-    if n < 1 or not 1 <= classes <= n:
-        raise UmlosError(errors.INVALID_ARGUMENT, f"need 1 <= classes <= n, got classes={classes}, n={n}",
-                         operator=OPERATOR)
+    def refused(message: str) -> UmlosError:  # one message for both: the rule relates them
+        return UmlosError(errors.INVALID_ARGUMENT, f"need 1 <= classes <= n, got classes={classes}, n={n}",
+                          operator=OPERATOR)
+
+    n = checks.integer(n, "n", 1, None, fail=refused)
+    classes = checks.integer(classes, "classes", 1, n, fail=refused)
     dtype = np.uint16 if classes <= 1 << 16 else np.uint32 if classes <= 1 << 32 else np.uint64
     ids = (np.arange(n, dtype=np.uint64) * np.uint64(classes) // np.uint64(n)).astype(dtype)
     return Labels(ids, tuple(str(c) for c in range(classes)), f"{n:,} samples stored sorted into {classes} classes")

@@ -62,8 +62,8 @@ def batch_class_tv(batch_labels: np.ndarray, batch_size: int, frequencies: np.nd
     (``1/2 (1 + Σ_{x_c > 0} (|x_c / B - q_c| - q_c))``), so the cost does not
     grow with the number of classes.
     """
-    if batch_size < 1:
-        raise _error(f"batch_size must be at least 1, got {batch_size}")
+    batch_size = checks.integer(batch_size, "batch_size", 1, None, fail=_error,
+                                message=(checks.AT_LEAST, "{name} must be at least {low}, got {value}"))
     batches = batch_labels.size // batch_size
     if batches == 0:
         raise _error(f"{batch_labels.size} positions hold no full batch of {batch_size}")

@@ -24,6 +24,11 @@ def refusal(call, *args, **kwargs) -> UmlosError:
     return info.value
 
 
+def test_literal_text_formats_to_itself():
+    pattern = "[a-z]{1,63}"
+    assert (checks.literal(pattern) + " {name}").format(name="n") == "[a-z]{1,63} n"
+
+
 def test_raising_builds_the_callers_error():
     error = checks.raising(errors.PLAN_FORMAT_INVALID, operator="op", dataset_key="train")("bad")
     assert (error.code, error.message, error.record["failure_operator"], error.record["dataset_key"]) == \

@@ -78,6 +78,12 @@ NON_NEGATIVE = "{name} must be a non-negative integer, got {value!r}"
 POSITIVE = "{name} must be a positive integer, got {value!r}"
 
 
+def literal(text: str) -> str:
+    """``text`` as a template that formats to itself (its braces doubled): for a message
+    that holds a pattern, a path or other text of the caller's own."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
 def raising(code: str, *, operator: str, **record: Any) -> Fail:
     """The ``fail`` of a code and an operator: ``raising(code, operator=op)(message)``
     is ``UmlosError(code, message, operator=op)`` (``record``: more fields of the failure record)."""

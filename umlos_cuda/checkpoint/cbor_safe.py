@@ -27,7 +27,7 @@ import math
 import struct
 from typing import Any
 
-from .. import errors
+from .. import checks, errors
 from ..errors import UmlosError
 
 #: Defaults for the bounds; callers pass tighter ones where they know better.
@@ -212,9 +212,9 @@ def decode(
     ``what`` names the input in messages (a file name); ``code`` is the failure
     code raised for every violation.
     """
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise UmlosError(code, f"{what}: expected bytes, got {type(data).__name__}", operator=operator)
-    data = bytes(data)
+    data = bytes(checks.instance(data, what, (bytes, bytearray, memoryview),
+                                 fail=checks.raising(code, operator=operator),
+                                 message="{name}: expected bytes, got {type}"))
     if len(data) > max_bytes:
         raise UmlosError(code, f"{what}: {len(data)} bytes exceeds the limit of {max_bytes}", operator=operator)
     def fail(reason: str, at: int) -> UmlosError:

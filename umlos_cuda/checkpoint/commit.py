@@ -44,6 +44,7 @@ import errno
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from .. import checks, errors
@@ -332,9 +333,9 @@ class CheckpointStore:
                         f"task_type must be text of 1 to 1024 characters, got {task_type!r}", operator=COMMIT)
         if world_size is not None:
             world_size = _checked_world_size(world_size)
-        if not isinstance(with_backend_hash, bool):
-            raise error(errors.CHECKPOINT_STATE_INVALID,
-                        f"with_backend_hash must be True or False, got {with_backend_hash!r}", operator=COMMIT)
+        checks.instance(with_backend_hash, "with_backend_hash", bool,
+                        fail=partial(error, errors.CHECKPOINT_STATE_INVALID, operator=COMMIT),
+                        message="{name} must be True or False, got {value!r}")
         return self.tape.append(run_end_fields(
             status=status, final_epoch_count=final_epoch_count, total_samples_seen=total_samples_seen,
             restore_status=restore_status, final_cursors=final_cursors, checkpoint_hash=checkpoint_hash,

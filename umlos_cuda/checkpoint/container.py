@@ -43,9 +43,9 @@ from ..cursor import Cursor
 from ..hashing import cbor_canonical, hash_canonical, sha256
 from ..manifest.core import Manifest
 from . import atomic, cbor_safe, extensions, limits, merkle, paths, schema, tensors
-from .codes import SERIALIZE, VALIDATE, error
+from .codes import SERIALIZE, VALIDATE, error, exact_map
 from .state import CheckpointState, RunIdentity, check_user_name, dataset_snapshot_id, plain
-from .tape import parse_segment_name
+from .tape import SEGMENT_KEYS, parse_segment_name
 
 #: Bounds for untrusted input (one set for writer and reader: :mod:`.limits`).
 MAX_MANIFEST_BYTES = limits.MAX_MANIFEST_BYTES
@@ -91,18 +91,16 @@ class TraceLink:
     def from_dict(cls, value: Any, what: str = paths.TRACE_LINK_PATH) -> TraceLink:
         code = errors.CHECKPOINT_CONTENT_INVALID
         keys = {"trace_root_hash", "trace_tail_hash", "event_count", "segments"}
-        if not isinstance(value, dict) or set(value) != keys:
-            raise error(code, f"{what} must be a map with exactly {sorted(keys)}")
+        exact_map(value, keys, f"{what} must be a map with exactly {sorted(keys)}", code)
         root = schema.check_hash(value["trace_root_hash"], f"{what}: trace_root_hash", code)
         tail = schema.check_hash(value["trace_tail_hash"], f"{what}: trace_tail_hash", code)
         count = schema.check_uint64(value["event_count"], f"{what}: event_count", code)
-        segments = value["segments"]
-        if not isinstance(segments, list) or len(segments) > MAX_TRACE_SEGMENTS:
-            raise error(code, f"{what}: segments must be a list of at most {MAX_TRACE_SEGMENTS}")
+        segments = checks.instance(value["segments"], what, list, max_length=MAX_TRACE_SEGMENTS,
+                                   fail=partial(error, code), message="{name}: segments must be a list of at most "
+                                                                      "{max_length}")
         expected_seq = 0
         for segment in segments:
-            if not isinstance(segment, dict) or set(segment) != {"path", "size", "sha256", "first_seq", "event_count"}:
-                raise error(code, f"{what}: a segment has exactly path, size, sha256, first_seq, event_count")
+            exact_map(segment, SEGMENT_KEYS, f"{what}: a segment has exactly {', '.join(SEGMENT_KEYS)}", code)
             parse_segment_name(segment["path"], code)
             schema.check_uint64(segment["size"], f"{what}: segment size", code)
             schema.check_hash(segment["sha256"], f"{what}: segment sha256", code)
@@ -307,13 +305,13 @@ class ContainerBuilder:
                                                    "state": plain(state.dp_accountant, "dp_accountant")})
         files[paths.TMMU_PATH] = cbor_canonical({"plan": plain(state.tmmu_plan, "tmmu_plan")})
         files[paths.TRACE_LINK_PATH] = cbor_canonical(self.trace_link.to_dict())
-        if not isinstance(state.tensors, Mapping) or not isinstance(state.optimizer, Mapping):
-            raise error(errors.CHECKPOINT_STATE_INVALID, "tensors and optimizer map ranks to state", operator=SERIALIZE)
+        for name in ("tensors", "optimizer"):
+            checks.instance(getattr(state, name), name, Mapping, fail=_state_invalid,
+                            message="tensors and optimizer map ranks to state")
         for rank, shards in state.tensors.items():
             rank = _rank(rank)
-            if isinstance(shards, Mapping) or not isinstance(shards, (list, tuple)):
-                raise error(errors.CHECKPOINT_STATE_INVALID, f"tensors[{rank}] must be a list of shards",
-                            operator=SERIALIZE)
+            checks.instance(shards, f"tensors[{rank}]", (list, tuple), fail=_state_invalid,
+                            message="{name} must be a list of shards")
             for shard, arrays in enumerate(shards):
                 files[paths.tensor_path(rank, shard)] = tensors.encode(arrays, f"tensors[{rank}][{shard}]")
         for rank, arrays in state.optimizer.items():
@@ -321,8 +319,8 @@ class ContainerBuilder:
             files[paths.optimizer_path(rank)] = tensors.encode(arrays, f"optimizer[{rank}]")
         index: dict[str, Any] = {}
         folded: set[str] = set()
-        if not isinstance(state.user_state, Mapping):
-            raise error(errors.CHECKPOINT_STATE_INVALID, "user_state maps names to bytes or arrays", operator=SERIALIZE)
+        checks.instance(state.user_state, "user_state", Mapping, fail=_state_invalid,
+                        message="{name} maps names to bytes or arrays")
         for name, value in state.user_state.items():
             check_user_name(name)
             if name.casefold() in folded:
@@ -432,9 +430,8 @@ class ContainerBuilder:
 def _schema_version(requested: str | None, state: CheckpointState) -> str:
     """The version to write: the one asked for, else 1.1, or 1.2 when the
     state holds registered cursor kinds (so other checkpoints keep the bytes of 1.1)."""
-    if not isinstance(state.extra_cursors, Mapping):
-        raise error(errors.CHECKPOINT_STATE_INVALID, "extra_cursors maps cursor kind names to their state",
-                    operator=SERIALIZE)
+    checks.instance(state.extra_cursors, "extra_cursors", Mapping, fail=_state_invalid,
+                    message="{name} maps cursor kind names to their state")
     if requested is None:
         requested = schema.CURSOR_KINDS_VERSION if state.extra_cursors else schema.SCHEMA_VERSION
     schema.check_version(requested)
@@ -447,9 +444,7 @@ def _schema_version(requested: str | None, state: CheckpointState) -> str:
 
 def encode_cursor_kind(name: Any, value: Any) -> bytes:
     """``data/cursors=<name>.cbor``: ``{kind, state}`` with the state the kind's ``encode`` made of ``value``."""
-    if not isinstance(name, str):
-        raise error(errors.CHECKPOINT_STATE_INVALID, f"extra_cursors key {name!r} must be a cursor kind name",
-                    operator=SERIALIZE)
+    checks.text(name, "extra_cursors key", fail=_state_invalid, message="{name} {value!r} must be a cursor kind name")
     kind = extensions.cursor_kind(name, errors.CHECKPOINT_STATE_INVALID, SERIALIZE)
     try:
         encoded = kind.encode(value)
@@ -458,6 +453,9 @@ def encode_cursor_kind(name: Any, value: Any) -> bytes:
                     f"extra_cursors[{name!r}]: the kind's encode refused it ({_reason(exc)})",
                     operator=SERIALIZE) from None
     return cbor_canonical({"kind": name, "state": plain(encoded, f"extra_cursors[{name!r}]")})
+
+
+_state_invalid = partial(error, errors.CHECKPOINT_STATE_INVALID, operator=SERIALIZE)
 
 
 def _reason(exc: BaseException) -> str:
@@ -528,8 +526,8 @@ def parse_manifest(data: bytes, what: str = paths.MANIFEST_NAME) -> ContainerInf
     """
     top = cbor_safe.decode(data, what=what, max_bytes=MAX_MANIFEST_BYTES, max_depth=limits.MAX_MANIFEST_DEPTH,
                            max_items=limits.MAX_MANIFEST_ITEMS)
-    if not isinstance(top, dict) or set(top) != MANIFEST_KEYS:
-        raise error(errors.CHECKPOINT_SCHEMA_INVALID, f"{what} must be a map with exactly {sorted(MANIFEST_KEYS)}")
+    exact_map(top, MANIFEST_KEYS, f"{what} must be a map with exactly {sorted(MANIFEST_KEYS)}",
+              errors.CHECKPOINT_SCHEMA_INVALID)
     if top["format"] != schema.CONTAINER_FORMAT:
         raise error(errors.CHECKPOINT_SCHEMA_UNSUPPORTED,
                     f"{what}: format {top['format']!r} is not {schema.CONTAINER_FORMAT}")
@@ -554,14 +552,13 @@ def parse_manifest(data: bytes, what: str = paths.MANIFEST_NAME) -> ContainerInf
 def _check_entries(entries: Any, what: str, version: str) -> list[dict]:
     code = errors.CHECKPOINT_SCHEMA_INVALID
     kinds_allowed = schema.has_cursor_kinds(version)
-    if not isinstance(entries, list) or len(entries) > MAX_ENTRIES:
-        raise error(code, f"{what}: entries must be a list of at most {MAX_ENTRIES}")
+    checks.instance(entries, what, list, max_length=MAX_ENTRIES, fail=partial(error, code),
+                    message="{name}: entries must be a list of at most {max_length}")
     previous = b""
     folded: set[str] = set()
     shards: dict[int, set[int]] = {}
     for entry in entries:
-        if not isinstance(entry, dict) or set(entry) != ENTRY_KEYS:
-            raise error(code, f"{what}: an entry has exactly the keys path, size, sha256")
+        exact_map(entry, ENTRY_KEYS, f"{what}: an entry has exactly the keys path, size, sha256", code)
         info = paths.parse_entry_path(entry["path"])
         schema.check_uint64(entry["size"], f"size of {entry['path']}")
         schema.check_hash(entry["sha256"], f"sha256 of {entry['path']}")
@@ -761,21 +758,20 @@ class ContainerReader:
     def cursors(self) -> dict[str, Cursor]:
         value = self.cbor(paths.CURSORS_PATH)
         code = errors.CHECKPOINT_CONTENT_INVALID
-        if not isinstance(value, dict) or set(value) != {"data_cursors", "sampler_config_hash"}:
-            raise error(code, f"{paths.CURSORS_PATH} must be a map with exactly data_cursors and sampler_config_hash")
+        exact_map(value, ("data_cursors", "sampler_config_hash"),
+                  f"{paths.CURSORS_PATH} must be a map with exactly data_cursors and sampler_config_hash", code)
         if value["sampler_config_hash"] != self.header["sampler_config_hash"]:
             raise error(errors.CHECKPOINT_BINDING_MISMATCH, "sampler_config_hash differs between header and cursors")
-        cursors = value["data_cursors"]
-        if not isinstance(cursors, dict):
-            raise error(code, f"{paths.CURSORS_PATH}: data_cursors must be a map")
+        cursors = checks.instance(value["data_cursors"], paths.CURSORS_PATH, dict, fail=partial(error, code),
+                                  message="{name}: data_cursors must be a map")
         manifest = self.run_manifest()
         out = {}
         for key, item in cursors.items():
             if key not in manifest.datasets:
                 raise error(errors.CHECKPOINT_BINDING_MISMATCH,
                             f"cursor dataset key {key!r} is not in the run manifest")
-            if not isinstance(item, dict) or set(item) != {"epoch", "global_index"}:
-                raise error(code, f"{paths.CURSORS_PATH}: cursor {key!r} has exactly epoch and global_index")
+            exact_map(item, ("epoch", "global_index"),
+                      f"{paths.CURSORS_PATH}: cursor {key!r} has exactly epoch and global_index", code)
             out[key] = Cursor(
                 schema.check_uint64(item["epoch"], f"cursor {key!r} epoch", code),
                 schema.check_uint64(item["global_index"], f"cursor {key!r} global_index", code),
@@ -797,8 +793,8 @@ class ContainerReader:
             name = paths.parse_entry_path(path).name
             assert name is not None  # a cursors= path names its kind
             value = self.cbor(path)
-            if not isinstance(value, dict) or set(value) != {"kind", "state"} or value["kind"] != name:
-                raise error(errors.CHECKPOINT_CONTENT_INVALID, f"{path} must be {{kind: {name!r}, state}}")
+            exact_map(value, ("kind", "state"), f"{path} must be {{kind: {name!r}, state}}",
+                      errors.CHECKPOINT_CONTENT_INVALID, where={"kind": name})
             kind = extensions.cursor_kind(name, errors.CHECKPOINT_SCHEMA_UNSUPPORTED, VALIDATE)
             try:
                 out[name] = kind.decode(value["state"], self.run_manifest())
@@ -827,8 +823,8 @@ class ContainerReader:
         value = self.cbor(paths.TMMU_PATH)
         if sha256(self.read_verified(paths.TMMU_PATH)) != self.header["tmmu_plan_hash"]:
             raise error(errors.CHECKPOINT_BINDING_MISMATCH, f"tmmu_plan_hash does not match {paths.TMMU_PATH}")
-        if not isinstance(value, dict) or set(value) != {"plan"}:
-            raise error(errors.CHECKPOINT_CONTENT_INVALID, f"{paths.TMMU_PATH} must be a map with exactly the key plan")
+        exact_map(value, ("plan",), f"{paths.TMMU_PATH} must be a map with exactly the key plan",
+                  errors.CHECKPOINT_CONTENT_INVALID)
         return value["plan"]
 
     def trace_link(self) -> TraceLink:
@@ -845,14 +841,15 @@ class ContainerReader:
         value = self.cbor(paths.ARTIFACT_INDEX_PATH)
         if sha256(self.read_verified(paths.ARTIFACT_INDEX_PATH)) != self.header["artifact_index_hash"]:
             raise error(errors.CHECKPOINT_BINDING_MISMATCH, "artifact_index_hash does not match the artifact index")
-        if not isinstance(value, dict) or set(value) != {"artifacts"} or not isinstance(value["artifacts"], dict):
-            raise error(errors.CHECKPOINT_CONTENT_INVALID, f"{paths.ARTIFACT_INDEX_PATH} must be {{artifacts: map}}")
+        exact_map(value, ("artifacts",), f"{paths.ARTIFACT_INDEX_PATH} must be {{artifacts: map}}",
+                  errors.CHECKPOINT_CONTENT_INVALID, where={"artifacts": dict})
         index = value["artifacts"]
         listed = set()
         for name, item in index.items():
-            if not paths.valid_name(name) or not isinstance(item, dict) \
-                    or set(item) != {"kind", "path", "size", "sha256"}:
+            if not paths.valid_name(name):
                 raise error(errors.CHECKPOINT_CONTENT_INVALID, f"artifact {name!r}: invalid index entry")
+            exact_map(item, ("kind", "path", "size", "sha256"), f"artifact {name!r}: invalid index entry",
+                      errors.CHECKPOINT_CONTENT_INVALID)
             if item["kind"] not in ("blob", "array") or item["path"] != paths.artifact_path(item["kind"], name):
                 raise error(errors.CHECKPOINT_CONTENT_INVALID, f"artifact {name!r}: kind and path disagree")
             entry = self.entries.get(item["path"])
@@ -883,8 +880,9 @@ class ContainerReader:
 
     def describe_arrays(self, path: str) -> dict[str, dict]:
         described = tensors.describe(self.read_verified(path), path)
-        if path.startswith("artifacts/array=") and set(described) != {"value"}:
-            raise error(errors.CHECKPOINT_CONTENT_INVALID, f"{path} must hold one tensor named value")
+        if path.startswith("artifacts/array="):
+            exact_map(described, ("value",), f"{path} must hold one tensor named value",
+                      errors.CHECKPOINT_CONTENT_INVALID)
         return described
 
     def user_value(self, item: Mapping[str, Any]) -> Any:

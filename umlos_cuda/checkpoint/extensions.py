@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import partial
 from dataclasses import dataclass
 from typing import Any
 
-from .. import errors
+from .. import checks, errors
 from ..manifest.core import Manifest
 from . import paths, plugins
 from .codes import SERIALIZE, error
@@ -71,9 +72,9 @@ class CursorKind:
     description: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _KIND_RE.match(self.name):
-            raise error(errors.CHECKPOINT_STATE_INVALID,
-                        f"cursor kind name {self.name!r} must match {KIND_PATTERN}", operator=SERIALIZE)
+        checks.text(self.name, "cursor kind name", pattern=_KIND_RE,
+                    fail=partial(error, errors.CHECKPOINT_STATE_INVALID, operator=SERIALIZE),
+                    message="{name} {value!r} must match " + checks.literal(KIND_PATTERN))
         if not callable(self.encode) or not callable(self.decode):
             raise error(errors.CHECKPOINT_STATE_INVALID, f"cursor kind {self.name!r} needs callable encode and decode",
                         operator=SERIALIZE)

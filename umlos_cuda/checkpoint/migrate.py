@@ -24,7 +24,7 @@ from typing import Any
 from .. import errors
 from ..hashing import cbor_canonical, hash_canonical
 from . import atomic, cbor_safe, schema, signing
-from .codes import MIGRATE, error
+from .codes import MIGRATE, error, exact_map
 from .container import ContainerReader, encode_manifest, sort_key, verify_container
 
 #: Migration steps this implementation knows: (from, to).
@@ -36,9 +36,8 @@ BODY_KEYS = frozenset({"kind", "from_schema_version", "to_schema_version", "sour
 
 
 def _check_policy(policy: Any) -> dict[str, Any]:
-    if not isinstance(policy, Mapping) or set(policy) != {"restore_profiles"}:
-        raise error(errors.CHECKPOINT_MIGRATION_UNSUPPORTED, "a 1.0 -> 1.1 policy is {restore_profiles: [...]}",
-                    operator=MIGRATE)
+    exact_map(policy, ("restore_profiles",), "a 1.0 -> 1.1 policy is {restore_profiles: [...]}",
+              errors.CHECKPOINT_MIGRATION_UNSUPPORTED, operator=MIGRATE)
     profiles = sorted(set(policy["restore_profiles"]))
     if schema.FULL_PROFILE not in profiles or set(profiles) - set(schema.RESTORE_PROFILES):
         raise error(errors.CHECKPOINT_MIGRATION_UNSUPPORTED,
@@ -139,9 +138,9 @@ def verify_migration(
     certificate = cbor_safe.decode(data, what=os.path.basename(certificate_path), max_depth=4)
     trusted = signing.parse_public_key(public_key) if public_key is not None else None
     body = signing.check_certificate(signing.MIGRATION_DOMAIN, certificate, certificate_path, trusted)
-    if set(body) != BODY_KEYS or body["kind"] != "migration" or body["migration_operator"] != schema.MIGRATION_OPERATOR:
-        raise error(errors.CHECKPOINT_SCHEMA_INVALID, f"{certificate_path}: not a migration certificate body",
-                    operator=MIGRATE)
+    exact_map(body, BODY_KEYS, f"{certificate_path}: not a migration certificate body",
+              errors.CHECKPOINT_SCHEMA_INVALID, operator=MIGRATE,
+              where={"kind": "migration", "migration_operator": schema.MIGRATION_OPERATOR})
     policy = _check_policy(body["migration_policy"])
     if hash_canonical(policy) != body["migration_policy_hash"]:
         raise error(errors.CHECKPOINT_BINDING_MISMATCH, "migration_policy_hash does not match the policy",

@@ -22,7 +22,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .. import errors
+from .. import checks, errors
 from ..errors import UINT32_MAX, UmlosError
 from . import limits
 
@@ -89,8 +89,7 @@ def parse_entry_path(path: object) -> PathInfo:
 
     The manifest itself is not an entry, so its name is refused here.
     """
-    if not isinstance(path, str):
-        raise _invalid(f"an entry path must be text, got {type(path).__name__}")
+    path = checks.text(path, "an entry path", fail=_invalid, message="{name} must be text, got {type}")
     if path in REQUIRED_PATHS:
         return PathInfo("fixed")
     match = _TENSOR_RE.match(path)

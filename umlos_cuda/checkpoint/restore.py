@@ -126,11 +126,9 @@ def normalize_ranks(ranks: Any) -> list[int] | None:
     ``CHECKPOINT_STATE_INVALID`` naming what is allowed."""
     if ranks is None:
         return None
-    if isinstance(ranks, (str, bytes, bytearray, Mapping)) or not isinstance(ranks, Iterable):
-        raise error(errors.CHECKPOINT_STATE_INVALID,
-                    f"ranks must be a list of rank numbers (integers in [0, 2^32 - 1]), got {type(ranks).__name__}",
-                    operator=RESTORE)
     fail = partial(error, errors.CHECKPOINT_STATE_INVALID, operator=RESTORE)
+    checks.sequence(ranks, "ranks", iterable=True, fail=fail,
+                    message="{name} must be a list of rank numbers (integers in [0, 2^32 - 1]), got {type}")
     return [checks.integer(rank, "rank", 0, errors.UINT32_MAX, fail=fail,
                            message="ranks holds {value!r}; ranks are integers in [0, 2^32 - 1]") for rank in ranks]
 

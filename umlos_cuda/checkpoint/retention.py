@@ -45,7 +45,7 @@ from typing import Any
 from .. import checks, errors
 from ..hashing import cbor_canonical
 from . import atomic, cbor_safe, paths
-from .codes import COMMIT, error
+from .codes import COMMIT, error, exact_map
 from .lock import StoreLock
 from .store import MARKER_NAME, CommitRecord, checkpoint_dir, open_store
 
@@ -83,10 +83,10 @@ def read_collected(store_dir: str) -> int:
     finally:
         os.close(root)
     value = cbor_safe.decode(data, what=RETENTION_NAME, max_bytes=MAX_RETENTION_BYTES, max_depth=1)
-    if not isinstance(value, dict) or set(value) != {"format", "collected_through"} \
-            or value["format"] != RETENTION_FORMAT or not checks.is_uint64(value["collected_through"]):
-        raise error(errors.CHECKPOINT_SCHEMA_INVALID,
-                    f"{RETENTION_NAME} must be {{format: {RETENTION_FORMAT}, collected_through: uint64}}")
+    exact_map(value, ("format", "collected_through"),
+              f"{RETENTION_NAME} must be {{format: {RETENTION_FORMAT}, collected_through: uint64}}",
+              errors.CHECKPOINT_SCHEMA_INVALID,
+              where={"format": RETENTION_FORMAT, "collected_through": checks.is_uint64})
     return value["collected_through"]
 
 

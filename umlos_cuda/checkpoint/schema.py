@@ -178,10 +178,13 @@ def code_commit_hash(version: str) -> bytes:
 
 # -- validation -----------------------------------------------------------------------
 
+#: A header field whose value the checks below read (the record checks the keys).
+_ANY = checks.field(checks.anything)
+
 
 def parse_version(version: Any) -> tuple[int, int]:
-    if not isinstance(version, str) or not _VERSION_RE.match(version):
-        raise error(errors.CHECKPOINT_SCHEMA_INVALID, f"checkpoint_schema_version {version!r} is not MAJOR.MINOR")
+    checks.text(version, "checkpoint_schema_version", pattern=_VERSION_RE,
+                fail=partial(error, errors.CHECKPOINT_SCHEMA_INVALID), message="{name} {value!r} is not MAJOR.MINOR")
     major, minor = version.split(".")
     return int(major), int(minor)
 
@@ -220,9 +223,8 @@ def check_text(value: Any, what: str, code: str = errors.CHECKPOINT_SCHEMA_INVAL
 
 
 def check_hash(value: Any, what: str, code: str = errors.CHECKPOINT_SCHEMA_INVALID) -> bytes:
-    if not isinstance(value, bytes) or len(value) != 32:
-        raise error(code, f"{what} must be a 32-byte string")
-    return value
+    return checks.instance(value, what, bytes, length=32, fail=partial(error, code),
+                           message="{name} must be a 32-byte string")
 
 
 def check_uint64(value: Any, what: str, code: str = errors.CHECKPOINT_SCHEMA_INVALID) -> int:
@@ -232,9 +234,9 @@ def check_uint64(value: Any, what: str, code: str = errors.CHECKPOINT_SCHEMA_INV
 
 
 def check_text_list(value: Any, what: str, *, sorted_unique: bool = True) -> list[str]:
-    if not isinstance(value, list) or len(value) > limits.MAX_TEXT_LIST:
-        raise error(errors.CHECKPOINT_SCHEMA_INVALID,
-                    f"{what} must be a list of at most {limits.MAX_TEXT_LIST} strings")
+    checks.instance(value, what, list, max_length=limits.MAX_TEXT_LIST,
+                    fail=partial(error, errors.CHECKPOINT_SCHEMA_INVALID),
+                    message="{name} must be a list of at most {max_length} strings")
     for item in value:
         check_text(item, f"{what} item")
     if sorted_unique and value != sorted(set(value)):
@@ -244,21 +246,15 @@ def check_text_list(value: Any, what: str, *, sorted_unique: bool = True) -> lis
 
 def validate_header(header: Any) -> dict[str, Any]:
     """Check every field of a decoded header; return it."""
-    if not isinstance(header, dict):
-        raise error(errors.CHECKPOINT_SCHEMA_INVALID, "the header must be a map")
+    invalid = partial(error, errors.CHECKPOINT_SCHEMA_INVALID)
+    checks.instance(header, "the header", dict, fail=invalid, message="{name} must be a map")
     if "checkpoint_schema_version" not in header:
-        raise error(errors.CHECKPOINT_SCHEMA_INVALID, "the header lacks checkpoint_schema_version")
+        raise invalid("the header lacks checkpoint_schema_version")
     version = check_version(header["checkpoint_schema_version"])
     required, optional = FIELDS[version]
-    missing = sorted(required - set(header))
-    if missing:
-        raise error(errors.CHECKPOINT_SCHEMA_INVALID, f"the header lacks required field(s) {', '.join(missing)}")
-    unknown = sorted(set(header) - required - optional)
-    if unknown:
-        raise error(
-            errors.CHECKPOINT_SCHEMA_INVALID,
-            f"the header has field(s) {', '.join(unknown)} unknown to schema {version}",
-        )
+    checks.record(header, dict.fromkeys(sorted(required), _ANY), optional=dict.fromkeys(optional, _ANY), fail=invalid,
+                  what="the header", missing="{what} lacks required field(s) {missing}",
+                  unknown="{what} has field(s) {unknown} unknown to schema " + version)
     for name in SEED_TEXT_FIELDS + ("migration_operator",):
         check_text(header[name], name)
     for name in SEED_HASH_FIELDS + BINDING_HASH_FIELDS:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import os
 import re
+from functools import partial
 from typing import Any
 
-from .. import errors
-from .codes import error
+from .. import checks, errors
+from .codes import error, exact_map
 from ..hashing import cbor_canonical
 
 ALGORITHM = "Ed25519"
@@ -116,17 +117,16 @@ def check_certificate(domain: bytes, certificate: Any, what: str, trusted_key: b
     but not who signed.
     """
     code = errors.CHECKPOINT_SIGNATURE_INVALID
-    if not isinstance(certificate, dict) or set(certificate) != CERTIFICATE_KEYS:
-        raise error(code, f"{what}: a certificate has exactly the keys {sorted(CERTIFICATE_KEYS)}")
-    if certificate["algorithm"] != ALGORITHM:
-        raise error(code, f"{what}: algorithm {certificate['algorithm']!r} is not {ALGORITHM}")
+    exact_map(certificate, CERTIFICATE_KEYS, f"{what}: a certificate has exactly the keys {sorted(CERTIFICATE_KEYS)}",
+              code)
+    fail = partial(error, code)
+    checks.equal(certificate["algorithm"], f"{what}: algorithm", ALGORITHM, fail=fail,
+                 message="{name} {value!r} is not {expected}")
     public_key, signature, body = certificate["public_key"], certificate["signature"], certificate["body"]
-    if not isinstance(public_key, bytes) or len(public_key) != 32:
-        raise error(code, f"{what}: public_key must be 32 bytes")
-    if not isinstance(signature, bytes) or len(signature) != 64:
-        raise error(code, f"{what}: signature must be 64 bytes")
-    if not isinstance(body, dict):
-        raise error(code, f"{what}: body must be a map")
+    for name, value, size in (("public_key", public_key, 32), ("signature", signature, 64)):
+        checks.instance(value, f"{what}: {name}", bytes, length=size, fail=fail,
+                        message="{name} must be {length} bytes")
+    checks.instance(body, f"{what}: body", dict, fail=fail, message="{name} must be a map")
     if trusted_key is not None and public_key != trusted_key:
         raise error(code, f"{what}: signed by key {public_key.hex()}, not the trusted key {trusted_key.hex()}")
     ed25519 = _ed25519()

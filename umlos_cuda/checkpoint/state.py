@@ -13,15 +13,15 @@ the cursors belong to, and the engine's contract hashes (defaults in
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from .._version import __version__ as _version
-from .. import errors
+from .. import checks, errors
 from ..cursor import Cursor
 from ..hashing import hash_canonical
 from ..manifest.core import Manifest
@@ -59,13 +59,11 @@ class CheckpointState:
     extra_cursors: Mapping[str, Any] = field(default_factory=dict)
 
     def cursor_map(self) -> dict[str, Cursor]:
-        if not isinstance(self.cursors, Mapping):
-            raise error(errors.CHECKPOINT_STATE_INVALID, "cursors must map dataset keys to cursors", operator=SERIALIZE)
+        fail = partial(error, errors.CHECKPOINT_STATE_INVALID, operator=SERIALIZE)
+        checks.instance(self.cursors, "cursors", Mapping, fail=fail, message="{name} must map dataset keys to cursors")
         out = {}
         for key, value in self.cursors.items():
-            if not isinstance(key, str) or not key:
-                raise error(errors.CHECKPOINT_STATE_INVALID, f"cursor key {key!r} must be non-empty text",
-                            operator=SERIALIZE)
+            checks.text(key, "cursor key", empty=False, fail=fail, message="{name} {value!r} must be non-empty text")
             try:
                 out[key] = value if isinstance(value, Cursor) else Cursor.from_dict(value)
             except errors.UmlosError as exc:
@@ -169,6 +167,9 @@ def plain(value: Any, where: str) -> Any:
                     operator=SERIALIZE) from None
 
 
+_KEY_TEXT = "{name} must be UTF-8 text, got {value!r}"
+
+
 def _plain(value: Any, depth: int, budget: list[int]) -> Any:
     budget[0] -= 1
     if budget[0] < 0:
@@ -182,23 +183,19 @@ def _plain(value: Any, depth: int, budget: list[int]) -> Any:
             raise _NotPlain(f"text {value!r} holds a lone surrogate (not UTF-8)")
         return str(value)
     if isinstance(value, (float, np.floating)):
-        value = float(value)
-        if not math.isfinite(value):
-            raise _NotPlain(f"{value} is not finite")
-        return value
+        return checks.number(value, "", fail=_NotPlain, message="{value} is not finite")
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        value = int(value)
-        if not -(1 << 64) <= value <= errors.UINT64_MAX:
-            raise _NotPlain(f"integer {value} is outside the CBOR integer range")
-        return value
+        return checks.integer(value, "", -(1 << 64), errors.UINT64_MAX, fail=_NotPlain,
+                              message="{value} is outside the CBOR integer range [-2^64, 2^64 - 1]")
     if isinstance(value, bytes):
         return bytes(value)
     if isinstance(value, Mapping):
         out = {}
         for key, item in value.items():
             budget[0] -= 1
-            if not isinstance(key, str) or schema.utf8_length(key) is None:
-                raise _NotPlain(f"map keys must be UTF-8 text, got {key!r}")
+            checks.text(key, "map keys", fail=_NotPlain, message=_KEY_TEXT)
+            if schema.utf8_length(key) is None:
+                raise _NotPlain(_KEY_TEXT.format(name="map keys", value=key))
             try:
                 out[str(key)] = _plain(item, depth + 1, budget)
             except _NotPlain as exc:

@@ -22,15 +22,16 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from .. import errors
+from .. import checks, errors
 from ..hashing import sha256
 from . import cbor_safe, limits, paths, schema, signing
-from .codes import COMMIT, error
-from .tape import SEGMENT_FILE_RE, Segment, TapeState, parse_segment_name
+from .codes import COMMIT, error, exact_map
+from .tape import SEGMENT_FILE_RE, SEGMENT_KEYS, Segment, TapeState, parse_segment_name
 
 STORE_FORMAT = "UML_OS.Checkpoint.Store_v1"
 MARKER_NAME = "store.cbor"
@@ -94,13 +95,17 @@ def _body_error(what: str, reason: str) -> errors.UmlosError:
     return error(errors.CHECKPOINT_COMMIT_MISMATCH, f"{what}: {reason}", operator=COMMIT)
 
 
+def _body_map(value: Any, keys: Iterable[str], message: str, where: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A map of a run-commit body (``CHECKPOINT_COMMIT_MISMATCH``, as :func:`_body_error`)."""
+    return exact_map(value, keys, message, errors.CHECKPOINT_COMMIT_MISMATCH, where=where, operator=COMMIT)
+
+
 def check_certificate_body(body: Any, seq: int, marker: Mapping[str, Any], what: str) -> dict:
     """The shape of a run-commit certificate body (docs/checkpoint-format.md, "Run commit")."""
     keys = {"kind", "store_format", "tenant_id", "run_id", "seq", "t", "prev_certificate_hash",
             "trace", "checkpoint", "lineage"}
-    if not isinstance(body, dict) or set(body) != keys or body["kind"] != "run_commit" \
-            or body["store_format"] != STORE_FORMAT:
-        raise _body_error(what, f"a run_commit body has exactly {sorted(keys)}")
+    _body_map(body, keys, f"{what}: a run_commit body has exactly {sorted(keys)}",
+              where={"kind": "run_commit", "store_format": STORE_FORMAT})
     if body["seq"] != seq:
         raise _body_error(what, f"names commit {body['seq']!r}")
     if body["tenant_id"] != marker["tenant_id"] or body["run_id"] != marker["run_id"]:
@@ -108,33 +113,31 @@ def check_certificate_body(body: Any, seq: int, marker: Mapping[str, Any], what:
     schema.check_uint64(body["t"], f"{what}: t", errors.CHECKPOINT_COMMIT_MISMATCH)
     schema.check_hash(body["prev_certificate_hash"], f"{what}: prev_certificate_hash",
                       errors.CHECKPOINT_COMMIT_MISMATCH)
-    trace = body["trace"]
-    if not isinstance(trace, dict) or set(trace) != {"root_hash", "tail_hash", "event_count", "ended", "segments"}:
-        raise _body_error(what, "trace has exactly root_hash, tail_hash, event_count, ended, segments")
+    trace = _body_map(body["trace"], ("root_hash", "tail_hash", "event_count", "ended", "segments"),
+                      f"{what}: trace has exactly root_hash, tail_hash, event_count, ended, segments")
     for name in ("root_hash", "tail_hash"):
         schema.check_hash(trace[name], f"{what}: trace.{name}", errors.CHECKPOINT_COMMIT_MISMATCH)
     schema.check_uint64(trace["event_count"], f"{what}: trace.event_count", errors.CHECKPOINT_COMMIT_MISMATCH)
-    if not isinstance(trace["ended"], bool) or not isinstance(trace["segments"], list):
-        raise _body_error(what, "trace.ended is a boolean and trace.segments a list")
+    for name, kind in (("ended", bool), ("segments", list)):
+        checks.instance(trace[name], name, kind, fail=lambda message: _body_error(what, message),
+                        message="trace.ended is a boolean and trace.segments a list")
     for segment in trace["segments"]:
-        if not isinstance(segment, dict) or set(segment) != {"path", "size", "sha256", "first_seq", "event_count"}:
-            raise _body_error(what, "a trace segment has exactly path, size, sha256, first_seq, event_count")
+        _body_map(segment, SEGMENT_KEYS, f"{what}: a trace segment has exactly {', '.join(SEGMENT_KEYS)}")
         parse_segment_name(segment["path"], errors.CHECKPOINT_COMMIT_MISMATCH)
         for name in ("size", "first_seq", "event_count"):
             schema.check_uint64(segment[name], f"{what}: segment {name}", errors.CHECKPOINT_COMMIT_MISMATCH)
         schema.check_hash(segment["sha256"], f"{what}: segment sha256", errors.CHECKPOINT_COMMIT_MISMATCH)
     checkpoint = body["checkpoint"]
     if checkpoint is not None:
-        if not isinstance(checkpoint, dict) or set(checkpoint) != {"path", "checkpoint_hash", "checkpoint_merkle_root"}:
-            raise _body_error(what, "checkpoint has exactly path, checkpoint_hash, checkpoint_merkle_root")
+        _body_map(checkpoint, ("path", "checkpoint_hash", "checkpoint_merkle_root"),
+                  f"{what}: checkpoint has exactly path, checkpoint_hash, checkpoint_merkle_root")
         if checkpoint["path"] != checkpoint_dir(seq):
             raise _body_error(what, f"checkpoint path must be {checkpoint_dir(seq)}")
         for name in ("checkpoint_hash", "checkpoint_merkle_root"):
             schema.check_hash(checkpoint[name], f"{what}: checkpoint.{name}", errors.CHECKPOINT_COMMIT_MISMATCH)
-    lineage = body["lineage"]
-    if not isinstance(lineage, dict) or set(lineage) != {"path", "lineage_root_hash"} \
-            or lineage["path"] != lineage_path(seq):
-        raise _body_error(what, f"lineage has exactly path ({lineage_path(seq)}) and lineage_root_hash")
+    lineage = _body_map(body["lineage"], ("path", "lineage_root_hash"),
+                        f"{what}: lineage has exactly path ({lineage_path(seq)}) and lineage_root_hash",
+                        where={"path": lineage_path(seq)})
     schema.check_hash(lineage["lineage_root_hash"], f"{what}: lineage_root_hash", errors.CHECKPOINT_COMMIT_MISMATCH)
     return body
 
@@ -152,14 +155,13 @@ def read_marker(store_dir: str, trusted_key: bytes | None = None) -> dict[str, A
     finally:
         os.close(root)
     marker = cbor_safe.decode(data, what=MARKER_NAME, max_bytes=limits.MAX_MARKER_BYTES, max_depth=2)
-    keys = {"format", "tenant_id", "run_id", "public_key"}
-    if not isinstance(marker, dict) or set(marker) != keys or marker["format"] != STORE_FORMAT:
-        raise error(errors.CHECKPOINT_SCHEMA_INVALID,
-                    f"{MARKER_NAME} must be {{format: {STORE_FORMAT}, tenant_id, run_id, public_key}}")
+    exact_map(marker, ("format", "tenant_id", "run_id", "public_key"),
+              f"{MARKER_NAME} must be {{format: {STORE_FORMAT}, tenant_id, run_id, public_key}}",
+              errors.CHECKPOINT_SCHEMA_INVALID, where={"format": STORE_FORMAT})
     schema.check_text(marker["tenant_id"], "store tenant_id")
     schema.check_text(marker["run_id"], "store run_id")
-    if not isinstance(marker["public_key"], bytes) or len(marker["public_key"]) != 32:
-        raise error(errors.CHECKPOINT_SCHEMA_INVALID, f"{MARKER_NAME}: public_key must be 32 bytes")
+    checks.instance(marker["public_key"], f"{MARKER_NAME}: public_key", bytes, length=32,
+                    fail=partial(error, errors.CHECKPOINT_SCHEMA_INVALID), message="{name} must be 32 bytes")
     if trusted_key is not None and marker["public_key"] != trusted_key:
         raise error(errors.CHECKPOINT_SIGNATURE_INVALID,
                     f"the store is bound to key {marker['public_key'].hex()}, not the trusted key {trusted_key.hex()}")

@@ -28,7 +28,7 @@ from .. import errors
 from ..hashing import sha256
 from . import cbor_safe, paths, retention, schema
 from .anchor import check_anchor
-from .codes import RESTORE, error
+from .codes import RESTORE, error, exact_map
 from .container import verify_container
 from .lock import while_no_writer
 from .restore import RestoredCheckpoint, restore_checkpoint
@@ -62,9 +62,8 @@ def check_lineage(store_dir: str, marker: Mapping[str, Any], commits: Sequence[C
                 "t": record.t, "prev_lineage_root_hash": previous, "trace_tail_hash": record.trace["tail_hash"],
                 "checkpoint_merkle_root": record.checkpoint["checkpoint_merkle_root"] if record.checkpoint else None,
             }
-            if not isinstance(lineage, dict) or set(lineage) != LINEAGE_KEYS \
-                    or any(lineage[k] != v for k, v in expected.items()):
-                raise error(errors.CHECKPOINT_COMMIT_MISMATCH, f"{what} does not match commit {record.seq}")
+            exact_map(lineage, LINEAGE_KEYS, f"{what} does not match commit {record.seq}",
+                      errors.CHECKPOINT_COMMIT_MISMATCH, where=expected)
             previous = record.lineage_root_hash
             records.append(lineage)
     finally:

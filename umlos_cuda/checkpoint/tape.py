@@ -44,10 +44,10 @@ import numpy as np
 
 from ..files import durable
 from .. import checks, errors
-from ..errors import UmlosError
+from ..errors import UINT64_MAX, UmlosError
 from ..hashing import ZERO_HASH, cbor_canonical, sha256
 from . import atomic, cbor_safe, paths, plugins, tape_fast
-from .codes import TAPE, error
+from .codes import TAPE, error, exact_map
 
 #: The segment header's ``format`` and the run_header's ``schema_version``: the operator's name.
 TAPE_FORMAT = errors.TAPE_OPERATOR
@@ -57,6 +57,10 @@ MAX_EVENTS = 500_000  # IO.WriteTape_v1: records per segment before rotation
 MAX_FRAME_BYTES = 64 << 20
 MAX_RECORD_DEPTH = 6
 SEGMENT_HEADER_KEYS = frozenset({"format", "segment_index", "first_seq", "prev_hash", "block_size", "max_events"})
+#: How a segment header with a block size or event bound below 1 (or not a uint64) is refused.
+_SIZES = "{name}: invalid block_size or max_events"
+#: The keys of a segment as a checkpoint's trace link and a run commit list it (:meth:`Segment.link_dict`).
+SEGMENT_KEYS = ("path", "size", "sha256", "first_seq", "event_count")
 TRACE_DIR = "trace"
 #: A segment's file name in ``trace/`` (store listings match it) ...
 SEGMENT_FILE_RE = re.compile(r"segment=([1-9][0-9]{0,9})\.tape\Z")
@@ -194,13 +198,17 @@ def register_record_type(name: str, fields: Mapping[str, Callable[[Any], bool]],
     def refuse(reason: str) -> UmlosError:
         return error(errors.CHECKPOINT_STATE_INVALID, f"record type {name!r}: {reason}", operator=TAPE)
 
-    if not isinstance(name, str) or not _RECORD_TYPE_RE.match(name):
-        raise refuse(f"a subsystem's record type is named <subsystem>.<record> ({RECORD_TYPE_PATTERN})")
-    if not isinstance(fields, Mapping) or not fields:
-        raise refuse("declare its fields as a map of field name to check")
+    def refuse_field(shown: str) -> UmlosError:
+        return refuse(f"field {shown} must be new text (not {', '.join(COMMON)}) with a callable check")
+
+    checks.text(name, "record type", pattern=_RECORD_TYPE_RE, fail=refuse, message="a subsystem's {name} is named "
+                "<subsystem>.<record> (" + checks.literal(RECORD_TYPE_PATTERN) + ")")
+    checks.instance(fields, "fields", Mapping, empty=False, fail=refuse,
+                    message="declare its {name} as a map of field name to check")
     for field_name, check in fields.items():
-        if not isinstance(field_name, str) or not field_name or field_name in COMMON or not callable(check):
-            raise refuse(f"field {field_name!r} must be new text (not {', '.join(COMMON)}) with a callable check")
+        checks.text(field_name, "field", empty=False, fail=refuse_field, message="{value!r}")
+        if field_name in COMMON or not callable(check):
+            raise refuse_field(repr(field_name))
     schema = dict(fields)
     if name in SCHEMAS:
         if SCHEMAS[name] != schema or (name in AFTER_RUN_END) != after_run_end:
@@ -227,9 +235,9 @@ def record_schema(kind: str, what: str = "record") -> dict[str, Callable[[Any], 
 
 def check_record(record: Any, what: str = "record") -> dict:
     """A record's fields and types match its schema exactly (``TRACE_FORMAT_INVALID``)."""
-    if not isinstance(record, dict) or not isinstance(record.get("type"), str):
-        raise error(errors.TRACE_FORMAT_INVALID, f"{what}: a record is a map with a text type", operator=TAPE)
-    kind = record["type"]
+    fail = partial(error, errors.TRACE_FORMAT_INVALID, operator=TAPE)
+    checks.instance(record, what, dict, fail=fail, message="{name}: a record is a map with a text type")
+    kind = checks.text(record.get("type"), what, fail=fail, message="{name}: a record is a map with a text type")
     keys = "missing {missing_list}, unknown {unknown_list}"
     checks.record(record, {**COMMON, **record_schema(kind, what)}, optional=OPTIONAL_FIELDS.get(kind),
                   fail=lambda message: error(errors.TRACE_FORMAT_INVALID, f"{what} ({kind}): {message}", operator=TAPE),
@@ -627,11 +635,11 @@ def _segment_chunks(
         raise error(errors.TRACE_TRUNCATED, f"{what}: empty segment", operator=TAPE)
     header = cbor_safe.decode(first, code=errors.TRACE_FORMAT_INVALID, what=f"{what} header", operator=TAPE,
                               max_bytes=MAX_FRAME_BYTES, max_depth=2)
-    if not isinstance(header, dict) or set(header) != SEGMENT_HEADER_KEYS or header["format"] != TAPE_FORMAT:
-        raise error(errors.TRACE_FORMAT_INVALID, f"{what}: not a {TAPE_FORMAT} segment header", operator=TAPE)
-    block_size, max_events = header["block_size"], header["max_events"]
-    if not (is_uint(block_size) and block_size >= 1 and is_uint(max_events) and max_events >= 1):
-        raise error(errors.TRACE_FORMAT_INVALID, f"{what}: invalid block_size or max_events", operator=TAPE)
+    exact_map(header, SEGMENT_HEADER_KEYS, f"{what}: not a {TAPE_FORMAT} segment header", errors.TRACE_FORMAT_INVALID,
+              where={"format": TAPE_FORMAT}, operator=TAPE)
+    block_size, max_events = (checks.integer(header[name], what, 1, UINT64_MAX, strict=True, message=_SIZES,
+                                             fail=partial(error, errors.TRACE_FORMAT_INVALID, operator=TAPE))
+                              for name in ("block_size", "max_events"))
     if header["segment_index"] != index or header["first_seq"] != first_seq or header["prev_hash"] != prev_hash:
         raise error(errors.TRACE_CHAIN_MISMATCH, f"{what}: segment header does not continue the chain "
                                                    f"(expected segment {index} from event {first_seq})", operator=TAPE)
@@ -657,14 +665,11 @@ def _segment_chunks(
         block = cbor_safe.decode(payload, code=errors.TRACE_FORMAT_INVALID, what=f"{what} block {block_index}",
                                  operator=TAPE, max_bytes=MAX_FRAME_BYTES, max_depth=MAX_RECORD_DEPTH,
                                  max_items=max_items)
-        if not isinstance(block, dict) or set(block) != {"block_index", "records"} \
-                or block["block_index"] != block_index:
-            raise error(errors.TRACE_FORMAT_INVALID, f"{what}: block {block_index} is malformed or out of order",
-                        operator=TAPE)
-        records = block["records"]
-        if not isinstance(records, list) or not 1 <= len(records) <= block_size:
-            raise error(errors.TRACE_FORMAT_INVALID, f"{what}: block {block_index} holds 1..{block_size} records",
-                        operator=TAPE)
+        exact_map(block, ("block_index", "records"), f"{what}: block {block_index} is malformed or out of order",
+                  errors.TRACE_FORMAT_INVALID, where={"block_index": block_index}, operator=TAPE)
+        records = checks.instance(block["records"], what, list, empty=False, max_length=block_size,
+                                  fail=partial(error, errors.TRACE_FORMAT_INVALID, operator=TAPE),
+                                  message=f"{{name}}: block {block_index} holds 1..{{max_length}} records")
         for record in records:
             label = f"{what} record {seq}"
             check_record(record, label)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -65,18 +66,15 @@ def encode(arrays: Mapping[str, Any], what: str) -> bytes:
     """safetensors bytes of ``{name: ndarray}``; refuse what cannot round-trip exactly."""
     import safetensors.numpy
 
-    if not isinstance(arrays, Mapping):
-        raise error(errors.CHECKPOINT_STATE_INVALID, f"{what}: expected a mapping of name to array", operator=SERIALIZE)
+    fail = partial(error, errors.CHECKPOINT_STATE_INVALID, operator=SERIALIZE)
+    checks.instance(arrays, what, Mapping, fail=fail, message="{name}: expected a mapping of name to array")
     prepared = {}
     for name, array in arrays.items():
         problem = name_problem(name)
         if problem is not None:
             raise error(errors.CHECKPOINT_STATE_INVALID, f"{what}: {problem}", operator=SERIALIZE)
-        if not isinstance(array, np.ndarray):
-            raise error(
-                errors.CHECKPOINT_STATE_INVALID, f"{what}: {name!r} is a {type(array).__name__}, not a NumPy array",
-                operator=SERIALIZE
-            )
+        checks.instance(array, f"{what}: {name!r}", np.ndarray, fail=fail,
+                        message="{name} is a {type}, not a NumPy array")
         if array.dtype.newbyteorder("=") not in _ALLOWED_NUMPY:
             raise error(
                 errors.CHECKPOINT_STATE_INVALID,
@@ -136,6 +134,14 @@ def _all_text_encodable(value: Any) -> bool:
     return True
 
 
+_METADATA = "__metadata__ must map text to text"
+#: A tensor's entry in the header; the reader checks each value below.
+_TENSOR = dict.fromkeys(("dtype", "shape", "data_offsets"), checks.field(checks.anything))
+_TENSOR_KEYS = "tensor {what} must have exactly dtype, shape and data_offsets"
+_SHAPE = "tensor {name} has an invalid shape"
+_OFFSETS = "tensor {name} has data_offsets outside the data"
+
+
 def describe(data: bytes, what: str) -> dict[str, dict[str, Any]]:
     """Validate a safetensors file's header against its bytes; return
     ``{name: {"dtype", "shape", "nbytes"}}`` in the file's order."""
@@ -152,8 +158,7 @@ def describe(data: bytes, what: str) -> dict[str, dict[str, Any]]:
         header = _parse_header(data[8 : 8 + header_len].decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise bad(f"header is not JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise bad("header is not a JSON object")
+    checks.instance(header, "header", dict, fail=bad, message="{name} is not a JSON object")
     if not _all_text_encodable(header):
         raise bad("header text holds a lone surrogate escape (not UTF-8)")
     body = len(data) - 8 - header_len
@@ -161,30 +166,23 @@ def describe(data: bytes, what: str) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name, info in header.items():
         if name == "__metadata__":
-            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
-                raise bad("__metadata__ must map text to text")
+            for text in checks.instance(info, name, dict, fail=bad, message=_METADATA).values():
+                checks.text(text, name, fail=bad, message=_METADATA)
             continue
         problem = name_problem(name)
         if problem is not None:
             raise bad(problem)
-        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
-            raise bad(f"tensor {name!r} must have exactly dtype, shape and data_offsets")
-        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-        if dtype not in DTYPES:
-            raise bad(f"tensor {name!r} has dtype {dtype!r}; readable: {', '.join(DTYPES)}")
-        if (
-            not isinstance(shape, list)
-            or len(shape) > MAX_DIMS
-            or not all(checks.is_integer(d, strict=True) and 0 <= d < (1 << 62) for d in shape)
-        ):
-            raise bad(f"tensor {name!r} has an invalid shape")
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(checks.is_integer(o, strict=True) for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1] <= body
-        ):
-            raise bad(f"tensor {name!r} has data_offsets outside the data")
+        shown = repr(name)
+        checks.record(info, _TENSOR, fail=bad, what=shown, not_a_map=_TENSOR_KEYS, unknown=_TENSOR_KEYS,
+                      missing=_TENSOR_KEYS)
+        dtype = checks.choice(info["dtype"], shown, DTYPES, fail=bad,
+                              message="tensor {name} has dtype {value!r}; readable: {choices}")
+        shape = checks.instance(info["shape"], shown, list, max_length=MAX_DIMS, fail=bad, message=_SHAPE)
+        for size in shape:
+            checks.integer(size, shown, 0, (1 << 62) - 1, strict=True, fail=bad, message=_SHAPE)
+        offsets = checks.instance(info["data_offsets"], shown, list, length=2, fail=bad, message=_OFFSETS)
+        start = checks.integer(offsets[0], shown, 0, None, strict=True, fail=bad, message=_OFFSETS)
+        checks.integer(offsets[1], shown, start, body, strict=True, fail=bad, message=_OFFSETS)
         nbytes = math.prod(shape) * DTYPES[dtype].itemsize
         if offsets[1] - offsets[0] != nbytes:
             raise bad(f"tensor {name!r}: {offsets[1] - offsets[0]} data bytes for shape {shape} of {dtype}")

@@ -215,6 +215,16 @@ def test_record_key_wordings_may_show_the_data_and_its_keys():
     assert len(refusal(checks.record, dict.fromkeys(range(10**4)), fields, unknown=both).message) < 500
 
 
+def test_record_key_wordings_may_be_functions():
+    def unknown(words):
+        return f"{len(words['unknown_list'])} unknown key(s), the first {words['unknown_list'][0]!r}"
+
+    fields = {"t": checks.is_integer}
+    assert refusal(checks.record, {"t": 1, "u": 2, "v": 3}, fields, unknown=unknown).message == \
+        "2 unknown key(s), the first 'u'"
+    assert refusal(checks.record, {}, fields, unknown=unknown, missing=lambda words: words["missing"]).message == "t"
+
+
 def test_record_predicates_say_invalid_and_never_raise():
     def positive(value):
         return value > 0  # raises TypeError on text

@@ -257,6 +257,8 @@ def nullable(checked: Field) -> Field:
     return replace(checked, allows_none=True)
 
 
+#: A wording of a record's keys: a template, or a function of the template's fields that returns the message.
+KeyWording = str | Callable[[dict[str, Any]], str]
 #: How a record's keys are refused; the fields: ``{what}``, ``{value}`` (the data, bounded), ``{type}`` (its
 #: type name), ``{fields}`` (the required names), ``{unknown}`` and ``{missing}`` (names joined by ", "),
 #: ``{unknown_list}``, ``{missing_list}`` (lists) and ``{keys}`` (the data's keys, a sorted list, bounded).
@@ -267,7 +269,7 @@ MISSING = "{what} lacks the field(s) {missing}"
 
 def record(data: Any, fields: Mapping[str, Field | Callable[[Any], bool]], *, fail: Fail,
            optional: Mapping[str, Field | Callable[[Any], bool]] | None = None, what: str = "the record",
-           not_a_map: str = NOT_A_MAP, unknown: str = UNKNOWN, missing: str = MISSING,
+           not_a_map: str = NOT_A_MAP, unknown: KeyWording = UNKNOWN, missing: KeyWording = MISSING,
            invalid: str = "invalid {name}") -> dict[str, Any]:
     """The fields of the mapping ``data``, each checked, in the order of ``fields``
     (then the ``optional`` fields it holds); else ``fail``.
@@ -275,6 +277,9 @@ def record(data: Any, fields: Mapping[str, Field | Callable[[Any], bool]], *, fa
     ``data`` must hold every key of ``fields``, may hold those of ``optional``
     and nothing else: unknown keys are reported first (``unknown``), then missing
     ones (``missing``); give both the same template to report them together.
+    Either may instead be a function of the template's fields (a dict) that
+    returns the message, for words a template cannot compute (the manifest's
+    "did you mean" suggestion).
     Then each field is checked in order, so the first bad field is the one
     reported. A :class:`Field` words its own failure; a predicate that returns
     false (or raises TypeError, ValueError, KeyError, IndexError or
@@ -304,14 +309,15 @@ def record(data: Any, fields: Mapping[str, Field | Callable[[Any], bool]], *, fa
 
 
 def _keys_refused(data: Mapping[Any, Any], fields: Mapping[str, Any], present: Mapping[str, Any], what: str,
-                  unknown: str, missing: str) -> str:
+                  unknown: KeyWording, missing: KeyWording) -> str:
     """The message of :func:`record` for keys that are not exactly the fields."""
     extra = sorted((key for key in data if key not in fields and key not in present), key=str)
     absent = sorted((name for name in fields if name not in data), key=str)
     words = {"what": what, "value": _Shown(data), "type": type(data).__name__, "fields": ", ".join(fields),
              "unknown": ", ".join(map(str, extra)), "missing": ", ".join(absent),
              "unknown_list": extra, "missing_list": absent, "keys": _Shown(sorted(data, key=str))}
-    return (unknown if extra else missing).format(**words)
+    wording = unknown if extra else missing
+    return wording.format(**words) if isinstance(wording, str) else wording(words)
 
 
 def _words(message: Wording, which: int) -> str:

@@ -36,8 +36,8 @@ from ..errors import UmlosError
 from ..hashing import hash_canonical, sha256
 from .file import MAX_EXPANDED_BYTES, MAX_EXPANDED_NODES, MAX_MANIFEST_BYTES, MAX_NESTING, read_manifest_file
 from .datasets import check_split, datasets_as_map
-from .schema import (DATA_KEYS, DATASET_KEYS, DATASET_OPTIONAL_KEYS, DOCS, FREE_FORM_KEYS, TOP_LEVEL_KEYS,
-                     invalid_manifest, refuse_unknown_keys)
+from .schema import (ANY, DATA_KEYS, DATASET_KEYS, DATASET_OPTIONAL_KEYS, DOCS, FREE_FORM_KEYS, TOP_LEVEL_KEYS,
+                     invalid_manifest, refuse_unknown_keys, unknown_keys)
 from .view import HOW_TO_CHANGE, ReadOnlyDict, freeze, thaw
 from ..modes import DEFAULT_MODE, mode_names
 
@@ -314,12 +314,12 @@ def canonicalize(raw: Any) -> dict[str, Any]:
     manifest["datasets"] = datasets
     for key, entry in datasets.items():
         checks.instance(entry, f"datasets.{key}", dict, fail=invalid_manifest, message="{name} must be a mapping")
-        refuse_unknown_keys(entry, DATASET_KEYS + DATASET_OPTIONAL_KEYS, f"datasets.{key}")
+        checks.record(entry, dict.fromkeys(DATASET_REQUIRED_FIELDS, ANY),
+                      optional=dict.fromkeys(DATASET_OPTIONAL_KEYS, ANY), fail=invalid_manifest, what=f"datasets.{key}",
+                      unknown=unknown_keys(DATASET_KEYS + DATASET_OPTIONAL_KEYS, f"datasets.{key}"),
+                      missing="{what} lacks {missing} (every dataset names all four)")
         if "split" in entry:
             check_split(entry["split"], f"datasets.{key}.split")
-        missing = [name for name in DATASET_REQUIRED_FIELDS if name not in entry]
-        if missing:
-            raise invalid_manifest(f"datasets.{key} lacks {', '.join(missing)} (every dataset names all four)")
         entry["cardinality"] = checks.uint64(entry["cardinality"], f"datasets.{key}.cardinality", fail=invalid_manifest)
         for name in ("id", "version", "hash"):
             checks.instance(entry[name], f"datasets.{key}.{name}", (str, int, bytes), fail=invalid_manifest,

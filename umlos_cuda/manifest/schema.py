@@ -13,9 +13,10 @@ that it lists exactly the keys below.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
-from .. import errors
+from .. import checks, errors
 from ..errors import UmlosError
 
 #: Where every key is described; manifest errors end by pointing there.
@@ -43,6 +44,10 @@ ALL_PATHS = (
 )
 
 
+#: A key whose value the manifest's own checks read (checks.record checks only that the key is allowed).
+ANY = checks.field(checks.anything)
+
+
 def invalid_manifest(message: str) -> UmlosError:
     """INVALID_MANIFEST, its record naming manifest validation (UML_OS.Data.ValidateManifest_v1);
     a NextBatch call that validates a manifest names itself instead (docs/errors.md)."""
@@ -63,21 +68,29 @@ def nearest_key(key: str, allowed: Iterable[str]) -> str | None:
     return by_leaf[match[0]] if match else None
 
 
+def unknown_keys(allowed: tuple[str, ...], where: str) -> Callable[[dict[str, Any]], str]:
+    """How :func:`umlos_cuda.checks.record` words keys outside ``allowed`` in ``where``:
+    the first unknown key (in sorted order) and how many more, the nearest allowed
+    key, and what is allowed."""
+    def words(keys: dict[str, Any]) -> str:
+        unknown = keys["unknown_list"]
+        key = unknown[0]
+        path = key if where == "manifest" else f"{where}.{key}"
+        parts = [f"unknown key {path!r}" + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")]
+        suggestion = nearest_key(key, allowed)
+        if suggestion in allowed and where != "manifest":
+            suggestion = f"{where}.{suggestion}"
+        if suggestion:
+            parts[0] += f" (did you mean {suggestion!r}?)"
+        place = "at the top level" if where == "manifest" else f"in {where}"
+        parts.append(f"allowed {place}: {', '.join(allowed)}")
+        if where == "manifest":
+            parts.append("put your own fields under 'extra'")
+        return "; ".join(parts)
+    return words
+
+
 def refuse_unknown_keys(mapping: Mapping[str, object], allowed: tuple[str, ...], where: str) -> None:
-    """Raise ``INVALID_MANIFEST`` naming the first unknown key of ``mapping`` (in sorted order)."""
-    unknown = sorted(key for key in mapping if key not in allowed)
-    if not unknown:
-        return
-    key = unknown[0]
-    path = key if where == "manifest" else f"{where}.{key}"
-    parts = [f"unknown key {path!r}" + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")]
-    suggestion = nearest_key(key, allowed)
-    if suggestion in allowed and where != "manifest":
-        suggestion = f"{where}.{suggestion}"
-    if suggestion:
-        parts[0] += f" (did you mean {suggestion!r}?)"
-    place = "at the top level" if where == "manifest" else f"in {where}"
-    parts.append(f"allowed {place}: {', '.join(allowed)}")
-    if where == "manifest":
-        parts.append("put your own fields under 'extra'")
-    raise invalid_manifest("; ".join(parts))
+    """Raise ``INVALID_MANIFEST`` naming the first unknown key of ``mapping`` (:func:`unknown_keys`)."""
+    checks.record(mapping, {}, optional=dict.fromkeys(allowed, ANY), fail=invalid_manifest,
+                  unknown=unknown_keys(allowed, where))

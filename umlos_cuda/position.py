@@ -86,9 +86,8 @@ def _host_backend():
 def _indices(index: Any, n: int, dataset_key: str) -> tuple[np.ndarray, bool]:
     """``index`` as a uint64 array, and whether it was one int; each value checked to be in ``[0, n)``."""
     if checks.is_integer(index):
-        value = int(index)
-        if not 0 <= value < n:
-            raise _bad_index(f"index {value} is outside [0, {n})", dataset_key)
+        value = checks.integer(index, "index", 0, n - 1, fail=lambda message: _bad_index(message, dataset_key),
+                               message=f"{{name}} {{value}} is outside [0, {n})")
         return np.array([value], dtype=np.uint64), True
     array = np.asarray(index)
     if array.dtype.kind not in "iu":

@@ -404,9 +404,7 @@ class _PlainCopy:
             raise invalid_manifest(f"a manifest may hold at most {MAX_EXPANDED_BYTES} bytes of text")
 
 
-def _short(value: Any) -> str:
-    """``repr`` for messages, cut short: an integer of 5000 digits cannot even be printed."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
-        return f"of {value.bit_length()} bits"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+def _short(text: str) -> str:
+    """``repr`` of text for messages, cut short (a megabyte of text is not a message)."""
+    shown = repr(text)
+    return shown if len(shown) <= 80 else shown[:77] + "..."

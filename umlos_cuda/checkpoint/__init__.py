@@ -5,6 +5,7 @@ and the tape and checkpoint contents of the v3.8 kernel;
 docs/checkpoint-format.md is the normative description. The modules, one job each:
 
 - ``limits``: every bound on checkpoint input, shared by writer and reader
+- ``codes``: the package's errors, and the shape check of every map it reads
 - ``cbor_safe``: strict, bounded canonical-CBOR reader for untrusted files
 - ``merkle``: RFC 6962 Merkle tree over file entries
 - ``paths``: the container path grammar and link-free file access

@@ -22,9 +22,10 @@ import argparse
 import asyncio
 import logging
 import sys
+from functools import partial
 from typing import Any
 
-from ... import errors
+from ... import checks, errors
 from ...errors import UmlosError
 from ..failures import failure
 
@@ -53,10 +54,10 @@ def check_address(host: Any, port: Any) -> None:
     """GYM_CONFIG_INVALID unless ``host`` is a non-empty string and ``port`` an integer in
     [0, 65535]: checked before anything listens, so a bad value is one line, not a traceback
     from the socket layer after the server started (the port file is the output layer's)."""
-    if not isinstance(host, str) or not host:
-        raise failure(errors.GYM_CONFIG_INVALID, f"host must be a non-empty string, got {host!r}")
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise failure(errors.GYM_CONFIG_INVALID, f"port must be an integer in [0, 65535] (0: a free one), got {port!r}")
+    fail = partial(failure, errors.GYM_CONFIG_INVALID)
+    checks.text(host, "host", empty=False, fail=fail, message="{name} must be a non-empty string, got {value!r}")
+    checks.integer(port, "port", 0, 65535, strict=True, fail=fail,
+                   message="{name} must be an integer in [{low}, {high}] (0: a free one), got {value!r}")
 
 
 async def serve(host: str, port: int, port_file: str | None = None, log_level: str = "WARNING") -> None:

@@ -229,9 +229,8 @@ def _load_epoch(root: str, epoch: int, meta: BatchPlanMeta, lengths, sample_ids,
 
 
 def meta_from_json(data) -> BatchPlanMeta:
-    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
-        got = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise _format(f"meta.json has format {got!r}; this reader reads {PLAN_FORMAT!r}")
+    checks.instance(data, "meta.json", dict, fail=_format, message=_META_FORMAT.replace("{value!r}", "{type!r}"))
+    checks.equal(data.get("format"), "format", PLAN_FORMAT, fail=_format, message=_META_FORMAT)
     try:
         _check_meta_types(data)
         order = {"order": data["order"]} if "order" in data else {}  # written only when not the default
@@ -239,9 +238,9 @@ def meta_from_json(data) -> BatchPlanMeta:
         if data["pack_config"] is not None:
             config = replace(config, pack=PackingConfig.from_dict(data["pack_config"]))
         shard = data["shard"]
-        if shard is not None and (not isinstance(shard, dict)
-                                  or set(shard) != {"rank", "world_size", "source_fingerprint"}):
-            raise _format(f"meta.json shard must be null or {{rank, world_size, source_fingerprint}}, got {shard!r}")
+        if shard is not None:
+            checks.record(shard, _SHARD_KEYS, fail=_format, not_a_map=_SHARD_SHAPE, unknown=_SHARD_SHAPE,
+                          missing=_SHARD_SHAPE)
         check_shard_field(shard, "meta.json")
         meta = BatchPlanMeta(
             config=config,
@@ -264,10 +263,15 @@ def meta_from_json(data) -> BatchPlanMeta:
         raise _format(f"meta.json: {exc.message}") from None
     if meta.index_dtype not in ("<u4", "<u8"):
         raise _format(f"meta.json index_dtype must be <u4 or <u8, got {meta.index_dtype!r}")
-    if set(data) != set(meta.to_json()):
-        extra = sorted(set(data) - set(meta.to_json()))
-        raise _format(f"meta.json has unknown fields {extra}")
+    checks.record(data, dict.fromkeys(meta.to_json(), checks.field(checks.anything)), fail=_format,
+                  unknown="meta.json has unknown fields {unknown_list}", missing="meta.json has unknown fields []")
     return meta
+
+
+_META_FORMAT = f"meta.json has format {{value!r}}; this reader reads {PLAN_FORMAT!r}"
+#: A shard's fields (their types: :func:`_check_meta_types` and check_shard_field).
+_SHARD_KEYS = dict.fromkeys(("rank", "world_size", "source_fingerprint"), checks.field(checks.anything))
+_SHARD_SHAPE = "meta.json shard must be null or {{rank, world_size, source_fingerprint}}, got {value!r}"
 
 
 def _meta(message: str) -> UmlosError:
@@ -285,16 +289,19 @@ def _check_meta_types(data: dict) -> None:
     hashes are strings, epoch_digests one string per epoch (a shard's numbers: check_shard_field)."""
     for name, nullable in _TEXT_FIELDS:
         value = data[name]
-        if not (isinstance(value, str) or (nullable and value is None)):
-            raise _format(f"meta.json: {name} must be a string{' or null' if nullable else ''}, "
-                          f"got {type(value).__name__}")
+        if value is not None or not nullable:
+            checks.text(value, name, fail=_format,
+                        message=f"meta.json: {{name}} must be a string{' or null' if nullable else ''}, got {{type}}")
     digests = data["epoch_digests"]
-    if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests) \
-            or len(digests) != data["num_epochs"]:
-        raise _format(f"meta.json: epoch_digests must be a list of {data['num_epochs']} strings, one per epoch")
+    wrong = f"meta.json: epoch_digests must be a list of {data['num_epochs']} strings, one per epoch"
+    for digest in checks.instance(digests, "epoch_digests", list, fail=_format, message=checks.literal(wrong)):
+        checks.text(digest, "epoch_digests", fail=_format, message=checks.literal(wrong))
+    if len(digests) != data["num_epochs"]:
+        raise _format(wrong)
     shard = data["shard"]
-    if isinstance(shard, dict) and not isinstance(shard.get("source_fingerprint"), str):
-        raise _format("meta.json: shard's source_fingerprint must be a string")
+    if isinstance(shard, dict):
+        checks.text(shard.get("source_fingerprint"), "source_fingerprint", fail=_format,
+                    message="meta.json: shard's source_fingerprint must be a string")
 
 
 #: stats.json's counts (integers >= 0) and measures (numbers), as plan info and verify read them.
@@ -307,8 +314,7 @@ PACKING_MEASURES = ("packing_efficiency", "segments_per_row")
 def check_stats(stats, where: str, packed: bool) -> dict:
     """``stats`` when it has the fields the commands read, of their types (PLAN_FORMAT_INVALID otherwise).
     Whether the numbers are right is :func:`~umlos_cuda.batching.plans.verify.verify_plan`'s job."""
-    if not isinstance(stats, dict):
-        raise _format(f"{where} is not a stats object")
+    checks.instance(stats, where, dict, fail=_format, message="{name} is not a stats object")
 
     def fail(message: str) -> UmlosError:
         return _format(f"{where}: {message}")
@@ -317,20 +323,22 @@ def check_stats(stats, where: str, packed: bool) -> dict:
         checks.integer(stats.get(name), name, 0, None, fail=fail, message=checks.AT_LEAST)
     for name in STATS_MEASURES:
         _number(stats.get(name), name, where)
-    if not isinstance(stats.get("skipped"), list) or not all(isinstance(s, str) for s in stats["skipped"]):
-        raise _format(f"{where}: skipped must be a list of sample ids")
-    histogram = stats.get("bucket_histogram")
-    if not isinstance(histogram, list) or not all(isinstance(row, dict) for row in histogram):
-        raise _format(f"{where}: bucket_histogram must be a list of objects")
+    for sample_id in checks.instance(stats.get("skipped"), "skipped", list, fail=fail, message=_SKIPPED):
+        checks.text(sample_id, "skipped", fail=fail, message=_SKIPPED)
+    for row in checks.instance(stats.get("bucket_histogram"), "bucket_histogram", list, fail=fail, message=_HISTOGRAM):
+        checks.instance(row, "bucket_histogram", dict, fail=fail, message=_HISTOGRAM)
     if packed:
-        packing = stats.get("packing")
-        if not isinstance(packing, dict):
-            raise _format(f"{where}: a packed plan's stats hold a packing object")
+        packing = checks.instance(stats.get("packing"), "packing", dict, fail=fail,
+                                  message="a packed plan's stats hold a packing object")
         for name in PACKING_COUNTS:
             checks.integer(packing.get(name), f"packing.{name}", 0, None, fail=fail, message=checks.AT_LEAST)
         for name in PACKING_MEASURES:
             _number(packing.get(name), f"packing.{name}", where)
     return stats
+
+
+_SKIPPED = "skipped must be a list of sample ids"
+_HISTOGRAM = "bucket_histogram must be a list of objects"
 
 
 def _number(value, what: str, where: str) -> float:
@@ -353,10 +361,9 @@ def read_sample_ids(path: str, count: int) -> list[str]:
     ids = []
     try:
         for number, line in reader.iter_lines(path, _format, max_lines=count):
-            value = reader.loads_json(line, _format, f"{path} line {number + 1}")
-            if not isinstance(value, str):
-                raise _format(f"{path} line {number + 1} is not a JSON string")
-            ids.append(value)
+            where = f"{path} line {number + 1}"
+            ids.append(checks.text(reader.loads_json(line, _format, where), where, fail=_format,
+                                   message="{name} is not a JSON string"))
     except FileNotFoundError:
         raise _format(f"{path} is missing (meta.json says the ids are stored)") from None
     if len(ids) != count:
@@ -413,17 +420,27 @@ def _microbatch(line: bytes, where: str, index: int, packed: bool) -> dict:
     """One line of microbatches.jsonl, checked: its fields, its index, and its
     packs (lists of sample ids that, joined, are its samples) in a packed plan."""
     item = reader.loads_json(line, _format, where, not_json="is not JSON")
-    item = checks.record(item, _MICROBATCH_FIELDS, fail=lambda message: _format(f"{where}: {message}"),
-                         not_a_map=_MICROBATCH_KEYS, unknown=_MICROBATCH_KEYS, missing=_MICROBATCH_KEYS)
+    item = checks.record(item, _MICROBATCH_FIELDS, fail=_in(where), not_a_map=_MICROBATCH_KEYS,
+                         unknown=_MICROBATCH_KEYS, missing=_MICROBATCH_KEYS)
     if item["index"] != index:
         raise _format(f"{where} has index {item['index']!r}; expected {index}")
     packs = item["packs"]
     if not packed and packs is not None:
         raise _format(f"{where} has packs but meta.json has no pack_config")
-    if packed and (not isinstance(packs, list) or not all(isinstance(p, list) and p for p in packs)
-                   or [sid for p in packs for sid in p] != item["samples"]):
-        raise _format(f"{where}: packs must be non-empty lists of sample ids that, joined, are samples")
+    if packed:
+        for pack in checks.instance(packs, "packs", list, fail=_in(where), message=_PACKS):
+            checks.instance(pack, "packs", list, empty=False, fail=_in(where), message=_PACKS)
+        if [sid for p in packs for sid in p] != item["samples"]:
+            raise _format(f"{where}: {_PACKS}")
     return item
+
+
+_PACKS = "packs must be non-empty lists of sample ids that, joined, are samples"
+
+
+def _in(where: str) -> Callable[[str], UmlosError]:
+    """The ``fail`` of a line's fields: the message after the line's place."""
+    return lambda message: _format(f"{where}: {message}")
 
 
 def _bounds(counts: list[int]) -> np.ndarray:

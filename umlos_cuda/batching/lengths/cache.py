@@ -128,9 +128,8 @@ class LengthCache:
             if len(ids) != array.shape[0]:
                 raise _invalid(f"{len(ids)} sample ids but {array.shape[0]} lengths; give one id per length")
             for position, sample_id in enumerate(ids):
-                if not isinstance(sample_id, str):
-                    raise _invalid(f"sample id #{position} is {type(sample_id).__name__} {sample_id!r}; "
-                                   "ids are strings")
+                checks.text(sample_id, position, fail=_invalid,  # type: ignore[arg-type]  # the name: its position
+                            message="sample id #{name} is {type} {value!r}; ids are strings")
             _check_unique(ids, "sample ids")
         array.flags.writeable = False
         return cls(array, tokenizer_hash, sample_ids=ids, ids_are_line_numbers=ids is None, dataset_hash=dataset_hash)
@@ -394,8 +393,7 @@ def read_sidecar_header(path: str) -> tuple[dict, int]:
     if len(text) != size:
         raise _sidecar_error(f"{path} has a truncated or malformed header")
     header = reader.loads_json(text, _sidecar_error, f"the header of {path}")
-    if not isinstance(header, dict):
-        raise _sidecar_error(f"{path} has a truncated or malformed header")
+    checks.instance(header, path, dict, fail=_sidecar_error, message="{name} has a truncated or malformed header")
     if header.get("format_version") != SIDECAR_VERSION:
         raise _sidecar_error(f"{path} has format_version {header.get('format_version')!r}; "
                              f"this reader reads {SIDECAR_VERSION}")
@@ -422,12 +420,13 @@ def _load_with_sidecar(path: str) -> LengthCache:
         lengths = np.asarray(np.memmap(handle, dtype="<u4", mode="r", offset=offset, shape=(count,)))
     if hashlib.sha256(lengths.data).hexdigest() != header.get("lengths_sha256"):
         raise _sidecar_error(f"{side}: its length bytes do not match their SHA-256 in the header")
-    tokenizer_hash, dataset_hash = header.get("tokenizer_hash"), header.get("dataset_hash")
-    if not isinstance(tokenizer_hash, str) or not (dataset_hash is None or isinstance(dataset_hash, str)):
-        raise _sidecar_error(f"{side} has a malformed tokenizer_hash or dataset_hash")
-    ids_kind = header.get("sample_ids")
-    if ids_kind not in ("line_numbers", "jsonl"):
-        raise _sidecar_error(f"{side} has sample_ids {ids_kind!r}; expected line_numbers or jsonl")
+    malformed = "{name} has a malformed tokenizer_hash or dataset_hash"
+    tokenizer_hash = checks.text(header.get("tokenizer_hash"), side, fail=_sidecar_error, message=malformed)
+    dataset_hash = header.get("dataset_hash")
+    if dataset_hash is not None:
+        checks.text(dataset_hash, side, fail=_sidecar_error, message=malformed)
+    ids_kind = checks.choice(header.get("sample_ids"), side, ("line_numbers", "jsonl"), fail=_sidecar_error,
+                             message="{name} has sample_ids {value!r}; expected line_numbers or jsonl")
     # One read of the JSONL: its SHA-256, and every row against what the sidecar says (rows.py).
     _, jsonl_sha256, bad = scan_rows(path, lengths, tokenizer_hash, ids_kind == "line_numbers", _invalid)
     if jsonl_sha256 != header.get("jsonl_sha256"):
@@ -450,9 +449,9 @@ def _parse_jsonl(path: str) -> tuple[list[str], np.ndarray, str]:
         return _invalid(f"{path} line {number + 1}: {message}")
 
     for number, line in _lines(path):
-        row = reader.loads_json(line, _invalid, f"{path} line {number + 1}", not_json="is not JSON")
-        if not isinstance(row, dict):
-            raise _invalid(f"{path} line {number + 1} is {type(row).__name__}; rows are JSON objects")
+        where = f"{path} line {number + 1}"
+        row = checks.instance(reader.loads_json(line, _invalid, where, not_json="is not JSON"), where, dict,
+                              fail=_invalid, message="{name} is {type}; rows are JSON objects")
         if "sample_id" not in row and "length" not in row:  # a dataset (or another JSONL) given as a cache
             keys = ", ".join(sorted(map(str, row))[:6]) or "none"
             raise _invalid(f"{path} line {number + 1} is not a length cache row (its fields: {keys}); a length "
@@ -460,10 +459,9 @@ def _parse_jsonl(path: str) -> tuple[list[str], np.ndarray, str]:
                            f"dataset by `umlos-cuda data lengths build --dataset {path} --tokenizer TOKENIZER "
                            "--output LENGTHS.jsonl` (or `data tokenize`, whose store holds lengths.jsonl)")
         sample_id, row_hash, length = row.get("sample_id"), row.get("tokenizer_hash"), row.get("length")
-        if not isinstance(sample_id, str):
-            raise _invalid(f"{path} line {number + 1}: sample_id must be a string, got {sample_id!r}")
-        if not isinstance(row_hash, str) or not row_hash:
-            raise _invalid(f"{path} line {number + 1}: tokenizer_hash must be a non-empty string, got {row_hash!r}")
+        checks.text(sample_id, "sample_id", fail=at_line, message="{name} must be a string, got {value!r}")
+        checks.text(row_hash, "tokenizer_hash", fail=at_line, empty=False,
+                    message="{name} must be a non-empty string, got {value!r}")
         if tokenizer_hash is None:
             tokenizer_hash = row_hash
         elif row_hash != tokenizer_hash:
@@ -506,8 +504,8 @@ def _as_lengths(values, *, allow_empty: bool = False) -> np.ndarray:
 
 
 def _check_hash(value, what: str) -> None:
-    if not isinstance(value, str) or not value:
-        raise _invalid(f"{what} must be a non-empty string (a hex digest), got {value!r}")
+    checks.text(value, what, fail=_invalid, empty=False,
+                message="{name} must be a non-empty string (a hex digest), got {value!r}")
 
 
 def _check_unique(ids: list[str], what: str) -> None:

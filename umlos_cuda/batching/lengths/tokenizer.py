@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ... import errors
+from ... import checks, errors
 from ...errors import UmlosError
 from ...files import reader
 
@@ -67,9 +67,8 @@ def load_tokenizer(source: Any) -> LoadedTokenizer:
 
     if isinstance(source, Tokenizer):
         return LoadedTokenizer(source)
-    if not isinstance(source, (str, os.PathLike)):
-        raise _invalid(f"a tokenizer is a path, a tokenizers.Tokenizer or a LoadedTokenizer, "
-                       f"got {type(source).__name__}")
+    checks.instance(source, "tokenizer", (str, os.PathLike), fail=_invalid,
+                    message="a tokenizer is a path, a tokenizers.Tokenizer or a LoadedTokenizer, got {type}")
     path = os.fspath(source)
     if os.path.isdir(path):
         file = os.path.join(path, TOKENIZER_FILE)
@@ -81,9 +80,10 @@ def load_tokenizer(source: Any) -> LoadedTokenizer:
         template = _read_text(os.path.join(path, CHAT_TEMPLATE_FILE))
         if template is None:
             template = config.get("chat_template")
-        if template is not None and not isinstance(template, (str, list)):
-            raise _invalid(f"{os.path.join(path, CONFIG_FILE)}: chat_template must be a string or a list, "
-                           f"got {type(template).__name__}")
+        if template is not None:
+            checks.instance(template, "chat_template", (str, list), fail=_invalid,
+                            message=checks.literal(os.path.join(path, CONFIG_FILE))
+                            + ": {name} must be a string or a list, got {type}")
         return LoadedTokenizer(_tokenizer_from_file(Tokenizer, file), template, special, path)
     if not os.path.exists(path):
         raise _invalid(f"no tokenizer at {path}: give a tokenizer.json file or a directory holding one "
@@ -117,8 +117,7 @@ def _special_tokens(config: dict, special_map: dict) -> dict[str, Any]:
         if value is None:
             continue
         if key == "additional_special_tokens":
-            if not isinstance(value, list):
-                raise _invalid(f"additional_special_tokens must be a list, got {type(value).__name__}")
+            checks.instance(value, key, list, fail=_invalid, message="{name} must be a list, got {type}")
             found[key] = [_token_text(item, key) for item in value]
         else:
             found[key] = _token_text(value, key)
@@ -128,9 +127,8 @@ def _special_tokens(config: dict, special_map: dict) -> dict[str, Any]:
 def _token_text(value: Any, key: str) -> str:
     if isinstance(value, dict):
         value = value.get("content")
-    if not isinstance(value, str):
-        raise _invalid(f"{key} must be a token's text or an object with 'content', got {value!r}")
-    return value
+    return checks.text(value, key, fail=_invalid,
+                       message="{name} must be a token's text or an object with 'content', got {value!r}")
 
 
 def _read_json(path: str) -> dict:
@@ -139,9 +137,7 @@ def _read_json(path: str) -> dict:
     if text is None:
         return {}
     data = reader.loads_json(text, _invalid, path, not_json="is not JSON")
-    if not isinstance(data, dict):
-        raise _invalid(f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data
+    return checks.instance(data, path, dict, fail=_invalid, message="{name} must hold a JSON object, got {type}")
 
 
 def _read_text(path: str) -> str | None:

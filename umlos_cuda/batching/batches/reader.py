@@ -178,41 +178,47 @@ def read_index(path: str, *, require_complete: bool = True) -> dict:
     except FileNotFoundError:
         raise _not_found(f"no batch files at {folder}: {path} does not exist (write them with "
                          "`umlos-cuda batch generate`)") from None
-    if not isinstance(data, dict) or data.get("format") != FILES_FORMAT:
-        raise file_error(f"{path} is not a batch folder index (format {FILES_FORMAT!r})")
+    not_index = checks.literal(f"{path} is not a batch folder index (format {FILES_FORMAT!r})")
+    checks.instance(data, "index", dict, fail=file_error, message=not_index)
+    checks.equal(data.get("format"), "format", FILES_FORMAT, fail=file_error, message=not_index)
     _check_identity(data, path)
     if require_complete:
         if data.get("complete") is not True:
             raise _not_found(f"the batch files in {folder} are unfinished: writing stopped before the end (run "
                              "`umlos-cuda batch generate` again with the same arguments to finish)")
-        epochs = data.get("epochs")
-        if not isinstance(epochs, list) or not all(_is_epoch_row(e) for e in epochs) \
-                or not isinstance(data.get("batch_fingerprint"), dict):
-            raise file_error(f"{path} lacks the per-epoch digests or the batch fingerprint of a finished folder")
+        unfinished = f"{path} lacks the per-epoch digests or the batch fingerprint of a finished folder"
+        if not all(_is_epoch_row(e) for e in checks.instance(data.get("epochs"), "epochs", list, fail=file_error,
+                                                              message=checks.literal(unfinished))):
+            raise file_error(unfinished)
+        checks.instance(data.get("batch_fingerprint"), "batch_fingerprint", dict, fail=file_error,
+                        message=checks.literal(unfinished))
     return data
 
 
 def _check_identity(data: dict, path: str) -> None:
     """The types of what the writer compares on resume and the reader uses (pad_id, separator_ids)."""
+    def fail(message: str) -> UmlosError:
+        return file_error(f"{path}: {message}")
+
     for name in ("plan_fingerprint", "tokenizer_hash", "lengths_sha256"):
-        if not isinstance(data.get(name), str):
-            raise file_error(f"{path}: {name} must be a string, got {type(data.get(name)).__name__}")
-    if not _is_int(data.get("pad_id")):
-        raise file_error(f"{path}: pad_id must be an integer, got {type(data.get('pad_id')).__name__}")
+        checks.text(data.get(name), name, fail=fail, message="{name} must be a string, got {type}")
+    checks.integer(data.get("pad_id"), "pad_id", None, None, strict=True, fail=fail,
+                   message="{name} must be an integer, got {type}")
     separators = data.get("separator_ids")
-    if not (separators is None or (isinstance(separators, list) and all(_is_int(t) for t in separators))):
-        raise file_error(f"{path}: separator_ids must be a list of integers")
+    if separators is not None:
+        wrong = "{name} must be a list of integers"
+        for token in checks.instance(separators, "separator_ids", list, fail=fail, message=wrong):
+            checks.integer(token, "separator_ids", None, None, strict=True, fail=fail, message=wrong)
 
 
 def _is_epoch_row(row) -> bool:
-    return isinstance(row, dict) and {"epoch", "indices", "digests"} <= set(row) and _is_int(row["epoch"]) \
-        and isinstance(row["indices"], list) and isinstance(row["digests"], list) \
-        and len(row["indices"]) == len(row["digests"]) and all(_is_int(i) for i in row["indices"]) \
-        and all(isinstance(d, str) for d in row["digests"])
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """A finished epoch's row: its number and one digest (text) per batch index (an integer); more keys may follow."""
+    if not isinstance(row, dict) or not {"epoch", "indices", "digests"} <= set(row):
+        return False
+    indices, digests = row["indices"], row["digests"]
+    return checks.is_integer(row["epoch"], strict=True) and isinstance(indices, list) and isinstance(digests, list) \
+        and len(indices) == len(digests) and all(checks.is_integer(i, strict=True) for i in indices) \
+        and all(isinstance(d, str) for d in digests)
 
 
 def _not_found(message: str) -> UmlosError:

@@ -135,8 +135,8 @@ class TokenStore:
 
     # ------------------------------------------------------------------ access
     def _span(self, row: int) -> tuple[int, int]:
-        if not checks.is_integer(row) or not 0 <= row < len(self):
-            raise _invalid(f"sample {row!r} is not in the store; rows are 0 to {len(self) - 1}")
+        row = checks.integer(row, "row", 0, len(self) - 1, fail=_invalid,
+                             message="sample {value!r} is not in the store; rows are 0 to {high}")
         return int(self.offsets[row]), int(self.offsets[row + 1])
 
     def input_ids(self, row: int) -> np.ndarray:
@@ -202,17 +202,18 @@ def _read_meta(path: str) -> dict:
         meta = read_json(path, _invalid)
     except FileNotFoundError:
         raise _invalid(f"{path} is missing") from None
-    if not isinstance(meta, dict) or meta.get("format") != STORE_FORMAT:
-        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise _invalid(f"{path} has format {got!r}; this reader reads {STORE_FORMAT!r}")
-    if not set(META_FIELDS) <= set(meta) <= set(META_FIELDS + OPTIONAL_FIELDS):
-        known = set(META_FIELDS + OPTIONAL_FIELDS)
-        raise _invalid(f"{path} must have exactly the fields {', '.join(META_FIELDS)} (and may have "
-                       f"{', '.join(OPTIONAL_FIELDS)}); missing {sorted(set(META_FIELDS) - set(meta))}, "
-                       f"unknown {sorted(set(meta) - known)}")
+    wrong_format = checks.literal(path) + f" has format {{value!r}}; this reader reads {STORE_FORMAT!r}"
+    checks.instance(meta, "meta.json", dict, fail=_invalid, message=wrong_format.replace("{value!r}", "{type!r}"))
+    checks.equal(meta.get("format"), "format", STORE_FORMAT, fail=_invalid, message=wrong_format)
+    wrong_fields = checks.literal(path) + _META_KEYS
+    checks.record(meta, _META_FIELDS, optional=_OPTIONAL_FIELDS, fail=_invalid, unknown=wrong_fields,
+                  missing=wrong_fields)
+
+    def at_path(message: str) -> UmlosError:
+        return _invalid(f"{path}: {message}")
+
     for name, low, wording in (("num_samples", 1, checks.POSITIVE), ("num_tokens", 0, checks.NON_NEGATIVE)):
-        checks.integer(meta[name], name, low, None, fail=lambda message: _invalid(f"{path}: {message}"),
-                       message=wording, strict=True)
+        checks.integer(meta[name], name, low, None, fail=at_path, message=wording, strict=True)
     if "vocab_size" in meta:
         limit = 1 << (16 if meta["token_dtype"] == "<u2" else 32)
         checks.integer(meta["vocab_size"], "vocab_size", 1, limit,
@@ -220,12 +221,19 @@ def _read_meta(path: str) -> dict:
                        strict=True)
     choices = (("token_dtype", TOKEN_DTYPES), ("loss_mask", LOSS_MASK_RULES), ("sample_ids", ("line_numbers", "jsonl")))
     for name, allowed in choices:
-        if meta[name] not in allowed:
-            raise _invalid(f"{path}: {name} must be one of {', '.join(allowed)}, got {meta[name]!r}")
-    if not isinstance(meta["tokenizer_hash"], str) or not meta["tokenizer_hash"] or \
-            not (meta["dataset_hash"] is None or isinstance(meta["dataset_hash"], str)):
-        raise _invalid(f"{path}: tokenizer_hash must be a non-empty string and dataset_hash a string or null")
+        checks.choice(meta[name], name, allowed, fail=at_path)
+    hashes = "tokenizer_hash must be a non-empty string and dataset_hash a string or null"
+    checks.text(meta["tokenizer_hash"], "tokenizer_hash", empty=False, fail=at_path, message=hashes)
+    if meta["dataset_hash"] is not None:
+        checks.text(meta["dataset_hash"], "dataset_hash", fail=at_path, message=hashes)
     return meta
+
+
+#: meta.json's fields, checked by :func:`_read_meta` (the keys here, the values there).
+_META_FIELDS = dict.fromkeys(META_FIELDS, checks.field(checks.anything))
+_OPTIONAL_FIELDS = dict.fromkeys(OPTIONAL_FIELDS, checks.field(checks.anything))
+_META_KEYS = (f" must have exactly the fields {', '.join(META_FIELDS)} (and may have {', '.join(OPTIONAL_FIELDS)}); "
+              "missing {missing_list}, unknown {unknown_list}")
 
 
 def _load(root: str, name: str, dtype: str, count: int, mmap: bool) -> np.ndarray:

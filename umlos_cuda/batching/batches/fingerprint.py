@@ -105,20 +105,15 @@ class BatchFingerprint:
 
     @classmethod
     def from_json(cls, data: Any) -> BatchFingerprint:
-        keys = {"format", "fingerprint", "n_batches", "plan_fingerprint", "digests", "positions"}
-        if not isinstance(data, dict) or data.get("format") != FINGERPRINT_FORMAT or set(data) != keys:
-            raise _invalid(f"a saved batch fingerprint is a JSON object with format {FINGERPRINT_FORMAT!r} and "
-                           f"exactly the fields {', '.join(sorted(keys))}")
+        checks.record(data, _SAVED_FIELDS, fail=_invalid, not_a_map=_SAVED, unknown=_SAVED, missing=_SAVED)
+        checks.equal(data["format"], "format", FINGERPRINT_FORMAT, fail=_invalid, message=_SAVED)
         positions = data["positions"]
         if positions is not None:
-            if not isinstance(positions, list) or not all(
-                    isinstance(p, list) and len(p) == 2 and all(type(v) is int and v >= 0 for v in p)
-                    for p in positions):
-                raise _invalid("positions must be null or a list of [epoch, index] pairs of non-negative integers")
+            for pair in checks.instance(positions, "positions", list, fail=_invalid, message=_POSITIONS):
+                for number in checks.instance(pair, "positions", list, length=2, fail=_invalid, message=_POSITIONS):
+                    checks.integer(number, "positions", 0, None, strict=True, fail=_invalid, message=_POSITIONS)
             positions = tuple(tuple(p) for p in positions)
-        digests = data["digests"]
-        if not isinstance(digests, list):
-            raise _invalid("digests must be a list")
+        digests = checks.instance(data["digests"], "digests", list, fail=_invalid, message="{name} must be a list")
         plan = data["plan_fingerprint"]
         if plan is not None and not _is_hex(plan):
             raise _invalid("plan_fingerprint must be null or a SHA-256 hex digest")
@@ -142,6 +137,13 @@ class BatchFingerprint:
         except UmlosError as exc:
             raise _invalid(f"{os.fspath(path)}: {exc.message}") from None
 
+
+#: A saved fingerprint's fields, sorted as its message names them (:meth:`BatchFingerprint.from_json` checks values).
+_SAVED_FIELDS = dict.fromkeys(("digests", "fingerprint", "format", "n_batches", "plan_fingerprint", "positions"),
+                              checks.field(checks.anything))
+_SAVED = checks.literal(f"a saved batch fingerprint is a JSON object with format {FINGERPRINT_FORMAT!r} and "
+                        f"exactly the fields {', '.join(_SAVED_FIELDS)}")
+_POSITIONS = "positions must be null or a list of [epoch, index] pairs of non-negative integers"
 
 def batch_fingerprint(batches: Iterable[Any], n_batches: int = DEFAULT_N_BATCHES, *,
                       positions: Iterable[tuple[int, int]] | None = None,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ... import checks, errors
@@ -135,9 +136,8 @@ def _record(path: str, number: int, raw: bytes) -> dict:
     except UnicodeDecodeError as exc:
         raise invalid_record(path, number, f"is not UTF-8 (byte {exc.start} of the line)") from None
     record = reader.loads_json(text, _line_error, f"{path} line {number + 1}", not_json="is not JSON")
-    if not isinstance(record, dict):
-        raise invalid_record(path, number, f"holds a JSON {type(record).__name__}; every line holds one object")
-    return record
+    return checks.instance(record, "line", dict, fail=partial(invalid_record, path, number),
+                           message="holds a JSON {type}; every line holds one object")
 
 
 def _sample_id(path: str, number: int, record: dict, id_field: str) -> str:
@@ -146,9 +146,8 @@ def _sample_id(path: str, number: int, record: dict, id_field: str) -> str:
     value = record[id_field]
     if checks.is_integer(value, strict=True):
         return str(value)
-    if not isinstance(value, str) or not value:
-        raise invalid_record(path, number, f"has {id_field!r} = {value!r}; an id is a non-empty string or an integer")
-    return value
+    return checks.text(value, id_field, empty=False, fail=partial(invalid_record, path, number),
+                       message="has {name!r} = {value!r}; an id is a non-empty string or an integer")
 
 
 def _field(path: str, number: int, record: dict, name: str) -> str:
@@ -157,9 +156,8 @@ def _field(path: str, number: int, record: dict, name: str) -> str:
     except KeyError:
         keys = ", ".join(sorted(map(str, record))[:8]) or "none"
         raise invalid_record(path, number, f"lacks the field {name!r} (its fields: {keys})") from None
-    if not isinstance(value, str):
-        raise invalid_record(path, number, f"has {name!r} of type {type(value).__name__}; it must be a string")
-    return value
+    return checks.text(value, name, fail=partial(invalid_record, path, number),
+                       message="has {name!r} of type {type}; it must be a string")
 
 
 def _line_error(message: str) -> UmlosError:

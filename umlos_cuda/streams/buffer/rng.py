@@ -48,8 +48,7 @@ class BufferRng:
     """Sequential draws from the buffer's four sub-streams."""
 
     def __init__(self, seed16: bytes, offsets: Mapping[str, int] | None = None) -> None:
-        if not isinstance(seed16, bytes) or len(seed16) != 16:
-            raise failure(errors.REPLAY_BUFFER_INVALID, "a buffer RNG key is 16 bytes")
+        checks.instance(seed16, "key", bytes, length=16, fail=_invalid, message="a buffer RNG key is 16 bytes")
         self.seed16 = seed16
         self._offsets = {name: 0 for name in STREAMS}
         if offsets is not None:
@@ -95,9 +94,8 @@ class BufferRng:
 
     def load_state_dict(self, state: Any) -> None:
         """Put back a state of the same key (another key is another run: refused)."""
-        if not isinstance(state, Mapping) or set(state) != {"format", "master_seed", "offsets"}:
-            raise failure(errors.REPLAY_BUFFER_INVALID,
-                          "a buffer RNG state has exactly format, master_seed and offsets")
+        shape = "a buffer RNG state has exactly format, master_seed and offsets"
+        checks.record(state, _STATE_FIELDS, fail=_invalid, not_a_map=shape, unknown=shape, missing=shape)
         if state["format"] != STATE_FORMAT:
             raise failure(errors.REPLAY_BUFFER_INVALID,
                           f"buffer RNG state format {state['format']!r} is not {STATE_FORMAT!r}")
@@ -108,9 +106,12 @@ class BufferRng:
 
 
 def _checked_offsets(offsets: Any) -> dict[str, int]:
-    if not isinstance(offsets, Mapping) or set(offsets) != set(STREAMS):
-        raise failure(errors.REPLAY_BUFFER_INVALID, f"buffer RNG offsets have exactly the keys {', '.join(STREAMS)}")
-    fail = partial(failure, errors.REPLAY_BUFFER_INVALID)
-    return {name: checks.integer(offsets[name], name, fail=fail, strict=True,
-                                 message="offset {name} must be an integer in [0, 2^64 - 1], got {value!r}")
-            for name in STREAMS}
+    shape = checks.literal(f"buffer RNG offsets have exactly the keys {', '.join(STREAMS)}")
+    return checks.record(offsets, _OFFSET_FIELDS, fail=_invalid, not_a_map=shape, unknown=shape, missing=shape)
+
+
+_invalid = partial(failure, errors.REPLAY_BUFFER_INVALID)
+#: A state's fields (checked by :meth:`BufferRng.load_state_dict`) and its offsets, one per sub-stream.
+_STATE_FIELDS = dict.fromkeys(("format", "master_seed", "offsets"), checks.field(checks.anything))
+_OFFSET_FIELDS = dict.fromkeys(STREAMS, checks.field(
+    checks.integer, strict=True, message="offset {name} must be an integer in [0, 2^64 - 1], got {value!r}"))

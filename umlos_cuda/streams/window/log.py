@@ -31,7 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ... import errors
+from ... import checks, errors
+from ...errors import UmlosError
 from ...files import durable, reader
 from ...files.artifacts import ArtifactKind, first_line_field
 from ..failures import failure
@@ -133,11 +134,12 @@ def iter_lines(path: str, drop_torn_tail: bool) -> Iterator[tuple[int, dict[str,
                     return
                 raise _invalid(f"{path}:{number} is torn (the file ends inside a line); "
                                "a crash cut it: resume from a checkpoint, which drops it")
-            value = reader.loads_json(raw, _invalid, f"{path}:{number}", not_json="is not JSON")
-            if not isinstance(value, dict) or value.get("kind") not in ("header", "window"):
-                raise _invalid(f"{path}:{number} is not a header or window record")
+            where = f"{path}:{number}"
+            value = checks.instance(reader.loads_json(raw, _invalid, where, not_json="is not JSON"), where, dict,
+                                    fail=_invalid, message=_NOT_A_RECORD)
+            checks.choice(value.get("kind"), where, ("header", "window"), fail=_invalid, message=_NOT_A_RECORD)
             if value["kind"] == "window":
-                _check_window_record(value, f"{path}:{number}")
+                _check_window_record(value, where)
             yield number, value
     except FileNotFoundError:
         raise _invalid(f"cannot read the window log {path}: it does not exist") from None
@@ -147,16 +149,21 @@ def _check_window_record(value: dict[str, Any], where: str) -> None:
     """The layout every reader of window records relies on: ``added`` is a list of
     ``{"key": int >= 0, "priority": number, "sample": object}``. The sample's fields and the
     fingerprints are checked by whoever rebuilds the window (replay, resume)."""
-    added = value.get("added")
-    if not isinstance(added, list):
-        raise _invalid(f"{where}: 'added' must be a list of samples, got {type(added).__name__}")
-    for position, entry in enumerate(added):
-        if not isinstance(entry, dict) or not {"key", "priority", "sample"} <= set(entry) \
-                or isinstance(entry["key"], bool) or not isinstance(entry["key"], int) or entry["key"] < 0 \
-                or isinstance(entry["priority"], bool) or not isinstance(entry["priority"], (int, float)) \
-                or not isinstance(entry["sample"], dict):
-            raise _invalid(f"{where}: added[{position}] must be {{key: integer >= 0, priority: number, "
-                           "sample: object}")
+    def fail(message: str) -> UmlosError:
+        return _invalid(f"{where}: {message}")
+
+    added = checks.instance(value.get("added"), "'added'", list, fail=fail,
+                            message="{name} must be a list of samples, got {type}")
+    for position, entry in enumerate(added):  # a missing field reads as None, which no check passes
+        name = f"added[{position}]"
+        checks.instance(entry, name, dict, fail=fail, message=_ENTRY)
+        checks.integer(entry.get("key"), name, 0, None, strict=True, fail=fail, message=_ENTRY)
+        checks.instance(entry.get("priority"), name, (int, float), fail=fail, message=_ENTRY)
+        checks.instance(entry.get("sample"), name, dict, fail=fail, message=_ENTRY)
+
+
+_NOT_A_RECORD = "{name} is not a header or window record"
+_ENTRY = "{name} must be {{key: integer >= 0, priority: number, sample: object}}"
 
 
 def _invalid(message: str):

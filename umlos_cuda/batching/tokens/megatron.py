@@ -97,8 +97,8 @@ class MegatronDataset:
         prefix = os.fspath(prefix)
         if prefix.endswith((".idx", ".bin")):
             prefix = prefix[:-4]
-        if not isinstance(tokenizer_hash, str) or not tokenizer_hash:
-            raise _invalid(f"tokenizer_hash must be a non-empty string, got {tokenizer_hash!r}")
+        checks.text(tokenizer_hash, "tokenizer_hash", empty=False, fail=_invalid,
+                    message="{name} must be a non-empty string, got {value!r}")
         index = _map(idx_path(prefix))
         if index.shape[0] < HEADER_BYTES:
             raise _invalid(f"{idx_path(prefix)} has {index.shape[0]} bytes; the header alone has {HEADER_BYTES}")
@@ -153,8 +153,8 @@ class MegatronDataset:
 
     def input_ids(self, row: int) -> np.ndarray:
         """Sequence ``row``'s tokens (a read-only view of the ``.bin``)."""
-        if not checks.is_integer(row) or not 0 <= row < len(self):
-            raise _invalid(f"sequence {row!r} is not in {self.prefix}; rows are 0 to {len(self) - 1}")
+        row = checks.integer(row, self.prefix, 0, len(self) - 1, fail=_invalid,
+                             message="sequence {value!r} is not in {name}; rows are 0 to {high}")
         start, size = int(self.pointers[row]), int(self.sizes[row])
         return self.data[start:start + size * self.dtype.itemsize].view(self.dtype)
 

@@ -272,24 +272,26 @@ class ReplayBuffer:
         return {int(k) for k in np.frombuffer(check_state(state)["slots"], dtype="<i8") if k >= 0}
 
 
+
+#: A saved state's keys (:func:`check_state` checks their values), and the start of its message.
+_STATE_FIELDS = dict.fromkeys(sorted(_STATE_KEYS), checks.field(checks.anything))
+_STATE_SHAPE = checks.literal(f"a buffer state has exactly the keys {', '.join(_STATE_FIELDS)}; got ")
+
 def check_state(state: Any) -> dict[str, Any]:
     """``state`` if it has the layout of :meth:`ReplayBuffer.state_dict`, else REPLAY_BUFFER_INVALID."""
-    if not isinstance(state, Mapping) or set(state) != _STATE_KEYS:
-        keys = sorted(state) if isinstance(state, Mapping) else type(state).__name__
-        raise failure(errors.REPLAY_BUFFER_INVALID,
-                      f"a buffer state has exactly the keys {', '.join(sorted(_STATE_KEYS))}; "
-                                                    f"got {keys}")
+    checks.record(state, _STATE_FIELDS, fail=_invalid, not_a_map=_STATE_SHAPE + "{type}",
+                  unknown=_STATE_SHAPE + "{keys}", missing=_STATE_SHAPE + "{keys}")
     if state["format"] != STATE_FORMAT:
         raise failure(errors.REPLAY_BUFFER_INVALID, f"buffer state format {state['format']!r} is not {STATE_FORMAT!r}")
     for name in ("max_size", "added", "next_fifo"):
         checks.integer(state[name], name, 0, None, fail=_invalid, strict=True,
                        message="buffer state {name} must be a non-negative integer, got {value!r}")
-    size_bytes = len(state["slots"]) if isinstance(state["slots"], bytes) else -1
-    for name, width in (("slots", 8), ("priorities", 8), ("draw_counts", 8)):
-        value = state[name]
-        if not isinstance(value, bytes) or len(value) % width or len(value) != size_bytes:
-            raise failure(errors.REPLAY_BUFFER_INVALID, f"buffer state {name} must be bytes of one {width}-byte value "
-                                                        "per slot, as many as slots")
+    wrong = "buffer state {name} must be bytes of one 8-byte value per slot, as many as slots"
+    size_bytes = len(checks.instance(state["slots"], "slots", bytes, fail=_invalid, message=wrong))
+    if size_bytes % 8:
+        raise _invalid(wrong.format(name="slots"))
+    for name in ("priorities", "draw_counts"):
+        checks.instance(state[name], name, bytes, length=size_bytes, fail=_invalid, message=wrong)
     if size_bytes // 8 > state["max_size"]:
         raise failure(errors.REPLAY_BUFFER_INVALID, "buffer state holds more slots than max_size")
     slots = np.frombuffer(state["slots"], dtype="<i8")

@@ -82,11 +82,11 @@ def policies_from_data(data: Any, where: str = "policy.yaml") -> ComposedPolicy:
 
 def _policy(entry: Any, where: str):
     """One entry of ``policies``: its type, exactly that type's keys, and the policy they make."""
-    if not isinstance(entry, dict) or "type" not in entry:
-        raise _invalid(f"{where} must be a mapping with a 'type'")
-    kind = entry["type"]
-    if not isinstance(kind, str) or kind not in POLICY_TYPES:
-        raise _invalid(f"{where} has unknown type {kind!r}; types: {', '.join(POLICY_TYPES)}")
+    untyped = "{name} must be a mapping with a 'type'"
+    if "type" not in checks.instance(entry, where, dict, fail=_invalid, message=untyped):
+        raise _invalid(untyped.format(name=where))
+    kind = checks.choice(entry["type"], where, POLICY_TYPES, fail=_invalid,
+                         message="{name} has unknown type {value!r}; types: {choices}")
     cls, keys = POLICY_TYPES[kind]
     where = f"{where} ({kind})"
     arguments = checks.record({k: v for k, v in entry.items() if k != "type"}, dict.fromkeys(keys, _ANY),

@@ -70,9 +70,9 @@ class TelnetClientConfig:
     timeout: float = 10.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.host, str) or not self.host:
-            raise failure(errors.GYM_CONFIG_INVALID, f"host must be a non-empty string, got {self.host!r}")
         fail = partial(failure, errors.GYM_CONFIG_INVALID)
+        checks.text(self.host, "host", empty=False, fail=fail,
+                    message="{name} must be a non-empty string, got {value!r}")
         checks.integer(self.port, "port", 1, 65535, fail=fail, strict=True,
                        message="{name} must be an integer in [{low}, {high}], got {value!r}")
         checks.number(self.timeout, "timeout", above=0, fail=fail,
@@ -279,9 +279,9 @@ def parse_answer(lines: list[str]) -> StepResult:
         if text.startswith("{"):
             data = loads_json(text, _protocol, f"a JSON line of the server ({text[:80]}...)",
                               not_json="does not decode")
-            if not isinstance(data, dict) or not isinstance(data.get("type"), str):
-                raise failure(errors.GYM_PROTOCOL_ERROR, f"a JSON line without a 'type': {text[:200]}")
-            kind = data["type"]
+            untyped = checks.literal(f"a JSON line without a 'type': {text[:200]}")
+            data = checks.instance(data, "line", dict, fail=_protocol, message=untyped)
+            kind = checks.text(data.get("type"), "type", fail=_protocol, message=untyped)
             if kind == "observation":
                 observation = PuzzleObservation.from_json(data)
                 solved = solved or observation.is_complete

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import errors
+from .. import checks, errors
 from ..backends import to_numpy
 from ..cursor import Cursor
 from ..errors import UmlosError
@@ -77,8 +77,9 @@ def load_golden(path: str | None = None) -> dict[str, Any]:
             document = reader.read_json(path, lambda message: _mismatch(f"cannot read the golden file: {message}"))
     except (OSError, ValueError, ModuleNotFoundError) as exc:
         raise _mismatch(f"cannot read the golden file {where}: {exc}") from exc
-    if not isinstance(document, dict) or document.get("format") != FORMAT:
-        raise _mismatch(f"not a NextBatch_v2 golden file (format must be {FORMAT!r})")
+    not_golden = checks.literal(f"not a NextBatch_v2 golden file (format must be {FORMAT!r})")
+    checks.instance(document, "golden file", dict, fail=_mismatch, message=not_golden)
+    checks.equal(document.get("format"), "format", FORMAT, fail=_mismatch, message=not_golden)
     if document.get("format_version") != FORMAT_VERSION:
         raise _mismatch(f"golden format_version {document.get('format_version')!r} is not the supported "
                         f"{FORMAT_VERSION}")

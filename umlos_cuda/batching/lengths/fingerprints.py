@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ... import errors
+from ... import checks, errors
 from ...errors import UmlosError
 from ...files import reader
 from ...hashing import hash_canonical
@@ -62,9 +62,9 @@ def dataset_digest(tokenizer_hash: str) -> hashlib._Hash:
     """A SHA-256 object primed with the domain tag and ``tokenizer_hash``;
     feeding it the dataset's bytes and taking ``hexdigest()`` gives
     :func:`dataset_fingerprint` (the length builder does so while it reads)."""
-    if not isinstance(tokenizer_hash, str) or not tokenizer_hash:
-        raise UmlosError(errors.TOKENIZER_INVALID, f"tokenizer_hash must be a non-empty string, got {tokenizer_hash!r}",
-                         operator=errors.BATCHING_OPERATOR)
+    checks.text(tokenizer_hash, "tokenizer_hash", empty=False,
+                fail=checks.raising(errors.TOKENIZER_INVALID, operator=errors.BATCHING_OPERATOR),
+                message="{name} must be a non-empty string, got {value!r}")
     encoded = tokenizer_hash.encode("utf-8")
     digest = hashlib.sha256(DATASET_DOMAIN)
     digest.update(len(encoded).to_bytes(8, "little") + encoded)

@@ -96,6 +96,13 @@ def test_number_refusals(value, kwargs):
     assert error.message.startswith("w must be a number, got ")
 
 
+def test_number_may_be_nan_when_asked():
+    """A statistic that is undefined (a plan's padding waste of zero tokens) is NaN, not a type error."""
+    assert math.isnan(checks.number(math.nan, "padding_waste", finite=False, nan=True, fail=FAIL))
+    assert checks.number(-math.inf, "drift", finite=False, nan=True, fail=FAIL) == -math.inf
+    assert refusal(checks.number, "0.5", "drift", finite=False, nan=True).message.startswith("drift must be")
+
+
 def test_number_may_be_infinite_when_asked():
     assert checks.number(math.inf, "timeout", above=0, finite=False, fail=FAIL) == math.inf
 

@@ -132,13 +132,15 @@ def uint64(value: Any, name: str, *, fail: Fail) -> int:
 
 
 def number(value: Any, name: str, *, at_least: float | None = None, above: float | None = None,
-           finite: bool = True, fail: Fail, message: Wording = "{name} must be a finite number, got {value!r}",
-           ) -> float:
+           finite: bool = True, nan: bool = False, fail: Fail,
+           message: Wording = "{name} must be a finite number, got {value!r}") -> float:
     """``value`` (an int or a float, never a bool) as a ``float`` that is finite
     (unless ``finite=False``), ``>= at_least`` and ``> above`` where given, else ``fail``
     (the wording: one template, or a pair: (not a number, not finite or out of bounds)).
 
-    NaN always fails; an int too large for a float fails instead of raising OverflowError.
+    NaN fails unless ``nan`` (with ``finite=False``: any real number passes, for a
+    statistic that may be undefined); an int too large for a float fails instead of
+    raising OverflowError (and reads as NaN where ``nan`` lets it pass).
     """
     words = {"name": name, "value": _Shown(value), "type": type(value).__name__, "at_least": at_least, "above": above}
     if not is_number(value):
@@ -147,8 +149,8 @@ def number(value: Any, name: str, *, at_least: float | None = None, above: float
         result = float(value)
     except OverflowError:
         result = math.nan
-    if math.isnan(result) or (finite and math.isinf(result)) or (at_least is not None and result < at_least) \
-            or (above is not None and result <= above):
+    if (math.isnan(result) and not nan) or (finite and math.isinf(result)) \
+            or (at_least is not None and result < at_least) or (above is not None and result <= above):
         raise fail(_words(message, 1).format(**words))
     return result
 

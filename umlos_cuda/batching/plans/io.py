@@ -343,9 +343,8 @@ _HISTOGRAM = "bucket_histogram must be a list of objects"
 
 def _number(value, what: str, where: str) -> float:
     """A measure: any real number (NaN and infinities are what the statistics say, not a type error)."""
-    if not checks.is_number(value):
-        raise _format(f"{where}: {what} must be a number, got {type(value).__name__}")
-    return value
+    return checks.number(value, what, finite=False, nan=True, fail=_format,
+                         message=checks.literal(where) + ": {name} must be a number, got {type}")
 
 
 def read_json(path: str):

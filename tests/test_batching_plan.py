@@ -299,3 +299,35 @@ def test_bucket_ids_table_and_search_agree(monkeypatch):
     monkeypatch.setattr(buckets, "TABLE_MAX", 0)
     assert np.array_equal(by_table, spec.bucket_ids(lengths)) and by_table.dtype == np.int16
     assert np.array_equal(spec.bucket_ids(lengths.astype(np.int64)), by_table)
+
+
+#: Fingerprints and manifest hashes of three plans as release 4cbda89 (before the
+#: plans/ sub-package) built them. A plan's order hangs on everything hashed into
+#: its manifest, the dataset id included, so a rename that reaches such a string
+#: changes every user's plan; this pin fails first.
+PINNED_PLANS = {
+    "block_affine": ("8be676f2a134f99e5c7b9b4323cda63e08111283a77d74408bbc1daa3b730292",
+                     "1babb147993012bef3cc5f0b7928591889b89fe681a3453f5caee488687e8952"),
+    "feistel": ("05c05a206ebda1501b88b0dc878399939abc4cc9a522d838287db9f82ca99fa0",
+                "73cba050c5e1445f09ef3e71173d42048fca8d1d7e039ac029b4ed56e155abbc"),
+}
+
+
+@pytest.mark.parametrize("order", sorted(PINNED_PLANS))
+def test_plans_keep_the_fingerprints_of_earlier_releases(order):
+    lengths = np.random.default_rng(7).integers(1, 2048, 5000)
+    extra = {} if order == "block_affine" else {"order": order}
+    plan = BatchPlanBuilder(lengths, BatchingConfig.throughput(token_budget=8192, seed=11, **extra)).build(num_epochs=2)
+    assert (plan.meta.fingerprint, plan.meta.manifest_hash) == PINNED_PLANS[order]
+
+
+def test_packed_plans_keep_the_fingerprint_of_earlier_releases():
+    from dataclasses import replace
+
+    from umlos_cuda.batching import PackingConfig
+
+    lengths = np.random.default_rng(7).integers(1, 2048, 5000)
+    config = replace(BatchingConfig.throughput(token_budget=8192, seed=11),
+                     pack=PackingConfig(max_length=4096, mode="greedy"))
+    plan = BatchPlanBuilder(lengths, config).build(num_epochs=1)
+    assert plan.meta.fingerprint == "e868496a302fa81cbb3144c41114354c0144e289e1176c6d5ac58f47f5d9735b"

@@ -154,16 +154,20 @@ NEXTBATCH_OPERATOR = "UML_OS.Data.NextBatch_v2"
 MANIFEST_OPERATOR = "UML_OS.Data.ValidateManifest_v1"
 BLOCK_PERMUTE_OPERATOR = "UML_OS.Data.SeededBlockPermute_v1"  # R5 and R6: the epoch's block tables
 #: Parts of this project that no UML_OS operator covers name their module.
+#: Operators of this project's own parts. They are stable labels of failure
+#: records, not import paths: three keep the module they first named
+#: (atomic_file, golden and batching.plan now live in files/, commands/ and
+#: batching/plans/), so records stay comparable across releases.
 CURSOR_OPERATOR = "umlos_cuda.cursor"
 DTYPES_OPERATOR = "umlos_cuda.dtypes"
 BACKEND_OPERATOR = "umlos_cuda.backends"
-OUTPUT_OPERATOR = "umlos_cuda.files.atomic"
-GOLDEN_OPERATOR = "umlos_cuda.commands._golden_vectors"
+OUTPUT_OPERATOR = "umlos_cuda.atomic_file"
+GOLDEN_OPERATOR = "umlos_cuda.golden"
 TORCH_OPERATOR = "umlos_cuda.torch"
 DALI_OPERATOR = "umlos_cuda.dali"
 DEMO_OPERATOR = "umlos_cuda.demo"
 MODES_OPERATOR = "umlos_cuda.modes"
-BATCH_PLAN_OPERATOR = "umlos_cuda.batching.plans.plan"
+BATCH_PLAN_OPERATOR = "umlos_cuda.batching.plan"
 NEXTBATCH_V1_OPERATOR = "UML_OS.Data.NextBatch_v1"
 BATCHING_OPERATOR = "UML_OS.Data.Batching_v1"
 PACKING_OPERATOR = "umlos_cuda.batching.packing"

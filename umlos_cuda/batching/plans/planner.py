@@ -83,6 +83,13 @@ def index_dtype(n: int) -> np.dtype:
     return np.dtype("<u4") if n <= (1 << 32) else np.dtype("<u8")
 
 
+#: The dataset id of every plan's manifest. It is hashed into ``manifest_hash``
+#: and so into every epoch seed: it names the module that first built plans
+#: (before the plans/ sub-package existed) and must stay byte for byte, or
+#: every plan's order and fingerprint would change (tests pin both).
+PLAN_DATASET_ID = "umlos_cuda.batching.plan"
+
+
 def plan_manifest(config: BatchingConfig, n: int) -> Manifest:
     """The manifest whose dataset ``"train"`` (cardinality ``n``) gives the plan's order."""
     return Manifest.from_dict({
@@ -90,7 +97,7 @@ def plan_manifest(config: BatchingConfig, n: int) -> Manifest:
         "global_batch_size": 1,
         "data": {"sampler_block_size": config.sampler_block_size, "drop_last": False, "sampling_mode": config.order},
         "datasets": {
-            PLAN_DATASET_KEY: {"id": "umlos_cuda.batching.plans.plan", "version": 1, "hash": "", "cardinality": n},
+            PLAN_DATASET_KEY: {"id": PLAN_DATASET_ID, "version": 1, "hash": "", "cardinality": n},
         },
     })
 

@@ -129,6 +129,16 @@ def read_bytes(path: str | os.PathLike[str], error: ErrorFactory, *, max_bytes: 
     return data
 
 
+
+def read_text(path: str | os.PathLike[str], error: ErrorFactory, *, max_bytes: int, what: str = "file") -> str:
+    """The UTF-8 text of the regular file at ``path`` (:func:`read_bytes`'s bounds), refused with the
+    byte where it stops being UTF-8. A missing file raises FileNotFoundError: callers word that."""
+    data = read_bytes(path, error, max_bytes=max_bytes, what=what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"cannot read {os.fspath(path)}: it is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
 def _check_size(path: str, size: int, max_bytes: int, what: str, error: ErrorFactory) -> None:
     if size > max_bytes:
         raise error(f"{path} is {size:,} bytes, over the {max_bytes:,} a {what} may have: "

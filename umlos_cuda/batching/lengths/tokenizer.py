@@ -95,13 +95,9 @@ def _tokenizer_from_file(tokenizer_class, path: str):
     """The file's bytes are read here (a regular file of at most :data:`MAX_TOKENIZER_BYTES`,
     files/reader.py), not by the library, which would block on a FIFO and read any size."""
     try:
-        data = reader.read_bytes(path, _invalid, max_bytes=MAX_TOKENIZER_BYTES, what="tokenizer.json")
+        text = reader.read_text(path, _invalid, max_bytes=MAX_TOKENIZER_BYTES, what="tokenizer.json")
     except FileNotFoundError:
         raise _invalid(f"no tokenizer at {path}: the file does not exist") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _invalid(f"cannot read {path}: it is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
         return tokenizer_class.from_str(text)
     except Exception as exc:  # the library raises plain Exception for every parse error
@@ -143,13 +139,9 @@ def _read_json(path: str) -> dict:
 def _read_text(path: str) -> str | None:
     """An optional text file beside tokenizer.json (None when absent), read by files/reader.py."""
     try:
-        data = reader.read_bytes(path, _invalid, max_bytes=reader.MAX_JSON_BYTES, what="tokenizer file")
+        return reader.read_text(path, _invalid, max_bytes=reader.MAX_JSON_BYTES, what="tokenizer file")
     except FileNotFoundError:
         return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _invalid(f"cannot read {path}: it is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def _invalid(message: str) -> UmlosError:

@@ -49,13 +49,9 @@ def load_policies(path: str | os.PathLike[str]) -> ComposedPolicy:
     """The policies of a ``policy.yaml`` file."""
     path = os.fspath(path)
     try:
-        data = reader.read_bytes(path, _invalid, max_bytes=MAX_POLICY_BYTES, what="policy file")
+        text = reader.read_text(path, _invalid, max_bytes=MAX_POLICY_BYTES, what="policy file")
     except FileNotFoundError:
         raise _invalid(f"cannot read {path}: it does not exist") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _invalid(f"cannot read {path}: it is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     return policies_from_yaml(text, where=path)
 
 

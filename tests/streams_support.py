@@ -174,7 +174,9 @@ def scripted(replies: dict[str, bytes], greeting: bytes = b"\r\n  1) Sudoku     
                 if reply == b"<stall>":
                     stop.wait(10)
                     return
+                conn.settimeout(None)  # a long reply is sent whole, however slowly the client reads
                 conn.sendall(line.encode() + b"\r\n" + reply + b"> ")
+                conn.settimeout(0.05)
 
     return handler
 

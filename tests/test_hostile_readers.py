@@ -38,6 +38,7 @@ import numpy as np
 import pytest
 
 import hostile_support as hs
+import streams_support
 from umlos_cuda import errors
 
 #: A hang case must finish well inside this (a bounded reader of these small files takes about a second).
@@ -213,26 +214,10 @@ GREETING = b"\r\n  1) Sudoku          - Classic logic puzzle\r\n"
 
 
 def scripted(replies: dict[str, bytes]):
-    """The real server's framing (greeting, echo, reply, prompt) with ``replies``; see streams_support."""
-    def handler(conn, stop):
-        conn.settimeout(0.05)
-        conn.sendall(GREETING)
-        buffer = b""
-        while not stop.is_set():
-            try:
-                data = conn.recv(4096)
-            except TimeoutError:
-                continue
-            if not data:
-                return
-            buffer += data.replace(bytes([255, 241]), b"")
-            while b"\n" in buffer:
-                raw, buffer = buffer.split(b"\n", 1)
-                text = raw.decode().strip()
-                conn.settimeout(None)  # a long reply is sent whole, however slowly the client reads
-                conn.sendall(text.encode() + b"\r\n" + replies.get(text, b"Unknown command.\r\n") + b"> ")
-                conn.settimeout(0.05)
-    return handler
+    """streams_support's fake server (the real one's framing: greeting, echo, reply, prompt) with
+    ``replies``, as a :class:`HostileServer` handler."""
+    handler = streams_support.scripted(replies, greeting=GREETING)
+    return lambda conn, stop: handler(conn, 0, stop)
 
 
 def observation(**fields) -> bytes:

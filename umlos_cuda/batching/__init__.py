@@ -8,6 +8,7 @@ The pipeline, one sub-package per stage, in the order data flows:
     plans/               token-budget batch plans: config, planner, builder, plan folders, verify, sharding
     tokens/              token stores and Megatron indexed datasets, as token sources
     collate              one microbatch to padded arrays; attention_mask: segment masks
+    preference           preference pairs to chosen and rejected arrays, for DPO-style losses
     batches/             batch files: writer, reader, batch fingerprints
 
 This package only re-exports the public names of those modules.
@@ -21,6 +22,7 @@ from .batches.writer import BatchWriteReport, BatchWriter, write_batches
 from .plans.buckets import BucketSpec
 from .plans.builder import BatchPlanBuilder
 from .collate import CollatedBatch, collate_microbatch, default_collate
+from .preference import PreferenceBatch, collate_preference, collate_preference_microbatch, split_pairs
 from .plans.config import BatchingConfig, PadPolicy
 from .lengths.fingerprints import dataset_fingerprint, tokenizer_fingerprint
 from .lengths.builder import build_lengths
@@ -77,7 +79,11 @@ __all__ = [
     "BucketChoice",
     "LengthCache",
     "LoadedTokenizer",
+    "PreferenceBatch",
     "PreferenceSample",
+    "collate_preference",
+    "collate_preference_microbatch",
+    "split_pairs",
     "Sample",
     "SampleMeta",
     "build_lengths",

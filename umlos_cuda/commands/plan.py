@@ -133,6 +133,7 @@ def run_build(args) -> int:
     check_output_dir(args.output, args.force, inputs)  # fail before the work
     started = time.perf_counter()
     cache = LengthCache.load(args.lengths)
+    config = _with_pairs(config, cache, args.lengths)
     progress = Progress(args.epochs * 2, f"plan {args.output}", enabled=not args.quiet)
     plan = BatchPlanBuilder(cache, config).build(args.epochs, progress=lambda done, _: progress.update(done))
     save_plan(plan, args.output, jsonl=args.jsonl, force=args.force, inputs=inputs,
@@ -145,9 +146,24 @@ def run_build(args) -> int:
     print(f"padding_waste {stats['padding_waste']:.4f}, bucket_mix_drift {stats['bucket_mix_drift']:.4f} (epoch 0)")
     if "packing" in stats:
         print(packing_line(stats["packing"]) + " (epoch 0)")
+    if config.group_size > 1:
+        print(f"preference pairs: {len(cache) // config.group_size} pairs, both rows of each in one microbatch "
+              "(group_size 2, from the length cache's ids)")
     print(f"fingerprint {plan.fingerprint}")
     print(f"built in {seconds:.2f} s ({len(cache) * plan.num_epochs / max(seconds, 1e-9):,.0f} samples/s)")
     return 0
+
+
+def _with_pairs(config, cache, path: str):
+    """``config`` with ``group_size`` 2 when the cache's ids are those of preference pairs
+    (umlos_cuda/batching/lengths/pairs.py): the cache says so itself, no option to forget."""
+    from dataclasses import replace
+
+    from ..batching.lengths.pairs import PAIR_ROWS, holds_pairs
+
+    if cache.ids_are_line_numbers or not holds_pairs(cache.sample_ids, path):
+        return config
+    return replace(config, group_size=PAIR_ROWS)
 
 
 def run_info(args) -> int:
@@ -181,6 +197,9 @@ def run_info(args) -> int:
     print(f"  {meta.num_samples} samples, {plan.num_epochs} epoch(s), budget {config.token_budget}, "
           f"{config.pad_policy.value}, edges {list(config.bucket_edges)} + overflow {config.overflow_max}, "
           f"seed {config.seed}, {config.stage}")
+    if config.group_size > 1:
+        print(f"  preference pairs: {meta.num_samples // config.group_size} pairs, rows 2p and 2p + 1 in one "
+              "microbatch")
     if pack is not None:
         print(f"  packed: {pack.mode.value}, rows of {pack.max_length} tokens, {config.rows_per_microbatch} rows per "
               f"microbatch, separator {pack.separator_len}")

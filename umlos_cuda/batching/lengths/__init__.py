@@ -5,6 +5,7 @@ Modules:
     tokenizer     load a ``tokenizers`` tokenizer from local files
     fingerprints  which tokenizer counted, which data was counted
     builder       build a length cache from a dataset and a tokenizer
+    pairs         preference records as two rows (chosen, rejected), and caches that hold pairs
     cache         :class:`LengthCache`: the cache file, read and written
     stats         length statistics and padding-minimising bucket edges
 """

@@ -2,7 +2,9 @@
 
 What goes in: the dataset, a tokenizer and what to count: one text field, or
 a prompt and a response field put through the instruction template
-(umlos_cuda/batching/templates.py, end-of-sequence token included). What
+(umlos_cuda/batching/templates.py, end-of-sequence token included), or a
+prompt, a chosen and a rejected field: a preference record, two rows
+(umlos_cuda/batching/lengths/pairs.py). What
 comes out: ``lengths.jsonl`` and its sidecar (umlos_cuda/batching/lengths/cache.py),
 in dataset order, and the :class:`~umlos_cuda.batching.lengths.cache.LengthCache`.
 
@@ -32,6 +34,7 @@ from .fingerprints import dataset_digest, tokenizer_fingerprint
 from .cache import LengthCache, LengthCacheWriter, check_length_cache_output
 from ..templates import sft_length, sft_prompt, sft_text
 from .tokenizer import load_tokenizer
+from .pairs import PAIR_ROWS, pair_rows
 
 DEFAULT_TEXT_FIELD = "text"
 DEFAULT_CHUNK = 4096
@@ -43,7 +46,10 @@ class DatasetEncoding:
 
     What to encode: ``text_field`` (default ``"text"``), or ``prompt_field``
     and ``response_field`` through the instruction template, whose
-    end-of-sequence token (``eos_id``) is appended after the encoded text.
+    end-of-sequence token (``eos_id``) is appended after the encoded text,
+    or ``prompt_field``, ``chosen_field`` and ``rejected_field``: each
+    record becomes two rows (``<id>/chosen``, ``<id>/rejected``) of the
+    template, and the chunks :meth:`stream` yields are of rows.
     :meth:`stream` hands each chunk to a function run in a worker thread
     while the next chunk is read; :meth:`finish` then refuses repeated ids
     and returns the dataset fingerprint of the bytes read. Given
@@ -54,8 +60,14 @@ class DatasetEncoding:
     def __init__(self, dataset: str | os.PathLike[str], tokenizer: Any, *, text_field: str | None = None,
                  prompt_field: str | None = None, response_field: str | None = None,
                  id_field: str = DEFAULT_ID_FIELD, eos_token: str | None = None,
+                 chosen_field: str | None = None, rejected_field: str | None = None,
                  check_outputs: Callable[[], object] | None = None, skipped: SkippedLines | None = None) -> None:
-        self.fields, self.to_text, self.appended = _mode(text_field, prompt_field, response_field)
+        self.pairs = chosen_field is not None or rejected_field is not None
+        if self.pairs:
+            self.fields, self.to_text, self.appended = _pair_mode(text_field, prompt_field, response_field,
+                                                                  chosen_field, rejected_field)
+        else:
+            self.fields, self.to_text, self.appended = _mode(text_field, prompt_field, response_field)
         self.dataset = require_dataset_file(dataset)
         if check_outputs is not None:  # checked before the tokenizer loads: a wrong path fails at once
             check_outputs()
@@ -96,7 +108,7 @@ class DatasetEncoding:
         except BaseException as exc:  # a Rust panic arrives as pyo3's PanicException, a BaseException
             if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
                 raise
-            last = chunk.first_line + len(chunk.sample_ids)
+            last = chunk.first_line + len(chunk.sample_ids) // (PAIR_ROWS if self.pairs else 1)
             raise UmlosError(errors.TOKENIZER_INVALID, f"the tokenizer failed on lines {chunk.first_line + 1}-{last} "
                              f"of {self.dataset}: {str(exc).strip() or type(exc).__name__}",
                              operator=errors.BATCHING_OPERATOR) from exc
@@ -113,9 +125,11 @@ class DatasetEncoding:
             pending = None
             for chunk in read_chunks(self.dataset, self.fields, id_field=self.id_field, chunk_size=chunk_size,
                                      digest=self._digest, skipped=self.skipped):
-                future = pool.submit(work, chunk)
                 self._id_hashes.append(np.fromiter(map(hash, chunk.sample_ids), dtype=np.int64,
-                                                   count=len(chunk.sample_ids)))
+                                                   count=len(chunk.sample_ids)))  # the records' ids
+                if self.pairs:
+                    chunk = pair_rows(chunk)
+                future = pool.submit(work, chunk)
                 if pending is not None:
                     yield pending[0], pending[1].result()
                 pending = (chunk, future)
@@ -136,11 +150,14 @@ def build_lengths(dataset: str | os.PathLike[str], tokenizer: Any, output: str |
                   response_field: str | None = None, id_field: str = DEFAULT_ID_FIELD,
                   eos_token: str | None = None, force: bool = False, chunk_size: int = DEFAULT_CHUNK,
                   progress: Callable[[int, int], None] | None = None,
-                  skipped: SkippedLines | None = None) -> LengthCache:
+                  skipped: SkippedLines | None = None, chosen_field: str | None = None,
+                  rejected_field: str | None = None) -> LengthCache:
     """Count every record's tokens and write the length cache at ``output``.
 
     Give ``text_field`` (default ``"text"``) or both ``prompt_field`` and
-    ``response_field``. ``progress(bytes_read, bytes_total)`` is called
+    ``response_field``, or ``prompt_field``, ``chosen_field`` and
+    ``rejected_field`` (two rows a record, chosen then rejected).
+    ``progress(bytes_read, bytes_total)`` is called
     after each chunk. Output paths are checked before any work: ``force``
     replaces a length cache and nothing else, and never the dataset or the
     tokenizer (OUTPUT_IS_INPUT). Given ``skipped`` (a
@@ -151,7 +168,7 @@ def build_lengths(dataset: str | os.PathLike[str], tokenizer: Any, output: str |
     source = DatasetEncoding(dataset, tokenizer, text_field=text_field, prompt_field=prompt_field,
                              response_field=response_field, id_field=id_field, eos_token=eos_token,
                              check_outputs=lambda: check_length_cache_output(output, force, inputs),
-                             skipped=skipped)
+                             skipped=skipped, chosen_field=chosen_field, rejected_field=rejected_field)
     with LengthCacheWriter(output, source.tokenizer_hash, force=force, inputs=inputs) as writer:
         for chunk, lengths in source.stream(source.lengths, chunk_size):
             writer.add(chunk.sample_ids, lengths)
@@ -177,6 +194,20 @@ def _mode(text_field, prompt_field, response_field) -> tuple[tuple[str, ...], Ca
                          f"field together; got text_field={text_field!r}, prompt_field={prompt_field!r}, "
                          f"response_field={response_field!r}", operator=errors.BATCHING_OPERATOR)
     return (prompt_field, response_field), lambda values: list(map(sft_text, *values)), sft_length(0)
+
+
+def _pair_mode(text_field, prompt_field, response_field, chosen_field, rejected_field
+               ) -> tuple[tuple[str, ...], Callable, int]:
+    """:func:`_mode` for preference records: the three fields read; after :func:`~.pairs.pair_rows`
+    each row is a prompt/response row of the template."""
+    if text_field is not None or response_field is not None or None in (prompt_field, chosen_field, rejected_field):
+        raise UmlosError(errors.LENGTHS_INVALID, "count preference records from a prompt, a chosen and a rejected "
+                         "field together, without a text or response field; got "
+                         f"text_field={text_field!r}, prompt_field={prompt_field!r}, "
+                         f"response_field={response_field!r}, chosen_field={chosen_field!r}, "
+                         f"rejected_field={rejected_field!r}",
+                         operator=errors.BATCHING_OPERATOR)
+    return (prompt_field, chosen_field, rejected_field), lambda values: list(map(sft_text, *values)), sft_length(0)
 
 
 def _refuse_repeated_ids(dataset: str, id_field: str, hashes: np.ndarray, skipped: SkippedLines | None) -> None:

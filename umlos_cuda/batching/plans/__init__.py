@@ -5,6 +5,7 @@ Modules:
     buckets           which bucket a length belongs to
     planner           one epoch's microbatches, in NumPy
     packing           packed plans: microbatches of rows, each row several samples
+    groups            plans of preference pairs: both rows of a pair in one microbatch
     builder           :class:`BatchPlanBuilder`: lengths and a config to a plan
     plan              :class:`BatchPlan` in memory
     stats             the numbers of one epoch (``stats.json``)

@@ -21,6 +21,8 @@ from .plan import BatchPlan, BatchPlanMeta, EpochPlan
 from .fingerprint import finish_meta, sha256_array
 from .stats import epoch_stats, skipped_ids
 from .planner import build_epoch, engine_metadata, index_dtype, plan_manifest
+from .groups import check_group_rows
+from ..lengths.pairs import check_pairing
 
 #: Most epochs one plan may have (each epoch is a few arrays of N).
 MAX_EPOCHS = 1 << 16
@@ -59,6 +61,8 @@ class BatchPlanBuilder:
             raise config_error(f"{len(self.sample_ids)} sample ids for {self.lengths.shape[0]} lengths")
         if self.lengths.shape[0] == 0:
             raise config_error("no samples: a plan needs at least one length")
+        check_pairing(self.sample_ids, batching_config.group_size, config_error)
+        check_group_rows(int(self.lengths.shape[0]), batching_config.group_size)
 
     def build(self, num_epochs: int = 1, progress: Callable[[int, int], None] | None = None) -> BatchPlan:
         """The plan of epochs ``0 .. num_epochs - 1``; ``progress(done, total)`` after each epoch."""

@@ -45,7 +45,9 @@ from ..packing.config import OversizePolicy, PackingConfig
 PLAN_STAGES = (MODE_SHUFFLE, MODE_SEQUENTIAL, MODE_STREAMING)
 #: The keys of a stored config (:meth:`BatchingConfig.to_dict`), each optional; the constructor checks the values.
 _STORED = dict.fromkeys(("token_budget", "bucket_edges", "overflow_max", "min_length", "pad_policy", "mode", "seed",
-                         "sampling_mode", "sampler_block_size", "order"), checks.field(checks.anything))
+                         "sampling_mode", "sampler_block_size", "order", "group_size"),
+                        checks.field(checks.anything))
+
 
 
 class PadPolicy(str, enum.Enum):
@@ -92,6 +94,11 @@ class BatchingConfig:
             or streaming; ``order`` chooses which shuffle. Omitted
             from :meth:`to_dict` when it is the default, so plans built before
             it existed keep their fingerprints.
+        group_size: 1 (default), or 2 for preference pairs: rows ``2p`` and
+            ``2p + 1`` form pair ``p``, the order is the engine's over the
+            pairs and both rows of a pair share a microbatch (:mod:`.groups`).
+            Omitted from :meth:`to_dict` when 1, so every other plan keeps
+            its bytes and fingerprint.
     """
 
     token_budget: int = 4096
@@ -105,6 +112,7 @@ class BatchingConfig:
     profile: BatchingProfile = BatchingProfile.THROUGHPUT
     pack: PackingConfig | None = None
     order: str = DEFAULT_MODE
+    group_size: int = 1
     bucket_spec: BucketSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -132,6 +140,16 @@ class BatchingConfig:
         checks.choice(self.order, "order", mode_names(), fail=config_error)
         if self.pack is not None:
             self._check_pack()
+        self._check_group()
+
+    def _check_group(self) -> None:
+        group = checks.integer(self.group_size, "group_size", 1, 2, fail=config_error,
+                               message="{name} must be 1 (rows on their own) or 2 (preference pairs), got {value!r}")
+        object.__setattr__(self, "group_size", group)
+        if group > 1 and self.pack is None and self.token_budget < group * self.bucket_spec.overflow_max:
+            raise config_error(f"token_budget {self.token_budget} is below group_size x overflow_max = {group} x "
+                               f"{self.bucket_spec.overflow_max}: a pair of the longest accepted length would fit no "
+                               "microbatch; raise the budget or lower overflow_max")
 
     def _check_pack(self) -> None:
         pack: PackingConfig = checks.instance(self.pack, "pack", PackingConfig, fail=config_error,
@@ -184,6 +202,7 @@ class BatchingConfig:
             "sampling_mode": self.stage,
             "sampler_block_size": self.sampler_block_size,
             **({} if self.order == DEFAULT_MODE else {"order": self.order}),
+            **({} if self.group_size == 1 else {"group_size": self.group_size}),
         }
 
     @classmethod

@@ -62,6 +62,8 @@ ARRAYS = (("offsets", "<i8"), ("samples", None), ("bucket_ids", "<i2"), ("max_le
 PACK_ARRAYS = (("row_offsets", "<i8"), ("pack_rows", "<i8"))
 _CONFIG_KEYS = ("token_budget", "bucket_edges", "overflow_max", "min_length", "pad_policy", "mode", "seed",
                 "sampling_mode", "sampler_block_size")
+#: Config keys meta.json holds only when not at their default (plans before them keep their bytes).
+_DEFAULTED_CONFIG_KEYS = ("group_size",)
 
 
 # ---------------------------------------------------------------------- writing
@@ -234,6 +236,7 @@ def meta_from_json(data) -> BatchPlanMeta:
     try:
         _check_meta_types(data)
         order = {"order": data["order"]} if "order" in data else {}  # written only when not the default
+        order.update({key: data[key] for key in _DEFAULTED_CONFIG_KEYS if key in data})
         config = BatchingConfig.from_dict({**{k: data[k] for k in _CONFIG_KEYS}, **order})
         if data["pack_config"] is not None:
             config = replace(config, pack=PackingConfig.from_dict(data["pack_config"]))
@@ -261,6 +264,9 @@ def meta_from_json(data) -> BatchPlanMeta:
         if exc.code == errors.PLAN_FORMAT_INVALID:
             raise
         raise _format(f"meta.json: {exc.message}") from None
+    if meta.num_samples % config.group_size:
+        raise _format(f"meta.json: a plan of pairs (group_size {config.group_size}) holds an even number of rows, "
+                      f"not num_samples {meta.num_samples}")
     if meta.index_dtype not in ("<u4", "<u8"):
         raise _format(f"meta.json index_dtype must be <u4 or <u8, got {meta.index_dtype!r}")
     checks.record(data, dict.fromkeys(meta.to_json(), checks.field(checks.anything)), fail=_format,

@@ -34,6 +34,9 @@ The steps, each a few array operations (no Python loop per sample):
    start and at the end of an epoch, and the jitter keeps the pattern from
    repeating across epochs (a fixed pattern would hand the same buckets to
    the same ranks).
+
+A plan of preference pairs (``config.group_size = 2``) runs these steps over
+the pairs, then lays each pair out as its two rows (:mod:`.groups`).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from .buckets import SKIPPED
 from .config import BatchingConfig, PadPolicy
 from ..packing.pack import native_module
 from .packing import arrange_rows, pack_bucket
+from .groups import expand_epoch, group_lengths, unit_config
 
 #: Positions fetched from the engine per call (memory: a few bytes each).
 ORDER_WINDOW = 1 << 22
@@ -91,7 +95,9 @@ PLAN_DATASET_ID = "umlos_cuda.batching.plan"
 
 
 def plan_manifest(config: BatchingConfig, n: int) -> Manifest:
-    """The manifest whose dataset ``"train"`` (cardinality ``n``) gives the plan's order."""
+    """The manifest whose dataset ``"train"`` gives the order of the plan's ``n`` rows: its cardinality
+    is ``n``, or the number of pairs ``n / 2`` in a plan of pairs (the order is over the pairs)."""
+    n //= config.group_size
     return Manifest.from_dict({
         "seed": config.seed,
         "global_batch_size": 1,
@@ -130,6 +136,10 @@ def build_epoch(lengths: np.ndarray, config: BatchingConfig, epoch: int, *, mani
     """The microbatches of ``epoch`` (see the module docstring)."""
     n = int(lengths.shape[0])
     manifest = manifest or plan_manifest(config, n)
+    if config.group_size > 1:  # plan the pairs, then lay them out as rows
+        units = build_epoch(group_lengths(lengths, config), unit_config(config), epoch, manifest=manifest,
+                            backend=backend)
+        return expand_epoch(units, config.group_size, index_dtype(n))
     spec = config.bucket_spec
     rows, buckets = _ordered_rows_and_buckets(lengths, config, manifest, n, epoch, backend)
     counts = np.bincount(buckets.astype(np.int64) + 1, minlength=spec.num_buckets + 1)

@@ -9,7 +9,9 @@ code (docs/batching.md, "Failure codes"). The checks, in order:
 2. the lengths and ids are the ones meta.json binds, and those of
    ``lengths`` when given (PLAN_LENGTHS_MISMATCH);
 3. per epoch: rows in range, each non-skipped sample exactly once, no
-   skipped sample planned (a shard: no sample twice) (PLAN_SAMPLES_INVALID);
+   skipped sample planned (a shard: no sample twice), and in a plan of
+   pairs both rows of each pair side by side in one microbatch
+   (PLAN_SAMPLES_INVALID);
    each microbatch's bucket id is its samples' bucket and ``max_len`` its pad
    length (PLAN_BUCKET_MISMATCH); ``count x max_len <= token_budget``
    (PLAN_BUDGET_EXCEEDED); in a packed plan instead, the rows tile each
@@ -40,6 +42,7 @@ from .plan import BatchPlan, EpochPlan, plan_error
 from .fingerprint import epoch_plan_digest, plan_fingerprint, sha256_array
 from .io import load_plan, read_microbatches_jsonl
 from .packing import check_packs
+from .groups import check_groups, row_group_lengths
 from .sharding import shard_plan
 from .stats import epoch_stats
 
@@ -62,9 +65,10 @@ def _verify(directory, expected_fingerprint: str | None, lengths, reproduce: boo
     checks = ["loads"]
     _check_bindings(plan, lengths)
     checks.append("lengths and ids match meta.json" + (" and the given length cache" if lengths is not None else ""))
-    skip_mask = plan.config.bucket_spec.bucket_ids(np.asarray(plan.lengths)) < 0
+    bucketed = row_group_lengths(np.asarray(plan.lengths), plan.config)  # the lengths themselves, or pairs'
+    skip_mask = plan.config.bucket_spec.bucket_ids(bucketed) < 0
     for epoch in plan.epochs:
-        _check_epoch(plan, epoch, skip_mask)
+        _check_epoch(plan, epoch, skip_mask, bucketed)
         jsonl = os.path.join(os.fspath(directory), f"epoch_{epoch.epoch}", "microbatches.jsonl")
         if os.path.exists(os.path.join(os.fspath(directory), f"epoch_{epoch.epoch}", "offsets.npy")) \
                 and os.path.exists(jsonl):
@@ -114,7 +118,7 @@ def _check_bindings(plan: BatchPlan, lengths) -> None:
         raise plan_error(errors.PLAN_LENGTHS_MISMATCH, "the length cache names its samples differently from the plan")
 
 
-def _check_epoch(plan: BatchPlan, epoch: EpochPlan, skip_mask: np.ndarray) -> None:
+def _check_epoch(plan: BatchPlan, epoch: EpochPlan, skip_mask: np.ndarray, bucketed: np.ndarray) -> None:
     e = epoch.epoch
     config, spec = plan.config, plan.config.bucket_spec
     n = plan.meta.num_samples
@@ -146,10 +150,12 @@ def _check_epoch(plan: BatchPlan, epoch: EpochPlan, skip_mask: np.ndarray) -> No
     if bucket_ids.size and (int(bucket_ids.min()) < 0 or int(bucket_ids.max()) >= spec.num_buckets):
         raise plan_error(errors.PLAN_BUCKET_MISMATCH, f"epoch {e}: a bucket id is outside [0, {spec.num_buckets - 1}]")
     sample_lengths = np.asarray(plan.lengths)[samples]
-    wrong = np.flatnonzero(spec.bucket_ids(sample_lengths) != np.repeat(bucket_ids, sizes))
+    wrong = np.flatnonzero(spec.bucket_ids(bucketed[samples]) != np.repeat(bucket_ids, sizes))
     if wrong.size:
         j = int(np.searchsorted(offsets, wrong[0], side="right")) - 1
         raise plan_error(errors.PLAN_BUCKET_MISMATCH, f"epoch {e}: microbatch {j} holds a sample of another bucket")
+    if config.group_size > 1:
+        check_groups(epoch, config.group_size)
     if config.pack is not None:
         check_packs(epoch, config.pack, config.token_budget, plan.lengths)
     else:

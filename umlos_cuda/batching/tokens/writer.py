@@ -10,7 +10,8 @@ The dataset is read through the length builder's
 same worker thread, same checks and fingerprints), so the store's lengths are
 what ``data lengths build`` counts. Loss masks: 1 on every token of a text
 record; for a prompt/response record, the rule of ``sft_sample``: 0 over the
-first ``len(encode(prompt part))`` tokens, 1 over the rest. Tokens and masks
+first ``len(encode(prompt part))`` tokens, 1 over the rest; a preference
+record (prompt, chosen, rejected) is two such rows, chosen then rejected. Tokens and masks
 stream to disk chunk by chunk; memory holds two chunks plus 20 bytes a
 sample (offset, length, id hash).
 
@@ -55,7 +56,8 @@ def tokenize_dataset(dataset: str | os.PathLike[str], tokenizer: Any, output: st
                      response_field: str | None = None, id_field: str = DEFAULT_ID_FIELD,
                      eos_token: str | None = None, force: bool = False, chunk_size: int = DEFAULT_CHUNK,
                      progress: Callable[[int, int], None] | None = None,
-                     skipped: SkippedLines | None = None) -> TokenStore:
+                     skipped: SkippedLines | None = None, chosen_field: str | None = None,
+                     rejected_field: str | None = None) -> TokenStore:
     """Encode every record and write the token store folder ``output``.
 
     ``progress(bytes_read, bytes_total)`` is called after each chunk. The
@@ -69,7 +71,7 @@ def tokenize_dataset(dataset: str | os.PathLike[str], tokenizer: Any, output: st
     target = check_output_folder(output, STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR)
     source = DatasetEncoding(dataset, tokenizer, text_field=text_field, prompt_field=prompt_field,
                              response_field=response_field, id_field=id_field, eos_token=eos_token,
-                             skipped=skipped)
+                             skipped=skipped, chosen_field=chosen_field, rejected_field=rejected_field)
     vocab = source.encoder.get_vocab_size(with_added_tokens=True)
     token_dtype = np.dtype("<u2" if vocab <= UINT16_VOCAB else "<u4")
     with output_folder(target, STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR) as folder:

@@ -331,6 +331,13 @@ def test_cli_user_errors(workspace, capsys, tmp_path):
                        "--rejected-field", "worse")
     assert code == 2 and err.startswith(f"error {errors.DATASET_RECORD_INVALID}:") and "'worse'" in err
 
+    (tmp_path / "dup.jsonl").write_text('{"id": "a", "q": "x", "g": "y", "b": "z"}\n'
+                                        '{"id": "a", "q": "x", "g": "y", "b": "w"}\n')
+    code, _, err = run(capsys, "data", "lengths", "build", "--dataset", tmp_path / "dup.jsonl", "--tokenizer",
+                       workspace / "model", "--output", tmp_path / "l.jsonl", "--quiet", "--prompt-field", "q",
+                       "--chosen-field", "g", "--rejected-field", "b")
+    assert code == 2 and err.startswith(f"error {errors.DATASET_RECORD_INVALID}:") and "repeats the id 'a'" in err
+
     odd = LengthCache.from_arrays(pair_names(3)[:-1], [5, 6, 7, 8, 9], "0" * 64)
     odd.write(tmp_path / "odd.jsonl")
     code, _, err = run(capsys, "plan", "build", "--lengths", tmp_path / "odd.jsonl", "--bucket-edges", "8",

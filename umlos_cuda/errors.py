@@ -77,6 +77,7 @@ TRACE_TRUNCATED = "TRACE_TRUNCATED"  # a tape ends inside a frame
 SAMPLE_INVALID = "SAMPLE_INVALID"  # a Sample, SampleMeta or PreferenceSample field is missing, mistyped or inconsistent
 TOKENIZER_INVALID = "TOKENIZER_INVALID"  # no tokenizer at the path, one the tokenizers library cannot load or run, or no EOS token
 DATASET_UNREADABLE = "DATASET_UNREADABLE"  # the dataset is missing, not a regular file, or a read failed
+CHAT_TEMPLATE_INVALID = "CHAT_TEMPLATE_INVALID"  # no chat template to render messages with, or one Jinja cannot compile
 DATASET_RECORD_INVALID = "DATASET_RECORD_INVALID"  # a JSONL line is not UTF-8, not a JSON object, lacks a field or repeats an id
 DATASET_EMPTY = "DATASET_EMPTY"  # the dataset holds no record
 LENGTHS_INVALID = "LENGTHS_INVALID"  # a length cache is missing, empty or malformed (row, id, tokenizer hash, length)

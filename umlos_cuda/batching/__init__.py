@@ -4,6 +4,7 @@ The pipeline, one sub-package per stage, in the order data flows:
 
     samples, templates   :class:`Sample`, :class:`PreferenceSample`; the SFT template
     lengths/             length caches: JSONL reading, tokenizer loading, fingerprints, the builder, statistics
+    chat/                chat records: the tokenizer's chat template, assistant loss masks
     packing/             sequence packing: :func:`pack_lengths`, :func:`pack_sequences`, packed rows, metrics
     plans/               token-budget batch plans: config, planner, builder, plan folders, verify, sharding
     tokens/              token stores and Megatron indexed datasets, as token sources
@@ -20,6 +21,7 @@ from .batches.fingerprint import (BatchFingerprint, compute_batch_fingerprint, f
 from .batches.reader import BatchReader
 from .batches.writer import BatchWriteReport, BatchWriter, write_batches
 from .plans.buckets import BucketSpec
+from .chat import ChatSample, encode_chat
 from .plans.builder import BatchPlanBuilder
 from .collate import CollatedBatch, collate_microbatch, default_collate
 from .preference import PreferenceBatch, collate_preference, collate_preference_microbatch, split_pairs

@@ -3,8 +3,9 @@ their run with a progress line (``data lengths build``, ``data tokenize``).
 
 Both read the dataset the same way (umlos_cuda/batching/lengths/builder.py),
 so they take the same options: the dataset, the tokenizer, one text field,
-a prompt and a response field, or a prompt, a chosen and a rejected field
-(preference pairs), the id field, the end-of-sequence token, the
+a prompt and a response field, a prompt, a chosen and a rejected field
+(preference pairs), or a messages field (and its chat template), the id
+field, the end-of-sequence token, the
 chunk size, ``--force`` and ``--quiet``.
 """
 
@@ -29,12 +30,18 @@ def add_dataset_arguments(parser, *, output_metavar: str, output_help: str, verb
     what.add_argument("--prompt-field", metavar="P",
                       help=f"with --response-field: {verb} the instruction template of P and R plus the "
                       "end-of-sequence token (docs/batching.md, 'Prompt and response records')")
+    what.add_argument("--messages-field", metavar="F",
+                      help=f"{verb} the chat records of field F (a list of {{role, content}} messages) rendered with "
+                      "the tokenizer's chat template; the token store's loss mask is 1 on the assistant turns "
+                      "(docs/batching.md, 'Chat records')")
     parser.add_argument("--response-field", metavar="R", help="the response field, with --prompt-field")
     parser.add_argument("--chosen-field", metavar="C",
                         help=f"with --prompt-field and --rejected-field: preference records, two rows each ({verb} "
                         "template(P) + C and template(P) + R, ids <id>/chosen and <id>/rejected; docs/batching.md, "
                         "'Preference pairs')")
     parser.add_argument("--rejected-field", metavar="R", help="the rejected completion's field, with --chosen-field")
+    parser.add_argument("--chat-template", metavar="FILE",
+                        help="with --messages-field: render with this Jinja template instead of the tokenizer's own")
     parser.add_argument("--id-field", default="id", metavar="F", help="the field holding the sample id (default: id)")
     parser.add_argument("--eos-token", metavar="TOKEN",
                         help="the end-of-sequence token's text, for --prompt-field when the tokenizer directory "
@@ -64,6 +71,8 @@ def run_with_progress(args, parser, label: str, build: Callable[..., Any]) -> tu
                      "(prompt/response records) or a chosen and a rejected completion (preference pairs)")
     if not pairs and (args.prompt_field is None) != (args.response_field is None):
         parser.error("--prompt-field and --response-field go together")
+    if args.chat_template is not None and args.messages_field is None:
+        parser.error("--chat-template goes with --messages-field")
     progress = Progress(1, label, enabled=not args.quiet, unit="B")  # the builders report bytes read
 
     def report(done: int, total: int) -> None:
@@ -76,8 +85,9 @@ def run_with_progress(args, parser, label: str, build: Callable[..., Any]) -> tu
         result = build(args.dataset, args.tokenizer, args.output, text_field=args.text_field,
                        prompt_field=args.prompt_field, response_field=args.response_field, id_field=args.id_field,
                        eos_token=args.eos_token, force=args.force, chunk_size=args.chunk_size, progress=report,
-                       skipped=skipped, **({"chosen_field": args.chosen_field, "rejected_field": args.rejected_field}
-                                          if pairs else {}))
+                       skipped=skipped, messages_field=args.messages_field, chat_template=args.chat_template,
+                       **({"chosen_field": args.chosen_field, "rejected_field": args.rejected_field}
+                          if pairs else {}))
     finally:
         progress.close()
     if skipped is not None:

@@ -1,10 +1,11 @@
 """Build a length cache from a JSONL dataset and a tokenizer.
 
-What goes in: the dataset, a tokenizer and what to count: one text field, or
+What goes in: the dataset, a tokenizer and what to count: one text field,
 a prompt and a response field put through the instruction template
 (umlos_cuda/batching/templates.py, end-of-sequence token included), or a
 prompt, a chosen and a rejected field: a preference record, two rows
-(umlos_cuda/batching/lengths/pairs.py). What
+(umlos_cuda/batching/lengths/pairs.py), or a messages field rendered with
+the tokenizer's chat template (umlos_cuda/batching/chat/). What
 comes out: ``lengths.jsonl`` and its sidecar (umlos_cuda/batching/lengths/cache.py),
 in dataset order, and the :class:`~umlos_cuda.batching.lengths.cache.LengthCache`.
 
@@ -35,6 +36,8 @@ from .cache import LengthCache, LengthCacheWriter, check_length_cache_output
 from ..templates import sft_length, sft_prompt, sft_text
 from .tokenizer import load_tokenizer
 from .pairs import PAIR_ROWS, pair_rows
+from ..chat.encode import chat_encoder
+from ..chat.records import ChatRecords
 
 DEFAULT_TEXT_FIELD = "text"
 DEFAULT_CHUNK = 4096
@@ -61,20 +64,30 @@ class DatasetEncoding:
                  prompt_field: str | None = None, response_field: str | None = None,
                  id_field: str = DEFAULT_ID_FIELD, eos_token: str | None = None,
                  chosen_field: str | None = None, rejected_field: str | None = None,
-                 check_outputs: Callable[[], object] | None = None, skipped: SkippedLines | None = None) -> None:
+                 check_outputs: Callable[[], object] | None = None, skipped: SkippedLines | None = None,
+                 messages_field: str | None = None, chat_template: str | os.PathLike[str] | None = None) -> None:
         self.pairs = chosen_field is not None or rejected_field is not None
         if self.pairs:
+            if messages_field is not None:
+                raise UmlosError(errors.LENGTHS_INVALID, "a messages field is counted alone; got also "
+                                 f"chosen_field={chosen_field!r}, rejected_field={rejected_field!r}",
+                                 operator=errors.BATCHING_OPERATOR)
             self.fields, self.to_text, self.appended = _pair_mode(text_field, prompt_field, response_field,
                                                                   chosen_field, rejected_field)
         else:
-            self.fields, self.to_text, self.appended = _mode(text_field, prompt_field, response_field)
+            self.fields, self.to_text, self.appended = _mode(text_field, prompt_field, response_field,
+                                                             messages_field)
         self.dataset = require_dataset_file(dataset)
         if check_outputs is not None:  # checked before the tokenizer loads: a wrong path fails at once
             check_outputs()
         self.loaded = load_tokenizer(tokenizer)
         self.eos_id = self.loaded.eos_token_id(eos_token) if self.appended else None  # the template appends it
         self.tokenizer_hash = tokenizer_fingerprint(self.loaded)
-        self.encoder = self.loaded.tokenizer
+        # A chat record renders its messages as it is read (a bad one is a bad line) and is encoded as
+        # apply_chat_template encodes it: no special tokens added, no padding, no truncation.
+        self.chat = None if messages_field is None else ChatRecords(self.loaded, chat_template)
+        self._convert = None if self.chat is None else {messages_field: self.chat}
+        self.encoder = self.loaded.tokenizer if self.chat is None else chat_encoder(self.loaded)
         if self.encoder.padding is not None:  # padding would make a length depend on its chunk
             from tokenizers import Tokenizer
 
@@ -99,12 +112,14 @@ class DatasetEncoding:
         """The prompt part of each record's template text (the loss-masked tokens)."""
         return list(map(sft_prompt, chunk.values[0]))
 
-    def encode(self, texts: list[str], chunk: RecordChunk) -> list:
-        """``encode_batch_fast`` with the special tokens; a tokenizer that
-        fails (an error, or a Rust panic) raises TOKENIZER_INVALID naming the
-        chunk's lines."""
+    def encode(self, texts: list[str], chunk: RecordChunk, *, offsets: bool = False) -> list:
+        """``encode_batch_fast`` with the special tokens (none for chat records,
+        whose template writes them; ``encode_batch`` when the character
+        ``offsets`` are wanted); a tokenizer that fails (an error, or a Rust
+        panic) raises TOKENIZER_INVALID naming the chunk's lines."""
         try:
-            return self.encoder.encode_batch_fast(texts, add_special_tokens=True)
+            encode = self.encoder.encode_batch if offsets else self.encoder.encode_batch_fast
+            return encode(texts, add_special_tokens=self.chat is None)
         except BaseException as exc:  # a Rust panic arrives as pyo3's PanicException, a BaseException
             if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
                 raise
@@ -124,7 +139,7 @@ class DatasetEncoding:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="umlos-encode") as pool:
             pending = None
             for chunk in read_chunks(self.dataset, self.fields, id_field=self.id_field, chunk_size=chunk_size,
-                                     digest=self._digest, skipped=self.skipped):
+                                     digest=self._digest, skipped=self.skipped, convert=self._convert):
                 self._id_hashes.append(np.fromiter(map(hash, chunk.sample_ids), dtype=np.int64,
                                                    count=len(chunk.sample_ids)))  # the records' ids
                 if self.pairs:
@@ -151,12 +166,15 @@ def build_lengths(dataset: str | os.PathLike[str], tokenizer: Any, output: str |
                   eos_token: str | None = None, force: bool = False, chunk_size: int = DEFAULT_CHUNK,
                   progress: Callable[[int, int], None] | None = None,
                   skipped: SkippedLines | None = None, chosen_field: str | None = None,
-                  rejected_field: str | None = None) -> LengthCache:
+                  rejected_field: str | None = None, messages_field: str | None = None,
+                  chat_template: str | os.PathLike[str] | None = None) -> LengthCache:
     """Count every record's tokens and write the length cache at ``output``.
 
     Give ``text_field`` (default ``"text"``) or both ``prompt_field`` and
     ``response_field``, or ``prompt_field``, ``chosen_field`` and
-    ``rejected_field`` (two rows a record, chosen then rejected).
+    ``rejected_field`` (two rows a record, chosen then rejected), or
+    ``messages_field`` (chat records rendered with the tokenizer's chat
+    template, or ``chat_template``, a Jinja file: umlos_cuda/batching/chat/).
     ``progress(bytes_read, bytes_total)`` is called
     after each chunk. Output paths are checked before any work: ``force``
     replaces a length cache and nothing else, and never the dataset or the
@@ -164,11 +182,12 @@ def build_lengths(dataset: str | os.PathLike[str], tokenizer: Any, output: str |
     :class:`~.jsonl.SkippedLines`), bad lines are skipped and counted there
     instead of refused.
     """
-    inputs = input_paths(dataset, tokenizer)
+    inputs = input_paths(dataset, tokenizer, chat_template)
     source = DatasetEncoding(dataset, tokenizer, text_field=text_field, prompt_field=prompt_field,
                              response_field=response_field, id_field=id_field, eos_token=eos_token,
                              check_outputs=lambda: check_length_cache_output(output, force, inputs),
-                             skipped=skipped, chosen_field=chosen_field, rejected_field=rejected_field)
+                             skipped=skipped, chosen_field=chosen_field, rejected_field=rejected_field,
+                             messages_field=messages_field, chat_template=chat_template)
     with LengthCacheWriter(output, source.tokenizer_hash, force=force, inputs=inputs) as writer:
         for chunk, lengths in source.stream(source.lengths, chunk_size):
             writer.add(chunk.sample_ids, lengths)
@@ -183,9 +202,15 @@ def input_paths(*given: Any) -> tuple[str | os.PathLike[str], ...]:
     return tuple(path for path in given if isinstance(path, (str, os.PathLike)))
 
 
-def _mode(text_field, prompt_field, response_field) -> tuple[tuple[str, ...], Callable, int]:
+def _mode(text_field, prompt_field, response_field, messages_field=None) -> tuple[tuple[str, ...], Callable, int]:
     """The fields to read, how they become the encoded text, and the tokens
     appended after it."""
+    if messages_field is not None:  # its values are ChatText, rendered as read (DatasetEncoding._convert)
+        if text_field is not None or prompt_field is not None or response_field is not None:
+            raise UmlosError(errors.LENGTHS_INVALID, "a messages field is counted alone; got also "
+                             f"text_field={text_field!r}, prompt_field={prompt_field!r}, "
+                             f"response_field={response_field!r}", operator=errors.BATCHING_OPERATOR)
+        return (messages_field,), lambda values: [chat.text for chat in values[0]], 0
     if prompt_field is None and response_field is None:
         field = DEFAULT_TEXT_FIELD if text_field is None else text_field
         return (field,), lambda values: values[0], 0

@@ -1,7 +1,8 @@
 """Stream the records of a JSONL dataset in chunks, checking each line.
 
 What goes in: a JSONL file (one JSON object per line, UTF-8) and the names
-of the string fields wanted. What comes out: chunks of sample ids and field
+of the string fields wanted (or of fields a converter turns into
+something else, such as a chat record's messages). What comes out: chunks of sample ids and field
 values, in file order, with the number of bytes read so far (for a progress
 bar). Memory holds one chunk, whatever the file's size.
 
@@ -21,7 +22,7 @@ before a record still is).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -69,12 +70,20 @@ def require_dataset_file(path: str | os.PathLike[str]) -> str:
     return path
 
 
+class RecordProblem(ValueError):
+    """Raised by a field converter: the record's field is not what the converter takes (the message says why)."""
+
+
 def read_chunks(path: str | os.PathLike[str], fields: tuple[str, ...], *, id_field: str = DEFAULT_ID_FIELD,
-                chunk_size: int = 1024, digest: Any = None, skipped: SkippedLines | None = None
-                ) -> Iterator[RecordChunk]:
+                chunk_size: int = 1024, digest: Any = None, skipped: SkippedLines | None = None,
+                convert: Mapping[str, Callable[[Any], Any]] | None = None) -> Iterator[RecordChunk]:
     """Yield the records of ``path`` in chunks of ``chunk_size``; every byte
     read also goes to ``digest.update`` when a digest is given. A bad line
-    raises DATASET_RECORD_INVALID, or is counted in ``skipped`` when given."""
+    raises DATASET_RECORD_INVALID, or is counted in ``skipped`` when given.
+
+    ``convert`` maps a field to a function of its JSON value, any type: the
+    chunk holds what it returns, and a :class:`RecordProblem` it raises makes
+    the line a bad line (a chat record's messages, umlos_cuda/batching/chat/records.py)."""
     path = require_dataset_file(path)
     ids: list[str] = []
     values: list[list[str]] = [[] for _ in fields]
@@ -99,7 +108,7 @@ def read_chunks(path: str | os.PathLike[str], fields: tuple[str, ...], *, id_fie
                 blank = range(0)
                 record = _record(path, number, raw)
                 sample_id = _sample_id(path, number, record, id_field)
-                row = [_field(path, number, record, name) for name in fields]
+                row = [_field(path, number, record, name, convert) for name in fields]
             except UmlosError as exc:
                 _bad(exc, skipped)
                 continue
@@ -150,12 +159,17 @@ def _sample_id(path: str, number: int, record: dict, id_field: str) -> str:
                        message="has {name!r} = {value!r}; an id is a non-empty string or an integer")
 
 
-def _field(path: str, number: int, record: dict, name: str) -> str:
+def _field(path: str, number: int, record: dict, name: str, convert: Mapping[str, Callable] | None = None) -> Any:
     try:
         value = record[name]
     except KeyError:
         keys = ", ".join(sorted(map(str, record))[:8]) or "none"
         raise invalid_record(path, number, f"lacks the field {name!r} (its fields: {keys})") from None
+    if convert is not None and name in convert:
+        try:
+            return convert[name](value)
+        except RecordProblem as exc:
+            raise invalid_record(path, number, f"has {name!r} that {exc}") from None
     return checks.text(value, name, fail=partial(invalid_record, path, number),
                        message="has {name!r} of type {type}; it must be a string")
 

@@ -5,7 +5,8 @@ holding one (as ``save_pretrained`` writes it). What comes out: a
 :class:`LoadedTokenizer`, the ``tokenizers.Tokenizer`` plus what the
 directory adds around it and what changes the token ids a training run sees:
 the chat template (``chat_template.jinja``, else ``chat_template`` in
-``tokenizer_config.json``) and the special tokens named there or in
+``tokenizer_config.json``; with named templates in ``additional_chat_templates/``,
+a dict of them, ``chat_template.jinja`` as ``"default"``, as transformers reads them) and the special tokens named there or in
 ``special_tokens_map.json`` (``eos_token`` and the like).
 
 Only the fast ``tokenizer.json`` format is read: a directory with only
@@ -29,6 +30,8 @@ SPECIAL_TOKENS_FILE = "special_tokens_map.json"
 #: beside it are read up to files.reader.MAX_JSON_BYTES.
 MAX_TOKENIZER_BYTES = 1 << 30
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
+#: The folder of named templates beside it (``NAME.jinja``), as transformers' save_pretrained writes them.
+CHAT_TEMPLATE_DIR = "additional_chat_templates"
 #: The special-token roles of tokenizer_config.json read here.
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
                       "additional_special_tokens")
@@ -39,7 +42,7 @@ class LoadedTokenizer:
     """A tokenizer and the files around it that change what a model sees."""
 
     tokenizer: Any  # tokenizers.Tokenizer
-    chat_template: str | list | None = None
+    chat_template: str | list | dict | None = None
     special_tokens: dict[str, Any] = field(default_factory=dict)
     path: str | None = None
 
@@ -78,10 +81,13 @@ def load_tokenizer(source: Any) -> LoadedTokenizer:
         config = _read_json(os.path.join(path, CONFIG_FILE))
         special = _special_tokens(config, _read_json(os.path.join(path, SPECIAL_TOKENS_FILE)))
         template = _read_text(os.path.join(path, CHAT_TEMPLATE_FILE))
-        if template is None:
+        named = _named_templates(os.path.join(path, CHAT_TEMPLATE_DIR))
+        if named:  # as transformers: the .jinja files replace the config's template, chat_template.jinja as "default"
+            template = named if template is None else {"default": template, **named}
+        elif template is None:
             template = config.get("chat_template")
         if template is not None:
-            checks.instance(template, "chat_template", (str, list), fail=_invalid,
+            checks.instance(template, "chat_template", (str, list, dict), fail=_invalid,
                             message=checks.literal(os.path.join(path, CONFIG_FILE))
                             + ": {name} must be a string or a list, got {type}")
         return LoadedTokenizer(_tokenizer_from_file(Tokenizer, file), template, special, path)
@@ -134,6 +140,19 @@ def _read_json(path: str) -> dict:
         return {}
     data = reader.loads_json(text, _invalid, path, not_json="is not JSON")
     return checks.instance(data, path, dict, fail=_invalid, message="{name} must hold a JSON object, got {type}")
+
+
+def _named_templates(folder: str) -> dict[str, str]:
+    """The ``NAME.jinja`` templates of ``folder`` by name ({} when there is no such folder)."""
+    if not os.path.isdir(folder):
+        return {}
+    found = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".jinja"):
+            text = _read_text(os.path.join(folder, name))
+            if text is not None:
+                found[name[:-len(".jinja")]] = text
+    return found
 
 
 def _read_text(path: str) -> str | None:

@@ -42,8 +42,8 @@ META_FIELDS = ("format", "num_samples", "num_tokens", "token_dtype", "tokenizer_
 #: meta.json fields a store may lack: ``vocab_size`` (the tokenizer's, with added tokens) is written since
 #: stores check their token ids against it; a store written before has only its dtype's range.
 OPTIONAL_FIELDS = ("vocab_size",)
-#: ``loss_mask`` in meta.json: every token trained on, or the instruction template's rule.
-LOSS_MASK_RULES = ("all", "template")
+#: ``loss_mask`` in meta.json: every token trained on, the instruction template's rule, or the assistant turns.
+LOSS_MASK_RULES = ("all", "template", "assistant")
 LENGTHS_FILE = "lengths.jsonl"
 
 

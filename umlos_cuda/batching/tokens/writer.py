@@ -1,8 +1,8 @@
 """Write a token store from a JSONL dataset (``umlos-cuda data tokenize``).
 
 What goes in: the dataset, a tokenizer and what to encode, exactly as for
-the length cache (one text field, or a prompt and a response field through
-the instruction template). What comes out: the store folder of
+the length cache (one text field, a prompt and a response field through
+the instruction template, or a messages field through the chat template). What comes out: the store folder of
 umlos_cuda/batching/tokens/store.py, its length cache included, in dataset order.
 
 The dataset is read through the length builder's
@@ -11,7 +11,10 @@ same worker thread, same checks and fingerprints), so the store's lengths are
 what ``data lengths build`` counts. Loss masks: 1 on every token of a text
 record; for a prompt/response record, the rule of ``sft_sample``: 0 over the
 first ``len(encode(prompt part))`` tokens, 1 over the rest; a preference
-record (prompt, chosen, rejected) is two such rows, chosen then rejected. Tokens and masks
+record (prompt, chosen, rejected) is two such rows, chosen then rejected; for
+a chat record, 1 on the tokens of the assistant's turns
+(umlos_cuda/batching/chat/turns.py says which characters,
+umlos_cuda/batching/chat/masks.py which tokens). Tokens and masks
 stream to disk chunk by chunk; memory holds two chunks plus 20 bytes a
 sample (offset, length, id hash).
 
@@ -42,6 +45,7 @@ from ..lengths.builder import DEFAULT_CHUNK, DatasetEncoding, input_paths
 from ..lengths.cache import LengthCacheWriter
 from ..plans.fingerprint import sha256_array
 from .store import LENGTHS_FILE, STORE_FORMAT, TokenStore
+from ..chat.masks import token_mask
 
 #: Bytes reserved for a streamed .npy header (the shape is known only at the end).
 NPY_HEADER_BYTES = 128
@@ -57,7 +61,8 @@ def tokenize_dataset(dataset: str | os.PathLike[str], tokenizer: Any, output: st
                      eos_token: str | None = None, force: bool = False, chunk_size: int = DEFAULT_CHUNK,
                      progress: Callable[[int, int], None] | None = None,
                      skipped: SkippedLines | None = None, chosen_field: str | None = None,
-                     rejected_field: str | None = None) -> TokenStore:
+                     rejected_field: str | None = None, messages_field: str | None = None,
+                     chat_template: str | os.PathLike[str] | None = None) -> TokenStore:
     """Encode every record and write the token store folder ``output``.
 
     ``progress(bytes_read, bytes_total)`` is called after each chunk. The
@@ -67,11 +72,12 @@ def tokenize_dataset(dataset: str | os.PathLike[str], tokenizer: Any, output: st
     Given ``skipped`` (a :class:`~umlos_cuda.batching.lengths.jsonl.SkippedLines`),
     bad lines are skipped and counted there instead of refused.
     """
-    inputs = input_paths(dataset, tokenizer)
+    inputs = input_paths(dataset, tokenizer, chat_template)
     target = check_output_folder(output, STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR)
     source = DatasetEncoding(dataset, tokenizer, text_field=text_field, prompt_field=prompt_field,
                              response_field=response_field, id_field=id_field, eos_token=eos_token,
-                             skipped=skipped, chosen_field=chosen_field, rejected_field=rejected_field)
+                             skipped=skipped, chosen_field=chosen_field, rejected_field=rejected_field,
+                             messages_field=messages_field, chat_template=chat_template)
     vocab = source.encoder.get_vocab_size(with_added_tokens=True)
     token_dtype = np.dtype("<u2" if vocab <= UINT16_VOCAB else "<u4")
     with output_folder(target, STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR) as folder:
@@ -107,7 +113,7 @@ def _write_store(source: DatasetEncoding, root: Folder, token_dtype: np.dtype, c
         "token_dtype": token_dtype.str,
         "tokenizer_hash": source.tokenizer_hash,
         "dataset_hash": lengths.dataset_hash,
-        "loss_mask": "template" if source.is_template else "all",
+        "loss_mask": loss_mask_rule(source),
         "sample_ids": "line_numbers" if lengths.ids_are_line_numbers else "jsonl",
         "tokens_sha256": tokens.sha256,
         "loss_mask_sha256": masks.sha256,
@@ -122,10 +128,14 @@ def encode_chunk(source: DatasetEncoding, chunk: RecordChunk, token_dtype: np.dt
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(lengths, token ids, loss mask)`` of one chunk, the ids and masks
     of its records concatenated."""
-    encodings = source.encode(source.texts(chunk), chunk)
+    encodings = source.encode(source.texts(chunk), chunk, offsets=source.chat is not None)
     encoded = np.fromiter((len(e) for e in encodings), dtype=np.int64, count=len(encodings))
     total = int(encoded.sum())
     ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=total)
+    if source.chat is not None:  # the assistant spans of each record (umlos_cuda/batching/chat/masks.py)
+        masks = [token_mask(e.offsets, chat.spans) for e, chat in zip(encodings, chunk.values[0])]
+        mask = np.concatenate(masks) if masks else np.zeros(0, dtype=np.uint8)
+        return encoded, _as_tokens(ids, token_dtype, vocab_size), mask
     if not source.is_template:
         return encoded, _as_tokens(ids, token_dtype, vocab_size), np.ones(total, dtype=np.uint8)
     lengths = encoded + source.appended
@@ -138,6 +148,13 @@ def encode_chunk(source: DatasetEncoding, chunk: RecordChunk, token_dtype: np.dt
     position = np.arange(ids.shape[0], dtype=np.int64) - np.repeat(starts, lengths)
     mask = (position >= np.repeat(masked, lengths)).astype(np.uint8)
     return lengths, _as_tokens(ids, token_dtype, vocab_size), mask
+
+
+def loss_mask_rule(source: DatasetEncoding) -> str:
+    """``loss_mask`` in meta.json: ``assistant`` (chat records), ``template`` (prompt/response) or ``all``."""
+    if source.chat is not None:
+        return "assistant"
+    return "template" if source.is_template else "all"
 
 
 def _as_tokens(ids: np.ndarray, token_dtype: np.dtype, vocab_size: int | None = None) -> np.ndarray:

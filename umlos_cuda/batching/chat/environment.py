@@ -1,0 +1,150 @@
+"""The Jinja environment a chat template renders in, built as Hugging Face ``transformers`` builds it.
+
+What goes in: a template's source. What comes out: a compiled
+:class:`jinja2.Template` whose environment is the one
+``transformers.utils.chat_template_utils._cached_compile_jinja_template``
+makes (transformers 5.x), so a template renders to the same text here and
+there:
+
+* an ``ImmutableSandboxedEnvironment`` (a template cannot reach Python
+  internals nor change the values it is given) with ``trim_blocks`` and
+  ``lstrip_blocks``, and the ``loopcontrols`` extension (``break``, ``continue``);
+* the ``{% generation %}...{% endgeneration %}`` block, which renders its body
+  unchanged and records where that output starts and ends in the rendered
+  text (:func:`generation_spans`): the assistant spans of
+  ``return_assistant_tokens_mask``. The start is the length of what the
+  template has yielded so far, as transformers counts it;
+* the globals ``raise_exception(message)`` (raises, which fails the record),
+  ``strftime_now(format)``, ``dict`` (a constructor without attribute access)
+  and ``namespace`` (refusing underscore-prefixed names), and the ``tojson``
+  filter as transformers defines it (``json.dumps`` with ``ensure_ascii=False``
+  and no HTML escaping, with ``indent``, ``separators`` and ``sort_keys``).
+
+Two things differ, neither in what a template renders: ``*`` and ``**`` go
+through :meth:`ChatEnvironment.call_binop`, which refuses a result over the
+render limit before computing it (umlos_cuda/batching/chat/limits.py), and
+templates compiled here are cached per source (at most 16).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+import jinja2.exceptions
+import jinja2.ext
+import jinja2.nodes
+import jinja2.utils
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .limits import check_binop
+
+#: How transformers tells a template with generation markers (``render_jinja_template``).
+GENERATION_TAG = re.compile(r"\{\%-?\s*generation\s*-?\%\}")
+
+_TRACKING: ContextVar[list | None] = ContextVar("umlos_generation_tracking", default=None)
+
+
+class GenerationBlock(jinja2.ext.Extension):
+    """``{% generation %}``: the body's output, and where it lies in the rendered text."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_generation", []), [], [], body).set_lineno(lineno)
+
+    def _generation(self, caller) -> str:
+        output = caller()
+        tracking = _TRACKING.get()
+        if tracking is not None:  # [characters yielded so far, spans]
+            start = tracking[0]
+            tracking[1].append((start, start + len(output)))
+        return output
+
+
+class ChatEnvironment(ImmutableSandboxedEnvironment):
+    """transformers' sandbox, whose ``*`` and ``**`` are checked against the render limit first."""
+
+    intercepted_binops = frozenset(("*", "**"))
+
+    def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
+        check_binop(operator, left, right)
+        return super().call_binop(context, operator, left, right)
+
+
+def _raise_exception(message):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format):
+    return datetime.now().strftime(format)
+
+
+class _TemplateDict:
+    """``dict(...)`` and ``dict.fromkeys(...)`` without the type's attributes."""
+
+    def __call__(self, *args, **kwargs):
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args, **kwargs):
+        return dict.fromkeys(*args, **kwargs)
+
+
+class _TemplateNamespace(jinja2.utils.Namespace):
+    """``namespace(...)`` refusing underscore-prefixed attribute names."""
+
+    def __init__(*args, **kwargs):
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name, value):
+        _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check_name(name):
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(
+                f"Chat templates cannot store underscore-prefixed attributes on a namespace, but got {name!r}. "
+                "Please rename the attribute.")
+
+
+@lru_cache(maxsize=16)
+def compile_template(source: str) -> jinja2.Template:
+    """The template compiled in its own environment (raises Jinja's errors as they are)."""
+    environment = ChatEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                  extensions=[GenerationBlock, jinja2.ext.loopcontrols])
+    environment.filters["tojson"] = _tojson
+    environment.globals["raise_exception"] = _raise_exception
+    environment.globals["strftime_now"] = _strftime_now
+    environment.globals["dict"] = _TemplateDict()
+    environment.globals["namespace"] = _TemplateNamespace
+    return environment.from_string(source)
+
+
+@contextmanager
+def generation_spans() -> Iterator[list]:
+    """While active, ``{% generation %}`` blocks append ``(start, end)`` to
+    ``state[1]``; the renderer keeps ``state[0]``, the characters yielded so far."""
+    state: list = [0, []]
+    token = _TRACKING.set(state)
+    try:
+        yield state
+    finally:
+        _TRACKING.reset(token)

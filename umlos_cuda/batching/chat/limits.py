@@ -1,0 +1,89 @@
+"""How much work one chat render may do, so that a hostile template cannot hang a command.
+
+What goes in: a render in progress. What comes out: nothing, or
+:class:`RenderLimitExceeded` once the render goes past a limit.
+
+Jinja's sandbox keeps a template away from Python's internals but not from
+the CPU: ``range`` is capped at 100,000 items, yet two nested loops over it
+run 10^10 times, and ``10 ** 10 ** 9`` is one expression that computes for
+minutes. A time limit would make a record pass on one machine and fail on
+another, so the limits count work instead, the same everywhere:
+
+* :data:`MAX_RENDER_STEPS` lines of template code executed per render
+  (every loop iteration executes at least one; a real chat template takes a
+  few hundred a message), counted by a trace function that runs only in the
+  template's own frames and only while a render is in progress;
+* :data:`MAX_RENDERED_CHARS` characters of rendered text;
+* a ``*`` whose result would be a string or sequence over
+  :data:`MAX_RENDERED_CHARS` items, and a ``**`` whose result would exceed
+  :data:`MAX_POWER_BITS` bits, are refused before they are computed.
+
+Python's own recursion limit stops a macro that calls itself. A render that
+goes past a limit fails its record like a template that raises.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+#: Lines of template code one render may execute.
+MAX_RENDER_STEPS = 5_000_000
+#: Characters one render may write (a dataset line is at most 64 MiB; its text rendered once is less).
+MAX_RENDERED_CHARS = 64 << 20
+#: Bits of an integer ``a ** b`` may produce.
+MAX_POWER_BITS = 1 << 16
+#: The file name Jinja compiles a template string under: the frames the step counter watches.
+TEMPLATE_FILENAME = "<template>"
+
+
+class RenderLimitExceeded(Exception):
+    """A render went past one of this module's limits."""
+
+
+@contextmanager
+def counted_steps(limit: int = MAX_RENDER_STEPS) -> Iterator[None]:
+    """Count the lines the template executes in this thread; past ``limit`` the
+    render raises :class:`RenderLimitExceeded`. A trace function set before
+    (a debugger, coverage) is restored afterwards."""
+    steps = 0
+
+    def line(frame, event: str, arg: Any):
+        nonlocal steps
+        if event == "line":
+            steps += 1
+            if steps > limit:
+                raise RenderLimitExceeded(f"the chat template ran more than {limit:,} steps "
+                                          "(umlos_cuda/batching/chat/limits.py)")
+        return line
+
+    def call(frame, event: str, arg: Any):
+        return line if frame.f_code.co_filename == TEMPLATE_FILENAME else None
+
+    previous = sys.gettrace()
+    sys.settrace(call)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
+
+
+def check_length(chars: int) -> None:
+    """Refuse rendered text over :data:`MAX_RENDERED_CHARS`."""
+    if chars > MAX_RENDERED_CHARS:
+        raise RenderLimitExceeded(f"the chat template wrote more than {MAX_RENDERED_CHARS:,} characters")
+
+
+def check_binop(operator: str, left: Any, right: Any) -> None:
+    """Refuse a ``*`` or ``**`` whose result is over the limits, before it is computed."""
+    if operator == "*":
+        for sequence, count in ((left, right), (right, left)):
+            if isinstance(sequence, (str, bytes, list, tuple)) and isinstance(count, int) \
+                    and len(sequence) * count > MAX_RENDERED_CHARS:
+                raise RenderLimitExceeded(f"the chat template multiplies a sequence of {len(sequence):,} items "
+                                          f"by {count:,}, over the limit of {MAX_RENDERED_CHARS:,}")
+    elif operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0 \
+            and abs(left) > 1 and abs(left).bit_length() * right > MAX_POWER_BITS:
+        raise RenderLimitExceeded(f"the chat template computes {left} ** {right}, over {MAX_POWER_BITS:,} bits")

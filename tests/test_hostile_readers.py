@@ -361,6 +361,29 @@ def _tokenize_fifo_special_tokens(world, here):
             "--output", str(here / "out"), "--quiet")
 
 
+def _chat(template: str | None, command: str = "tokenize", messages=None, template_file=None):
+    """A model whose tokenizer_config.json carries ``template`` and a one-record chat dataset, encoded with
+    ``--messages-field messages`` (and ``--chat-template`` the file ``template_file`` makes under ``here``)."""
+    def make(world, here):
+        copy(world, here, "model")
+        if template is not None:
+            edit_json(here / "model" / "tokenizer_config.json", lambda c: c.__setitem__("chat_template", template))
+        record = {"messages": messages if messages is not None else [{"role": "user", "content": "hi"}]}
+        (here / "chat.jsonl").write_text(json.dumps(record) + "\n")
+        extra = ("--chat-template", str(template_file(here))) if template_file is not None else ()
+        verb = ("data", "tokenize") if command == "tokenize" else ("data", "lengths", "build")
+        return (*verb, "--dataset", str(here / "chat.jsonl"), "--tokenizer", str(here / "model"), "--output",
+                str(here / "out"), "--messages-field", "messages", "--quiet", *extra)
+    return make
+
+
+def _fifo_at(name: str):
+    def make(here: Path) -> Path:
+        fifo(here / name)
+        return here / name
+    return make
+
+
 def _fingerprint_fifo_offsets(world, here):
     copy(world, here, "plan", "store")
     fifo(here / "store" / "offsets.npy")
@@ -796,6 +819,23 @@ CASES = [
     Case("hang/data-lengths-build-fifo-chat-template", _tokenizer_fifo("chat_template.jinja"), (T,),
          "chat_template.jinja"),
     Case("hang/data-lengths-build-fifo-tokenizer-json", _bare_tokenizer_fifo, (T,), "tokenizer.json"),
+    # chat templates run as sandboxed Jinja with counted steps (umlos_cuda/batching/chat/limits.py)
+    Case("hang/data-tokenize-chat-template-nested-loops", _chat(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"), (D,), "chat.jsonl"),
+    Case("hang/data-lengths-build-chat-template-huge-power", _chat("{{ 2 ** 4000000000 }}", "lengths"), (D,),
+         "chat.jsonl"),
+    Case("hang/data-tokenize-chat-template-recursive-macro", _chat(
+        "{% macro f(n) %}{{ f(n ~ 'x') }}{% endmacro %}{{ f('') }}"), (D,), "chat.jsonl"),
+    Case("hang/data-tokenize-fifo-chat-template-option", _chat(None, template_file=_fifo_at("t.jinja")),
+         (errors.CHAT_TEMPLATE_INVALID,), "t.jinja"),
+    Case("traceback/data-tokenize-chat-template-raises", _chat("{{ raise_exception('no system role here') }}"),
+         (D,), "chat.jsonl"),
+    Case("traceback/data-tokenize-chat-template-sandbox-escape", _chat(
+        "{{ messages.__class__.__mro__[1].__subclasses__() }}"), (D,), "chat.jsonl"),
+    Case("traceback/data-lengths-build-chat-template-syntax", _chat("{% for m in messages %}", "lengths"),
+         (errors.CHAT_TEMPLATE_INVALID,), "model"),
+    Case("traceback/data-tokenize-chat-messages-not-objects",
+         _chat("{% for m in messages %}{{ m['content'] }}{% endfor %}", messages=[["user", "hi"]]), (D,), "chat.jsonl"),
     Case("hang/data-tokenize-fifo-special-tokens-map", _tokenize_fifo_special_tokens, (T,),
          "special_tokens_map.json"),
     Case("hang/batch-fingerprint-fifo-store-offsets", _fingerprint_fifo_offsets, (S,), "offsets.npy"),

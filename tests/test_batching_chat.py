@@ -1,0 +1,364 @@
+"""Chat records against Hugging Face ``transformers``: the rendered text, the token ids and the
+assistant masks of three template families (ChatML, Llama-3 style, a template with
+``{% generation %}`` markers), on tokenizers trained here and loaded from local folders (no network).
+
+Where a template has markers, the mask must equal ``return_assistant_tokens_mask``; where it has
+none, it must equal the generation-prompt difference (docs/batching.md, "Chat records") computed
+from transformers' own renders, and, on known answers, cover exactly the assistant's content and
+end-of-turn text.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from batching_cases import expect
+from umlos_cuda import errors
+from umlos_cuda.batching import LengthCache, TokenStore, build_lengths, encode_chat
+from umlos_cuda.batching.chat.limits import MAX_RENDER_STEPS
+from umlos_cuda.batching.chat.masks import token_mask
+from umlos_cuda.batching.lengths.jsonl import SkippedLines
+from umlos_cuda.batching.tokens.writer import tokenize_dataset
+from umlos_cuda.cli import main
+
+transformers = pytest.importorskip("transformers")
+
+SENTENCES = ["hello there how are you today", "I am fine thank you very much", "the quick brown fox jumps",
+             "what is the capital of france", "paris is the capital", "you are a helpful assistant",
+             "tell me a joke about cats", "why did the cat sit on the computer"]
+
+CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+          "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+          "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+LLAMA3 = ("{{ bos_token }}{% for message in messages %}"
+          "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' "
+          "+ message['content'] | trim + '<|eot_id|>' %}{{ content }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
+GENERATION = ("{% for message in messages %}"
+              "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+              "{{ raise_exception('unknown role ' + message['role']) }}{% endif %}"
+              "{% if message['role'] == 'assistant' %}{{ '<|assistant|>\\n' }}"
+              "{% generation %}{{ message['content'] + eos_token }}{% endgeneration %}{{ '\\n' }}"
+              "{% else %}{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}{% endif %}"
+              "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
+
+FAMILIES = {
+    "chatml": (CHATML, ["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
+               {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
+    "llama3": (LLAMA3, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+               {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}),
+    "generation": (GENERATION, ["<|system|>", "<|user|>", "<|assistant|>", "</s>", "<unk>"],
+                   {"eos_token": "</s>", "unk_token": "<unk>"}),
+}
+#: What each family closes an assistant turn with (the known answers of the difference rule).
+TURN_END = {"chatml": "<|im_end|>\n", "llama3": "<|eot_id|>"}
+
+
+def write_family(folder, family: str):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    template, specials, tokens = FAMILIES[family]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(SENTENCES * 4, trainer)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": template, **tokens}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("chat-models")
+    found = {}
+    for family in FAMILIES:
+        folder = write_family(root / family, family)
+        found[family] = (folder, transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True))
+    return found
+
+
+def difference_spans(hf, messages, add_generation_prompt):
+    """The generation-prompt difference, from transformers' own renders (the plain definition)."""
+    whole = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    spans = []
+    for k, message in enumerate(messages):
+        if message["role"] == "assistant":
+            before = hf.apply_chat_template(messages[:k], tokenize=False, add_generation_prompt=True) if k else ""
+            after = hf.apply_chat_template(messages[:k + 1], tokenize=False)
+            assert after.startswith(before) and whole.startswith(after)
+            spans.append((len(before), len(after)))
+    return spans
+
+
+def expected_mask(hf, family, messages, add_generation_prompt):
+    """transformers' assistant mask (markers), or the overlap rule over the difference spans."""
+    out = hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, return_dict=True,
+                                 return_assistant_tokens_mask=family == "generation")
+    if family == "generation":
+        return out["input_ids"], out["assistant_masks"]
+    text = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    offsets = hf(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    spans = difference_spans(hf, messages, add_generation_prompt)
+    mask = [int(any(end > s and start < e for s, e in spans)) for start, end in offsets]
+    return out["input_ids"], mask
+
+
+def check_equal(models, family, messages, add_generation_prompt):
+    folder, hf = models[family]
+    ours = encode_chat(folder, messages, add_generation_prompt=add_generation_prompt)
+    assert ours.text == hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    ids, mask = expected_mask(hf, family, messages, add_generation_prompt)
+    assert ours.input_ids == ids
+    assert ours.assistant_mask.tolist() == mask
+    return ours
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "hello there"}],
+    [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "I am fine"}],
+    [{"role": "system", "content": "you are a helpful assistant"}, {"role": "user", "content": "tell me a joke"},
+     {"role": "assistant", "content": "why did the cat sit on the computer"}, {"role": "user", "content": "why"},
+     {"role": "assistant", "content": "to keep an eye on the mouse"}],
+    [{"role": "user", "content": "what is the capital of france"}, {"role": "assistant", "content": "paris"},
+     {"role": "user", "content": "thank you"}],
+]
+
+
+@pytest.mark.parametrize("add_generation_prompt", [False, True])
+@pytest.mark.parametrize("conversation", range(len(CONVERSATIONS)))
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_text_ids_and_masks_equal_transformers(models, family, conversation, add_generation_prompt):
+    check_equal(models, family, CONVERSATIONS[conversation], add_generation_prompt)
+
+
+@pytest.mark.parametrize("family", ["chatml", "llama3"])
+def test_the_difference_rule_masks_each_assistant_turn_and_its_end(models, family):
+    """Known answers: the masked tokens decode to each assistant content and the family's end of turn."""
+    folder, hf = models[family]
+    messages = CONVERSATIONS[2]
+    ours = encode_chat(folder, messages)
+    ids = np.asarray(ours.input_ids)
+    runs = np.split(ids, np.flatnonzero(np.diff(ours.assistant_mask.astype(int)) != 0) + 1)
+    firsts = np.concatenate([[0], np.flatnonzero(np.diff(ours.assistant_mask.astype(int)) != 0) + 1])
+    masked = [hf.decode(run.tolist()) for run, first in zip(runs, firsts) if ours.assistant_mask[first]]
+    assert masked == [m["content"] + TURN_END[family] for m in messages if m["role"] == "assistant"]
+
+
+def test_generation_markers_mask_what_the_markers_enclose(models):
+    folder, hf = models["generation"]
+    ours = encode_chat(folder, CONVERSATIONS[1])
+    assert hf.decode([i for i, m in zip(ours.input_ids, ours.assistant_mask) if m]) == "I am fine</s>"
+
+
+words = st.sampled_from(["hello", "there", "fine", "cat", "paris", "é", "naïve", "  ", "\n", "<|im_end|>", "42",
+                         "the quick", "you"])
+contents = st.lists(words, min_size=0, max_size=8).map(" ".join)
+
+
+@st.composite
+def conversations(draw):
+    messages = []
+    if draw(st.booleans()):
+        messages.append({"role": "system", "content": draw(contents)})
+    for turn in range(draw(st.integers(1, 4))):
+        messages.append({"role": "user", "content": draw(contents)})
+        if turn or draw(st.booleans()):
+            messages.append({"role": "assistant", "content": draw(contents)})
+    if draw(st.booleans()) and messages[-1]["role"] == "user":
+        messages.append({"role": "assistant", "content": draw(contents)})
+    return messages
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(messages=conversations(), add_generation_prompt=st.booleans(), family=st.sampled_from(list(FAMILIES)))
+def test_random_conversations_equal_transformers(models, messages, add_generation_prompt, family):
+    check_equal(models, family, messages, add_generation_prompt)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(tokens=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 5)), max_size=20),
+       spans=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 8)), max_size=4))
+def test_token_mask_is_transformers_loop(tokens, spans):
+    """Offsets and spans in any order: the mask is transformers' pointer loop, written out here."""
+    offsets = [(s, s + w) for s, w in tokens]
+    spans = [(s, s + w) for s, w in spans]
+    expected = [0] * len(offsets)
+    index = 0
+    for token, (start, end) in enumerate(offsets):
+        while index < len(spans) and start >= spans[index][1]:
+            index += 1
+        if index == len(spans):
+            break
+        if end > spans[index][0]:
+            expected[token] = 1
+    assert token_mask(offsets, spans).tolist() == expected
+
+
+def test_variables_and_globals_are_transformers(models, tmp_path):
+    """tools and documents are defined (None), the special tokens are variables, tojson does not escape HTML,
+    namespace and loop controls work."""
+    template = ("{{ tools is defined }}|{{ tools is none }}|{{ documents is none }}|{{ eos_token }}|{{ pad_token }}|"
+                "{{ bos_token is defined }}|{{ messages | tojson }}|{% set ns = namespace(n=0) %}"
+                "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{% set ns.n = ns.n + 1 %}"
+                "{% endfor %}{{ ns.n }}|{{ dict(a=1) | tojson(sort_keys=true) }}")
+    (tmp_path / "t.jinja").write_text(template)
+    folder, hf = models["chatml"]
+    messages = [{"role": "user", "content": "<b>é</b>", "name": None}, {"role": "user", "content": "x"}]
+    ours = encode_chat(folder, messages, chat_template=tmp_path / "t.jinja")
+    assert ours.text == hf.apply_chat_template(messages, tokenize=False, chat_template=template)
+    assert ours.text.startswith("True|True|True|<|im_end|>|<|endoftext|>|False|")
+    assert '"<b>é</b>"' in ours.text and '"name"' not in ours.text  # null keys dropped, as transformers does
+
+
+def test_reasoning_fields_are_aliased_as_transformers(models, tmp_path):
+    template = "{% for m in messages %}{{ m | tojson }}{% endfor %}"
+    (tmp_path / "t.jinja").write_text(template)
+    folder, hf = models["chatml"]
+    messages = [{"role": "user", "content": "a", "reasoning": "because"}]
+    ours = encode_chat(folder, messages, chat_template=tmp_path / "t.jinja")
+    assert ours.text == hf.apply_chat_template(messages, tokenize=False, chat_template=template)
+
+
+def test_named_templates_and_jinja_file_are_found_as_transformers(models, tmp_path):
+    folder = write_family(tmp_path / "m", "chatml")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": "default", "template": LLAMA3}, {"name": "other", "template": CHATML}]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    hf = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    messages = CONVERSATIONS[1]
+    assert encode_chat(folder, messages).text == hf.apply_chat_template(messages, tokenize=False)
+    (folder / "chat_template.jinja").write_text(GENERATION)  # the file replaces the config's templates
+    hf = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    assert encode_chat(folder, messages).text == hf.apply_chat_template(messages, tokenize=False)
+    (folder / "additional_chat_templates").mkdir()
+    (folder / "additional_chat_templates" / "tool_use.jinja").write_text(CHATML)
+    hf = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    assert isinstance(hf.chat_template, dict)
+    assert encode_chat(folder, messages).text == hf.apply_chat_template(messages, tokenize=False)
+
+
+def test_template_failures_are_documented(models, tmp_path):
+    folder, _ = models["generation"]
+    expect(errors.DATASET_RECORD_INVALID, encode_chat, folder, [{"role": "tool", "content": "x"}],
+           mention="unknown role tool")
+    for bad in ([], "hello", [{"role": "user"}], [{"role": "user", "content": 5}], [["user", "x"]]):
+        expect(errors.DATASET_RECORD_INVALID, encode_chat, folder, bad)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "tokenizer.json").write_text((folder / "tokenizer.json").read_text())
+    expect(errors.CHAT_TEMPLATE_INVALID, encode_chat, bare, CONVERSATIONS[0], mention="no chat template")
+    (tmp_path / "broken.jinja").write_text("{% for m in messages %}")
+    expect(errors.CHAT_TEMPLATE_INVALID, encode_chat, folder, CONVERSATIONS[0],
+           chat_template=tmp_path / "broken.jinja", mention="does not compile")
+    expect(errors.CHAT_TEMPLATE_INVALID, encode_chat, folder, CONVERSATIONS[0],
+           chat_template=tmp_path / "missing.jinja", mention="does not exist")
+
+
+@pytest.mark.parametrize("template, mention", [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "steps"),
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
+    ("{{ 'x' * 1000000000 }}", "multiplies"),
+    ("{{ 2 ** 1000000000 }}", "bits"),
+])
+def test_runaway_templates_stop_at_the_render_limits(models, tmp_path, template, mention):
+    (tmp_path / "t.jinja").write_text(template)
+    folder, _ = models["chatml"]
+    expect(errors.DATASET_RECORD_INVALID, encode_chat, folder, CONVERSATIONS[0], chat_template=tmp_path / "t.jinja",
+           mention=mention)
+    assert MAX_RENDER_STEPS < 100000 * 100000
+
+
+def test_a_template_that_rewrites_earlier_turns_needs_markers(models, tmp_path):
+    """Without markers, the difference rule refuses a template whose renders do not extend one another."""
+    (tmp_path / "t.jinja").write_text("{% for m in messages %}{% if loop.last %}{{ m['content'] }}{% else %}"
+                                      "[{{ m['role'] }}]{% endif %}{% endfor %}")
+    folder, _ = models["chatml"]
+    expect(errors.DATASET_RECORD_INVALID, encode_chat, folder, CONVERSATIONS[2], chat_template=tmp_path / "t.jinja",
+           mention="generation")
+
+
+# ------------------------------------------------------------------ datasets: lengths, token stores, commands
+def write_chats(path, rows):
+    with open(path, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+
+
+def chat_rows():
+    return [{"id": f"c{i}", "messages": CONVERSATIONS[i % len(CONVERSATIONS)]} for i in range(9)]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_tokenize_command_masks_equal_transformers(models, family, tmp_path, capsys):
+    folder, hf = models[family]
+    rows = chat_rows()
+    write_chats(tmp_path / "chat.jsonl", rows)
+    code = main(["data", "tokenize", "--dataset", str(tmp_path / "chat.jsonl"), "--tokenizer", str(folder),
+                 "--output", str(tmp_path / "store"), "--messages-field", "messages", "--quiet", "--chunk-size", "4"])
+    assert code == 0, capsys.readouterr().err
+    code = main(["data", "lengths", "build", "--dataset", str(tmp_path / "chat.jsonl"), "--tokenizer", str(folder),
+                 "--output", str(tmp_path / "lengths.jsonl"), "--messages-field", "messages", "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    store = TokenStore.open(tmp_path / "store")
+    store.verify()
+    assert json.loads((tmp_path / "store" / "meta.json").read_text())["loss_mask"] == "assistant"
+    for row, record in enumerate(rows):
+        ids, mask = store.arrays(row)
+        expected_ids, expected = expected_mask(hf, family, record["messages"], False)
+        assert ids.tolist() == expected_ids and mask.tolist() == expected
+    cache = LengthCache.load(tmp_path / "lengths.jsonl")
+    assert np.array_equal(cache.lengths, store.lengths) and cache.sample_ids == store.length_cache().sample_ids
+
+
+def test_bad_chat_records_name_their_line_or_are_skipped_alike(models, tmp_path):
+    folder, _ = models["generation"]
+    rows = chat_rows()
+    rows[2] = {"id": "c2", "messages": [{"role": "tool", "content": "x"}]}
+    rows[5] = {"id": "c5", "messages": "not a list"}
+    write_chats(tmp_path / "chat.jsonl", rows)
+    expect(errors.DATASET_RECORD_INVALID, build_lengths, tmp_path / "chat.jsonl", folder, tmp_path / "l.jsonl",
+           messages_field="messages", mention="line 3 has 'messages' that does not render")
+    expect(errors.DATASET_RECORD_INVALID, tokenize_dataset, tmp_path / "chat.jsonl", folder, tmp_path / "s",
+           messages_field="messages", mention="line 3")
+    skipped, skipped_store = SkippedLines(), SkippedLines()
+    cache = build_lengths(tmp_path / "chat.jsonl", folder, tmp_path / "l.jsonl", messages_field="messages",
+                          skipped=skipped)
+    store = tokenize_dataset(tmp_path / "chat.jsonl", folder, tmp_path / "s", messages_field="messages",
+                             skipped=skipped_store)
+    assert skipped.count == skipped_store.count == 2 and "line 6 has 'messages' that is of type string" in \
+        skipped.first[1]
+    assert cache.sample_ids == store.length_cache().sample_ids == [r["id"] for i, r in enumerate(rows) if i not in (2, 5)]
+    assert np.array_equal(cache.lengths, store.lengths)
+
+
+def test_messages_field_is_exclusive_and_chat_template_needs_it(models, tmp_path, capsys):
+    folder, _ = models["chatml"]
+    write_chats(tmp_path / "chat.jsonl", chat_rows())
+    base = ["data", "lengths", "build", "--dataset", str(tmp_path / "chat.jsonl"), "--tokenizer", str(folder),
+            "--output", str(tmp_path / "l.jsonl")]
+    with pytest.raises(SystemExit):
+        main(base + ["--messages-field", "messages", "--text-field", "text"])
+    with pytest.raises(SystemExit):
+        main(base + ["--chat-template", str(tmp_path / "t.jinja")])
+    expect(errors.LENGTHS_INVALID, build_lengths, tmp_path / "chat.jsonl", folder, tmp_path / "l.jsonl",
+           messages_field="messages", text_field="text")
+
+
+def test_chat_template_option_overrides_the_tokenizers(models, tmp_path):
+    folder, hf = models["chatml"]
+    (tmp_path / "llama.jinja").write_text(LLAMA3)
+    write_chats(tmp_path / "chat.jsonl", chat_rows())
+    store = tokenize_dataset(tmp_path / "chat.jsonl", folder, tmp_path / "s", messages_field="messages",
+                             chat_template=tmp_path / "llama.jinja")
+    expected = hf.apply_chat_template(CONVERSATIONS[1], chat_template=LLAMA3)["input_ids"]
+    assert store.arrays(1)[0].tolist() == expected

@@ -11,6 +11,7 @@ end-of-turn text.
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from batching_cases import expect
 from umlos_cuda import errors
-from umlos_cuda.batching import LengthCache, TokenStore, build_lengths, encode_chat
+from umlos_cuda.batching import LengthCache, TokenStore, build_lengths, encode_chat, tokenizer_fingerprint
 from umlos_cuda.batching.chat.limits import MAX_RENDER_STEPS
 from umlos_cuda.batching.chat.masks import token_mask
 from umlos_cuda.batching.lengths.jsonl import SkippedLines
@@ -362,3 +363,17 @@ def test_chat_template_option_overrides_the_tokenizers(models, tmp_path):
                              chat_template=tmp_path / "llama.jinja")
     expected = hf.apply_chat_template(CONVERSATIONS[1], chat_template=LLAMA3)["input_ids"]
     assert store.arrays(1)[0].tolist() == expected
+    # the store names the template it was rendered with: the tokenizer with that file as its chat_template.jinja
+    shutil.copytree(folder, tmp_path / "with-llama")
+    (tmp_path / "with-llama" / "chat_template.jinja").write_text(LLAMA3)
+    assert store.tokenizer_hash == tokenizer_fingerprint(tmp_path / "with-llama") != tokenizer_fingerprint(folder)
+
+
+def test_named_template_files_are_fingerprinted(models, tmp_path):
+    folder, _ = models["chatml"]
+    shutil.copytree(folder, tmp_path / "m")
+    before = tokenizer_fingerprint(tmp_path / "m")
+    (tmp_path / "m" / "additional_chat_templates").mkdir()
+    (tmp_path / "m" / "additional_chat_templates" / "default.jinja").write_text(CHATML)
+    assert tokenizer_fingerprint(tmp_path / "m") != before
+    assert encode_chat(tmp_path / "m", CONVERSATIONS[1]).text == encode_chat(folder, CONVERSATIONS[1]).text

@@ -22,6 +22,7 @@ from the same bytes.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -82,10 +83,12 @@ class DatasetEncoding:
             check_outputs()
         self.loaded = load_tokenizer(tokenizer)
         self.eos_id = self.loaded.eos_token_id(eos_token) if self.appended else None  # the template appends it
-        self.tokenizer_hash = tokenizer_fingerprint(self.loaded)
         # A chat record renders its messages as it is read (a bad one is a bad line) and is encoded as
         # apply_chat_template encodes it: no special tokens added, no padding, no truncation.
         self.chat = None if messages_field is None else ChatRecords(self.loaded, chat_template)
+        if self.chat is not None and chat_template is not None:  # the fingerprint names the template used
+            self.loaded = replace(self.loaded, chat_template=self.chat.template.source)
+        self.tokenizer_hash = tokenizer_fingerprint(self.loaded)
         self._convert = None if self.chat is None else {messages_field: self.chat}
         self.encoder = self.loaded.tokenizer if self.chat is None else chat_encoder(self.loaded)
         if self.encoder.padding is not None:  # padding would make a length depend on its chunk

@@ -270,6 +270,8 @@ def test_template_failures_are_documented(models, tmp_path):
     ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
     ("{{ 'x' * 1000000000 }}", "multiplies"),
     ("{{ 2 ** 1000000000 }}", "bits"),
+    ("{% set ns = namespace(s='x' * 1000000) %}{% for i in range(100) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+     "joins"),
 ])
 def test_runaway_templates_stop_at_the_render_limits(models, tmp_path, template, mention):
     (tmp_path / "t.jinja").write_text(template)

@@ -826,6 +826,9 @@ CASES = [
          "chat.jsonl"),
     Case("hang/data-tokenize-chat-template-recursive-macro", _chat(
         "{% macro f(n) %}{{ f(n ~ 'x') }}{% endmacro %}{{ f('') }}"), (D,), "chat.jsonl"),
+    Case("hang/data-tokenize-chat-template-doubling-string", _chat(  # past the memory limit: MemoryError
+        "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"), (D,),
+        "chat.jsonl"),
     Case("hang/data-tokenize-fifo-chat-template-option", _chat(None, template_file=_fifo_at("t.jinja")),
          (errors.CHAT_TEMPLATE_INVALID,), "t.jinja"),
     Case("traceback/data-tokenize-chat-template-raises", _chat("{{ raise_exception('no system role here') }}"),

@@ -20,8 +20,8 @@ there:
   filter as transformers defines it (``json.dumps`` with ``ensure_ascii=False``
   and no HTML escaping, with ``indent``, ``separators`` and ``sort_keys``).
 
-Two things differ, neither in what a template renders: ``*`` and ``**`` go
-through :meth:`ChatEnvironment.call_binop`, which refuses a result over the
+Two things differ, neither in what a template renders: ``*``, ``**`` and
+``+`` go through :meth:`ChatEnvironment.call_binop`, which refuses a result over the
 render limit before computing it (umlos_cuda/batching/chat/limits.py), and
 templates compiled here are cached per source (at most 16).
 """
@@ -72,9 +72,9 @@ class GenerationBlock(jinja2.ext.Extension):
 
 
 class ChatEnvironment(ImmutableSandboxedEnvironment):
-    """transformers' sandbox, whose ``*`` and ``**`` are checked against the render limit first."""
+    """transformers' sandbox, whose ``*``, ``**`` and ``+`` are checked against the render limit first."""
 
-    intercepted_binops = frozenset(("*", "**"))
+    intercepted_binops = frozenset(("*", "**", "+"))
 
     def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
         check_binop(operator, left, right)

@@ -14,12 +14,17 @@ another, so the limits count work instead, the same everywhere:
   few hundred a message), counted by a trace function that runs only in the
   template's own frames and only while a render is in progress;
 * :data:`MAX_RENDERED_CHARS` characters of rendered text;
-* a ``*`` whose result would be a string or sequence over
+* a ``*`` or ``+`` whose result would be a string or sequence over
   :data:`MAX_RENDERED_CHARS` items, and a ``**`` whose result would exceed
   :data:`MAX_POWER_BITS` bits, are refused before they are computed.
 
 Python's own recursion limit stops a macro that calls itself. A render that
-goes past a limit fails its record like a template that raises.
+goes past a limit fails its record like a template that raises. What these
+limits leave open is memory grown by other means within the step limit (a
+string doubled with ``~`` or ``replace`` thirty times is a gigabyte): Jinja's
+sandbox does not bound memory, so untrusted templates run under a memory
+limit (``ulimit -v``), where the allocation fails with ``MemoryError`` and the
+record fails with it.
 """
 
 from __future__ import annotations
@@ -77,8 +82,13 @@ def check_length(chars: int) -> None:
 
 
 def check_binop(operator: str, left: Any, right: Any) -> None:
-    """Refuse a ``*`` or ``**`` whose result is over the limits, before it is computed."""
-    if operator == "*":
+    """Refuse a ``*``, ``+`` or ``**`` whose result is over the limits, before it is computed."""
+    if operator == "+":
+        if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)) \
+                and len(left) + len(right) > MAX_RENDERED_CHARS:
+            raise RenderLimitExceeded(f"the chat template joins {len(left):,} and {len(right):,} items, over the "
+                                      f"limit of {MAX_RENDERED_CHARS:,}")
+    elif operator == "*":
         for sequence, count in ((left, right), (right, left)):
             if isinstance(sequence, (str, bytes, list, tuple)) and isinstance(count, int) \
                     and len(sequence) * count > MAX_RENDERED_CHARS:

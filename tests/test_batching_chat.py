@@ -355,6 +355,8 @@ def test_messages_field_is_exclusive_and_chat_template_needs_it(models, tmp_path
         main(base + ["--chat-template", str(tmp_path / "t.jinja")])
     expect(errors.LENGTHS_INVALID, build_lengths, tmp_path / "chat.jsonl", folder, tmp_path / "l.jsonl",
            messages_field="messages", text_field="text")
+    expect(errors.LENGTHS_INVALID, tokenize_dataset, tmp_path / "chat.jsonl", folder, tmp_path / "s",
+           chat_template=tmp_path / "t.jinja")
 
 
 def test_chat_template_option_overrides_the_tokenizers(models, tmp_path):

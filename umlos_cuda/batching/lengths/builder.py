@@ -78,6 +78,9 @@ class DatasetEncoding:
         else:
             self.fields, self.to_text, self.appended = _mode(text_field, prompt_field, response_field,
                                                              messages_field)
+        if chat_template is not None and messages_field is None:
+            raise UmlosError(errors.LENGTHS_INVALID, "a chat template renders a messages field; give messages_field "
+                             "(--messages-field) with it", operator=errors.BATCHING_OPERATOR)
         self.dataset = require_dataset_file(dataset)
         if check_outputs is not None:  # checked before the tokenizer loads: a wrong path fails at once
             check_outputs()

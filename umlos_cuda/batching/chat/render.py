@@ -45,7 +45,7 @@ def render(template: ChatTemplate, messages: list[dict], *, add_generation_promp
                 state[0] += len(piece)
                 check_length(state[0])
             spans = tuple(state[1])
-    except (Exception, RecursionError) as exc:  # what a template raises is the record's failure
+    except Exception as exc:  # what a template raises (RecursionError, MemoryError too) is the record's failure
         raise RenderFailed(f"{type(exc).__name__}: {_one_line(exc)}") from exc
     return Rendered("".join(pieces), spans)
 

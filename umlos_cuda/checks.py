@@ -132,17 +132,18 @@ def uint64(value: Any, name: str, *, fail: Fail) -> int:
 
 
 def number(value: Any, name: str, *, at_least: float | None = None, above: float | None = None,
-           finite: bool = True, nan: bool = False, fail: Fail,
+           below: float | None = None, finite: bool = True, nan: bool = False, fail: Fail,
            message: Wording = "{name} must be a finite number, got {value!r}") -> float:
     """``value`` (an int or a float, never a bool) as a ``float`` that is finite
-    (unless ``finite=False``), ``>= at_least`` and ``> above`` where given, else ``fail``
+    (unless ``finite=False``), ``>= at_least``, ``> above`` and ``< below`` where given, else ``fail``
     (the wording: one template, or a pair: (not a number, not finite or out of bounds)).
 
     NaN fails unless ``nan`` (with ``finite=False``: any real number passes, for a
     statistic that may be undefined); an int too large for a float fails instead of
     raising OverflowError (and reads as NaN where ``nan`` lets it pass).
     """
-    words = {"name": name, "value": _Shown(value), "type": type(value).__name__, "at_least": at_least, "above": above}
+    words = {"name": name, "value": _Shown(value), "type": type(value).__name__, "at_least": at_least, "above": above,
+             "below": below}
     if not is_number(value):
         raise fail(_words(message, 0).format(**words))
     try:
@@ -150,7 +151,8 @@ def number(value: Any, name: str, *, at_least: float | None = None, above: float
     except OverflowError:
         result = math.nan
     if (math.isnan(result) and not nan) or (finite and math.isinf(result)) \
-            or (at_least is not None and result < at_least) or (above is not None and result <= above):
+            or (at_least is not None and result < at_least) or (above is not None and result <= above) \
+            or (below is not None and not result < below):
         raise fail(_words(message, 1).format(**words))
     return result
 

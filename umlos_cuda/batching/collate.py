@@ -24,7 +24,10 @@ The width: ``pad_to_bucket`` (predictable shapes) pads every row to
 ``max_len``; ``pad_to_max`` (throughput) to the longest row, which must not
 exceed ``max_len`` when one is given. A row longer than ``max_len`` is
 refused (COLLATE_INPUT_INVALID), never cut. A plan's microbatch collates
-to its ``max_len`` under either policy (``max_len`` is its pad length).
+to its ``max_len`` under either policy (``max_len`` is its pad length);
+from a plan with an over-long policy it takes each sample's token range
+the plan gives (``MicrobatchSpec.spans``: :func:`sample_arrays`), the
+plan's cut, never one of its own.
 
 Each row is one slice copy; the masks, labels and positions are whole-array
 NumPy operations, so collation runs at memory speed (bench/bench_collate.py).
@@ -251,18 +254,35 @@ def collate_microbatch(source: Any, microbatch: Any, *, pad_id: int = 0,
 def _collate_microbatch(source: Any, microbatch: Any, pad_id: int, separator_ids: Sequence[int]) -> CollatedBatch:
     width = int(microbatch.max_len)
     packed = microbatch.packed_rows() if hasattr(microbatch, "packed_rows") else None
+    pairs = sample_arrays(source, microbatch)
     if packed is None:
-        pairs = [source.arrays(row) for row in np.asarray(microbatch.rows).tolist()]
         return collate_arrays([p[0] for p in pairs], [p[1] for p in pairs], width, pad_id=pad_id, max_len=width)
     from .packing.rows import pack_rows
 
-    ids = iter(microbatch.samples)
-    rows = [[dict(zip(("input_ids", "loss_mask"), source.arrays(r)), sample_id=next(ids)) for r in row.tolist()]
+    ids, arrays = iter(microbatch.samples), iter(pairs)
+    rows = [[dict(zip(("input_ids", "loss_mask"), next(arrays)), sample_id=next(ids)) for _ in row.tolist()]
             for row in packed]
     built = pack_rows(rows, tuple(separator_ids), max_length=width)
     return collate_arrays([r.input_ids for r in built], [r.loss_mask for r in built], width, pad_id=pad_id,
                           max_len=width, segment_ids=[r.segment_ids for r in built],
                           position_ids=[r.position_ids for r in built])
+
+
+def sample_arrays(source: Any, microbatch: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(input_ids, loss_mask)`` of each sample of a plan microbatch, in order: the
+    token range the plan gives it (``microbatch.spans``: a truncated end, a split
+    piece; :mod:`~umlos_cuda.batching.plans.overlong`), the whole sample otherwise."""
+    rows = np.asarray(microbatch.rows).tolist()
+    spans = getattr(microbatch, "spans", None)
+    if spans is None:
+        return [source.arrays(row) for row in rows]
+    pairs = []
+    for row, (start, stop) in zip(rows, np.asarray(spans).tolist()):
+        ids, mask = source.arrays(row)
+        if stop > len(ids):
+            raise collate_error(f"row {row} holds {len(ids)} tokens; the plan takes tokens [{start}, {stop})")
+        pairs.append((ids[start:stop], mask[start:stop]))
+    return pairs
 
 
 def plan_separator_ids(plan: Any, separator_ids: Sequence[int] | None) -> tuple[int, ...]:

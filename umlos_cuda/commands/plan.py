@@ -59,6 +59,7 @@ def register(subparsers) -> None:
     build.add_argument("--block-size", type=positive_int("block size"), default=1 << 20, metavar="B",
                        help="the engine's sampler_block_size (default 1048576)")
     add_pack_arguments(build, what="pack", default_max_len=2048)
+    add_overlong_arguments(build)
     build.add_argument("--jsonl", choices=("auto", "always", "never"), default="auto",
                        help="write microbatches.jsonl: auto (up to 10^7 sample entries), always or never")
     build.add_argument("--output", required=True, metavar="DIR", help="the plan folder to create")
@@ -101,6 +102,80 @@ def register(subparsers) -> None:
     plan.set_defaults(func=lambda args: (plan.print_help(), 1)[1])
 
 
+def add_overlong_arguments(build) -> None:
+    """``--max-length``/``--overlong`` and ``--split``/``--validation-fraction``/``--split-seed``
+    (docs/batching.md, "Over-long samples and splits")."""
+    build.add_argument("--max-length", type=positive_int("max length"), metavar="L",
+                       help="longest sample, in tokens; longer ones follow --overlong (default: none, and samples "
+                            "above --overflow-max are skipped and counted; defaults --overflow-max to L)")
+    build.add_argument("--overlong", choices=("truncate_right", "truncate_left", "split", "skip"), metavar="POLICY",
+                       help="what a sample longer than --max-length becomes: truncate_right (its first L tokens; "
+                            "the default with --max-length), truncate_left (its last L), split (pieces of L tokens "
+                            "keeping the sample id and a piece number) or skip (counted); alone, L is --overflow-max")
+    build.add_argument("--split", choices=("train", "validation"), dest="split_side",
+                       help="plan one side of a train/validation split by a keyed hash of each sample id (stable "
+                            "when rows are appended); needs --validation-fraction")
+    build.add_argument("--validation-fraction", metavar="F", help="share of samples in validation, in (0, 1)")
+    build.add_argument("--split-seed", type=non_negative_int("split seed"), metavar="S",
+                       help="the split's hash key (default 0), independent of --seed")
+
+
+def overlong_and_split(args, overflow_max: int):
+    """The :class:`OverlongConfig` and :class:`SplitConfig` of ``plan build``'s options (None: not asked for)."""
+    from ..batching.plans.buckets import config_error
+    from ..batching.plans.overlong import OverlongConfig
+    from ..batching.plans.splits import SplitConfig
+
+    overlong = None
+    if args.max_length is not None or args.overlong is not None:
+        overlong = OverlongConfig(overflow_max if args.max_length is None else args.max_length,
+                                  args.overlong or "truncate_right")
+    if args.split_side is None:
+        if args.validation_fraction is not None or args.split_seed is not None:
+            raise config_error("--validation-fraction and --split-seed choose a split; give --split train or "
+                               "--split validation too")
+        return overlong, None
+    if args.validation_fraction is None:
+        raise config_error("--split needs --validation-fraction F, the share of samples in validation, in (0, 1)")
+    try:
+        fraction = float(args.validation_fraction)
+    except ValueError:
+        raise config_error(f"--validation-fraction must be a number in (0, 1), got {args.validation_fraction!r}") \
+            from None
+    return overlong, SplitConfig(args.split_side, fraction, args.split_seed or 0)
+
+
+def overlong_line(config, lengths, stats: dict) -> str:
+    """What happened to over-long samples, in words (:func:`overlong_counts`)."""
+    counted = overlong_counts(config, lengths, stats)
+    if "overlong" not in stats:
+        return (f"over-long: {counted['samples']} sample(s) above overflow_max {counted['max_length']} skipped, "
+                f"{counted['tokens_lost']} tokens lost (the default; --max-length L --overlong "
+                "truncate_right|truncate_left|split keeps them)")
+    done = {"truncate_right": "truncated to their first {L} tokens", "truncate_left": "truncated to their last {L} "
+            "tokens", "split": "split into {pieces} pieces", "skip": "skipped"}[counted["policy"]]
+    return (f"over-long: {counted['samples']} sample(s) above max_length {counted['max_length']} "
+            f"{done.format(L=counted['max_length'], pieces=counted['pieces'])}, {counted['tokens_lost']} tokens lost "
+            f"({counted['policy']})")
+
+
+def overlong_counts(config, lengths, stats: dict) -> dict:
+    """stats.json ``overlong`` (the same in every epoch), or for a plan without an over-long policy
+    the samples above overflow_max that its buckets skip, counted from the lengths."""
+    from ..batching.plans.overlong import default_overlong_counts
+
+    return stats.get("overlong") or default_overlong_counts(lengths, config.overflow_max)
+
+
+def split_line(meta) -> str | None:
+    """The split side a plan takes and the units it plans (None for a plan of every sample)."""
+    split = meta.config.split
+    if split is None or meta.units is None:
+        return None
+    return (f"split {split.side} (validation_fraction {split.validation_fraction}, split seed {split.seed}): "
+            f"{meta.units['samples']} of {meta.num_samples} samples, {meta.units['units']} planned units")
+
+
 def run_build(args) -> int:
     from ..batching.plans.builder import BatchPlanBuilder
     from ..batching.plans.buckets import config_error
@@ -116,6 +191,8 @@ def run_build(args) -> int:
         pack = PackingConfig(max_length=args.pack_max_len, mode=args.pack_mode, separator_len=args.pack_separator_len)
         args.bucket_edges = "" if args.bucket_edges is None else args.bucket_edges
         args.overflow_max = args.pack_max_len if args.overflow_max is None else args.overflow_max
+    if args.overflow_max is None and args.max_length is not None:
+        args.overflow_max = args.max_length
     for value, flag in ((args.bucket_edges, "--bucket-edges"), (args.overflow_max, "--overflow-max")):
         if value is None:
             raise config_error(f"{flag} is required (unless --pack)")
@@ -128,7 +205,7 @@ def run_build(args) -> int:
                             sampler_block_size=args.block_size, min_length=args.min_length,
                             profile=(BatchingProfile.PREDICTABLE if args.pad_policy == "pad_to_bucket"
                                      else BatchingProfile.THROUGHPUT),
-                            pack=pack, order=args.order)
+                            pack=pack, order=args.order, **_selection(args))
     inputs = (args.lengths, sidecar_path(args.lengths))
     check_output_dir(args.output, args.force, inputs)  # fail before the work
     started = time.perf_counter()
@@ -143,6 +220,9 @@ def run_build(args) -> int:
     stats = plan.epochs[0].stats
     print(f"plan {args.output}: {plan.num_epochs} epoch(s), {plan.total_microbatches} microbatches, "
           f"{stats['samples']} samples per epoch, {stats['skipped_samples']} skipped")
+    print(overlong_line(config, cache.lengths, stats))
+    if split_line(plan.meta):
+        print(split_line(plan.meta))
     print(f"padding_waste {stats['padding_waste']:.4f}, bucket_mix_drift {stats['bucket_mix_drift']:.4f} (epoch 0)")
     if "packing" in stats:
         print(packing_line(stats["packing"]) + " (epoch 0)")
@@ -166,6 +246,12 @@ def _with_pairs(config, cache, path: str):
     return replace(config, group_size=PAIR_ROWS)
 
 
+def _selection(args) -> dict:
+    """BatchingConfig's ``overlong`` and ``split`` keywords, only those asked for."""
+    overlong, split = overlong_and_split(args, args.overflow_max)
+    return {**({} if overlong is None else {"overlong": overlong}), **({} if split is None else {"split": split})}
+
+
 def run_info(args) -> int:
     from ..batching.plans.io import load_plan
     from ..batching.plans.sharding import check_rank, rank_shares
@@ -181,7 +267,9 @@ def run_info(args) -> int:
     pack = meta.config.pack
     report = {"plan": args.plan, "fingerprint": meta.fingerprint, "config": meta.config.to_dict(),
               "pack_config": None if pack is None else pack.to_dict(), "num_samples": meta.num_samples,
-              "shard": meta.shard, "epochs": []}
+              "shard": meta.shard, "units": meta.units, "overlong": overlong_counts(meta.config, plan.lengths,
+                                                                                  plan.epochs[0].stats),
+              "epochs": []}
     for epoch in plan.epochs:
         stats = {k: v for k, v in epoch.stats.items() if k != "skipped"}
         if args.world_size is not None:
@@ -203,6 +291,9 @@ def run_info(args) -> int:
     if pack is not None:
         print(f"  packed: {pack.mode.value}, rows of {pack.max_length} tokens, {config.rows_per_microbatch} rows per "
               f"microbatch, separator {pack.separator_len}")
+    print("  " + overlong_line(config, plan.lengths, plan.epochs[0].stats))
+    if split_line(meta):
+        print("  " + split_line(meta))
     if meta.shard:
         print(f"  shard {meta.shard['rank']} of {meta.shard['world_size']} (source {meta.shard['source_fingerprint']})")
     for stats in report["epochs"]:

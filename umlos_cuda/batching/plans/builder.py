@@ -4,6 +4,12 @@ What goes in: a :class:`~umlos_cuda.batching.lengths.cache.LengthCache` (or a
 ``uint32`` array of lengths with a tokenizer hash), the config and a number
 of epochs. What comes out: the plan with its statistics and fingerprint.
 Each epoch is :func:`planner.build_epoch`; memory is a few arrays of N.
+
+With a split or an over-long policy in the config, the planner runs on the
+units (:mod:`.units`) instead of the rows: the engine's order over the ``U``
+units, their lengths; the epoch's entries are then mapped to the units'
+dataset rows (and, in a split plan, piece numbers), and stats.json gains
+``overlong`` (what the policy did).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from .stats import epoch_stats, skipped_ids
 from .planner import build_epoch, engine_metadata, index_dtype, plan_manifest
 from .groups import check_group_rows
 from ..lengths.pairs import check_pairing
+from .units import plan_units
 
 #: Most epochs one plan may have (each epoch is a few arrays of N).
 MAX_EPOCHS = 1 << 16
@@ -69,18 +76,33 @@ class BatchPlanBuilder:
 
         num_epochs = checks.integer(num_epochs, "num_epochs", 1, MAX_EPOCHS, fail=config_error)
         n = int(self.lengths.shape[0])
-        manifest = plan_manifest(self.config, n)
-        metadata = engine_metadata(self.config, manifest)
         ids = self.sample_ids
+        units = plan_units(self.lengths, ids, self.config)
+        planned = self.lengths if units is None else units.lengths
+        if planned.shape[0] == 0:
+            raise config_error(f"no samples left to plan: the split and over-long policy keep none of the {n}")
+        manifest = plan_manifest(self.config, int(planned.shape[0]))
+        metadata = engine_metadata(self.config, manifest)
+        sample_id = (lambda r: str(r)) if ids is None else ids.__getitem__
         epochs = []
         for epoch in range(num_epochs):
-            arrays = build_epoch(self.lengths, self.config, epoch, manifest=manifest, backend=self.backend)
-            skipped = skipped_ids(arrays.skipped, (lambda r: str(r)) if ids is None else ids.__getitem__)
+            arrays = build_epoch(planned, self.config, epoch, manifest=manifest, backend=self.backend)
+            if units is None:
+                skipped = skipped_ids(arrays.skipped, sample_id)
+            else:
+                skipped = [units.label(u, sample_id) for u in np.asarray(arrays.skipped).tolist()]
             stats = epoch_stats(epoch, arrays.offsets, arrays.samples, arrays.bucket_ids, arrays.max_len,
-                                self.lengths, self.config.bucket_spec, skipped, row_offsets=arrays.row_offsets,
+                                planned, self.config.bucket_spec, skipped, row_offsets=arrays.row_offsets,
                                 pack_rows=arrays.pack_rows, pack=self.config.pack)
-            epochs.append(EpochPlan(epoch, arrays.offsets, arrays.samples, arrays.bucket_ids, arrays.max_len, stats,
-                                    row_offsets=arrays.row_offsets, pack_rows=arrays.pack_rows))
+            samples, pieces = arrays.samples, None
+            if units is not None:
+                samples = units.rows[arrays.samples].astype(index_dtype(n))
+                if units.split_pieces:
+                    pieces = units.pieces[arrays.samples].astype("<u4")
+                if units.overlong is not None:
+                    stats["overlong"] = dict(units.overlong)
+            epochs.append(EpochPlan(epoch, arrays.offsets, samples, arrays.bucket_ids, arrays.max_len, stats,
+                                    row_offsets=arrays.row_offsets, pack_rows=arrays.pack_rows, pieces=pieces))
             if progress is not None:
                 progress(epoch + 1, num_epochs)
         meta = BatchPlanMeta(
@@ -95,6 +117,7 @@ class BatchPlanBuilder:
             sampler_config_hash=metadata["sampler_config_hash"],
             manifest_hash=metadata["manifest_hash"],
             index_dtype=index_dtype(n).str,
+            units=None if units is None else units.record(),
         )
         return BatchPlan(finish_meta(meta, epochs), epochs, self.lengths, ids)
 

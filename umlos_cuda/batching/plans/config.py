@@ -40,12 +40,14 @@ from ...modes import DEFAULT_MODE, mode_names
 from ...presets import MODE_STREAMING
 from .buckets import MAX_LENGTH, BucketSpec, config_error
 from ..packing.config import OversizePolicy, PackingConfig
+from .overlong import OverlongConfig
+from .splits import SplitConfig
 
 #: The engine calls a plan's order can come from: shuffled train, sequential, streaming preset.
 PLAN_STAGES = (MODE_SHUFFLE, MODE_SEQUENTIAL, MODE_STREAMING)
 #: The keys of a stored config (:meth:`BatchingConfig.to_dict`), each optional; the constructor checks the values.
 _STORED = dict.fromkeys(("token_budget", "bucket_edges", "overflow_max", "min_length", "pad_policy", "mode", "seed",
-                         "sampling_mode", "sampler_block_size", "order", "group_size"),
+                         "sampling_mode", "sampler_block_size", "order", "group_size", "overlong", "split"),
                         checks.field(checks.anything))
 
 
@@ -99,6 +101,14 @@ class BatchingConfig:
             pairs and both rows of a pair share a microbatch (:mod:`.groups`).
             Omitted from :meth:`to_dict` when 1, so every other plan keeps
             its bytes and fingerprint.
+        overlong: None (default: samples above ``overflow_max`` are skipped
+            by the buckets, as plans always did) or an
+            :class:`~.overlong.OverlongConfig`: ``max_length`` (at most
+            ``overflow_max``) and what longer samples become (truncated,
+            split into pieces, or skipped; :mod:`.overlong`).
+        split: None (every sample) or a :class:`~.splits.SplitConfig`: the
+            plan takes one side of a train/validation split (:mod:`.splits`).
+            ``overlong`` and ``split`` are in :meth:`to_dict` only when set.
     """
 
     token_budget: int = 4096
@@ -113,6 +123,8 @@ class BatchingConfig:
     pack: PackingConfig | None = None
     order: str = DEFAULT_MODE
     group_size: int = 1
+    overlong: OverlongConfig | None = None
+    split: SplitConfig | None = None
     bucket_spec: BucketSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -140,12 +152,25 @@ class BatchingConfig:
         checks.choice(self.order, "order", mode_names(), fail=config_error)
         if self.pack is not None:
             self._check_pack()
+        if self.overlong is not None:
+            overlong = checks.instance(self.overlong, "overlong", OverlongConfig, fail=config_error,
+                                       message="{name} must be None or an OverlongConfig, got {type}")
+            if overlong.max_length > spec.overflow_max:
+                raise config_error(f"overlong max_length {overlong.max_length} is above overflow_max "
+                                   f"{spec.overflow_max}: pieces longer than overflow_max would be skipped by the "
+                                   "buckets; lower max_length or raise overflow_max")
+        if self.split is not None:
+            checks.instance(self.split, "split", SplitConfig, fail=config_error,
+                            message="{name} must be None or a SplitConfig, got {type}")
         self._check_group()
 
     def _check_group(self) -> None:
         group = checks.integer(self.group_size, "group_size", 1, 2, fail=config_error,
                                message="{name} must be 1 (rows on their own) or 2 (preference pairs), got {value!r}")
         object.__setattr__(self, "group_size", group)
+        if group > 1 and (self.overlong is not None or self.split is not None):
+            raise config_error("a plan of preference pairs takes no over-long policy or train/validation split yet "
+                               "(both would have to keep a pair's two rows together); plan the pairs whole")
         if group > 1 and self.pack is None and self.token_budget < group * self.bucket_spec.overflow_max:
             raise config_error(f"token_budget {self.token_budget} is below group_size x overflow_max = {group} x "
                                f"{self.bucket_spec.overflow_max}: a pair of the longest accepted length would fit no "
@@ -203,6 +228,8 @@ class BatchingConfig:
             "sampler_block_size": self.sampler_block_size,
             **({} if self.order == DEFAULT_MODE else {"order": self.order}),
             **({} if self.group_size == 1 else {"group_size": self.group_size}),
+            **({} if self.overlong is None else {"overlong": self.overlong.to_dict()}),
+            **({} if self.split is None else {"split": self.split.to_dict()}),
         }
 
     @classmethod
@@ -215,4 +242,8 @@ class BatchingConfig:
         values = {renamed.get(key, key): value for key, value in data.items()}
         if "bucket_edges" in values and isinstance(values["bucket_edges"], list):
             values["bucket_edges"] = tuple(values["bucket_edges"])
+        if "overlong" in values:
+            values["overlong"] = OverlongConfig.from_dict(values["overlong"])
+        if "split" in values:
+            values["split"] = SplitConfig.from_dict(values["split"])
         return cls(**values)

@@ -7,7 +7,9 @@ Canonical content, in this order (docs/batching.md, "Plan fingerprint"):
   then the little-endian bytes of ``offsets`` (int64), ``samples`` (the
   plan's row dtype), ``bucket_ids`` (int16) and ``max_len`` (uint32); a
   packed plan's epoch adds the number of rows R to the CBOR list and the
-  bytes of ``row_offsets`` and ``pack_rows`` (int64) after ``max_len``;
+  bytes of ``row_offsets`` and ``pack_rows`` (int64) after ``max_len``; a
+  split plan's epoch (over-long policy ``split``) then adds the text
+  ``"pieces"`` to the CBOR list and the bytes of ``pieces`` (uint32) last;
 * the fingerprint = SHA-256 of the canonical CBOR of
   ``["umlos_batch_plan_v1", header, [epoch_digest, ...]]`` where ``header`` is
   meta.json without ``fingerprint`` and ``epoch_digests`` (the configuration,
@@ -31,7 +33,7 @@ _HASH_WINDOW = 1 << 24  # bytes per update, so memory-mapped arrays are read in 
 
 
 def epoch_digest(epoch: int, index_base: int, index_step: int, offsets, samples, bucket_ids, max_len,
-                 row_offsets=None, pack_rows=None) -> str:
+                 row_offsets=None, pack_rows=None, pieces=None) -> str:
     digest = hashlib.sha256(b"umlos_batch_plan_epoch_v1")
     samples = np.asarray(samples)
     head = [int(epoch), int(index_base), int(index_step), len(bucket_ids), int(samples.shape[0]),
@@ -40,6 +42,9 @@ def epoch_digest(epoch: int, index_base: int, index_step: int, offsets, samples,
     if pack_rows is not None:
         head.append(len(row_offsets) - 1)
         arrays += [(row_offsets, "<i8"), (pack_rows, "<i8")]
+    if pieces is not None:
+        head.append("pieces")
+        arrays.append((pieces, "<u4"))
     digest.update(cbor_canonical(head))
     for array, dtype in arrays:
         _update(digest, np.ascontiguousarray(np.asarray(array).astype(dtype, copy=False)))
@@ -59,7 +64,7 @@ def plan_fingerprint(header: dict, digests) -> str:
 def epoch_plan_digest(plan) -> str:
     """:func:`epoch_digest` of an :class:`~umlos_cuda.batching.plans.plan.EpochPlan`."""
     return epoch_digest(plan.epoch, plan.index_base, plan.index_step, plan.offsets, plan.samples,
-                        plan.bucket_ids, plan.max_len, plan.row_offsets, plan.pack_rows)
+                        plan.bucket_ids, plan.max_len, plan.row_offsets, plan.pack_rows, plan.pieces)
 
 
 def sha256_array(array: np.ndarray) -> str:

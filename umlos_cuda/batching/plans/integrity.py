@@ -80,6 +80,9 @@ def check_structure(folder: str, arrays: dict, stats, num_samples: int, num_buck
                          f"{folder}/bucket_ids.npy holds a bucket id outside [0, {num_buckets - 1}]")
     if "pack_rows" in arrays:
         _check_packs(folder, arrays, m, s)
+    if "pieces" in arrays and arrays["pieces"].shape != (s,):
+        raise _format(f"{folder}/pieces.npy must hold one piece number per entry of samples.npy "
+                      f"({arrays['pieces'].shape[0]} for {s})")
     _check_stats(folder, stats, m, s, shard)
 
 

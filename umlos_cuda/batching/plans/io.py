@@ -14,6 +14,7 @@ Layout (docs/batching.md, "Plan files")::
     DIR/epoch_<e>/max_len.npy         uint32 [M]
     DIR/epoch_<e>/row_offsets.npy     packed plans: int64 [R + 1], row r is samples[row_offsets[r]:row_offsets[r+1]]
     DIR/epoch_<e>/pack_rows.npy       packed plans: int64 [M + 1], microbatch j is rows pack_rows[j]:pack_rows[j+1]
+    DIR/epoch_<e>/pieces.npy          split plans (over-long policy split): uint32 [S], each entry's piece number
 
 The binary form is always written and is what :func:`load_plan` maps into
 memory. The JSONL is the interchange format: ``jsonl="always"`` writes it,
@@ -60,6 +61,8 @@ JSONL_AUTO_LIMIT = 10_000_000
 ARRAYS = (("offsets", "<i8"), ("samples", None), ("bucket_ids", "<i2"), ("max_len", "<u4"))
 #: The arrays a packed plan's epoch adds (:mod:`.packing`).
 PACK_ARRAYS = (("row_offsets", "<i8"), ("pack_rows", "<i8"))
+#: The array a split plan's epoch adds (:mod:`.units`).
+PIECE_ARRAYS = (("pieces", "<u4"),)
 _CONFIG_KEYS = ("token_budget", "bucket_edges", "overflow_max", "min_length", "pad_policy", "mode", "seed",
                 "sampling_mode", "sampler_block_size")
 #: Config keys meta.json holds only when not at their default (plans before them keep their bytes).
@@ -145,7 +148,8 @@ def _write_contents(plan: BatchPlan, root: Folder, write_jsonl: bool, progress) 
                 handle.write(chunk)
     for done, epoch in enumerate(plan.epochs):
         with root.mkdir(f"epoch_{epoch.epoch}") as folder:
-            for name, _ in ARRAYS + (PACK_ARRAYS if epoch.pack_rows is not None else ()):
+            for name, _ in ARRAYS + (PACK_ARRAYS if epoch.pack_rows is not None else ()) \
+                    + (PIECE_ARRAYS if epoch.pieces is not None else ()):
                 _write_npy(folder, f"{name}.npy", np.asarray(getattr(epoch, name)))
             _write_json(folder, "stats.json", epoch.stats)
             if write_jsonl:
@@ -213,11 +217,13 @@ def load_plan(directory, *, mmap: bool = True, verify: bool = False) -> BatchPla
 def _load_epoch(root: str, epoch: int, meta: BatchPlanMeta, lengths, sample_ids, mmap: bool) -> EpochPlan:
     folder = os.path.join(root, f"epoch_{epoch}")
     stats = check_stats(read_json(os.path.join(folder, "stats.json")), f"{folder}/stats.json",
-                        meta.config.pack is not None)
+                        meta.config.pack is not None, meta.config.overlong is not None)
+    split = splits_pieces(meta.config)
     base, step = (meta.shard["rank"], meta.shard["world_size"]) if meta.shard else (0, 1)
     if os.path.exists(os.path.join(folder, "offsets.npy")):
         arrays = {}
-        for name, dtype in ARRAYS + (PACK_ARRAYS if meta.config.pack is not None else ()):
+        for name, dtype in ARRAYS + (PACK_ARRAYS if meta.config.pack is not None else ()) \
+                + (PIECE_ARRAYS if split else ()):
             arrays[name] = read_npy(os.path.join(folder, f"{name}.npy"), dtype or meta.index_dtype, None, mmap, _format)
     elif os.path.exists(os.path.join(folder, "microbatches.jsonl")):
         arrays = read_microbatches_jsonl(os.path.join(folder, "microbatches.jsonl"), meta, sample_ids, base, step,
@@ -227,7 +233,12 @@ def _load_epoch(root: str, epoch: int, meta: BatchPlanMeta, lengths, sample_ids,
     check_structure(folder, arrays, stats, meta.num_samples, meta.config.bucket_spec.num_buckets, meta.shard)
     offsets = arrays["offsets"]
     return EpochPlan(epoch, offsets, arrays["samples"], arrays["bucket_ids"], arrays["max_len"], stats, base, step,
-                     arrays.get("row_offsets"), arrays.get("pack_rows"))
+                     arrays.get("row_offsets"), arrays.get("pack_rows"), arrays.get("pieces"))
+
+
+def splits_pieces(config: BatchingConfig) -> bool:
+    """Whether a plan of ``config`` has ``pieces`` (over-long policy ``split``)."""
+    return config.overlong is not None and config.overlong.policy.value == "split"
 
 
 def meta_from_json(data) -> BatchPlanMeta:
@@ -235,9 +246,9 @@ def meta_from_json(data) -> BatchPlanMeta:
     checks.equal(data.get("format"), "format", PLAN_FORMAT, fail=_format, message=_META_FORMAT)
     try:
         _check_meta_types(data)
-        order = {"order": data["order"]} if "order" in data else {}  # written only when not the default
-        order.update({key: data[key] for key in _DEFAULTED_CONFIG_KEYS if key in data})
-        config = BatchingConfig.from_dict({**{k: data[k] for k in _CONFIG_KEYS}, **order})
+        # written only when not the default
+        optional = {k: data[k] for k in ("order", "overlong", "split") + _DEFAULTED_CONFIG_KEYS if k in data}
+        config = BatchingConfig.from_dict({**{k: data[k] for k in _CONFIG_KEYS}, **optional})
         if data["pack_config"] is not None:
             config = replace(config, pack=PackingConfig.from_dict(data["pack_config"]))
         shard = data["shard"]
@@ -256,7 +267,7 @@ def meta_from_json(data) -> BatchPlanMeta:
             sample_ids_sha256=data["sample_ids_sha256"], sampling_mode=config.stage,
             sampler_config_hash=data["sampler_config_hash"], manifest_hash=data["manifest_hash"],
             index_dtype=data["index_dtype"], shard=shard, fingerprint=data["fingerprint"],
-            epoch_digests=tuple(data["epoch_digests"]),
+            epoch_digests=tuple(data["epoch_digests"]), units=_units_field(data.get("units"), config),
         )
     except KeyError as exc:
         raise _format(f"meta.json lacks the field {exc.args[0]!r}") from None
@@ -274,6 +285,21 @@ def meta_from_json(data) -> BatchPlanMeta:
     return meta
 
 
+def _units_field(units, config: BatchingConfig) -> dict | None:
+    """meta.json ``units``: present exactly when the config splits or has an over-long policy."""
+    wanted = config.split is not None or config.overlong is not None
+    if units is None and not wanted:
+        return None
+    shape = "meta.json units must be {samples, units} (two counts) exactly when the plan has a split or an " \
+            "over-long policy"
+    units = checks.record(units, _UNITS_KEYS, fail=_format, not_a_map=checks.literal(shape),
+                          unknown=checks.literal(shape), missing=checks.literal(shape))
+    if not wanted:
+        raise _format(shape)
+    return units
+
+
+_UNITS_KEYS = dict.fromkeys(("samples", "units"), checks.field(checks.integer, 0, None, strict=True))
 _META_FORMAT = f"meta.json has format {{value!r}}; this reader reads {PLAN_FORMAT!r}"
 #: A shard's fields (their types: :func:`_check_meta_types` and check_shard_field).
 _SHARD_KEYS = dict.fromkeys(("rank", "world_size", "source_fingerprint"), checks.field(checks.anything))
@@ -317,7 +343,7 @@ PACKING_COUNTS = ("rows", "lower_bound_rows")
 PACKING_MEASURES = ("packing_efficiency", "segments_per_row")
 
 
-def check_stats(stats, where: str, packed: bool) -> dict:
+def check_stats(stats, where: str, packed: bool, overlong: bool = False) -> dict:
     """``stats`` when it has the fields the commands read, of their types (PLAN_FORMAT_INVALID otherwise).
     Whether the numbers are right is :func:`~umlos_cuda.batching.plans.verify.verify_plan`'s job."""
     checks.instance(stats, where, dict, fail=_format, message="{name} is not a stats object")
@@ -340,7 +366,16 @@ def check_stats(stats, where: str, packed: bool) -> dict:
             checks.integer(packing.get(name), f"packing.{name}", 0, None, fail=fail, message=checks.AT_LEAST)
         for name in PACKING_MEASURES:
             _number(packing.get(name), f"packing.{name}", where)
+    if overlong:
+        counted = checks.instance(stats.get("overlong"), "overlong", dict, fail=fail,
+                                  message="a plan with an over-long policy has an overlong object in its stats")
+        for name in OVERLONG_COUNTS:
+            checks.integer(counted.get(name), f"overlong.{name}", 0, None, fail=fail, message=checks.AT_LEAST)
     return stats
+
+
+#: stats.json ``overlong``'s counts (:func:`~.overlong.overlong_counts`).
+OVERLONG_COUNTS = ("max_length", "samples", "pieces", "tokens_lost")
 
 
 _SKIPPED = "skipped must be a list of sample ids"
@@ -382,12 +417,14 @@ def read_microbatches_jsonl(path: str, meta: BatchPlanMeta, sample_ids, base: in
     microbatches when given (the count stats.json records)."""
     lookup = None if sample_ids is None else {sid: row for row, sid in enumerate(sample_ids)}
     packed = meta.config.pack is not None
-    sizes, rows, bucket_ids, max_len, pack_sizes = [], [], [], [], []
+    split = splits_pieces(meta.config)
+    sizes, rows, bucket_ids, max_len, pack_sizes, pieces = [], [], [], [], [], []
     row_sizes: list[int] = []
     try:
         for number, line in reader.iter_lines(path, _format, max_lines=max_lines):
             where = f"{path} line {number + 1}"
-            item = _microbatch(line, where, base + number * step, packed)
+            item = _microbatch(line, where, base + number * step, packed, split)
+            pieces.extend(item.get("pieces", ()))
             for sid in item["samples"]:
                 row = _row_of(sid, lookup, meta.num_samples)
                 if row is None:
@@ -405,6 +442,8 @@ def read_microbatches_jsonl(path: str, meta: BatchPlanMeta, sample_ids, base: in
               "bucket_ids": np.asarray(bucket_ids, dtype="<i2"), "max_len": np.asarray(max_len, dtype="<u4")}
     if packed:
         arrays.update(row_offsets=_bounds(row_sizes), pack_rows=_bounds(pack_sizes))
+    if split:
+        arrays["pieces"] = np.asarray(pieces, dtype="<u4")
     return arrays
 
 
@@ -421,12 +460,20 @@ _MICROBATCH_FIELDS = {
 _MICROBATCH_KEYS = "a microbatch has exactly the fields {fields}"
 
 
-def _microbatch(line: bytes, where: str, index: int, packed: bool) -> dict:
-    """One line of microbatches.jsonl, checked: its fields, its index, and its
-    packs (lists of sample ids that, joined, are its samples) in a packed plan."""
+def _microbatch(line: bytes, where: str, index: int, packed: bool, split: bool = False) -> dict:
+    """One line of microbatches.jsonl, checked: its fields, its index, its
+    packs (lists of sample ids that, joined, are its samples) in a packed plan,
+    and its pieces (one piece number per sample) in a split plan."""
     item = reader.loads_json(line, _format, where, not_json="is not JSON")
-    item = checks.record(item, _MICROBATCH_FIELDS, fail=_in(where), not_a_map=_MICROBATCH_KEYS,
+    fields = {**_MICROBATCH_FIELDS, "pieces": checks.field(checks.instance, list)} if split else _MICROBATCH_FIELDS
+    item = checks.record(item, fields, fail=_in(where), not_a_map=_MICROBATCH_KEYS,
                          unknown=_MICROBATCH_KEYS, missing=_MICROBATCH_KEYS)
+    if split:
+        if len(item["pieces"]) != len(item["samples"]):
+            raise _format(f"{where}: pieces must hold one piece number per sample")
+        for piece in item["pieces"]:
+            checks.integer(piece, "pieces", 0, (1 << 32) - 1, strict=True, fail=_in(where),
+                           message="{name} must be piece numbers in [0, 2^32 - 1]")
     if item["index"] != index:
         raise _format(f"{where} has index {item['index']!r}; expected {index}")
     packs = item["packs"]

@@ -43,7 +43,11 @@ class MicrobatchSpec:
     """One microbatch: a line of microbatches.jsonl (``samples`` are sample ids) and ``rows``,
     the dataset rows (what a ``DataLoader`` indexes). In a packed plan
     ``packs`` lists each packed row's sample ids (their concatenation is
-    ``samples``) and ``pack_sizes`` their counts; both are None otherwise."""
+    ``samples``) and ``pack_sizes`` their counts; both are None otherwise.
+    In a plan with an over-long policy (:mod:`.overlong`), ``spans`` is
+    each sample's token range ``[start, stop)`` (int64 ``[count, 2]``: the
+    tokens collation takes) and, in a split plan, ``pieces`` each sample's
+    piece number; both are None otherwise (whole samples)."""
 
     index: int
     samples: tuple[str, ...]
@@ -52,6 +56,8 @@ class MicrobatchSpec:
     rows: np.ndarray = field(repr=False, compare=False)
     packs: tuple[tuple[str, ...], ...] | None = None
     pack_sizes: tuple[int, ...] | None = field(default=None, repr=False, compare=False)
+    spans: np.ndarray | None = field(default=None, repr=False, compare=False)
+    pieces: tuple[int, ...] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -64,9 +70,13 @@ class MicrobatchSpec:
         return np.split(self.rows, np.cumsum(self.pack_sizes)[:-1])
 
     def to_json(self) -> dict:
-        """The microbatches.jsonl object (key order fixed: the files are byte-identical)."""
-        return {"index": self.index, "samples": list(self.samples), "bucket_id": self.bucket_id,
+        """The microbatches.jsonl object (key order fixed: the files are byte-identical;
+        ``pieces`` only in a split plan)."""
+        line = {"index": self.index, "samples": list(self.samples), "bucket_id": self.bucket_id,
                 "max_len": self.max_len, "packs": None if self.packs is None else [list(p) for p in self.packs]}
+        if self.pieces is not None:
+            line["pieces"] = list(self.pieces)
+        return line
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,10 @@ class BatchPlanMeta:
     (uint32 little-endian bytes), ``sample_ids_sha256`` the ids (None when
     they are the row numbers). ``shard`` is None for a full plan, else
     ``{"rank", "world_size", "source_fingerprint"}``. ``fingerprint`` is
-    filled once the content is known (:mod:`.fingerprint`).
+    filled once the content is known (:mod:`.fingerprint`). ``units`` is
+    None unless the config splits or has an over-long policy; then
+    ``{"samples", "units"}``: the rows on the split's side and the units
+    they became (:mod:`.units`), in the header only then.
     """
 
     config: BatchingConfig
@@ -97,6 +110,7 @@ class BatchPlanMeta:
     shard: dict | None = None
     fingerprint: str | None = None
     epoch_digests: tuple[str, ...] = ()
+    units: dict | None = None
 
     @property
     def source_fingerprint(self) -> str | None:
@@ -122,6 +136,7 @@ class BatchPlanMeta:
             "manifest_hash": self.manifest_hash,
             "index_dtype": self.index_dtype,
             "shard": self.shard,
+            **({} if self.units is None else {"units": self.units}),
         }
 
     def to_json(self) -> dict:
@@ -134,7 +149,8 @@ class EpochPlan:
     (int16, M), ``max_len`` (uint32, M); microbatch ``j`` has global index
     ``index_base + j * index_step``. ``stats`` is what stats.json holds.
     A packed plan's epoch also has ``row_offsets`` and ``pack_rows``
-    (:mod:`.packing`); they are None otherwise."""
+    (:mod:`.packing`); they are None otherwise. A split plan's epoch has
+    ``pieces`` (uint32, S): the piece number of each entry of ``samples``."""
 
     epoch: int
     offsets: np.ndarray
@@ -146,6 +162,7 @@ class EpochPlan:
     index_step: int = 1
     row_offsets: np.ndarray | None = None
     pack_rows: np.ndarray | None = None
+    pieces: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.bucket_ids.shape[0])
@@ -166,6 +183,12 @@ class EpochPlan:
 
     def rows(self, j: int) -> np.ndarray:
         return np.asarray(self.samples[int(self.offsets[j]):int(self.offsets[j + 1])])
+
+    def entry_pieces(self, j: int) -> np.ndarray | None:
+        """The piece numbers of microbatch ``j``'s samples (None unless the plan splits)."""
+        if self.pieces is None:
+            return None
+        return np.asarray(self.pieces[int(self.offsets[j]):int(self.offsets[j + 1])])
 
     def sizes(self) -> np.ndarray:
         return np.diff(self.offsets)
@@ -192,6 +215,27 @@ class BatchPlan:
         self.epochs = list(epochs)
         self.lengths = lengths
         self.sample_ids = sample_ids
+        self._units = None
+
+    @property
+    def units(self):
+        """The :class:`~.units.Units` the plan orders (None: the rows, whole), computed once."""
+        if self._units is None and (self.config.split is not None or self.config.overlong is not None):
+            from .units import plan_units
+
+            self._units = plan_units(self.lengths, self.sample_ids, self.config)
+        return self._units
+
+    def unit_index(self, epoch: EpochPlan, start: int = 0, stop: int | None = None):
+        """``(units, lengths)``: the unit of each entry ``samples[start:stop]``
+        of ``epoch`` (-1 where an entry is no unit of the config) and the
+        lengths they index; the rows and ``lengths`` when the plan's units are the rows."""
+        samples = np.asarray(epoch.samples[start:stop])
+        units = self.units
+        if units is None:
+            return samples, self.lengths
+        pieces = None if epoch.pieces is None else np.asarray(epoch.pieces[start:stop])
+        return units.index(samples, pieces), units.lengths
 
     def __repr__(self) -> str:
         shard = f", shard {self.meta.shard['rank']}/{self.meta.shard['world_size']}" if self.meta.shard else ""
@@ -242,6 +286,15 @@ class BatchPlan:
         plan = self.get_epoch(epoch)
         rows = plan.rows(j)
         ids = self._ids(rows)
+        pieces = plan.entry_pieces(j)
+        spans = None
+        if self.config.overlong is not None:
+            units, _ = self.unit_index(plan, int(plan.offsets[j]), int(plan.offsets[j + 1]))
+            if units.size and int(units.min()) < 0:
+                raise plan_error(errors.PLAN_SAMPLES_INVALID,
+                                 f"epoch {epoch} microbatch {j}: entry {int(np.argmin(units))} is no sample or piece "
+                                 "of the plan's configuration")
+            spans = np.stack((self.units.starts[units], self.units.stops[units]), axis=1)
         packs = sizes = None
         if plan.pack_rows is not None:
             assert plan.row_offsets is not None  # a packed epoch has both
@@ -250,7 +303,7 @@ class BatchPlan:
             sizes = tuple(b - a for a, b in pairwise(bounds))
             packs = tuple(ids[a:b] for a, b in pairwise(bounds))
         return MicrobatchSpec(plan.global_index(j), ids, int(plan.bucket_ids[j]), int(plan.max_len[j]), rows,
-                              packs, sizes)
+                              packs, sizes, spans, None if pieces is None else tuple(pieces.tolist()))
 
     def iter_epoch(self, epoch: int) -> Iterator[MicrobatchSpec]:
         plan = self.get_epoch(epoch)

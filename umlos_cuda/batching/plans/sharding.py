@@ -84,12 +84,19 @@ def _shard_epoch(plan: BatchPlan, epoch: EpochPlan, rank: int, world_size: int) 
     if epoch.pack_rows is not None:
         assert epoch.row_offsets is not None  # a packed epoch has both
         row_offsets, pack_rows = select_rows(epoch.row_offsets, epoch.pack_rows, chosen, gather_batches)
-    stats = epoch_stats(epoch.epoch, new_offsets, samples, bucket_ids, max_len, plan.lengths,
+    pieces = None
+    if epoch.pieces is not None:
+        pieces = gather_batches(np.asarray(epoch.pieces), offsets[chosen], sizes, new_offsets)
+    shard = EpochPlan(epoch.epoch, new_offsets, samples, bucket_ids, max_len, {}, rank, world_size, row_offsets,
+                      pack_rows, pieces)
+    units, lengths = plan.unit_index(shard)
+    stats = epoch_stats(epoch.epoch, new_offsets, units, bucket_ids, max_len, lengths,
                         plan.config.bucket_spec, epoch.stats["skipped"], row_offsets=row_offsets,
                         pack_rows=pack_rows, pack=plan.config.pack)
+    if "overlong" in epoch.stats:
+        stats["overlong"] = epoch.stats["overlong"]
     stats["global_microbatches"] = len(epoch)
-    return EpochPlan(epoch.epoch, new_offsets, samples, bucket_ids, max_len, stats, rank, world_size,
-                     row_offsets, pack_rows)
+    return replace(shard, stats=stats)
 
 
 def rank_shares(plan: BatchPlan, epoch: int, world_size: int) -> list[dict]:
@@ -100,7 +107,8 @@ def rank_shares(plan: BatchPlan, epoch: int, world_size: int) -> list[dict]:
         raise plan_error(errors.BATCHING_CONFIG_INVALID, "per-rank shares are computed from the full plan, not a shard")
     sizes = plan_epoch.sizes()
     padded = plan_epoch.padded_rows() * np.asarray(plan_epoch.max_len, dtype=np.int64)
-    tokens = tokens_per_batch(plan_epoch.offsets, plan_epoch.samples, plan.lengths)
+    units, lengths = plan.unit_index(plan_epoch)
+    tokens = tokens_per_batch(plan_epoch.offsets, units, lengths)
     if world_size > MAX_SHARE_RANKS:
         raise plan_error(errors.BATCHING_CONFIG_INVALID,
                          f"per-rank shares are listed for at most {MAX_SHARE_RANKS} ranks, got world_size {world_size}")

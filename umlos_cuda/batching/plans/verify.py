@@ -8,6 +8,10 @@ code (docs/batching.md, "Failure codes"). The checks, in order:
 1. the folder loads (PLAN_NOT_FOUND, PLAN_FORMAT_INVALID);
 2. the lengths and ids are the ones meta.json binds, and those of
    ``lengths`` when given (PLAN_LENGTHS_MISMATCH);
+   with a split or an over-long policy, the checks below run on the units
+   (:mod:`.units`): every entry (row, and piece in a split plan) must be a
+   unit of the configuration (PLAN_SAMPLES_INVALID), and meta.json's
+   ``units`` their counts (PLAN_NOT_REPRODUCIBLE);
 3. per epoch: rows in range, each non-skipped sample exactly once, no
    skipped sample planned (a shard: no sample twice), and in a plan of
    pairs both rows of each pair side by side in one microbatch
@@ -31,6 +35,7 @@ All checks are array operations; memory is a few bytes per sample.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 
@@ -65,7 +70,12 @@ def _verify(directory, expected_fingerprint: str | None, lengths, reproduce: boo
     checks = ["loads"]
     _check_bindings(plan, lengths)
     checks.append("lengths and ids match meta.json" + (" and the given length cache" if lengths is not None else ""))
-    bucketed = row_group_lengths(np.asarray(plan.lengths), plan.config)  # the lengths themselves, or pairs'
+    units = plan.units
+    if units is not None and plan.meta.units != units.record():
+        raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"meta.json units is {plan.meta.units}; the split and "
+                         f"over-long policy give {units.record()}")
+    # what decides a bucket and a skip: the lengths, a pair's (groups), or a unit's (units: no pairs then)
+    bucketed = row_group_lengths(np.asarray(plan.lengths), plan.config) if units is None else units.lengths
     skip_mask = plan.config.bucket_spec.bucket_ids(bucketed) < 0
     for epoch in plan.epochs:
         _check_epoch(plan, epoch, skip_mask, bucketed)
@@ -129,6 +139,14 @@ def _check_epoch(plan: BatchPlan, epoch: EpochPlan, skip_mask: np.ndarray, bucke
     samples = np.asarray(epoch.samples)
     if samples.size and int(samples.max()) >= n:
         raise plan_error(errors.PLAN_SAMPLES_INVALID, f"epoch {e}: row {int(samples.max())} is past the {n} samples")
+    samples, lengths = plan.unit_index(epoch)
+    if samples.size and int(samples.min()) < 0:
+        bad = int(np.argmin(samples))
+        piece = "" if epoch.pieces is None else f" piece {int(epoch.pieces[bad])}"
+        raise plan_error(errors.PLAN_SAMPLES_INVALID,
+                         f"epoch {e}: entry {bad} (row {int(epoch.samples[bad])}{piece}) is no sample or piece that "
+                         "the plan's split and over-long policy keep")
+    n = int(lengths.shape[0])
     seen = np.zeros(n, dtype=bool)
     seen[samples] = True
     distinct = int(np.count_nonzero(seen))
@@ -139,7 +157,7 @@ def _check_epoch(plan: BatchPlan, epoch: EpochPlan, skip_mask: np.ndarray, bucke
     if planned_skipped.size:
         raise plan_error(errors.PLAN_SAMPLES_INVALID,
                          f"epoch {e}: row {int(planned_skipped[0])} is planned but its length "
-                         f"{int(plan.lengths[planned_skipped[0]])} is outside [{spec.min_length}, {spec.overflow_max}]")
+                         f"{int(lengths[planned_skipped[0]])} is outside [{spec.min_length}, {spec.overflow_max}]")
     if plan.meta.shard is None:
         missing = np.flatnonzero(~seen & ~skip_mask)
         if missing.size:
@@ -149,7 +167,7 @@ def _check_epoch(plan: BatchPlan, epoch: EpochPlan, skip_mask: np.ndarray, bucke
     bucket_ids = np.asarray(epoch.bucket_ids, dtype=np.int64)
     if bucket_ids.size and (int(bucket_ids.min()) < 0 or int(bucket_ids.max()) >= spec.num_buckets):
         raise plan_error(errors.PLAN_BUCKET_MISMATCH, f"epoch {e}: a bucket id is outside [0, {spec.num_buckets - 1}]")
-    sample_lengths = np.asarray(plan.lengths)[samples]
+    sample_lengths = np.asarray(lengths)[samples]
     wrong = np.flatnonzero(spec.bucket_ids(bucketed[samples]) != np.repeat(bucket_ids, sizes))
     if wrong.size:
         j = int(np.searchsorted(offsets, wrong[0], side="right")) - 1
@@ -157,12 +175,16 @@ def _check_epoch(plan: BatchPlan, epoch: EpochPlan, skip_mask: np.ndarray, bucke
     if config.group_size > 1:
         check_groups(epoch, config.group_size)
     if config.pack is not None:
-        check_packs(epoch, config.pack, config.token_budget, plan.lengths)
+        check_packs(replace(epoch, samples=samples), config.pack, config.token_budget, lengths)
     else:
         _check_padding(epoch, config, sample_lengths, offsets)
-    skipped = [plan.sample_id(r) for r in np.flatnonzero(skip_mask).tolist()]
-    stats = epoch_stats(e, offsets, samples, epoch.bucket_ids, epoch.max_len, plan.lengths, spec, skipped,
+    units = plan.units
+    skipped = [plan.sample_id(r) if units is None else units.label(r, plan.sample_id)
+               for r in np.flatnonzero(skip_mask).tolist()]
+    stats = epoch_stats(e, offsets, samples, epoch.bucket_ids, epoch.max_len, lengths, spec, skipped,
                         row_offsets=epoch.row_offsets, pack_rows=epoch.pack_rows, pack=config.pack)
+    if units is not None and units.overlong is not None:
+        stats["overlong"] = dict(units.overlong)
     if plan.meta.shard is not None:
         stats["global_microbatches"] = epoch.stats.get("global_microbatches")
     if stats != epoch.stats:
@@ -201,7 +223,7 @@ def _check_jsonl(plan: BatchPlan, epoch: EpochPlan, path: str) -> None:
     except UmlosError as exc:
         raise plan_error(errors.PLAN_JSONL_MISMATCH, f"{exc.message}") from None
     packed = ("row_offsets", "pack_rows") if "pack_rows" in arrays else ()
-    names = ("offsets", "samples", "bucket_ids", "max_len") + packed
+    names = ("offsets", "samples", "bucket_ids", "max_len") + packed + (("pieces",) if "pieces" in arrays else ())
     for name in names:
         if not np.array_equal(arrays[name], np.asarray(getattr(epoch, name))):
             raise plan_error(errors.PLAN_JSONL_MISMATCH, f"{path}: its {name} differ from the binary form's")

@@ -62,7 +62,8 @@ def _dataset(path, count: int = 120) -> None:
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
-    """model/ (11 tokens), train.jsonl, store/, plan/ (from the store's cache), batches/, megatron prefixes."""
+    """model/ (11 tokens), train.jsonl, store/, plan/ (from the store's cache), batches/, megatron prefixes,
+    split-plan/ (the store's train side, samples split into pieces of 8 tokens)."""
     from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, LengthCache, save_plan, shard_plan
     from umlos_cuda.batching.batches.writer import write_batches
     from umlos_cuda.batching.tokens.writer import tokenize_dataset
@@ -77,6 +78,12 @@ def ws(tmp_path_factory):
     save_plan(plan, root / "plan")
     write_batches(root / "plan", root / "batches", store, workers=1)
     save_plan(shard_plan(plan, 1, 3), root / "shard")
+    from umlos_cuda.batching.plans.overlong import OverlongConfig
+    from umlos_cuda.batching.plans.splits import SplitConfig
+
+    pieces = BatchingConfig.predictable(64, (4,), 8, seed=7, overlong=OverlongConfig(8, "split"),
+                                        split=SplitConfig("train", 0.25, 1))
+    save_plan(BatchPlanBuilder(cache, pieces).build(1), root / "split-plan")
     for dtype in (np.int8, np.int16, np.int32):
         name = np.dtype(dtype).name
         prefix = root / f"mega_{name}"
@@ -236,6 +243,38 @@ def tamper_plan_row_out_of_range(ws, tmp_path):
     outcome = run_api(tmp_path, "from umlos_cuda.batching import load_plan\n"
                                 "guarded(lambda: list(load_plan('plan').iter_epoch(1)))\n")
     hs.assert_refused(outcome, "PLAN_SAMPLES_INVALID", names="plan")
+
+
+def tamper_plan_piece_out_of_range(ws, tmp_path):
+    """A piece number no sample has: loading hands out no token range for it."""
+    copy(ws, tmp_path, "split-plan")
+    pieces = np.load(tmp_path / "split-plan" / "epoch_0" / "pieces.npy")
+    pieces[3] = 10_000
+    save_npy(tmp_path / "split-plan" / "epoch_0" / "pieces.npy", pieces)
+    outcome = run_api(tmp_path, "from umlos_cuda.batching import load_plan\n"
+                                "guarded(lambda: list(load_plan('split-plan').iter_epoch(0)))\n")
+    hs.assert_refused(outcome, "PLAN_SAMPLES_INVALID", names="split-plan")
+
+
+def tamper_plan_pieces_cut_short(ws, tmp_path):
+    copy(ws, tmp_path, "split-plan", "store")
+    pieces = np.load(tmp_path / "split-plan" / "epoch_0" / "pieces.npy")
+    save_npy(tmp_path / "split-plan" / "epoch_0" / "pieces.npy", pieces[:-1])
+    outcome = run_cli(tmp_path, "batch", "generate", "--plan", "split-plan", "--store", "store", "--output", "out",
+                      "--quiet", owned=["out"])
+    hs.assert_refused(outcome, "PLAN_FORMAT_INVALID", names=tmp_path / "split-plan")
+
+
+def tamper_plan_split_fraction_edited(ws, tmp_path):
+    """Another validation fraction in meta.json: another split, which the load or the digests see."""
+    copy(ws, tmp_path, "split-plan", "store")
+    meta = json.loads((tmp_path / "split-plan" / "meta.json").read_text())
+    meta["split"]["validation_fraction"] = 0.5
+    (tmp_path / "split-plan" / "meta.json").write_text(json.dumps(meta, indent=2))
+    outcome = run_cli(tmp_path, "batch", "generate", "--plan", "split-plan", "--store", "store", "--output", "out",
+                      "--quiet", owned=["out"])
+    # the rows of another split are not the plan's (every load), or its digests differ (deriving commands)
+    hs.assert_refused(outcome, ("PLAN_SAMPLES_INVALID", "PLAN_FINGERPRINT_MISMATCH"), names=tmp_path / "split-plan")
 
 
 def tamper_plan_stats_make_len_lie(ws, tmp_path):
@@ -535,6 +574,22 @@ def user_plan_build_from_a_dataset(ws, tmp_path):
     assert "data lengths build" in outcome.stderr and '"sample_id"' in outcome.stderr, outcome.describe()
 
 
+def user_plan_build_split_and_overlong_refused(ws, tmp_path):
+    """A fraction outside (0, 1) and a max_length above overflow_max are refused before the cache is read."""
+    copy(ws, tmp_path, "store")
+    common = ("plan", "build", "--lengths", "store/lengths.jsonl", "--bucket-edges", "4,8", "--overflow-max", "16",
+              "--token-budget", "64", "--output", "plan", "--quiet")
+    for extra, mention in ((("--split", "train", "--validation-fraction", "1.5"), "(0, 1)"),
+                           (("--split", "validation", "--validation-fraction", "nan"), "(0, 1)"),
+                           (("--max-length", "17", "--overlong", "split"), "above overflow_max 16")):
+        outcome = run_cli(tmp_path, *common, *extra, owned=["plan"])
+        hs.assert_refused(outcome, "BATCHING_CONFIG_INVALID")
+        assert mention in outcome.stderr, outcome.describe()
+    outcome = run_cli(tmp_path, *common, "--max-length", "0", owned=["plan"])
+    assert outcome.returncode == 2 and "max length must be a positive integer" in outcome.stderr, outcome.describe()
+    assert not (tmp_path / "plan").exists()
+
+
 def _lengths_build(tmp_path, dataset: bytes, *extra) -> hs.Outcome:
     (tmp_path / "ds.jsonl").write_bytes(dataset)
     return run_cli(tmp_path, "data", "lengths", "build", "--dataset", "ds.jsonl", "--tokenizer", "model",
@@ -703,6 +758,9 @@ CASES = [
     pytest.param(tamper_plan_offsets_not_monotone_sampler, id="tamper/plan-offsets-not-monotone-sampler"),
     pytest.param(tamper_plan_row_out_of_range, id="tamper/plan-row-out-of-range"),
     pytest.param(tamper_plan_stats_make_len_lie, id="tamper/plan-stats-make-len-lie"),
+    pytest.param(tamper_plan_piece_out_of_range, id="tamper/plan-piece-out-of-range"),
+    pytest.param(tamper_plan_pieces_cut_short, id="tamper/plan-pieces-cut-short"),
+    pytest.param(tamper_plan_split_fraction_edited, id="tamper/plan-split-fraction-edited"),
     pytest.param(tamper_shard_global_count, id="tamper/shard-global-microbatches-inflated"),
     pytest.param(tamper_plan_bucket_id_out_of_range, id="tamper/plan-bucket-id-out-of-range"),
     pytest.param(tamper_store_token_flipped, id="tamper/store-token-changed"),
@@ -726,6 +784,7 @@ CASES = [
     pytest.param(user_docs_python_plan_is_the_cli_plan, id="user/docs-python-plan-is-the-cli-plan"),
     pytest.param(user_docs_collate_comment_agrees, id="user/docs-collate-comment-agrees"),
     pytest.param(user_plan_build_from_a_dataset, id="user/plan-build-from-a-dataset"),
+    pytest.param(user_plan_build_split_and_overlong_refused, id="user/plan-build-split-and-overlong-refused"),
     pytest.param(user_jsonl_trailing_blank_line, id="user/jsonl-trailing-blank-line"),
     pytest.param(user_jsonl_byte_order_mark, id="user/jsonl-byte-order-mark"),
     pytest.param(user_jsonl_skip_bad_lines, id="user/jsonl-skip-bad-lines"),

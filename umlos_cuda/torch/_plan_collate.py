@@ -113,8 +113,15 @@ class PlanCollator:
         else:
             self.config = (plan if isinstance(plan, BatchPlan) else load_plan(plan)).config
         self.pad_id = pad_id
-        from ..batching.collate import plan_separator_ids
+        from ..batching.collate import collate_error, plan_separator_ids
 
+        overlong = self.config.overlong
+        if overlong is not None and overlong.policy.value != "skip":
+            # the items are whole dataset rows; the plan wants token ranges of them (MicrobatchSpec.spans)
+            raise collate_error(f"this plan takes token ranges of its samples (over-long policy "
+                                f"{overlong.policy.value}, max_length {overlong.max_length}), and a DataLoader over "
+                                "TokenDataset hands out whole rows: collate it with collate_microbatch or write its "
+                                "batch files (umlos-cuda batch generate)")
         self.separator_ids = plan_separator_ids(self, separator_ids)
 
     def width(self, longest: int) -> int:

@@ -3,6 +3,9 @@
 Modules:
     config            :class:`BatchingConfig`: buckets, token budget, pad policy, seed, order
     buckets           which bucket a length belongs to
+    overlong          what a sample longer than max_length becomes: truncated, split, skipped
+    splits            train/validation splits by a keyed hash of the sample id
+    units             the (row, piece, token range) units a plan orders, after split and over-long policy
     planner           one epoch's microbatches, in NumPy
     packing           packed plans: microbatches of rows, each row several samples
     groups            plans of preference pairs: both rows of a pair in one microbatch

@@ -13,6 +13,9 @@ Two levels, because they cost differently and guard different things:
   ``len()`` and the cursor checks read them, so a forged count would make
   them lie). Vectorised over the arrays: memory-mapped reads in bounded
   windows, no per-sample object.
+  A plan with a split or an over-long policy also has every entry checked
+  to be one of its units (:func:`check_units`: a row on the split's side,
+  a piece that row has), since the token ranges handed out follow from them.
 * :func:`check_digests` runs on the paths that **derive new artifacts**
   from a plan (``plan shard``, ``batch generate``, ``batch check``; the
   commands' ``--no-verify`` skips it). A plan whose samples were swapped
@@ -121,6 +124,24 @@ def _check_stats(folder: str, stats, m: int, s: int, shard) -> None:
     checks.integer(stats.get("global_microbatches"), "global_microbatches", low, high, strict=True, fail=says,
                    message=f"{{name}} {{value!r}}; rank {rank} of {world_size} holds {m} of them, so the full epoch "
                            "has {low} to {high} microbatches")
+
+
+def check_units(plan: BatchPlan, folder: str) -> None:
+    """Every entry of a plan with a split or an over-long policy is one of its units (a row on the
+    split's side, a piece the row has; PLAN_SAMPLES_INVALID naming the file): the token ranges a
+    reader hands out are computed from them (:mod:`.units`)."""
+    if plan.units is None:
+        return
+    for epoch in plan.epochs:
+        for start in range(0, int(epoch.samples.shape[0]), _WINDOW):
+            units, _ = plan.unit_index(epoch, start, start + _WINDOW)
+            if units.size and int(units.min()) < 0:
+                entry = start + int(np.argmin(units))
+                name = "pieces.npy" if epoch.pieces is not None else "samples.npy"
+                piece = "" if epoch.pieces is None else f" piece {int(epoch.pieces[entry])}"
+                raise plan_error(errors.PLAN_SAMPLES_INVALID,
+                                 f"{folder}/epoch_{epoch.epoch}/{name}: entry {entry} (row {int(epoch.samples[entry])}"
+                                 f"{piece}) is no sample or piece that the plan's split and over-long policy keep")
 
 
 def check_digests(plan: BatchPlan, folder: str) -> None:

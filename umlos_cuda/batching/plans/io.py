@@ -50,7 +50,7 @@ from ...files import reader
 from ...files.artifacts import json_field, write_marker
 from ...files.reader import read_npy
 from ...files.writer import ArtifactKind, Folder, check_output_folder, output_folder, output_member
-from .integrity import check_digests, check_shard_field, check_structure
+from .integrity import check_digests, check_shard_field, check_structure, check_units
 from .plan import PLAN_FORMAT, BatchPlan, BatchPlanMeta, EpochPlan, plan_error
 from ..packing.config import PackingConfig
 from .sharding import shard_plan
@@ -209,6 +209,7 @@ def load_plan(directory, *, mmap: bool = True, verify: bool = False) -> BatchPla
         sample_ids = read_sample_ids(os.path.join(root, "sample_ids.jsonl"), meta.num_samples)
     epochs = [_load_epoch(root, e, meta, lengths, sample_ids, mmap) for e in range(meta.num_epochs)]
     plan = BatchPlan(meta, epochs, lengths, sample_ids)
+    check_units(plan, root)
     if verify:
         check_digests(plan, root)
     return plan

@@ -206,6 +206,11 @@ def test_round_trip_verify_and_shards(tmp_path, policy):
     assert sum(s.epochs[0].stats["tokens"] for s in shards) == plan.epochs[0].stats["tokens"]
     save_plan(shards[1], str(tmp_path / "shard"))
     verify_plan(str(tmp_path / "shard"))
+    for e in range(2):  # the JSONL alone (the interchange form) loads the same plan
+        for name in os.listdir(os.path.join(folder, f"epoch_{e}")):
+            if name.endswith(".npy"):
+                os.remove(os.path.join(folder, f"epoch_{e}", name))
+    assert load_plan(folder).fingerprint == plan.fingerprint and covered(load_plan(folder)) == covered(plan)
 
 
 def test_fingerprints_change_with_the_policy_and_split():
@@ -362,3 +367,32 @@ def test_dataloader_collator_refuses_token_ranges():
         assert f"over-long policy {policy}" in error.message and "collate_microbatch" in error.message
     PlanCollator(build("skip").config)  # whole samples: the DataLoader path collates them as they are
     PlanCollator(build(None).config)
+
+
+@pytest.mark.parametrize("policy, packed", [("truncate_left", False), ("split", True), ("split", False)])
+def test_batch_files_from_a_token_store_hold_the_plans_ranges(tmp_path, policy, packed):
+    """store -> plan with a policy and a split -> batch files: each file's tokens and loss mask are
+    the ranges of its samples, the reader verifies them against the store, and the plan copy rebuilds."""
+    from token_cases import make_store
+    from umlos_cuda.batching import BatchReader, write_batches
+
+    store = make_store(tmp_path, 120, seed=3)
+    cache = store.length_cache()
+    longest = int(np.asarray(cache.lengths).max())
+    max_length = max(2, longest // 3)
+    pack = PackingConfig(max_length) if packed else None
+    config = BatchingConfig(4 * max_length, (), max_length, pack=pack, overlong=OverlongConfig(max_length, policy),
+                            split=SplitConfig("train", 0.3, 5))
+    plan = BatchPlanBuilder(cache, config).build(2)
+    assert plan.epochs[0].stats["overlong"]["samples"] > 0
+    save_plan(plan, tmp_path / "plan")
+    write_batches(tmp_path / "plan", tmp_path / "batches", tmp_path / "store", workers=2)
+    reader = BatchReader(tmp_path / "batches")
+    for epoch in range(2):
+        for mb, arrays in zip(plan.iter_epoch(epoch), reader.iter_epoch(epoch)):
+            ranges = [(int(r), int(a), int(b)) for r, (a, b) in zip(mb.rows, mb.spans)]
+            check_collated(type("B", (), {k: arrays[k] for k in ("input_ids", "loss_mask", "attention_mask")}),
+                           mb, ranges, store)
+            assert list(arrays["sample_ids"]) == list(mb.samples)
+    reader.verify(tmp_path / "store")
+    verify_plan(tmp_path / "batches" / "plan")

@@ -396,3 +396,17 @@ def test_batch_files_from_a_token_store_hold_the_plans_ranges(tmp_path, policy, 
             assert list(arrays["sample_ids"]) == list(mb.samples)
     reader.verify(tmp_path / "store")
     verify_plan(tmp_path / "batches" / "plan")
+
+
+def test_default_count_is_over_the_split_side(tmp_path, capsys, cache):
+    path, lengths = cache
+    ids = [f"r{i}" for i in range(500)]
+    out = str(tmp_path / "p")
+    assert main(["plan", "build", "--lengths", path, "--bucket-edges", "128,256", "--overflow-max", "512",
+                 "--token-budget", "4096", "--split", "train", "--validation-fraction", "0.5", "--output", out,
+                 "--quiet"]) == 0
+    side = [r for r in range(500) if not in_validation(ids[r], 0.5, 0)]
+    over = [int(lengths[r]) for r in side if lengths[r] > 512]
+    assert f"over-long: {len(over)} sample(s) above overflow_max 512 skipped, {sum(over)} tokens lost" \
+        in capsys.readouterr().out
+    assert load_plan(out).epochs[0].stats["skipped_samples"] == len(over) + sum(lengths[r] == 0 for r in side)

@@ -145,10 +145,10 @@ def overlong_and_split(args, overflow_max: int):
     return overlong, SplitConfig(args.split_side, fraction, args.split_seed or 0)
 
 
-def overlong_line(config, lengths, stats: dict) -> str:
+def overlong_line(plan) -> str:
     """What happened to over-long samples, in words (:func:`overlong_counts`)."""
-    counted = overlong_counts(config, lengths, stats)
-    if "overlong" not in stats:
+    counted = overlong_counts(plan)
+    if plan.config.overlong is None:
         return (f"over-long: {counted['samples']} sample(s) above overflow_max {counted['max_length']} skipped, "
                 f"{counted['tokens_lost']} tokens lost (the default; --max-length L --overlong "
                 "truncate_right|truncate_left|split keeps them)")
@@ -159,12 +159,19 @@ def overlong_line(config, lengths, stats: dict) -> str:
             f"({counted['policy']})")
 
 
-def overlong_counts(config, lengths, stats: dict) -> dict:
+def overlong_counts(plan) -> dict:
     """stats.json ``overlong`` (the same in every epoch), or for a plan without an over-long policy
-    the samples above overflow_max that its buckets skip, counted from the lengths."""
+    the samples above overflow_max that its buckets skip, counted from the lengths of the rows it
+    takes (those on its split's side)."""
+    import numpy as np
+
     from ..batching.plans.overlong import default_overlong_counts
 
-    return stats.get("overlong") or default_overlong_counts(lengths, config.overflow_max)
+    if plan.config.overlong is not None:
+        return plan.epochs[0].stats["overlong"]
+    lengths = np.asarray(plan.lengths)
+    return default_overlong_counts(lengths if plan.units is None else lengths[plan.units.rows],
+                                   plan.config.overflow_max)
 
 
 def split_line(meta) -> str | None:
@@ -220,7 +227,7 @@ def run_build(args) -> int:
     stats = plan.epochs[0].stats
     print(f"plan {args.output}: {plan.num_epochs} epoch(s), {plan.total_microbatches} microbatches, "
           f"{stats['samples']} samples per epoch, {stats['skipped_samples']} skipped")
-    print(overlong_line(config, cache.lengths, stats))
+    print(overlong_line(plan))
     if split_line(plan.meta):
         print(split_line(plan.meta))
     print(f"padding_waste {stats['padding_waste']:.4f}, bucket_mix_drift {stats['bucket_mix_drift']:.4f} (epoch 0)")
@@ -267,8 +274,7 @@ def run_info(args) -> int:
     pack = meta.config.pack
     report = {"plan": args.plan, "fingerprint": meta.fingerprint, "config": meta.config.to_dict(),
               "pack_config": None if pack is None else pack.to_dict(), "num_samples": meta.num_samples,
-              "shard": meta.shard, "units": meta.units, "overlong": overlong_counts(meta.config, plan.lengths,
-                                                                                  plan.epochs[0].stats),
+              "shard": meta.shard, "units": meta.units, "overlong": overlong_counts(plan),
               "epochs": []}
     for epoch in plan.epochs:
         stats = {k: v for k, v in epoch.stats.items() if k != "skipped"}
@@ -291,7 +297,7 @@ def run_info(args) -> int:
     if pack is not None:
         print(f"  packed: {pack.mode.value}, rows of {pack.max_length} tokens, {config.rows_per_microbatch} rows per "
               f"microbatch, separator {pack.separator_len}")
-    print("  " + overlong_line(config, plan.lengths, plan.epochs[0].stats))
+    print("  " + overlong_line(plan))
     if split_line(meta):
         print("  " + split_line(meta))
     if meta.shard:

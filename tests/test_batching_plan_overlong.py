@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,7 +179,10 @@ def test_train_and_validation_plans_partition_the_rows():
 
 
 # ------------------------------------------------------------- files, fingerprints, verify
-def build(policy="split", split=SplitConfig("train", 0.2, 3), pack=None, n=300, max_length=64):
+TRAIN = SplitConfig("train", 0.2, 3)
+
+
+def build(policy="split", split=TRAIN, pack=None, n=300, max_length=64):
     lengths = (np.random.default_rng(5).lognormal(3.5, 0.8, n)).astype(np.uint32)
     ids = [f"s{i}" for i in range(n)]
     overlong = None if policy is None else OverlongConfig(max_length, policy)
@@ -194,15 +198,15 @@ def test_round_trip_verify_and_shards(tmp_path, policy):
     loaded = load_plan(folder)
     assert loaded.config == plan.config and loaded.meta == plan.meta and loaded.fingerprint == plan.fingerprint
     assert os.path.exists(os.path.join(folder, "epoch_0", "pieces.npy")) == (policy == "split")
-    meta = json.loads(open(os.path.join(folder, "meta.json")).read())
+    meta = json.loads(Path(folder, "meta.json").read_text())
     assert meta["split"] == {"side": "train", "validation_fraction": 0.2, "seed": 3}
     assert ("overlong" in meta) == (policy is not None) and meta["units"]["units"] == plan.meta.units["units"]
     assert covered(loaded) == covered(plan)
     assert verify_plan(folder)["fingerprint"] == plan.fingerprint
-    line = json.loads(open(os.path.join(folder, "epoch_0", "microbatches.jsonl")).readline())
+    line = json.loads(Path(folder, "epoch_0", "microbatches.jsonl").read_text().splitlines()[0])
     assert ("pieces" in line) == (policy == "split")
     shards = [shard_plan(loaded, r, 3) for r in range(3)]
-    assert sorted(sum((covered(s)[0] for s in shards), [])) == sorted(covered(plan)[0])
+    assert sorted(r for s in shards for r in covered(s)[0]) == sorted(covered(plan)[0])
     assert sum(s.epochs[0].stats["tokens"] for s in shards) == plan.epochs[0].stats["tokens"]
     save_plan(shards[1], str(tmp_path / "shard"))
     verify_plan(str(tmp_path / "shard"))
@@ -255,12 +259,12 @@ def test_tampered_units_count_is_refused(tmp_path):
     folder = str(tmp_path / "plan")
     save_plan(plan, folder)
     meta_path = os.path.join(folder, "meta.json")
-    meta = json.loads(open(meta_path).read())
+    meta = json.loads(Path(meta_path).read_text())
     meta["units"] = {"samples": 1, "units": 1, "extra": 2}
-    open(meta_path, "w").write(json.dumps(meta))
+    Path(meta_path).write_text(json.dumps(meta))
     expect(errors.PLAN_FORMAT_INVALID, load_plan, folder)
     del meta["units"]
-    open(meta_path, "w").write(json.dumps(meta))
+    Path(meta_path).write_text(json.dumps(meta))
     expect(errors.PLAN_FORMAT_INVALID, load_plan, folder)
 
 

@@ -123,13 +123,13 @@ def add_overlong_arguments(build) -> None:
 def overlong_and_split(args, overflow_max: int):
     """The :class:`OverlongConfig` and :class:`SplitConfig` of ``plan build``'s options (None: not asked for)."""
     from ..batching.plans.buckets import config_error
-    from ..batching.plans.overlong import OverlongConfig
+    from ..batching.plans.overlong import OverlongConfig, OverlongPolicy
     from ..batching.plans.splits import SplitConfig
 
     overlong = None
     if args.max_length is not None or args.overlong is not None:
         overlong = OverlongConfig(overflow_max if args.max_length is None else args.max_length,
-                                  args.overlong or "truncate_right")
+                                  OverlongPolicy.parse(args.overlong or "truncate_right"))
     if args.split_side is None:
         if args.validation_fraction is not None or args.split_seed is not None:
             raise config_error("--validation-fraction and --split-seed choose a split; give --split train or "
@@ -228,8 +228,9 @@ def run_build(args) -> int:
     print(f"plan {args.output}: {plan.num_epochs} epoch(s), {plan.total_microbatches} microbatches, "
           f"{stats['samples']} samples per epoch, {stats['skipped_samples']} skipped")
     print(overlong_line(plan))
-    if split_line(plan.meta):
-        print(split_line(plan.meta))
+    split = split_line(plan.meta)
+    if split is not None:
+        print(split)
     print(f"padding_waste {stats['padding_waste']:.4f}, bucket_mix_drift {stats['bucket_mix_drift']:.4f} (epoch 0)")
     if "packing" in stats:
         print(packing_line(stats["packing"]) + " (epoch 0)")
@@ -298,8 +299,9 @@ def run_info(args) -> int:
         print(f"  packed: {pack.mode.value}, rows of {pack.max_length} tokens, {config.rows_per_microbatch} rows per "
               f"microbatch, separator {pack.separator_len}")
     print("  " + overlong_line(plan))
-    if split_line(meta):
-        print("  " + split_line(meta))
+    split = split_line(meta)
+    if split is not None:
+        print("  " + split)
     if meta.shard:
         print(f"  shard {meta.shard['rank']} of {meta.shard['world_size']} (source {meta.shard['source_fingerprint']})")
     for stats in report["epochs"]:

@@ -20,13 +20,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ... import checks, errors
 from ...errors import UmlosError
 from .config import BatchingConfig
+
+if TYPE_CHECKING:
+    from .units import Units
 
 #: meta.json ``format``.
 PLAN_FORMAT = "umlos_cuda.batch_plan/1"
@@ -215,10 +218,10 @@ class BatchPlan:
         self.epochs = list(epochs)
         self.lengths = lengths
         self.sample_ids = sample_ids
-        self._units = None
+        self._units: Units | None = None
 
     @property
-    def units(self):
+    def units(self) -> Units | None:
         """The :class:`~.units.Units` the plan orders (None: the rows, whole), computed once."""
         if self._units is None and (self.config.split is not None or self.config.overlong is not None):
             from .units import plan_units
@@ -288,13 +291,14 @@ class BatchPlan:
         ids = self._ids(rows)
         pieces = plan.entry_pieces(j)
         spans = None
-        if self.config.overlong is not None:
+        table = self.units
+        if table is not None and self.config.overlong is not None:
             units, _ = self.unit_index(plan, int(plan.offsets[j]), int(plan.offsets[j + 1]))
             if units.size and int(units.min()) < 0:
                 raise plan_error(errors.PLAN_SAMPLES_INVALID,
                                  f"epoch {epoch} microbatch {j}: entry {int(np.argmin(units))} is no sample or piece "
                                  "of the plan's configuration")
-            spans = np.stack((self.units.starts[units], self.units.stops[units]), axis=1)
+            spans = np.stack((table.starts[units], table.stops[units]), axis=1)
         packs = sizes = None
         if plan.pack_rows is not None:
             assert plan.row_offsets is not None  # a packed epoch has both

@@ -284,6 +284,8 @@ def test_tampered_units_count_is_refused(tmp_path):
     (lambda: BatchingConfig(1024, (64,), 128, overlong={"max_length": 8}), "OverlongConfig"),
     (lambda: BatchingConfig(1024, (64,), 128, split=0.5), "SplitConfig"),
     (lambda: BatchingConfig.from_dict({"overlong": {"max_length": 8}}), "{max_length, policy}"),
+    (lambda: BatchingConfig(1024, (64,), 128, group_size=2, overlong=OverlongConfig(64)), "preference pairs"),
+    (lambda: BatchingConfig(1024, (64,), 128, group_size=2, split=TRAIN), "preference pairs"),
 ])
 def test_config_errors(make, mention):
     error = expect(errors.BATCHING_CONFIG_INVALID, make)

@@ -48,6 +48,8 @@ from .tokens.store import TokenStore
 from .lengths.tokenizer import LoadedTokenizer, load_tokenizer
 
 __all__ = [
+    "ChatSample",
+    "encode_chat",
     "BatchFingerprint",
     "BatchReader",
     "BatchWriteReport",

@@ -15,3 +15,5 @@ Modules:
 from .encode import ChatSample, chat_encoder, encode_chat
 from .records import ChatRecords
 from .template import ChatTemplate, chat_template_of
+
+__all__ = ["ChatRecords", "ChatSample", "ChatTemplate", "chat_encoder", "chat_template_of", "encode_chat"]

@@ -55,7 +55,7 @@ _TRACKING: ContextVar[list | None] = ContextVar("umlos_generation_tracking", def
 class GenerationBlock(jinja2.ext.Extension):
     """``{% generation %}``: the body's output, and where it lies in the rendered text."""
 
-    tags = {"generation"}
+    tags = {"generation"}  # noqa: RUF012 -- jinja2.ext.Extension declares ``tags`` a set per class
 
     def parse(self, parser):
         lineno = next(parser.stream).lineno

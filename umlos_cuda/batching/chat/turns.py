@@ -48,7 +48,7 @@ def assistant_spans(template: ChatTemplate, messages: list[dict], *, add_generat
     whole = render(template, messages, add_generation_prompt=add_generation_prompt)
     if template.has_generation_markers:
         return ChatText(whole.text, whole.generation)
-    spans = []
+    spans: list[tuple[int, int]] = []
     for index, message in enumerate(messages):
         if message["role"] != ASSISTANT:
             continue

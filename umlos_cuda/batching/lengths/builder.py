@@ -92,7 +92,7 @@ class DatasetEncoding:
         if self.chat is not None and chat_template is not None:  # the fingerprint names the template used
             self.loaded = replace(self.loaded, chat_template=self.chat.template.source)
         self.tokenizer_hash = tokenizer_fingerprint(self.loaded)
-        self._convert = None if self.chat is None else {messages_field: self.chat}
+        self._convert = None if self.chat is None or messages_field is None else {messages_field: self.chat}
         self.encoder = self.loaded.tokenizer if self.chat is None else chat_encoder(self.loaded)
         if self.encoder.padding is not None:  # padding would make a length depend on its chunk
             from tokenizers import Tokenizer

@@ -6,7 +6,8 @@ holding one (as ``save_pretrained`` writes it). What comes out: a
 directory adds around it and what changes the token ids a training run sees:
 the chat template (``chat_template.jinja``, else ``chat_template`` in
 ``tokenizer_config.json``; with named templates in ``additional_chat_templates/``,
-a dict of them, ``chat_template.jinja`` as ``"default"``, as transformers reads them) and the special tokens named there or in
+a dict of them, ``chat_template.jinja`` as ``"default"``, as transformers reads them) and the special
+tokens named there or in
 ``special_tokens_map.json`` (``eos_token`` and the like).
 
 Only the fast ``tokenizer.json`` format is read: a directory with only
@@ -80,10 +81,11 @@ def load_tokenizer(source: Any) -> LoadedTokenizer:
                            "library is read (convert the tokenizer with transformers' save_pretrained)")
         config = _read_json(os.path.join(path, CONFIG_FILE))
         special = _special_tokens(config, _read_json(os.path.join(path, SPECIAL_TOKENS_FILE)))
-        template = _read_text(os.path.join(path, CHAT_TEMPLATE_FILE))
+        text = _read_text(os.path.join(path, CHAT_TEMPLATE_FILE))
         named = _named_templates(os.path.join(path, CHAT_TEMPLATE_DIR))
+        template: str | dict[str, str] | None = text
         if named:  # as transformers: the .jinja files replace the config's template, chat_template.jinja as "default"
-            template = named if template is None else {"default": template, **named}
+            template = named if text is None else {"default": text, **named}
         elif template is None:
             template = config.get("chat_template")
         if template is not None:

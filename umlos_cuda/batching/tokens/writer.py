@@ -32,7 +32,7 @@ import json
 import os
 from collections.abc import Callable
 from itertools import chain
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -46,6 +46,7 @@ from ..lengths.cache import LengthCacheWriter
 from ..plans.fingerprint import sha256_array
 from .store import LENGTHS_FILE, STORE_FORMAT, TokenStore
 from ..chat.masks import token_mask
+from ..chat.turns import ChatText
 
 #: Bytes reserved for a streamed .npy header (the shape is known only at the end).
 NPY_HEADER_BYTES = 128
@@ -133,7 +134,8 @@ def encode_chunk(source: DatasetEncoding, chunk: RecordChunk, token_dtype: np.dt
     total = int(encoded.sum())
     ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=total)
     if source.chat is not None:  # the assistant spans of each record (umlos_cuda/batching/chat/masks.py)
-        masks = [token_mask(e.offsets, chat.spans) for e, chat in zip(encodings, chunk.values[0])]
+        rendered = cast(list[ChatText], chunk.values[0])  # the reader rendered each record (DatasetEncoding)
+        masks = [token_mask(e.offsets, chat.spans) for e, chat in zip(encodings, rendered)]
         mask = np.concatenate(masks) if masks else np.zeros(0, dtype=np.uint8)
         return encoded, _as_tokens(ids, token_dtype, vocab_size), mask
     if not source.is_template:

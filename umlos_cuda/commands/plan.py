@@ -216,7 +216,7 @@ def run_build(args) -> int:
     inputs = (args.lengths, sidecar_path(args.lengths))
     check_output_dir(args.output, args.force, inputs)  # fail before the work
     started = time.perf_counter()
-    cache = LengthCache.load(args.lengths)
+    cache = LengthCache.load(args.lengths, read_ids=True)  # the plan stores them: one read of the JSONL
     config = _with_pairs(config, cache, args.lengths)
     progress = Progress(args.epochs * 2, f"plan {args.output}", enabled=not args.quiet)
     plan = BatchPlanBuilder(cache, config).build(args.epochs, progress=lambda done, _: progress.update(done))

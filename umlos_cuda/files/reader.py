@@ -264,6 +264,48 @@ def lines_of(handle: BinaryIO, path: str, error: ErrorFactory, *, max_line_bytes
         number += 1
 
 
+def line_blocks(path: str | os.PathLike[str], error: ErrorFactory, *, block_bytes: int = 1 << 22,
+                max_line_bytes: int | None = None, line_error: ErrorFactory | None = None,
+                digest: Any = None) -> Iterator[tuple[int, bytes]]:
+    """``(number, block)`` for consecutive runs of whole lines of the regular file at ``path``: ``block``
+    is the bytes of lines ``number, number + 1, ...`` with their line ends (the blocks joined are the
+    file's bytes; only the last may end without a line end), about ``block_bytes`` each, for callers
+    that parse many lines at once. The bounds are :func:`iter_lines`': a line longer than
+    ``max_line_bytes`` (its line end not counted) is refused with ``line_error`` before it is held
+    whole, after the blocks before it were yielded, so memory stays under ``block_bytes`` plus one
+    line. Every byte read also goes to ``digest.update`` when a digest is given."""
+    path = os.fspath(path)
+    max_line_bytes = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
+    line_error = line_error or error
+    block_bytes = max(1, min(block_bytes, max_line_bytes))  # a line that starts in a block ends in the next
+    number, carry = 0, b""
+    with open_regular(path, error) as handle:
+        while True:
+            try:
+                block = handle.read(block_bytes)
+            except OSError as exc:
+                raise error(f"cannot read {path}: {exc.strerror or exc}") from None
+            if not block:
+                break
+            if digest is not None:
+                digest.update(block)
+            end = block.find(b"\n")
+            if carry and (len(carry) + (end if end >= 0 else len(block)) > max_line_bytes):
+                raise line_error(f"{path} line {number + 1} is longer than {max_line_bytes:,} bytes, the longest "
+                                 "line read (is it one record per line?)")
+            data = carry + block if carry else block
+            cut = data.rfind(b"\n") + 1
+            carry = data[cut:]
+            if cut:
+                yield number, data[:cut] if carry else data
+                number += data.count(b"\n", 0, cut)
+    if len(carry) > max_line_bytes:  # only when max_line_bytes is 0
+        raise line_error(f"{path} line {number + 1} is longer than {max_line_bytes:,} bytes, the longest "
+                         "line read (is it one record per line?)")
+    if carry:
+        yield number, carry
+
+
 def strip_bom(number: int, raw: bytes) -> bytes:
     """``raw`` without the UTF-8 byte-order mark when it is line 0 and starts with one."""
     return raw[len(UTF8_BOM):] if number == 0 and raw.startswith(UTF8_BOM) else raw

@@ -30,11 +30,12 @@ import json
 import os
 import struct
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from json.encoder import encode_basestring_ascii
 from typing import BinaryIO
 
 import numpy as np
+import orjson
 
 from ... import checks, errors
 from ...files import reader
@@ -42,7 +43,7 @@ from ...files.artifacts import FileKind, read_head
 from ...files.atomic import PendingFile, check_output_path, write_failed
 from ...files.folder import Folder
 from ...errors import UINT32_MAX, UmlosError
-from .rows import scan_rows
+from .rows import parse_block, row_tail, scan_rows
 
 #: Suffix of the binary sidecar, appended to the JSONL's name.
 SIDECAR_SUFFIX = ".u32"
@@ -99,7 +100,7 @@ class LengthCache:
                 self._sample_ids = [str(i) for i in range(len(self))]
             else:
                 assert self._ids_source is not None  # load() keeps the JSONL's path when it defers the ids
-                ids, lengths, _ = _parse_jsonl(self._ids_source)
+                ids, lengths, _, _ = _parse_jsonl(self._ids_source)
                 if not np.array_equal(lengths, self.lengths):  # the JSONL changed since load()
                     raise UmlosError(errors.LENGTHS_SIDECAR_MISMATCH,
                                      f"{self._ids_source} changed after it was loaded; load it again",
@@ -135,7 +136,7 @@ class LengthCache:
         return cls(array, tokenizer_hash, sample_ids=ids, ids_are_line_numbers=ids is None, dataset_hash=dataset_hash)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], *, sidecar: str = "auto") -> LengthCache:
+    def load(cls, path: str | os.PathLike[str], *, sidecar: str = "auto", read_ids: bool = False) -> LengthCache:
         """Read the cache at ``path`` (the JSONL).
 
         ``sidecar``: ``"auto"`` (default) reads the lengths from the sidecar
@@ -144,6 +145,10 @@ class LengthCache:
         parses the JSONL, with a warning when a sidecar was there but stale;
         ``"require"`` raises LENGTHS_SIDECAR_MISMATCH instead of parsing;
         ``"ignore"`` always parses.
+
+        ``read_ids``: read the ids now, in the same read of the JSONL that
+        checks the sidecar, instead of on first use (for a caller that will
+        use them, as ``plan build`` does: one read instead of two).
         """
         path = os.fspath(path)
         if sidecar not in SIDECAR_MODES:
@@ -151,15 +156,15 @@ class LengthCache:
         _require_file(path)
         if sidecar != "ignore":
             try:
-                return _load_with_sidecar(path)
+                return _load_with_sidecar(path, read_ids)
             except UmlosError as exc:
                 if sidecar == "require" or exc.code != errors.LENGTHS_SIDECAR_MISMATCH:
                     raise
                 if os.path.exists(sidecar_path(path)):
                     warnings.warn(f"{exc.message}; reading the lengths from {path} instead", stacklevel=2)
-        ids, lengths, tokenizer_hash = _parse_jsonl(path)
+        ids, lengths, tokenizer_hash, _ = _parse_jsonl(path)
         lengths.flags.writeable = False
-        line_numbers = all(sample_id == str(i) for i, sample_id in enumerate(ids))
+        line_numbers = ids[-1] == str(len(ids) - 1) and ids == list(map(str, range(len(ids))))
         return cls(lengths, tokenizer_hash, sample_ids=ids, ids_are_line_numbers=line_numbers)
 
     # ------------------------------------------------------------------ output
@@ -401,7 +406,7 @@ def read_sidecar_header(path: str) -> tuple[dict, int]:
     return header, offset + (-offset % SIDECAR_ALIGN)
 
 
-def _load_with_sidecar(path: str) -> LengthCache:
+def _load_with_sidecar(path: str, read_ids: bool = False) -> LengthCache:
     side = sidecar_path(path)
     header, offset = read_sidecar_header(side)
     count = checks.integer(header.get("count"), "count", 1, None, message="has count {value!r}", strict=True,
@@ -427,6 +432,10 @@ def _load_with_sidecar(path: str) -> LengthCache:
         checks.text(dataset_hash, side, fail=_sidecar_error, message=malformed)
     ids_kind = checks.choice(header.get("sample_ids"), side, ("line_numbers", "jsonl"), fail=_sidecar_error,
                              message="{name} has sample_ids {value!r}; expected line_numbers or jsonl")
+    if read_ids and ids_kind == "jsonl":
+        ids = _ids_agreeing(path, header, lengths, tokenizer_hash)
+        if ids is not None:
+            return LengthCache(lengths, tokenizer_hash, sample_ids=ids, dataset_hash=dataset_hash)
     # One read of the JSONL: its SHA-256, and every row against what the sidecar says (rows.py).
     _, jsonl_sha256, bad = scan_rows(path, lengths, tokenizer_hash, ids_kind == "line_numbers", _invalid)
     if jsonl_sha256 != header.get("jsonl_sha256"):
@@ -438,53 +447,122 @@ def _load_with_sidecar(path: str) -> LengthCache:
                        ids_source=path, dataset_hash=dataset_hash)
 
 
+def _ids_agreeing(path: str, header: dict, lengths: np.ndarray, tokenizer_hash: str) -> list[str] | None:
+    """The ids of the JSONL when, parsed, it is what the sidecar says (its SHA-256, tokenizer hash
+    and every length) and every row has the writer's shape (as :func:`scan_rows` asks); None
+    otherwise, and the caller's check words what disagrees."""
+    digest = hashlib.sha256()
+    try:
+        ids, parsed, parsed_hash, shaped = _parse_jsonl(path, digest)
+    except UmlosError:
+        return None
+    if (not shaped or digest.hexdigest() != header.get("jsonl_sha256") or parsed_hash != tokenizer_hash
+            or not np.array_equal(parsed, lengths)):  # rows of another shape were not written beside the sidecar
+        return None
+    return ids
+
+
 # ---------------------------------------------------------------------- JSONL
-def _parse_jsonl(path: str) -> tuple[list[str], np.ndarray, str]:
+def _parse_jsonl(path: str, digest=None) -> tuple[list[str], np.ndarray, str, bool]:
+    """The ids, lengths and tokenizer hash of the JSONL at ``path``, a block of lines at a time, and
+    whether every row has the writer's shape (rows.py), byte for byte.
+
+    A block of rows in the writer's own shape is read whole (rows.parse_block); any other block
+    goes row by row (:func:`_parse_lines`), so what is refused, and the message, is the same.
+    Every byte read also goes to ``digest.update`` when a digest is given."""
     ids: list[str] = []
+    chunks: list[np.ndarray] = []
+    tokenizer_hash: str | None = None
+    tail = b""
+    shaped = True
+    try:
+        for number, block in reader.line_blocks(path, _invalid, digest=digest):
+            if tokenizer_hash is None:  # the first row names the tokenizer the block's rows must have
+                cut = block.find(b"\n") + 1 or len(block)
+                tokenizer_hash, shaped = _parse_lines(path, number, block[:cut], ids, chunks, None)
+                tail = row_tail(tokenizer_hash)
+                number, block = number + 1, block[cut:]
+            fast = parse_block(block, tail) if block else None
+            if fast is not None:
+                ids += fast[0]
+                chunks.append(fast[1])
+            elif block:
+                shaped &= _parse_lines(path, number, block, ids, chunks, tokenizer_hash)[1]
+    except FileNotFoundError:
+        raise _invalid(f"length cache {path} does not exist (build one with `umlos-cuda data lengths build`)") from None
+    if tokenizer_hash is None:
+        raise _invalid(f"{path} has no rows; a length cache holds at least one sample")
+    _check_unique(ids, f"sample ids of {path}")
+    return ids, np.concatenate(chunks), tokenizer_hash, shaped
+
+
+def _parse_lines(path: str, first: int, block: bytes, ids: list[str], chunks: list[np.ndarray],
+                 tokenizer_hash: str | None) -> tuple[str, bool]:
+    """Append the rows of ``block`` (lines ``first``, ``first + 1``, ...) to ``ids`` and ``chunks``,
+    one at a time; returns the tokenizer hash (the first row's when ``tokenizer_hash`` is None) and
+    whether every row is byte for byte what the writer writes for it."""
     lengths: list[int] = []
-    tokenizer_hash = None
-    number = 0
-
-    def at_line(message: str) -> UmlosError:  # the line being read (``number`` when it fails)
-        return _invalid(f"{path} line {number + 1}: {message}")
-
-    for number, line in _lines(path):
-        where = f"{path} line {number + 1}"
-        row = checks.instance(reader.loads_json(line, _invalid, where, not_json="is not JSON"), where, dict,
-                              fail=_invalid, message="{name} is {type}; rows are JSON objects")
-        if "sample_id" not in row and "length" not in row:  # a dataset (or another JSONL) given as a cache
-            keys = ", ".join(sorted(map(str, row))[:6]) or "none"
-            raise _invalid(f"{path} line {number + 1} is not a length cache row (its fields: {keys}); a length "
-                           'cache has one {"sample_id", "tokenizer_hash", "length"} object per line, made from a '
-                           f"dataset by `umlos-cuda data lengths build --dataset {path} --tokenizer TOKENIZER "
-                           "--output LENGTHS.jsonl` (or `data tokenize`, whose store holds lengths.jsonl)")
-        sample_id, row_hash, length = row.get("sample_id"), row.get("tokenizer_hash"), row.get("length")
-        checks.text(sample_id, "sample_id", fail=at_line, message="{name} must be a string, got {value!r}")
-        checks.text(row_hash, "tokenizer_hash", fail=at_line, empty=False,
-                    message="{name} must be a non-empty string, got {value!r}")
+    shaped = True
+    start = 0
+    number = first
+    while start < len(block):
+        stop = block.find(b"\n", start) + 1 or len(block)
+        line = block[start:stop]
+        if not line.strip():
+            raise _invalid(f"{path} line {number + 1} is empty")
+        sample_id, row_hash, length = _row(path, number, line)
         if tokenizer_hash is None:
             tokenizer_hash = row_hash
         elif row_hash != tokenizer_hash:
             raise _invalid(f"{path} line {number + 1} has tokenizer_hash {row_hash!r} but line 1 has "
                            f"{tokenizer_hash!r}; one cache holds the lengths of one tokenizer")
-        length = checks.integer(length, "length", 0, UINT32_MAX, fail=at_line, strict=True,
-                                message="{name} must be an integer in [0, 2^32 - 1], got {value!r}")
         ids.append(sample_id)
         lengths.append(length)
-    if tokenizer_hash is None:
-        raise _invalid(f"{path} has no rows; a length cache holds at least one sample")
-    _check_unique(ids, f"sample ids of {path}")
-    return ids, np.asarray(lengths, dtype=np.uint32), tokenizer_hash
+        shaped = shaped and line == (f'{{"sample_id": {encode_basestring_ascii(sample_id)}, "tokenizer_hash": '
+                                     f'{encode_basestring_ascii(row_hash)}, "length": {length}}}\n').encode("ascii")
+        start, number = stop, number + 1
+    chunks.append(np.asarray(lengths, dtype=np.uint32))
+    assert tokenizer_hash is not None  # the block holds at least one line
+    return tokenizer_hash, shaped
 
 
-def _lines(path: str) -> Iterator[tuple[int, bytes]]:
-    try:
-        for number, line in reader.iter_lines(path, _invalid):
-            if not line.strip():
-                raise _invalid(f"{path} line {number + 1} is empty")
-            yield number, line
-    except FileNotFoundError:
-        raise _invalid(f"length cache {path} does not exist (build one with `umlos-cuda data lengths build`)") from None
+def _row(path: str, number: int, line: bytes) -> tuple[str, str, int]:
+    """``(sample_id, tokenizer_hash, length)`` of one row. orjson reads a row that is right (a row
+    nested deeper than the input layer allows is never given to it); a row it refuses, or whose
+    fields are wrong, is read again by :func:`_checked_row`, which words what is wrong as it always did."""
+    if line.count(b"{") + line.count(b"[") <= reader.MAX_JSON_DEPTH:
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            row = None
+        if type(row) is dict:
+            sample_id, row_hash, length = row.get("sample_id"), row.get("tokenizer_hash"), row.get("length")
+            if (type(sample_id) is str and type(row_hash) is str and row_hash and type(length) is int
+                    and 0 <= length <= UINT32_MAX):
+                return sample_id, row_hash, length
+    return _checked_row(path, number, line)
+
+
+def _checked_row(path: str, number: int, line: bytes) -> tuple[str, str, int]:
+    def at_line(message: str) -> UmlosError:
+        return _invalid(f"{path} line {number + 1}: {message}")
+
+    where = f"{path} line {number + 1}"
+    row = checks.instance(reader.loads_json(line, _invalid, where, not_json="is not JSON"), where, dict,
+                          fail=_invalid, message="{name} is {type}; rows are JSON objects")
+    if "sample_id" not in row and "length" not in row:  # a dataset (or another JSONL) given as a cache
+        keys = ", ".join(sorted(map(str, row))[:6]) or "none"
+        raise _invalid(f"{path} line {number + 1} is not a length cache row (its fields: {keys}); a length "
+                       'cache has one {"sample_id", "tokenizer_hash", "length"} object per line, made from a '
+                       f"dataset by `umlos-cuda data lengths build --dataset {path} --tokenizer TOKENIZER "
+                       "--output LENGTHS.jsonl` (or `data tokenize`, whose store holds lengths.jsonl)")
+    sample_id, row_hash, length = row.get("sample_id"), row.get("tokenizer_hash"), row.get("length")
+    checks.text(sample_id, "sample_id", fail=at_line, message="{name} must be a string, got {value!r}")
+    checks.text(row_hash, "tokenizer_hash", fail=at_line, empty=False,
+                message="{name} must be a non-empty string, got {value!r}")
+    length = checks.integer(length, "length", 0, UINT32_MAX, fail=at_line, strict=True,
+                            message="{name} must be an integer in [0, 2^32 - 1], got {value!r}")
+    return sample_id, row_hash, length
 
 
 # ---------------------------------------------------------------------- checks

@@ -49,9 +49,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_batching import load_chuk, lognormal_lengths  # noqa: E402
+from bench_batching import load_chuk, lognormal_lengths
 
-from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, LengthCache, save_plan  # noqa: E402
+from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, LengthCache, save_plan
 
 EDGES = (128, 256, 512, 1024, 2048)
 OVERFLOW = 4096

@@ -15,8 +15,7 @@ dataset rows (and, in a split plan, piece numbers), and stats.json gains
 from __future__ import annotations
 
 import hashlib
-import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -25,6 +24,7 @@ from .buckets import config_error
 from .config import BatchingConfig
 from .plan import BatchPlan, BatchPlanMeta, EpochPlan
 from .fingerprint import finish_meta, sha256_array
+from .lines import sample_ids_lines
 from .stats import epoch_stats, skipped_ids
 from .planner import build_epoch, engine_metadata, index_dtype, plan_manifest
 from .groups import check_group_rows
@@ -120,13 +120,6 @@ class BatchPlanBuilder:
             units=None if units is None else units.record(),
         )
         return BatchPlan(finish_meta(meta, epochs), epochs, self.lengths, ids)
-
-
-def sample_ids_lines(ids: Sequence[str]) -> Iterator[bytes]:
-    """sample_ids.jsonl, chunk by chunk: one JSON string per line."""
-    step = 1 << 16
-    for start in range(0, len(ids), step):
-        yield "".join(json.dumps(i) + "\n" for i in ids[start:start + step]).encode("ascii")
 
 
 def sample_ids_sha256(ids: Sequence[str]) -> str:

@@ -44,7 +44,7 @@ import numpy as np
 
 from ... import checks, errors
 from ...errors import UmlosError
-from .builder import sample_ids_lines
+from .lines import id_texts, microbatch_lines, sample_ids_lines
 from .config import BatchingConfig
 from ...files import reader
 from ...files.artifacts import json_field, write_marker
@@ -142,9 +142,10 @@ def _wants_jsonl(plan: BatchPlan, jsonl: str) -> bool:
 
 def _write_contents(plan: BatchPlan, root: Folder, write_jsonl: bool, progress) -> None:
     _write_npy(root, "lengths.npy", np.asarray(plan.lengths, dtype="<u4"))
+    texts = None if plan.sample_ids is None else id_texts(plan.sample_ids)  # each id encoded once (lines.py)
     if plan.sample_ids is not None:
         with root.file("sample_ids.jsonl") as handle:
-            for chunk in sample_ids_lines(plan.sample_ids):
+            for chunk in sample_ids_lines(plan.sample_ids, texts):
                 handle.write(chunk)
     for done, epoch in enumerate(plan.epochs):
         with root.mkdir(f"epoch_{epoch.epoch}") as folder:
@@ -154,8 +155,8 @@ def _write_contents(plan: BatchPlan, root: Folder, write_jsonl: bool, progress) 
             _write_json(folder, "stats.json", epoch.stats)
             if write_jsonl:
                 with folder.file("microbatches.jsonl") as handle:
-                    for j in range(len(epoch)):
-                        handle.write((json.dumps(plan.microbatch(epoch.epoch, j).to_json()) + "\n").encode("ascii"))
+                    for chunk in microbatch_lines(epoch, texts):
+                        handle.write(chunk)
             folder.sync()
         if progress is not None:
             progress(done + 1, len(plan.epochs))

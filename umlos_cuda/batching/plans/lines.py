@@ -1,0 +1,99 @@
+"""The text of a plan's JSONL files, a chunk at a time: sample_ids.jsonl and microbatches.jsonl.
+
+What goes in: the sample ids (None: the row numbers) and an epoch's arrays.
+What comes out: the files' bytes, exactly what ``json.dumps`` (ASCII, its
+default ``", "`` and ``": "`` separators) writes for each line:
+
+* sample_ids.jsonl: ``json.dumps(id)`` per line;
+* microbatches.jsonl: ``json.dumps(MicrobatchSpec.to_json())`` per line,
+  ``{"index": I, "samples": [ids], "bucket_id": B, "max_len": L, "packs": null}``,
+  ``"packs"`` listing each packed row's ids in a packed plan.
+
+Why not ``json.dumps`` per line: at 10^6 samples an epoch is 10^6 id
+strings in 10^5 lines, and one call per line (with a
+:class:`~.plan.MicrobatchSpec` each) took longer than planning the epoch.
+Here each id is encoded once (:func:`id_texts`: ``json.dumps(id)`` without
+its quotes, which for a plain id, printable ASCII without ``"`` or ``\\``,
+is the id itself), and a chunk of lines is made with ``str.join`` from the ids'
+texts: a line joins its ids' texts with ``", "`` between them, a packed
+line joins each packed row's once and then the rows twice (as its samples
+and as its packs). tests/test_batching_plan_lines.py checks the
+bytes against ``json.dumps`` line by line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from itertools import pairwise
+
+import numpy as np
+
+from .plan import EpochPlan
+
+#: Sample entries per chunk of microbatches.jsonl (a chunk ends at a microbatch's end).
+CHUNK_ENTRIES = 1 << 18
+_IDS_PER_CHUNK = 1 << 16
+
+
+def is_plain(text: str) -> bool:
+    """Whether ``json.dumps(text)`` is ``text`` between two quotes (printable ASCII, no ``"`` or ``\\``)."""
+    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
+
+
+def id_texts(ids: Sequence[str]) -> Sequence[str]:
+    """``json.dumps(id)[1:-1]`` of every id: ``ids`` itself when every id is plain."""
+    if is_plain("".join(ids)):
+        return ids
+    return [json.dumps(i)[1:-1] for i in ids]
+
+
+def sample_ids_lines(ids: Sequence[str], texts: Sequence[str] | None = None) -> Iterator[bytes]:
+    """sample_ids.jsonl, chunk by chunk: ``json.dumps(id)`` per line (``texts``: :func:`id_texts` of ``ids``)."""
+    texts = id_texts(ids) if texts is None else texts
+    for start in range(0, len(texts), _IDS_PER_CHUNK):
+        yield ('"' + '"\n"'.join(texts[start:start + _IDS_PER_CHUNK]) + '"\n').encode("ascii")
+
+
+def microbatch_lines(epoch: EpochPlan, texts: Sequence[str] | None) -> Iterator[bytes]:
+    """microbatches.jsonl of ``epoch``, chunk by chunk; ``texts``: :func:`id_texts` of the plan's ids
+    (None: the ids are the row numbers)."""
+    offsets = np.asarray(epoch.offsets, dtype=np.int64)
+    table = None if texts is None else np.asarray(texts, dtype=object)
+    j, count = 0, len(epoch)
+    while j < count:
+        stop = int(np.searchsorted(offsets, offsets[j] + CHUNK_ENTRIES, side="right")) - 1
+        stop = min(max(stop, j + 1), count)
+        yield _chunk(epoch, table, j, stop).encode("ascii")
+        j = stop
+
+
+def _chunk(epoch: EpochPlan, table: np.ndarray | None, first: int, stop: int) -> str:
+    """The lines of microbatches ``first .. stop - 1``."""
+    offsets = np.asarray(epoch.offsets[first:stop + 1], dtype=np.int64)
+    base = int(offsets[0])
+    rows = np.asarray(epoch.samples[base:int(offsets[-1])])
+    entries = list(map(str, rows.tolist())) if table is None else table[rows.astype(np.intp, copy=False)].tolist()
+    index = [epoch.global_index(j) for j in range(first, stop)]
+    fields = zip(index, np.asarray(epoch.bucket_ids[first:stop]).tolist(),
+                 np.asarray(epoch.max_len[first:stop]).tolist())
+    if epoch.pack_rows is None:
+        bounds = (offsets - base).tolist()
+        return "".join(f'{{"index": {i}, "samples": ["{_SEP.join(entries[a:b])}"], "bucket_id": {bucket}, '
+                       f'"max_len": {most}, "packs": null}}\n'
+                       for (i, bucket, most), a, b in zip(fields, bounds, bounds[1:]))
+    # A packed line lists its ids twice: as samples, then by packed row; each packed row's ids are joined once.
+    assert epoch.row_offsets is not None  # a packed epoch has both
+    pack_rows = np.asarray(epoch.pack_rows[first:stop + 1], dtype=np.int64)
+    row_bounds = (np.asarray(epoch.row_offsets[int(pack_rows[0]):int(pack_rows[-1]) + 1], dtype=np.int64)
+                  - base).tolist()
+    packed = [_SEP.join(entries[a:b]) for a, b in pairwise(row_bounds)]
+    bounds = (pack_rows - pack_rows[0]).tolist()
+    return "".join(f'{{"index": {i}, "samples": ["{_SEP.join(packed[a:b])}"], "bucket_id": {bucket}, '
+                   f'"max_len": {most}, "packs": [["{_ROWS.join(packed[a:b])}"]]}}\n'
+                   for (i, bucket, most), a, b in zip(fields, bounds, bounds[1:]))
+
+
+#: Between two ids of a list, and between two packed rows' lists.
+_SEP = '", "'
+_ROWS = '"], ["'

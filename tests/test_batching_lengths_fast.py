@@ -241,3 +241,21 @@ def test_line_blocks_are_iter_lines_in_blocks(tmp_path_factory, lines, last_end,
 def _split(chunk: bytes) -> list[bytes]:
     parts = chunk.split(b"\n")
     return [p + b"\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+@pytest.mark.parametrize("read_ids", [False, True])
+def test_an_eleven_digit_length_is_no_row_of_the_writer(tmp_path, read_ids):
+    """10000000000 is past uint32; read from the right its last ten digits are 0, which a forged
+    sidecar could claim: the row is not of the writer's shape, so the sidecar is not trusted."""
+    import hashlib
+
+    from test_batching_lengths import _forge
+
+    path = str(tmp_path / "l.jsonl")
+    LengthCache.from_arrays(["a", "b"], [5, 7], HASH).write(path)
+    text = Path(path).read_text().replace('"length": 7}', '"length": 10000000000}')
+    Path(path).write_text(text)
+    _forge(path, [5, 0], jsonl_size=len(text), jsonl_sha256=hashlib.sha256(text.encode()).hexdigest())
+    expect(errors.LENGTHS_SIDECAR_MISMATCH, LengthCache.load, path, sidecar="require", read_ids=read_ids,
+           mention="at row 2")
+    expect(errors.LENGTHS_INVALID, LengthCache.load, path, sidecar="ignore", mention="line 2")

@@ -23,11 +23,10 @@ sidecar calls line numbers are read the same way. A row of any other shape
 cannot have been written beside this sidecar, so it counts as a
 disagreement; the caller then falls back to parsing the JSONL.
 
-:func:`parse_block` reads the ids and lengths of a block of such rows with
-a few C-speed passes over its bytes (no ``json.loads`` per row), when every
-row of the block has this shape, one tokenizer hash, a *plain* id (printable
-ASCII without ``"`` or ``\\``, so that its JSON text is the id between two
-quotes) and a length written as JSON writes an integer. Any other block is
+:func:`parse_block` reads the ids and lengths of a block of such rows the
+same way (no ``json.loads`` per row), when every row of the block has this
+shape, one tokenizer hash and a *plain* id (printable ASCII without ``"``
+or ``\\``, so that its JSON text is the id between two quotes). Any other block is
 left to the row-by-row parser (cache.py), which accepts or refuses it as it
 always did; both give the same ids and lengths for a block this function
 reads (tests/test_batching_lengths_fast.py).
@@ -40,7 +39,6 @@ from json.encoder import encode_basestring_ascii
 from collections.abc import Callable
 
 import numpy as np
-import orjson
 
 from ...errors import UINT32_MAX, UmlosError
 from ...files import reader
@@ -50,7 +48,8 @@ _PREFIX = b'{"sample_id": '
 #: What a plain id may hold: every printable ASCII byte but the quote and the backslash.
 _PLAIN = bytes(b for b in range(0x20, 0x7F) if b not in b'"\\')
 _QUOTED_PREFIX = _PREFIX + b'"'
-_JUNCTION = b'}\n' + _QUOTED_PREFIX
+_PLAIN_BYTE = np.zeros(256, dtype=bool)
+_PLAIN_BYTE[np.frombuffer(_PLAIN, dtype=np.uint8)] = True
 #: Decimal digits of the longest length (2^32 - 1) and of the longest line-number id read here (10^19 - 1 rows).
 _LENGTH_DIGITS = 10
 _ID_DIGITS = 19
@@ -100,7 +99,8 @@ def _block_rows(data: bytes, tail: np.ndarray, line_numbers: bool, first_row: in
     ends = np.flatnonzero(a == 10)
     starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64)
     value, digits = _digits_before(a, ends - 1, starts, _LENGTH_DIGITS)
-    ok = (a[np.maximum(ends - 1, 0)] == ord("}")) & (digits >= 1) & (value <= UINT32_MAX)
+    ok = (a[np.maximum(ends - 1, 0)] == ord("}")) & (digits >= 1) & (digits <= _LENGTH_DIGITS)
+    ok &= value <= UINT32_MAX  # (an eleventh digit would leave value the last ten)
     ok &= (digits == 1) | (a[np.maximum(ends - 1 - digits, 0)] != ord("0"))  # JSON has no leading zeros
     tail_start = ends - 1 - digits - tail.shape[0]
     ok &= tail_start >= starts + len(_PREFIX) + 2  # room for the prefix and at least an empty id ""
@@ -169,29 +169,40 @@ def parse_block(data: bytes, tail: bytes) -> tuple[list[str], np.ndarray] | None
     """The ids and the lengths (uint32) of ``data``, whole lines each ending in a line end, when every
     line is ``{"sample_id": "<plain id>"`` + ``tail`` + ``<digits>}``; None otherwise.
 
-    Why it is exact: ``data`` holds no bytes 0 or 1, so after every line junction (``}\\n`` and the
-    next line's prefix) becomes byte 1 and every ``"`` + ``tail`` becomes byte 0, the result maps back
-    to ``data`` one way only. Asking that what is left, without its plain bytes, be exactly
-    ``0 1 0 1 ... 0`` (one 0 per line, lines joined by 1) proves every line is the prefix, a plain
-    id, the tail and a last field; that field is then read as a JSON array of integers, which
-    refuses signs, fractions, exponents and leading zeros as ``json.loads`` does.
+    Why it is exact: a line is read from both ends, as :func:`scan_rows` reads it. Its last bytes
+    must be ``}``, a line end and before them 1 to 10 digits without a leading zero (at most
+    2^32 - 1); ``"`` + ``tail`` must end where the digits start, the prefix ``{"sample_id": "``
+    start the line, and every byte between the prefix and the tail be plain. Such a line is the
+    JSON object of that id (a plain id is its own JSON text between quotes), ``tail``'s hash and
+    that integer, and nothing else is. Ids are gathered into one fixed-width byte array (a line's id
+    padded with zero bytes, which NumPy strips, and which no plain id holds), so a block whose
+    longest id would make that array larger than the block itself is left to the row parser.
     """
-    rows = data.count(b"\n")
-    if (not rows or not data.startswith(_QUOTED_PREFIX) or not data.endswith(b"}\n")
-            or b"\0" in data or b"\1" in data):
+    a = np.frombuffer(data, dtype=np.uint8)
+    if not data.endswith(b"\n"):
         return None
-    body = data[len(_QUOTED_PREFIX):-2].replace(_JUNCTION, b"\1").replace(b'"' + tail, b"\0")
-    if body.translate(None, _PLAIN) != b"\0\1" * (rows - 1) + b"\0":
+    ends = np.flatnonzero(a == 10)
+    starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64)
+    value, digits = _digits_before(a, ends - 1, starts, _LENGTH_DIGITS)
+    ok = (a[np.maximum(ends - 1, 0)] == ord("}")) & (digits >= 1) & (digits <= _LENGTH_DIGITS)
+    ok &= (value <= UINT32_MAX) & ((digits == 1) | (a[np.maximum(ends - 1 - digits, 0)] != ord("0")))
+    id_start = starts + len(_QUOTED_PREFIX)
+    tail_start = ends - 1 - digits - (len(tail) + 1)
+    ok &= tail_start >= id_start
+    if not ok.all():
         return None
-    parts = body.replace(b"\1", b"\0").decode("ascii").split("\0")
-    digits = parts[1::2]
-    if not "".join(digits).isdigit():
+    words = _words(data)
+    if not (_equal_at(words, tail_start, b'"' + tail).all() and _equal_at(words, starts, _QUOTED_PREFIX).all()):
         return None
-    try:
-        values = orjson.loads("[" + ",".join(digits) + "]")
-    except orjson.JSONDecodeError:  # an empty field, a leading zero
+    sizes = tail_start - id_start
+    width = int(sizes.max())
+    if width == 0:
+        return [""] * sizes.shape[0], value.astype(np.uint32)
+    if sizes.shape[0] * width > len(data):
         return None
-    lengths = np.asarray(values)  # a number past 64 bits is a float to orjson: not an integer array then
-    if lengths.shape != (rows,) or lengths.dtype.kind not in "iu" or int(lengths.max()) > UINT32_MAX:
+    column = np.arange(width)
+    inside = column < sizes[:, None]
+    grid = np.where(inside, a[np.minimum(id_start[:, None] + column, a.shape[0] - 1)], 0).astype(np.uint8)
+    if not (_PLAIN_BYTE[grid] | ~inside).all():
         return None
-    return parts[0::2], lengths.astype(np.uint32)
+    return grid.view(f"S{width}").ravel().astype(f"U{width}").tolist(), value.astype(np.uint32)

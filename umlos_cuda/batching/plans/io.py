@@ -147,6 +147,7 @@ def _write_contents(plan: BatchPlan, root: Folder, write_jsonl: bool, progress) 
         with root.file("sample_ids.jsonl") as handle:
             for chunk in sample_ids_lines(plan.sample_ids, texts):
                 handle.write(chunk)
+    table = None if texts is None or not write_jsonl else np.asarray(texts, dtype=object)
     for done, epoch in enumerate(plan.epochs):
         with root.mkdir(f"epoch_{epoch.epoch}") as folder:
             for name, _ in ARRAYS + (PACK_ARRAYS if epoch.pack_rows is not None else ()) \
@@ -155,7 +156,7 @@ def _write_contents(plan: BatchPlan, root: Folder, write_jsonl: bool, progress) 
             _write_json(folder, "stats.json", epoch.stats)
             if write_jsonl:
                 with folder.file("microbatches.jsonl") as handle:
-                    for chunk in microbatch_lines(epoch, texts):
+                    for chunk in microbatch_lines(epoch, table):
                         handle.write(chunk)
             folder.sync()
         if progress is not None:

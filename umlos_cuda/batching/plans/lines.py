@@ -55,11 +55,11 @@ def sample_ids_lines(ids: Sequence[str], texts: Sequence[str] | None = None) -> 
         yield ('"' + '"\n"'.join(texts[start:start + _IDS_PER_CHUNK]) + '"\n').encode("ascii")
 
 
-def microbatch_lines(epoch: EpochPlan, texts: Sequence[str] | None) -> Iterator[bytes]:
-    """microbatches.jsonl of ``epoch``, chunk by chunk; ``texts``: :func:`id_texts` of the plan's ids
-    (None: the ids are the row numbers)."""
+def microbatch_lines(epoch: EpochPlan, texts: Sequence[str] | np.ndarray | None) -> Iterator[bytes]:
+    """microbatches.jsonl of ``epoch``, chunk by chunk; ``texts``: :func:`id_texts` of the plan's ids,
+    or that as a NumPy object array (made once for every epoch; None: the ids are the row numbers)."""
     offsets = np.asarray(epoch.offsets, dtype=np.int64)
-    table = None if texts is None else np.asarray(texts, dtype=object)
+    table = texts if texts is None or isinstance(texts, np.ndarray) else np.asarray(texts, dtype=object)
     j, count = 0, len(epoch)
     while j < count:
         stop = int(np.searchsorted(offsets, offsets[j] + CHUNK_ENTRIES, side="right")) - 1

@@ -31,6 +31,7 @@ benchmark-only dependency::
 
     python bench/bench_plan_build.py                 # 10^6 samples, 2 epochs
     python bench/bench_plan_build.py --samples 1e5 --repeat 1
+    python bench/bench_plan_build.py --baseline ../before   # beside an earlier checkout
 """
 
 from __future__ import annotations
@@ -87,13 +88,16 @@ def cli_args(lengths: str, output: str, packed: bool) -> list[str]:
     return common + ["--bucket-edges", ",".join(map(str, EDGES)), "--overflow-max", str(OVERFLOW)]
 
 
-def run_cli(lengths: str, output: str, packed: bool = False) -> float:
+def run_cli(lengths: str, output: str, packed: bool = False, checkout: str | None = None) -> float:
+    """Seconds of ``umlos-cuda plan build`` in a subprocess (of the package in ``checkout`` when given)."""
     command = [sys.executable, "-c", "import sys; from umlos_cuda.cli import main; sys.exit(main())",
                *cli_args(lengths, output, packed)]
     # As an installed package runs: its modules compiled once (the warm-up run writes their .pyc files).
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if checkout is not None:
+        env["PYTHONPATH"] = checkout
     start = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env, cwd=checkout)  # ("-c" imports from cwd)
     return time.perf_counter() - start
 
 
@@ -167,6 +171,9 @@ def main() -> None:
     parser.add_argument("--chuk-async", action="store_true",
                         help="also time chuk-lazarus's own async LengthCache.load (minutes at 10^6)")
     parser.add_argument("--folder", help="keep the files here (default: a temporary folder)")
+    parser.add_argument("--baseline", metavar="CHECKOUT",
+                        help="also time the CLI rows with the package of this checkout (an earlier commit), "
+                        "interleaved with ours: a before/after under the same load")
     args = parser.parse_args()
     n = int(args.samples)
     folder = args.folder or tempfile.mkdtemp(prefix="bench-plan-build-")
@@ -177,12 +184,21 @@ def main() -> None:
         out = os.path.join(folder, "out")
         os.makedirs(out, exist_ok=True)
         run_cli(files["ours"], os.path.join(out, "warm"))  # page cache and .pyc files, outside the timings
-        rows = [
-            ("ours CLI, cache + sidecar", median(run_cli, args.repeat, files["ours"], os.path.join(out, "a"))),
-            ("ours CLI, JSONL only", median(run_cli, args.repeat, files["bare"], os.path.join(out, "b"))),
-            ("ours API, cache + sidecar", median(run_api, args.repeat, files["ours"], os.path.join(out, "c"))),
-            ("ours CLI, packed (--pack)", median(run_cli, args.repeat, files["ours"], os.path.join(out, "d"), True)),
-        ]
+        checkouts = [(None, "ours")]
+        if args.baseline:
+            run_cli(files["ours"], os.path.join(out, "warm"), False, args.baseline)
+            checkouts.append((args.baseline, "baseline"))
+        rows = []
+        for name, lengths, packed in (("CLI, cache + sidecar", files["ours"], False),
+                                      ("CLI, JSONL only", files["bare"], False),
+                                      ("CLI, packed (--pack)", files["ours"], True)):
+            runs: dict[str | None, list[float]] = {checkout: [] for checkout, _ in checkouts}
+            for _ in range(args.repeat):  # interleaved, so that both see the same load
+                for checkout, _ in checkouts:
+                    runs[checkout].append(run_cli(lengths, os.path.join(out, "cli"), packed, checkout))
+            rows += [(f"{label} {name}", statistics.median(runs[checkout])) for checkout, label in checkouts]
+        rows.insert(len(checkouts) * 2, ("ours API, cache + sidecar",
+                                         median(run_api, args.repeat, files["ours"], os.path.join(out, "api"))))
         chuk = None
         if batching is None:
             print("chuk-lazarus is not installed: no ratios "
@@ -200,7 +216,7 @@ def main() -> None:
         print("|---|---:|---:|---:|---:|")
         for name, seconds in rows:
             theirs = ratio = "—"
-            if chuk is not None and name.startswith("ours") and "packed" not in name:
+            if chuk is not None and not name.startswith("chuk") and "packed" not in name:
                 theirs, ratio = f"{chuk:.2f}", f"{chuk / seconds:.1f}x"
             print(f"| {name} | {seconds:.2f} | {n * EPOCHS / seconds:,.0f} | {theirs} | {ratio} |")
     finally:

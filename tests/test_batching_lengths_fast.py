@@ -259,3 +259,14 @@ def test_an_eleven_digit_length_is_no_row_of_the_writer(tmp_path, read_ids):
     expect(errors.LENGTHS_SIDECAR_MISMATCH, LengthCache.load, path, sidecar="require", read_ids=read_ids,
            mention="at row 2")
     expect(errors.LENGTHS_INVALID, LengthCache.load, path, sidecar="ignore", mention="line 2")
+
+
+def test_a_line_holding_the_tail_once_in_the_wrong_place_is_no_writer_row():
+    """The id ', ' then the tail without its first two bytes: the tail occurs once in the line, but
+    not after the id; the line is not JSON, and parse_block must not read it."""
+    tail = rows_module.row_tail("H")
+    line = b'{"sample_id": "' + b", " + (b'"' + tail)[3:] + b"xyz5}\n"
+    assert line.count(b'"' + tail) == 1
+    assert rows_module.parse_block(line, tail) is None
+    with pytest.raises(ValueError):
+        json.loads(line)

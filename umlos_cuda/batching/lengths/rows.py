@@ -145,6 +145,8 @@ def _digits_before(a: np.ndarray, stop: np.ndarray, floor: np.ndarray, most: int
         if k < most:
             value += np.where(running, (byte.astype(np.uint64) - ord("0")) * np.uint64(10 ** k), np.uint64(0))
         digits += running
+        if not running.any():  # no number goes on: the later steps would add nothing
+            break
     return (value.astype(np.int64) if most < 19 else value), digits
 
 
@@ -169,40 +171,43 @@ def parse_block(data: bytes, tail: bytes) -> tuple[list[str], np.ndarray] | None
     """The ids and the lengths (uint32) of ``data``, whole lines each ending in a line end, when every
     line is ``{"sample_id": "<plain id>"`` + ``tail`` + ``<digits>}``; None otherwise.
 
-    Why it is exact: a line is read from both ends, as :func:`scan_rows` reads it. Its last bytes
-    must be ``}``, a line end and before them 1 to 10 digits without a leading zero (at most
-    2^32 - 1); ``"`` + ``tail`` must end where the digits start, the prefix ``{"sample_id": "``
-    start the line, and every byte between the prefix and the tail be plain. Such a line is the
-    JSON object of that id (a plain id is its own JSON text between quotes), ``tail``'s hash and
-    that integer, and nothing else is. Ids are gathered into one fixed-width byte array (a line's id
-    padded with zero bytes, which NumPy strips, and which no plain id holds), so a block whose
-    longest id would make that array larger than the block itself is left to the row parser.
+    Why it is exact: a line is read from both ends, as :func:`scan_rows` reads it. It must end in
+    ``}`` and a line end after 1 to 10 digits without a leading zero (at most 2^32 - 1), ``"`` +
+    ``tail`` must end where the digits start, the prefix ``{"sample_id": "`` start the line, and
+    every byte between the prefix and the tail (the id) be plain. Such a line is the JSON object of
+    that id (a plain id is its own JSON text between quotes), ``tail``'s hash and that integer, and
+    nothing else is. (Counting the tail's occurrences instead of comparing it at each place would
+    not do: an id ``, `` followed by the tail without its first two bytes holds it once too.) Ids
+    are gathered into one fixed-width byte array, each followed by a line end and padded with zero
+    bytes (no plain id holds either), so a block whose longest id would make that array larger than
+    the block itself is left to the row parser.
     """
     a = np.frombuffer(data, dtype=np.uint8)
     if not data.endswith(b"\n"):
         return None
     ends = np.flatnonzero(a == 10)
+    rows = ends.shape[0]
     starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64)
     value, digits = _digits_before(a, ends - 1, starts, _LENGTH_DIGITS)
     ok = (a[np.maximum(ends - 1, 0)] == ord("}")) & (digits >= 1) & (digits <= _LENGTH_DIGITS)
     ok &= (value <= UINT32_MAX) & ((digits == 1) | (a[np.maximum(ends - 1 - digits, 0)] != ord("0")))
     id_start = starts + len(_QUOTED_PREFIX)
-    tail_start = ends - 1 - digits - (len(tail) + 1)
-    ok &= tail_start >= id_start
+    sizes = ends - 1 - digits - (len(tail) + 1) - id_start
+    ok &= sizes >= 0
     if not ok.all():
         return None
     words = _words(data)
-    if not (_equal_at(words, tail_start, b'"' + tail).all() and _equal_at(words, starts, _QUOTED_PREFIX).all()):
+    if not (_equal_at(words, id_start + sizes, b'"' + tail).all() and _equal_at(words, starts, _QUOTED_PREFIX).all()):
         return None
-    sizes = tail_start - id_start
-    width = int(sizes.max())
-    if width == 0:
-        return [""] * sizes.shape[0], value.astype(np.uint32)
-    if sizes.shape[0] * width > len(data):
+    width = int(sizes.max()) + 1
+    if rows * width > len(data):
         return None
     column = np.arange(width)
+    grid = a[np.minimum(id_start[:, None] + column, a.shape[0] - 1)]
     inside = column < sizes[:, None]
-    grid = np.where(inside, a[np.minimum(id_start[:, None] + column, a.shape[0] - 1)], 0).astype(np.uint8)
     if not (_PLAIN_BYTE[grid] | ~inside).all():
         return None
-    return grid.view(f"S{width}").ravel().astype(f"U{width}").tolist(), value.astype(np.uint32)
+    grid[~inside] = 0
+    grid[np.arange(rows), sizes] = 10
+    text = grid.tobytes().translate(None, b"\0").decode("ascii")
+    return text.split("\n")[:-1], value.astype(np.uint32)

@@ -61,3 +61,36 @@ def test_microbatch_lines_are_json_dumps(monkeypatch_module, n, seed, packed, ki
 def monkeypatch_module():
     with pytest.MonkeyPatch.context() as patch:
         yield patch
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(any_text, st.text(alphabet='ab"\\ \n', max_size=4)), min_size=1, max_size=20, unique=True),
+       st.integers(-1, 1))
+def test_sample_ids_read_back_as_json_loads_reads_them(tmp_path_factory, ids, extra):
+    """read_sample_ids reads what sample_ids_lines wrote, and refuses a wrong count as the line-by-line
+    reader does (the same message)."""
+    from umlos_cuda import errors
+    from umlos_cuda.batching.plans import io
+    from umlos_cuda.errors import UmlosError
+
+    path = tmp_path_factory.mktemp("ids") / "sample_ids.jsonl"
+    path.write_bytes(b"".join(lines.sample_ids_lines(ids)))
+    count = len(ids) + extra
+    if extra == 0:
+        assert io.read_sample_ids(str(path), count) == ids
+        return
+    with pytest.raises(UmlosError) as fast:
+        io.read_sample_ids(str(path), count)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(io, "parse_sample_ids", lambda block: None)
+        with pytest.raises(UmlosError) as slow:
+            io.read_sample_ids(str(path), count)
+    assert fast.value.code == slow.value.code == errors.PLAN_FORMAT_INVALID
+    assert fast.value.message == slow.value.message
+
+
+@pytest.mark.parametrize("block", [b'"\n"a""\n', b'"\n', b'"a"\n"\n', b'"a\\"b"\n', b'"a"b"\n', b'"a" \n', b' "a"\n',
+                                   b'"a"', b'"caf\xc3\xa9"\n', b'"a\tb"\n', b'"a"\n\n"b"\n'])
+def test_parse_sample_ids_leaves_every_other_block_to_the_line_reader(block):
+    assert lines.parse_sample_ids(block) is None
+    assert lines.parse_sample_ids(b'"a"\n"b c"\n""\n') == ["a", "b c", ""]

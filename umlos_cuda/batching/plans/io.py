@@ -44,7 +44,7 @@ import numpy as np
 
 from ... import checks, errors
 from ...errors import UmlosError
-from .lines import id_texts, microbatch_lines, sample_ids_lines
+from .lines import id_texts, microbatch_lines, parse_sample_ids, sample_ids_lines
 from .config import BatchingConfig
 from ...files import reader
 from ...files.artifacts import json_field, write_marker
@@ -401,6 +401,23 @@ def read_json(path: str):
 
 
 def read_sample_ids(path: str, count: int) -> list[str]:
+    """The ids in sample_ids.jsonl: ``count`` JSON strings, one per line. Blocks of plain ids are read
+    whole (lines.parse_sample_ids); a file with any other line is read line by line, which says
+    what is wrong where."""
+    ids: list[str] = []
+    try:
+        for _, block in reader.line_blocks(path, _format):
+            fast = parse_sample_ids(block)
+            if fast is None or len(ids) + len(fast) > count:  # (more lines than ids: no more is read)
+                break
+            ids += fast
+        else:
+            if len(ids) == count:
+                return ids
+    except FileNotFoundError:
+        pass  # worded below
+    except UmlosError:
+        pass  # a line over the cap: worded below, where it is
     ids = []
     try:
         for number, line in reader.iter_lines(path, _format, max_lines=count):

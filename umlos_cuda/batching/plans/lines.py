@@ -55,6 +55,24 @@ def sample_ids_lines(ids: Sequence[str], texts: Sequence[str] | None = None) -> 
         yield ('"' + '"\n"'.join(texts[start:start + _IDS_PER_CHUNK]) + '"\n').encode("ascii")
 
 
+def parse_sample_ids(block: bytes) -> list[str] | None:
+    """The ids of ``block``, whole lines of sample_ids.jsonl, when every line is a plain id between
+    quotes (what :func:`sample_ids_lines` writes for plain ids); None otherwise. Exact: with only plain
+    bytes, quotes and line ends in the block, every line at least two bytes long, starting and ending
+    with a quote, and two quotes per line, no quote is inside a line, so each line is the JSON text
+    of the id between its quotes."""
+    rows = block.count(b"\n")
+    if (not rows or not block.startswith(b'"') or not block.endswith(b'"\n') or block.startswith(b'"\n')
+            or b'\n"\n' in block or block.count(b'"') != 2 * rows or block.count(b'\n"') != rows - 1
+            or block.count(b'"\n') != rows or block.translate(None, _PLAIN_TEXT)):
+        return None
+    return block.replace(b'"', b"").decode("ascii").split("\n")[:-1]
+
+
+#: The bytes of a plain id's text, and the quote and line end around it.
+_PLAIN_TEXT = bytes(b for b in range(0x20, 0x7F) if b != ord("\\")) + b"\n"
+
+
 def microbatch_lines(epoch: EpochPlan, texts: Sequence[str] | np.ndarray | None) -> Iterator[bytes]:
     """microbatches.jsonl of ``epoch``, chunk by chunk; ``texts``: :func:`id_texts` of the plan's ids,
     or that as a NumPy object array (made once for every epoch; None: the ids are the row numbers)."""

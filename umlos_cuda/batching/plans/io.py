@@ -156,13 +156,22 @@ def _write_contents(plan: BatchPlan, root: Folder, write_jsonl: bool, progress) 
             _write_json(folder, "stats.json", epoch.stats)
             if write_jsonl:
                 with folder.file("microbatches.jsonl") as handle:
-                    for chunk in microbatch_lines(epoch, table):
+                    for chunk in _microbatch_chunks(plan, epoch, table):
                         handle.write(chunk)
             folder.sync()
         if progress is not None:
             progress(done + 1, len(plan.epochs))
     _write_json(root, "meta.json", plan.meta.to_json())  # last: the plan is complete
     root.sync()
+
+
+def _microbatch_chunks(plan: BatchPlan, epoch: EpochPlan, table) -> Iterable[bytes]:
+    """microbatches.jsonl of ``epoch``: a chunk of lines at a time (lines.py), or, in a plan with an
+    over-long policy (whose lines add pieces, and whose entries are checked against its units as
+    they are written), one :meth:`~.plan.BatchPlan.microbatch` per line."""
+    if epoch.pieces is None and plan.config.overlong is None:
+        return microbatch_lines(epoch, table)
+    return ((json.dumps(plan.microbatch(epoch.epoch, j).to_json()) + "\n").encode("ascii") for j in range(len(epoch)))
 
 
 def check_output_dir(directory, force: bool, inputs: Iterable = ()) -> str:

@@ -94,3 +94,24 @@ def test_sample_ids_read_back_as_json_loads_reads_them(tmp_path_factory, ids, ex
 def test_parse_sample_ids_leaves_every_other_block_to_the_line_reader(block):
     assert lines.parse_sample_ids(block) is None
     assert lines.parse_sample_ids(b'"a"\n"b c"\n""\n') == ["a", "b c", ""]
+
+
+@pytest.mark.parametrize("options", ["split", "overlong_split", "overlong_truncate"])
+def test_saved_microbatches_are_json_dumps_with_splits_and_overlong_policies(tmp_path, options):
+    """Plans with a train/validation split (written by lines.py) and with over-long policies (written
+    line by line, with pieces) hold json.dumps' lines."""
+    from umlos_cuda.batching import save_plan
+    from umlos_cuda.batching.plans.overlong import OverlongConfig, OverlongPolicy
+    from umlos_cuda.batching.plans.splits import SplitConfig
+
+    lengths = np.random.default_rng(5).integers(1, 90, 200)
+    extra = {"split": {"split": SplitConfig("train", 0.25, seed=3)},
+             "overlong_split": {"overlong": OverlongConfig(32, OverlongPolicy.SPLIT)},
+             "overlong_truncate": {"overlong": OverlongConfig(32)}}[options]
+    config = BatchingConfig(256, (16, 32), 64, seed=2, **extra)
+    plan = BatchPlanBuilder(lengths, config, tokenizer_hash="t", sample_ids=[f"s{i}" for i in range(200)]).build(2)
+    save_plan(plan, tmp_path / "plan")
+    for epoch in plan.epochs:
+        written = (tmp_path / "plan" / f"epoch_{epoch.epoch}" / "microbatches.jsonl").read_bytes()
+        assert written == _reference(plan, epoch.epoch) and written
+    assert (b'"pieces"' in written) == (options == "overlong_split")

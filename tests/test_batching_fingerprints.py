@@ -18,7 +18,8 @@ import pytest
 from batching_cases import expect, from_json, tokenizer_json, train_tokenizer, write_model_dir
 from umlos_cuda import errors
 from umlos_cuda.batching import dataset_fingerprint, load_tokenizer, tokenizer_fingerprint
-from umlos_cuda.batching.lengths.fingerprints import DATASET_DOMAIN, canonical_tokenizer
+from umlos_cuda.batching.lengths.fingerprints import canonical_tokenizer
+from umlos_cuda.batching.records.fingerprint import DOMAIN as DATASET_DOMAIN
 
 
 @pytest.fixture(scope="module")
@@ -197,11 +198,26 @@ def test_eos_token_id(base, tmp_path):
 
 
 # --------------------------------------------------------------- dataset fingerprint
-def test_dataset_fingerprint_is_the_documented_stream(tmp_path):
+def _prefixed(text: str) -> bytes:
+    return len(text.encode()).to_bytes(8, "little") + text.encode()
+
+
+def test_dataset_fingerprint_is_the_documented_definition(tmp_path):
+    """SHA-256 over the tag, the tokenizer hash, the row count and, per column (ids, then the text),
+    its role, kind and the digests of its values and of their byte lengths (docs/batching.md)."""
     path = tmp_path / "train.jsonl"
-    content = b"".join(b'{"text": "line %d"}\n' % i for i in range(50000))  # > 1 MiB: several blocks
-    path.write_bytes(content)
-    expected = hashlib.sha256(DATASET_DOMAIN + (64).to_bytes(8, "little") + b"a" * 64 + content).hexdigest()
+    texts = [f"line {i} é" for i in range(50000)]
+    path.write_bytes(b"".join(b'{"text": "line %d \\u00e9"}\n' % i for i in range(50000)))  # several chunks
+    ids = [str(i) for i in range(50000)]
+
+    def column(role: str, values: list[str]) -> bytes:
+        encoded = [v.encode() for v in values]
+        sizes = b"".join(len(v).to_bytes(8, "little") for v in encoded)
+        return (_prefixed(role) + _prefixed("string") + hashlib.sha256(b"".join(encoded)).digest()
+                + hashlib.sha256(sizes).digest())
+
+    expected = hashlib.sha256(DATASET_DOMAIN + _prefixed("a" * 64) + (50000).to_bytes(8, "little")
+                              + column("sample_id", ids) + column("text", texts)).hexdigest()
     assert dataset_fingerprint(path, "a" * 64) == expected
 
 
@@ -217,6 +233,6 @@ def test_dataset_fingerprint_changes_with_content_and_tokenizer(tmp_path):
 
 def test_dataset_fingerprint_errors(tmp_path):
     expect(errors.DATASET_UNREADABLE, dataset_fingerprint, tmp_path / "none.jsonl", "a" * 64, mention="does not exist")
-    expect(errors.DATASET_UNREADABLE, dataset_fingerprint, tmp_path, "a" * 64, mention="not a regular file")
+    expect(errors.DATASET_UNREADABLE, dataset_fingerprint, tmp_path, "a" * 64, mention="not a datasets save_to_disk folder")
     (tmp_path / "x.jsonl").write_bytes(b"{}\n")
     expect(errors.TOKENIZER_INVALID, dataset_fingerprint, tmp_path / "x.jsonl", "", mention="tokenizer_hash")

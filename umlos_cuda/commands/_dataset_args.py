@@ -1,11 +1,12 @@
-"""What the commands that encode a JSONL dataset share: their arguments and
+"""What the commands that encode a dataset share: their arguments and
 their run with a progress line (``data lengths build``, ``data tokenize``).
 
 Both read the dataset the same way (umlos_cuda/batching/lengths/builder.py),
-so they take the same options: the dataset, the tokenizer, one text field,
-a prompt and a response field, a prompt, a chosen and a rejected field
-(preference pairs), or a messages field (and its chat template), the id
-field, the end-of-sequence token, the
+so they take the same options: the dataset (one or more paths or globs, in
+any format of umlos_cuda/batching/records/, ``--format`` to override the
+suffix), the tokenizer, one text field, a prompt and a response field, a
+prompt, a chosen and a rejected field (preference pairs), or a messages
+field (and its chat template), the id field, the end-of-sequence token, the
 chunk size, ``--force`` and ``--quiet``.
 """
 
@@ -18,11 +19,18 @@ from typing import Any
 from ._args import positive_int
 
 
-def add_dataset_arguments(parser, *, output_metavar: str, output_help: str, verb: str, force_help: str) -> None:
+def add_dataset_arguments(parser, *, output_metavar: str, output_help: str, verb: str, force_help: str,
+                          required_tokenizer: bool = True) -> None:
     """The options of a command that encodes a dataset; ``verb`` says what it
     does to the text (``count``, ``encode``)."""
-    parser.add_argument("--dataset", required=True, metavar="TRAIN.jsonl", help="the dataset, one JSON object a line")
-    parser.add_argument("--tokenizer", required=True, metavar="PATH",
+    parser.add_argument("--dataset", required=True, nargs="+", metavar="DATA",
+                        help="the dataset: a JSONL file (.jsonl, .jsonl.gz, .jsonl.zst), a Parquet or Arrow file, a "
+                        "folder datasets' save_to_disk wrote, or several shards (paths or quoted globs such as "
+                        "'train-*.parquet', read in the order given, each glob's matches sorted)")
+    parser.add_argument("--format", metavar="FORMAT",
+                        help="read the dataset as this format whatever its suffix: jsonl, jsonl.gz, jsonl.zst, "
+                        "parquet, arrow or hf (a save_to_disk folder)")
+    parser.add_argument("--tokenizer", metavar="PATH", required=required_tokenizer,
                         help="tokenizer.json, or a directory with tokenizer.json (and tokenizer_config.json)")
     parser.add_argument("--output", required=True, metavar=output_metavar, help=output_help)
     what = parser.add_mutually_exclusive_group()
@@ -60,7 +68,7 @@ def run_with_progress(args, parser, label: str, build: Callable[..., Any]) -> tu
     on stderr; returns its result and the seconds it took. With
     ``--skip-bad-lines`` it prints how many lines were skipped (and why, for
     the first few)."""
-    from ..batching.lengths.jsonl import SkippedLines
+    from ..batching.records.chunk import SkippedLines
     from ._progress import Progress
 
     pairs = args.chosen_field is not None or args.rejected_field is not None
@@ -80,18 +88,23 @@ def run_with_progress(args, parser, label: str, build: Callable[..., Any]) -> tu
         progress.update(done)
 
     skipped = SkippedLines() if args.skip_bad_lines else None
+    dataset = args.dataset[0] if len(args.dataset) == 1 else args.dataset
+    extra = {"length_field": args.length_field} if getattr(args, "length_field", None) is not None else {}
+    if args.tokenizer is None and not extra:
+        parser.error("--tokenizer is required (only --length-field goes without one)")
     start = time.perf_counter()
     try:
-        result = build(args.dataset, args.tokenizer, args.output, text_field=args.text_field,
+        result = build(dataset, args.tokenizer, args.output, text_field=args.text_field,
                        prompt_field=args.prompt_field, response_field=args.response_field, id_field=args.id_field,
                        eos_token=args.eos_token, force=args.force, chunk_size=args.chunk_size, progress=report,
                        skipped=skipped, messages_field=args.messages_field, chat_template=args.chat_template,
+                       format=args.format, **extra,
                        **({"chosen_field": args.chosen_field, "rejected_field": args.rejected_field}
                           if pairs else {}))
     finally:
         progress.close()
     if skipped is not None:
-        print(f"skipped {skipped.count} bad line{'' if skipped.count == 1 else 's'} of {args.dataset}"
+        print(f"skipped {skipped.count} bad line{'' if skipped.count == 1 else 's'} of {' '.join(args.dataset)}"
               + "".join(f"\n  {message}" for message in skipped.first)
               + (f"\n  ... and {skipped.count - len(skipped.first)} more"
                  if skipped.count > len(skipped.first) else ""))

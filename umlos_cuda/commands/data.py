@@ -40,7 +40,10 @@ def register(subparsers) -> None:
         "fast loading). A record's sample_id is its id field, else its 0-based line number.",
     )
     add_dataset_arguments(build, output_metavar="LENGTHS.jsonl", output_help="the cache to write", verb="count",
-                          force_help="replace existing output files")
+                          force_help="replace existing output files", required_tokenizer=False)
+    build.add_argument("--length-field", metavar="F",
+                       help="read each record's length from the integer field F (a token-count column) instead of "
+                       "tokenizing; --tokenizer is then optional (its fingerprint is recorded; default 'unknown')")
     build.set_defaults(func=lambda args: run_build(args, build))
 
     stats = steps.add_parser(

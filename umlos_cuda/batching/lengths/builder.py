@@ -1,22 +1,27 @@
-"""Build a length cache from a JSONL dataset and a tokenizer.
+"""Build a length cache from a dataset and a tokenizer (or a column of token counts).
 
-What goes in: the dataset, a tokenizer and what to count: one text field,
-a prompt and a response field put through the instruction template
-(umlos_cuda/batching/templates.py, end-of-sequence token included), or a
+What goes in: the dataset (JSONL, gzip or zstd JSONL, Parquet, Arrow IPC, a
+``save_to_disk`` folder, a ``datasets.Dataset``, or shards of them:
+umlos_cuda/batching/records/), a tokenizer and what to count: one text
+field, a prompt and a response field put through the instruction template
+(umlos_cuda/batching/templates.py, end-of-sequence token included), a
 prompt, a chosen and a rejected field: a preference record, two rows
-(umlos_cuda/batching/lengths/pairs.py), or a messages field rendered with
-the tokenizer's chat template (umlos_cuda/batching/chat/). What
-comes out: ``lengths.jsonl`` and its sidecar (umlos_cuda/batching/lengths/cache.py),
-in dataset order, and the :class:`~umlos_cuda.batching.lengths.cache.LengthCache`.
+(umlos_cuda/batching/lengths/pairs.py), a messages field rendered with the
+tokenizer's chat template (umlos_cuda/batching/chat/), or an integer field
+that already holds each record's token count (``length_field``: nothing is
+tokenized; without a tokenizer the tokenizer hash is ``unknown``, as for
+``data megatron``). What comes out: ``lengths.jsonl`` and its sidecar
+(umlos_cuda/batching/lengths/cache.py), in dataset order, and the
+:class:`~umlos_cuda.batching.lengths.cache.LengthCache`.
 
-The file is streamed in chunks (:class:`DatasetEncoding`, which the token
+The dataset is streamed in chunks (:class:`DatasetEncoding`, which the token
 store of umlos_cuda/batching/tokens/store.py reads through as well): while the
 tokenizer encodes one chunk on every core (``encode_batch_fast`` runs in
-Rust, outside the GIL), this thread parses the next, so memory holds two
+Rust, outside the GIL), this thread reads the next, so memory holds two
 chunks plus 12 bytes a sample (the length, and a 64-bit hash of the id to
 find a repeated id at the end; a repeat raises DATASET_RECORD_INVALID naming
-both lines, and nothing is written). The dataset's fingerprint is computed
-from the same bytes.
+both records, and nothing is written). The dataset's fingerprint
+(records/fingerprint.py) is computed from the values read.
 """
 
 from __future__ import annotations
@@ -31,8 +36,11 @@ import numpy as np
 
 from ... import errors
 from ...errors import UmlosError
-from .jsonl import DEFAULT_ID_FIELD, RecordChunk, SkippedLines, invalid_record, read_chunks, require_dataset_file
-from .fingerprints import dataset_digest, tokenizer_fingerprint
+from ..records.chunk import RecordChunk, RowIds, SkippedLines
+from ..records.jsonl import DEFAULT_ID_FIELD
+from ..records.source import Records
+from .fields import DEFAULT_TEXT_FIELD, record_fields
+from .fingerprints import UNKNOWN_TOKENIZER, tokenizer_fingerprint
 from .cache import LengthCache, LengthCacheWriter, check_length_cache_output
 from ..templates import sft_length, sft_prompt, sft_text
 from .tokenizer import load_tokenizer
@@ -40,35 +48,48 @@ from .pairs import PAIR_ROWS, pair_rows
 from ..chat.encode import chat_encoder
 from ..chat.records import ChatRecords
 
-DEFAULT_TEXT_FIELD = "text"
 DEFAULT_CHUNK = 4096
 T = TypeVar("T")
 
 
 class DatasetEncoding:
-    """A JSONL dataset opened for encoding with a tokenizer, chunk by chunk.
+    """A dataset opened for encoding with a tokenizer, chunk by chunk.
 
-    What to encode: ``text_field`` (default ``"text"``), or ``prompt_field``
-    and ``response_field`` through the instruction template, whose
-    end-of-sequence token (``eos_id``) is appended after the encoded text,
-    or ``prompt_field``, ``chosen_field`` and ``rejected_field``: each
-    record becomes two rows (``<id>/chosen``, ``<id>/rejected``) of the
-    template, and the chunks :meth:`stream` yields are of rows.
-    :meth:`stream` hands each chunk to a function run in a worker thread
-    while the next chunk is read; :meth:`finish` then refuses repeated ids
-    and returns the dataset fingerprint of the bytes read. Given
-    ``skipped`` (a :class:`~.jsonl.SkippedLines`), bad lines are skipped and
-    counted there instead of refused.
+    ``dataset``: anything umlos_cuda/batching/records/ opens (a path, a glob,
+    a list of shards, a ``save_to_disk`` folder, a ``datasets.Dataset``;
+    ``format`` overrides the suffix). What to encode: ``text_field`` (default
+    ``"text"``), or ``prompt_field`` and ``response_field`` through the
+    instruction template, whose end-of-sequence token (``eos_id``) is
+    appended after the encoded text, or ``prompt_field``, ``chosen_field``
+    and ``rejected_field``: each record becomes two rows (``<id>/chosen``,
+    ``<id>/rejected``) of the template, and the chunks :meth:`stream` yields
+    are of rows; or ``messages_field`` through the chat template; or
+    ``length_field``, a column of token counts read as they are
+    (``tokenizer`` may then be None: its hash is ``unknown``).
+    ``check_outputs(paths)`` is called with the dataset's paths before the
+    tokenizer loads. :meth:`stream` hands each chunk to a function run in a
+    worker thread while the next chunk is read; :meth:`finish` then refuses
+    repeated ids and returns the dataset fingerprint. Given ``skipped`` (a
+    :class:`~umlos_cuda.batching.records.chunk.SkippedLines`), bad JSONL
+    lines are skipped and counted there instead of refused.
     """
 
-    def __init__(self, dataset: str | os.PathLike[str], tokenizer: Any, *, text_field: str | None = None,
+    def __init__(self, dataset: Any, tokenizer: Any, *, text_field: str | None = None,
                  prompt_field: str | None = None, response_field: str | None = None,
                  id_field: str = DEFAULT_ID_FIELD, eos_token: str | None = None,
                  chosen_field: str | None = None, rejected_field: str | None = None,
-                 check_outputs: Callable[[], object] | None = None, skipped: SkippedLines | None = None,
-                 messages_field: str | None = None, chat_template: str | os.PathLike[str] | None = None) -> None:
+                 check_outputs: Callable[[tuple[str, ...]], object] | None = None,
+                 skipped: SkippedLines | None = None,
+                 messages_field: str | None = None, chat_template: str | os.PathLike[str] | None = None,
+                 length_field: str | None = None, format: str | None = None) -> None:
         self.pairs = chosen_field is not None or rejected_field is not None
-        if self.pairs:
+        self.length_field = length_field
+        if length_field is not None:  # record_fields refuses any other field beside it
+            self.record_fields = record_fields(text_field, prompt_field, response_field, length_field,
+                                               chosen_field=chosen_field, rejected_field=rejected_field,
+                                               messages_field=messages_field)
+            self.fields, self.to_text, self.appended = (length_field,), _no_text, 0
+        elif self.pairs:
             if messages_field is not None:
                 raise UmlosError(errors.LENGTHS_INVALID, "a messages field is counted alone; got also "
                                  f"chosen_field={chosen_field!r}, rejected_field={rejected_field!r}",
@@ -81,9 +102,24 @@ class DatasetEncoding:
         if chat_template is not None and messages_field is None:
             raise UmlosError(errors.LENGTHS_INVALID, "a chat template renders a messages field; give messages_field "
                              "(--messages-field) with it", operator=errors.BATCHING_OPERATOR)
-        self.dataset = require_dataset_file(dataset)
+        if length_field is None:
+            self.record_fields = record_fields(text_field, prompt_field, response_field, chosen_field=chosen_field,
+                                               rejected_field=rejected_field, messages_field=messages_field)
+        self.records = Records(dataset, self.record_fields, id_field=id_field, format=format, skipped=skipped)
+        self.dataset = self.records.name
         if check_outputs is not None:  # checked before the tokenizer loads: a wrong path fails at once
-            check_outputs()
+            check_outputs(self.records.paths)
+        self.id_field = id_field
+        self.skipped = skipped
+        self.total_bytes = self.records.total_bytes
+        self._id_hashes: list[np.ndarray] = []
+        self.chat: ChatRecords | None = None
+        self.encoder: Any = None  # a tokenizers.Tokenizer; None for a --length-field build without one
+        self.loaded: Any = None
+        self.eos_id: int | None = None
+        if length_field is not None and tokenizer is None:
+            self.tokenizer_hash = UNKNOWN_TOKENIZER
+            return
         self.loaded = load_tokenizer(tokenizer)
         self.eos_id = self.loaded.eos_token_id(eos_token) if self.appended else None  # the template appends it
         # A chat record renders its messages as it is read (a bad one is a bad line) and is encoded as
@@ -92,18 +128,14 @@ class DatasetEncoding:
         if self.chat is not None and chat_template is not None:  # the fingerprint names the template used
             self.loaded = replace(self.loaded, chat_template=self.chat.template.source)
         self.tokenizer_hash = tokenizer_fingerprint(self.loaded)
-        self._convert = None if self.chat is None or messages_field is None else {messages_field: self.chat}
+        if self.chat is not None and messages_field is not None:
+            self.records.convert = {messages_field: self.chat}
         self.encoder = self.loaded.tokenizer if self.chat is None else chat_encoder(self.loaded)
         if self.encoder.padding is not None:  # padding would make a length depend on its chunk
             from tokenizers import Tokenizer
 
             self.encoder = Tokenizer.from_str(self.encoder.to_str())
             self.encoder.no_padding()
-        self.id_field = id_field
-        self.skipped = skipped
-        self.total_bytes = os.path.getsize(self.dataset)
-        self._digest = dataset_digest(self.tokenizer_hash)
-        self._id_hashes: list[np.ndarray] = []
 
     @property
     def is_template(self) -> bool:
@@ -123,6 +155,9 @@ class DatasetEncoding:
         whose template writes them; ``encode_batch`` when the character
         ``offsets`` are wanted); a tokenizer that fails (an error, or a Rust
         panic) raises TOKENIZER_INVALID naming the chunk's lines."""
+        if self.encoder is None:
+            raise UmlosError(errors.TOKENIZER_INVALID, "encoding text needs a tokenizer (--tokenizer); only a "
+                             "--length-field build goes without one", operator=errors.BATCHING_OPERATOR)
         try:
             encode = self.encoder.encode_batch if offsets else self.encoder.encode_batch_fast
             return encode(texts, add_special_tokens=self.chat is None)
@@ -131,76 +166,93 @@ class DatasetEncoding:
                 raise
             last = chunk.first_line + len(chunk.sample_ids) // (PAIR_ROWS if self.pairs else 1)
             raise UmlosError(errors.TOKENIZER_INVALID, f"the tokenizer failed on lines {chunk.first_line + 1}-{last} "
-                             f"of {self.dataset}: {str(exc).strip() or type(exc).__name__}",
+                             f"of {chunk.shard or self.dataset}: {str(exc).strip() or type(exc).__name__}",
                              operator=errors.BATCHING_OPERATOR) from exc
 
-    def lengths(self, chunk: RecordChunk) -> list[int]:
+    def lengths(self, chunk: RecordChunk) -> list[int] | np.ndarray:
         """The token count of each record of ``chunk`` (what the length cache holds)."""
+        if self.length_field is not None:
+            return chunk.values[0]
         return [len(encoding) + self.appended for encoding in self.encode(self.texts(chunk), chunk)]
 
     def stream(self, work: Callable[[RecordChunk], T],
                chunk_size: int = DEFAULT_CHUNK) -> Iterator[tuple[RecordChunk, T]]:
-        """Yield ``(chunk, work(chunk))`` in file order; ``work`` runs in a
+        """Yield ``(chunk, work(chunk))`` in dataset order; ``work`` runs in a
         worker thread while this one reads and checks the next chunk."""
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="umlos-encode") as pool:
             pending = None
-            for chunk in read_chunks(self.dataset, self.fields, id_field=self.id_field, chunk_size=chunk_size,
-                                     digest=self._digest, skipped=self.skipped, convert=self._convert):
-                self._id_hashes.append(np.fromiter(map(hash, chunk.sample_ids), dtype=np.int64,
-                                                   count=len(chunk.sample_ids)))  # the records' ids
+            for chunk in self.records.chunks(chunk_size):
+                if not isinstance(chunk.sample_ids, RowIds):  # the records' ids (row numbers never repeat)
+                    self._id_hashes.append(np.fromiter(map(hash, chunk.sample_ids), dtype=np.int64,
+                                                       count=len(chunk.sample_ids)))
                 if self.pairs:
                     chunk = pair_rows(chunk)
                 future = pool.submit(work, chunk)
                 if pending is not None:
                     yield pending[0], pending[1].result()
                 pending = (chunk, future)
-            assert pending is not None  # read_chunks raises DATASET_EMPTY rather than yield no chunk
+            assert pending is not None  # the reader raises DATASET_EMPTY rather than yield no chunk
             yield pending[0], pending[1].result()
 
     def finish(self, ids_are_line_numbers: bool) -> str:
         """After the stream: refuse repeated ids (DATASET_RECORD_INVALID naming
-        both lines) and return the dataset fingerprint."""
-        if not ids_are_line_numbers:
-            _refuse_repeated_ids(self.dataset, self.id_field, np.concatenate(self._id_hashes),
-                                 None if self.skipped is None else SkippedLines())
-        return self._digest.hexdigest()
+        both records) and return the dataset fingerprint."""
+        if not ids_are_line_numbers and self._id_hashes:
+            self.records.skipped = None if self.skipped is None else SkippedLines()
+            try:
+                self.records.refuse_repeated_ids(np.concatenate(self._id_hashes))
+            finally:
+                self.records.skipped = self.skipped
+        return self.records.fingerprint(self.tokenizer_hash)
 
 
-def build_lengths(dataset: str | os.PathLike[str], tokenizer: Any, output: str | os.PathLike[str], *,
+def build_lengths(dataset: Any, tokenizer: Any, output: str | os.PathLike[str], *,
                   text_field: str | None = None, prompt_field: str | None = None,
                   response_field: str | None = None, id_field: str = DEFAULT_ID_FIELD,
                   eos_token: str | None = None, force: bool = False, chunk_size: int = DEFAULT_CHUNK,
                   progress: Callable[[int, int], None] | None = None,
                   skipped: SkippedLines | None = None, chosen_field: str | None = None,
                   rejected_field: str | None = None, messages_field: str | None = None,
-                  chat_template: str | os.PathLike[str] | None = None) -> LengthCache:
+                  chat_template: str | os.PathLike[str] | None = None, length_field: str | None = None,
+                  format: str | None = None) -> LengthCache:
     """Count every record's tokens and write the length cache at ``output``.
 
     Give ``text_field`` (default ``"text"``) or both ``prompt_field`` and
     ``response_field``, or ``prompt_field``, ``chosen_field`` and
     ``rejected_field`` (two rows a record, chosen then rejected), or
     ``messages_field`` (chat records rendered with the tokenizer's chat
-    template, or ``chat_template``, a Jinja file: umlos_cuda/batching/chat/).
-    ``progress(bytes_read, bytes_total)`` is called
-    after each chunk. Output paths are checked before any work: ``force``
-    replaces a length cache and nothing else, and never the dataset or the
-    tokenizer (OUTPUT_IS_INPUT). Given ``skipped`` (a
-    :class:`~.jsonl.SkippedLines`), bad lines are skipped and counted there
-    instead of refused.
+    template, or ``chat_template``, a Jinja file: umlos_cuda/batching/chat/),
+    or ``length_field`` (an integer column of token counts, read as is;
+    ``tokenizer`` may then be None). ``dataset`` is anything
+    :class:`DatasetEncoding` opens. ``progress(bytes_read, bytes_total)`` is
+    called after each chunk. Output paths are checked before any work:
+    ``force`` replaces a length cache and nothing else, and never an input
+    (OUTPUT_IS_INPUT). Given ``skipped`` (a
+    :class:`~umlos_cuda.batching.records.chunk.SkippedLines`), bad lines are
+    skipped and counted there instead of refused.
     """
-    inputs = input_paths(dataset, tokenizer, chat_template)
+    def inputs(paths: tuple[str, ...]) -> tuple[str | os.PathLike[str], ...]:
+        return input_paths(*paths, tokenizer, chat_template)
+
     source = DatasetEncoding(dataset, tokenizer, text_field=text_field, prompt_field=prompt_field,
                              response_field=response_field, id_field=id_field, eos_token=eos_token,
-                             check_outputs=lambda: check_length_cache_output(output, force, inputs),
+                             check_outputs=lambda paths: check_length_cache_output(output, force, inputs(paths)),
                              skipped=skipped, chosen_field=chosen_field, rejected_field=rejected_field,
-                             messages_field=messages_field, chat_template=chat_template)
-    with LengthCacheWriter(output, source.tokenizer_hash, force=force, inputs=inputs) as writer:
+                             messages_field=messages_field, chat_template=chat_template, length_field=length_field,
+                             format=format)
+    with LengthCacheWriter(output, source.tokenizer_hash, force=force, inputs=inputs(source.records.paths)) as writer:
         for chunk, lengths in source.stream(source.lengths, chunk_size):
-            writer.add(chunk.sample_ids, lengths)
+            writer.add(written_ids(chunk), lengths)
             if progress is not None:
                 progress(chunk.bytes_read, source.total_bytes)
         writer.dataset_hash = source.finish(writer.ids_are_line_numbers)
     return writer.cache()
+
+
+def written_ids(chunk: RecordChunk):
+    """The ids to give a length cache writer: None for row numbers (a single columnar input's rows
+    without ids are numbered from 0 across its chunks, as the writer numbers rows given None)."""
+    return None if isinstance(chunk.sample_ids, RowIds) else chunk.sample_ids
 
 
 def input_paths(*given: Any) -> tuple[str | os.PathLike[str], ...]:
@@ -208,10 +260,14 @@ def input_paths(*given: Any) -> tuple[str | os.PathLike[str], ...]:
     return tuple(path for path in given if isinstance(path, (str, os.PathLike)))
 
 
+def _no_text(values: list) -> list[str]:
+    raise AssertionError("a --length-field build encodes no text")
+
+
 def _mode(text_field, prompt_field, response_field, messages_field=None) -> tuple[tuple[str, ...], Callable, int]:
     """The fields to read, how they become the encoded text, and the tokens
     appended after it."""
-    if messages_field is not None:  # its values are ChatText, rendered as read (DatasetEncoding._convert)
+    if messages_field is not None:  # its values are ChatText, rendered as read (the converter of Records)
         if text_field is not None or prompt_field is not None or response_field is not None:
             raise UmlosError(errors.LENGTHS_INVALID, "a messages field is counted alone; got also "
                              f"text_field={text_field!r}, prompt_field={prompt_field!r}, "
@@ -239,21 +295,3 @@ def _pair_mode(text_field, prompt_field, response_field, chosen_field, rejected_
                          f"rejected_field={rejected_field!r}",
                          operator=errors.BATCHING_OPERATOR)
     return (prompt_field, chosen_field, rejected_field), lambda values: list(map(sft_text, *values)), sft_length(0)
-
-
-def _refuse_repeated_ids(dataset: str, id_field: str, hashes: np.ndarray, skipped: SkippedLines | None) -> None:
-    """Raise when two records share an id. The hashes only nominate
-    candidates (64 bits may collide); a second pass over the ids decides."""
-    ordered = np.sort(hashes)
-    candidates = set(ordered[1:][ordered[1:] == ordered[:-1]].tolist())
-    if not candidates:
-        return
-    first_line: dict[str, int] = {}
-    for chunk in read_chunks(dataset, (), id_field=id_field, skipped=skipped):
-        for line, sample_id in enumerate(chunk.sample_ids, chunk.first_line):
-            if hash(sample_id) not in candidates:
-                continue
-            if sample_id in first_line:
-                raise invalid_record(dataset, line, f"repeats the id {sample_id!r} of line {first_line[sample_id] + 1}"
-                                     "; ids must be unique (records without an id get their 0-based line number)")
-            first_line[sample_id] = line

@@ -15,31 +15,31 @@ format version. The canonical form is the tokenizer as the installed
 space and the older ``"a b"`` spelling of merges do not matter), encoded as
 canonical CBOR (the byte rules of every other hash here, umlos_cuda/hashing.py).
 
-``dataset_fingerprint`` streams the file's bytes into SHA-256 after a
-domain tag and the tokenizer fingerprint, so a cache keyed on it is invalid
-as soon as either the data or the tokenizer changes.
+``dataset_fingerprint`` is the fingerprint of the rows a length build reads
+(umlos_cuda/batching/records/fingerprint.py: SHA-256 over the tokenizer
+hash and the canonical values of the sample ids and the fields read, the
+same whatever the format), so a cache keyed on it is invalid as soon as
+either the data or the tokenizer changes, and not when the same rows are
+re-encoded as Parquet or read through ``datasets``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-from collections.abc import Callable
 from typing import Any
 
 from ... import checks, errors
-from ...errors import UmlosError
-from ...files import reader
 from ...hashing import hash_canonical
-from .jsonl import require_dataset_file, unreadable
+from ..records.jsonl import DEFAULT_ID_FIELD
+from ..records.source import Records
+from .fields import record_fields
 from .tokenizer import load_tokenizer
 
 TOKENIZER_FINGERPRINT_VERSION = 1
-DATASET_DOMAIN = b"umlos-cuda dataset fingerprint v1\0"
+#: The tokenizer hash recorded when lengths were read from a column, without a tokenizer.
+UNKNOWN_TOKENIZER = "unknown"
 #: Sections of tokenizer.json that change token ids (all but ``version`` and ``decoder``).
 ID_SECTIONS = ("model", "normalizer", "pre_tokenizer", "post_processor", "added_tokens", "truncation", "padding")
-_CHUNK = 1 << 20
 
 
 def canonical_tokenizer(tokenizer: Any) -> dict[str, Any]:
@@ -58,36 +58,24 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hash_canonical(canonical_tokenizer(tokenizer)).hex()
 
 
-def dataset_digest(tokenizer_hash: str) -> hashlib._Hash:
-    """A SHA-256 object primed with the domain tag and ``tokenizer_hash``;
-    feeding it the dataset's bytes and taking ``hexdigest()`` gives
-    :func:`dataset_fingerprint` (the length builder does so while it reads)."""
-    checks.text(tokenizer_hash, "tokenizer_hash", empty=False,
-                fail=checks.raising(errors.TOKENIZER_INVALID, operator=errors.BATCHING_OPERATOR),
-                message="{name} must be a non-empty string, got {value!r}")
-    encoded = tokenizer_hash.encode("utf-8")
-    digest = hashlib.sha256(DATASET_DOMAIN)
-    digest.update(len(encoded).to_bytes(8, "little") + encoded)
-    return digest
+def check_tokenizer_hash(tokenizer_hash: str) -> str:
+    """``tokenizer_hash`` when it is a non-empty string; else TOKENIZER_INVALID."""
+    return checks.text(tokenizer_hash, "tokenizer_hash", empty=False,
+                       fail=checks.raising(errors.TOKENIZER_INVALID, operator=errors.BATCHING_OPERATOR),
+                       message="{name} must be a non-empty string, got {value!r}")
 
 
-def dataset_fingerprint(path: str | os.PathLike[str], tokenizer_hash: str) -> str:
-    """SHA-256 (hex) of the domain tag, ``tokenizer_hash`` and the file's
-    bytes, read in 1 MiB blocks (memory does not grow with the file)."""
-    digest = dataset_digest(tokenizer_hash)
-    feed_file(digest, require_dataset_file(path), unreadable)
-    return digest.hexdigest()
-
-
-def feed_file(digest: Any, path: str, error: Callable[[str], UmlosError]) -> None:
-    """Stream the regular file at ``path`` into ``digest`` in 1 MiB blocks; a failed
-    read (or a FIFO, a folder, a device) raises ``error(message)``."""
-    try:
-        with reader.open_regular(path, error) as handle:
-            while block := handle.read(_CHUNK):
-                digest.update(block)
-    except FileNotFoundError:
-        raise error(f"cannot read {path}: it does not exist") from None
-    except OSError as exc:
-        raise error(f"cannot read {path}: {exc.strerror or exc}") from exc
-
+def dataset_fingerprint(dataset: Any, tokenizer_hash: str, *, text_field: str | None = None,
+                        prompt_field: str | None = None, response_field: str | None = None,
+                        length_field: str | None = None, id_field: str = DEFAULT_ID_FIELD,
+                        format: str | None = None, chosen_field: str | None = None,
+                        rejected_field: str | None = None, messages_field: str | None = None) -> str:
+    """The fingerprint ``data lengths build`` records for ``dataset`` read with these fields
+    (default: the ``text`` field) and ``tokenizer_hash``: one streaming read, memory bounded by a chunk."""
+    check_tokenizer_hash(tokenizer_hash)
+    fields = record_fields(text_field, prompt_field, response_field, length_field, chosen_field=chosen_field,
+                           rejected_field=rejected_field, messages_field=messages_field)
+    records = Records(dataset, fields, id_field=id_field, format=format)
+    for _ in records.chunks():
+        pass
+    return records.fingerprint(tokenizer_hash)

@@ -1,6 +1,8 @@
-"""Write a token store from a JSONL dataset (``umlos-cuda data tokenize``).
+"""Write a token store from a dataset (``umlos-cuda data tokenize``).
 
-What goes in: the dataset, a tokenizer and what to encode, exactly as for
+What goes in: the dataset (any format umlos_cuda/batching/records/ reads:
+JSONL plain or compressed, Parquet, Arrow IPC, ``datasets``, shards), a
+tokenizer and what to encode, exactly as for
 the length cache (one text field, a prompt and a response field through
 the instruction template, or a messages field through the chat template). What comes out: the store folder of
 umlos_cuda/batching/tokens/store.py, its length cache included, in dataset order.
@@ -38,10 +40,12 @@ import numpy as np
 
 from ... import errors
 from ...errors import UmlosError
-from ..lengths.jsonl import DEFAULT_ID_FIELD, RecordChunk, SkippedLines
+from ..records.chunk import RecordChunk, SkippedLines
+from ..records.jsonl import DEFAULT_ID_FIELD
+from ..records.source import dataset_paths
 from ...files.artifacts import json_field
 from ...files.writer import ArtifactKind, Folder, check_output_folder, output_folder
-from ..lengths.builder import DEFAULT_CHUNK, DatasetEncoding, input_paths
+from ..lengths.builder import DEFAULT_CHUNK, DatasetEncoding, input_paths, written_ids
 from ..lengths.cache import LengthCacheWriter
 from ..plans.fingerprint import sha256_array
 from .store import LENGTHS_FILE, STORE_FORMAT, TokenStore
@@ -56,29 +60,29 @@ UINT16_VOCAB = 1 << 16
 STORE = ArtifactKind("token store", lambda folder: json_field(folder, "meta.json", "format") == STORE_FORMAT)
 
 
-def tokenize_dataset(dataset: str | os.PathLike[str], tokenizer: Any, output: str | os.PathLike[str], *,
+def tokenize_dataset(dataset: Any, tokenizer: Any, output: str | os.PathLike[str], *,
                      text_field: str | None = None, prompt_field: str | None = None,
                      response_field: str | None = None, id_field: str = DEFAULT_ID_FIELD,
                      eos_token: str | None = None, force: bool = False, chunk_size: int = DEFAULT_CHUNK,
                      progress: Callable[[int, int], None] | None = None,
                      skipped: SkippedLines | None = None, chosen_field: str | None = None,
                      rejected_field: str | None = None, messages_field: str | None = None,
-                     chat_template: str | os.PathLike[str] | None = None) -> TokenStore:
+                     chat_template: str | os.PathLike[str] | None = None, format: str | None = None) -> TokenStore:
     """Encode every record and write the token store folder ``output``.
 
     ``progress(bytes_read, bytes_total)`` is called after each chunk. The
     output is checked before any work: an existing folder raises
     OUTPUT_EXISTS unless ``force`` (which replaces only a token store), and
     the output is never the dataset or the tokenizer's folder (OUTPUT_IS_INPUT).
-    Given ``skipped`` (a :class:`~umlos_cuda.batching.lengths.jsonl.SkippedLines`),
+    Given ``skipped`` (a :class:`~umlos_cuda.batching.records.chunk.SkippedLines`),
     bad lines are skipped and counted there instead of refused.
     """
-    inputs = input_paths(dataset, tokenizer, chat_template)
+    inputs = input_paths(*dataset_paths(dataset, format), tokenizer, chat_template)
     target = check_output_folder(output, STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR)
     source = DatasetEncoding(dataset, tokenizer, text_field=text_field, prompt_field=prompt_field,
                              response_field=response_field, id_field=id_field, eos_token=eos_token,
                              skipped=skipped, chosen_field=chosen_field, rejected_field=rejected_field,
-                             messages_field=messages_field, chat_template=chat_template)
+                             messages_field=messages_field, chat_template=chat_template, format=format)
     vocab = source.encoder.get_vocab_size(with_added_tokens=True)
     token_dtype = np.dtype("<u2" if vocab <= UINT16_VOCAB else "<u4")
     with output_folder(target, STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR) as folder:
@@ -98,7 +102,7 @@ def _write_store(source: DatasetEncoding, root: Folder, token_dtype: np.dtype, c
         for chunk, (chunk_lengths, ids, mask) in source.stream(encode, chunk_size):
             tokens.write(ids)
             masks.write(mask)
-            lengths.add(chunk.sample_ids, chunk_lengths)
+            lengths.add(written_ids(chunk), chunk_lengths)
             sizes.append(chunk_lengths)
             if progress is not None:
                 progress(chunk.bytes_read, source.total_bytes)

@@ -1,0 +1,21 @@
+"""Training records as they are kept: JSONL (plain, gzip, zstd), Parquet, Arrow IPC, Hugging Face datasets, shards.
+
+Modules:
+    chunk        what every reader hands on: :class:`Field`, :class:`RecordChunk`, :class:`SkippedLines`
+    jsonl        JSONL records, line by line, each line checked
+    compressed   gzip and zstd JSONL decompressed as a bounded stream
+    arrow        Parquet and Arrow IPC files (and Arrow tables) through pyarrow, batch by batch
+    hf           a ``datasets.Dataset``, and a folder ``save_to_disk`` wrote
+    shards       which files a dataset argument names, their order and format
+    ids          sample ids of rows that have none (row numbers; shard content hash and row)
+    fingerprint  the dataset fingerprint over the canonical values read, format-independent
+    source       :class:`Records`: any of the above as one stream of chunks
+
+This package only re-exports (docs/batching.md, "Your data: Parquet, datasets, JSONL").
+"""
+
+from .chunk import Field, RecordChunk, RowIds, SkippedLines
+from .shards import FORMATS
+from .source import Records, open_records
+
+__all__ = ["FORMATS", "Field", "RecordChunk", "Records", "RowIds", "SkippedLines", "open_records"]

@@ -1,0 +1,85 @@
+"""Hugging Face ``datasets``: a ``datasets.Dataset`` in memory, and a folder ``save_to_disk`` wrote.
+
+What goes in: a ``datasets.Dataset`` (any object with ``with_format`` and
+``column_names``), or a folder. What comes out: for the object, its Arrow
+record batches in row order (``with_format("arrow").iter``, which honours a
+``shuffle``/``select`` index mapping) with the wanted columns only; for the
+folder, the paths of its Arrow files in the order its ``state.json`` lists
+them (``_data_files``), read as one dataset (rows numbered across them) by
+records/arrow.py like any Arrow IPC stream.
+
+Why a folder is read through ``pyarrow`` rather than ``datasets.load_from_disk``:
+its files then go through files/reader.py like every other input (regular
+files, no FIFO, each file named in a message), batch by batch with the
+wanted columns only, and the ``hf`` extra is not needed to read them;
+``state.json`` is a small JSON file read with the bounded JSON reader. The
+layout read is the one ``datasets`` 2 to 5 write (``state.json``,
+``dataset_info.json``, ``data-NNNNN-of-NNNNN.arrow``); a folder without
+``state.json`` is refused (DATASET_UNREADABLE) saying what was expected,
+and a ``DatasetDict`` folder (``dataset_dict.json``) says to name one split.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ... import errors
+from ...errors import UmlosError
+from ...files import reader
+
+STATE = "state.json"
+DICT = "dataset_dict.json"
+MAX_STATE_BYTES = 16 << 20
+
+
+def is_dataset_object(value: Any) -> bool:
+    """Whether ``value`` looks like a ``datasets.Dataset`` (an object, not a path)."""
+    return hasattr(value, "with_format") and hasattr(value, "column_names") and hasattr(value, "num_rows")
+
+
+def object_batches(dataset: Any, columns: Sequence[str], batch_size: int) -> Iterator[Any]:
+    """The Arrow record batches of a ``datasets.Dataset``, ``columns`` only, in its row order."""
+    missing = [name for name in columns if name not in dataset.column_names]
+    if missing:
+        shown = ", ".join(map(repr, dataset.column_names[:8])) or "none"
+        raise UmlosError(errors.DATASET_RECORD_INVALID, f"the datasets.Dataset lacks the column {missing[0]!r} (its "
+                         f"columns: {shown})", operator=errors.BATCHING_OPERATOR)
+    selected = dataset.select_columns(list(columns)).with_format("arrow")
+    for table in selected.iter(batch_size=batch_size):
+        yield from table.to_batches()
+
+
+def object_bytes(dataset: Any) -> int:
+    """The dataset's Arrow bytes (for progress)."""
+    try:
+        return int(dataset.data.nbytes)
+    except Exception:  # an object that only looks like a Dataset: progress then counts nothing
+        return 0
+
+
+def folder_files(folder: str) -> list[str]:
+    """The Arrow files of a ``save_to_disk`` folder, in ``state.json`` order."""
+    state_path = os.path.join(folder, STATE)
+    if not os.path.exists(state_path):
+        if os.path.exists(os.path.join(folder, DICT)):
+            raise _unreadable(f"{folder} is a DatasetDict folder ({DICT}); give the folder of one split, such as "
+                              f"{os.path.join(folder, 'train')}")
+        raise _unreadable(f"{folder} is a folder but not a datasets save_to_disk folder (it has no {STATE}); give a "
+                          "file, a glob such as 'train-*.parquet', or the folder save_to_disk wrote")
+    state = reader.read_json(state_path, _unreadable, max_bytes=MAX_STATE_BYTES, what="datasets state.json")
+    files = state.get("_data_files") if isinstance(state, dict) else None
+    if not isinstance(files, list) or not files:
+        raise _unreadable(f"{state_path} lists no _data_files; it is not a save_to_disk folder's state")
+    paths = []
+    for entry in files:
+        name = entry.get("filename") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not name or os.path.basename(name) != name or name in (".", ".."):
+            raise _unreadable(f"{state_path} lists {entry!r} in _data_files; each entry names a file of the folder")
+        paths.append(os.path.join(folder, name))
+    return paths
+
+
+def _unreadable(message: str) -> UmlosError:
+    return UmlosError(errors.DATASET_UNREADABLE, message, operator=errors.BATCHING_OPERATOR)

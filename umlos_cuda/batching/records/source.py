@@ -1,0 +1,264 @@
+"""Open training records in any supported format as one stream of chunks.
+
+What goes in: a dataset (a path, a glob, a list, a ``save_to_disk`` folder
+or a ``datasets.Dataset``; records/shards.py), the fields wanted
+(records/chunk.py :class:`Field`), the id field, an optional format and an
+optional :class:`SkippedLines`. What comes out: :class:`Records`, whose
+:meth:`Records.chunks` yields :class:`RecordChunk` s in dataset order
+(shard after shard, a chunk never spanning two files), feeding the dataset
+fingerprint (records/fingerprint.py) as it goes; then
+:meth:`Records.fingerprint`.
+
+Every file is opened by files/reader.py (regular files only) and read in a
+stream: JSONL line by line (records/jsonl.py), gzip and zstd JSONL through
+a bounded decompressor (records/compressed.py), Parquet and Arrow IPC batch
+by batch with the wanted columns only (records/arrow.py). Rows without an
+id get one by records/ids.py's rules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ... import errors
+from ...errors import UmlosError
+from ...files import reader
+from . import arrow, hf
+from .chunk import Field, RecordChunk, RowIds, SkippedLines
+from .compressed import open_decompressed
+from .fingerprint import RowDigest
+from .ids import shard_row_id
+from .jsonl import DEFAULT_ID_FIELD, RecordProblem, invalid_record, stream_chunks, unreadable
+from .shards import Input, resolve
+
+DEFAULT_CHUNK = 4096
+
+
+class Records:
+    """A dataset opened for reading (see the module docstring).
+
+    ``paths``: every file read (what an output must not be); ``name``: the
+    dataset as messages show it; ``total_bytes``: the bytes of its files (for
+    progress); ``sharded``: more than one input, whose rows without ids get
+    derived ids."""
+
+    def __init__(self, dataset: Any, fields: Sequence[str | Field], *, id_field: str = DEFAULT_ID_FIELD,
+                 format: str | None = None, skipped: SkippedLines | None = None) -> None:
+        self.fields = tuple(f if isinstance(f, Field) else Field(f) for f in fields)
+        self.id_field = id_field
+        self.skipped = skipped
+        self.inputs = resolve(dataset, format)
+        self.sharded = len(self.inputs) > 1
+        self.paths = tuple(path for item in self.inputs for path in (item.path, *item.files) if item.format != "object")
+        self.name = self.inputs[0].path if len(self.inputs) == 1 else \
+            f"{self.inputs[0].path} and {len(self.inputs) - 1} more shard{'s' if len(self.inputs) > 2 else ''}"
+        self.total_bytes = sum(_size(item) for item in self.inputs)
+        self._content: dict[int, str] = {}
+        self._digest: RowDigest | None = None
+        #: Field name -> converter of its values (a chat record's messages rendered); a
+        #: ``RecordProblem`` it raises makes the record a bad one (records/jsonl.py).
+        self.convert: Mapping[str, Callable[[Any], Any]] | None = None
+
+    def chunks(self, chunk_size: int = DEFAULT_CHUNK, *, fields: Sequence[Field] | None = None,
+               digest: bool = True) -> Iterator[RecordChunk]:
+        """The records in chunks of at most ``chunk_size``, in dataset order; with ``digest``, the
+        dataset fingerprint is computed on the way (:meth:`fingerprint` after the last chunk).
+        ``fields`` reads other fields than those opened (``()``: ids only)."""
+        fields = self.fields if fields is None else tuple(fields)
+        row_digest = RowDigest(fields) if digest else None
+        if digest:
+            self._digest = None
+        before, rows = 0, 0
+        for index, item in enumerate(self.inputs):
+            for chunk, ids, columns in self._read(index, item, fields, chunk_size, before, self.skipped):
+                if row_digest is not None:
+                    row_digest.add(ids, columns, len(chunk.sample_ids))
+                rows += len(chunk.sample_ids)
+                yield chunk
+            before += _size(item)
+        if rows == 0:
+            raise UmlosError(errors.DATASET_EMPTY, f"dataset {self.name} holds no record",
+                             operator=errors.BATCHING_OPERATOR)
+        self._digest = row_digest
+
+    def fingerprint(self, tokenizer_hash: str) -> str:
+        """The dataset fingerprint of the rows the last full :meth:`chunks` read."""
+        if self._digest is None:
+            raise RuntimeError("fingerprint() comes after a full read of chunks()")
+        return self._digest.hexdigest(tokenizer_hash)
+
+    def place(self, chunk: RecordChunk, offset: int) -> str:
+        """Where record ``offset`` of ``chunk`` is, as a message names it (``PATH line N``, ``PATH row N``)."""
+        item = next((i for i in self.inputs if i.path == chunk.shard), self.inputs[0]) if chunk.shard else \
+            self.inputs[0]
+        number = chunk.first_line + offset
+        return f"{item.path} row {number}" if item.columnar else f"{item.path} line {number + 1}"
+
+    def refuse_repeated_ids(self, hashes: np.ndarray) -> None:
+        """Raise DATASET_RECORD_INVALID when two records share an id. ``hashes`` (Python's ``hash`` of each
+        id, in order) only nominate candidates (64 bits may collide); a second read of the ids decides."""
+        ordered = np.sort(hashes)
+        candidates = set(ordered[1:][ordered[1:] == ordered[:-1]].tolist())
+        if not candidates:
+            return
+        first: dict[str, tuple[RecordChunk, int]] = {}
+        for chunk in self.chunks(fields=(), digest=False):
+            for offset, sample_id in enumerate(chunk.sample_ids):
+                if hash(sample_id) not in candidates:
+                    continue
+                if sample_id in first:
+                    earlier, at = first[sample_id]
+                    if len(self.inputs) == 1 and not self.inputs[0].columnar:  # the wording of one JSONL file
+                        raise invalid_record(self.inputs[0].path, chunk.first_line + offset,
+                                             f"repeats the id {sample_id!r} of line {earlier.first_line + at + 1}; "
+                                             "ids must be unique (records without an id get their 0-based line "
+                                             "number)")
+                    raise UmlosError(errors.DATASET_RECORD_INVALID,
+                                     f"{self.place(chunk, offset)} repeats the id {sample_id!r} of "
+                                     f"{self.place(earlier, at)}; ids must be unique (two shards with the same "
+                                     "content get the same derived ids: docs/batching.md, 'Sample ids')",
+                                     operator=errors.BATCHING_OPERATOR)
+                first[sample_id] = (chunk, offset)
+
+    # ------------------------------------------------------------------ one input
+    def _row_id(self, index: int, item: Input) -> Callable[[int], str]:
+        """How a row of input ``index`` without an id is named (records/ids.py)."""
+        if not self.sharded:
+            return str
+
+        def derived(row: int) -> str:
+            if index not in self._content:
+                digest = RowDigest(self.fields, ids=False)
+                for chunk, _ids, columns in self._read(index, item, self.fields, DEFAULT_CHUNK, 0, SkippedLines(),
+                                                      row_id=str):
+                    digest.add(None, columns, len(chunk.sample_ids))
+                self._content[index] = digest.content_hash()
+            return shard_row_id(self._content[index], row)
+
+        return derived
+
+    def _read(self, index: int, item: Input, fields: Sequence[Field], chunk_size: int, before: int,
+              skipped: SkippedLines | None, row_id: Callable[[int], str] | None = None
+              ) -> Iterator[tuple[RecordChunk, Any, list[Any]]]:
+        """``(chunk, ids for the digest, columns for the digest)`` of one input."""
+        row_id = row_id or self._row_id(index, item)
+        shard = item.path if self.sharded else None
+        if item.columnar:
+            yield from self._read_columnar(item, fields, chunk_size, before, row_id, shard)
+            return
+        try:
+            with reader.open_regular(item.path, unreadable) as handle:
+                size = reader.file_size(handle)
+                stream: Any = handle
+                if item.format != "jsonl":
+                    stream = open_decompressed(handle, item.path, "gzip" if item.format == "jsonl.gz" else "zstd",
+                                               size)
+                for chunk in stream_chunks(stream, item.path, tuple(fields), id_field=self.id_field,
+                                           chunk_size=chunk_size, skipped=skipped, row_id=row_id,
+                                           consumed=lambda: min(handle.tell(), size), shard=shard,
+                                           bytes_before=before, empty_ok=self.sharded, convert=self._converters(fields)):
+                    yield chunk, chunk.sample_ids, chunk.values if chunk.raw is None else chunk.raw
+        except FileNotFoundError:
+            raise unreadable(f"dataset {item.path} does not exist") from None
+
+    def _read_columnar(self, item: Input, fields: Sequence[Field], chunk_size: int, before: int,
+                       row_id: Callable[[int], str], shard: str | None
+                       ) -> Iterator[tuple[RecordChunk, Any, list[Any]]]:
+        wanted = [field.name for field in fields]
+        if item.format == "object":
+            has_id = self.id_field in item.dataset.column_names
+            columns = wanted + ([self.id_field] if has_id and self.id_field not in wanted else [])
+            total = max(int(item.dataset.num_rows), 1)
+            batches = hf.object_batches(item.dataset, columns, chunk_size)
+            yield from self._columnar_chunks(((item.path, b, None) for b in batches), fields, has_id, before,
+                                             lambda rows: before + _size(item) * rows // total, row_id, shard)
+            return
+        done = [before]
+
+        def file_batches():
+            for path in item.files:
+                try:
+                    with reader.open_regular(path, unreadable) as handle:
+                        size = reader.file_size(handle)
+                        names, batches = (arrow.open_parquet if item.format == "parquet" else arrow.open_ipc)(
+                            handle, path)
+                        has_id[0] = self.id_field in names
+                        columns = wanted + ([self.id_field] if has_id[0] and self.id_field not in wanted else [])
+                        for batch in batches(columns, chunk_size):
+                            yield path, batch, lambda handle=handle, size=size: done[0] + min(handle.tell(), size)
+                        done[0] += size
+                except FileNotFoundError:
+                    raise unreadable(f"dataset {path} does not exist") from None
+
+        has_id = [False]
+        yield from self._columnar_chunks(file_batches(), fields, has_id, before, None, row_id, shard)
+
+    def _columnar_chunks(self, batches, fields: Sequence[Field], has_id: Any, before: int,
+                         progress: Callable[[int], int] | None, row_id: Callable[[int], str], shard: str | None
+                         ) -> Iterator[tuple[RecordChunk, Any, list[Any]]]:
+        row = 0
+        for path, batch, consumed in batches:
+            count = batch.num_rows
+            if count == 0:
+                continue
+            with_id = has_id[0] if isinstance(has_id, list) else has_id
+            ids, id_array, values, arrays = arrow.batch_columns(batch, path, row, fields,
+                                                                self.id_field if with_id else None)
+            if ids is None:
+                if row_id is str:
+                    ids = RowIds(row, row + count)
+                    id_array = ids
+                else:
+                    ids = [row_id(r) for r in range(row, row + count)]
+                    id_array = ids
+            converters = self._converters(fields)
+            if converters:
+                values = [self._convert_column(path, row, field, converters[field.name], column)
+                          if field.name in converters else column for field, column in zip(fields, values)]
+            read = consumed() if consumed is not None else progress(row + count) if progress else before
+            yield RecordChunk(ids, values, row, read, shard), id_array, arrays
+            row += count
+
+
+    def _converters(self, fields: Sequence[Field]) -> dict[str, Callable[[Any], Any]]:
+        """The converters of the fields read (none for a read of ids only)."""
+        names = {field.name for field in fields}
+        return {name: c for name, c in (self.convert or {}).items() if name in names}
+
+    @staticmethod
+    def _convert_column(path: str, first_row: int, field: Field, converter: Callable[[Any], Any],
+                        column: list) -> list:
+        out = []
+        for row, value in enumerate(column, first_row):
+            try:
+                out.append(converter(value))
+            except RecordProblem as exc:
+                raise UmlosError(errors.DATASET_RECORD_INVALID, f"{path} row {row} has {field.name!r} that {exc}",
+                                 operator=errors.BATCHING_OPERATOR) from None
+        return out
+
+
+def _size(item: Input) -> int:
+    if item.format == "object":
+        return hf.object_bytes(item.dataset)
+    total = 0
+    for path in item.files:
+        with contextlib.suppress(OSError):  # the reader says what is wrong with it
+            total += os.path.getsize(path)
+    return total
+
+
+def open_records(dataset: Any, fields: Sequence[str | Field], **options: Any) -> Records:
+    """:class:`Records` (a function, for symmetry with the other readers)."""
+    return Records(dataset, fields, **options)
+
+
+def dataset_paths(dataset: Any, format: str | None = None) -> tuple[str, ...]:
+    """Every path a dataset argument names (its shards, a folder and its files): what an output must not be."""
+    return tuple(path for item in resolve(dataset, format) if item.format != "object"
+                 for path in (item.path, *item.files))

@@ -794,6 +794,138 @@ def _shard(value):
     return lambda m: m.__setitem__("shard", value)
 
 
+# ---------------------------------------------------------------------- datasets in other formats (batching/records/)
+DU = errors.DATASET_UNREADABLE
+
+
+def _parquet(world, here, name: str = "train.parquet") -> Path:
+    import pyarrow.json as pj
+    import pyarrow.parquet as pq
+
+    pq.write_table(pj.read_json(world / "train.jsonl"), here / name)
+    return here / name
+
+
+def _truncated_parquet(world, here):
+    copy(world, here, "model")
+    path = _parquet(world, here)
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])  # a copy cut short: no footer
+    return lengths_build(here, "train.parquet")
+
+
+def _parquet_footer_past_the_file(world, here):
+    copy(world, here, "model")
+    path = _parquet(world, here)
+    data = path.read_bytes()
+    path.write_bytes(data[:-8] + struct.pack("<I", 0x7FFFFFF0) + b"PAR1")  # a footer of 2 GiB in a small file
+    return lengths_build(here, "train.parquet")
+
+
+def _parquet_named_jsonl(world, here):
+    copy(world, here, "model")
+    _parquet(world, here, "train.jsonl")
+    return lengths_build(here)
+
+
+def _parquet_text_of_integers(world, here):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    copy(world, here, "model")
+    pq.write_table(pa.table({"text": pa.array([1, 2, 3], pa.int64())}), here / "train.parquet")
+    return ("data", "tokenize", "--dataset", str(here / "train.parquet"), "--tokenizer", str(here / "model"),
+            "--output", str(here / "out"), "--quiet")
+
+
+def _parquet_negative_length(world, here):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"n": pa.array([3, -1], pa.int64())}), here / "train.parquet")
+    return ("data", "lengths", "build", "--dataset", str(here / "train.parquet"), "--length-field", "n",
+            "--output", str(here / "out"), "--quiet")
+
+
+def _shards(world, here, count: int = 3) -> None:
+    lines = (world / "train.jsonl").read_bytes().splitlines(keepends=True)
+    for i in range(count):
+        (here / f"shard-{i}.jsonl").write_bytes(b"".join(lines[i::count]))
+
+
+def _shard_glob(here) -> tuple:
+    return ("data", "lengths", "build", "--dataset", str(here / "shard-*.jsonl"), "--tokenizer", str(here / "model"),
+            "--output", str(here / "out"), "--quiet")
+
+
+def _symlinked_shard_fifo(world, here):
+    copy(world, here, "model")
+    _shards(world, here, 2)
+    os.mkfifo(here / "pipe")
+    os.symlink(here / "pipe", here / "shard-2.jsonl")
+    return _shard_glob(here)
+
+
+def _symlinked_shard_repeats(world, here):
+    copy(world, here, "model")
+    _shards(world, here, 2)
+    os.symlink(here / "shard-0.jsonl", here / "shard-2.jsonl")
+    return _shard_glob(here)
+
+
+def _glob_matches_nothing(world, here):
+    copy(world, here, "model")
+    return _shard_glob(here)
+
+
+def _folder_not_save_to_disk(world, here):
+    copy(world, here, "model")
+    (here / "data").mkdir()
+    copy(world, here / "data", "train.jsonl")
+    return lengths_build(here, "data")
+
+
+def _deep_datasets_state(world, here):
+    copy(world, here, "model")
+    (here / "data").mkdir()
+    (here / "data" / "state.json").write_text(deep_json('{"_data_files": ', "}"))
+    return lengths_build(here, "data")
+
+
+def _datasets_state_escapes(world, here):
+    copy(world, here, "model")
+    (here / "data").mkdir()
+    write_json(here / "data" / "state.json", {"_data_files": [{"filename": "../train.jsonl"}]})
+    return lengths_build(here, "data")
+
+
+def _gzip_bomb(world, here):
+    import gzip
+
+    copy(world, here, "model")
+    with gzip.open(here / "train.jsonl.gz", "wb", compresslevel=1) as handle:
+        for _ in range(80):
+            handle.write(b"\0" * (1 << 20))  # one line of 80 MiB: over the 64 MiB line cap
+    return lengths_build(here, "train.jsonl.gz")
+
+
+def _zstd_bomb(world, here):
+    import zstandard
+
+    copy(world, here, "model")
+    with open(here / "train.jsonl.zst", "wb") as raw, zstandard.ZstdCompressor(level=3).stream_writer(raw) as handle:
+        handle.write((world / "train.jsonl").read_bytes())
+        for _ in range(1 << 10):
+            handle.write(b"\n" * (1 << 20))  # 1 GiB of blank lines in a few hundred kilobytes
+    return lengths_build(here, "train.jsonl.zst")
+
+
+def _zstd_not_zstd(world, here):
+    copy(world, here, "model", "train.jsonl")
+    os.rename(here / "train.jsonl", here / "train.jsonl.zst")
+    return lengths_build(here, "train.jsonl.zst")
+
+
 CASES = [
     # ------------------------------------------------------------------ hang: FIFOs where a file should be
     Case("hang/plan-info-fifo-meta-json", _plan_fifo("meta.json"), (P, errors.PLAN_NOT_FOUND), "meta.json"),
@@ -1000,6 +1132,22 @@ CASES = [
          (G, errors.OUTPUT_PATH_INVALID), "missing"),
     Case("traceback/gym-run-timeout-inf", lambda w, h: (copy(w, h, "model"), gym_run(h, 9)[:-2] + ("--timeout", "inf")
                                                         )[1], (G,), None),
+    # ------------------------------------------------------------------ datasets in other formats
+    Case("traceback/data-lengths-build-truncated-parquet", _truncated_parquet, (DU,), "train.parquet"),
+    Case("hang/data-lengths-build-parquet-footer-length-past-the-file", _parquet_footer_past_the_file, (DU,),
+         "train.parquet"),
+    Case("user/data-lengths-build-parquet-named-jsonl", _parquet_named_jsonl, (D,), "train.jsonl"),
+    Case("traceback/data-tokenize-parquet-text-column-of-integers", _parquet_text_of_integers, (D,), "train.parquet"),
+    Case("traceback/data-lengths-build-length-field-negative", _parquet_negative_length, (D,), "train.parquet"),
+    Case("hang/data-lengths-build-symlinked-shard-to-a-fifo", _symlinked_shard_fifo, (DU,), "shard-2.jsonl"),
+    Case("user/data-lengths-build-symlinked-shard-repeats-a-shard", _symlinked_shard_repeats, (DU,), "shard-2.jsonl"),
+    Case("user/data-lengths-build-glob-matches-nothing", _glob_matches_nothing, (DU,), "shard-*.jsonl"),
+    Case("user/data-lengths-build-folder-not-save-to-disk", _folder_not_save_to_disk, (DU,), "data"),
+    Case("traceback/deep-json-datasets-state", _deep_datasets_state, (DU,), "state.json"),
+    Case("tamper/data-lengths-build-datasets-state-names-a-file-outside", _datasets_state_escapes, (DU,), "state.json"),
+    Case("hang/data-lengths-build-gzip-bomb-one-long-line", _gzip_bomb, (D,), "train.jsonl.gz"),
+    Case("hang/data-lengths-build-zstd-bomb-of-blank-lines", _zstd_bomb, (DU,), "train.jsonl.zst"),
+    Case("traceback/data-lengths-build-zstd-stream-not-zstd", _zstd_not_zstd, (DU,), "train.jsonl.zst"),
 ]
 
 

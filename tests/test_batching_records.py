@@ -227,9 +227,12 @@ def test_sharded_rows_without_ids_are_named_by_content_not_by_file_name(rows, mo
 
 def test_a_single_input_keeps_line_numbers_as_ids(rows, model, tmp_path):
     plain = [{k: v for k, v in row.items() if k != "id"} for row in rows]
-    for kind in ("jsonl", "parquet", "hf-folder"):
-        cache = build_lengths(write(plain, tmp_path / kind, kind), model, tmp_path / f"{kind}.jsonl")
+    hashes = set()
+    for kind in ("jsonl", "parquet", "hf-folder", "hf-object"):
+        cache = build_lengths(write(plain, tmp_path / kind, kind), model, tmp_path / f"{kind}.jsonl", chunk_size=7)
         assert cache.ids_are_line_numbers and cache.sample_ids[:3] == ["0", "1", "2"], kind
+        hashes.add(cache.dataset_hash)
+    assert len(hashes) == 1  # row-number ids made by Arrow's cast hash as the JSONL reader's strings
 
 
 def test_two_shards_with_the_same_content_are_refused(rows, model, tmp_path):
@@ -325,3 +328,17 @@ def test_an_output_is_never_a_shard(rows, model, tmp_path):
     pattern = sharded(rows, tmp_path, "jsonl")
     expect(errors.OUTPUT_IS_INPUT, build_lengths, pattern, model, tmp_path / "part-01.jsonl", force=True)
     assert (tmp_path / "part-01.jsonl").read_bytes().startswith(b'{"id"')
+
+
+def test_a_fresh_process_reads_parquet_ids(rows, model, tmp_path):
+    """Nothing but umlos_cuda imports pyarrow's modules here (the other tests import datasets, which imports them)."""
+    import subprocess
+    import sys
+
+    dataset = write(rows, tmp_path, "parquet")
+    code = ("from umlos_cuda.batching import build_lengths\n"
+            f"cache = build_lengths({str(dataset)!r}, {str(model)!r}, {str(tmp_path / 'l.jsonl')!r})\n"
+            "print(cache.sample_ids[0])\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == rows[0]["id"], result.stderr

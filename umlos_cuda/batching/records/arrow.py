@@ -34,6 +34,7 @@ def pyarrow() -> Any:
     """The ``pyarrow`` module, or DATASET_UNREADABLE saying which extra to install."""
     try:
         import pyarrow as pa
+        import pyarrow.compute
         import pyarrow.ipc
         import pyarrow.parquet
     except ImportError:

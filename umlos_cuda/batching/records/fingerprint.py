@@ -24,7 +24,8 @@ first) its role and kind (each length-prefixed the same way) and the 32-byte
 digests of its two streams (the second of an integer column is that of no
 bytes). From Arrow the streams are the arrays' own value and offset
 buffers (one NumPy difference per chunk, no Python loop over rows); from
-Python lists, one join and one encode per chunk.
+Python lists, one join and one encode per chunk; row-number ids (a single
+columnar input without an id column) are made as text by Arrow's cast.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .chunk import Field
+from .chunk import Field, RowIds
 
 DOMAIN = b"umlos-cuda dataset fingerprint v2\0"
 CONTENT_DOMAIN = b"umlos-cuda shard content v1\0"
@@ -60,6 +61,10 @@ class ColumnDigest:
 
     def add(self, column: Any) -> None:
         """Feed one chunk of the column: a list or NumPy array, or an Arrow array."""
+        if isinstance(column, RowIds):  # row numbers as text, made by Arrow's cast rather than one str a row
+            import pyarrow as pa
+
+            column = pa.array(np.arange(column.start, column.stop, dtype=np.int64)).cast(pa.large_string())
         if hasattr(column, "buffers") and hasattr(column, "type"):
             self._add_arrow(column)
         elif self.field.kind == "integer":

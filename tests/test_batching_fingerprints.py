@@ -233,6 +233,7 @@ def test_dataset_fingerprint_changes_with_content_and_tokenizer(tmp_path):
 
 def test_dataset_fingerprint_errors(tmp_path):
     expect(errors.DATASET_UNREADABLE, dataset_fingerprint, tmp_path / "none.jsonl", "a" * 64, mention="does not exist")
-    expect(errors.DATASET_UNREADABLE, dataset_fingerprint, tmp_path, "a" * 64, mention="not a datasets save_to_disk folder")
+    expect(errors.DATASET_UNREADABLE, dataset_fingerprint, tmp_path, "a" * 64,
+           mention="not a datasets save_to_disk folder")
     (tmp_path / "x.jsonl").write_bytes(b"{}\n")
     expect(errors.TOKENIZER_INVALID, dataset_fingerprint, tmp_path / "x.jsonl", "", mention="tokenizer_hash")

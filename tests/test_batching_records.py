@@ -12,6 +12,7 @@ format.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -103,6 +104,8 @@ def outputs(dataset, model, out: Path, **fields) -> dict:
     cache = build_lengths(dataset, model, out / "lengths.jsonl", chunk_size=16, **fields)
     store = tokenize_dataset(dataset, model, out / "store", chunk_size=16, **fields)
     config = BatchingConfig.predictable(token_budget=256, bucket_edges=(16, 32, 64), overflow_max=128, seed=3)
+    if "chosen_field" in fields:  # preference pairs stay together in a microbatch
+        config = dataclasses.replace(config, group_size=2)
     plan = BatchPlanBuilder(cache, config).build(1)
     files = {name: (out / name).read_bytes() for name in ("lengths.jsonl", "lengths.jsonl.u32")}
     files |= {f"store/{p.name}": p.read_bytes() for p in sorted((out / "store").iterdir())}
@@ -342,3 +345,22 @@ def test_a_fresh_process_reads_parquet_ids(rows, model, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == rows[0]["id"], result.stderr
+
+
+@pytest.mark.parametrize("pairs", [False, True], ids=["chat", "preference-pairs"])
+def test_chat_records_and_preference_pairs_read_the_same_from_every_format(tmp_path, pairs):
+    """The chat converter and the pair rows work on every format: the same bytes from JSONL, Parquet, shards."""
+    from test_batching_chat import write_family
+
+    model = write_family(tmp_path / "model", "chatml")
+    if pairs:
+        rows = [{"id": f"p{i}", "prompt": f"what is {i}", "chosen": "paris", "rejected": f"no {i}"} for i in range(9)]
+        fields = {"prompt_field": "prompt", "chosen_field": "chosen", "rejected_field": "rejected"}
+    else:
+        rows = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"hello there {i}"},
+                                             {"role": "assistant", "content": "I am fine"}]} for i in range(9)]
+        fields = {"messages_field": "messages"}
+    reference = outputs(write(rows, tmp_path / "ref", "jsonl"), model, tmp_path / "ref-out", **fields)
+    for kind in ("jsonl.gz", "parquet", "hf-object"):
+        assert outputs(write(rows, tmp_path / kind, kind), model, tmp_path / f"{kind}-out", **fields) == reference
+    assert outputs(sharded(rows, tmp_path / "shards", "parquet"), model, tmp_path / "s-out", **fields) == reference

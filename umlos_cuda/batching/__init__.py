@@ -3,6 +3,7 @@
 The pipeline, one sub-package per stage, in the order data flows:
 
     samples, templates   :class:`Sample`, :class:`PreferenceSample`; the SFT template
+    records/             training records: JSONL (plain, gzip, zstd), Parquet, Arrow, datasets, shards; fingerprint
     lengths/             length caches: JSONL reading, tokenizer loading, fingerprints, the builder, statistics
     chat/                chat records: the tokenizer's chat template, assistant loss masks
     packing/             sequence packing: :func:`pack_lengths`, :func:`pack_sequences`, packed rows, metrics

@@ -1,7 +1,8 @@
 """Length caches: one token count per sample, and what they are counted from.
 
 Modules:
-    jsonl         stream a JSONL dataset's records in chunks, checking each line
+    jsonl         the JSONL reader of batching/records/, re-exported for its importers
+    fields        which fields of a record a build reads (text, prompt/response, pairs, messages, token count)
     tokenizer     load a ``tokenizers`` tokenizer from local files
     fingerprints  which tokenizer counted, which data was counted
     builder       build a length cache from a dataset and a tokenizer

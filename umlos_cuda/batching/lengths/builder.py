@@ -88,7 +88,8 @@ class DatasetEncoding:
             self.record_fields = record_fields(text_field, prompt_field, response_field, length_field,
                                                chosen_field=chosen_field, rejected_field=rejected_field,
                                                messages_field=messages_field)
-            self.fields, self.to_text, self.appended = (length_field,), _no_text, 0
+            self.fields: tuple[str, ...] = (length_field,)
+            self.to_text, self.appended = _no_text, 0
         elif self.pairs:
             if messages_field is not None:
                 raise UmlosError(errors.LENGTHS_INVALID, "a messages field is counted alone; got also "

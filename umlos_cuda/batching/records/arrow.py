@@ -20,6 +20,7 @@ raises DATASET_UNREADABLE naming it and saying what to check.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -140,7 +141,7 @@ def _values(array: Any, field: Field, path: str, first_row: int) -> Any:
         return numbers.astype(np.int64, copy=False)
     items = array.to_pylist()
     for row, item in enumerate(items):
-        check_messages(item, field.name, lambda problem, row=row: _invalid(path, first_row + row, problem))
+        check_messages(item, field.name, partial(_invalid, path, first_row + row))
     return items
 
 

@@ -72,7 +72,7 @@ class RowIds(Sequence[str]):
     def __len__(self) -> int:
         return self.stop - self.start
 
-    def __getitem__(self, index):  # type: ignore[override]
+    def __getitem__(self, index):
         if isinstance(index, slice):
             return [str(row) for row in range(self.start, self.stop)[index]]
         return str(range(self.start, self.stop)[index])

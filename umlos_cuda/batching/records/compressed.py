@@ -59,7 +59,7 @@ class _Bounded(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:  # type: ignore[override]
+    def readinto(self, buffer) -> int:
         try:
             count = self.inner.readinto(buffer)
         except (OSError, EOFError, zlib.error, ValueError) as exc:

@@ -161,7 +161,8 @@ class Records:
                 for chunk in stream_chunks(stream, item.path, tuple(fields), id_field=self.id_field,
                                            chunk_size=chunk_size, skipped=skipped, row_id=row_id,
                                            consumed=lambda: min(handle.tell(), size), shard=shard,
-                                           bytes_before=before, empty_ok=self.sharded, convert=self._converters(fields)):
+                                           bytes_before=before, empty_ok=self.sharded,
+                                           convert=self._converters(fields)):
                     yield chunk, chunk.sample_ids, chunk.values if chunk.raw is None else chunk.raw
         except FileNotFoundError:
             raise unreadable(f"dataset {item.path} does not exist") from None
@@ -171,14 +172,15 @@ class Records:
                        ) -> Iterator[tuple[RecordChunk, Any, list[Any]]]:
         wanted = [field.name for field in fields]
         if item.format == "object":
-            has_id = self.id_field in item.dataset.column_names
-            columns = wanted + ([self.id_field] if has_id and self.id_field not in wanted else [])
+            with_id = self.id_field in item.dataset.column_names
+            columns = wanted + ([self.id_field] if with_id and self.id_field not in wanted else [])
             total = max(int(item.dataset.num_rows), 1)
             batches = hf.object_batches(item.dataset, columns, chunk_size)
-            yield from self._columnar_chunks(((item.path, b, None) for b in batches), fields, has_id, before,
+            yield from self._columnar_chunks(((item.path, b, None) for b in batches), fields, [with_id], before,
                                              lambda rows: before + _size(item) * rows // total, row_id, shard)
             return
         done = [before]
+        has_id = [False]  # known once a file's schema is read, before its first batch
 
         def file_batches():
             for path in item.files:
@@ -190,15 +192,16 @@ class Records:
                         has_id[0] = self.id_field in names
                         columns = wanted + ([self.id_field] if has_id[0] and self.id_field not in wanted else [])
                         for batch in batches(columns, chunk_size):
-                            yield path, batch, lambda handle=handle, size=size: done[0] + min(handle.tell(), size)
+                            # a folder's rows are numbered across its files: messages name the folder and that row
+                            where = item.path if item.format == "hf" else path
+                            yield where, batch, lambda handle=handle, size=size: done[0] + min(handle.tell(), size)
                         done[0] += size
                 except FileNotFoundError:
                     raise unreadable(f"dataset {path} does not exist") from None
 
-        has_id = [False]
         yield from self._columnar_chunks(file_batches(), fields, has_id, before, None, row_id, shard)
 
-    def _columnar_chunks(self, batches, fields: Sequence[Field], has_id: Any, before: int,
+    def _columnar_chunks(self, batches, fields: Sequence[Field], has_id: list[bool], before: int,
                          progress: Callable[[int], int] | None, row_id: Callable[[int], str], shard: str | None
                          ) -> Iterator[tuple[RecordChunk, Any, list[Any]]]:
         row = 0
@@ -206,16 +209,15 @@ class Records:
             count = batch.num_rows
             if count == 0:
                 continue
-            with_id = has_id[0] if isinstance(has_id, list) else has_id
-            ids, id_array, values, arrays = arrow.batch_columns(batch, path, row, fields,
-                                                                self.id_field if with_id else None)
-            if ids is None:
-                if row_id is str:
-                    ids = RowIds(row, row + count)
-                    id_array = ids
-                else:
-                    ids = [row_id(r) for r in range(row, row + count)]
-                    id_array = ids
+            found, id_array, values, arrays = arrow.batch_columns(batch, path, row, fields,
+                                                                  self.id_field if has_id[0] else None)
+            ids: Sequence[str]
+            if found is not None:
+                ids = found
+            elif row_id is str:
+                ids = id_array = RowIds(row, row + count)
+            else:
+                ids = id_array = [row_id(r) for r in range(row, row + count)]
             converters = self._converters(fields)
             if converters:
                 values = [self._convert_column(path, row, field, converters[field.name], column)
@@ -223,7 +225,6 @@ class Records:
             read = consumed() if consumed is not None else progress(row + count) if progress else before
             yield RecordChunk(ids, values, row, read, shard), id_array, arrays
             row += count
-
 
     def _converters(self, fields: Sequence[Field]) -> dict[str, Callable[[Any], Any]]:
         """The converters of the fields read (none for a read of ids only)."""

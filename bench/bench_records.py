@@ -32,6 +32,8 @@ import shutil
 import tempfile
 import time
 
+from bench_lengths import train_tokenizer  # the same BPE tokenizer as the length-cache bench (bench/ is on sys.path)
+
 
 def make_texts(count: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
@@ -41,18 +43,6 @@ def make_texts(count: int, seed: int = 0) -> list[str]:
     base = [" ".join(rng.choices(lexicon, weights, k=max(1, int(rng.lognormvariate(4.0, 0.8))))) + "."
             for _ in range(min(count, 20_000))]
     return [base[i % len(base)] if i < len(base) else base[(i * 7919) % len(base)] for i in range(count)]
-
-
-def train_tokenizer(texts: list[str], vocab: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<unk>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tokenizer.train_from_iterator(texts[:5000], trainer)
-    return tokenizer
 
 
 def best(repeat: int, run, before=None) -> float:
@@ -128,7 +118,7 @@ def bench_tokenize(folder: str, rows: int, vocab: int, repeat: int) -> None:
     from umlos_cuda.batching.tokens.writer import tokenize_dataset
 
     texts = make_texts(rows, seed=1)
-    tokenizer = train_tokenizer(texts, vocab)
+    tokenizer = train_tokenizer(texts[:5000], vocab)
     model = os.path.join(folder, "model")
     os.makedirs(model, exist_ok=True)
     tokenizer.save(os.path.join(model, "tokenizer.json"))

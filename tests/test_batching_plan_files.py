@@ -314,3 +314,15 @@ def test_every_plan_code_is_documented():
     section = doc.split("## Failure codes", 1)[1]
     for code in PLAN_CODES:
         assert re.search(rf"^\| `{code}` \|", section, re.M), code
+
+
+@pytest.mark.parametrize("order", uc.modes.mode_names())
+@pytest.mark.parametrize("stage", [uc.nextbatch.MODE_SHUFFLE, uc.nextbatch.MODE_SEQUENTIAL, uc.presets.MODE_STREAMING])
+def test_a_loaded_plan_names_the_engine_mode_it_was_built_with(tmp_path, order, stage):
+    """meta.sampling_mode is the engine's metadata at build time, and the same after save and load
+    (a loaded Feistel plan once said BLOCK_AFFINE, the stage's spelling)."""
+    config = BatchingConfig(token_budget=4096, bucket_edges=(128,), overflow_max=1024, order=order, stage=stage)
+    built = BatchPlanBuilder(np.arange(1, 100), config, tokenizer_hash="ab" * 32).build(1)
+    save_plan(built, tmp_path / "plan")
+    assert built.meta.sampling_mode == config.sampling_mode == load_plan(tmp_path / "plan").meta.sampling_mode
+    assert (order in config.sampling_mode.lower()) or stage == uc.nextbatch.MODE_SEQUENTIAL

@@ -36,7 +36,7 @@ from ... import checks
 from ...errors import UINT64_MAX
 from ...manifest.core import DEFAULT_BLOCK_SIZE
 from ...nextbatch import MODE_SEQUENTIAL, MODE_SHUFFLE
-from ...modes import DEFAULT_MODE, mode_names
+from ...modes import DEFAULT_MODE, get_mode, mode_names
 from ...presets import MODE_STREAMING
 from .buckets import MAX_LENGTH, BucketSpec, config_error
 from ..packing.config import OversizePolicy, PackingConfig
@@ -192,6 +192,18 @@ class BatchingConfig:
             raise config_error(f"overflow_max {self.bucket_spec.overflow_max} is above pack max_length "
                                f"{pack.max_length}: a sample of the longest accepted length would fit no row; "
                                "lower overflow_max (longer samples are skipped and listed)")
+
+    @property
+    def sampling_mode(self) -> str:
+        """The ``sampling_mode`` the engine reports for this plan's order: ``stage`` says which call
+        (shuffled train, sequential, streaming; it is spelled with the block-affine mode's names)
+        and ``order`` which mode family, so a Feistel plan's order is ``..._FEISTEL_V1``. A loaded
+        plan's meta takes it from here rather than from ``stage``, which would name the block-affine
+        mode whatever the order."""
+        if self.stage == MODE_SEQUENTIAL:
+            return MODE_SEQUENTIAL
+        mode = get_mode(self.order)
+        return mode.streaming_sampling_mode if self.stage == MODE_STREAMING else mode.train_sampling_mode
 
     @property
     def rows_per_microbatch(self) -> int | None:

@@ -276,7 +276,7 @@ def meta_from_json(data) -> BatchPlanMeta:
                                        message=checks.AT_LEAST),
             tokenizer_hash=data["tokenizer_hash"],
             dataset_hash=data["dataset_hash"], lengths_sha256=data["lengths_sha256"],
-            sample_ids_sha256=data["sample_ids_sha256"], sampling_mode=config.stage,
+            sample_ids_sha256=data["sample_ids_sha256"], sampling_mode=config.sampling_mode,
             sampler_config_hash=data["sampler_config_hash"], manifest_hash=data["manifest_hash"],
             index_dtype=data["index_dtype"], shard=shard, fingerprint=data["fingerprint"],
             epoch_digests=tuple(data["epoch_digests"]), units=_units_field(data.get("units"), config),

@@ -6,9 +6,14 @@
   and the packed rows of umlos_cuda.batching.packing.rows (labels ignored at
   separators and segment ends, its position_ids kept);
 * every refused input raises COLLATE_INPUT_INVALID;
+* the presets (umlos_cuda/batching/presets.py): ``shifted`` is the batch's
+  own arrays; ``hf`` and ``padding_free`` equal a position-by-position
+  reference of their documented rules; dtypes are the ones asked for; every
+  refused argument raises COLLATE_INPUT_INVALID naming the choices;
 * a DataLoader with PlanBatchSampler, TokenDataset and PlanCollator, with
   worker processes (fork and spawn), yields exactly the plan's microbatches
-  collated from the store.
+  collated from the store. (tests/test_batching_hf_models.py feeds the
+  presets to a ``transformers`` model.)
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, Sample, Sample
 from umlos_cuda.batching.collate import (FIELDS, IGNORE_INDEX, CollatedBatch, collate_arrays, collate_microbatch,
                                          default_collate)
 from umlos_cuda.batching.packing.rows import pack_rows
+from umlos_cuda.batching.presets import apply_preset
 
 
 def reference(rows, width: int, pad_id: int = 0) -> dict:
@@ -153,6 +159,102 @@ def test_an_empty_row_is_refused():
            mention="row 0 is empty")
 
 
+# ====================================================================== presets
+def preset_reference(rows, width: int) -> tuple[dict, dict]:
+    """The ``hf`` labels and the ``padding_free`` arrays, one position at a time."""
+    hf_labels, flat, lengths = [], {"input_ids": [], "labels": [], "position_ids": []}, []
+    for ids, mask, segments in rows:
+        segments = list(segments) if segments is not None else [0] * len(ids)
+        line = []
+        for t in range(width):
+            follows = 0 < t < len(ids) and segments[t] == segments[t - 1]
+            line.append(ids[t] if follows and mask[t] == 1 else IGNORE_INDEX)
+            if t < len(ids):
+                if not follows:
+                    lengths.append(0)
+                lengths[-1] += 1
+                flat["input_ids"].append(ids[t])
+                flat["labels"].append(line[-1])
+                flat["position_ids"].append(t - segments.index(segments[t]))
+        hf_labels.append(line)
+    flat["cu"] = np.cumsum([0] + lengths).tolist()
+    return {"labels": hf_labels}, flat
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows_strategy(), st.integers(0, 4), st.sampled_from(["int32", "int64"]))
+def test_presets_follow_their_documented_rules(rows, extra, dtype):
+    from umlos_cuda.batching.attention_mask import create_segment_attention_mask
+
+    items = [(np.array(ids), np.array(mask)) if seg is None else (np.array(ids), np.array(mask), np.array(seg))
+             for ids, mask, seg in rows]
+    width = max(len(ids) for ids, _, _ in rows) + extra
+    batch = default_collate(items, width, "pad_to_bucket")
+    hf_want, flat_want = preset_reference(rows, width)
+    hf = apply_preset(batch, "hf", dtype=dtype)
+    assert list(hf) == ["input_ids", "labels", "attention_mask", "position_ids"]
+    assert hf["labels"].tolist() == hf_want["labels"]
+    assert np.array_equal(hf["labels"][:, 1:], batch.labels[:, :-1])  # the shifted targets, one column on
+    assert all(hf[name].dtype == np.dtype(dtype) for name in ("input_ids", "labels", "position_ids"))
+    assert np.array_equal(hf["input_ids"], batch.input_ids) and np.array_equal(hf["position_ids"], batch.position_ids)
+    packed = int(batch.segment_ids.max()) > 0
+    if packed:
+        assert hf["attention_mask"].dtype == bool and hf["attention_mask"].shape == (len(rows), 1, width, width)
+        assert np.array_equal(hf["attention_mask"][:, 0], create_segment_attention_mask(batch.segment_ids))
+    else:
+        assert hf["attention_mask"].dtype == np.dtype(dtype)
+        assert np.array_equal(hf["attention_mask"], batch.attention_mask)
+    flat = apply_preset(batch, "padding_free", dtype=dtype)
+    assert list(flat) == ["input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
+                          "max_length_k"]
+    for name in ("input_ids", "labels", "position_ids"):
+        assert flat[name].dtype == np.dtype(dtype) and flat[name].tolist() == [flat_want[name]], name
+    for name in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        assert flat[name].dtype == np.int32 and flat[name].tolist() == flat_want["cu"]
+    assert flat["max_length_q"] == flat["max_length_k"] == max(np.diff(flat_want["cu"]))
+    assert type(flat["max_length_q"]) is int
+
+
+def test_the_shifted_preset_is_the_batch_itself():
+    batch = default_collate([([5, 6, 7], [0, 1, 1]), ([8, 9], [1, 1])], 4, "pad_to_bucket")
+    arrays = apply_preset(batch, "shifted")
+    assert list(arrays) == list(FIELDS) and all(arrays[n] is getattr(batch, n) for n in FIELDS)  # byte for byte
+    wide = apply_preset(batch, "shifted", dtype="int64")
+    assert all(wide[n].dtype == np.int64 and np.array_equal(wide[n], getattr(batch, n)) for n in FIELDS)
+
+
+def test_an_additive_mask_for_eager_attention():
+    packed = default_collate([([5, 6, 7], [1, 1, 1], [0, 0, 1])], 4, "pad_to_bucket")
+    mask = apply_preset(packed, "hf", mask_dtype="float32")["attention_mask"]
+    attend = apply_preset(packed, "hf")["attention_mask"]
+    assert mask.dtype == np.float32 and set(np.unique(mask).tolist()) == {0.0, float(np.finfo(np.float32).min)}
+    assert np.array_equal(mask == 0, attend)
+    assert apply_preset(packed, "hf", attention="4d")["attention_mask"].shape == (1, 1, 4, 4)
+    single = default_collate([([5, 6], [1, 1])], 3, "pad_to_bucket")
+    assert apply_preset(single, "hf", attention="4d")["attention_mask"][0, 0].tolist() == [
+        [True, False, False], [True, True, False], [False, False, True]]  # padding attends to padding only
+
+
+@pytest.mark.parametrize("options, mention", [
+    ({"preset": "huggingface"}, "shifted, hf, padding_free"),
+    ({"preset": "hf", "dtype": "float32"}, "dtype must be one of int32, int64"),
+    ({"preset": "hf", "dtype": "int16"}, "int32, int64"),
+    ({"preset": "hf", "attention": "3d"}, "auto, 2d, 4d"),
+    ({"preset": "hf", "mask_dtype": "bfloat16"}, "bool, float16, float32, float64"),
+    ({"preset": "padding_free", "cu_seq_lens_dtype": "uint32"}, "cu_seq_lens_dtype"),
+    ({"preset": "hf", "attention": "2d"}, "use attention='4d'"),
+])
+def test_refused_preset_arguments(options, mention):
+    packed = default_collate([([5, 6, 7], [1, 1, 1], [0, 0, 1])], 4, "pad_to_bucket")
+    expect(errors.COLLATE_INPUT_INVALID, apply_preset, packed, **options, mention=mention)
+
+
+def test_padding_free_refuses_a_batch_without_tokens():
+    batch = default_collate([([5], [1])], 2, "pad_to_bucket")
+    empty = CollatedBatch(*(np.zeros_like(batch.input_ids) for _ in FIELDS))
+    expect(errors.COLLATE_INPUT_INVALID, apply_preset, empty, "padding_free", mention="no tokens")
+
+
 # ====================================================================== plans, stores and DataLoader
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
@@ -176,6 +278,12 @@ def test_a_plan_microbatch_collates_like_its_samples(planned):
             again = default_collate(samples, mb.max_len, plan.config.pad_policy)
             assert batch.shape == (len(mb.samples), mb.max_len)
             assert all(np.array_equal(getattr(batch, n), getattr(again, n)) for n in FIELDS)
+            for preset in ("shifted", "hf", "padding_free"):
+                direct = collate_microbatch(store, mb, preset=preset, dtype="int32")
+                assert all(np.array_equal(a, b) for a, b in zip(direct.values(), apply_preset(
+                    batch, preset, dtype="int32").values()))
+    expect(errors.COLLATE_INPUT_INVALID, collate_microbatch, store, mb, preset="hf", dtype="uint8",
+           mention="microbatch")  # the store and microbatch are named, as for every collation failure
 
 
 @pytest.mark.parametrize("policy, context, workers, rank, world", [

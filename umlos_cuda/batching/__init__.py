@@ -10,6 +10,7 @@ The pipeline, one sub-package per stage, in the order data flows:
     plans/               token-budget batch plans: config, planner, builder, plan folders, verify, sharding
     tokens/              token stores and Megatron indexed datasets, as token sources
     collate              one microbatch to padded arrays; attention_mask: segment masks
+    presets              a collated batch as a model takes it: shifted, hf, padding_free
     preference           preference pairs to chosen and rejected arrays, for DPO-style losses
     batches/             batch files: writer, reader, batch fingerprints
 
@@ -25,6 +26,7 @@ from .plans.buckets import BucketSpec
 from .chat import ChatSample, encode_chat
 from .plans.builder import BatchPlanBuilder
 from .collate import CollatedBatch, collate_microbatch, default_collate
+from .presets import CollationPreset, apply_preset
 from .preference import PreferenceBatch, collate_preference, collate_preference_microbatch, split_pairs
 from .plans.config import BatchingConfig, PadPolicy
 from .lengths.fingerprints import dataset_fingerprint, tokenizer_fingerprint
@@ -56,8 +58,10 @@ __all__ = [
     "BatchWriteReport",
     "BatchWriter",
     "CollatedBatch",
+    "CollationPreset",
     "MegatronDataset",
     "TokenStore",
+    "apply_preset",
     "collate_microbatch",
     "compute_batch_fingerprint",
     "default_collate",

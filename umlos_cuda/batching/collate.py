@@ -29,6 +29,11 @@ from a plan with an over-long policy it takes each sample's token range
 the plan gives (``MicrobatchSpec.spans``: :func:`sample_arrays`), the
 plan's cut, never one of its own.
 
+These arrays are the ``shifted`` convention; :mod:`~umlos_cuda.batching.presets`
+hands a batch out as ``transformers`` models take it (``hf``: int64,
+unshifted labels; ``padding_free``: one row with ``cu_seq_lens``), and
+``collate_microbatch(..., preset=...)`` does so directly.
+
 Each row is one slice copy; the masks, labels and positions are whole-array
 NumPy operations, so collation runs at memory speed (bench/bench_collate.py).
 """
@@ -44,11 +49,8 @@ import numpy as np
 from .. import checks, errors
 from ..errors import UmlosError
 from .plans.config import PadPolicy
+from .presets import IGNORE_INDEX, PAD_SEGMENT, apply_preset
 
-#: Label of a position that is not trained on (PyTorch's ``cross_entropy`` default ``ignore_index``).
-IGNORE_INDEX = -100
-#: Segment id of a padding position.
-PAD_SEGMENT = -1
 #: The arrays of a collated batch, in the order files and fingerprints list them.
 FIELDS = ("input_ids", "labels", "loss_mask", "attention_mask", "segment_ids", "position_ids")
 _INT32_MAX = np.iinfo(np.int32).max
@@ -232,8 +234,8 @@ def collate_error(message: str) -> UmlosError:
     return UmlosError(errors.COLLATE_INPUT_INVALID, message, operator=errors.BATCHING_OPERATOR)
 
 
-def collate_microbatch(source: Any, microbatch: Any, *, pad_id: int = 0,
-                       separator_ids: Sequence[int] = ()) -> CollatedBatch:
+def collate_microbatch(source: Any, microbatch: Any, *, pad_id: int = 0, separator_ids: Sequence[int] = (),
+                       preset: str | None = None, **preset_options: Any) -> CollatedBatch | dict[str, Any]:
     """A plan microbatch (:class:`~umlos_cuda.batching.plans.plan.MicrobatchSpec`)
     collated from a token source (umlos_cuda/batching/tokens/sources.py),
     padded to its ``max_len`` (the pad length under either policy).
@@ -241,9 +243,16 @@ def collate_microbatch(source: Any, microbatch: Any, *, pad_id: int = 0,
     One row per sample; in a packed plan, one row per packed row, laid out by
     :func:`~umlos_cuda.batching.packing.rows.pack_rows` (``separator_ids``
     between a row's samples, as many as the plan's ``separator_len``; see
-    :func:`plan_separator_ids`)."""
+    :func:`plan_separator_ids`).
+
+    Without ``preset``, the :class:`CollatedBatch`; with one (``shifted``,
+    ``hf``, ``padding_free``), the dict
+    :func:`~umlos_cuda.batching.presets.apply_preset` makes of it, given
+    ``preset_options`` (``dtype``, ``attention``, ``mask_dtype``,
+    ``cu_seq_lens_dtype``)."""
     try:
-        return _collate_microbatch(source, microbatch, pad_id, separator_ids)
+        batch = _collate_microbatch(source, microbatch, pad_id, separator_ids)
+        return batch if preset is None else apply_preset(batch, preset, **preset_options)
     except UmlosError as exc:  # say which store and microbatch: a message about "row 0" alone names no file
         if exc.code != errors.COLLATE_INPUT_INVALID:
             raise

@@ -9,7 +9,8 @@
   distributed evaluation (every sample once, equal steps, masked padding).
 * :class:`PlanBatchSampler` with :class:`TokenDataset` and :class:`PlanCollator`
   (and :class:`PackedBatchSampler` for a packed plan): plan microbatches from a
-  token store, collated to int32 tensors (docs/batching.md).
+  token store, collated to int32 tensors, or to the tensors a ``transformers``
+  model takes (``preset="hf"`` or ``"padding_free"``; docs/batching.md).
 * :func:`run_distributed`: the entry point of a torchrun script; it ends every
   rank cleanly (a DDP job on gloo otherwise aborts at exit now and then).
 

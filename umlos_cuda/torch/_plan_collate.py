@@ -2,8 +2,10 @@
 
 :class:`TokenDataset` indexes a token source (a token store or a Megatron
 dataset) by dataset row; :class:`PlanCollator` turns the items of one
-microbatch into a dict of int32 tensors with
-:func:`~umlos_cuda.batching.collate.collate_arrays`. With
+microbatch into a dict of tensors with
+:func:`~umlos_cuda.batching.collate.collate_arrays`, in the convention its
+preset names (int32 and shifted labels by default; ``hf`` and
+``padding_free`` for ``transformers`` models). With
 :class:`~umlos_cuda.torch.PlanBatchSampler` as ``batch_sampler``, each batch
 is one plan microbatch, padded as the plan says: the collator needs only
 the plan's :class:`~umlos_cuda.batching.plans.config.BatchingConfig` (pad to the
@@ -94,16 +96,36 @@ class PackedBatchSampler:
 class PlanCollator:
     """``collate_fn`` for plan microbatches of :class:`TokenDataset` items.
 
-    Returns ``{"input_ids", "labels", "loss_mask", "attention_mask",
-    "segment_ids", "position_ids"}`` (int32 ``[rows, width]`` tensors) and
-    ``"rows"`` (int64 dataset rows). ``plan``: a
-    :class:`~umlos_cuda.batching.plans.plan.BatchPlan`, a plan folder or a
-    :class:`~umlos_cuda.batching.plans.config.BatchingConfig`. For a packed plan,
-    items carry their packed row (:class:`PackedBatchSampler`) and
-    ``separator_ids`` are the plan's separator tokens.
+    ``preset`` says which tensors (:mod:`~umlos_cuda.batching.presets`):
+
+    * ``shifted`` (default): ``{"input_ids", "labels", "loss_mask",
+      "attention_mask", "segment_ids", "position_ids"}``, int32 ``[rows,
+      width]`` tensors, labels already shifted, and ``"rows"`` (int64
+      dataset rows);
+    * ``hf``: ``input_ids``, unshifted ``labels``, ``attention_mask`` and
+      ``position_ids``, int64, which a ``transformers`` causal LM takes as
+      ``model(**batch)``; for a packed plan the attention mask is the 4-D
+      block-diagonal one (``attention="auto"``), boolean for
+      ``attn_implementation="sdpa"`` or ``mask_dtype="float32"`` (additive)
+      for ``eager``;
+    * ``padding_free``: the microbatch as one row with ``position_ids``,
+      ``cu_seq_lens_q/k`` and ``max_length_q/k``, as
+      ``DataCollatorWithFlattening`` gives them.
+
+    ``dtype``, ``mask_dtype`` and ``cu_seq_lens_dtype`` are those of
+    :func:`~umlos_cuda.batching.presets.apply_preset`. ``rows`` adds the
+    ``"rows"`` tensor (default: only under ``shifted``, since a model called
+    with ``**batch`` would be handed it too).
+
+    ``plan``: a :class:`~umlos_cuda.batching.plans.plan.BatchPlan`, a plan
+    folder or a :class:`~umlos_cuda.batching.plans.config.BatchingConfig`. For
+    a packed plan, items carry their packed row (:class:`PackedBatchSampler`)
+    and ``separator_ids`` are the plan's separator tokens.
     """
 
-    def __init__(self, plan: Any, *, pad_id: int = 0, separator_ids=()) -> None:
+    def __init__(self, plan: Any, *, pad_id: int = 0, separator_ids=(), preset: str = "shifted", dtype: Any = None,
+                 attention: str = "auto", mask_dtype: str = "bool", cu_seq_lens_dtype: Any = "int32",
+                 rows: bool | None = None) -> None:
         from ..batching.plans.config import BatchingConfig
         from ..batching.plans.io import load_plan
         from ..batching.plans.plan import BatchPlan
@@ -123,6 +145,13 @@ class PlanCollator:
                                 "TokenDataset hands out whole rows: collate it with collate_microbatch or write its "
                                 "batch files (umlos-cuda batch generate)")
         self.separator_ids = plan_separator_ids(self, separator_ids)
+        from ..batching.presets import CollationPreset, check_preset
+
+        if attention == "auto" and preset != "shifted":  # one mask form for every microbatch of the plan
+            attention = "4d" if self.config.pack is not None else "2d"
+        self.options = check_preset(preset, dtype=dtype, attention=attention, mask_dtype=mask_dtype,
+                                    cu_seq_lens_dtype=cu_seq_lens_dtype)
+        self.rows = self.options["preset"] is CollationPreset.SHIFTED if rows is None else bool(rows)
 
     def width(self, longest: int) -> int:
         """The pad length of a microbatch whose longest sample has ``longest`` tokens."""
@@ -138,6 +167,7 @@ class PlanCollator:
         import torch
 
         from ..batching.collate import collate_arrays
+        from ..batching.presets import apply_preset
 
         rows = [item[0] for item in items]
         if self.config.pack is not None:
@@ -146,8 +176,11 @@ class PlanCollator:
             ids = [item[1] for item in items]
             masks = [item[2] for item in items]
             batch = collate_arrays(ids, masks, self.width(max(len(row) for row in ids)), pad_id=self.pad_id)
-        tensors = {name: torch.from_numpy(array) for name, array in batch.as_dict().items()}
-        tensors["rows"] = torch.tensor(rows, dtype=torch.int64)
+        arrays = apply_preset(batch, **self.options)
+        tensors = {name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+                   for name, value in arrays.items()}
+        if self.rows:
+            tensors["rows"] = torch.tensor(rows, dtype=torch.int64)
         return tensors
 
     def _packed(self, items: list, width: int):

@@ -27,7 +27,8 @@ umlos_cuda/batching/presets.py:
 * ``padding_free`` equals ``DataCollatorWithFlattening(return_flash_attn_kwargs=True,
   return_position_ids=True)`` on the same sequences: keys, dtypes, values;
 * ``PlanCollator(preset=...)`` in a DataLoader yields what ``apply_preset``
-  makes of ``collate_microbatch``, and the model takes it as it is.
+  makes of ``collate_microbatch``, and the model takes it as it is; for a
+  packed plan it refuses a 2-D mask when built.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 F = torch.nn.functional
 
+from batching_cases import expect  # noqa: E402
 from token_cases import make_store  # noqa: E402
+from umlos_cuda import errors  # noqa: E402
 from umlos_cuda.batching import (BatchingConfig, BatchPlanBuilder, PackingConfig, collate_microbatch,  # noqa: E402
                                  default_collate)
 from umlos_cuda.batching.presets import apply_preset  # noqa: E402
@@ -125,13 +128,6 @@ def test_a_packed_row_under_the_4d_mask_gives_each_sequences_losses(attn, mask_d
     first = {k for k in want if k[0] == 0 and k[1] < len(SEQUENCES[0][0])} | {k for k in want if k[0] == 1}
     assert max(abs(leaked[k] - want[k]) for k in first) <= TOLERANCE[attn]  # nothing before them to leak from
     assert min(abs(leaked[k] - want[k]) for k in want.keys() - first) > LEAK  # every later token sees the first
-
-
-def test_the_hf_preset_refuses_a_2d_mask_over_packed_rows():
-    from umlos_cuda import errors
-    from batching_cases import expect
-
-    expect(errors.COLLATE_INPUT_INVALID, apply_preset, packed_batch(), "hf", attention="2d", mention="4d")
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
@@ -248,3 +244,12 @@ def test_plan_collator_presets_feed_the_model(store, packed, preset):
             assert torch.isfinite(model(**batch, use_cache=False).loss)
         if step == 2:
             break
+
+
+def test_plan_collator_refuses_a_2d_mask_for_a_packed_plan():
+    from umlos_cuda.torch import PlanCollator
+
+    packed = BatchingConfig(1024, (), 256, "pad_to_bucket", 7, pack=PackingConfig(256, "first_fit"))
+    expect(errors.COLLATE_INPUT_INVALID, PlanCollator, packed, preset="hf", attention="2d", mention="4-D")
+    expect(errors.COLLATE_INPUT_INVALID, PlanCollator, packed, preset="gpt", mention="shifted, hf, padding_free")
+    assert PlanCollator(packed, preset="hf").options["attention"] == "4d"

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -232,6 +232,16 @@ def _width(max_len: Any) -> int:
 
 def collate_error(message: str) -> UmlosError:
     return UmlosError(errors.COLLATE_INPUT_INVALID, message, operator=errors.BATCHING_OPERATOR)
+
+
+@overload
+def collate_microbatch(source: Any, microbatch: Any, *, pad_id: int = 0, separator_ids: Sequence[int] = (),
+                       preset: None = None) -> CollatedBatch: ...
+
+
+@overload
+def collate_microbatch(source: Any, microbatch: Any, *, pad_id: int = 0, separator_ids: Sequence[int] = (),
+                       preset: str, **preset_options: Any) -> dict[str, Any]: ...
 
 
 def collate_microbatch(source: Any, microbatch: Any, *, pad_id: int = 0, separator_ids: Sequence[int] = (),

@@ -44,6 +44,7 @@ is whole-array NumPy on the batch's arrays.
 
 from __future__ import annotations
 
+import contextlib
 from enum import Enum
 from typing import Any
 
@@ -107,7 +108,7 @@ def apply_preset(batch: Any, preset: CollationPreset | str = CollationPreset.HF,
         return {"input_ids": batch.input_ids.astype(out_dtype), "labels": labels.astype(out_dtype),
                 "attention_mask": _attention(batch, attention, options["mask_dtype"], out_dtype),
                 "position_ids": batch.position_ids.astype(out_dtype)}
-    return padding_free(batch, labels, out_dtype, cu_dtype)
+    return _padding_free(batch, labels, out_dtype, cu_dtype)
 
 
 def check_preset(preset: CollationPreset | str, *, dtype: Any = None, attention: str = "auto",
@@ -135,7 +136,7 @@ def unshifted_labels(shifted: np.ndarray) -> np.ndarray:
     return labels
 
 
-def padding_free(batch: Any, labels: np.ndarray, dtype: np.dtype, cu_dtype: np.dtype) -> dict[str, Any]:
+def _padding_free(batch: Any, labels: np.ndarray, dtype: np.dtype, cu_dtype: np.dtype) -> dict[str, Any]:
     """The ``padding_free`` form: every sequence of the batch in one row, with its boundaries."""
     keep = np.asarray(batch.attention_mask) != 0
     if not keep.any():
@@ -148,7 +149,7 @@ def padding_free(batch: Any, labels: np.ndarray, dtype: np.dtype, cu_dtype: np.d
     lengths = np.diff(cu)
     positions = np.arange(segments.shape[0], dtype=np.int64) - np.repeat(cu[:-1], lengths)
     flat_labels = labels[keep]
-    flat_labels[cu[:-1]] = IGNORE_INDEX  # a sequence's first token predicts from nothing of its own
+    flat_labels[cu[:-1]] = IGNORE_INDEX  # no token of its own sequence comes before it
     longest = int(lengths.max())
     return {"input_ids": np.asarray(batch.input_ids)[keep].astype(dtype)[None, :],
             "labels": flat_labels.astype(dtype)[None, :],
@@ -176,10 +177,8 @@ def _attention(batch: Any, attention: str, mask_dtype: str, dtype: np.dtype) -> 
 def _int_dtype(value: Any, name: str) -> np.dtype:
     if type(value).__module__ == "torch":  # torch.int64 and the like: by name
         value = str(value).removeprefix("torch.")
-    try:
+    with contextlib.suppress(TypeError):  # not a dtype at all: refused below, naming the choices
         value = np.dtype(value).name
-    except TypeError:
-        pass
     return np.dtype(checks.choice(value, name, _INT_DTYPES, fail=preset_error))
 
 

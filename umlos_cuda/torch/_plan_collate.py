@@ -149,6 +149,9 @@ class PlanCollator:
 
         if attention == "auto" and preset != "shifted":  # one mask form for every microbatch of the plan
             attention = "4d" if self.config.pack is not None else "2d"
+        if attention == "2d" and preset == "hf" and self.config.pack is not None:
+            raise collate_error("a packed plan's rows need the 4-D block-diagonal mask: a 2-D one lets each token "
+                                "attend to the sequences before it in its row (give attention='4d' or 'auto')")
         self.options = check_preset(preset, dtype=dtype, attention=attention, mask_dtype=mask_dtype,
                                     cu_seq_lens_dtype=cu_seq_lens_dtype)
         self.rows = self.options["preset"] is CollationPreset.SHIFTED if rows is None else bool(rows)

@@ -15,7 +15,10 @@ number of steps. What differs from PyTorch (docs/integrations.md lists all):
 * ``pad=False`` gives each sample to exactly one rank (ranks ``r < N % W``
   take one more) for those who handle uneven steps themselves;
 * ``state_dict()`` is the epoch and the global position reached, so a run
-  resumes mid-epoch in O(1) at any world size.
+  resumes mid-epoch in O(1) at any world size; while a ``DataLoader`` with
+  workers pulls the sampler, the position counts the samples of the batches
+  that loader has handed the training loop, not those it prefetched
+  (``_prefetch.py``).
 
 An iterator is a snapshot: everything it yields is fixed when ``__iter__`` is
 called (epoch, seed, sizes), as with PyTorch's sampler, whose ``__iter__``
@@ -25,6 +28,7 @@ builds the whole list at once. With ``shuffle=False`` the order is
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -36,6 +40,7 @@ from .. import checks, errors
 from ..errors import UINT64_MAX
 from ..manifest.core import DEFAULT_BLOCK_SIZE, Manifest
 from ._dist import argument_error, require_int, require_uint64, resolve_world, state_of, type_error
+from ._prefetch import LoaderLink, called_by_torchdata, link_for
 from ._sampler_base import SamplerBase as _SamplerBase
 from ..modes import get_mode
 from ._order import (DEFAULT_SAMPLING_MODE, LEGACY_SAMPLING_MODE, MAX_SEED, RankOrder, check_effective_seed,
@@ -79,11 +84,13 @@ def _require_mode(sampling_mode: Any) -> str:
 @dataclass
 class _Pass:
     """One iteration's progress: the epoch and global position it started at,
-    and the samples it has yielded (what :meth:`DistributedSampler.state_dict` reads)."""
+    and the samples it has yielded (what :meth:`DistributedSampler.state_dict` reads),
+    and the loader with workers pulling it, if any."""
 
     epoch: int
     start: int
     yielded: int = 0
+    link: LoaderLink | None = None
 
 
 class DistributedSampler(_SamplerBase):
@@ -287,11 +294,12 @@ class DistributedSampler(_SamplerBase):
         self._pass = progress = _Pass(self.epoch, start)
         return self._generate(self._rank_order(), self._first_sample(start), progress)
 
-    @staticmethod
-    def _generate(order: RankOrder, first: int, progress: _Pass) -> Iterator[int]:
+    def _generate(self, order: RankOrder, first: int, progress: _Pass) -> Iterator[int]:
         for chunk in order.chunks(first):
             for index in chunk:
                 progress.yielded += 1
+                if progress.yielded == 1:
+                    progress.link = link_for(self, batches=False)
                 yield index
 
     # -- checkpointing ---------------------------------------------------------
@@ -300,15 +308,33 @@ class DistributedSampler(_SamplerBase):
 
         ``global_position`` is the prefix of the epoch's global order that the
         ranks have consumed, assuming they advance in lock-step (as DDP steps
-        do); save it from any rank. By default the position follows what the
-        latest iteration of the current epoch has yielded; a plain DataLoader
-        with workers runs ahead of the training loop by its prefetch, so pass
+        do); save it from any rank. The position counts the samples the
+        latest iteration of the current epoch has handed the training loop:
+        when a ``DataLoader`` with workers pulls it, the samples of the
+        batches its workers fetched ahead are not counted (the loader's
+        batch size is read from its ``BatchSampler``), so a state saved in
+        the loop, or after leaving it, resumes with the next batch.
+
         ``samples_consumed`` (samples this rank's loop has used in this
-        iteration) or use torchdata's ``StatefulDataLoader``, which snapshots
-        at the right moments itself.
+        iteration) overrides that count; without it, a loader whose count
+        cannot be known (``in_order=False``, a batch sampler of its own
+        without ``batch_size``) makes a plain call warn. torchdata's
+        ``StatefulDataLoader`` gets the position of what was handed out
+        when it calls this itself.
         """
         progress = self._pass or _Pass(self.epoch, 0)
-        yielded = progress.yielded if samples_consumed is None else require_uint64(samples_consumed, "samples_consumed")
+        if samples_consumed is not None:
+            yielded = require_uint64(samples_consumed, "samples_consumed")
+        elif progress.link is not None and not called_by_torchdata():
+            if not progress.link.exact:
+                warnings.warn("DistributedSampler.state_dict(): a DataLoader with workers has fetched samples "
+                              "ahead of the loop and cannot say which the loop used (in_order=False, or a batch "
+                              "sampler without batch_size), so this position counts them as used and a resume "
+                              "would skip them; pass state_dict(samples_consumed=K), K the samples the loop used "
+                              "in this iteration", stacklevel=2)
+            yielded = progress.link.consumed(progress.yielded)
+        else:
+            yielded = progress.yielded
         if self._resume is not None:
             position = self._resume
         else:

@@ -11,13 +11,17 @@ One pass of ``iter()`` runs to the end of the cursor's epoch, like any
 sampler; the next pass is the next epoch. An iterator is a snapshot: it yields
 the epoch of the cursor at ``iter()`` time with the sampler's configuration
 then, whatever ``set_epoch`` or ``load_state_dict`` do meanwhile (they detach
-it: it no longer moves the sampler's cursor).
+it: it no longer moves the sampler's cursor). While a ``DataLoader`` with
+workers pulls a pass, ``state_dict()`` counts the micro-batches that loader
+has handed the training loop, not the ones its workers prefetched
+(``_prefetch.py``).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -28,6 +32,7 @@ from ..errors import UmlosError
 from ..manifest.core import Manifest, as_manifest
 from ..nextbatch import check_dataset_length, next_batch
 from ._dist import argument_error, as_argument_error, require_uint64, resolve_world, state_of
+from ._prefetch import LoaderLink, called_by_torchdata, link_for
 from ._sampler_base import SamplerBase as _SamplerBase
 from ._padding import Padding
 
@@ -105,6 +110,8 @@ class NextBatchSampler(_SamplerBase):
         self.last_metadata: dict[str, Any] | None = None
         self._iter_start = self.cursor  # the cursor the current pass of iter() began at
         self._owner: object | None = None  # the pass that moves self.cursor (None: none)
+        self._handed = 0  # micro-batches the owned pass has handed out
+        self._link: LoaderLink | None = None  # the loader with workers pulling the owned pass
 
     def _engine(self) -> Callable[..., Any]:
         """``next_batch`` bound to this sampler's configuration as it is now."""
@@ -143,6 +150,7 @@ class NextBatchSampler(_SamplerBase):
     def __iter__(self) -> Iterator[list]:
         self._iter_start = self.cursor
         self._owner = owner = object()
+        self._handed, self._link = 0, None
         return self._generate(self._pass_from(self.cursor), owner)
 
     def _generate(self, steps: Iterator[tuple[Cursor, dict, list]], owner: object) -> Iterator[list]:
@@ -151,6 +159,10 @@ class NextBatchSampler(_SamplerBase):
                 self.cursor = cursor  # owned: advanced before the consumer sees the batch
             self.last_metadata = metadata
             if indices:
+                if self._owner is owner:
+                    self._handed += 1
+                    if self._handed == 1:
+                        self._link = link_for(self, batches=True)
                 yield indices
 
     def _pass_from(self, cursor: Cursor) -> Iterator[tuple[Cursor, dict, list]]:
@@ -168,7 +180,7 @@ class NextBatchSampler(_SamplerBase):
         epoch = require_uint64(epoch, "epoch")
         if epoch != self.cursor.epoch:
             self.cursor = self._iter_start = Cursor(epoch, 0)
-            self._owner = None
+            self._owner, self._link = None, None
 
     # -- checkpointing ---------------------------------------------------------
     def _cursor_after(self, batches: int) -> Cursor:
@@ -182,12 +194,28 @@ class NextBatchSampler(_SamplerBase):
     def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
         """The cursor and what it belongs to, as plain data (str and int only).
 
-        By default the cursor follows what the sampler has handed out. A plain
-        DataLoader with workers prefetches ahead of the training loop: pass
-        ``batches_consumed`` (micro-batches the loop has used in the current
-        pass, counted on rank 0) or use torchdata's ``StatefulDataLoader``.
+        The cursor is after the micro-batches the training loop has
+        received: when a ``DataLoader`` with workers pulls this pass, the
+        ones its workers fetched ahead are not counted (as for
+        :meth:`PlanBatchSampler.state_dict`). ``batches_consumed``
+        (micro-batches the loop has used in the current pass, counted on
+        rank 0) overrides that count; without it, a loader whose count
+        cannot be known (``in_order=False``, an unknown batch sampler
+        around this one) makes a plain call warn. torchdata's
+        ``StatefulDataLoader`` gets the cursor of what was handed out when
+        it calls this itself.
         """
         cursor = self.cursor
+        if batches_consumed is None and self._link is not None and not called_by_torchdata():
+            if self._link.exact:
+                used = self._link.consumed(self._handed)
+                batches_consumed = used if used < self._handed else None
+            else:
+                warnings.warn("NextBatchSampler.state_dict(): a DataLoader with workers has fetched micro-batches "
+                              "ahead of the loop and cannot say which the loop used (in_order=False, or a batch "
+                              "sampler around this one), so this cursor counts them as used and a resume would "
+                              "skip them; pass state_dict(batches_consumed=K), K the micro-batches the loop used "
+                              "in this pass", stacklevel=2)
         if batches_consumed is not None:
             cursor = self._cursor_after(require_uint64(batches_consumed, "batches_consumed"))
         return {
@@ -222,7 +250,7 @@ class NextBatchSampler(_SamplerBase):
         except UmlosError as exc:
             raise as_argument_error(exc) from None
         self.cursor = self._iter_start = cursor
-        self._owner = None
+        self._owner, self._link = None, None
 
 
 def _steps(engine: Callable[..., Any], cursor: Cursor, pad: bool,

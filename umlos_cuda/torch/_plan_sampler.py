@@ -17,9 +17,10 @@ is the next epoch. A pass that starts after the plan's last epoch yields
 nothing and warns (the plan was built for fewer epochs than the loop runs).
 ``state_dict()`` / ``load_state_dict()`` carry the cursor and the plan's
 fingerprint (a restore into another plan is refused), the interface
-torchdata's ``StatefulDataLoader`` calls. A plain ``state_dict()`` while a
-``DataLoader`` with workers has fetched microbatches ahead of the loop warns
-(those would be skipped on resume; see :meth:`PlanBatchSampler.state_dict`).
+torchdata's ``StatefulDataLoader`` calls. While a ``DataLoader`` with
+workers pulls a pass, ``state_dict()`` counts the microbatches that loader
+has handed the training loop, not the ones its workers prefetched
+(``_prefetch.py``; see :meth:`PlanBatchSampler.state_dict`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 from .. import checks, errors
 from ..errors import UmlosError
 from ._dist import argument_error, as_argument_error, require_uint64, resolve_world, state_of
-from ._prefetch import called_by_torchdata, pulled_by_workers
+from ._prefetch import LoaderLink, called_by_torchdata, link_for
 from ._sampler_base import SamplerBase as _SamplerBase
 
 #: ``state_dict()["format"]``.
@@ -86,7 +87,8 @@ class PlanBatchSampler(_SamplerBase):
         self.last_microbatch: dict[str, int] | None = None
         self._iter_start = (self.epoch, self.microbatch_index)
         self._owner: object | None = None
-        self._prefetched: object | None = None  # the pass whose microbatches a loader's workers pulled ahead
+        self._handed = 0  # microbatches the owned pass has handed out
+        self._link: LoaderLink | None = None  # the loader with workers pulling the owned pass
 
     # -- sizes -------------------------------------------------------------
     @property
@@ -119,6 +121,7 @@ class PlanBatchSampler(_SamplerBase):
     def __iter__(self) -> Iterator[list[int]]:
         self._iter_start = (self.epoch, self.microbatch_index)
         self._owner = owner = object()
+        self._handed, self._link = 0, None
         last = self.plan.num_epochs - 1
         if self.epoch == last and self.microbatch_index >= self._epoch_length(last):
             warnings.warn(f"PlanBatchSampler: the plan's last epoch ({last}) is done, so this pass yields no "
@@ -133,10 +136,11 @@ class PlanBatchSampler(_SamplerBase):
             rows = plan_epoch.rows(local)
             if self._owner is owner:
                 self.epoch, self.microbatch_index = self._after(epoch, start, step + 1)
+                self._handed = step + 1
+                if step == 0:
+                    self._link = link_for(self, batches=True)
             self.last_microbatch = {"epoch": epoch, "index": index, "bucket_id": int(plan_epoch.bucket_ids[local]),
                                     "max_len": int(plan_epoch.max_len[local])}
-            if pulled_by_workers():
-                self._prefetched = owner
             yield rows.tolist()
         if self._owner is owner:  # a rank without a microbatch in the last step ends the epoch too
             self.epoch, self.microbatch_index = self._after(epoch, start, self.steps_from(epoch, start))
@@ -162,26 +166,41 @@ class PlanBatchSampler(_SamplerBase):
                 raise as_argument_error(exc) from None
             self.epoch, self.microbatch_index = epoch, 0
             self._iter_start = (epoch, 0)
-            self._owner = None
+            self._owner, self._link = None, None
 
     # -- checkpointing ---------------------------------------------------------
     def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
         """The plan cursor and the plan's fingerprint, as plain data.
 
-        By default the cursor follows what the sampler handed out. A
-        DataLoader with workers prefetches: pass ``batches_consumed`` (the
-        microbatches this rank's loop used in the current pass) or use
-        torchdata's ``StatefulDataLoader``. Called without it while workers
-        have pulled this pass's microbatches ahead, it warns: the state
-        would resume after the prefetched microbatches, skipping them.
+        The cursor is after the microbatches the training loop has
+        received: when a ``DataLoader`` with workers pulls this pass, the
+        ones its workers fetched ahead and the loop has not seen yet are
+        not counted (the loader is found on the call stack; see
+        ``_prefetch.py``), so a resume from a ``state_dict()`` saved in the
+        loop, or after leaving it, continues with the next microbatch.
+        Without workers the sampler hands out only what the loop takes.
+
+        ``batches_consumed``: the microbatches this rank's loop used in the
+        current pass, overriding that count (for a loop that draws batches
+        it does not train on, or one that trains on a batch only after the
+        save). When the count cannot be known (a loader with
+        ``in_order=False``, or an unknown batch sampler wrapping this one),
+        a plain call warns: the state would count the prefetched
+        microbatches as used. torchdata's ``StatefulDataLoader`` calls this
+        itself when it sends a microbatch to a worker and gets the cursor
+        of what was handed out then, which its snapshots expect.
         """
         epoch, index = self.epoch, self.microbatch_index
-        if batches_consumed is None and self._prefetched is not None and self._prefetched is self._owner \
-                and not called_by_torchdata():
-            warnings.warn("PlanBatchSampler.state_dict(): a DataLoader with workers has fetched microbatches ahead "
-                          "of the loop, and this cursor counts them as used, so a resume would skip them; pass "
-                          "state_dict(batches_consumed=K), K the microbatches the loop used in this pass, or use "
-                          "torchdata's StatefulDataLoader", stacklevel=2)
+        if batches_consumed is None and self._link is not None and not called_by_torchdata():
+            if self._link.exact:
+                used = self._link.consumed(self._handed)
+                batches_consumed = used if used < self._handed else None
+            else:
+                warnings.warn("PlanBatchSampler.state_dict(): a DataLoader with workers has fetched microbatches "
+                              "ahead of the loop and cannot say which the loop used (in_order=False, or a batch "
+                              "sampler around this one), so this cursor counts them as used and a resume would "
+                              "skip them; pass state_dict(batches_consumed=K), K the microbatches the loop used "
+                              "in this pass", stacklevel=2)
         if batches_consumed is not None:
             epoch, index = self._after(*self._iter_start, require_uint64(batches_consumed, "batches_consumed"))
         return {"format": STATE_FORMAT, "plan_fingerprint": self.fingerprint, "epoch": epoch,
@@ -203,4 +222,4 @@ class PlanBatchSampler(_SamplerBase):
             raise as_argument_error(exc) from None
         self.epoch, self.microbatch_index = int(state["epoch"]), int(state["microbatch_index"])
         self._iter_start = (self.epoch, self.microbatch_index)
-        self._owner = None
+        self._owner, self._link = None, None

@@ -1,42 +1,126 @@
-"""Who is pulling a batch sampler's iterator: a DataLoader with workers, or the loop itself.
+"""What the training loop has consumed of a sampler's pass, when a DataLoader with workers runs ahead.
 
-A ``DataLoader`` with ``num_workers > 0`` asks its batch sampler for
-``prefetch_factor * num_workers`` batches before the loop has used one, so a
-cursor that counts what the sampler handed out runs ahead of what training
-consumed, and a plain ``state_dict()`` saved then would skip the prefetched
+A ``DataLoader`` with ``num_workers > 0`` asks its (batch) sampler for
+``prefetch_factor * num_workers`` batches before the loop has used one, and
+for one more each time it hands the loop a batch. A cursor that counts what
+the sampler handed out therefore runs that far ahead of what training
+consumed, and a ``state_dict()`` saved from it would skip the prefetched
 batches on resume. The sampler cannot see the loop, but it can see who calls
 ``next()`` on its iterator: every ``torch.utils.data`` loader iterator (and
 torchdata's ``StatefulDataLoader``) hands out indices through
-``_next_index(self)``, whose ``self`` knows its ``_num_workers``.
-torchdata's loader snapshots the sampler at the moment it hands a batch out
-and restores exactly; :func:`called_by_torchdata` tells those calls apart.
+``_next_index(self)``, and that iterator keeps the batches it has sent to
+workers and not yet returned in a dict, ``_task_info``, keyed by task
+number (tasks ``[returned, sent)`` when batches come back in order). So a
+pass remembers that dict (:class:`LoaderLink`): the batches the loop has
+received are the smallest key, or all of them once the dict is empty. The
+dict outlives the loader iterator (a ``break`` frees it); a weak reference
+to the iterator turns it into a count when the iterator goes, so no
+prefetched tensors are kept alive.
 
-Both are frame inspections of private torch names: if a torch release
-renames them, the checks say "no" and the sampler stays silent, as before.
+torchdata's loader snapshots the sampler itself, at the moment it sends a
+batch to a worker, and wants the cursor of what was handed out then;
+:func:`called_by_torchdata` tells those calls apart.
+
+These are inspections of private torch names (``_next_index``,
+``_num_workers``, ``_task_info``, ``_in_order``, ``_index_sampler``): if a
+torch release renames them, a link is not made (or is not exact) and the
+sampler warns instead of guessing, as the tests pin.
 """
 
 from __future__ import annotations
 
 import sys
+import weakref
+from typing import Any
+
+#: How many frames above the sampler's generator the loader's ``_next_index``
+#: may be: a batch sampler wrapping a sampler (``BatchSampler``,
+#: ``PackedBatchSampler``) adds one or two.
+_SEARCH_FRAMES = 8
 
 
-def pulled_by_workers(depth: int = 2) -> bool:
-    """True when the frame ``depth`` levels up (the caller of ``next()`` on a
-    generator that calls this) is a loader iterator with worker processes."""
-    try:
-        frame = sys._getframe(depth)
-    except ValueError:
-        return False
-    if frame.f_code.co_name != "_next_index":
-        return False
-    workers = getattr(frame.f_locals.get("self"), "_num_workers", 0)
-    return isinstance(workers, int) and workers > 0
+def items_per_batch(loader: Any, sampler: Any, batches: bool) -> int | None:
+    """How many of ``sampler``'s items make one of ``loader``'s batches, or None when that is unknown.
+
+    ``batches``: the sampler is a batch sampler (one item per batch, also
+    through a wrapper with ``.sampler``). Otherwise the loader's own
+    ``BatchSampler`` (``batch_size=B``) takes ``B`` items per batch, and a
+    loader without automatic batching (``batch_size=None``) one.
+    """
+    index_sampler = getattr(loader, "_index_sampler", None)
+    if index_sampler is sampler:
+        return 1
+    if getattr(index_sampler, "sampler", None) is not sampler:
+        return None
+    if batches:
+        return 1
+    size = getattr(index_sampler, "batch_size", None)
+    return size if isinstance(size, int) and size > 0 else None
 
 
-def called_by_torchdata(depth: int = 2) -> bool:
-    """True when the function ``depth`` levels up belongs to torchdata (its loader saving a snapshot)."""
-    try:
-        frame = sys._getframe(depth)
-    except ValueError:
-        return False
-    return str(frame.f_globals.get("__name__", "")).startswith("torchdata.")
+class LoaderLink:
+    """Batches a loader iterator with workers has handed to the loop in one pass.
+
+    ``exact`` is False when the count cannot be known: the loader returns
+    batches out of order (``in_order=False``), the sampler sits under a batch
+    sampler of unknown size, or torch's internals are not the expected ones.
+    """
+
+    def __init__(self, loader: Any, per_batch: int | None) -> None:
+        tasks = getattr(loader, "_task_info", None)
+        self.exact = isinstance(tasks, dict) and getattr(loader, "_in_order", True) is not False \
+            and per_batch is not None
+        self._per_batch = per_batch or 1
+        self._tasks: dict | None = tasks if self.exact else None
+        self._returned: int | None = None  # frozen count once the loader is gone (None: all)
+        if self.exact:
+            self._ref = weakref.ref(loader, self._freeze)
+
+    def _freeze(self, _ref: Any) -> None:
+        self._returned = self._returned_now()
+        self._tasks = None
+
+    def _returned_now(self) -> int | None:
+        """The first task the loop has not received, or None when it received every task sent."""
+        tasks = self._tasks
+        return min(tasks) if tasks else None
+
+    def consumed(self, handed_out: int) -> int:
+        """Of the ``handed_out`` items of this pass, how many reached the loop."""
+        returned = self._returned_now() if self._tasks is not None else self._returned
+        if returned is None:
+            return handed_out
+        return min(handed_out, returned * self._per_batch)
+
+
+def link_for(sampler: Any, batches: bool) -> LoaderLink | None:
+    """A :class:`LoaderLink` when a loader with workers is pulling ``sampler``'s pass now, else None.
+    Call it from the sampler's generator while it produces an item."""
+    loader = _pulling_loader()
+    if loader is None:
+        return None
+    return LoaderLink(loader, items_per_batch(loader, sampler, batches))
+
+
+def _pulling_loader() -> Any:
+    """The loader iterator with worker processes whose ``_next_index`` is on the stack a few frames
+    up (above the sampler's generator and any wrapping batch sampler), or None."""
+    frame = sys._getframe(1)
+    for _ in range(_SEARCH_FRAMES):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "_next_index":
+            loader = frame.f_locals.get("self")
+            workers = getattr(loader, "_num_workers", 0)
+            return loader if isinstance(workers, int) and workers > 0 else None
+        frame = frame.f_back
+    return None
+
+
+def called_by_torchdata() -> bool:
+    """True when the first caller outside this package belongs to torchdata (its loader saving a
+    snapshot of the sampler), so that a wrapper (``PackedBatchSampler``) passes the call through."""
+    frame = sys._getframe(1)
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("umlos_cuda."):
+        frame = frame.f_back
+    return frame is not None and str(frame.f_globals.get("__name__", "")).startswith("torchdata.")

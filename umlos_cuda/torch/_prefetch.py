@@ -22,9 +22,12 @@ batch to a worker, and wants the cursor of what was handed out then;
 :func:`called_by_torchdata` tells those calls apart.
 
 These are inspections of private torch names (``_next_index``,
-``_num_workers``, ``_task_info``, ``_in_order``, ``_index_sampler``): if a
-torch release renames them, a link is not made (or is not exact) and the
-sampler warns instead of guessing, as the tests pin.
+``_num_workers``, ``_task_info``, ``_in_order``, ``_index_sampler``). If a
+torch release renamed the loader's ``_task_info``, ``_in_order`` or
+``_index_sampler``, the link would not be exact and ``state_dict()`` would
+warn; if it renamed ``_next_index`` or ``_num_workers``, the loader would not
+be found and the sampler would count what it handed out, as before.
+tests/test_torch_prefetch_resume.py fails in both cases.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ hands batches back in order, whatever its workers' speed).
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import numpy as np
@@ -87,7 +88,7 @@ def test_plan_state_after_break_and_after_the_epoch(workers, prefetch):
     expected = plan_sequence(0)
     for stop in (4, len(expected) - 2):  # in mid-epoch, and within the last prefetch window
         sampler = PlanBatchSampler(PLAN, rank=1, world_size=2)
-        for step, (batch,) in enumerate(loader(sampler, workers, prefetch)):
+        for step, _ in enumerate(loader(sampler, workers, prefetch)):
             if step == stop:
                 break
         state = sampler.state_dict()
@@ -97,6 +98,46 @@ def test_plan_state_after_break_and_after_the_epoch(workers, prefetch):
     assert rows(loader(sampler, workers, prefetch)) == expected
     assert (sampler.state_dict()["epoch"], sampler.state_dict()["microbatch_index"]) == (1, 0)
     assert rows(loader(sampler, workers, prefetch)) == plan_sequence(1)  # the next pass is epoch 1
+
+
+def test_plan_persistent_workers_second_epoch_and_plan_cursor():
+    """persistent_workers keeps one loader iterator over both epochs; the checkpoint store's
+    PlanCursor.of(sampler), read in the loop, is the same exact cursor."""
+    from umlos_cuda.batching.plans.checkpoint_kinds import PlanCursor
+
+    sampler = PlanBatchSampler(PLAN, rank=1, world_size=2)
+    persistent = loader(sampler, 2, 3, persistent_workers=True)
+    assert rows(persistent) == plan_sequence(0)
+    for step, _ in enumerate(persistent):
+        if step == 3:
+            state, cursor = sampler.state_dict(), PlanCursor.of(sampler)
+            break
+    assert (state["epoch"], state["microbatch_index"]) == (1, 8)
+    assert (cursor.epoch, cursor.microbatch_index) == (1, 8)
+    assert resume_plan(state, 2, 3) == plan_sequence(1)[4:]
+
+
+class Uneven(Dataset):
+    """Rows whose worker takes longer now and then, so batches reach the main process out of order
+    (the loader still hands them to the loop in order, and the count must not care)."""
+
+    def __len__(self):
+        return PLAN.meta.num_samples
+
+    def __getitem__(self, row):
+        if row % 7 == 0:
+            time.sleep(0.002)
+        return torch.tensor(row)
+
+
+def test_plan_exact_when_workers_finish_out_of_order():
+    expected = plan_sequence(0)
+    sampler = PlanBatchSampler(PLAN, rank=1, world_size=2)
+    for step, _ in enumerate(loader(sampler, 2, 4, Uneven())):
+        if step == 6:
+            state = sampler.state_dict()
+            break
+    assert resume_plan(state, 2, 4) == expected[7:]
 
 
 def test_plan_batches_consumed_still_overrides():

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from types import FrameType
 from typing import Any
 
 #: How many frames above the sampler's generator the loader's ``_next_index``
@@ -74,10 +75,12 @@ class LoaderLink:
         self.exact = isinstance(tasks, dict) and getattr(loader, "_in_order", True) is not False \
             and per_batch is not None
         self._per_batch = per_batch or 1
-        self._tasks: dict | None = tasks if self.exact else None
         self._returned: int | None = None  # frozen count once the loader is gone (None: all)
-        if self.exact:
-            self._ref = weakref.ref(loader, self._freeze)
+        try:
+            self._ref = weakref.ref(loader, self._freeze) if self.exact else None
+        except TypeError:  # not weakly referenceable: not the loader iterator this expects
+            self.exact = False
+        self._tasks: dict | None = tasks if self.exact else None
 
     def _freeze(self, _ref: Any) -> None:
         self._returned = self._returned_now()
@@ -108,7 +111,7 @@ def link_for(sampler: Any, batches: bool) -> LoaderLink | None:
 def _pulling_loader() -> Any:
     """The loader iterator with worker processes whose ``_next_index`` is on the stack a few frames
     up (above the sampler's generator and any wrapping batch sampler), or None."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(_SEARCH_FRAMES):
         if frame is None:
             return None
@@ -123,7 +126,7 @@ def _pulling_loader() -> Any:
 def called_by_torchdata() -> bool:
     """True when the first caller outside this package belongs to torchdata (its loader saving a
     snapshot of the sampler), so that a wrapper (``PackedBatchSampler``) passes the call through."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("umlos_cuda."):
         frame = frame.f_back
     return frame is not None and str(frame.f_globals.get("__name__", "")).startswith("torchdata.")

@@ -11,6 +11,8 @@ hands batches back in order, whatever its workers' speed).
 
 from __future__ import annotations
 
+import copy
+import pickle
 import time
 import warnings
 
@@ -138,6 +140,18 @@ def test_plan_exact_when_workers_finish_out_of_order():
             state = sampler.state_dict()
             break
     assert resume_plan(state, 2, 4) == expected[7:]
+
+
+def test_a_sampler_copied_mid_pass_keeps_the_count():
+    """pickle and deepcopy of a sampler while a loader with workers pulls it (the link to the loader
+    does not pickle; the copy keeps the count of that moment)."""
+    sampler = PlanBatchSampler(PLAN, rank=1, world_size=2)
+    for step, _ in enumerate(loader(sampler, 2, 2)):
+        if step == 4:
+            copies = [pickle.loads(pickle.dumps(sampler)), copy.deepcopy(sampler)]
+            break
+    assert [c.state_dict()["microbatch_index"] for c in copies] == [10, 10]
+    assert sampler.state_dict()["microbatch_index"] == 10
 
 
 def test_plan_batches_consumed_still_overrides():

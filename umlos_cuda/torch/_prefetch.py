@@ -91,6 +91,13 @@ class LoaderLink:
         tasks = self._tasks
         return min(tasks) if tasks else None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (pickle, ``copy.deepcopy`` of a sampler mid-pass) keeps the count as it is now,
+        without the loader's dict or the weak reference, which do not pickle."""
+        returned = self._returned_now() if self._tasks is not None else self._returned
+        return {"exact": self.exact, "_per_batch": self._per_batch, "_returned": returned, "_ref": None,
+                "_tasks": None}
+
     def consumed(self, handed_out: int) -> int:
         """Of the ``handed_out`` items of this pass, how many reached the loop."""
         returned = self._returned_now() if self._tasks is not None else self._returned

@@ -175,8 +175,8 @@ def test_plan_out_of_order_loader_warns():
             break
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_plan_with_stateful_dataloader(workers):
+@pytest.mark.parametrize("workers,every", [(0, 1), (2, 1), (2, 3)])
+def test_plan_with_stateful_dataloader(workers, every):
     """torchdata snapshots the sampler when it sends a batch to a worker; its own state resumes exactly,
     and so does the sampler's state_dict() read in the same loop."""
     tdl = pytest.importorskip("torchdata.stateful_dataloader")
@@ -184,7 +184,7 @@ def test_plan_with_stateful_dataloader(workers):
 
     def stateful(sampler):
         return tdl.StatefulDataLoader(ROWS, batch_sampler=sampler, num_workers=workers,
-                                      prefetch_factor=2 if workers else None)
+                                      prefetch_factor=2 if workers else None, snapshot_every_n_steps=every)
 
     sampler = PlanBatchSampler(PLAN, rank=1, world_size=2)
     first = stateful(sampler)

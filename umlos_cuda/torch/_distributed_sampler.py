@@ -28,7 +28,6 @@ builds the whole list at once. With ``shuffle=False`` the order is
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -40,7 +39,7 @@ from .. import checks, errors
 from ..errors import UINT64_MAX
 from ..manifest.core import DEFAULT_BLOCK_SIZE, Manifest
 from ._dist import argument_error, require_int, require_uint64, resolve_world, state_of, type_error
-from ._prefetch import LoaderLink, called_by_torchdata, link_for
+from ._prefetch import LoaderLink, link_for, loop_count
 from ._sampler_base import SamplerBase as _SamplerBase
 from ..modes import get_mode
 from ._order import (DEFAULT_SAMPLING_MODE, LEGACY_SAMPLING_MODE, MAX_SEED, RankOrder, check_effective_seed,
@@ -325,16 +324,9 @@ class DistributedSampler(_SamplerBase):
         progress = self._pass or _Pass(self.epoch, 0)
         if samples_consumed is not None:
             yielded = require_uint64(samples_consumed, "samples_consumed")
-        elif progress.link is not None and not called_by_torchdata():
-            if not progress.link.exact:
-                warnings.warn("DistributedSampler.state_dict(): a DataLoader with workers has fetched samples "
-                              "ahead of the loop and cannot say which the loop used (in_order=False, or a batch "
-                              "sampler without batch_size), so this position counts them as used and a resume "
-                              "would skip them; pass state_dict(samples_consumed=K), K the samples the loop used "
-                              "in this iteration", stacklevel=2)
-            yielded = progress.link.consumed(progress.yielded)
         else:
-            yielded = progress.yielded
+            counted = loop_count(progress.link, progress.yielded, "DistributedSampler", "samples", "samples_consumed")
+            yielded = progress.yielded if counted is None else counted
         if self._resume is not None:
             position = self._resume
         else:

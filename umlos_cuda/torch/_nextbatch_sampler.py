@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import os
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -32,7 +31,7 @@ from ..errors import UmlosError
 from ..manifest.core import Manifest, as_manifest
 from ..nextbatch import check_dataset_length, next_batch
 from ._dist import argument_error, as_argument_error, require_uint64, resolve_world, state_of
-from ._prefetch import LoaderLink, called_by_torchdata, link_for
+from ._prefetch import LoaderLink, link_for, loop_count
 from ._sampler_base import SamplerBase as _SamplerBase
 from ._padding import Padding
 
@@ -206,16 +205,9 @@ class NextBatchSampler(_SamplerBase):
         it calls this itself.
         """
         cursor = self.cursor
-        if batches_consumed is None and self._link is not None and not called_by_torchdata():
-            if self._link.exact:
-                used = self._link.consumed(self._handed)
-                batches_consumed = used if used < self._handed else None
-            else:
-                warnings.warn("NextBatchSampler.state_dict(): a DataLoader with workers has fetched micro-batches "
-                              "ahead of the loop and cannot say which the loop used (in_order=False, or a batch "
-                              "sampler around this one), so this cursor counts them as used and a resume would "
-                              "skip them; pass state_dict(batches_consumed=K), K the micro-batches the loop used "
-                              "in this pass", stacklevel=2)
+        if batches_consumed is None:
+            batches_consumed = loop_count(self._link, self._handed, "NextBatchSampler", "micro-batches",
+                                          "batches_consumed")
         if batches_consumed is not None:
             cursor = self._cursor_after(require_uint64(batches_consumed, "batches_consumed"))
         return {

@@ -34,7 +34,7 @@ from typing import Any
 from .. import checks, errors
 from ..errors import UmlosError
 from ._dist import argument_error, as_argument_error, require_uint64, resolve_world, state_of
-from ._prefetch import LoaderLink, called_by_torchdata, link_for
+from ._prefetch import LoaderLink, link_for, loop_count
 from ._sampler_base import SamplerBase as _SamplerBase
 
 #: ``state_dict()["format"]``.
@@ -191,16 +191,9 @@ class PlanBatchSampler(_SamplerBase):
         of what was handed out then, which its snapshots expect.
         """
         epoch, index = self.epoch, self.microbatch_index
-        if batches_consumed is None and self._link is not None and not called_by_torchdata():
-            if self._link.exact:
-                used = self._link.consumed(self._handed)
-                batches_consumed = used if used < self._handed else None
-            else:
-                warnings.warn("PlanBatchSampler.state_dict(): a DataLoader with workers has fetched microbatches "
-                              "ahead of the loop and cannot say which the loop used (in_order=False, or a batch "
-                              "sampler around this one), so this cursor counts them as used and a resume would "
-                              "skip them; pass state_dict(batches_consumed=K), K the microbatches the loop used "
-                              "in this pass", stacklevel=2)
+        if batches_consumed is None:
+            batches_consumed = loop_count(self._link, self._handed, "PlanBatchSampler", "microbatches",
+                                          "batches_consumed")
         if batches_consumed is not None:
             epoch, index = self._after(*self._iter_start, require_uint64(batches_consumed, "batches_consumed"))
         return {"format": STATE_FORMAT, "plan_fingerprint": self.fingerprint, "epoch": epoch,

@@ -33,6 +33,7 @@ tests/test_torch_prefetch_resume.py fails in both cases.
 from __future__ import annotations
 
 import sys
+import warnings
 import weakref
 from types import FrameType
 from typing import Any
@@ -104,6 +105,23 @@ class LoaderLink:
         if returned is None:
             return handed_out
         return min(handed_out, returned * self._per_batch)
+
+
+def loop_count(link: LoaderLink | None, handed_out: int, sampler: str, items: str, argument: str) -> int | None:
+    """What a plain ``state_dict()`` of ``sampler`` (a class name) counts: None to keep the sampler's
+    own cursor (no loader with workers pulls the pass, the loop has received all ``handed_out``
+    items, or torchdata is taking its snapshot), else the ``items`` the loop has received. Where the
+    loader cannot say, warns that the state counts what was handed out, naming ``argument``."""
+    if link is None or called_by_torchdata():
+        return None
+    if not link.exact:
+        warnings.warn(f"{sampler}.state_dict(): a DataLoader with workers has fetched {items} ahead of the loop "
+                      "and cannot say which the loop used (in_order=False, or a batch sampler around this one "
+                      f"that it does not know), so this state counts them as used and a resume would skip them; "
+                      f"pass state_dict({argument}=K), K the {items} the loop used in this pass", stacklevel=3)
+        return None
+    used = link.consumed(handed_out)
+    return used if used < handed_out else None
 
 
 def link_for(sampler: Any, batches: bool) -> LoaderLink | None:

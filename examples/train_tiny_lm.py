@@ -252,7 +252,8 @@ def _train(args: argparse.Namespace, run_folder) -> dict:
             raise fail(f"--resume: the checkpoint was written by another configuration: "
                        f"{json.loads(restored.user_state['run_config'])} != {config}")
         # The model after the checks (transformers imports in seconds); nothing draws from torch's RNG before it.
-        model = make_model(int(store.vocab_size), plan.config.pack.max_length)
+        longest = max(int(plan.epochs[e].max_len.max()) for e in range(plan.num_epochs))  # packed: the row length
+        model = make_model(int(store.vocab_size), longest)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
         step = 0
         if restored is not None:

@@ -60,14 +60,14 @@ def main() -> int:
     state_bytes = sum(a.nbytes for shard in restored.tensors[0] for a in shard.values()) + sum(
         a.nbytes for a in restored.optimizer[0].values())
     timings: dict[str, list[float]] = {"with": [], "without": []}
-    with tempfile.TemporaryDirectory() as scratch:
-        with CheckpointStore.open(os.path.join(scratch, "store"), identity, KEY, keep_last=2) as store:
-            store.start_run("train", world_size=1)
-            for _ in range(args.repeats):
-                for name, state in (("with", with_cursor), ("without", without)):
-                    began = time.perf_counter()
-                    store.commit(state)
-                    timings[name].append(time.perf_counter() - began)
+    with tempfile.TemporaryDirectory() as scratch, \
+            CheckpointStore.open(os.path.join(scratch, "store"), identity, KEY, keep_last=2) as store:
+        store.start_run("train", world_size=1)
+        for _ in range(args.repeats):
+            for name, state in (("with", with_cursor), ("without", without)):
+                began = time.perf_counter()
+                store.commit(state)
+                timings[name].append(time.perf_counter() - began)
     sampler = PlanBatchSampler(plan, rank=0, world_size=1)
     restored.extra_cursors["plan"].restore_into(sampler)
     kind = cursor_kind("plan", errors.CHECKPOINT_STATE_INVALID, "bench")

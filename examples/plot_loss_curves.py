@@ -21,9 +21,9 @@ import sys
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from umlos_cuda.files.writer import atomic_output  # noqa: E402
+from umlos_cuda.files.writer import atomic_output
 
 
 def trace(run: str) -> list[dict]:
@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         if start:
             axes.axvline(start, color="tab:green", linewidth=1, label=f"checkpoint restored (step {start})")
     if args.killed_at:
-        axes.axvline(args.killed_at, color="black", linewidth=1, linestyle=":", label=f"SIGKILL (step {args.killed_at})")
+        axes.axvline(args.killed_at, color="black", linewidth=1, linestyle=":",
+                     label=f"SIGKILL (step {args.killed_at})")
     axes.set_xlabel("step")
     axes.set_ylabel("training loss (per microbatch)")
     axes.set_title("Tiny Llama on packed plan batches: killed, resumed, same losses")

@@ -259,7 +259,8 @@ def _train(args: argparse.Namespace, run_folder) -> dict:
         if restored is not None:
             model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in restored.tensors[0][0].items()})
             load_optimizer(optimizer, restored.optimizer[0])
-            torch.set_rng_state(torch.from_numpy(np.frombuffer(restored.user_state["torch_rng"], dtype=np.uint8).copy()))
+            rng_state = np.frombuffer(restored.user_state["torch_rng"], dtype=np.uint8).copy()
+            torch.set_rng_state(torch.from_numpy(rng_state))
             began = time.perf_counter()
             restored.extra_cursors["plan"].restore_into(sampler)
             timing["cursor_restore_s"] = time.perf_counter() - began

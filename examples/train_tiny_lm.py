@@ -253,7 +253,8 @@ def _train(args: argparse.Namespace, run_folder) -> dict:
                        f"{json.loads(restored.user_state['run_config'])} != {config}")
         # The model after the checks (transformers imports in seconds); nothing draws from torch's RNG before it.
         longest = max(int(plan.epochs[e].max_len.max()) for e in range(plan.num_epochs))  # packed: the row length
-        model = make_model(int(store.vocab_size), longest)
+        vocab = store.vocab_size or int(store.tokens.max()) + 1  # a store written before vocab_size was recorded
+        model = make_model(int(vocab), longest)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
         step = 0
         if restored is not None:

@@ -67,9 +67,9 @@ def test_parse_block_reads_writer_rows_as_json_does(rows):
     plain = all(not ("\\" in json.dumps(i) or '"' in i) for i, _ in rows)
     assert (parsed is not None) == plain
     if parsed is not None:
-        assert parsed[0] == [i for i, _ in rows]
+        assert parsed[0].tolist() == [i for i, _ in rows] == list(parsed[0])
         assert parsed[1].dtype == np.uint32 and parsed[1].tolist() == [n for _, n in rows]
-        assert parsed[0] == [json.loads(line)["sample_id"] for line in data.splitlines()]
+        assert parsed[0].tolist() == [json.loads(line)["sample_id"] for line in data.splitlines()]
 
 
 NEAR_MISSES = [
@@ -103,7 +103,7 @@ def test_parse_block_leaves_every_other_block_to_the_row_parser(data):
     assert rows_module.parse_block(data, rows_module.row_tail("H")) is None
     ids, values = rows_module.parse_block(b'{"sample_id": "a", "tokenizer_hash": "H", "length": 1}\n',
                                           rows_module.row_tail("H"))
-    assert ids == ["a"] and values.tolist() == [1]
+    assert ids.tolist() == ["a"] and values.tolist() == [1]
 
 
 # ---------------------------------------------------------------------- load

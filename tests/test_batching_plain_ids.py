@@ -46,6 +46,7 @@ def test_plain_ids_are_the_strings(ids, ordered):
     assert b"".join(lines.sample_ids_lines(plain)) == "".join(json.dumps(i) + "\n" for i in ids).encode("ascii")
     assert sample_ids_sha256(plain) == sample_ids_sha256(ids)
     assert plain.distinct() == (len(set(ids)) == len(ids))
+    assert plain.padded == any(len(i) < max(1, *map(len, ids)) for i in ids)
     rows = np.arange(len(ids))[::-1].astype(np.intp)
     joined = plain.joined(rows, [0, len(ids) // 2, len(ids)], b'", "')
     assert [t.translate(None, b"\0") for t in joined] == [

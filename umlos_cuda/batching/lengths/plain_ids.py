@@ -37,13 +37,14 @@ class PlainIds(Sequence[str]):
     """Plain ids in one fixed-width bytes array ``array`` (dtype ``S<w>``, zero-padded); a read-only
     sequence of ``str``. Make one with :meth:`encode` (from strings) or from a parsed array."""
 
-    __slots__ = ("array", "_list", "_table")
+    __slots__ = ("array", "_list", "_table", "_padded")
 
     def __init__(self, array: np.ndarray) -> None:
         # Internal: every id is plain (the caller checked it), so no id holds a zero byte.
         self.array = array
         self._list: list[str] | None = None
         self._table: tuple[bytes, np.ndarray] | None = None
+        self._padded: bool | None = None
 
     @classmethod
     def encode(cls, ids: Sequence[str]) -> PlainIds | None:
@@ -75,6 +76,17 @@ class PlainIds(Sequence[str]):
     def __repr__(self) -> str:
         return f"PlainIds({len(self)} ids of at most {self.width} bytes)"
 
+    @property
+    def padded(self) -> bool:
+        """Whether some id is shorter than the width (so that zero bytes follow it)."""
+        if self._padded is None:
+            self._padded = bool(len(self)) and not self.grid()[:, -1].all()
+        return self._padded
+
+    def drop_padding(self, text: bytes) -> bytes:
+        """``text``, made of these ids' padded bytes and bytes other than zero, without the padding."""
+        return text.translate(None, b"\0") if self.padded else text
+
     def grid(self) -> np.ndarray:
         """The ids' bytes as a ``(len, width)`` uint8 view, zeros after each id."""
         return self.array.view(np.uint8).reshape(len(self), self.width)
@@ -92,7 +104,7 @@ class PlainIds(Sequence[str]):
     def _text(self, start: int, stop: int, before: bytes, after: bytes) -> bytes:
         """``before + id + after`` for each id of ``start .. stop - 1``, joined: each id's row of
         the grid between the two, then every zero byte (the padding) dropped."""
-        return self._cells(start, stop, before, after).tobytes().translate(None, b"\0")
+        return self.drop_padding(self._cells(start, stop, before, after).tobytes())
 
     def _cells(self, start: int, stop: int, before: bytes, after: bytes) -> np.ndarray:
         """``(stop - start, len(before) + width + len(after))`` uint8: ``before``, the padded id, ``after``."""
@@ -105,8 +117,8 @@ class PlainIds(Sequence[str]):
 
     def joined(self, rows: np.ndarray, bounds: Sequence[int], separator: bytes) -> list[bytes]:
         """For each ``a, b`` of consecutive ``bounds``: the ids of ``rows[a:b]`` joined by ``separator``
-        (bytes without a zero byte), each id still followed by its padding: the caller drops every zero
-        byte of what it makes from them (``bytes.translate(None, b"\\0")``), once. Each id's cell
+        (bytes without a zero byte), each id still followed by its padding: the caller drops it from
+        what it makes of them, once (:meth:`drop_padding`). Each id's cell
         (its padded bytes and ``separator``) is made once for all calls with the same separator."""
         if self._table is None or self._table[0] != separator:
             self._table = (separator, self._cells(0, len(self), b"", separator))

@@ -131,7 +131,7 @@ def _plain_chunk(epoch: EpochPlan, ids: PlainIds, first: int, stop: int) -> byte
         for i, bucket, longest, text in zip(index, buckets, most, samples):
             parts += (f'{{"index": {i}, "samples": ["'.encode("ascii"), text,
                       f'"], "bucket_id": {bucket}, "max_len": {longest}, "packs": null}}\n'.encode("ascii"))
-        return b"".join(parts).translate(None, b"\0")
+        return ids.drop_padding(b"".join(parts))
     assert epoch.row_offsets is not None  # a packed epoch has both
     pack_rows = np.asarray(epoch.pack_rows[first:stop + 1], dtype=np.int64)
     row_bounds = (np.asarray(epoch.row_offsets[int(pack_rows[0]):int(pack_rows[-1]) + 1], dtype=np.int64)
@@ -142,7 +142,7 @@ def _plain_chunk(epoch: EpochPlan, ids: PlainIds, first: int, stop: int) -> byte
         parts += (f'{{"index": {i}, "samples": ["'.encode("ascii"), _SEP_BYTES.join(packed[a:b]),
                   f'"], "bucket_id": {bucket}, "max_len": {longest}, "packs": [["'.encode("ascii"),
                   _ROWS_BYTES.join(packed[a:b]), b'"]]}\n')
-    return b"".join(parts).translate(None, b"\0")
+    return ids.drop_padding(b"".join(parts))
 
 
 #: Between two ids of a list, and between two packed rows' lists.

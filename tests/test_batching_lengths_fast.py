@@ -238,6 +238,30 @@ def test_line_blocks_are_iter_lines_in_blocks(tmp_path_factory, lines, last_end,
     assert outcome(by_blocks) == outcome(by_lines)
 
 
+@settings(max_examples=50, deadline=None)
+@given(st.binary(max_size=300), st.integers(1, 64), st.integers(0, 5))
+def test_line_blocks_hash_every_byte_read_in_order_even_when_stopped(tmp_path_factory, data, block, stop):
+    """The digest (updated in a second thread) is the file's SHA-256 when the blocks were all read,
+    that of the blocks read when the caller stopped early; no thread is left behind either way."""
+    import hashlib
+    import threading
+
+    path = tmp_path_factory.mktemp("digest") / "f"
+    path.write_bytes(data)
+    threads = threading.active_count()
+    digest = hashlib.sha256()
+    assert b"".join(chunk for _, chunk in reader.line_blocks(path, _error, block_bytes=block, digest=digest)) == data
+    assert digest.hexdigest() == hashlib.sha256(data).hexdigest() and threading.active_count() == threads
+    digest = hashlib.sha256()
+    blocks = reader.line_blocks(path, _error, block_bytes=block, digest=digest)
+    taken = [chunk for _, (_, chunk) in zip(range(stop), blocks)]
+    blocks.close()
+    assert threading.active_count() == threads
+    read = b"".join(taken)
+    assert data.startswith(read) and digest.hexdigest() in {
+        hashlib.sha256(data[:k]).hexdigest() for k in range(len(read), len(data) + 1)}
+
+
 def _split(chunk: bytes) -> list[bytes]:
     parts = chunk.split(b"\n")
     return [p + b"\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])

@@ -292,22 +292,29 @@ def line_blocks(path: str | os.PathLike[str], error: ErrorFactory, *, block_byte
                 raise error(f"cannot read {path}: {exc.strerror or exc}") from None
             if not block:
                 break
-            update(block)
             end = block.find(b"\n")
             if carry and (len(carry) + (end if end >= 0 else len(block)) > max_line_bytes):
                 raise line_error(f"{path} line {number + 1} is longer than {max_line_bytes:,} bytes, the longest "
                                  "line read (is it one record per line?)")
             data = carry + block if carry else block
             cut = data.rfind(b"\n") + 1
-            carry = data[cut:]
+            carry = b"" if cut else data
             if cut:
-                yield number, data[:cut] if carry else data
-                number += data.count(b"\n", 0, cut)
-    if len(carry) > max_line_bytes:  # only when max_line_bytes is 0
-        raise line_error(f"{path} line {number + 1} is longer than {max_line_bytes:,} bytes, the longest "
-                         "line read (is it one record per line?)")
-    if carry:
-        yield number, carry
+                if cut < len(data):  # the unfinished last line is read again with the next block (no copy kept)
+                    try:
+                        handle.seek(cut - len(data), os.SEEK_CUR)
+                    except OSError as exc:
+                        raise error(f"cannot read {path}: {exc.strerror or exc}") from None
+                    data = data[:cut]
+                update(data)
+                yield number, data
+                number += int(np.count_nonzero(np.frombuffer(data, dtype=np.uint8) == 10))
+        if len(carry) > max_line_bytes:  # only when max_line_bytes is 0
+            raise line_error(f"{path} line {number + 1} is longer than {max_line_bytes:,} bytes, the longest "
+                             "line read (is it one record per line?)")
+        if carry:
+            update(carry)
+            yield number, carry
 
 
 @contextlib.contextmanager

@@ -118,13 +118,23 @@ class PlainIds(Sequence[str]):
     def joined(self, rows: np.ndarray, bounds: Sequence[int], separator: bytes) -> list[bytes]:
         """For each ``a, b`` of consecutive ``bounds``: the ids of ``rows[a:b]`` joined by ``separator``
         (bytes without a zero byte), each id still followed by its padding: the caller drops it from
-        what it makes of them, once (:meth:`drop_padding`). Each id's cell
-        (its padded bytes and ``separator``) is made once for all calls with the same separator."""
-        if self._table is None or self._table[0] != separator:
-            self._table = (separator, self._cells(0, len(self), b"", separator))
-        flat = np.take(self._table[1], rows, axis=0).tobytes()
+        what it makes of them, once (:meth:`drop_padding`)."""
+        flat = self._gathered(rows, separator)
         step, cut = self.width + len(separator), len(separator)
         return [flat[a * step:max(a * step, b * step - cut)] for a, b in zip(bounds, bounds[1:])]  # (a = b: empty)
+
+    def joined_text(self, rows: np.ndarray, separator: bytes) -> tuple[str, int, int]:
+        """``(text, step, cut)``: the cells of ``rows`` (each id padded, then ``separator``) as one ASCII
+        string; the ids of ``rows[a:b]`` joined by ``separator`` are ``text[a * step:b * step - cut]``
+        (``b > a``), padding included, as in :meth:`joined`."""
+        return self._gathered(rows, separator).decode("ascii"), self.width + len(separator), len(separator)
+
+    def _gathered(self, rows: np.ndarray, separator: bytes) -> bytes:
+        """The cells of ``rows``, each id's padded bytes and ``separator``, joined (each id's cell is
+        made once for all calls with the same separator)."""
+        if self._table is None or self._table[0] != separator:
+            self._table = (separator, self._cells(0, len(self), b"", separator))
+        return np.take(self._table[1], rows, axis=0).tobytes()
 
     def distinct(self) -> bool:
         """Whether no two ids are equal. Exact: ids in strictly increasing order are distinct; otherwise

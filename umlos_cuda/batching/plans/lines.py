@@ -125,13 +125,15 @@ def _plain_chunk(epoch: EpochPlan, ids: PlainIds, first: int, stop: int) -> byte
     index = [epoch.global_index(j) for j in range(first, stop)]
     buckets = np.asarray(epoch.bucket_ids[first:stop]).tolist()
     most = np.asarray(epoch.max_len[first:stop]).tolist()
-    parts: list[bytes] = []
     if epoch.pack_rows is None:
-        samples = ids.joined(rows, (offsets - base).tolist(), _SEP_BYTES)
-        for i, bucket, longest, text in zip(index, buckets, most, samples):
-            parts += (f'{{"index": {i}, "samples": ["'.encode("ascii"), text,
-                      f'"], "bucket_id": {bucket}, "max_len": {longest}, "packs": null}}\n'.encode("ascii"))
-        return ids.drop_padding(b"".join(parts))
+        # The ids' bytes as one string (ASCII, padding included), sliced into each line's f-string.
+        flat, step, cut = ids.joined_text(rows, _SEP_BYTES)
+        bounds = ((offsets - base) * step).tolist()
+        text = "".join(f'{{"index": {i}, "samples": ["{flat[a:max(a, b - cut)]}"], "bucket_id": {bucket}, '
+                       f'"max_len": {longest}, "packs": null}}\n'
+                       for i, bucket, longest, a, b in zip(index, buckets, most, bounds, bounds[1:]))
+        return ids.drop_padding(text.encode("ascii"))
+    parts: list[bytes] = []
     assert epoch.row_offsets is not None  # a packed epoch has both
     pack_rows = np.asarray(epoch.pack_rows[first:stop + 1], dtype=np.int64)
     row_bounds = (np.asarray(epoch.row_offsets[int(pack_rows[0]):int(pack_rows[-1]) + 1], dtype=np.int64)

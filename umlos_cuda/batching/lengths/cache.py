@@ -499,8 +499,9 @@ def _parse_jsonl(path: str, digest=None) -> tuple[list[str] | PlainIds, np.ndarr
             size += len(block)
             if tokenizer_hash is None:  # the first row names the tokenizer the block's rows must have
                 cut = block.find(b"\n") + 1 or len(block)
-                parts.append([])
-                tokenizer_hash, shaped = _parse_lines(path, number, block[:cut], parts[-1], chunks, None)
+                rows: list[str] = []
+                parts.append(rows)
+                tokenizer_hash, shaped = _parse_lines(path, number, block[:cut], rows, chunks, None)
                 tail = row_tail(tokenizer_hash)
                 number, block = number + 1, block[cut:]
             fast = parse_block(block, tail) if block else None
@@ -508,8 +509,9 @@ def _parse_jsonl(path: str, digest=None) -> tuple[list[str] | PlainIds, np.ndarr
                 parts.append(fast[0])
                 chunks.append(fast[1])
             elif block:
-                parts.append([])
-                shaped &= _parse_lines(path, number, block, parts[-1], chunks, tokenizer_hash)[1]
+                rows = []
+                parts.append(rows)
+                shaped &= _parse_lines(path, number, block, rows, chunks, tokenizer_hash)[1]
     except FileNotFoundError:
         raise _invalid(f"length cache {path} does not exist (build one with `umlos-cuda data lengths build`)") from None
     if tokenizer_hash is None:

@@ -21,6 +21,7 @@ sample_ids.jsonl and twice into microbatches.jsonl. The bytes are the same
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import pairwise
 
 import numpy as np
 
@@ -65,7 +66,7 @@ class PlainIds(Sequence[str]):
     def __len__(self) -> int:
         return int(self.array.shape[0])
 
-    def __getitem__(self, index):  # type: ignore[override]  # an int gives a str, a slice a list
+    def __getitem__(self, index):  # an int gives a str, a slice a list
         if isinstance(index, slice):
             return self.tolist()[index]
         return self.array[index].decode("ascii")
@@ -121,7 +122,7 @@ class PlainIds(Sequence[str]):
         what it makes of them, once (:meth:`drop_padding`)."""
         flat = self._gathered(rows, separator)
         step, cut = self.width + len(separator), len(separator)
-        return [flat[a * step:max(a * step, b * step - cut)] for a, b in zip(bounds, bounds[1:])]  # (a = b: empty)
+        return [flat[a * step:max(a * step, b * step - cut)] for a, b in pairwise(bounds)]  # (a = b: empty)
 
     def joined_text(self, rows: np.ndarray, separator: bytes) -> tuple[str, int, int]:
         """``(text, step, cut)``: the cells of ``rows`` (each id padded, then ``separator``) as one ASCII

@@ -262,6 +262,17 @@ def test_line_blocks_hash_every_byte_read_in_order_even_when_stopped(tmp_path_fa
         hashlib.sha256(data[:k]).hexdigest() for k in range(len(read), len(data) + 1)}
 
 
+def test_line_blocks_raise_what_the_digest_raises_without_hanging(tmp_path):
+    class Broken:
+        def update(self, block):
+            raise ValueError("no more")
+
+    path = tmp_path / "f"
+    path.write_bytes(b"a\n" * 100)
+    with pytest.raises(ValueError, match="no more"):
+        list(reader.line_blocks(path, _error, block_bytes=4, digest=Broken()))
+
+
 def _split(chunk: bytes) -> list[bytes]:
     parts = chunk.split(b"\n")
     return [p + b"\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])

@@ -326,10 +326,15 @@ def _digesting(digest: Any) -> Iterator[Callable[[bytes], None]]:
         yield lambda block: None
         return
     blocks: queue.Queue = queue.Queue(2)
+    failed: list[BaseException] = []
 
     def work() -> None:
         while (block := blocks.get()) is not None:
-            digest.update(block)
+            if not failed:  # after a failure, blocks are only taken (a full queue never blocks the reader)
+                try:
+                    digest.update(block)
+                except BaseException as exc:  # raised in the caller's thread, after the last block
+                    failed.append(exc)
 
     worker = threading.Thread(target=work, name="line-blocks-digest", daemon=True)
     worker.start()
@@ -338,6 +343,8 @@ def _digesting(digest: Any) -> Iterator[Callable[[bytes], None]]:
     finally:
         blocks.put(None)
         worker.join()
+    if failed:
+        raise failed[0]
 
 
 def strip_bom(number: int, raw: bytes) -> bytes:

@@ -67,9 +67,9 @@ def test_parse_block_reads_writer_rows_as_json_does(rows):
     plain = all(not ("\\" in json.dumps(i) or '"' in i) for i, _ in rows)
     assert (parsed is not None) == plain
     if parsed is not None:
-        assert parsed[0] == [i for i, _ in rows]
+        assert parsed[0].tolist() == [i for i, _ in rows] == list(parsed[0])
         assert parsed[1].dtype == np.uint32 and parsed[1].tolist() == [n for _, n in rows]
-        assert parsed[0] == [json.loads(line)["sample_id"] for line in data.splitlines()]
+        assert parsed[0].tolist() == [json.loads(line)["sample_id"] for line in data.splitlines()]
 
 
 NEAR_MISSES = [
@@ -103,7 +103,7 @@ def test_parse_block_leaves_every_other_block_to_the_row_parser(data):
     assert rows_module.parse_block(data, rows_module.row_tail("H")) is None
     ids, values = rows_module.parse_block(b'{"sample_id": "a", "tokenizer_hash": "H", "length": 1}\n',
                                           rows_module.row_tail("H"))
-    assert ids == ["a"] and values.tolist() == [1]
+    assert ids.tolist() == ["a"] and values.tolist() == [1]
 
 
 # ---------------------------------------------------------------------- load
@@ -236,6 +236,41 @@ def test_line_blocks_are_iter_lines_in_blocks(tmp_path_factory, lines, last_end,
         return out
 
     assert outcome(by_blocks) == outcome(by_lines)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.binary(max_size=300), st.integers(1, 64), st.integers(0, 5))
+def test_line_blocks_hash_every_byte_read_in_order_even_when_stopped(tmp_path_factory, data, block, stop):
+    """The digest (updated in a second thread) is the file's SHA-256 when the blocks were all read,
+    that of the blocks read when the caller stopped early; no thread is left behind either way."""
+    import hashlib
+    import threading
+
+    path = tmp_path_factory.mktemp("digest") / "f"
+    path.write_bytes(data)
+    threads = threading.active_count()
+    digest = hashlib.sha256()
+    assert b"".join(chunk for _, chunk in reader.line_blocks(path, _error, block_bytes=block, digest=digest)) == data
+    assert digest.hexdigest() == hashlib.sha256(data).hexdigest() and threading.active_count() == threads
+    digest = hashlib.sha256()
+    blocks = reader.line_blocks(path, _error, block_bytes=block, digest=digest)
+    taken = [chunk for _, (_, chunk) in zip(range(stop), blocks)]
+    blocks.close()
+    assert threading.active_count() == threads
+    read = b"".join(taken)
+    assert data.startswith(read) and digest.hexdigest() in {
+        hashlib.sha256(data[:k]).hexdigest() for k in range(len(read), len(data) + 1)}
+
+
+def test_line_blocks_raise_what_the_digest_raises_without_hanging(tmp_path):
+    class Broken:
+        def update(self, block):
+            raise ValueError("no more")
+
+    path = tmp_path / "f"
+    path.write_bytes(b"a\n" * 100)
+    with pytest.raises(ValueError, match="no more"):
+        list(reader.line_blocks(path, _error, block_bytes=4, digest=Broken()))
 
 
 def _split(chunk: bytes) -> list[bytes]:

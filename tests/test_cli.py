@@ -296,3 +296,26 @@ def test_exit_statuses_of_the_installed_command(manifest, tmp_path):
     assert done.stderr.startswith("error OUTPUT_PATH_INVALID: ") and "Traceback" not in done.stderr
     done = subprocess.run([sys.executable, "-m", "umlos_cuda.cli"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "usage: umlos-cuda" in done.stdout
+
+
+def test_a_named_command_gets_the_same_parser_alone():
+    """``main`` builds only the parser of the command it is given (its module alone is imported):
+    that command's parser and every sub-action's help are the full parser's, and the top-level
+    usage line is the same; a name that is no command module gets every command."""
+    import argparse
+
+    def commands(root):
+        return next(a for a in root._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+    full = cli.build_parser()
+    assert set(commands(cli.build_parser("next-batch"))) == set(commands(full)) == set(commands(cli.build_parser()))
+    for name in ("plan", "data", "batch", "checkpoint", "env"):
+        alone = cli.build_parser(name)
+        assert list(commands(alone)) == [name] and alone.format_usage() == full.format_usage()
+        mine, theirs = commands(alone)[name], commands(full)[name]
+        assert mine.format_help() == theirs.format_help()
+        for action in mine._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                other = next(a for a in theirs._actions if isinstance(a, argparse._SubParsersAction))
+                assert {k: p.format_help() for k, p in action.choices.items()} == \
+                    {k: p.format_help() for k, p in other.choices.items()}

@@ -40,23 +40,32 @@ class Terminated(BaseException):
         self.signum = signum
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; with ``command``, the name of a command module that registers
+    the command of its own name (``plan``, ``data``, ...), of that command alone (its module is
+    the only one imported: ``umlos-cuda plan build`` starts without importing what the other
+    commands use). What it parses, and its usage and error lines, are the same: the top-level
+    usage names ``COMMAND``, not the list of commands."""
     parser = argparse.ArgumentParser(
         prog="umlos-cuda",
         description="Reproducible, world-size-independent sample order for ML data loaders (NextBatch_v2).",
     )
     parser.add_argument("--version", action="version", version=f"umlos-cuda {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{commands.__name__}.{info.name}")
+    names = sorted(info.name for info in pkgutil.iter_modules(commands.__path__) if not info.name.startswith("_"))
+    if command in names:
+        names = [command]
+    for name in names:
+        module = importlib.import_module(f"{commands.__name__}.{name}")
         module.register(subparsers)
+    if len(names) == 1 and command not in subparsers.choices:  # (no module registers another name than its own)
+        return build_parser()
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -249,7 +249,8 @@ def _with_pairs(config, cache, path: str):
 
     from ..batching.lengths.pairs import PAIR_ROWS, holds_pairs
 
-    if cache.ids_are_line_numbers or not holds_pairs(cache.sample_ids, path):
+    plain = cache.plain_ids  # plain ids stay bytes (one id is read unless the first names a pair)
+    if cache.ids_are_line_numbers or not holds_pairs(plain if plain is not None else cache.sample_ids, path):
         return config
     return replace(config, group_size=PAIR_ROWS)
 

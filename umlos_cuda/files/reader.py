@@ -44,11 +44,14 @@ every other failure is ``error(message)``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import queue
 import re
 import stat
+import threading
 import zipfile
 from collections.abc import Callable, Iterator
 from typing import IO, Any, BinaryIO, Literal
@@ -273,13 +276,15 @@ def line_blocks(path: str | os.PathLike[str], error: ErrorFactory, *, block_byte
     that parse many lines at once. The bounds are :func:`iter_lines`': a line longer than
     ``max_line_bytes`` (its line end not counted) is refused with ``line_error`` before it is held
     whole, after the blocks before it were yielded, so memory stays under ``block_bytes`` plus one
-    line. Every byte read also goes to ``digest.update`` when a digest is given."""
+    line. Every byte read also goes to ``digest.update`` when a digest is given, in order, in a
+    second thread while the caller works on the block (hashlib lets go of the interpreter while it
+    hashes); the digest is complete when the iteration ends."""
     path = os.fspath(path)
     max_line_bytes = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
     line_error = line_error or error
     block_bytes = max(1, min(block_bytes, max_line_bytes))  # a line that starts in a block ends in the next
     number, carry = 0, b""
-    with open_regular(path, error) as handle:
+    with open_regular(path, error) as handle, _digesting(digest) as update:
         while True:
             try:
                 block = handle.read(block_bytes)
@@ -287,23 +292,59 @@ def line_blocks(path: str | os.PathLike[str], error: ErrorFactory, *, block_byte
                 raise error(f"cannot read {path}: {exc.strerror or exc}") from None
             if not block:
                 break
-            if digest is not None:
-                digest.update(block)
             end = block.find(b"\n")
             if carry and (len(carry) + (end if end >= 0 else len(block)) > max_line_bytes):
                 raise line_error(f"{path} line {number + 1} is longer than {max_line_bytes:,} bytes, the longest "
                                  "line read (is it one record per line?)")
             data = carry + block if carry else block
             cut = data.rfind(b"\n") + 1
-            carry = data[cut:]
+            carry = b"" if cut else data
             if cut:
-                yield number, data[:cut] if carry else data
-                number += data.count(b"\n", 0, cut)
-    if len(carry) > max_line_bytes:  # only when max_line_bytes is 0
-        raise line_error(f"{path} line {number + 1} is longer than {max_line_bytes:,} bytes, the longest "
-                         "line read (is it one record per line?)")
-    if carry:
-        yield number, carry
+                if cut < len(data):  # the unfinished last line is read again with the next block (no copy kept)
+                    try:
+                        handle.seek(cut - len(data), os.SEEK_CUR)
+                    except OSError as exc:
+                        raise error(f"cannot read {path}: {exc.strerror or exc}") from None
+                    data = data[:cut]
+                update(data)
+                yield number, data
+                number += int(np.count_nonzero(np.frombuffer(data, dtype=np.uint8) == 10))
+        if len(carry) > max_line_bytes:  # only when max_line_bytes is 0
+            raise line_error(f"{path} line {number + 1} is longer than {max_line_bytes:,} bytes, the longest "
+                             "line read (is it one record per line?)")
+        if carry:
+            update(carry)
+            yield number, carry
+
+
+@contextlib.contextmanager
+def _digesting(digest: Any) -> Iterator[Callable[[bytes], None]]:
+    """A function that hands each block to ``digest.update`` in one worker thread, in the order given
+    (at most two blocks wait, so memory stays bounded); on leaving, every block handed over has been
+    hashed (nothing, when ``digest`` is None)."""
+    if digest is None:
+        yield lambda block: None
+        return
+    blocks: queue.Queue = queue.Queue(2)
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        while (block := blocks.get()) is not None:
+            if not failed:  # after a failure, blocks are only taken (a full queue never blocks the reader)
+                try:
+                    digest.update(block)
+                except BaseException as exc:  # raised in the caller's thread, after the last block
+                    failed.append(exc)
+
+    worker = threading.Thread(target=work, name="line-blocks-digest", daemon=True)
+    worker.start()
+    try:
+        yield blocks.put
+    finally:
+        blocks.put(None)
+        worker.join()
+    if failed:
+        raise failed[0]
 
 
 def strip_bom(number: int, raw: bytes) -> bytes:

@@ -19,7 +19,9 @@ the JSONL, and otherwise parses the JSONL (``sidecar="require"`` makes a
 missing or stale sidecar an error instead). Lengths live in one NumPy array
 (4 bytes a sample); the ids, which cost a Python string each, are read from
 the JSONL only when asked for, and not at all when they are the line numbers
-``"0"``, ``"1"``, ... .
+``"0"``, ``"1"``, ... . Plain ids read from the JSONL stay one array of bytes
+(:class:`~.plain_ids.PlainIds`, :attr:`LengthCache.plain_ids`) until a caller
+asks for :attr:`LengthCache.sample_ids`.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from ...files.artifacts import FileKind, read_head
 from ...files.atomic import PendingFile, check_output_path, write_failed
 from ...files.folder import Folder
 from ...errors import UINT32_MAX, UmlosError
+from .plain_ids import PlainIds
 from .rows import parse_block, row_tail, scan_rows
 
 #: Suffix of the binary sidecar, appended to the JSONL's name.
@@ -74,7 +77,7 @@ class LengthCache:
 
     __slots__ = ("lengths", "tokenizer_hash", "dataset_hash", "ids_are_line_numbers", "_sample_ids", "_ids_source")
 
-    def __init__(self, lengths: np.ndarray, tokenizer_hash: str, *, sample_ids: list[str] | None = None,
+    def __init__(self, lengths: np.ndarray, tokenizer_hash: str, *, sample_ids: list[str] | PlainIds | None = None,
                  ids_are_line_numbers: bool = False, ids_source: str | None = None,
                  dataset_hash: str | None = None) -> None:
         # Internal: use from_arrays() or load(), which validate.
@@ -95,6 +98,20 @@ class LengthCache:
     @property
     def sample_ids(self) -> list[str]:
         """The ids, read on first use (from the JSONL, or made from line numbers)."""
+        ids = self._ids()
+        return ids.tolist() if isinstance(ids, PlainIds) else ids
+
+    @property
+    def plain_ids(self) -> PlainIds | None:
+        """The ids as one array of bytes when they were read from the JSONL and are all plain
+        (what ``plan build`` writes from without making a string per id); None otherwise."""
+        if self.ids_are_line_numbers:
+            return None
+        ids = self._ids()
+        return ids if isinstance(ids, PlainIds) else None
+
+    def _ids(self) -> list[str] | PlainIds:
+        """The ids as held, read on first use."""
         if self._sample_ids is None:
             if self.ids_are_line_numbers:
                 self._sample_ids = [str(i) for i in range(len(self))]
@@ -164,7 +181,7 @@ class LengthCache:
                     warnings.warn(f"{exc.message}; reading the lengths from {path} instead", stacklevel=2)
         ids, lengths, tokenizer_hash, _ = _parse_jsonl(path)
         lengths.flags.writeable = False
-        line_numbers = ids[-1] == str(len(ids) - 1) and ids == list(map(str, range(len(ids))))
+        line_numbers = ids[-1] == str(len(ids) - 1) and list(ids) == list(map(str, range(len(ids))))
         return cls(lengths, tokenizer_hash, sample_ids=ids, ids_are_line_numbers=line_numbers)
 
     # ------------------------------------------------------------------ output
@@ -447,7 +464,7 @@ def _load_with_sidecar(path: str, read_ids: bool = False) -> LengthCache:
                        ids_source=path, dataset_hash=dataset_hash)
 
 
-def _ids_agreeing(path: str, header: dict, lengths: np.ndarray, tokenizer_hash: str) -> list[str] | None:
+def _ids_agreeing(path: str, header: dict, lengths: np.ndarray, tokenizer_hash: str) -> list[str] | PlainIds | None:
     """The ids of the JSONL when, parsed, it is what the sidecar says (its SHA-256, tokenizer hash
     and every length) and every row has the writer's shape (as :func:`scan_rows` asks); None
     otherwise, and the caller's check words what disagrees."""
@@ -463,37 +480,60 @@ def _ids_agreeing(path: str, header: dict, lengths: np.ndarray, tokenizer_hash: 
 
 
 # ---------------------------------------------------------------------- JSONL
-def _parse_jsonl(path: str, digest=None) -> tuple[list[str], np.ndarray, str, bool]:
+def _parse_jsonl(path: str, digest=None) -> tuple[list[str] | PlainIds, np.ndarray, str, bool]:
     """The ids, lengths and tokenizer hash of the JSONL at ``path``, a block of lines at a time, and
     whether every row has the writer's shape (rows.py), byte for byte.
 
     A block of rows in the writer's own shape is read whole (rows.parse_block); any other block
     goes row by row (:func:`_parse_lines`), so what is refused, and the message, is the same.
+    The ids are one :class:`PlainIds` when all are plain (:func:`_joined_ids`), else a list.
     Every byte read also goes to ``digest.update`` when a digest is given."""
-    ids: list[str] = []
+    parts: list[list[str] | PlainIds] = []
     chunks: list[np.ndarray] = []
     tokenizer_hash: str | None = None
     tail = b""
     shaped = True
+    size = 0
     try:
         for number, block in reader.line_blocks(path, _invalid, digest=digest):
+            size += len(block)
             if tokenizer_hash is None:  # the first row names the tokenizer the block's rows must have
                 cut = block.find(b"\n") + 1 or len(block)
-                tokenizer_hash, shaped = _parse_lines(path, number, block[:cut], ids, chunks, None)
+                rows: list[str] = []
+                parts.append(rows)
+                tokenizer_hash, shaped = _parse_lines(path, number, block[:cut], rows, chunks, None)
                 tail = row_tail(tokenizer_hash)
                 number, block = number + 1, block[cut:]
             fast = parse_block(block, tail) if block else None
             if fast is not None:
-                ids += fast[0]
+                parts.append(fast[0])
                 chunks.append(fast[1])
             elif block:
-                shaped &= _parse_lines(path, number, block, ids, chunks, tokenizer_hash)[1]
+                rows = []
+                parts.append(rows)
+                shaped &= _parse_lines(path, number, block, rows, chunks, tokenizer_hash)[1]
     except FileNotFoundError:
         raise _invalid(f"length cache {path} does not exist (build one with `umlos-cuda data lengths build`)") from None
     if tokenizer_hash is None:
         raise _invalid(f"{path} has no rows; a length cache holds at least one sample")
+    ids = _joined_ids(parts, size)
     _check_unique(ids, f"sample ids of {path}")
     return ids, np.concatenate(chunks), tokenizer_hash, shaped
+
+
+def _joined_ids(parts: list[list[str] | PlainIds], size: int) -> list[str] | PlainIds:
+    """The ids of ``parts`` (in order) as one :class:`PlainIds` when every id is plain and the
+    array is no larger than ``size`` (the JSONL's bytes: one long id does not pad every other
+    beyond what the file holds); as one list otherwise."""
+    arrays = [part if isinstance(part, PlainIds) else PlainIds.encode(part) for part in parts]
+    if all(a is not None for a in arrays):
+        count = sum(map(len, parts))
+        if count * max(a.width for a in arrays) <= size:  # type: ignore[union-attr]  # none is None
+            return PlainIds.join(arrays) if len(arrays) > 1 else arrays[0]  # type: ignore[arg-type,return-value]
+    ids: list[str] = []
+    for part in parts:
+        ids += part.tolist() if isinstance(part, PlainIds) else part
+    return ids
 
 
 def _parse_lines(path: str, first: int, block: bytes, ids: list[str], chunks: list[np.ndarray],
@@ -586,9 +626,10 @@ def _check_hash(value, what: str) -> None:
                 message="{name} must be a non-empty string (a hex digest), got {value!r}")
 
 
-def _check_unique(ids: list[str], what: str) -> None:
-    if len(set(ids)) == len(ids):
+def _check_unique(ids: list[str] | PlainIds, what: str) -> None:
+    if ids.distinct() if isinstance(ids, PlainIds) else len(set(ids)) == len(ids):
         return
+    ids = list(ids)
     seen: dict[str, int] = {}
     for position, sample_id in enumerate(ids):
         if sample_id in seen:

@@ -42,6 +42,7 @@ import numpy as np
 
 from ...errors import UINT32_MAX, UmlosError
 from ...files import reader
+from .plain_ids import PlainIds
 
 _BLOCK = 1 << 20
 _PREFIX = b'{"sample_id": '
@@ -167,7 +168,7 @@ def row_tail(tokenizer_hash: str) -> bytes:
     return (", \"tokenizer_hash\": " + encode_basestring_ascii(tokenizer_hash) + ", \"length\": ").encode("ascii")
 
 
-def parse_block(data: bytes, tail: bytes) -> tuple[list[str], np.ndarray] | None:
+def parse_block(data: bytes, tail: bytes) -> tuple[PlainIds, np.ndarray] | None:
     """The ids and the lengths (uint32) of ``data``, whole lines each ending in a line end, when every
     line is ``{"sample_id": "<plain id>"`` + ``tail`` + ``<digits>}``; None otherwise.
 
@@ -196,10 +197,12 @@ def parse_block(data: bytes, tail: bytes) -> tuple[list[str], np.ndarray] | None
     ok &= sizes >= 0
     if not ok.all():
         return None
-    words = _words(data)
+    # Every word compared lies inside its line now (its prefix, id, tail and digits fit in it), so the
+    # words need no padding past the block's end (and the block is not copied to add it).
+    words = np.ndarray((len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))
     if not (_equal_at(words, id_start + sizes, b'"' + tail).all() and _equal_at(words, starts, _QUOTED_PREFIX).all()):
         return None
-    width = int(sizes.max()) + 1
+    width = max(int(sizes.max()), 1)
     if rows * width > len(data):
         return None
     column = np.arange(width)
@@ -208,6 +211,4 @@ def parse_block(data: bytes, tail: bytes) -> tuple[list[str], np.ndarray] | None
     if not (_PLAIN_BYTE[grid] | ~inside).all():
         return None
     grid[~inside] = 0
-    grid[np.arange(rows), sizes] = 10
-    text = grid.tobytes().translate(None, b"\0").decode("ascii")
-    return text.split("\n")[:-1], value.astype(np.uint32)
+    return PlainIds(grid.view(f"S{width}").reshape(rows)), value.astype(np.uint32)

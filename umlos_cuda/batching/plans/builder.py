@@ -58,7 +58,8 @@ class BatchPlanBuilder:
             self.tokenizer_hash = lengths.tokenizer_hash
             self.dataset_hash = getattr(lengths, "dataset_hash", None)
             line_numbers = getattr(lengths, "ids_are_line_numbers", False)
-            self.sample_ids = None if line_numbers else list(lengths.sample_ids)
+            plain = None if line_numbers else getattr(lengths, "plain_ids", None)  # kept as bytes (PlainIds)
+            self.sample_ids = None if line_numbers else plain if plain is not None else list(lengths.sample_ids)
         else:
             self.lengths = _as_lengths(lengths)
             self.tokenizer_hash = tokenizer_hash or "unknown"
@@ -123,6 +124,7 @@ class BatchPlanBuilder:
 
 
 def sample_ids_sha256(ids: Sequence[str]) -> str:
+    """The SHA-256 of sample_ids.jsonl, the bytes plans/lines.py writes (from a PlainIds, the same bytes)."""
     digest = hashlib.sha256()
     for chunk in sample_ids_lines(ids):
         digest.update(chunk)

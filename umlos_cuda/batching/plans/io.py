@@ -142,12 +142,15 @@ def _wants_jsonl(plan: BatchPlan, jsonl: str) -> bool:
 
 def _write_contents(plan: BatchPlan, root: Folder, write_jsonl: bool, progress) -> None:
     _write_npy(root, "lengths.npy", np.asarray(plan.lengths, dtype="<u4"))
-    texts = None if plan.sample_ids is None else id_texts(plan.sample_ids)  # each id encoded once (lines.py)
-    if plan.sample_ids is not None:
+    plain = plan.plain_ids
+    ids = plain if plain is not None else plan.sample_ids  # plain ids stay bytes (lengths/plain_ids.py)
+    texts = None if ids is None else id_texts(ids)  # each id encoded once (lines.py)
+    if ids is not None:
         with root.file("sample_ids.jsonl") as handle:
-            for chunk in sample_ids_lines(plan.sample_ids, texts):
+            for chunk in sample_ids_lines(ids, texts):
                 handle.write(chunk)
-    table = None if texts is None or not write_jsonl else np.asarray(texts, dtype=object)
+    table = None if texts is None or not write_jsonl else texts if plain is not None \
+        else np.asarray(texts, dtype=object)
     for done, epoch in enumerate(plan.epochs):
         with root.mkdir(f"epoch_{epoch.epoch}") as folder:
             for name, _ in ARRAYS + (PACK_ARRAYS if epoch.pack_rows is not None else ()) \

@@ -29,6 +29,7 @@ from itertools import pairwise
 
 import numpy as np
 
+from ..lengths.plain_ids import PlainIds, is_plain
 from .plan import EpochPlan
 
 #: Sample entries per chunk of microbatches.jsonl (a chunk ends at a microbatch's end).
@@ -36,14 +37,9 @@ CHUNK_ENTRIES = 1 << 18
 _IDS_PER_CHUNK = 1 << 16
 
 
-def is_plain(text: str) -> bool:
-    """Whether ``json.dumps(text)`` is ``text`` between two quotes (printable ASCII, no ``"`` or ``\\``)."""
-    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
-
-
 def id_texts(ids: Sequence[str]) -> Sequence[str]:
-    """``json.dumps(id)[1:-1]`` of every id: ``ids`` itself when every id is plain."""
-    if is_plain("".join(ids)):
+    """``json.dumps(id)[1:-1]`` of every id: ``ids`` itself when every id is plain (a :class:`PlainIds` is)."""
+    if isinstance(ids, PlainIds) or is_plain("".join(ids)):
         return ids
     return [json.dumps(i)[1:-1] for i in ids]
 
@@ -51,6 +47,10 @@ def id_texts(ids: Sequence[str]) -> Sequence[str]:
 def sample_ids_lines(ids: Sequence[str], texts: Sequence[str] | None = None) -> Iterator[bytes]:
     """sample_ids.jsonl, chunk by chunk: ``json.dumps(id)`` per line (``texts``: :func:`id_texts` of ``ids``)."""
     texts = id_texts(ids) if texts is None else texts
+    if isinstance(texts, PlainIds):
+        for start in range(0, len(texts), _IDS_PER_CHUNK):
+            yield texts.lines(start, min(start + _IDS_PER_CHUNK, len(texts)))
+        return
     for start in range(0, len(texts), _IDS_PER_CHUNK):
         yield ('"' + '"\n"'.join(texts[start:start + _IDS_PER_CHUNK]) + '"\n').encode("ascii")
 
@@ -73,16 +73,20 @@ def parse_sample_ids(block: bytes) -> list[str] | None:
 _PLAIN_TEXT = bytes(b for b in range(0x20, 0x7F) if b != ord("\\")) + b"\n"
 
 
-def microbatch_lines(epoch: EpochPlan, texts: Sequence[str] | np.ndarray | None) -> Iterator[bytes]:
+def microbatch_lines(epoch: EpochPlan, texts: Sequence[str] | np.ndarray | PlainIds | None) -> Iterator[bytes]:
     """microbatches.jsonl of ``epoch``, chunk by chunk; ``texts``: :func:`id_texts` of the plan's ids,
-    or that as a NumPy object array (made once for every epoch; None: the ids are the row numbers)."""
+    or that as a NumPy object array (made once for every epoch), or the plan's :class:`PlainIds`
+    (whose lines are made of their bytes; None: the ids are the row numbers)."""
     offsets = np.asarray(epoch.offsets, dtype=np.int64)
-    table = texts if texts is None or isinstance(texts, np.ndarray) else np.asarray(texts, dtype=object)
+    table = texts if texts is None or isinstance(texts, (np.ndarray, PlainIds)) else np.asarray(texts, dtype=object)
     j, count = 0, len(epoch)
     while j < count:
         stop = int(np.searchsorted(offsets, offsets[j] + CHUNK_ENTRIES, side="right")) - 1
         stop = min(max(stop, j + 1), count)
-        yield _chunk(epoch, table, j, stop).encode("ascii")
+        if isinstance(table, PlainIds):
+            yield _plain_chunk(epoch, table, j, stop)
+        else:
+            yield _chunk(epoch, table, j, stop).encode("ascii")
         j = stop
 
 
@@ -112,6 +116,39 @@ def _chunk(epoch: EpochPlan, table: np.ndarray | None, first: int, stop: int) ->
                    for (i, bucket, most), a, b in zip(fields, bounds, bounds[1:]))
 
 
+def _plain_chunk(epoch: EpochPlan, ids: PlainIds, first: int, stop: int) -> bytes:
+    """:func:`_chunk` of plain ids, made of their bytes: the same lines (each id's text is itself), with
+    each line's fields between its ids' bytes joined once (PlainIds.joined), then the padding dropped."""
+    offsets = np.asarray(epoch.offsets[first:stop + 1], dtype=np.int64)
+    base = int(offsets[0])
+    rows = np.asarray(epoch.samples[base:int(offsets[-1])]).astype(np.intp, copy=False)
+    index = [epoch.global_index(j) for j in range(first, stop)]
+    buckets = np.asarray(epoch.bucket_ids[first:stop]).tolist()
+    most = np.asarray(epoch.max_len[first:stop]).tolist()
+    if epoch.pack_rows is None:
+        # The ids' bytes as one string (ASCII, padding included), sliced into each line's f-string.
+        flat, step, cut = ids.joined_text(rows, _SEP_BYTES)
+        bounds = ((offsets - base) * step).tolist()
+        text = "".join(f'{{"index": {i}, "samples": ["{flat[a:max(a, b - cut)]}"], "bucket_id": {bucket}, '
+                       f'"max_len": {longest}, "packs": null}}\n'
+                       for i, bucket, longest, a, b in zip(index, buckets, most, bounds, bounds[1:]))
+        return ids.drop_padding(text.encode("ascii"))
+    parts: list[bytes] = []
+    assert epoch.row_offsets is not None  # a packed epoch has both
+    pack_rows = np.asarray(epoch.pack_rows[first:stop + 1], dtype=np.int64)
+    row_bounds = (np.asarray(epoch.row_offsets[int(pack_rows[0]):int(pack_rows[-1]) + 1], dtype=np.int64)
+                  - base).tolist()
+    packed = ids.joined(rows, row_bounds, _SEP_BYTES)
+    bounds = (pack_rows - pack_rows[0]).tolist()
+    for i, bucket, longest, a, b in zip(index, buckets, most, bounds, bounds[1:]):
+        parts += (f'{{"index": {i}, "samples": ["'.encode("ascii"), _SEP_BYTES.join(packed[a:b]),
+                  f'"], "bucket_id": {bucket}, "max_len": {longest}, "packs": [["'.encode("ascii"),
+                  _ROWS_BYTES.join(packed[a:b]), b'"]]}\n')
+    return ids.drop_padding(b"".join(parts))
+
+
 #: Between two ids of a list, and between two packed rows' lists.
 _SEP = '", "'
 _ROWS = '"], ["'
+_SEP_BYTES = _SEP.encode("ascii")
+_ROWS_BYTES = _ROWS.encode("ascii")

@@ -26,6 +26,7 @@ import numpy as np
 
 from ... import checks, errors
 from ...errors import UmlosError
+from ..lengths.plain_ids import PlainIds
 from .config import BatchingConfig
 
 if TYPE_CHECKING:
@@ -213,12 +214,24 @@ class BatchPlan:
     """
 
     def __init__(self, meta: BatchPlanMeta, epochs: Sequence[EpochPlan], lengths: np.ndarray,
-                 sample_ids: Sequence[str] | None = None) -> None:
+                 sample_ids: Sequence[str] | PlainIds | None = None) -> None:
         self.meta = meta
         self.epochs = list(epochs)
         self.lengths = lengths
-        self.sample_ids = sample_ids
+        self._sample_ids = sample_ids
         self._units: Units | None = None
+
+    @property
+    def sample_ids(self) -> Sequence[str] | None:
+        """The ids (None: row numbers); plain ids held as bytes become a list on first use."""
+        ids = self._sample_ids
+        return ids.tolist() if isinstance(ids, PlainIds) else ids
+
+    @property
+    def plain_ids(self) -> PlainIds | None:
+        """The ids as one array of bytes, when the plan was built from them so (plans/lines.py writes
+        its files from them); None otherwise."""
+        return self._sample_ids if isinstance(self._sample_ids, PlainIds) else None
 
     @property
     def units(self) -> Units | None:

@@ -64,16 +64,16 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 import umlos_cuda as uc
-import umlos_cuda.batching.plans.checkpoint_kinds  # noqa: F401  (registers the "plan" cursor kind)
 from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, TokenStore, load_plan, save_plan, tokenize_dataset
 from umlos_cuda.batching.batches.fingerprint import microbatch_digest
-from umlos_cuda.batching.plans.checkpoint_kinds import PlanCursor
+from umlos_cuda.batching.plans.checkpoint_kinds import PlanCursor  # importing it registers the "plan" cursor kind
 from umlos_cuda.checkpoint import CheckpointState, CheckpointStore, RunIdentity
 from umlos_cuda.torch import PlanBatchSampler, PlanCollator, TokenDataset, run_distributed
 
 #: The example's signing key for its checkpoint store: a fixed demonstration key, not a secret.
 STORE_KEY = bytes(range(32))
-WORDS = "the quick brown fox jumps over a lazy dog while gravity explains why python is what it is".split()
+WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "gravity", "explains",
+         "why", "python", "is", "what", "it", "is")
 
 
 # -- data: a token store and a plan over it (rank 0 writes them once) ------------------------------
@@ -126,8 +126,8 @@ def run_identity(store: TokenStore, args: argparse.Namespace) -> RunIdentity:
     manifest = uc.Manifest.from_dict({
         "seed": args.seed,
         "global_batch_size": args.microbatches_per_step,
-        "datasets": {"train": {"id": "train-ddp-example", "version": "1", "hash": f"sha256:{store.meta['tokens_sha256']}",
-                               "cardinality": len(store)}},
+        "datasets": {"train": {"id": "train-ddp-example", "version": "1",
+                               "hash": f"sha256:{store.meta['tokens_sha256']}", "cardinality": len(store)}},
     })
     return RunIdentity("examples", "train-ddp", manifest)
 
@@ -246,7 +246,6 @@ def train(args: argparse.Namespace) -> None:
     model = torch.nn.parallel.DistributedDataParallel(model)
     pids = [0] * world
     dist.all_gather_object(pids, os.getpid())
-    trace = open(trace_path, "a", encoding="utf-8") if rank == 0 else None
 
     start_epoch = sampler.epoch
     for epoch in range(start_epoch, plan.num_epochs):
@@ -282,11 +281,11 @@ def train(args: argparse.Namespace) -> None:
             if rank == 0:
                 done = sorted(r for part in gathered for r in part)
                 mean = sum(loss for _, loss, _ in done) / len(done)
-                trace.write(json.dumps({"step": t, "epoch": epoch, "loss": repr(mean),
-                                        "microbatches": [i for i, _, _ in done],
-                                        "losses": [repr(loss) for _, loss, _ in done],
-                                        "digests": [d for _, _, d in done]}) + "\n")
-                trace.flush()
+                with open(trace_path, "a", encoding="utf-8") as trace:  # on disk before the next step
+                    trace.write(json.dumps({"step": t, "epoch": epoch, "loss": repr(mean),
+                                            "microbatches": [i for i, _, _ in done],
+                                            "losses": [repr(loss) for _, loss, _ in done],
+                                            "digests": [d for _, _, d in done]}) + "\n")
                 last = epoch == plan.num_epochs - 1 and start + g >= length
                 if t % args.checkpoint_every == 0 or last:
                     after = cursor_after(plan, epoch, start, g)
@@ -294,7 +293,6 @@ def train(args: argparse.Namespace) -> None:
                         t, {}, tensors={0: [model_arrays(model.module)]}, optimizer={0: optimizer_arrays(optimizer)},
                         extra_cursors={"plan": PlanCursor(sampler.fingerprint, *after)}))
     if rank == 0:
-        trace.close()
         checkpoints.close()
         print(f"trained {t} steps on {world} rank(s); trace {trace_path}", flush=True)
 

@@ -24,7 +24,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from dist_scripts.torchrun import ROOT, environment, finish  # noqa: E402
+from dist_scripts.torchrun import ROOT, environment, finish
 
 EXAMPLE = os.path.join(ROOT, "examples", "train_ddp.py")
 #: The default data give 65 microbatches per epoch and 2 epochs: 33 steps an epoch (the last one short).
@@ -94,7 +94,7 @@ def runs(tmp_path_factory):
 def test_the_uninterrupted_run_reads_every_microbatch_of_the_plan_once_an_epoch_and_learns(runs):
     from umlos_cuda.batching import TokenStore, load_plan
     from umlos_cuda.batching.batches.fingerprint import microbatch_digest, plan_batches
-    from umlos_cuda.checkpoint import restore_latest, verify_store
+    from umlos_cuda.checkpoint import verify_store
 
     steps = trace(runs["full"])
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))

@@ -21,9 +21,9 @@ each epoch's order anew); run ``max_steps`` steps or ``num_train_epochs=1``.
 **Resume.** The plan cursor is written into each checkpoint folder
 (``checkpoint-N/plan_cursor.json``, the sampler's ``state_dict()`` format,
 through the atomic writer), before the Trainer writes the checkpoint (when
-``control.should_save`` is set at the step's end) and again on ``on_save``
-(for saves decided later, ``save_strategy="best"``), so a checkpoint the
-Trainer completed always has its cursor. ``train(resume_from_checkpoint=...)``
+``control.should_save`` is set at the step's end), or on ``on_save`` for a
+save decided later (``save_strategy="best"``), so a checkpoint the Trainer
+completed always has its cursor. ``train(resume_from_checkpoint=...)``
 loads it into the sampler first; the Trainer's own skip of the first
 batches is switched off (``ignore_data_skip=True``), since the restored
 cursor already stands after them and skipping again would drop
@@ -256,10 +256,12 @@ def _cursor_callback() -> type:
         class CursorCallback(TrainerCallback):
             def __init__(self, data: PlanTrainerData) -> None:
                 self.data = data
+                self.written: tuple[int, int] | None = None  # (global_step, consumed) of the last write
 
             def _write(self, args, state) -> None:
-                if args.should_save:
+                if args.should_save and self.written != (state.global_step, self.data.consumed):
                     self.data.save(os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"))
+                    self.written = (state.global_step, self.data.consumed)
 
             def on_step_end(self, args, state, control, **kwargs):
                 if control.should_save:  # before the Trainer writes the checkpoint
@@ -269,7 +271,7 @@ def _cursor_callback() -> type:
                 if control.should_save:
                     self._write(args, state)
 
-            def on_save(self, args, state, control, **kwargs):
+            def on_save(self, args, state, control, **kwargs):  # a save decided after the step's end
                 self._write(args, state)
 
         _CursorCallback = CursorCallback

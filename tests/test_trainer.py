@@ -97,6 +97,12 @@ def test_a_run_stopped_mid_epoch_of_a_packed_plan_resumes_exactly(plans):
     want = records(plans / "p-whole.jsonl")
     assert records(plans / "p-cut.jsonl") == want[:40]
     assert records(plans / "p-resumed.jsonl") == from_step(want, 20)
+    # with the Trainer's own skip on as well, the 40 microbatches after the cursor would be skipped too
+    train(**kwargs, output_dir=str(plans / "p-twice"), record=str(plans / "p-twice.jsonl"),
+          resume=str(plans / "p-cut" / "checkpoint-20"), trainer_skips=True)
+    every = plan_digests(plans / "packed", plans / "store", "hf")
+    assert [line["inputs"] for line in want] == every[:80]
+    assert [line["inputs"] for line in records(plans / "p-twice.jsonl")] == every[80:]  # 40 later: 80 to 86
 
 
 @pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
@@ -124,18 +130,21 @@ def test_sft_trainer_trains_on_a_packed_plan_padding_free(plans):
     """SFTTrainer's own packing is dataset preparation (skipped: the plan packs); its model takes the packed
     plan's microbatches in the ``padding_free`` form, every one in the plan's order."""
     pytest.importorskip("trl")
+    record = plans / "s-packed.jsonl"
+    assert train(str(plans / "store"), str(plans / "packed"), str(plans / "s-packed"), str(record),
+                 base="SFTTrainer", preset="padding_free") == {"global_step": MAX_STEPS, "cursor": [5, 7]}
+    want = plan_digests(plans / "packed", plans / "store", "padding_free")[:2 * MAX_STEPS]
+    assert [line["inputs"] for line in records(record)] == want
+
+
+def plan_digests(plan, store, preset: str) -> list[str]:
+    """The digest of every microbatch of the plan, in order, as the data source collates it."""
     from torch.utils.data import DataLoader
 
     from trainer_cases import digest
 
-    record = plans / "s-packed.jsonl"
-    assert train(str(plans / "store"), str(plans / "packed"), str(plans / "s-packed"), str(record),
-                 base="SFTTrainer", preset="padding_free") == {"global_step": MAX_STEPS, "cursor": [5, 7]}
-    data = PlanTrainerData(plans / "packed", plans / "store", rank=0, world_size=1, preset="padding_free")
-    loader = DataLoader(data.dataset, batch_sampler=data, collate_fn=data.collator)
-    want = [digest(batch) for batch, _ in zip(loader, range(2 * MAX_STEPS))]
-    lines = records(record)
-    assert [line["inputs"] for line in lines] == want and "cu_seq_lens_q" in next(iter(loader))
+    data = PlanTrainerData(plan, store, rank=0, world_size=1, preset=preset)
+    return [digest(batch) for batch in DataLoader(data.dataset, batch_sampler=data, collate_fn=data.collator)]
 
 
 def _plain_run(root):

@@ -35,8 +35,9 @@ def digest(inputs: dict) -> str:
 
 def train(store: str, plan: str, output_dir: str, record: str, *, resume: str | bool | None = None,
           stop_at: int | None = None, kill_at: int | None = None, base: str = "Trainer",
-          preset: str = "hf", workers: int = 0) -> dict:
-    """Train the tiny model; ``stop_at`` ends the run cleanly after that step (as a job's time limit would)."""
+          preset: str = "hf", workers: int = 0, trainer_skips: bool = False) -> dict:
+    """Train the tiny model; ``stop_at`` ends the run cleanly after that step (as a job's time limit would);
+    ``trainer_skips`` turns the Trainer's own skip of trained batches back on (to show what it would do)."""
     import torch
     import transformers
 
@@ -84,6 +85,8 @@ def train(store: str, plan: str, output_dir: str, record: str, *, resume: str | 
 
     with open(record, "a", encoding="utf-8") as handle:
         trainer = Recording(model=model, args=args, plan_data=data, callbacks=[Stop()], **extra)
+        if trainer_skips:
+            trainer.args.ignore_data_skip = False
         trainer.train(resume_from_checkpoint=resume)
     return {"global_step": trainer.state.global_step, "cursor": list(data.cursor())}
 

@@ -13,6 +13,9 @@
   model takes (``preset="hf"`` or ``"padding_free"``; docs/batching.md).
 * :func:`run_distributed`: the entry point of a torchrun script; it ends every
   rank cleanly (a DDP job on gloo otherwise aborts at exit now and then).
+* :mod:`umlos_cuda.torch.trainer` (imported by name, not from here): a plan as
+  the data source of ``transformers.Trainer`` or TRL's ``SFTTrainer``, its
+  cursor in their checkpoints (docs/training.md).
 
 Importing this package does not need torch; the samplers subclass
 ``torch.utils.data.Sampler`` when torch is installed. See docs/integrations.md.

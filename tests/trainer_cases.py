@@ -1,0 +1,107 @@
+"""A tiny Llama trained by ``transformers.Trainer`` on a plan, for tests/test_trainer.py.
+
+:func:`train` runs one training (fresh or resumed) and appends one JSON line
+per microbatch the Trainer trained on to ``record``: the global step it
+belongs to, the loss (``float.hex``, so equal means bit-identical) and a
+SHA-256 of the tensors the model took. Lines are flushed as they are
+written, so a run killed with SIGKILL leaves every line before the kill.
+Run as a script (``python trainer_cases.py ARGS_JSON``), it is the
+subprocess the SIGKILL test kills: ``kill_at`` sends SIGKILL to itself at
+the end of that step, after the checkpoint before it was written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sys
+
+#: The Trainer's settings every run shares (only ``max_steps`` decides the learning-rate schedule).
+MAX_STEPS = 40
+SAVE_STEPS = 10
+ACCUMULATION = 2
+
+
+def digest(inputs: dict) -> str:
+    sha = hashlib.sha256()
+    for key in sorted(inputs):
+        value = inputs[key]
+        sha.update(key.encode())
+        sha.update(value.numpy().tobytes() if hasattr(value, "numpy") else repr(value).encode())
+    return sha.hexdigest()
+
+
+def train(store: str, plan: str, output_dir: str, record: str, *, resume: str | bool | None = None,
+          stop_at: int | None = None, kill_at: int | None = None, base: str = "Trainer",
+          preset: str = "hf", workers: int = 0, trainer_skips: bool = False) -> dict:
+    """Train the tiny model; ``stop_at`` ends the run cleanly after that step (as a job's time limit would);
+    ``trainer_skips`` turns the Trainer's own skip of trained batches back on (to show what it would do)."""
+    import torch
+    import transformers
+
+    from umlos_cuda.torch.trainer import PlanTrainerData, plan_trainer_class
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    transformers.logging.set_verbosity_error()
+    data = PlanTrainerData(plan, store, rank=0, world_size=1, preset=preset)
+    vocab = max(int(data.dataset.source.arrays(r)[0].max()) for r in range(len(data.dataset))) + 1
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=vocab, max_position_embeddings=512, attn_implementation="sdpa", use_cache=False))
+    if base == "SFTTrainer":
+        import datasets
+        import trl
+
+        base_class = trl.SFTTrainer
+        args = trl.SFTConfig(dataset_kwargs={"skip_prepare_dataset": True}, bf16=False, gradient_checkpointing=False,
+                             **_arguments(output_dir))
+        # SFTTrainer accepts only a datasets.Dataset; the plan replaces it, so a one-row stand-in suffices
+        extra = {"train_dataset": datasets.Dataset.from_dict({"input_ids": [[0]]}),
+                 "processing_class": transformers.AutoTokenizer.from_pretrained(os.path.join(store, "..", "model"))}
+    else:
+        base_class = transformers.Trainer
+        args = transformers.TrainingArguments(**_arguments(output_dir), dataloader_num_workers=workers)
+        extra = {}
+
+    class Recording(plan_trainer_class(base_class)):
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            taken = digest(inputs)  # before the step, which may add keys (SFTTrainer: use_cache)
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            line = {"step": self.state.global_step + 1, "loss": float(loss).hex(), "inputs": taken}
+            handle.write(json.dumps(line) + "\n")
+            handle.flush()
+            return loss
+
+    class Stop(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if kill_at is not None and state.global_step == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if stop_at is not None and state.global_step == stop_at:
+                control.should_training_stop = True
+
+    with open(record, "a", encoding="utf-8") as handle:
+        trainer = Recording(model=model, args=args, plan_data=data, callbacks=[Stop()], **extra)
+        if trainer_skips:
+            trainer.args.ignore_data_skip = False
+        trainer.train(resume_from_checkpoint=resume)
+    return {"global_step": trainer.state.global_step, "cursor": list(data.cursor())}
+
+
+def _arguments(output_dir: str) -> dict:
+    return {"output_dir": output_dir, "max_steps": MAX_STEPS, "per_device_train_batch_size": 1,
+            "gradient_accumulation_steps": ACCUMULATION, "learning_rate": 3e-3, "save_steps": SAVE_STEPS,
+            "logging_steps": 1, "report_to": "none", "use_cpu": True, "seed": 0, "disable_tqdm": True}
+
+
+def records(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle]
+
+
+if __name__ == "__main__":
+    kwargs = json.loads(sys.argv[1])
+    print(json.dumps(train(**kwargs)))

@@ -253,6 +253,9 @@ def test_megatron_dataset_reads_back(tmp_path, dtype):
     for row, sequence in enumerate(sequences):
         ids, mask = dataset.arrays(row)
         assert ids.tolist() == sequence and mask.tolist() == [1] * len(sequence)
+        # the hot path hands out plain read-only views, never np.memmap objects
+        assert type(ids) is np.ndarray and not ids.flags.writeable
+    assert dataset.input_ids(np.int64(3)).tolist() == sequences[3]
     assert dataset.num_tokens == sum(map(len, sequences))
     cache = dataset.length_cache()
     assert cache.ids_are_line_numbers and np.array_equal(cache.lengths, dataset.lengths)
@@ -315,6 +318,9 @@ def test_megatron_empty_and_row_checks(tmp_path):
     expect(errors.MEGATRON_INDEX_INVALID, MegatronDataset.open, empty, mention="no sequence")
     dataset = MegatronDataset.open(write_megatron(tmp_path / "d", [[1, 2]], np.int32))
     expect(errors.MEGATRON_INDEX_INVALID, dataset.arrays, 1, mention="rows are 0 to 0")
+    expect(errors.MEGATRON_INDEX_INVALID, dataset.arrays, -1, mention="rows are 0 to 0")
+    expect(errors.MEGATRON_INDEX_INVALID, dataset.arrays, True)
+    expect(errors.MEGATRON_INDEX_INVALID, dataset.arrays, np.int64(1), mention="rows are 0 to 0")
     expect(errors.MEGATRON_INDEX_INVALID, MegatronDataset.open, tmp_path / "d", tokenizer_hash="")
 
 

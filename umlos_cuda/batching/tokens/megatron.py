@@ -29,6 +29,15 @@ sizes that are not negative, pointers aligned to the dtype and inside the
 ``.bin`` (checked without int64 overflow: a pointer near 2^63 cannot wrap
 back inside), document indices ascending from 0 to S. Both files are
 memory-mapped; nothing is one Python object per sequence.
+
+Reading a sequence is the hot path (a collator reads every row of an
+epoch), so it touches no ``np.memmap`` object: slicing a memmap runs its
+Python-level ``__array_finalize__`` per slice, which was most of the cost.
+Instead the ``.bin`` is viewed once as a plain ndarray of tokens
+(``np.frombuffer`` over the map, which keeps the map alive) and each
+sequence's token start and end are precomputed as two int64 arrays
+(pointers are checked aligned, so ``pointer // itemsize`` is exact); a read
+is one bounds check and one ndarray slice (bench/bench_megatron_reader.py).
 """
 
 from __future__ import annotations
@@ -90,6 +99,14 @@ class MegatronDataset:
         self.lengths.flags.writeable = False
         self._ones = np.ones(int(sizes.max(initial=0)), dtype=np.uint8)
         self._ones.flags.writeable = False
+        # The per-sequence path (module docstring): a plain read-only token view and token offsets.
+        width = dtype.itemsize
+        self._tokens = np.frombuffer(data, dtype=dtype, count=data.shape[0] // width) if data.shape[0] \
+            else np.zeros(0, dtype=dtype)
+        self._tokens.flags.writeable = False
+        self._starts = np.asarray(pointers, dtype=np.int64) // width
+        self._ends = self._starts + np.asarray(sizes, dtype=np.int64)
+        self._count = int(sizes.shape[0])
 
     @classmethod
     def open(cls, prefix: str | os.PathLike[str], *, tokenizer_hash: str = UNKNOWN_TOKENIZER) -> MegatronDataset:
@@ -153,10 +170,10 @@ class MegatronDataset:
 
     def input_ids(self, row: int) -> np.ndarray:
         """Sequence ``row``'s tokens (a read-only view of the ``.bin``)."""
-        row = checks.integer(row, self.prefix, 0, len(self) - 1, fail=_invalid,
-                             message="sequence {value!r} is not in {name}; rows are 0 to {high}")
-        start, size = int(self.pointers[row]), int(self.sizes[row])
-        return self.data[start:start + size * self.dtype.itemsize].view(self.dtype)
+        if type(row) is not int or not 0 <= row < self._count:  # the common case skips the full check
+            row = checks.integer(row, self.prefix, 0, self._count - 1, fail=_invalid,
+                                 message="sequence {value!r} is not in {name}; rows are 0 to {high}")
+        return self._tokens[self._starts[row]:self._ends[row]]
 
     def loss_mask(self, row: int) -> np.ndarray:
         """All ones: an indexed dataset trains on every token."""

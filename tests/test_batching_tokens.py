@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from batching_cases import expect, train_tokenizer, write_model_dir
-from token_cases import random_sequences, write_dataset, write_megatron
+from token_cases import make_store, random_sequences, write_dataset, write_megatron
 from umlos_cuda import errors
 from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, LengthCache, SampleMeta, build_lengths, sft_sample
 from umlos_cuda.batching.batches.reader import BatchReader
@@ -272,6 +272,55 @@ def test_megatron_multimodal_modes(tmp_path):
     dataset = MegatronDataset.open(prefix, tokenizer_hash="t" * 64)
     assert dataset.modes.tolist() == [0, 1, 0, 1, 1, 0] and dataset.tokenizer_hash == "t" * 64
     assert dataset.input_ids(5).tolist() == sequences[5]
+
+
+@pytest.mark.parametrize("store_dtype, megatron_dtype, code", [("<u2", np.uint16, 8), ("<u4", np.int32, 4)])
+def test_a_token_store_exports_as_megatron_and_reads_back(tmp_path, monkeypatch, store_dtype, megatron_dtype, code):
+    from umlos_cuda.batching.tokens import writer
+    from umlos_cuda.batching.tokens.export import export_megatron
+
+    if store_dtype == "<u4":
+        monkeypatch.setattr(writer, "UINT16_VOCAB", 1)  # the small test vocabulary, stored as uint32
+    store = make_store(tmp_path, 60, seed=3)
+    assert store.meta["token_dtype"] == store_dtype
+    dataset = export_megatron(store, tmp_path / "mega")
+    again = MegatronDataset.open(tmp_path / "mega", tokenizer_hash=store.tokenizer_hash)
+    assert dataset.prefix == again.prefix and again.dtype == np.dtype(megatron_dtype) and len(again) == len(store)
+    assert np.array_equal(again.lengths, store.lengths) and again.num_tokens == store.num_tokens
+    for row in range(len(store)):
+        assert np.array_equal(again.input_ids(row), store.input_ids(row))
+    assert again.document_indices.tolist() == list(range(len(store) + 1))
+    # the .idx byte for byte, built by hand from the layout (megatron-core's _IndexWriter)
+    sizes = [int(n) for n in store.lengths]
+    pointers, at = [], 0
+    for size in sizes:
+        pointers.append(at)
+        at += size * np.dtype(megatron_dtype).itemsize
+    expected = (b"MMIDIDX\x00\x00" + (1).to_bytes(8, "little") + bytes([code]) + len(sizes).to_bytes(8, "little")
+                + (len(sizes) + 1).to_bytes(8, "little") + b"".join(n.to_bytes(4, "little") for n in sizes)
+                + b"".join(p.to_bytes(8, "little") for p in pointers)
+                + b"".join(d.to_bytes(8, "little") for d in range(len(sizes) + 1)))
+    assert Path(tmp_path / "mega.idx").read_bytes() == expected
+    assert Path(tmp_path / "mega.bin").read_bytes() == np.asarray(store.tokens).astype(megatron_dtype).tobytes()
+    # a plan over the export is the plan over the store (same lengths, same tokenizer)
+    assert np.array_equal(again.length_cache().lengths, store.length_cache().lengths)
+
+
+def test_export_widens_ids_past_int32_and_the_cli_writes_the_pair(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from umlos_cuda.batching.tokens.export import export_dtype, index_bytes
+
+    assert export_dtype(SimpleNamespace(tokens=np.array([1, 2 ** 31], dtype="<u4"))) == np.dtype("<i8")
+    assert export_dtype(SimpleNamespace(tokens=np.array([1, 2 ** 31 - 1], dtype="<u4"))) == np.dtype("<i4")
+    raw = index_bytes(np.array([3, 2], dtype=np.int64), np.dtype("<i8"))
+    assert raw[17] == 5 and struct.unpack("<qq", raw[34 + 8:34 + 24]) == (0, 24)
+    store = make_store(tmp_path, 20, seed=5)
+    assert main(["data", "megatron-export", str(tmp_path / "store"), "--output", str(tmp_path / "m.idx")]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(store)} sequences (one document each), {store.num_tokens} tokens (uint16)" in out
+    assert "trained on by Megatron" in out  # prompt/response records: the store masks the prompts
+    assert np.array_equal(MegatronDataset.open(tmp_path / "m").lengths, store.lengths)
 
 
 def patch_idx(offset: int, data: bytes):

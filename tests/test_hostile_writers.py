@@ -367,6 +367,41 @@ def _(w):
               w.path("mega.idx"), "--force")
 
 
+def export(w, output, *extra):
+    store = w.path("store") if os.path.exists(w.path("store")) else w.copy("store")
+    return ("data", "megatron-export", store, "--output", output, *extra)
+
+
+@case("megatron-export/output-inside-the-store")
+def _(w):
+    w.refused(errors.OUTPUT_IS_INPUT, w.path("store/mega.bin"), *export(w, w.path("store/mega"), "--force"))
+
+
+@case("megatron-export/over-a-file-of-another-kind")
+def _(w):
+    w.copy("store")
+    Path(w.path("notes.bin")).write_text("not a Megatron file\n")
+    w.refused(errors.OUTPUT_EXISTS, w.path("notes.bin"), *export(w, w.path("notes")))
+    w.refused(errors.OUTPUT_PATH_INVALID, w.path("notes.bin"), *export(w, w.path("notes"), "--force"))
+
+
+@case("megatron-export/force-over-an-index-of-another-kind")
+def _(w):
+    w.copy("store")
+    Path(w.path("out.idx")).write_text("an index of someone else's\n")
+    w.refused(errors.OUTPUT_PATH_INVALID, w.path("out.idx"), *export(w, w.path("out"), "--force"))
+
+
+@case("megatron-export/force-replaces-a-megatron-pair")
+def _(w):
+    w.copy("store"), w.copy("mega.idx"), w.copy("mega.bin")
+    before = w.state()
+    w.refused(errors.OUTPUT_EXISTS, w.path("mega.bin"), *export(w, w.path("mega")))
+    hs.assert_ok(w.cli(*export(w, w.path("mega"), "--force")))
+    hs.assert_untouched(before, w.state(), owned=["mega.idx", "mega.bin"])
+    assert leftovers(w.path(".")) == []
+
+
 # ---------------------------------------------------------------------- batch generate
 def generate(w, output, *extra):
     plan = w.path("plan") if os.path.exists(w.path("plan")) else w.copy("plan")

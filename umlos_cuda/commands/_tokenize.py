@@ -1,11 +1,12 @@
-"""``umlos-cuda data tokenize`` and ``data megatron``: token sources for batch files.
+"""``umlos-cuda data tokenize``, ``data megatron`` and ``data megatron-export``: token sources for batch files.
 
 ``tokenize`` encodes a JSONL dataset once into a token store folder (flat
 memory-mapped tokens, loss masks and offsets, and the length cache as a
 by-product; docs/batching.md, "Token store"). ``megatron`` writes the
 length cache of an existing Megatron-LM indexed dataset from its ``.idx``
-sizes, so a plan is built over it without re-tokenizing. Both are actions
-of the ``data`` command (umlos_cuda/commands/data.py registers them).
+sizes, so a plan is built over it without re-tokenizing; ``megatron-export``
+goes the other way, writing a token store as a Megatron ``.bin``/``.idx``
+pair. All are actions of the ``data`` command (umlos_cuda/commands/data.py registers them).
 """
 
 from __future__ import annotations
@@ -37,6 +38,17 @@ def register_actions(actions) -> None:
     megatron.add_argument("--force", action="store_true", help="replace existing output files")
     megatron.set_defaults(func=run_megatron)
 
+    export = actions.add_parser(
+        "megatron-export", help="write a token store as a Megatron-LM indexed dataset (PREFIX.bin, PREFIX.idx)",
+        description="Write the token store STORE as PREFIX.bin and PREFIX.idx in Megatron-LM's MMapIndexedDataset "
+        "layout, one document per sample, for megatron-core's IndexedDataset. uint16 stores stay uint16, uint32 "
+        "stores become int32 (int64 if an id needs it); loss masks and sample ids are not carried.",
+    )
+    export.add_argument("store", metavar="STORE", help="the token store folder")
+    export.add_argument("--output", required=True, metavar="PREFIX", help="the pair to write: PREFIX.bin, PREFIX.idx")
+    export.add_argument("--force", action="store_true", help="replace an existing Megatron pair (never other files)")
+    export.set_defaults(func=run_megatron_export)
+
 
 def run_tokenize(args, parser) -> int:
     from ..batching.tokens.writer import tokenize_dataset
@@ -61,4 +73,17 @@ def run_megatron(args) -> int:
     documents = max(int(dataset.document_indices.shape[0]) - 1, 0)
     print(f"wrote {args.output} and {args.output}.u32: {len(cache)} sequences ({documents} documents), "
           f"{dataset.num_tokens} tokens ({dataset.dtype}), tokenizer_hash {tokenizer_hash}")
+    return 0
+
+
+def run_megatron_export(args) -> int:
+    from ..batching.tokens.export import export_megatron
+    from ..batching.tokens.store import TokenStore
+
+    store = TokenStore.open(args.store)
+    dataset = export_megatron(store, args.output, force=args.force)
+    masked = len(store.loss_mask_array) - int(store.loss_mask_array.sum(dtype="u8"))
+    print(f"wrote {dataset.prefix}.bin and {dataset.prefix}.idx: {len(dataset)} sequences (one document each), "
+          f"{dataset.num_tokens} tokens ({dataset.dtype})" + (f"; {masked} tokens the store masks are trained on "
+                                                              "by Megatron (it has no loss mask)" if masked else ""))
     return 0

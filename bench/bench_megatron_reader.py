@@ -14,7 +14,12 @@ pass reading every sequence, best of ``--repeat``:
   precomputed offsets and no check at all, the cost of the data structure
   megatron-core's ``IndexedDataset`` reads through (it slices ``np.memmap``
   too, via ``np.frombuffer`` per sequence);
-* ``floor ndarray``: the same bare loop over a plain ndarray view.
+* ``floor ndarray``: the same bare loop over a plain ndarray view;
+* ``core-like``: megatron-core's per-sequence path reproduced from its
+  ``indexed_dataset.py`` (``_IndexReader`` arrays indexed for the pointer
+  and length, then ``np.frombuffer`` over a ``memoryview`` of the ``.bin``
+  map, as ``_MMapBinReader.read`` does), without its ``lru_cache`` and
+  Python-level ``IndexedDataset.get`` wrapper, so a lower bound on its cost.
 
 megatron-core's ``IndexedDataset`` itself is not measured: it needs Python
 >= 3.12 and a multi-GB torch, neither installable on the machine this bench
@@ -67,6 +72,17 @@ def read_floor(tokens: np.ndarray, starts: list[int], ends: list[int]) -> int:
     return total
 
 
+def read_core_like(prefix: str, dataset: MegatronDataset) -> int:
+    """megatron-core's read path (docstring): index arrays, then np.frombuffer per sequence."""
+    buffer = memoryview(np.memmap(prefix + ".bin", mode="r", order="C"))
+    pointers, lengths = dataset.pointers, dataset.sizes
+    total = 0
+    for row in range(len(dataset)):
+        pointer, length = pointers[row], lengths[row]
+        total += np.frombuffer(buffer, dtype=np.uint16, count=length, offset=pointer).shape[0]
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=200_000)
@@ -85,7 +101,8 @@ def main() -> None:
         expected = int(lengths.sum())
         runs = {"before": lambda: read_before(dataset), "after": lambda: read_after(dataset),
                 "floor memmap": lambda: read_floor(mapped, starts, ends),
-                "floor ndarray": lambda: read_floor(plain, starts, ends)}
+                "floor ndarray": lambda: read_floor(plain, starts, ends),
+                "core-like": lambda: read_core_like(prefix, dataset)}
         for name, run in runs.items():
             assert run() == expected, name
         best = best_of(args.repeat, *runs.values())

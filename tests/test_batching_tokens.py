@@ -266,6 +266,29 @@ def test_megatron_dataset_reads_back(tmp_path, dtype):
     assert isinstance(open_token_source(prefix + ".bin"), MegatronDataset)
 
 
+def test_megatron_sequences_out_of_order_and_with_gaps_read_back(tmp_path):
+    """Pointers need not be back to back (the reader then keeps starts and ends apart)."""
+    sequences = [[1, 2, 3], [40, 50], [7], [9, 9, 9, 9]]
+    order = [2, 0, 3, 1]  # where each sequence lies in the .bin, with a 2-token gap before each
+    data, pointers = [], [0] * len(sequences)
+    for k in order:
+        data += [65535, 65535]
+        pointers[k] = 2 * len(data)
+        data += sequences[k]
+    prefix = str(tmp_path / "gaps")
+    np.array(data, dtype="<u2").tofile(prefix + ".bin")
+    count = len(sequences)
+    with open(prefix + ".idx", "wb") as handle:
+        handle.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, count, count + 1))
+        handle.write(np.array([len(x) for x in sequences], "<i4").tobytes() + np.array(pointers, "<i8").tobytes())
+        handle.write(np.arange(count + 1, dtype="<i8").tobytes())
+    dataset = MegatronDataset.open(prefix)
+    assert [dataset.input_ids(row).tolist() for row in range(count)] == sequences
+    packed = MegatronDataset.open(write_megatron(tmp_path / "packed", sequences))
+    assert [packed.input_ids(row).tolist() for row in range(count)] == sequences
+    assert np.shares_memory(packed._starts, packed._ends)  # back to back: one bounds array, 8 bytes a sequence
+
+
 def test_megatron_multimodal_modes(tmp_path):
     sequences = random_sequences(6, seed=2)
     prefix = write_megatron(tmp_path / "mm", sequences, np.int32, modes=[0, 1, 0, 1, 1, 0])

@@ -35,8 +35,10 @@ epoch), so it touches no ``np.memmap`` object: slicing a memmap runs its
 Python-level ``__array_finalize__`` per slice, which was most of the cost.
 Instead the ``.bin`` is viewed once as a plain ndarray of tokens
 (``np.frombuffer`` over the map, which keeps the map alive) and each
-sequence's token start and end are precomputed as two int64 arrays
-(pointers are checked aligned, so ``pointer // itemsize`` is exact); a read
+sequence's token start and end are precomputed as int64 arrays (pointers
+are checked aligned, so ``pointer // itemsize`` is exact; when sequences lie
+back to back, as Megatron writes them, starts and ends are two views of one
+array of S + 1 bounds, 8 bytes a sequence in memory); a read
 is one bounds check and one ndarray slice (bench/bench_megatron_reader.py).
 """
 
@@ -104,8 +106,14 @@ class MegatronDataset:
         self._tokens = np.frombuffer(data, dtype=dtype, count=data.shape[0] // width) if data.shape[0] \
             else np.zeros(0, dtype=dtype)
         self._tokens.flags.writeable = False
-        self._starts = np.asarray(pointers, dtype=np.int64) // width
-        self._ends = self._starts + np.asarray(sizes, dtype=np.int64)
+        starts = np.asarray(pointers, dtype=np.int64) // width
+        ends = starts + np.asarray(sizes, dtype=np.int64)
+        if starts.shape[0] and np.array_equal(starts[1:], ends[:-1]):
+            # sequences back to back, as Megatron writes them: one array of S + 1 bounds (8 bytes a
+            # sequence, not 16), starts and ends two views of it
+            bounds = np.append(starts, ends[-1:])
+            starts, ends = bounds[:-1], bounds[1:]
+        self._starts, self._ends = starts, ends
         self._count = int(sizes.shape[0])
 
     @classmethod

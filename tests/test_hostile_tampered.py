@@ -657,6 +657,36 @@ def user_workers_state_dict_is_exact(ws, tmp_path):
     assert "warnings 0 index 1 1" in outcome.stdout, outcome.describe()
 
 
+def _trainer_cursor(ws, tmp_path, make_cursor) -> hs.Outcome:
+    """PlanTrainerData.load over a checkpoint folder whose plan_cursor.json ``make_cursor(path)`` made."""
+    copy(ws, tmp_path, "plan", "store")
+    (tmp_path / "checkpoint-1").mkdir()
+    make_cursor(tmp_path / "checkpoint-1" / "plan_cursor.json")
+    return run_api(tmp_path, "from umlos_cuda.torch.trainer import PlanTrainerData\n"
+                   "data = PlanTrainerData('plan', 'store', rank=0, world_size=1)\n"
+                   "guarded(lambda: data.load('checkpoint-1'))\n")
+
+
+def hang_trainer_cursor_fifo(ws, tmp_path):
+    outcome = _trainer_cursor(ws, tmp_path, os.mkfifo)
+    hs.assert_refused(outcome, "PLAN_CURSOR_INVALID", names="plan_cursor.json")
+
+
+def traceback_trainer_cursor_deep_json(ws, tmp_path):
+    outcome = _trainer_cursor(ws, tmp_path, lambda path: path.write_text("[" * 100_000 + "]" * 100_000))
+    hs.assert_refused(outcome, "PLAN_CURSOR_INVALID", names="plan_cursor.json")
+
+
+def traceback_trainer_cursor_not_an_object(ws, tmp_path):
+    outcome = _trainer_cursor(ws, tmp_path, lambda path: path.write_text('["epoch", 0]\n'))
+    hs.assert_refused(outcome, "PLAN_CURSOR_INVALID", names="plan_cursor.json")
+
+
+def traceback_trainer_cursor_huge(ws, tmp_path):
+    outcome = _trainer_cursor(ws, tmp_path, lambda path: path.write_bytes(b" " * (64 << 20) + b"{}"))
+    hs.assert_refused(outcome, "PLAN_CURSOR_INVALID", names="plan_cursor.json")
+
+
 def user_no_workers_state_dict_is_quiet(ws, tmp_path):
     copy(ws, tmp_path, "plan")
     outcome = run_api(tmp_path, TORCH_LOADER +
@@ -791,6 +821,10 @@ CASES = [
     pytest.param(user_jsonl_skip_bad_lines, id="user/jsonl-skip-bad-lines"),
     pytest.param(user_jsonl_blank_line_inside_still_refused, id="user/jsonl-blank-line-inside-refused"),
     pytest.param(user_workers_state_dict_is_exact, id="user/workers-state-dict-exact"),
+    pytest.param(hang_trainer_cursor_fifo, id="hang/trainer-plan-cursor-fifo"),
+    pytest.param(traceback_trainer_cursor_deep_json, id="traceback/trainer-plan-cursor-deep-json"),
+    pytest.param(traceback_trainer_cursor_not_an_object, id="traceback/trainer-plan-cursor-not-an-object"),
+    pytest.param(traceback_trainer_cursor_huge, id="traceback/trainer-plan-cursor-huge"),
     pytest.param(user_no_workers_state_dict_is_quiet, id="user/no-workers-state-dict-quiet"),
     pytest.param(user_past_the_last_epoch_warns, id="user/past-the-last-epoch-warns"),
     pytest.param(user_torchdata_set_vital_is_quiet, id="user/torchdata-set-vital-quiet"),
@@ -804,7 +838,8 @@ def test_hostile(case, ws, tmp_path):
     if case.__name__.startswith("user_gym"):
         pytest.importorskip("chuk_puzzles_gym", reason="chuk-puzzles-gym is not installed (the optional 'gym' extra)")
     if "torch" in case.__name__ or "workers" in case.__name__ or "epoch" in case.__name__ \
-            or "sampler" in case.__name__ or "stats_make" in case.__name__ or "global_count" in case.__name__:
+            or "trainer" in case.__name__ or "sampler" in case.__name__ or "stats_make" in case.__name__ \
+            or "global_count" in case.__name__:
         pytest.importorskip("torch")
     if "plot" in case.__name__:
         pytest.importorskip("matplotlib")

@@ -53,6 +53,9 @@ CURSOR_FILE = "plan_cursor.json"
 _CLASSES: dict[type, type] = {}
 
 
+#: The longest plan_cursor.json read: the file is a few hundred bytes.
+MAX_CURSOR_BYTES = 1 << 16
+
 class PlanTrainerData:
     """The plan, its token dataset and its collator, as one Trainer data source.
 
@@ -165,19 +168,26 @@ class PlanTrainerData:
     def load(self, folder: str) -> None:
         """Restore the cursor a checkpoint folder holds (PLAN_CURSOR_INVALID when it has none)."""
         from .. import errors
+        from ..files import reader
         from ._dist import argument_error
 
         path = os.path.join(folder, CURSOR_FILE)
-        try:
-            with open(path, "rb") as handle:
-                state = json.loads(handle.read())
+
+        def invalid(message: str) -> errors.UmlosError:
+            return argument_error(errors.PLAN_CURSOR_INVALID, f"{message} (not a plan cursor)")
+
+        try:  # the bounded reader: a regular file, size and depth capped before parsing
+            state = reader.read_json(path, invalid, max_bytes=MAX_CURSOR_BYTES, what="plan cursor")
         except FileNotFoundError:
             raise argument_error(errors.PLAN_CURSOR_INVALID,
                                  f"{folder} has no {CURSOR_FILE}: it was not written by a Trainer built with "
                                  "plan_trainer_class, so where its run stood in the plan is unknown") from None
-        except (OSError, ValueError) as exc:
-            raise argument_error(errors.PLAN_CURSOR_INVALID, f"{path} cannot be read as a plan cursor: {exc}") from None
-        self.load_state_dict(state)
+        if not isinstance(state, dict):
+            raise invalid(f"{path} holds a JSON {type(state).__name__}, not an object")
+        try:
+            self.load_state_dict(state)
+        except errors.UmlosError as exc:  # the sampler's refusal, said of the file it came from
+            raise argument_error(exc.code, f"{path}: {exc.message}") from None
 
 
 def plan_trainer_class(base: type | None = None) -> type:

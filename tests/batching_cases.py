@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
 import pytest
 
 from umlos_cuda import errors
@@ -75,3 +76,18 @@ def expect(code: str, function, *args, mention: str | None = None, **kwargs) -> 
     if mention:
         assert mention in info.value.message, info.value.message
     return info.value
+
+
+def small_plan(n: int, seed: int, packed: bool, ids):
+    """A 2-epoch plan of ``n`` random lengths below 90, bucketed or packed (greedy, a separator of
+    ``seed % 3``), with ``ids`` as its sample ids: what the plan-file writers are checked on."""
+    from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder
+    from umlos_cuda.batching.packing.config import PackingConfig
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 90, n)
+    if packed:
+        config = BatchingConfig(256, (), 64, seed=seed, pack=PackingConfig(64, "greedy", separator_len=seed % 3))
+    else:
+        config = BatchingConfig(256, (16, 32), 64, seed=seed)
+    return BatchPlanBuilder(lengths, config, tokenizer_hash="t", sample_ids=ids).build(2)

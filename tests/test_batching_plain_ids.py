@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from batching_cases import expect
+from batching_cases import expect, small_plan
 from umlos_cuda import errors
 from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, LengthCache, save_plan
 from umlos_cuda.batching.lengths import cache as cache_module, plain_ids as plain_module
@@ -65,21 +65,11 @@ def test_distinct_settles_a_shared_mix_by_the_strings(monkeypatch):
     assert not PlainIds.encode(["b", "a", "b"]).distinct()
 
 
-def _plan(n: int, seed: int, packed: bool, ids):
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(0, 90, n)
-    if packed:
-        config = BatchingConfig(256, (), 64, seed=seed, pack=PackingConfig(64, "greedy", separator_len=seed % 3))
-    else:
-        config = BatchingConfig(256, (16, 32), 64, seed=seed)
-    return BatchPlanBuilder(lengths, config, tokenizer_hash="t", sample_ids=ids).build(2)
-
-
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 120), st.integers(0, 2 ** 16), st.booleans(), st.integers(1, 40))
 def test_microbatch_lines_of_plain_ids_are_json_dumps(monkeypatch_module, n, seed, packed, chunk):
     ids = [f"id-{i * 7919 % 1000:x}" * (1 + i % 3) for i in range(n)]  # several widths: padding is dropped
-    plan = _plan(n, seed, packed, ids)
+    plan = small_plan(n, seed, packed, ids)
     plain = PlainIds.encode(ids)
     monkeypatch_module.setattr(lines, "CHUNK_ENTRIES", chunk)
     for epoch in plan.epochs:

@@ -23,7 +23,7 @@ from umlos_cuda import errors
 from umlos_cuda.batching import LengthCache, TokenStore, build_lengths, encode_chat, tokenizer_fingerprint
 from umlos_cuda.batching.chat.limits import MAX_RENDER_STEPS
 from umlos_cuda.batching.chat.masks import token_mask
-from umlos_cuda.batching.lengths.jsonl import SkippedLines
+from umlos_cuda.batching.records.chunk import SkippedLines
 from umlos_cuda.batching.tokens.writer import tokenize_dataset
 from umlos_cuda.cli import main
 

@@ -457,7 +457,7 @@ def test_a_byte_order_mark_and_trailing_blank_lines_are_not_errors(tmp_path, tok
 
 
 def test_bad_lines_are_skipped_and_counted_when_asked(tmp_path, tokenizer):
-    from umlos_cuda.batching.lengths.jsonl import SkippedLines
+    from umlos_cuda.batching.records.chunk import SkippedLines
 
     dataset = tmp_path / "train.jsonl"
     dataset.write_bytes(b'{"text": "a"}\n\n{"text": 5}\nnot json\n{"text": "b c", "id": "y"}\n{"body": "d"}\n')

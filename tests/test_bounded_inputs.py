@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from umlos_cuda import errors
-from umlos_cuda.batching.lengths.jsonl import read_chunks
+from umlos_cuda.batching.records.jsonl import read_chunks
 from umlos_cuda.batching.tokens.megatron import MegatronDataset
 from umlos_cuda.errors import UmlosError
 from umlos_cuda.manifest import yaml_safe

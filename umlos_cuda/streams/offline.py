@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from .. import errors
-from ..batching.lengths.jsonl import read_chunks
+from ..batching.records.jsonl import read_chunks
 from ..batching.samples import Sample, SampleMeta
 from ..batching.templates import sft_sample
 from ..batching.lengths.tokenizer import load_tokenizer

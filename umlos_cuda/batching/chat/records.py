@@ -3,7 +3,7 @@
 What goes in: a tokenizer, optionally a template file that overrides its
 own, and then each record's messages value. What comes out: for each record
 a :class:`~.turns.ChatText` (the text the tokenizer encodes, and the spans
-its loss is taken on), or :class:`~..lengths.jsonl.RecordProblem` saying
+its loss is taken on), or :class:`~..records.jsonl.RecordProblem` saying
 why the record is not a conversation this template renders.
 
 :class:`ChatRecords` is the converter the JSONL reader applies to the field
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..lengths.jsonl import RecordProblem
+from ..records.jsonl import RecordProblem
 from .messages import MessagesInvalid, checked_messages
 from .render import RenderFailed
 from .template import chat_template_of

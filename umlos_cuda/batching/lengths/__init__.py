@@ -1,7 +1,6 @@
 """Length caches: one token count per sample, and what they are counted from.
 
 Modules:
-    jsonl         the JSONL reader of batching/records/, re-exported for its importers
     fields        which fields of a record a build reads (text, prompt/response, pairs, messages, token count)
     tokenizer     load a ``tokenizers`` tokenizer from local files
     fingerprints  which tokenizer counted, which data was counted

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 
 from ... import errors
 from ...errors import UmlosError
-from .jsonl import RecordChunk
+from ..records.chunk import RecordChunk
 
 CHOSEN_SUFFIX = "/chosen"
 REJECTED_SUFFIX = "/rejected"

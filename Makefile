@@ -20,7 +20,7 @@ DEMO_WORKDIR ?= demo-workdir
 # every other warning still shows.
 PIP_INSTALL := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet
 
-.PHONY: demo test lint bench venv clean
+.PHONY: demo test lint bench bench-megatron-env venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ lint:
 bench: venv
 	$(PIP_INSTALL) -e '.[bench]'
 	$(BIN)/python bench/bench_indices.py
+
+# megatron-core beside this project, for bench/ only (never a dependency): bench/.venv-megatron, Python 3.12.
+bench-megatron-env:
+	bash bench/megatron/setup.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis .ruff_cache .mypy_cache $(DEMO_WORKDIR)

@@ -1,0 +1,246 @@
+"""megatron-core's index building (GPTDataset, BlendedDataset) on synthetic document lengths: the ground for issue 25.
+
+Megatron-LM plans pretraining by building, on rank 0 before training starts,
+three arrays per ``GPTDataset`` (the document index: every document of every
+epoch, shuffled; the sample index: where each ``sequence_length + 1``-token
+sample starts, built by the C++ helper ``build_sample_idx``; the shuffle
+index: a permutation of the samples) and, for a mixture, two more per
+``BlendedDataset`` (which dataset and which of its samples, by the C++
+helper ``build_blending_indices``), all saved as ``.npy`` files in a cache
+folder and memory-mapped by every rank. This bench times that, measured as a
+pretraining run meets it, for ``--documents`` documents at
+``--sequence-length`` (default 2048):
+
+* ``build s``: ``BlendedMegatronDatasetBuilder(...).build()`` from an empty
+  cache (opening the ``IndexedDataset`` included, saving the ``.npy`` files
+  included);
+* ``peak RSS``: the child process's peak resident memory (``ru_maxrss``), and
+  ``+MB`` its rise over the resident memory just before the build (after
+  importing torch and megatron-core, which cost the same to every engine);
+* ``cache MB``: the bytes of the ``.npy`` cache the build wrote;
+* ``first ms``: ``dataset[0]`` right after the build;
+* ``reopen s`` / ``k ms``: a fresh process, as a restarted job does: the
+  builder again, now finding its cache (``.npy`` memory-mapped), then
+  ``dataset[k]`` for random ``k`` (median of ``--k-samples`` draws): time to
+  sample k on resume, which is mostly the first touch of the sample's pages
+  of the ``.bin`` (page faults); ``k again µs``: the same ``k`` read again,
+  pages resident: the index lookups and the sample's assembly alone.
+
+Rows: ``GPTDataset`` over one dataset (``--samples``: the samples asked
+for, default one epoch), and ``BlendedDataset`` over three datasets of the
+same size (weights 0.5, 0.3, 0.2, as many samples as documents). Each
+measurement runs in its own subprocess (``--child``), so one's memory does
+not count in another's peak. The windowed plans of issue 25 are not built
+yet: :func:`windowed_plan` is the hook where they will be timed beside
+Megatron with the same columns, on the same lengths; until then its row
+prints ``not built yet``.
+
+The datasets are written here, seeded: one sequence per document, lengths
+lognormal (median e^6.6, about 735 tokens; mean about 970) clipped to [16,
+16384], uint16. Index building reads only the ``.idx`` (20 bytes a
+document); the ``.bin`` is a sparse file of the right size (all token ids 0,
+no disk used), which ``dataset[k]`` reads like any other. megatron-core
+needs no tokenizer to build indices: :class:`LengthsOnlyTokenizer` gives the
+few attributes ``GPTDatasetConfig`` reads (``vocab_size``, ``eod``, and a
+``unique_identifiers`` dict for the cache's description hash). Runs under the
+bench venv (bench/megatron/setup.sh):
+
+    bench/.venv-megatron/bin/python bench/bench_megatron.py [--documents 1000000,10000000] [--folder DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+WEIGHTS = (0.5, 0.3, 0.2)
+
+
+class LengthsOnlyTokenizer:
+    """What megatron-core's GPTDatasetConfig and GPTDataset read from a tokenizer, and no more.
+
+    ``vocab_size`` picks the token dtype code (8: uint16), ``eod`` is the end-of-document id the
+    sample masks look for, ``unique_identifiers`` goes into the JSON description whose MD5 names the
+    cache files. No ``pad``: megatron-core then pads with its own id (-1)."""
+
+    def __init__(self, vocab_size: int = 32000, eod: int = 0) -> None:
+        self.vocab_size = vocab_size
+        self.eod = eod
+        self.unique_identifiers = {"class": type(self).__name__, "vocab_size": vocab_size, "eod": eod}
+
+
+def write_dataset(prefix: str, documents: int, seed: int) -> int:
+    """A Megatron pair of ``documents`` one-sequence documents (module docstring); returns its tokens."""
+    rng = np.random.default_rng(seed)
+    sizes = np.clip(rng.lognormal(6.6, 0.75, documents), 16, 16384).astype(np.int32)
+    pointers = np.zeros(documents, dtype=np.int64)
+    np.cumsum(sizes[:-1], dtype=np.int64, out=pointers[1:])
+    tokens = int(pointers[-1]) + int(sizes[-1])
+    pointers *= 2
+    with open(prefix + ".idx", "wb") as handle:
+        handle.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, documents, documents + 1))
+        handle.write(sizes.tobytes())
+        handle.write(pointers.tobytes())
+        handle.write(np.arange(documents + 1, dtype=np.int64).tobytes())
+    with open(prefix + ".bin", "wb") as handle:
+        handle.truncate(tokens * 2)  # sparse: index building never reads it
+    return tokens
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _folder_bytes(folder: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(folder) for name in names)
+
+
+def megatron_build(spec: dict) -> dict:
+    """One child's measurement of megatron-core (module docstring): build or reopen, then samples."""
+    import logging
+    import warnings
+
+    logging.disable(logging.WARNING)
+    warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed", "Could not determine rank"
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    prefixes, weights = spec["prefixes"], spec["weights"]
+    config = GPTDatasetConfig(random_seed=1234, sequence_length=spec["sequence_length"],
+                              blend=(prefixes, weights), split="1,0,0", path_to_cache=spec["cache"],
+                              tokenizer=LengthsOnlyTokenizer(), reset_position_ids=False,
+                              reset_attention_mask=False, eod_mask_loss=False)
+    before = _rss_mb()
+    start = time.perf_counter()
+    # a mixture's weights need a size for every split: 0 for the empty valid and test splits
+    sizes = [spec["samples"], None, None] if weights is None else [spec["samples"], 0, 0]
+    dataset = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()[0]
+    built = time.perf_counter() - start
+    result = {"build_s": built, "samples": len(dataset), "rss_before_mb": before}
+    start = time.perf_counter()
+    first = dataset[0]
+    result["first_ms"] = (time.perf_counter() - start) * 1e3
+    assert first["tokens"].shape[0] == spec["sequence_length"]
+    if spec["draws"]:
+        draws = np.random.default_rng(7).integers(0, len(dataset), spec["draws"]).tolist()
+        for key in ("k_ms", "k_warm_ms"):  # first touch of each sample's .bin pages, then the same k again
+            times = []
+            for k in draws:
+                start = time.perf_counter()
+                dataset[k]
+                times.append(time.perf_counter() - start)
+            result[key] = statistics.median(times) * 1e3
+    result["peak_mb"] = _peak_mb()
+    result["cache_bytes"] = _folder_bytes(spec["cache"])
+    return result
+
+
+def windowed_plan(spec: dict) -> dict | None:
+    """Hook for issue 25: this project's windowed plan on the same lengths, in a child like Megatron's.
+
+    To fill in: build the plan of ``spec["prefixes"]`` (their ``.idx`` sizes are the document
+    lengths; ``umlos_cuda.batching.tokens.megatron.MegatronDataset.open(prefix).lengths``) in
+    concatenate-and-cut mode at ``spec["sequence_length"]`` (mixed at ``spec["weights"]`` when there
+    are several), writing whatever it stores to ``spec["cache"]``; return the keys
+    :func:`megatron_build` returns (``build_s``, ``samples``, ``rss_before_mb``, ``first_ms``,
+    ``k_ms`` for ``spec["draws"]`` random k after reopening when ``spec["reopen"]``, ``peak_mb``,
+    ``cache_bytes``). None: not built yet, the row says so."""
+    return None
+
+
+ENGINES = {"megatron": megatron_build, "windowed": windowed_plan}
+
+
+def child(spec: dict) -> dict | None:
+    """Run one measurement in a fresh interpreter; its last stdout line is the result as JSON."""
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"child {spec['engine']} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure(engine: str, prefixes: list[str], weights, samples, args, cache: str) -> dict | None:
+    spec = {"engine": engine, "prefixes": prefixes, "weights": weights, "samples": samples,
+            "sequence_length": args.sequence_length, "cache": cache, "draws": 0}
+    shutil.rmtree(cache, ignore_errors=True)
+    built = child(spec)
+    if built is None:
+        return None
+    reopened = child(spec | {"draws": args.k_samples})  # the cache is there now: a restarted job
+    return built | {"reopen_s": reopened["build_s"], "k_ms": reopened["k_ms"], "k_warm_ms": reopened["k_warm_ms"],
+                    "reopen_first_ms": reopened["first_ms"]}
+
+
+def row(name: str, documents: int, result: dict | None) -> str:
+    if result is None:
+        return f"| {name} | {documents:,} | not built yet (issue 25) | | | | | | | |"
+    rise = result["peak_mb"] - result["rss_before_mb"]
+    return (f"| {name} | {documents:,} | {result['samples']:,} | {result['build_s']:.2f} | "
+            f"{result['peak_mb']:.0f} (+{rise:.0f}) | {result['cache_bytes'] / 1e6:.1f} | {result['first_ms']:.1f} | "
+            f"{result['reopen_s']:.2f} | {result['k_ms']:.2f} | {result['k_warm_ms'] * 1e3:.0f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--documents", default="1000000,10000000", help="comma-separated document counts")
+    parser.add_argument("--sequence-length", type=int, default=2048)
+    parser.add_argument("--samples", type=int, default=None, help="GPTDataset samples asked for (default one epoch)")
+    parser.add_argument("--k-samples", type=int, default=100, help="random k drawn after reopening")
+    parser.add_argument("--no-blend", action="store_true", help="skip the three-dataset BlendedDataset row")
+    parser.add_argument("--folder", default=None)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        spec = json.loads(args.child)
+        print(json.dumps(ENGINES[spec["engine"]](spec)))
+        return
+    from importlib.metadata import version
+
+    print(f"megatron-core {version('megatron-core')}, numpy {np.__version__}, Python {sys.version.split()[0]}, "
+          f"{os.cpu_count()} CPUs; sequence length {args.sequence_length}")
+    print("| engine | documents | samples | build s | peak RSS MB (+rise) | cache MB | first ms | reopen s | k ms "
+          "| k again µs |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as temporary:
+        folder = args.folder or temporary
+        for documents in (int(n) for n in args.documents.split(",")):
+            names = ["a", "b", "c"] if not args.no_blend else ["a"]
+            prefixes = [os.path.join(folder, f"docs{documents}-{name}") for name in names]
+            for seed, prefix in enumerate(prefixes):
+                write_dataset(prefix, documents, seed)
+            cache = os.path.join(folder, "cache")
+            print(row("GPTDataset", documents,
+                      measure("megatron", prefixes[:1], None, args.samples, args, cache)), flush=True)
+            print(row("windowed plan", documents,
+                      measure("windowed", prefixes[:1], None, args.samples, args, cache)), flush=True)
+            if not args.no_blend:
+                print(row(f"BlendedDataset x3, {documents:,} samples", documents,
+                          measure("megatron", prefixes, list(WEIGHTS), documents, args, cache)), flush=True)
+            for prefix in prefixes:
+                os.unlink(prefix + ".idx")
+                os.unlink(prefix + ".bin")
+            shutil.rmtree(cache, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

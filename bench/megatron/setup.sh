@@ -3,7 +3,7 @@
 # "Megatron-LM reader"). Creates bench/.venv-megatron (git-ignored) with Python 3.12 (megatron-core 0.19
 # needs >= 3.12), megatron-core 0.19.x, a torch, numpy and this project installed editable with no extras,
 # then checks that megatron-core's C++ dataset helpers compile here (check_helpers.py).
-# torch comes from PyTorch's CPU wheel index when that index answers (about 200 MB), else from whatever pip
+# torch comes from PyTorch's CPU wheel index when that index answers (a few hundred MB), else from whatever pip
 # resolves from PyPI (the CUDA build and its nvidia-* wheels, several GB, still runs on a CPU).
 #
 #     bash bench/megatron/setup.sh            # or: make bench-megatron-env

@@ -15,7 +15,10 @@ the store's sample count as its sequence count, the store's lengths as
 the export's dtype (uint16 for a store of at most 65,536 ids; int32 for a
 uint32 store, Megatron having no uint32 code), and every sequence's tokens
 equal to the store's, read one by one (``dataset[i]``), through
-``get(i, offset, length)`` and as one contiguous slice. Cases:
+``get(i, offset, length)`` and as one contiguous slice; then megatron-core's
+training dataset, ``GPTDataset`` (sequence length 2048, one epoch), is built
+over the export and each of its samples must be the store's tokens, rebuilt
+independently from Megatron's document and sample indices. Cases:
 
 * ``text, uint16``: a word-level tokenizer of 32,000 ids, text records;
 * ``prompt/response, uint32``: 70,000 ids (the store is uint32, the export
@@ -124,9 +127,50 @@ def check(name: str, folder: str, records: int, vocab_size: int, prompt_response
     assert len(whole) == count and all(np.array_equal(a, store.input_ids(i)) for i, a in enumerate(whole))
     if prompt_response:  # the store masks the prompts; the export trains on them (no loss mask in Megatron)
         assert int(store.loss_mask_array.sum(dtype="u8")) < store.num_tokens
-    return {"case": name, "samples": count, "tokens": store.num_tokens, "store dtype": store.meta["token_dtype"],
+    samples = gpt_samples_match(prefix, store, os.path.join(folder, "gpt-cache"), vocab_size)
+    return {"gpt samples": samples, "case": name, "samples": count, "tokens": store.num_tokens,
+            "store dtype": store.meta["token_dtype"],
             "megatron dtype": np.dtype(core.index.dtype).name,
             "max id": int(np.asarray(store.tokens).max()), "seconds": time.perf_counter() - start, "said": said}
+
+
+def gpt_samples_match(prefix: str, store, cache: str, vocab_size: int, sequence_length: int = 2048) -> int:
+    """megatron-core's training dataset over the export: every sample of one epoch is the store's tokens.
+
+    ``GPTDataset`` (built as a training run builds it, tokenizer-free: bench/bench_megatron.py) joins
+    the documents of its shuffled document index and cuts ``sequence_length + 1`` tokens a sample;
+    here each sample's ``tokens`` and ``labels`` are rebuilt from the store's own sequences, placed
+    in the order of Megatron's document index at the start its sample index gives, and compared."""
+    import logging
+    import warnings
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from bench_megatron import LengthsOnlyTokenizer
+
+    logging.disable(logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+        from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+        config = GPTDatasetConfig(random_seed=1234, sequence_length=sequence_length, blend=([prefix], None),
+                                  split="1,0,0", path_to_cache=cache, tokenizer=LengthsOnlyTokenizer(vocab_size),
+                                  reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False)
+        dataset = BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True, config).build()[0]
+    logging.disable(logging.NOTSET)
+    order = np.asarray(dataset.document_index)
+    flat = np.concatenate([store.input_ids(int(d)) for d in order]).astype(np.int64)
+    starts = np.concatenate(([0], np.cumsum(np.asarray(store.lengths, dtype=np.int64)[order])))
+    for i in range(len(dataset)):
+        row = int(dataset.shuffle_index[i])
+        document, offset = (int(v) for v in dataset.sample_index[row])
+        at = int(starts[document]) + offset
+        text = flat[at:at + sequence_length + 1]
+        sample = dataset[i]
+        assert np.array_equal(sample["tokens"].numpy(), text[:-1]), f"GPTDataset sample {i}"
+        assert np.array_equal(sample["labels"].numpy(), text[1:]), f"GPTDataset sample {i} labels"
+    assert len(dataset) == (int(store.num_tokens) - 1) // sequence_length  # every whole sample of the epoch
+    return len(dataset)
 
 
 def main() -> None:
@@ -147,10 +191,11 @@ def main() -> None:
             r = result
             print(f"{r['case']}: {r['samples']} sequences, {r['tokens']} tokens, store {r['store dtype']} (ids up to "
                   f"{r['max id']}) -> megatron-core {r['megatron dtype']}: every sequence equal (dataset[i], "
-                  f"get(i, 1, n - 2), one slice), lengths equal, document indices 0..{r['samples']} "
+                  f"get(i, 1, n - 2), one slice), lengths equal, document indices 0..{r['samples']}; GPTDataset "
+                  f"(sequence length 2048): all {r['gpt samples']} samples of an epoch are the store's tokens "
                   f"({r['seconds']:.1f} s)")
             print(f"  megatron-export said: {result['said']}")
-    print("OK: megatron-core's IndexedDataset reads every exported store back identically")
+    print("OK: megatron-core's IndexedDataset and GPTDataset read every exported store back identically")
 
 
 if __name__ == "__main__":

@@ -66,7 +66,8 @@ class DatasetEncoding:
     are of rows; or ``messages_field`` through the chat template; or
     ``length_field``, a column of token counts read as they are
     (``tokenizer`` may then be None: its hash is ``unknown``).
-    ``check_outputs(paths)`` is called with the dataset's paths before the
+    ``sharded=True`` names the rows of a single input as those of one shard
+    of a multi-file dataset (records/ids.py). ``check_outputs(paths)`` is called with the dataset's paths before the
     tokenizer loads. :meth:`stream` hands each chunk to a function run in a
     worker thread while the next chunk is read; :meth:`finish` then refuses
     repeated ids and returns the dataset fingerprint. Given ``skipped`` (a
@@ -81,7 +82,8 @@ class DatasetEncoding:
                  check_outputs: Callable[[tuple[str, ...]], object] | None = None,
                  skipped: SkippedLines | None = None,
                  messages_field: str | None = None, chat_template: str | os.PathLike[str] | None = None,
-                 length_field: str | None = None, format: str | None = None) -> None:
+                 length_field: str | None = None, format: str | None = None,
+                 sharded: bool | None = None) -> None:
         self.pairs = chosen_field is not None or rejected_field is not None
         self.length_field = length_field
         if length_field is not None:  # record_fields refuses any other field beside it
@@ -106,7 +108,8 @@ class DatasetEncoding:
         if length_field is None:
             self.record_fields = record_fields(text_field, prompt_field, response_field, chosen_field=chosen_field,
                                                rejected_field=rejected_field, messages_field=messages_field)
-        self.records = Records(dataset, self.record_fields, id_field=id_field, format=format, skipped=skipped)
+        self.records = Records(dataset, self.record_fields, id_field=id_field, format=format, skipped=skipped,
+                               sharded=sharded)
         self.dataset = self.records.name
         if check_outputs is not None:  # checked before the tokenizer loads: a wrong path fails at once
             check_outputs(self.records.paths)

@@ -45,15 +45,17 @@ class Records:
     ``paths``: every file read (what an output must not be); ``name``: the
     dataset as messages show it; ``total_bytes``: the bytes of its files (for
     progress); ``sharded``: more than one input, whose rows without ids get
-    derived ids."""
+    derived ids; ``sharded=True`` gives them to one input too: a file read alone as one shard of a
+    multi-file dataset (tokens/partition.py), so that its rows get the ids they have in the whole."""
 
     def __init__(self, dataset: Any, fields: Sequence[str | Field], *, id_field: str = DEFAULT_ID_FIELD,
-                 format: str | None = None, skipped: SkippedLines | None = None) -> None:
+                 format: str | None = None, skipped: SkippedLines | None = None,
+                 sharded: bool | None = None) -> None:
         self.fields = tuple(f if isinstance(f, Field) else Field(f) for f in fields)
         self.id_field = id_field
         self.skipped = skipped
         self.inputs = resolve(dataset, format)
-        self.sharded = len(self.inputs) > 1
+        self.sharded = len(self.inputs) > 1 if sharded is None else bool(sharded)
         self.paths = tuple(path for item in self.inputs for path in (item.path, *item.files) if item.format != "object")
         self.name = self.inputs[0].path if len(self.inputs) == 1 else \
             f"{self.inputs[0].path} and {len(self.inputs) - 1} more shard{'s' if len(self.inputs) > 2 else ''}"

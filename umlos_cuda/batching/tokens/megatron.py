@@ -1,4 +1,4 @@
-"""Read a Megatron-LM indexed dataset (``PREFIX.idx`` + ``PREFIX.bin``) as a token source.
+"""Read a Megatron-LM indexed dataset (``PREFIX.idx`` + ``PREFIX.bin``), or several, as a token source.
 
 What goes in: the path prefix of a dataset written by Megatron-LM's
 ``IndexedDatasetBuilder`` (``tools/preprocess_data.py``). What comes out:
@@ -40,6 +40,11 @@ are checked aligned, so ``pointer // itemsize`` is exact; when sequences lie
 back to back, as Megatron writes them, starts and ends are two views of one
 array of S + 1 bounds, 8 bytes a sequence in memory); a read
 is one bounds check and one ndarray slice (bench/bench_megatron_reader.py).
+
+Several prefixes (Megatron-LM's data path is a list of them) are one
+dataset: :class:`MegatronDatasetList` reads them in the order given with
+global row numbers (tokens/concat.py), so ``data megatron A B`` writes one
+length cache and ``batch generate --store A B`` collates from both.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from ... import checks, errors
 from ...errors import UmlosError
 from ...files import reader
 from ..lengths.cache import LengthCache
+from .concat import ConcatenatedSource
 
 IDX_MAGIC = b"MMIDIDX\x00\x00"
 IDX_VERSION = 1
@@ -221,6 +227,64 @@ class MegatronDataset:
             value = int(self.input_ids(row).min())
             raise _invalid(f"{bin_path(self.prefix)}: sequence {row} holds token id {value}; token ids are never "
                            f"negative (the {self.dtype} file was not written from a tokenizer's ids)")
+
+
+class MegatronDatasetList(ConcatenatedSource):
+    """Several Megatron-LM indexed datasets read as one, in the order given (Megatron-LM's data path
+    without weights): row ``r`` is a global row over the prefixes (tokens/concat.py), ids are the
+    global row numbers, every part is opened (and checked) by :meth:`open`. ``prefix`` is the list."""
+
+    def __init__(self, datasets: list[MegatronDataset], tokenizer_hash: str) -> None:
+        self.datasets = datasets
+        self.prefix = [dataset.prefix for dataset in datasets]
+        super().__init__([len(dataset) for dataset in datasets], datasets.__getitem__, tokenizer_hash=tokenizer_hash,
+                         ids_are_line_numbers=True, dataset_hash=None, fail=_invalid,
+                         where=" + ".join(self.prefix))
+
+    @classmethod
+    def open(cls, prefixes, *, tokenizer_hash: str = UNKNOWN_TOKENIZER) -> MegatronDatasetList:
+        """The datasets at ``prefixes`` (each as :meth:`MegatronDataset.open` takes it), one prefix named once."""
+        given = [os.fspath(prefix) for prefix in prefixes]
+        if not given:
+            raise _invalid("no Megatron prefix given (an empty list)")
+        datasets = [MegatronDataset.open(prefix, tokenizer_hash=tokenizer_hash) for prefix in given]
+        seen: dict[tuple[int, int], str] = {}
+        for dataset in datasets:
+            info = os.stat(bin_path(dataset.prefix))
+            key = (info.st_dev, info.st_ino)
+            if key in seen:
+                raise _invalid(f"{dataset.prefix} and {seen[key]} are the same dataset (a prefix named twice, or a "
+                               "link); each is read once")
+            seen[key] = dataset.prefix
+        return cls(datasets, tokenizer_hash)
+
+    def __reduce__(self):
+        return (_reopen_list, (self.prefix, self.tokenizer_hash))
+
+    def __repr__(self) -> str:
+        return f"MegatronDatasetList({len(self.datasets)} prefixes, {len(self)} sequences)"
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(dataset.num_tokens for dataset in self.datasets)
+
+    @property
+    def document_count(self) -> int:
+        return sum(max(int(dataset.document_indices.shape[0]) - 1, 0) for dataset in self.datasets)
+
+    def length_cache(self) -> LengthCache:
+        """Lengths from every ``.idx``'s sizes, in order; ids the global row numbers."""
+        return LengthCache.from_arrays(None, self.lengths, self.tokenizer_hash)
+
+    def verify(self) -> dict:
+        """:meth:`MegatronDataset.verify` of each dataset."""
+        for dataset in self.datasets:
+            dataset.verify()
+        return {"samples": len(self), "tokens": self.num_tokens, "tokenizer_hash": self.tokenizer_hash}
+
+
+def _reopen_list(prefixes: list[str], tokenizer_hash: str) -> MegatronDatasetList:
+    return MegatronDatasetList.open(prefixes, tokenizer_hash=tokenizer_hash)
 
 
 def _reopen(prefix: str, tokenizer_hash: str) -> MegatronDataset:

@@ -1,8 +1,11 @@
-"""Where collation reads tokens from: a token store or a Megatron-LM indexed dataset.
+"""Where collation reads tokens from: a token store, a sharded token store or Megatron-LM indexed datasets.
 
-What goes in: a path, a token store folder (``umlos-cuda data tokenize``)
-or the prefix of a Megatron ``.idx``/``.bin`` pair. What comes out: an
-opened source. Both kinds answer the same calls, which is all collation,
+What goes in: a path, a token store folder (``umlos-cuda data tokenize``),
+a sharded token store folder (``data tokenize --sharded``: tokens/sharded.py),
+the prefix of a Megatron ``.idx``/``.bin`` pair, or a list of such prefixes
+(read as one dataset, like Megatron-LM's data path). What comes out: an
+opened source. Every kind answers the same calls, with global row numbers
+for the kinds made of parts (tokens/concat.py), which is all collation,
 batch files and fingerprints use:
 
 * ``len(source)``, ``source.lengths`` (uint32, dataset order),
@@ -26,19 +29,41 @@ import numpy as np
 
 from ... import errors
 from ...errors import UmlosError
-from .megatron import MegatronDataset, idx_path
+from ...files.artifacts import marked_kind
+from ...files.folder import Folder
+from .adopt import SHARDED_STORE
+from .logical import ShardedTokenStore
+from .megatron import MegatronDataset, MegatronDatasetList, idx_path
 from ..plans.fingerprint import sha256_array
 from .store import TokenStore
 
 
+def is_sharded_store(path: str) -> bool:
+    """Whether the folder ``path`` carries the sharded token store's marker (it always does)."""
+    try:
+        with Folder.open(path, follow=True) as folder:
+            return marked_kind(folder) == SHARDED_STORE.name
+    except OSError:
+        return False
+
+
 def open_token_source(path: Any, *, tokenizer_hash: str | None = None):
-    """A :class:`TokenStore` for a folder, a :class:`MegatronDataset` for a
-    prefix whose ``.idx`` exists (``tokenizer_hash`` names its tokenizer);
+    """A :class:`TokenStore` for a folder (a :class:`ShardedTokenStore` when its marker says it is
+    one), a :class:`MegatronDataset` for a prefix whose ``.idx`` exists, a
+    :class:`MegatronDatasetList` for a list of prefixes (``tokenizer_hash`` names their tokenizer);
     an already opened source is returned as is."""
     if hasattr(path, "arrays") and hasattr(path, "lengths"):
         return path
+    if isinstance(path, (list, tuple)):
+        prefixes = [os.fspath(item) for item in path]
+        if len(prefixes) == 1:
+            return open_token_source(prefixes[0], tokenizer_hash=tokenizer_hash)
+        return MegatronDatasetList.open(prefixes, **({} if tokenizer_hash is None
+                                                     else {"tokenizer_hash": tokenizer_hash}))
     path = os.fspath(path)
     if os.path.isdir(path):
+        if is_sharded_store(path):
+            return ShardedTokenStore.open(path)
         return TokenStore.open(path)
     prefix = path[:-4] if path.endswith((".idx", ".bin")) else path
     if os.path.lexists(idx_path(prefix)):  # anything else there is refused by the reader, saying what it is
@@ -51,6 +76,8 @@ def check_source_matches_plan(source, plan) -> None:
     """BATCH_STORE_MISMATCH unless ``source`` holds the samples ``plan`` was built from."""
     meta = plan.meta
     where = getattr(source, "root", None) or getattr(source, "prefix", None) or type(source).__name__
+    if isinstance(where, (list, tuple)):
+        where = " + ".join(map(str, where))
     if len(source) != meta.num_samples:
         raise _mismatch(f"{where} holds {len(source)} samples; the plan was built from {meta.num_samples}")
     if source.tokenizer_hash != meta.tokenizer_hash:

@@ -67,7 +67,8 @@ def tokenize_dataset(dataset: Any, tokenizer: Any, output: str | os.PathLike[str
                      progress: Callable[[int, int], None] | None = None,
                      skipped: SkippedLines | None = None, chosen_field: str | None = None,
                      rejected_field: str | None = None, messages_field: str | None = None,
-                     chat_template: str | os.PathLike[str] | None = None, format: str | None = None) -> TokenStore:
+                     chat_template: str | os.PathLike[str] | None = None, format: str | None = None,
+                     sharded: bool | None = None) -> TokenStore:
     """Encode every record and write the token store folder ``output``.
 
     ``progress(bytes_read, bytes_total)`` is called after each chunk. The
@@ -75,14 +76,17 @@ def tokenize_dataset(dataset: Any, tokenizer: Any, output: str | os.PathLike[str
     OUTPUT_EXISTS unless ``force`` (which replaces only a token store), and
     the output is never the dataset or the tokenizer's folder (OUTPUT_IS_INPUT).
     Given ``skipped`` (a :class:`~umlos_cuda.batching.records.chunk.SkippedLines`),
-    bad lines are skipped and counted there instead of refused.
+    bad lines are skipped and counted there instead of refused. ``sharded=True``
+    gives the rows of a single file the ids of a shard of a multi-file
+    dataset (tokens/partition.py tokenizes one input file this way).
     """
     inputs = input_paths(*dataset_paths(dataset, format), tokenizer, chat_template)
     target = check_output_folder(output, STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR)
     source = DatasetEncoding(dataset, tokenizer, text_field=text_field, prompt_field=prompt_field,
                              response_field=response_field, id_field=id_field, eos_token=eos_token,
                              skipped=skipped, chosen_field=chosen_field, rejected_field=rejected_field,
-                             messages_field=messages_field, chat_template=chat_template, format=format)
+                             messages_field=messages_field, chat_template=chat_template, format=format,
+                             sharded=sharded)
     vocab = source.encoder.get_vocab_size(with_added_tokens=True)
     token_dtype = np.dtype("<u2" if vocab <= UINT16_VOCAB else "<u4")
     with output_folder(target, STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR) as folder:

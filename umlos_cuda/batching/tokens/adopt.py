@@ -1,0 +1,265 @@
+"""Create a sharded token store, or append shards to one, by adopting written token stores.
+
+What goes in: the store folder ``DIR`` and classic token stores already
+written (by ``data tokenize``, :func:`~umlos_cuda.batching.tokens.partition.tokenize_shard`,
+or Ray workers: anywhere on the same file system, typically a hidden
+staging folder beside ``DIR``). What comes out: the
+:class:`~umlos_cuda.batching.tokens.logical.ShardedTokenStore`, the stores
+now its last shards.
+
+Steps, in this order (each shard's bytes are never rewritten):
+
+1. every staged store is opened and verified on its own, and checked
+   against the store: tokenizer, token dtype, vocabulary, loss-mask rule and
+   id kind (SHARDED_STORE_MISMATCH), and no sample id already in the store
+   or in another staged store (SHARDED_STORE_MISMATCH naming both);
+2. its row digests are computed (tokens/rows.py); the older shards' are
+   read from ``DIR/digests/`` (never their tokens) and the new logical
+   dataset hash is computed;
+3. the digests are written to ``DIR/digests/NNNNN.npy`` and the staged
+   folders renamed to ``DIR/shards/NNNNN`` (one ``rename`` each: the same
+   file system), both fsynced;
+4. last, ``DIR/meta.json`` is replaced in one rename. Until then the old
+   index lists only the old shards, so the store reads as before.
+
+An exception (Ctrl-C and SIGTERM included) before step 4 ends puts the
+staged folders back where they were and removes the new digest files:
+the store is unchanged. A SIGKILL in step 3 leaves the moved folders in
+``DIR/shards/`` unlisted: the store still reads as before (nothing reads an
+unlisted shard); the next append refuses to overwrite them and says how to
+adopt them (give ``DIR/shards/NNNNN`` itself, which is adopted in place).
+One writer at a time: the index is re-read just before it is replaced and a
+change meanwhile is refused.
+
+Creating (``create=True``) publishes a new folder holding the marker
+(``"artifact": "sharded token store"``) and empty ``shards/`` and
+``digests/`` folders, through the output layer (``force`` replaces only a
+sharded token store, never an input), then appends to it: "creating is
+appending to an empty store". It has no ``meta.json`` until the last step,
+so an interrupted creation is never read as a store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import io
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from ... import errors
+from ...errors import UmlosError
+from ...files.artifacts import identify
+from ...files.folder import Folder
+from ...files.reader import read_bytes
+from ...files.writer import ArtifactKind, check_output_folder, output_folder
+from .index import (COMMON_FIELDS, DIGESTS_FOLDER, MAX_INDEX_BYTES, SHARDS_FOLDER, digests_name, index_bytes,
+                    invalid, mismatch, shard_name)
+from .logical import MAX_SHARD_META_BYTES, ShardedTokenStore, check_shard_folder, shard_common
+from .rows import digests_sha256, logical_hash, row_digests
+from .store import TokenStore
+
+#: The artifact kind of a sharded token store (it always carries its marker).
+SHARDED_STORE = ArtifactKind("sharded token store")
+INDEX_FILE = "meta.json"
+
+
+def append_shards(directory: str | os.PathLike[str], folders: Sequence[str | os.PathLike[str]], *,
+                  create: bool = False, force: bool = False) -> ShardedTokenStore:
+    """Adopt the token stores ``folders`` (in order) as the next shards of the sharded store
+    ``directory`` (module docstring); with ``create``, make the store first (OUTPUT_EXISTS if
+    ``directory`` exists, unless ``force``, which replaces only a sharded token store)."""
+    paths = [os.path.abspath(os.fspath(folder)) for folder in folders]
+    if not paths:
+        raise UmlosError(errors.INVALID_ARGUMENT, "append_shards needs at least one token store to adopt",
+                         operator=errors.BATCHING_OPERATOR)
+    if len(set(paths)) != len(paths):
+        raise mismatch(f"a token store is named twice among the folders to adopt: {', '.join(paths)}")
+    root = os.path.abspath(os.fspath(directory))
+    if create:
+        target = check_output_folder(root, SHARDED_STORE, force=force, inputs=paths, operator=errors.BATCHING_OPERATOR)
+        staged = _open_staged(paths, root)
+        _check_together(staged, None)
+        with output_folder(target, SHARDED_STORE, force=force, inputs=paths,
+                           operator=errors.BATCHING_OPERATOR) as folder:
+            folder.mkdir(SHARDS_FOLDER).close()
+            folder.mkdir(DIGESTS_FOLDER).close()
+        try:
+            return _append(root, staged, None)
+        except BaseException:
+            with contextlib.suppress(OSError), Folder.open(os.path.dirname(root), follow=True) as parent:
+                parent.remove(os.path.basename(root))  # ours, just made: the marker and empty folders
+            raise
+    old = ShardedTokenStore.open(root)
+    staged = _open_staged(paths, root)
+    _check_together(staged, old)
+    return _append(root, staged, old)
+
+
+def _open_staged(paths: list[str], root: str) -> list[TokenStore]:
+    """Each staged folder opened and verified on its own."""
+    stores = []
+    for path in paths:
+        if os.path.islink(path):
+            raise invalid(f"{path} is a symbolic link; adopt the token store folder itself (it is moved into "
+                          f"{root}/shards)")
+        store = TokenStore.open(path)
+        store.verify()
+        stores.append(store)
+    return stores
+
+
+def _check_together(staged: list[TokenStore], old: ShardedTokenStore | None) -> None:
+    """SHARDED_STORE_MISMATCH unless every staged store shares the store's fields and no id repeats."""
+    common = {name: old.meta[name] for name in COMMON_FIELDS} if old is not None else shard_common(staged[0])
+    where = old.root if old is not None else staged[0].root
+    for store in staged:
+        found = shard_common(store)
+        for name in COMMON_FIELDS:
+            if found[name] != common[name]:
+                raise mismatch(f"{store.root} has {name} {found[name]!r}; {where} has {common[name]!r}: a sharded "
+                               "store holds the rows of one tokenizer, dtype, vocabulary, loss-mask rule and id kind")
+    if common["sample_ids"] == "line_numbers" and len(staged) + (old.num_parts if old is not None else 0) > 1:
+        raise mismatch("the samples of " + ", ".join(s.root for s in staged) + " are named by row number; a store "
+                       "named so has one shard (row numbers repeat in every shard): tokenize the files as one "
+                       "multi-file dataset (`data tokenize --sharded` with a glob or list), whose rows get content "
+                       "ids, or give the rows ids (--id-field)")
+    owner: dict[str, str] = {}
+    if old is not None and not old.ids_are_line_numbers:
+        for index in range(old.num_parts):
+            for sample_id in old.shard(index).sample_ids:
+                owner[sample_id] = old.shard_path(index)
+    for store in staged:
+        if store.ids_are_line_numbers:
+            continue
+        for sample_id in store.sample_ids:
+            earlier = owner.get(sample_id)
+            if earlier is not None:
+                raise mismatch(f"sample id {sample_id!r} of {store.root} is already in {earlier}; ids are unique "
+                               "across shards (the same rows adopted twice, or two files with the same content)")
+            owner[sample_id] = store.root
+
+
+def _append(root: str, staged: list[TokenStore], old: ShardedTokenStore | None) -> ShardedTokenStore:
+    index_path = os.path.join(root, INDEX_FILE)
+    before = _index_bytes_now(index_path)
+    old_parts = [old.row_digests(i) for i in range(old.num_parts)] if old is not None else []
+    if old is not None:
+        recomputed = logical_hash(old_parts, len(old), old.tokenizer_hash, old.meta["loss_mask"],
+                                  old.meta["sample_ids"])
+        if recomputed != old.dataset_hash:
+            raise invalid(f"{index_path}: dataset_hash is not the hash of the stored row digests; the store was "
+                          "changed (run its verify)")
+    first = len(old) if old is not None else 0
+    common = {name: old.meta[name] for name in COMMON_FIELDS} if old is not None else shard_common(staged[0])
+    entries = list(old.meta["shards"]) if old is not None else []
+    new_parts = []
+    start = first
+    for offset, store in enumerate(staged):
+        digests = row_digests(store, start)
+        start += len(store)
+        new_parts.append(digests)
+        meta_bytes = read_bytes(os.path.join(store.root, "meta.json"), invalid, max_bytes=MAX_SHARD_META_BYTES,
+                                what="token store meta.json")
+        entries.append({"name": shard_name(len(entries)), "num_samples": len(store), "num_tokens": store.num_tokens,
+                        "meta_sha256": hashlib.sha256(meta_bytes).hexdigest(),
+                        "row_digests_sha256": digests_sha256(digests)})
+    total = first + sum(len(store) for store in staged)
+    dataset_hash = logical_hash([*old_parts, *new_parts], total, common["tokenizer_hash"], common["loss_mask"],
+                                common["sample_ids"])
+    data = index_bytes(common, entries, dataset_hash)
+    first_new = len(entries) - len(staged)
+    with Folder.open(root, follow=True) as folder:
+        same, found = identify(folder, SHARDED_STORE)
+        if not same:
+            raise UmlosError(errors.OUTPUT_PATH_INVALID, f"{root} is {'a ' + found if found else 'a folder'} without "
+                             "the sharded token store marker; umlos-cuda appends only to a store it wrote",
+                             operator=errors.BATCHING_OPERATOR)
+        with folder.sub(SHARDS_FOLDER) as shards, folder.sub(DIGESTS_FOLDER) as digests_folder:
+            moved: list[tuple[str, str]] = []
+            written: list[str] = []
+            committed = False
+            try:
+                for offset, (store, digests) in enumerate(zip(staged, new_parts)):
+                    name = shard_name(first_new + offset)
+                    digests_folder.replace_file(digests_name(first_new + offset), _npy_bytes(digests))
+                    written.append(digests_name(first_new + offset))
+                    _move_in(store.root, shards, name, root)
+                    moved.append((store.root, name))
+                shards.sync()
+                digests_folder.sync()
+                for source, _ in moved:
+                    _sync_parent(source)
+                if _index_bytes_now(index_path) != before:
+                    raise invalid(f"{index_path} changed while shards were being appended (another writer?); "
+                                  "nothing was appended: append again")
+                try:
+                    _replace_index(folder, data)
+                    committed = True
+                    folder.sync()
+                except OSError as exc:
+                    raise _write_failed(folder.join(INDEX_FILE), exc) from exc
+            except BaseException:
+                if not committed:  # the old index still rules: put everything back
+                    _roll_back(shards, digests_folder, moved, written)
+                raise
+    return ShardedTokenStore.open(root)
+
+
+def _replace_index(folder: Folder, data: bytes) -> None:
+    """Step 4, the commit point: the new index replaces the old in one rename."""
+    folder.replace_file(INDEX_FILE, data)
+
+
+def _move_in(source: str, shards: Folder, name: str, root: str) -> None:
+    target = shards.join(name)
+    if os.path.abspath(source) == target:
+        check_shard_folder(target)  # an orphan of an interrupted append, adopted in place
+        return
+    if shards.lstat(name) is not None:
+        raise invalid(f"{target} exists but {root}/meta.json does not list it: an append was interrupted after "
+                      f"moving it there; adopt it by giving {target} as the first folder to append, or move it away")
+    try:
+        os.rename(source, name, dst_dir_fd=shards.fd)
+    except OSError as exc:
+        if exc.errno == errno.EXDEV:
+            raise UmlosError(errors.OUTPUT_WRITE_FAILED, f"cannot move {source} into {shards.path}: they are on "
+                             "different file systems; write the shards to a staging folder beside the store",
+                             operator=errors.BATCHING_OPERATOR) from exc
+        raise _write_failed(target, exc) from exc
+
+
+def _roll_back(shards: Folder, digests_folder: Folder, moved: list[tuple[str, str]], written: list[str]) -> None:
+    for source, name in reversed(moved):
+        if shards.join(name) != source:
+            with contextlib.suppress(OSError):
+                os.rename(name, source, src_dir_fd=shards.fd)
+    for name in written:
+        with contextlib.suppress(OSError):
+            digests_folder.remove(name)
+
+
+def _sync_parent(path: str) -> None:
+    with contextlib.suppress(OSError), Folder.open(os.path.dirname(path), follow=True) as parent:
+        parent.sync()
+
+
+def _index_bytes_now(path: str) -> bytes | None:
+    try:
+        return read_bytes(path, invalid, max_bytes=MAX_INDEX_BYTES, what="sharded store index")
+    except FileNotFoundError:
+        return None
+
+
+def _npy_bytes(digests: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(digests, dtype=np.uint8).reshape(-1), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _write_failed(path: str, exc: OSError) -> UmlosError:
+    return UmlosError(errors.OUTPUT_WRITE_FAILED, f"writing {path} failed: {exc.strerror or exc}",
+                      operator=errors.BATCHING_OPERATOR)

@@ -1,0 +1,196 @@
+"""A sharded token store opened for reading: one logical store over many shards.
+
+What goes in: the folder ``DIR`` that :func:`~umlos_cuda.batching.tokens.adopt.append_shards`
+wrote (``DIR/meta.json``, the index: tokens/index.py; ``DIR/shards/NNNNN/``,
+each a classic token store, tokens/store.py; ``DIR/digests/NNNNN.npy``,
+each shard's row digests, tokens/rows.py). What comes out: a token source
+with global rows (tokens/concat.py), so plans built from its
+``length_cache()``, collation and ``batch generate --store DIR`` work as
+with one store.
+
+Opening reads the index only. A shard is opened on first use, and then
+checked against the index: its folder is a real folder (a symbolic link is
+refused: the store's bytes are its own), its ``meta.json`` hashes to the
+index's ``meta_sha256`` (which binds the shard's array digests, so a shard
+swapped for another store is caught) and agrees with the index's counts
+and common fields. :meth:`ShardedTokenStore.verify` verifies every shard on
+its own (``TokenStore.verify``: array digests, vocabulary, masks), then
+recomputes every row digest and the logical dataset hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+
+import numpy as np
+
+from ... import errors
+from ...errors import UmlosError
+from ...files.reader import read_bytes, read_npy
+from .concat import ConcatenatedSource
+from .index import COMMON_FIELDS, DIGESTS_FOLDER, SHARDS_FOLDER, digests_name, invalid, read_index
+from .rows import DIGEST_BYTES, digests_sha256, logical_hash, row_digests
+from .store import TokenStore
+
+#: A shard's meta.json is small (about 700 bytes).
+MAX_SHARD_META_BYTES = 1 << 20
+
+
+class ShardedTokenStore(ConcatenatedSource):
+    """A sharded token store (:meth:`open`); ``shard(i)`` is shard ``i``'s
+    :class:`~umlos_cuda.batching.tokens.store.TokenStore`, ``meta`` the index."""
+
+    def __init__(self, root: str, meta: dict) -> None:
+        self.root = root
+        self.meta = meta
+        super().__init__([entry["num_samples"] for entry in meta["shards"]], self._open_shard,
+                         tokenizer_hash=meta["tokenizer_hash"],
+                         ids_are_line_numbers=meta["sample_ids"] == "line_numbers",
+                         dataset_hash=meta["dataset_hash"], fail=invalid, where=root)
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike[str]) -> ShardedTokenStore:
+        """The sharded store in ``directory``; TOKEN_STORE_NOT_FOUND when there is no ``meta.json``."""
+        root = os.path.abspath(os.fspath(directory))
+        path = os.path.join(root, "meta.json")
+        if not os.path.lexists(path):
+            raise UmlosError(errors.TOKEN_STORE_NOT_FOUND, f"no sharded token store at {root}: {path} does not exist "
+                             "(write one with `umlos-cuda data tokenize --sharded`)", operator=errors.BATCHING_OPERATOR)
+        try:
+            meta = read_index(path)
+        except FileNotFoundError:
+            raise invalid(f"{path} is missing") from None
+        return cls(root, meta)
+
+    def __reduce__(self):
+        return (_reopen, (self.root,))
+
+    def __repr__(self) -> str:
+        return f"ShardedTokenStore({self.root!r}, {len(self)} samples in {self.num_parts} shards)"
+
+    # ------------------------------------------------------------------ sizes and fields
+    @property
+    def num_tokens(self) -> int:
+        return int(self.meta["num_tokens"])
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.meta["vocab_size"]
+
+    @property
+    def token_dtype(self) -> str:
+        return self.meta["token_dtype"]
+
+    @property
+    def sample_ids(self) -> list[str]:
+        return self.length_cache().sample_ids
+
+    def shard(self, index: int) -> TokenStore:
+        """Shard ``index`` (0-based), opened and checked against the index on first use."""
+        return self.part(index)
+
+    def shard_path(self, index: int) -> str:
+        return os.path.join(self.root, SHARDS_FOLDER, self.meta["shards"][index]["name"])
+
+    def digests_path(self, index: int) -> str:
+        return os.path.join(self.root, DIGESTS_FOLDER, digests_name(index))
+
+    def _open_shard(self, index: int) -> TokenStore:
+        path = self.shard_path(index)
+        check_shard_folder(path)
+        data = _shard_meta_bytes(path)
+        entry = self.meta["shards"][index]
+        if hashlib.sha256(data).hexdigest() != entry["meta_sha256"]:
+            raise invalid(f"{path}/meta.json does not hash to the index's meta_sha256 for shard {entry['name']}: "
+                          "the shard was replaced or changed after it was adopted")
+        store = TokenStore.open(path)
+        check_shard_fields(store, self.meta, f"shard {entry['name']} ({path})", invalid)
+        if (len(store), store.num_tokens) != (entry["num_samples"], entry["num_tokens"]):
+            raise invalid(f"{path} holds {len(store)} samples and {store.num_tokens} tokens; the index says "
+                          f"{entry['num_samples']} and {entry['num_tokens']}")
+        return store
+
+    def row_digests(self, index: int) -> np.ndarray:
+        """uint8 [n, 32]: shard ``index``'s stored row digests, checked against the index."""
+        entry = self.meta["shards"][index]
+        path = self.digests_path(index)
+        data = read_npy(path, "|u1", (entry["num_samples"] * DIGEST_BYTES,), False, invalid,
+                        expected="the index says")
+        digests = data.reshape(entry["num_samples"], DIGEST_BYTES)
+        if digests_sha256(digests) != entry["row_digests_sha256"]:
+            raise invalid(f"{path} does not hash to the index's row_digests_sha256 for shard {entry['name']}: "
+                          "the file changed after the shard was adopted")
+        return digests
+
+    # ------------------------------------------------------------------ checks
+    def verify(self) -> dict:
+        """Verify every shard on its own (:meth:`TokenStore.verify`), recompute its row digests against
+        ``DIR/digests/``, the logical dataset hash against the index, and check that no sample id is
+        in two shards; SHARDED_STORE_INVALID (or the shard's TOKEN_STORE_INVALID) names what differs."""
+        parts = []
+        for index in range(self.num_parts):
+            shard = self.shard(index)
+            shard.verify()
+            stored = self.row_digests(index)
+            computed = row_digests(shard, self.starts[index])
+            if not np.array_equal(stored, computed):
+                row = int(np.flatnonzero((stored != computed).any(axis=1))[0])
+                raise invalid(f"{self.digests_path(index)}: row {row} of shard {self.meta['shards'][index]['name']} "
+                              "does not digest to what was stored when it was adopted")
+            parts.append(stored)
+        recomputed = logical_hash(parts, len(self), self.tokenizer_hash, self.meta["loss_mask"],
+                                  self.meta["sample_ids"])
+        if recomputed != self.dataset_hash:
+            raise invalid(f"{self.root}/meta.json: dataset_hash is not the hash of the shards' row digests "
+                          f"({recomputed}): the index was changed")
+        try:
+            self.length_cache()
+        except UmlosError as exc:
+            if exc.code != errors.LENGTHS_INVALID:
+                raise
+            raise invalid(f"{self.root}: two shards hold the same sample id ({exc.message})") from None
+        return {"samples": len(self), "tokens": self.num_tokens, "tokenizer_hash": self.tokenizer_hash,
+                "shards": self.num_parts}
+
+
+def check_shard_folder(path: str) -> None:
+    """SHARDED_STORE_INVALID unless ``path`` is a real folder (never a link to one)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise invalid(f"shard {path} is missing: the store's index lists it") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise invalid(f"shard {path} is a symbolic link; a shard is a folder inside the store (adopt a copy with "
+                      "`umlos-cuda data append`)")
+    if not stat.S_ISDIR(info.st_mode):
+        raise invalid(f"shard {path} is not a folder")
+
+
+def check_shard_fields(store: TokenStore, common: dict, what: str, fail) -> None:
+    """``fail`` unless ``store``'s tokenizer, dtype, vocabulary, loss-mask rule and id kind are ``common``'s."""
+    found = shard_common(store)
+    for name in COMMON_FIELDS:
+        if found[name] != common[name]:
+            raise fail(f"{what} has {name} {found[name]!r}; the store's is {common[name]!r}")
+
+
+def shard_common(store: TokenStore) -> dict:
+    """A classic store's values of the fields every shard of one sharded store shares."""
+    meta = store.meta
+    return {"token_dtype": meta["token_dtype"], "vocab_size": meta.get("vocab_size"),
+            "tokenizer_hash": meta["tokenizer_hash"], "loss_mask": meta["loss_mask"],
+            "sample_ids": meta["sample_ids"]}
+
+
+def _shard_meta_bytes(path: str) -> bytes:
+    try:
+        return read_bytes(os.path.join(path, "meta.json"), invalid, max_bytes=MAX_SHARD_META_BYTES,
+                          what="token store meta.json")
+    except FileNotFoundError:
+        raise invalid(f"shard {path} has no meta.json") from None
+
+
+def _reopen(root: str) -> ShardedTokenStore:
+    return ShardedTokenStore.open(root)

@@ -1,0 +1,122 @@
+"""Tokenize a multi-file dataset one input file at a time: the shards of a sharded token store.
+
+What goes in: a dataset (a glob or a list of files, any format
+umlos_cuda/batching/records/ reads), a tokenizer and the options of
+:func:`~umlos_cuda.batching.tokens.writer.tokenize_dataset`. What comes out:
+:func:`tokenize_shard`, the classic token store of input file ``index``
+alone; :func:`tokenize_sharded`, a sharded token store of one shard per
+input file (tokens/adopt.py).
+
+A file tokenized alone gets exactly the sample ids it has in the whole
+dataset: in a dataset of two or more files, rows without an id are named by
+their file's content hash and their row (records/ids.py), which depend on
+that file only; so does everything else a shard holds (a chunk never spans
+two files). That is why a shard written by one process, by a Ray worker or
+by this module holds the same bytes, and why a store of shards equals, row
+for row, the store ``tokenize_dataset`` writes from the whole dataset. The
+one thing a file alone cannot check is an id repeated in another file:
+adoption checks that across shards (SHARDED_STORE_MISMATCH).
+
+A file holding no record (an empty shard of an export) has no shard:
+:func:`tokenize_shard` raises DATASET_EMPTY for it and
+:func:`tokenize_sharded` skips it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ... import checks, errors
+from ...errors import UmlosError
+from ...files.folder import Folder
+from ..records.shards import resolve
+from .adopt import SHARDED_STORE, append_shards
+from .index import shard_name
+from .logical import ShardedTokenStore
+from .store import TokenStore
+from .writer import tokenize_dataset
+
+
+def tokenize_shard(dataset: Any, index: int, tokenizer: Any, output: str | os.PathLike[str], *,
+                   format: str | None = None, sharded: bool | None = None, **options: Any) -> TokenStore:
+    """Write the token store of input file ``index`` (0-based, in the order the dataset is read: a
+    glob's matches sorted, a list as given) of ``dataset`` to ``output``, its rows named as in the
+    whole dataset. ``options`` are those of ``tokenize_dataset`` (``force``, fields, ``chunk_size``,
+    ``progress``...). ``sharded`` (default: the dataset has two or more inputs) says whether rows
+    without ids get content ids; an append of new files to a store with content ids passes True."""
+    inputs = resolve(dataset, format)
+    index = checks.integer(index, "index", 0, len(inputs) - 1, fail=_argument,
+                           message="input file {value!r} is not in the dataset; its files are 0 to {high}")
+    item = inputs[index]
+    part = item.dataset if item.format == "object" else item.path
+    return tokenize_dataset(part, tokenizer, output, format=format,
+                            sharded=len(inputs) > 1 if sharded is None else sharded, **options)
+
+
+def tokenize_sharded(dataset: Any, tokenizer: Any, output: str | os.PathLike[str], *, append: bool = False,
+                     force: bool = False, format: str | None = None,
+                     progress: Callable[[int, int], None] | None = None, **options: Any) -> ShardedTokenStore:
+    """Tokenize every input file of ``dataset`` as one shard and write the sharded store ``output``
+    (``force`` replaces a sharded store); with ``append``, add them as new shards of the existing
+    store ``output`` (their rows get content ids, as files of a growing multi-file dataset).
+    The shards are written in a hidden staging folder beside ``output``, then adopted
+    (:func:`~umlos_cuda.batching.tokens.adopt.append_shards`); the staging folder is removed."""
+    inputs = resolve(dataset, format)
+    root = os.path.abspath(os.fspath(output))
+    if append:
+        ShardedTokenStore.open(root)  # refused at once when it is not a store
+    else:
+        from ...files.writer import check_output_folder
+        from .writer import input_paths
+        from ..records.source import dataset_paths
+
+        check_output_folder(root, SHARDED_STORE, force=force,
+                            inputs=input_paths(*dataset_paths(dataset, format), tokenizer),
+                            operator=errors.BATCHING_OPERATOR)
+    sizes = [_size(item.files) for item in inputs]
+    total = max(sum(sizes), 1)
+    parent_path = os.path.dirname(root)
+    with Folder.open(parent_path, follow=True) as parent:
+        stage_name, stage = parent.mkdir_temp(f".tmp-{os.path.basename(root)}-stage-")
+        stage.close()
+        try:
+            staged = []
+            before = 0
+            for index, size in enumerate(sizes):
+                target = os.path.join(parent_path, stage_name, shard_name(len(staged)))
+                report = None if progress is None else _offset(progress, before, total)
+                try:
+                    tokenize_shard(dataset, index, tokenizer, target, format=format,
+                                   sharded=True if append else None, progress=report, **options)
+                except UmlosError as exc:
+                    if exc.code != errors.DATASET_EMPTY or len(inputs) == 1:
+                        raise
+                else:
+                    staged.append(target)
+                before += size
+            if not staged:
+                raise UmlosError(errors.DATASET_EMPTY, f"no file of {inputs[0].path} and the other inputs holds a "
+                                 "record", operator=errors.BATCHING_OPERATOR)
+            return append_shards(root, staged, create=not append, force=force)
+        finally:
+            with contextlib.suppress(OSError):
+                parent.remove(stage_name)
+
+
+def _offset(progress: Callable[[int, int], None], before: int, total: int) -> Callable[[int, int], None]:
+    return lambda done, _total: progress(before + done, total)
+
+
+def _size(files: tuple[str, ...]) -> int:
+    size = 0
+    for path in files:
+        with contextlib.suppress(OSError):
+            size += os.path.getsize(path)
+    return size
+
+
+def _argument(message: str) -> UmlosError:
+    return UmlosError(errors.INVALID_ARGUMENT, message, operator=errors.BATCHING_OPERATOR)

@@ -1,4 +1,4 @@
-"""``umlos-cuda data tokenize``, ``data megatron`` and ``data megatron-export``: token sources for batch files.
+"""``umlos-cuda data tokenize``, ``data append``, ``data verify``, ``data megatron`` and ``data megatron-export``.
 
 ``tokenize`` encodes a JSONL dataset once into a token store folder (flat
 memory-mapped tokens, loss masks and offsets, and the length cache as a
@@ -6,7 +6,11 @@ by-product; docs/batching.md, "Token store"). ``megatron`` writes the
 length cache of an existing Megatron-LM indexed dataset from its ``.idx``
 sizes, so a plan is built over it without re-tokenizing; ``megatron-export``
 goes the other way, writing a token store as a Megatron ``.bin``/``.idx``
-pair. All are actions of the ``data`` command (umlos_cuda/commands/data.py registers them).
+pair. ``tokenize --sharded`` writes a sharded token store (one shard per
+input file), ``tokenize --append`` adds new input files to one, ``append``
+adopts token stores written elsewhere as its next shards, and ``verify``
+checks any token source against its own digests. All are actions of the
+``data`` command (umlos_cuda/commands/data.py registers them).
 """
 
 from __future__ import annotations
@@ -23,7 +27,36 @@ def register_actions(actions) -> None:
     )
     add_dataset_arguments(tokenize, output_metavar="DIR", output_help="the token store folder to create",
                           verb="encode", force_help="replace an existing token store")
+    tokenize.add_argument("--sharded", action="store_true",
+                          help="write a sharded token store: one shard per input file, rows named as in the whole "
+                          "dataset (docs/batching.md, 'Sharded token stores')")
+    tokenize.add_argument("--append", action="store_true",
+                          help="add the input files as new shards of the existing sharded store DIR (newly arrived "
+                          "files of a growing dataset); implies --sharded")
     tokenize.set_defaults(func=lambda args: run_tokenize(args, tokenize))
+
+    append = actions.add_parser(
+        "append", help="adopt written token stores as new shards of a sharded token store",
+        description="Move the token stores STORE... (written by `data tokenize`, or by workers into a staging folder "
+        "on the same file system) into the sharded token store DIR as its next shards, in the order given, and "
+        "replace DIR/meta.json last. Refused: another tokenizer, token dtype, vocabulary, loss-mask rule or id kind, "
+        "and a sample id another shard holds. With --create, DIR is made (it must not exist, unless --force).",
+    )
+    append.add_argument("directory", metavar="DIR", help="the sharded token store")
+    append.add_argument("stores", nargs="+", metavar="STORE", help="token store folders to adopt (they are moved)")
+    append.add_argument("--create", action="store_true", help="create DIR from these stores")
+    append.add_argument("--force", action="store_true", help="with --create: replace an existing sharded store")
+    append.set_defaults(func=run_append)
+
+    verify = actions.add_parser(
+        "verify", help="check a token store, a sharded token store or Megatron datasets against their own digests",
+        description="Open SOURCE (a token store folder, a sharded token store folder, or one or more Megatron "
+        "prefixes read as one dataset) and run its verify(): a store's array digests, token ids below its vocabulary "
+        "and 0/1 loss masks; a sharded store's every shard on its own, its row digests and logical dataset hash; a "
+        "Megatron dataset's token ids. Exit status 0 when everything holds.",
+    )
+    verify.add_argument("source", nargs="+", metavar="SOURCE", help="the store folder, or Megatron prefixes")
+    verify.set_defaults(func=run_verify)
 
     megatron = actions.add_parser(
         "megatron", help="write the length cache of a Megatron-LM indexed dataset (.idx sizes)",
@@ -31,7 +64,9 @@ def register_actions(actions) -> None:
         "the length cache of their sequences (ids: row numbers), from which `plan build` makes a plan and "
         "`batch generate --store PREFIX` collates batches.",
     )
-    megatron.add_argument("prefix", metavar="PREFIX", help="the dataset's path prefix (PREFIX.idx, PREFIX.bin)")
+    megatron.add_argument("prefix", metavar="PREFIX", nargs="+",
+                          help="the dataset's path prefix (PREFIX.idx, PREFIX.bin); several prefixes are one dataset, "
+                          "read in the order given (Megatron-LM's data path), with rows numbered across them")
     megatron.add_argument("--output", required=True, metavar="LENGTHS.jsonl", help="the length cache to write")
     megatron.add_argument("--tokenizer", metavar="PATH", help="the tokenizer the dataset was made with: its "
                           "fingerprint is recorded (default: 'unknown')")
@@ -53,6 +88,8 @@ def register_actions(actions) -> None:
 def run_tokenize(args, parser) -> int:
     from ..batching.tokens.writer import tokenize_dataset
 
+    if args.sharded or args.append:
+        return run_tokenize_sharded(args, parser)
     store, elapsed = run_with_progress(args, parser, f"tokenize {args.output}", tokenize_dataset)
     print(f"wrote token store {args.output}: {len(store)} samples, {store.num_tokens} tokens "
           f"({store.meta['token_dtype']}), {int(store.loss_mask_array.sum(dtype='u8'))} trained on")
@@ -62,17 +99,81 @@ def run_tokenize(args, parser) -> int:
     return 0
 
 
+def run_tokenize_sharded(args, parser) -> int:
+    from ..batching.tokens.partition import tokenize_sharded
+
+    def build(dataset, tokenizer, output, **options):
+        return tokenize_sharded(dataset, tokenizer, output, append=args.append, **options)
+
+    if args.append and args.force:
+        parser.error("--append adds shards and replaces nothing; --force goes with a new store")
+    before = None
+    if args.append:
+        from ..batching.tokens.logical import ShardedTokenStore
+
+        before = ShardedTokenStore.open(args.output)
+    store, elapsed = run_with_progress(args, parser, f"tokenize {args.output}", build)
+    added = store.num_parts - (before.num_parts if before is not None else 0)
+    rows = len(store) - (len(before) if before is not None else 0)
+    print(f"{'appended' if args.append else 'wrote'} {added} shard{'' if added == 1 else 's'} "
+          f"({rows} samples) {'to' if args.append else 'as'} sharded token store {args.output}: {len(store)} samples "
+          f"in {store.num_parts} shards, {store.num_tokens} tokens ({store.token_dtype})")
+    print(f"tokenizer_hash {store.tokenizer_hash}")
+    print(f"dataset_hash {store.dataset_hash}")
+    print(f"{(store.num_tokens if before is None else store.num_tokens - before.num_tokens) / max(elapsed, 1e-9):.0f}"
+          f" tokens/s ({elapsed:.2f} s)")
+    return 0
+
+
+def run_append(args) -> int:
+    from ..batching.tokens.adopt import append_shards
+
+    if args.force and not args.create:
+        from ..errors import UmlosError, INVALID_ARGUMENT, BATCHING_OPERATOR
+
+        raise UmlosError(INVALID_ARGUMENT, "--force replaces a sharded store only with --create; an append never "
+                         "replaces anything", operator=BATCHING_OPERATOR)
+    store = append_shards(args.directory, args.stores, create=args.create, force=args.force)
+    print(f"{'created' if args.create else 'appended to'} sharded token store {args.directory}: {len(store)} samples "
+          f"in {store.num_parts} shards, {store.num_tokens} tokens")
+    print(f"dataset_hash {store.dataset_hash}")
+    return 0
+
+
+def run_verify(args) -> int:
+    from ..batching.tokens.sources import open_token_source
+
+    source = open_token_source(args.source[0] if len(args.source) == 1 else args.source)
+    report = source.verify()
+    shards = f" in {report['shards']} shards" if "shards" in report else ""
+    print(f"ok  {' '.join(args.source)}: {report['samples']} samples{shards}, {report['tokens']} tokens, "
+          f"tokenizer_hash {report['tokenizer_hash']}")
+    dataset_hash = getattr(source, "dataset_hash", None)
+    if dataset_hash is not None:
+        print(f"dataset_hash {dataset_hash}")
+    return 0
+
+
 def run_megatron(args) -> int:
     from ..batching.lengths.fingerprints import tokenizer_fingerprint
-    from ..batching.tokens.megatron import UNKNOWN_TOKENIZER, MegatronDataset
+    from ..batching.tokens.megatron import UNKNOWN_TOKENIZER, MegatronDataset, MegatronDatasetList
 
     tokenizer_hash = tokenizer_fingerprint(args.tokenizer) if args.tokenizer else UNKNOWN_TOKENIZER
-    dataset = MegatronDataset.open(args.prefix, tokenizer_hash=tokenizer_hash)
+    dataset: MegatronDataset | MegatronDatasetList
+    if len(args.prefix) == 1:
+        dataset = MegatronDataset.open(args.prefix[0], tokenizer_hash=tokenizer_hash)
+        documents = max(int(dataset.document_indices.shape[0]) - 1, 0)
+        dtype = str(dataset.dtype)
+    else:
+        listed = MegatronDatasetList.open(args.prefix, tokenizer_hash=tokenizer_hash)
+        documents = listed.document_count
+        dtype = ", ".join(sorted({str(part.dtype) for part in listed.datasets}))
+        dataset = listed
     cache = dataset.length_cache()
-    cache.write(args.output, force=args.force, inputs=(f"{args.prefix}.idx", f"{args.prefix}.bin", args.tokenizer))
-    documents = max(int(dataset.document_indices.shape[0]) - 1, 0)
+    inputs = [path for prefix in args.prefix for path in (f"{prefix}.idx", f"{prefix}.bin")]
+    cache.write(args.output, force=args.force, inputs=(*inputs, args.tokenizer))
     print(f"wrote {args.output} and {args.output}.u32: {len(cache)} sequences ({documents} documents), "
-          f"{dataset.num_tokens} tokens ({dataset.dtype}), tokenizer_hash {tokenizer_hash}")
+          f"{dataset.num_tokens} tokens ({dtype}), tokenizer_hash {tokenizer_hash}")
     return 0
 
 

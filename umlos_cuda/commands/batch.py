@@ -11,6 +11,8 @@ is not the expected one. docs/batching.md, "Batch files" and "Fingerprints".
 
 from __future__ import annotations
 
+import argparse
+
 import os
 import time
 
@@ -48,7 +50,8 @@ def register(subparsers) -> None:
         "exactly a fresh collation's. Exit 2 with the failure code at the first file that fails.",
     )
     check.add_argument("batches", metavar="DIR")
-    check.add_argument("--store", metavar="STORE", help="also compare with the token store")
+    check.add_argument("--store", metavar="STORE", nargs="+", action=StoreSource,
+                       help="also compare with the token store (or Megatron prefixes)")
     check.add_argument("--rank", type=non_negative_int("rank"), metavar="R",
                        help="with --world-size: only this rank's files")
     check.add_argument("--world-size", type=positive_int("world size"), metavar="W")
@@ -85,10 +88,18 @@ def register(subparsers) -> None:
     batch.set_defaults(func=lambda args: (batch.print_help(), 1)[1])
 
 
+class StoreSource(argparse.Action):
+    """``--store A`` gives the path ``A``; ``--store A B`` the list (Megatron prefixes read as one)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values[0] if len(values) == 1 else list(values))
+
+
 def _plan_and_store(parser) -> None:
     parser.add_argument("--plan", required=True, metavar="DIR", help="a plan folder (plan build)")
-    parser.add_argument("--store", required=True, metavar="STORE",
-                        help="the token store folder (data tokenize) or a Megatron dataset prefix (PREFIX.idx/.bin)")
+    parser.add_argument("--store", required=True, metavar="STORE", nargs="+", action=StoreSource,
+                        help="the token store folder (data tokenize, sharded or not) or a Megatron dataset prefix "
+                        "(PREFIX.idx/.bin); several prefixes are one dataset, in the order given")
     parser.add_argument("--separator-ids", default="", metavar="ID,...",
                         help="for a plan packed with --pack-separator-len N: the N token ids between a row's samples")
 
@@ -140,7 +151,8 @@ def run_check(args) -> int:
 def run_fingerprint(args) -> int:
     from ..files.atomic import check_output_path
 
-    inputs = (args.plan, args.store, f"{args.store}.idx", f"{args.store}.bin")
+    stores = args.store if isinstance(args.store, list) else [args.store]
+    inputs = (args.plan, *(path for store in stores for path in (store, f"{store}.idx", f"{store}.bin")))
     if args.output:
         check_output_path(args.output, args.force, inputs=inputs)
     fingerprint = _fingerprint(args, args.n_batches)

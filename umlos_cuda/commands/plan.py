@@ -10,6 +10,7 @@ with the failure code on any mismatch); ``shard`` writes one plan per rank.
 from __future__ import annotations
 
 import json
+import os
 import time
 
 from ._args import add_no_verify_argument, add_pack_arguments, non_negative_int, positive_int
@@ -35,7 +36,9 @@ def register(subparsers) -> None:
         description="Cut each epoch's engine order into token-budget microbatches per length bucket, interleave "
         "the buckets evenly, and write the plan folder atomically.",
     )
-    build.add_argument("--lengths", required=True, metavar="LENGTHS.jsonl", help="a length cache (data lengths build)")
+    build.add_argument("--lengths", required=True, metavar="LENGTHS.jsonl",
+                       help="a length cache (data lengths build), or a token store folder (sharded or not): its "
+                       "length cache")
     build.add_argument("--bucket-edges", metavar="E1,E2,...",
                        help="ascending bucket edges, e.g. 128,256,512 (required unless --pack; with --pack default "
                        "none: every length shares rows)")
@@ -83,7 +86,8 @@ def register(subparsers) -> None:
     )
     verify.add_argument("plan", metavar="DIR")
     verify.add_argument("--expected-fingerprint", metavar="F", help="the fingerprint the plan must have")
-    verify.add_argument("--lengths", metavar="LENGTHS.jsonl", help="also check against this length cache")
+    verify.add_argument("--lengths", metavar="LENGTHS.jsonl",
+                        help="also check against this length cache (or a token store folder's)")
     verify.add_argument("--no-rebuild", action="store_true", help="skip the rebuild check (faster on huge plans)")
     verify.set_defaults(func=run_verify)
 
@@ -187,7 +191,6 @@ def run_build(args) -> int:
     from ..batching.plans.builder import BatchPlanBuilder
     from ..batching.plans.buckets import config_error
     from ..batching.plans.config import BatchingConfig, BatchingProfile
-    from ..batching.lengths.cache import LengthCache
     from ..batching.lengths.cache import sidecar_path
     from ..batching.plans.io import check_output_dir, save_plan
     from ..batching.packing.config import PackingConfig
@@ -213,10 +216,10 @@ def run_build(args) -> int:
                             profile=(BatchingProfile.PREDICTABLE if args.pad_policy == "pad_to_bucket"
                                      else BatchingProfile.THROUGHPUT),
                             pack=pack, order=args.order, **_selection(args))
-    inputs = (args.lengths, sidecar_path(args.lengths))
+    inputs = (args.lengths,) if os.path.isdir(args.lengths) else (args.lengths, sidecar_path(args.lengths))
     check_output_dir(args.output, args.force, inputs)  # fail before the work
     started = time.perf_counter()
-    cache = LengthCache.load(args.lengths, read_ids=True)  # the plan stores them: one read of the JSONL
+    cache = load_lengths(args.lengths)
     config = _with_pairs(config, cache, args.lengths)
     progress = Progress(args.epochs * 2, f"plan {args.output}", enabled=not args.quiet)
     plan = BatchPlanBuilder(cache, config).build(args.epochs, progress=lambda done, _: progress.update(done))
@@ -240,6 +243,18 @@ def run_build(args) -> int:
     print(f"fingerprint {plan.fingerprint}")
     print(f"built in {seconds:.2f} s ({len(cache) * plan.num_epochs / max(seconds, 1e-9):,.0f} samples/s)")
     return 0
+
+
+def load_lengths(path: str, read_ids: bool = True):
+    """The length cache at ``path``, or the length cache of the token store folder ``path`` (a sharded store
+    has no single ``lengths.jsonl``: its cache is its shards', in order, under its logical dataset hash)."""
+    from ..batching.lengths.cache import LengthCache
+
+    if os.path.isdir(path):
+        from ..batching.tokens.sources import open_token_source
+
+        return open_token_source(path).length_cache()
+    return LengthCache.load(path, read_ids=read_ids)  # a plan stores them: one read of the JSONL
 
 
 def _with_pairs(config, cache, path: str):
@@ -325,10 +340,9 @@ def packing_line(packing: dict) -> str:
 
 
 def run_verify(args) -> int:
-    from ..batching.lengths.cache import LengthCache
     from ..batching.plans.verify import verify_plan
 
-    lengths = LengthCache.load(args.lengths) if args.lengths else None
+    lengths = load_lengths(args.lengths, read_ids=False) if args.lengths else None
     report = verify_plan(args.plan, expected_fingerprint=args.expected_fingerprint, lengths=lengths,
                          reproduce=not args.no_rebuild)
     for check in report["checks"]:

@@ -254,9 +254,11 @@ def _differences(a: dict, b: dict) -> str:
 def _input_paths(plan: Any, store: Any) -> list[Any]:
     """The paths the job reads, which the batch folder must not be, hold or sit inside."""
     paths: list[Any] = [plan] if isinstance(plan, (str, os.PathLike)) else []
-    where = store if isinstance(store, (str, os.PathLike)) else getattr(store, "root", getattr(store, "prefix", None))
-    if where is not None:  # a store folder, or a Megatron prefix and its two files
-        paths += [where, f"{os.fspath(where)}.idx", f"{os.fspath(where)}.bin"]
+    where = store if isinstance(store, (str, os.PathLike, list, tuple)) else \
+        getattr(store, "root", getattr(store, "prefix", None))
+    for item in (where if isinstance(where, (list, tuple)) else [] if where is None else [where]):
+        # a store folder, or a Megatron prefix (one of a list) and its two files
+        paths += [item, f"{os.fspath(item)}.idx", f"{os.fspath(item)}.bin"]
     return paths
 
 

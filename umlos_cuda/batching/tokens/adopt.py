@@ -158,7 +158,7 @@ def _append(root: str, staged: list[TokenStore], old: ShardedTokenStore | None) 
     entries = list(old.meta["shards"]) if old is not None else []
     new_parts = []
     start = first
-    for offset, store in enumerate(staged):
+    for store in staged:
         digests = row_digests(store, start)
         start += len(store)
         new_parts.append(digests)

@@ -70,7 +70,7 @@ def tokenize_sharded(dataset: Any, tokenizer: Any, output: str | os.PathLike[str
         ShardedTokenStore.open(root)  # refused at once when it is not a store
     else:
         from ...files.writer import check_output_folder
-        from .writer import input_paths
+        from ..lengths.builder import input_paths
         from ..records.source import dataset_paths
 
         check_output_folder(root, SHARDED_STORE, force=force,
@@ -83,7 +83,7 @@ def tokenize_sharded(dataset: Any, tokenizer: Any, output: str | os.PathLike[str
         stage_name, stage = parent.mkdir_temp(f".tmp-{os.path.basename(root)}-stage-")
         stage.close()
         try:
-            staged = []
+            staged: list[str] = []
             before = 0
             for index, size in enumerate(sizes):
                 target = os.path.join(parent_path, stage_name, shard_name(len(staged)))

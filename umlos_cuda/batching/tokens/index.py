@@ -131,7 +131,7 @@ def index_bytes(common: dict, shards: list[dict], dataset_hash: str) -> bytes:
 
 
 #: The fields every shard of one store shares (a shard's meta.json against the index).
-COMMON_FIELDS = ("token_dtype", "vocab_size", "tokenizer_hash", "loss_mask", "sample_ids")
+COMMON_FIELDS = ("tokenizer_hash", "token_dtype", "vocab_size", "loss_mask", "sample_ids")
 
 
 def invalid(message: str) -> UmlosError:

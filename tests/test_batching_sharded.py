@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -71,7 +72,7 @@ def tree(folder) -> dict[str, str]:
             if os.path.islink(path):
                 out[key] = "link -> " + os.readlink(path)
             elif os.path.isfile(path):
-                out[key] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+                out[key] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     return out
 
 
@@ -121,8 +122,7 @@ def test_each_shard_is_the_store_tokenize_shard_writes_alone(work, stores, tmp_p
         assert TokenStore.open(plus.shard_path(index)).verify()["samples"] == CUTS[index][1] - CUTS[index][0]
 
 
-def test_three_plus_one_equals_the_rows_adopted_as_one_shard(work, stores, tmp_path, capsys):
-    root, rows, _ = work
+def test_three_plus_one_equals_the_rows_adopted_as_one_shard(stores, tmp_path, capsys):
     plus, _, one = stores
     assert one.num_parts == 1 and plus.num_parts == 4
     a, b = plus.length_cache(), one.length_cache()
@@ -130,7 +130,7 @@ def test_three_plus_one_equals_the_rows_adopted_as_one_shard(work, stores, tmp_p
     assert a.sample_ids[40] == b.sample_ids[40] and a.sample_ids[40].endswith(":0")  # content-hash ids
     assert np.array_equal(a.lengths, b.lengths) and a.tokenizer_hash == b.tokenizer_hash
     assert a.dataset_hash == b.dataset_hash == plus.dataset_hash == one.dataset_hash
-    assert plus.meta["dataset_hash"] == json.load(open(os.path.join(one.root, "meta.json")))["dataset_hash"]
+    assert plus.meta["dataset_hash"] == json.loads(Path(one.root, "meta.json").read_text())["dataset_hash"]
     for row in (0, 39, 40, 99, 100, 179):
         for x, y in zip(plus.arrays(row), one.arrays(row)):
             assert np.array_equal(x, y)
@@ -291,15 +291,14 @@ def test_row_number_ids_make_a_one_shard_store(work, tmp_path):
 def test_a_tampered_shard_is_found(small):
     store, _ = small
     path = os.path.join(store.shard_path(1), "tokens.npy")
-    data = bytearray(open(path, "rb").read())
+    data = bytearray(Path(path).read_bytes())
     data[-1] ^= 1
-    open(path, "wb").write(bytes(data))
+    Path(path).write_bytes(bytes(data))
     expect(errors.TOKEN_STORE_INVALID, ShardedTokenStore.open(store.root).verify, mention="tokens.npy")
     expect(errors.TOKEN_STORE_INVALID, TokenStore.open(store.shard_path(1)).verify)  # verifiable on its own
 
 
-def test_a_shard_swapped_for_another_store_is_found(work, small, tmp_path):
-    root, _, files = work
+def test_a_shard_swapped_for_another_store_is_found(small):
     store, staged = small
     shard = store.shard_path(1)
     shutil.rmtree(shard)
@@ -314,9 +313,9 @@ def test_a_shard_swapped_for_another_store_is_found(work, small, tmp_path):
 def test_a_tampered_index_is_found_by_verify(small, edit, mention):
     store, _ = small
     path = os.path.join(store.root, "meta.json")
-    meta = json.load(open(path))
+    meta = json.loads(Path(path).read_text())
     edit(meta)
-    open(path, "w").write(json.dumps(meta))
+    Path(path).write_text(json.dumps(meta))
     expect(errors.SHARDED_STORE_INVALID, ShardedTokenStore.open(store.root).verify, mention=mention)
 
 
@@ -333,18 +332,18 @@ def test_a_tampered_index_is_found_by_verify(small, edit, mention):
 def test_a_malformed_index_is_refused_on_open(small, edit, mention):
     store, _ = small
     path = os.path.join(store.root, "meta.json")
-    meta = json.load(open(path))
+    meta = json.loads(Path(path).read_text())
     edit(meta)
-    open(path, "w").write(json.dumps(meta))
+    Path(path).write_text(json.dumps(meta))
     expect(errors.SHARDED_STORE_INVALID, ShardedTokenStore.open, store.root, mention=mention)
 
 
 def test_a_tampered_digest_file_is_found(small):
     store, staged = small
     path = store.digests_path(0)
-    data = bytearray(open(path, "rb").read())
+    data = bytearray(Path(path).read_bytes())
     data[-1] ^= 1
-    open(path, "wb").write(bytes(data))
+    Path(path).write_bytes(bytes(data))
     expect(errors.SHARDED_STORE_INVALID, ShardedTokenStore.open(store.root).verify, mention="row_digests_sha256")
     expect(errors.SHARDED_STORE_INVALID, append_shards, store.root, [staged], mention="row_digests_sha256")
     assert os.path.isdir(staged)
@@ -378,7 +377,7 @@ def test_create_rules(work, small, tmp_path):
 
 
 def test_empty_files_have_no_shard(work, tmp_path):
-    root, rows, files = work
+    root, _, files = work
     empty = tmp_path / "train-00001-empty.jsonl"
     empty.write_text("")
     store = tokenize_sharded([files[0], str(empty), files[1]], root / "model", tmp_path / "s", **SFT)
@@ -408,7 +407,7 @@ def test_an_append_interrupted_before_the_index_leaves_the_store_unchanged(small
 def test_an_append_killed_before_the_index_leaves_the_store_valid(work, small, tmp_path):
     root, _, files = work
     store, staged = small
-    index_before = open(os.path.join(store.root, "meta.json"), "rb").read()
+    index_before = Path(store.root, "meta.json").read_bytes()
     old_tree = tree(store.root)
     script = textwrap.dedent(f"""
         import os, signal
@@ -419,7 +418,7 @@ def test_an_append_killed_before_the_index_leaves_the_store_valid(work, small, t
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
     result = subprocess.run([sys.executable, "-c", script], env=env, timeout=120, capture_output=True)
     assert result.returncode == -9, result.stderr.decode()
-    assert open(os.path.join(store.root, "meta.json"), "rb").read() == index_before
+    assert Path(store.root, "meta.json").read_bytes() == index_before
     for name, digest in old_tree.items():  # every file the store had is unchanged
         assert tree(store.root)[name] == digest
     reopened = ShardedTokenStore.open(store.root)

@@ -72,6 +72,13 @@ def world(tmp_path_factory) -> Path:
     BatchWriter(root / "plan", root / "batches", root / "store", workers=1).write_all()
     fingerprint_plan_batches(plan, store, 2).save(root / "fingerprint.json")
     write_megatron(root / "mega", random_sequences(20, seed=2))
+    from umlos_cuda.batching.tokens.sharded import tokenize_shard, tokenize_sharded
+
+    parts = [str(root / f"part-{i}.jsonl") for i in range(3)]
+    for i, part in enumerate(parts):
+        write_dataset(part, 10 + i, seed=10 + i, ids=False)
+    tokenize_sharded(parts[:2], root / "model", root / "sharded")  # a sharded store of two shards
+    tokenize_shard(parts, 2, root / "model", root / "staged")  # the next shard, staged
     window = RollingBatchPlanWindow(ReplayBuffer(16, "fifo", seed=1), 2,
                                     batching=BatchingConfig.throughput(2048, (128, 256, 512), 1024),
                                     log=root / "run" / "windows.jsonl")
@@ -794,6 +801,37 @@ def _shard(value):
     return lambda m: m.__setitem__("shard", value)
 
 
+# ---------------------------------------------------------------------- sharded token stores (batching/tokens/)
+SH = errors.SHARDED_STORE_INVALID
+
+
+def _sharded(change: Callable[[Path], None], command: str = "verify"):
+    """A copy of the sharded store (and the staged shard), ``change(store)``, then ``data verify`` or
+    ``data append`` of the staged shard."""
+    def make(world, here):
+        copy(world, here, "sharded", "staged")
+        change(here / "sharded")
+        if command == "append":
+            return ("data", "append", str(here / "sharded"), str(here / "staged"))
+        return ("data", "verify", str(here / "sharded"))
+    return make
+
+
+def _sharded_meta(change: Callable[[dict], None], command: str = "verify"):
+    return _sharded(lambda store: edit_json(store / "meta.json", change), command)
+
+
+def _giant_npy(path: Path) -> None:
+    """A ``.npy`` whose header claims 2^38 bytes over a file of 16."""
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": "|u1", "fortran_order": False, "shape": (1 << 38,)})
+    path.write_bytes(buffer.getvalue() + b"\0" * 16)
+
+
+def _planted_orphan(store: Path) -> None:
+    shutil.copytree(store / "shards" / "00001", store / "shards" / "00002")
+
+
 # ---------------------------------------------------------------------- datasets in other formats (batching/records/)
 DU = errors.DATASET_UNREADABLE
 
@@ -1151,6 +1189,46 @@ CASES = [
     Case("hang/data-lengths-build-gzip-bomb-one-long-line", _gzip_bomb, (D,), "train.jsonl.gz"),
     Case("hang/data-lengths-build-zstd-bomb-of-skipped-lines", _zstd_bomb, (DU,), "train.jsonl.zst"),
     Case("traceback/data-lengths-build-zstd-stream-not-zstd", _zstd_not_zstd, (DU,), "train.jsonl.zst"),
+    # ------------------------------------------------------------------ sharded token stores: index, shards, digests
+    Case("hang/data-verify-fifo-sharded-meta", _sharded(lambda d: fifo(d / "meta.json")),
+         (SH, errors.TOKEN_STORE_NOT_FOUND), "meta.json"),
+    Case("hang/data-verify-sparse-sharded-meta", _sharded(lambda d: sparse(d / "meta.json", b'{"format": "')),
+         (SH,), "meta.json"),
+    Case("hang/data-verify-fifo-shard-meta", _sharded(lambda d: fifo(d / "shards" / "00001" / "meta.json")),
+         (SH,), "00001"),
+    Case("hang/data-verify-fifo-row-digests", _sharded(lambda d: fifo(d / "digests" / "00000.npy")), (SH,),
+         "00000.npy"),
+    Case("hang/data-verify-row-digests-header-claims-2^38-elements", _sharded(lambda d: _giant_npy(
+        d / "digests" / "00000.npy")), (SH,), "00000.npy"),
+    Case("traceback/deep-json-sharded-meta", _sharded(lambda d: (d / "meta.json").write_text(
+        deep_json('{"format": ', "}"))), (SH,), "meta.json"),
+    Case("traceback/sharded-meta-not-an-object", _sharded(lambda d: (d / "meta.json").write_text("[1]")), (SH,),
+         "meta.json"),
+    Case("traceback/sharded-meta-shards-of-strings", _sharded_meta(lambda m: m.__setitem__("shards", ["x"])), (SH,),
+         "meta.json"),
+    Case("traceback/sharded-meta-shards-a-mapping", _sharded_meta(lambda m: m.__setitem__("shards", {"a": 1})),
+         (SH,), "meta.json"),
+    Case("traceback/sharded-meta-num-samples-huge", _sharded_meta(lambda m: m.__setitem__("num_samples", 1 << 70)),
+         (SH,), "meta.json"),
+    Case("traceback/sharded-meta-shard-count-string",
+         _sharded_meta(lambda m: m["shards"][0].__setitem__("num_samples", "10")), (SH,), "meta.json"),
+    Case("traceback/sharded-meta-vocab-size-float", _sharded_meta(lambda m: m.__setitem__("vocab_size", 300.0)),
+         (SH,), "meta.json"),
+    Case("tamper/sharded-meta-shard-name-escapes-the-store",
+         _sharded_meta(lambda m: m["shards"][1].__setitem__("name", "../../store")), (SH,), "meta.json"),
+    Case("tamper/data-verify-shard-is-a-symlink", _sharded(lambda d: (shutil.move(d / "shards" / "00001", d / "x"),
+                                                                     os.symlink(d / "x", d / "shards" / "00001"))),
+         (SH,), "00001"),
+    Case("tamper/data-verify-shards-folder-is-a-symlink", _sharded(lambda d: (
+        shutil.move(d / "shards", d / "elsewhere"), os.symlink(d / "elsewhere", d / "shards"))), (SH,), "shards"),
+    Case("tamper/data-append-orphan-shard-is-never-overwritten", _sharded(_planted_orphan, "append"), (SH,),
+         "00002", owned=()),
+    Case("tamper/data-append-staged-store-is-a-fifo", lambda w, h: (copy(w, h, "sharded"), fifo(h / "staged"), (
+        "data", "append", str(h / "sharded"), str(h / "staged")))[2], (errors.TOKEN_STORE_NOT_FOUND,), "staged"),
+    Case("hang/data-append-sparse-sharded-meta", _sharded(lambda d: sparse(d / "meta.json", b'{"format": "'),
+                                                          "append"), (SH,), "meta.json", owned=()),
+    Case("hang/data-verify-fifo-shard-tokens", _sharded(lambda d: fifo(d / "shards" / "00000" / "tokens.npy")),
+         (S,), "tokens.npy"),
 ]
 
 
@@ -1185,7 +1263,7 @@ def test_the_suite_covers_every_command_that_reads_a_path_or_a_host():
               "data megatron", "data lengths stats", "data lengths build", "gym replay", "gym run", "gym info",
               "gym serve", "next-batch", "next-batch-v1", "indices", "demo", "quality", "golden verify",
               "checkpoint inspect", "checkpoint verify", "checkpoint recover", "checkpoint gc", "data tokenize",
-              "batch fingerprint"}
+              "batch fingerprint", "data verify", "data append"}
     names = {case.id.split("/", 1)[1] for case in CASES}
     for command in wanted:
         assert any(name.startswith(command.replace(" ", "-") + "-") for name in names), command

@@ -60,6 +60,13 @@ def artifacts(tmp_path_factory) -> Path:
     tokenize_dataset(root / "ds.jsonl", root / "model", root / "store")
     write_batches(str(root / "plan"), root / "batches", str(root / "store"), workers=1)
     write_megatron(root / "mega", random_sequences(12, seed=3))
+    from umlos_cuda.batching.tokens.sharded import tokenize_shard, tokenize_sharded
+
+    parts = [str(root / f"part-{i}.jsonl") for i in range(3)]
+    for i, part in enumerate(parts):
+        write_dataset(part, 8 + i, seed=20 + i, ids=False)
+    tokenize_sharded(parts[:2], root / "model", root / "sharded")
+    tokenize_shard(parts, 2, root / "model", root / "staged")
     return root
 
 
@@ -300,6 +307,101 @@ def _(w):
 def _(w):
     hs.assert_ok(w.cli_with_umask(0o027, *tokenize(w, w.path("store"))))
     assert_modes(w.path("store"), 0o027)
+
+
+# ---------------------------------------------------------------------- data tokenize --sharded, data append
+def sharded(w, output, *extra):
+    for name in ("part-0.jsonl", "part-1.jsonl"):
+        if not os.path.exists(w.path(name)):
+            w.copy(name)
+    model = w.path("model") if os.path.exists(w.path("model")) else w.copy("model")
+    return ("data", "tokenize", "--dataset", w.path("part-0.jsonl"), w.path("part-1.jsonl"), "--tokenizer", model,
+            "--output", output, "--sharded", "--quiet", *extra)
+
+
+@case("tokenize-sharded/force-over-a-token-store")
+def _(w):
+    store = w.copy("store")
+    w.refused(errors.OUTPUT_PATH_INVALID, store, *sharded(w, store, "--force"))
+
+
+@case("tokenize-sharded/force-over-its-model-folder")
+def _(w):
+    model = w.copy("model")
+    w.refused(errors.OUTPUT_IS_INPUT, model, *sharded(w, model, "--force"))
+
+
+@case("tokenize-sharded/output-symlink-to-a-sharded-store")
+def _(w):
+    os.symlink(w.copy("sharded"), w.path("link"))
+    w.refused(errors.OUTPUT_PATH_INVALID, w.path("link"), *sharded(w, w.path("link"), "--force"))
+
+
+@case("tokenize-sharded/force-replaces-a-sharded-store")
+def _(w):
+    store = w.copy("sharded")
+    args = sharded(w, store, "--force")
+    before = w.state()
+    hs.assert_ok(w.cli(*args))
+    hs.assert_untouched(before, w.state(), owned=["sharded"])
+    assert leftovers(w.path(".")) == []
+
+
+@case("tokenize-sharded/umask-027")
+def _(w):
+    hs.assert_ok(w.cli_with_umask(0o027, *sharded(w, w.path("sharded"))))
+    assert_modes(w.path("sharded"), 0o027)
+    assert sorted(os.listdir(w.path("sharded"))) == ["digests", "meta.json", "shards", "umlos-artifact.json"]
+
+
+@case("tokenize-append/into-a-token-store")
+def _(w):
+    store = w.copy("store")
+    w.refused(errors.SHARDED_STORE_INVALID, "meta.json", *sharded(w, store, "--append"))
+
+
+@case("append/create-force-over-a-token-store")
+def _(w):
+    store, staged = w.copy("store"), w.copy("staged")
+    w.refused(errors.OUTPUT_PATH_INVALID, store, "data", "append", store, staged, "--create", "--force")
+
+
+@case("append/create-over-the-folder-holding-the-staged-store")
+def _(w):
+    store = w.copy("store")
+    staged = w.copy("staged", "store/staged")
+    w.refused(errors.OUTPUT_IS_INPUT, store, "data", "append", store, staged, "--create", "--force")
+
+
+@case("append/shards-folder-is-a-symlink-to-a-victim-folder")
+def _(w):
+    store, staged = w.copy("sharded"), w.copy("staged")
+    os.makedirs(w.path("victim"))
+    Path(w.path("victim"), "keep.txt").write_text("keep me\n")
+    shutil.rmtree(os.path.join(store, "shards"))
+    os.symlink(w.path("victim"), os.path.join(store, "shards"))
+    w.refused(errors.SHARDED_STORE_INVALID, "shards", "data", "append", store, staged)
+
+
+@case("append/planted-digest-symlink-is-replaced-not-followed")
+def _(w):
+    store, staged = w.copy("sharded"), w.copy("staged")
+    target = victim(w)
+    os.symlink(target, os.path.join(store, "digests", "00002.npy"))
+    hs.assert_ok(w.cli("data", "append", store, staged))
+    assert Path(target).read_text() == "keep me\n"
+    assert not os.path.islink(os.path.join(store, "digests", "00002.npy"))
+    hs.assert_ok(w.cli("data", "verify", store))
+
+
+@case("append/orphan-of-an-interrupted-append-is-kept")
+def _(w):
+    store, staged = w.copy("sharded"), w.copy("staged")
+    orphan = os.path.join(store, "shards", "00002")
+    shutil.copytree(staged, orphan)
+    w.refused(errors.SHARDED_STORE_INVALID, "00002", "data", "append", store, staged)
+    hs.assert_ok(w.cli("data", "append", store, orphan))  # adopted in place
+    assert os.path.isdir(staged)
 
 
 # ---------------------------------------------------------------------- data lengths build

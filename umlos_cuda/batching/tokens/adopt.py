@@ -172,6 +172,16 @@ def _append(root: str, staged: list[TokenStore], old: ShardedTokenStore | None) 
                                 common["sample_ids"])
     data = index_bytes(common, entries, dataset_hash)
     first_new = len(entries) - len(staged)
+    try:
+        _move_and_publish(root, staged, new_parts, first_new, before, index_path, data)
+    except OSError as exc:  # opening the store's folders (a link planted there is refused, never followed)
+        raise _write_failed(root, exc) from exc
+    return ShardedTokenStore.open(root)
+
+
+def _move_and_publish(root: str, staged: list[TokenStore], new_parts: list[np.ndarray], first_new: int,
+                      before: bytes | None, index_path: str, data: bytes) -> None:
+    """Steps 3 and 4 (module docstring), rolled back on any exception before the index is replaced."""
     with Folder.open(root, follow=True) as folder:
         same, found = identify(folder, SHARDED_STORE)
         if not same:
@@ -206,7 +216,6 @@ def _append(root: str, staged: list[TokenStore], old: ShardedTokenStore | None) 
                 if not committed:  # the old index still rules: put everything back
                     _roll_back(shards, digests_folder, moved, written)
                 raise
-    return ShardedTokenStore.open(root)
 
 
 def _replace_index(folder: Folder, data: bytes) -> None:

@@ -62,6 +62,8 @@ class ShardedTokenStore(ConcatenatedSource):
             meta = read_index(path)
         except FileNotFoundError:
             raise invalid(f"{path} is missing") from None
+        for name in (SHARDS_FOLDER, DIGESTS_FOLDER):  # never read (nor later written) through a link
+            check_folder(os.path.join(root, name), f"the store's {name} folder")
         return cls(root, meta)
 
     def __reduce__(self):
@@ -157,15 +159,21 @@ class ShardedTokenStore(ConcatenatedSource):
 
 def check_shard_folder(path: str) -> None:
     """SHARDED_STORE_INVALID unless ``path`` is a real folder (never a link to one)."""
+    check_folder(path, "shard", missing="the store's index lists it",
+                 link="a shard is a folder inside the store (adopt a copy with `umlos-cuda data append`)")
+
+
+def check_folder(path: str, what: str, *, missing: str = "a sharded store has one",
+                 link: str = "a sharded store's folders are its own") -> None:
+    """SHARDED_STORE_INVALID unless ``path`` is a real folder; ``what`` names it in the message."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
-        raise invalid(f"shard {path} is missing: the store's index lists it") from None
+        raise invalid(f"{what} ({path}) is missing: {missing}") from None
     if stat.S_ISLNK(info.st_mode):
-        raise invalid(f"shard {path} is a symbolic link; a shard is a folder inside the store (adopt a copy with "
-                      "`umlos-cuda data append`)")
+        raise invalid(f"{what} ({path}) is a symbolic link; {link}")
     if not stat.S_ISDIR(info.st_mode):
-        raise invalid(f"shard {path} is not a folder")
+        raise invalid(f"{what} ({path}) is not a folder")
 
 
 def check_shard_fields(store: TokenStore, common: dict, what: str, fail) -> None:

@@ -338,14 +338,16 @@ def test_a_malformed_index_is_refused_on_open(small, edit, mention):
     expect(errors.SHARDED_STORE_INVALID, ShardedTokenStore.open, store.root, mention=mention)
 
 
-def test_a_tampered_digest_file_is_found(small):
+@pytest.mark.parametrize("which, field", [("digests_path", "row_digests_sha256"),
+                                          ("id_hashes_path", "id_hashes_sha256")])
+def test_a_tampered_digest_file_is_found(small, which, field):
     store, staged = small
-    path = store.digests_path(0)
+    path = getattr(store, which)(0)
     data = bytearray(Path(path).read_bytes())
     data[-1] ^= 1
     Path(path).write_bytes(bytes(data))
-    expect(errors.SHARDED_STORE_INVALID, ShardedTokenStore.open(store.root).verify, mention="row_digests_sha256")
-    expect(errors.SHARDED_STORE_INVALID, append_shards, store.root, [staged], mention="row_digests_sha256")
+    expect(errors.SHARDED_STORE_INVALID, ShardedTokenStore.open(store.root).verify, mention=field)
+    expect(errors.SHARDED_STORE_INVALID, append_shards, store.root, [staged], mention=field)
     assert os.path.isdir(staged)
 
 

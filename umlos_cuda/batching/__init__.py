@@ -8,7 +8,7 @@ The pipeline, one sub-package per stage, in the order data flows:
     chat/                chat records: the tokenizer's chat template, assistant loss masks
     packing/             sequence packing: :func:`pack_lengths`, :func:`pack_sequences`, packed rows, metrics
     plans/               token-budget batch plans: config, planner, builder, plan folders, verify, sharding
-    tokens/              token stores and Megatron indexed datasets, as token sources
+    tokens/              token stores (sharded too) and Megatron indexed datasets, as token sources
     collate              one microbatch to padded arrays; attention_mask: segment masks
     presets              a collated batch as a model takes it: shifted, hf, padding_free
     preference           preference pairs to chosen and rejected arrays, for DPO-style losses
@@ -33,7 +33,7 @@ from .lengths.fingerprints import dataset_fingerprint, tokenizer_fingerprint
 from .lengths.builder import build_lengths
 from .lengths.stats import BucketChoice, optimal_bucket_choices, optimal_bucket_edges, percentiles
 from .lengths.cache import LengthCache
-from .tokens.megatron import MegatronDataset
+from .tokens.megatron import MegatronDataset, MegatronDatasetList
 from .packing.rows import PackedRow, SequenceToPack, build_row, pack_rows
 from .packing.pack import pack_lengths
 from .packing.config import OversizePolicy, PackingConfig, PackingMode
@@ -48,6 +48,7 @@ from .templates import sft_sample
 from .tokens.sources import open_token_source
 from .tokens.writer import tokenize_dataset
 from .tokens.store import TokenStore
+from .tokens.sharded import ShardedTokenStore, append_shards, tokenize_shard, tokenize_sharded
 from .lengths.tokenizer import LoadedTokenizer, load_tokenizer
 
 __all__ = [
@@ -60,7 +61,12 @@ __all__ = [
     "CollatedBatch",
     "CollationPreset",
     "MegatronDataset",
+    "MegatronDatasetList",
+    "ShardedTokenStore",
     "TokenStore",
+    "append_shards",
+    "tokenize_shard",
+    "tokenize_sharded",
     "apply_preset",
     "collate_microbatch",
     "compute_batch_fingerprint",

@@ -3,6 +3,14 @@
 Modules:
     store     :class:`TokenStore`: a tokenized dataset as flat, memory-mapped arrays
     writer    write a token store from a JSONL dataset (``umlos-cuda data tokenize``)
-    megatron  read a Megatron-LM indexed dataset (``.idx`` + ``.bin``)
-    sources   open either as a token source
+    megatron  read a Megatron-LM indexed dataset (``.idx`` + ``.bin``), or several as one
+    export    write a token store as a Megatron-LM pair
+    sharded   sharded token stores: the public names (from logical, index, adopt, partition)
+    logical   :class:`ShardedTokenStore`: many shards read as one store, global rows
+    index     a sharded store's ``meta.json``, read and written
+    rows      per-row digests and the logical dataset hash
+    adopt     create a sharded store, append shards (written stores moved in, index last)
+    partition tokenize one input file as one shard (``data tokenize --sharded``)
+    concat    parts read as one token source with global rows
+    sources   open any of them as a token source
 """

@@ -11,12 +11,14 @@ Steps, in this order (each shard's bytes are never rewritten):
 
 1. every staged store is opened and verified on its own, and checked
    against the store: tokenizer, token dtype, vocabulary, loss-mask rule and
-   id kind (SHARDED_STORE_MISMATCH), and no sample id already in the store
-   or in another staged store (SHARDED_STORE_MISMATCH naming both);
-2. its row digests are computed (tokens/rows.py); the older shards' are
-   read from ``DIR/digests/`` (never their tokens) and the new logical
-   dataset hash is computed;
-3. the digests are written to ``DIR/digests/NNNNN.npy`` and the staged
+   id kind (SHARDED_STORE_MISMATCH);
+2. its row digests and id hashes are computed (tokens/rows.py); the older
+   shards' are read from ``DIR/digests/`` (never their tokens or ids); no
+   sample id may be already in the store or in another staged store
+   (SHARDED_STORE_MISMATCH naming both: the hashes nominate, the ids of the
+   shards holding a repeated hash decide); the new logical dataset hash is
+   computed;
+3. the digests are written to ``DIR/digests/NNNNN.npy`` (``.ids.npy``) and the staged
    folders renamed to ``DIR/shards/NNNNN`` (one ``rename`` each: the same
    file system), both fsynced;
 4. last, ``DIR/meta.json`` is replaced in one rename. Until then the old
@@ -46,7 +48,7 @@ import errno
 import hashlib
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -56,10 +58,10 @@ from ...files.artifacts import identify
 from ...files.folder import Folder
 from ...files.reader import read_bytes
 from ...files.writer import ArtifactKind, check_output_folder, output_folder
-from .index import (COMMON_FIELDS, DIGESTS_FOLDER, MAX_INDEX_BYTES, SHARDS_FOLDER, digests_name, index_bytes,
-                    invalid, mismatch, shard_name)
+from .index import (COMMON_FIELDS, DIGESTS_FOLDER, MAX_INDEX_BYTES, SHARDS_FOLDER, digests_name, id_hashes_name,
+                    index_bytes, invalid, mismatch, shard_name)
 from .logical import MAX_SHARD_META_BYTES, ShardedTokenStore, check_shard_folder, shard_common
-from .rows import digests_sha256, logical_hash, row_digests
+from .rows import bytes_sha256, logical_hash, row_digests
 from .store import TokenStore
 
 #: The artifact kind of a sharded token store (it always carries its marker).
@@ -113,7 +115,8 @@ def _open_staged(paths: list[str], root: str) -> list[TokenStore]:
 
 
 def _check_together(staged: list[TokenStore], old: ShardedTokenStore | None) -> None:
-    """SHARDED_STORE_MISMATCH unless every staged store shares the store's fields and no id repeats."""
+    """SHARDED_STORE_MISMATCH unless every staged store shares the store's fields (and, for row-number
+    ids, the store stays one shard); repeated ids are found later, from the id hashes."""
     common = {name: old.meta[name] for name in COMMON_FIELDS} if old is not None else shard_common(staged[0])
     where = old.root if old is not None else staged[0].root
     for store in staged:
@@ -127,20 +130,6 @@ def _check_together(staged: list[TokenStore], old: ShardedTokenStore | None) -> 
                        "named so has one shard (row numbers repeat in every shard): tokenize the files as one "
                        "multi-file dataset (`data tokenize --sharded` with a glob or list), whose rows get content "
                        "ids, or give the rows ids (--id-field)")
-    owner: dict[str, str] = {}
-    if old is not None and not old.ids_are_line_numbers:
-        for index in range(old.num_parts):
-            for sample_id in old.shard(index).sample_ids:
-                owner[sample_id] = old.shard_path(index)
-    for store in staged:
-        if store.ids_are_line_numbers:
-            continue
-        for sample_id in store.sample_ids:
-            earlier = owner.get(sample_id)
-            if earlier is not None:
-                raise mismatch(f"sample id {sample_id!r} of {store.root} is already in {earlier}; ids are unique "
-                               "across shards (the same rows adopted twice, or two files with the same content)")
-            owner[sample_id] = store.root
 
 
 def _append(root: str, staged: list[TokenStore], old: ShardedTokenStore | None) -> ShardedTokenStore:
@@ -156,30 +145,34 @@ def _append(root: str, staged: list[TokenStore], old: ShardedTokenStore | None) 
     first = len(old) if old is not None else 0
     common = {name: old.meta[name] for name in COMMON_FIELDS} if old is not None else shard_common(staged[0])
     entries = list(old.meta["shards"]) if old is not None else []
-    new_parts = []
+    new_parts, new_hashes = [], []
     start = first
     for store in staged:
-        digests = row_digests(store, start)
+        digests, hashes = row_digests(store, start)
         start += len(store)
         new_parts.append(digests)
+        new_hashes.append(hashes)
         meta_bytes = read_bytes(os.path.join(store.root, "meta.json"), invalid, max_bytes=MAX_SHARD_META_BYTES,
                                 what="token store meta.json")
         entries.append({"name": shard_name(len(entries)), "num_samples": len(store), "num_tokens": store.num_tokens,
                         "meta_sha256": hashlib.sha256(meta_bytes).hexdigest(),
-                        "row_digests_sha256": digests_sha256(digests)})
+                        "row_digests_sha256": bytes_sha256(digests), "id_hashes_sha256": bytes_sha256(hashes)})
+    if common["sample_ids"] != "line_numbers":
+        _refuse_repeated_ids(staged, new_hashes, old)
     total = first + sum(len(store) for store in staged)
     dataset_hash = logical_hash([*old_parts, *new_parts], total, common["tokenizer_hash"], common["loss_mask"],
                                 common["sample_ids"])
     data = index_bytes(common, entries, dataset_hash)
     first_new = len(entries) - len(staged)
     try:
-        _move_and_publish(root, staged, new_parts, first_new, before, index_path, data)
+        _move_and_publish(root, staged, list(zip(new_parts, new_hashes)), first_new, before, index_path, data)
     except OSError as exc:  # opening the store's folders (a link planted there is refused, never followed)
         raise _write_failed(root, exc) from exc
     return ShardedTokenStore.open(root)
 
 
-def _move_and_publish(root: str, staged: list[TokenStore], new_parts: list[np.ndarray], first_new: int,
+def _move_and_publish(root: str, staged: list[TokenStore], new_parts: list[tuple[np.ndarray, np.ndarray]],
+                      first_new: int,
                       before: bytes | None, index_path: str, data: bytes) -> None:
     """Steps 3 and 4 (module docstring), rolled back on any exception before the index is replaced."""
     with Folder.open(root, follow=True) as folder:
@@ -193,10 +186,12 @@ def _move_and_publish(root: str, staged: list[TokenStore], new_parts: list[np.nd
             written: list[str] = []
             committed = False
             try:
-                for offset, (store, digests) in enumerate(zip(staged, new_parts)):
+                for offset, (store, (digests, hashes)) in enumerate(zip(staged, new_parts)):
                     name = shard_name(first_new + offset)
-                    digests_folder.replace_file(digests_name(first_new + offset), _npy_bytes(digests))
-                    written.append(digests_name(first_new + offset))
+                    for file_name, array in ((digests_name(first_new + offset), digests.reshape(-1)),
+                                             (id_hashes_name(first_new + offset), hashes)):
+                        digests_folder.replace_file(file_name, _npy_bytes(array))
+                        written.append(file_name)
                     _move_in(store.root, shards, name, root)
                     moved.append((store.root, name))
                 shards.sync()
@@ -263,10 +258,41 @@ def _index_bytes_now(path: str) -> bytes | None:
         return None
 
 
-def _npy_bytes(digests: np.ndarray) -> bytes:
+def _npy_bytes(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
-    np.save(buffer, np.ascontiguousarray(digests, dtype=np.uint8).reshape(-1), allow_pickle=False)
+    np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
     return buffer.getvalue()
+
+
+def _ids_of(store: TokenStore) -> Callable[[], list[str]]:
+    return lambda: store.sample_ids
+
+
+def _refuse_repeated_ids(staged: list[TokenStore], new_hashes: list[np.ndarray],
+                         old: ShardedTokenStore | None) -> None:
+    """SHARDED_STORE_MISMATCH when a sample id of a staged store is in the store or in another staged store.
+    The 64-bit id hashes (8 bytes a row, the older shards' read from ``DIR/digests/``) nominate candidates;
+    only the shards holding a candidate have their ids read, and a real repeat is named."""
+    parts = ([old.id_hashes(i) for i in range(old.num_parts)] if old is not None else []) + new_hashes
+    ordered = np.sort(np.concatenate(parts))
+    candidates = ordered[1:][ordered[1:] == ordered[:-1]]
+    if candidates.size == 0:
+        return
+    stores: list[TokenStore] = [old.shard(i) for i in range(old.num_parts)] if old is not None else []
+    stores += staged  # opening an older shard reads its meta.json and maps its arrays, never its ids
+    owners: list[tuple[str, Callable[[], list[str]]]] = [(store.root, _ids_of(store)) for store in stores]
+    seen: dict[str, str] = {}
+    for (where, ids), hashes in zip(owners, parts):
+        rows = np.flatnonzero(np.isin(hashes, candidates))
+        if rows.size == 0:
+            continue
+        names = ids()
+        for row in rows.tolist():
+            sample_id = names[row]
+            if sample_id in seen:
+                raise mismatch(f"sample id {sample_id!r} of {where} is already in {seen[sample_id]}; ids are unique "
+                               "across shards (the same rows adopted twice, or two files with the same content)")
+            seen[sample_id] = where
 
 
 def _write_failed(path: str, exc: OSError) -> UmlosError:

@@ -10,10 +10,11 @@ Layout (format ``umlos_cuda.sharded_token_store/1``; docs/batching.md,
 
     {"format", "num_samples", "num_tokens", "token_dtype", "vocab_size", "tokenizer_hash",
      "loss_mask", "sample_ids", "dataset_hash",
-     "shards": [{"name", "num_samples", "num_tokens", "meta_sha256", "row_digests_sha256"}, ...]}
+     "shards": [{"name", "num_samples", "num_tokens", "meta_sha256", "row_digests_sha256",
+                 "id_hashes_sha256"}, ...]}
 
 Shard ``i`` is named ``f"{i:05d}"`` (``DIR/shards/NNNNN/``, its row digests
-``DIR/digests/NNNNN.npy``); the names are checked to be exactly that, so
+``DIR/digests/NNNNN.npy``, its id hashes ``DIR/digests/NNNNN.ids.npy``); the names are checked to be exactly that, so
 no entry can point outside the store. The totals must be the sums of the
 shards'. The file is read by the bounded reader (regular file, at most
 :data:`MAX_INDEX_BYTES`, bounded depth).
@@ -34,7 +35,7 @@ SHARDED_FORMAT = "umlos_cuda.sharded_token_store/1"
 SAMPLE_ID_KINDS = ("line_numbers", "jsonl")
 INDEX_FIELDS = ("format", "num_samples", "num_tokens", "token_dtype", "vocab_size", "tokenizer_hash", "loss_mask",
                 "sample_ids", "dataset_hash", "shards")
-SHARD_FIELDS = ("name", "num_samples", "num_tokens", "meta_sha256", "row_digests_sha256")
+SHARD_FIELDS = ("name", "num_samples", "num_tokens", "meta_sha256", "row_digests_sha256", "id_hashes_sha256")
 #: An index lists about 150 bytes a shard: 64 MiB is over 400,000 shards.
 MAX_INDEX_BYTES = 64 << 20
 SHARDS_FOLDER = "shards"
@@ -49,6 +50,10 @@ def shard_name(index: int) -> str:
 
 def digests_name(index: int) -> str:
     return f"{shard_name(index)}.npy"
+
+
+def id_hashes_name(index: int) -> str:
+    return f"{shard_name(index)}.ids.npy"
 
 
 def read_index(path: str) -> dict:
@@ -99,7 +104,7 @@ def read_index(path: str) -> dict:
                        strict=True)
         checks.integer(entry["num_tokens"], "num_tokens", 0, None, fail=at_entry, message=checks.NON_NEGATIVE,
                        strict=True)
-        for name in ("meta_sha256", "row_digests_sha256"):
+        for name in ("meta_sha256", "row_digests_sha256", "id_hashes_sha256"):
             checks.text(entry[name], name, pattern=_SHA256, fail=at_entry,
                         message="{name} must be 64 lowercase hex digits, got {value!r}")
         samples += entry["num_samples"]

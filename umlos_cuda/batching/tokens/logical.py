@@ -2,8 +2,8 @@
 
 What goes in: the folder ``DIR`` that :func:`~umlos_cuda.batching.tokens.adopt.append_shards`
 wrote (``DIR/meta.json``, the index: tokens/index.py; ``DIR/shards/NNNNN/``,
-each a classic token store, tokens/store.py; ``DIR/digests/NNNNN.npy``,
-each shard's row digests, tokens/rows.py). What comes out: a token source
+each a classic token store, tokens/store.py; ``DIR/digests/NNNNN.npy`` and
+``NNNNN.ids.npy``, each shard's row digests and id hashes, tokens/rows.py). What comes out: a token source
 with global rows (tokens/concat.py), so plans built from its
 ``length_cache()``, collation and ``batch generate --store DIR`` work as
 with one store.
@@ -30,8 +30,8 @@ from ... import errors
 from ...errors import UmlosError
 from ...files.reader import read_bytes, read_npy
 from .concat import ConcatenatedSource
-from .index import COMMON_FIELDS, DIGESTS_FOLDER, SHARDS_FOLDER, digests_name, invalid, read_index
-from .rows import DIGEST_BYTES, digests_sha256, logical_hash, row_digests
+from .index import COMMON_FIELDS, DIGESTS_FOLDER, SHARDS_FOLDER, digests_name, id_hashes_name, invalid, read_index
+from .rows import DIGEST_BYTES, bytes_sha256, logical_hash, row_digests
 from .store import TokenStore
 
 #: A shard's meta.json is small (about 700 bytes).
@@ -114,17 +114,27 @@ class ShardedTokenStore(ConcatenatedSource):
                           f"{entry['num_samples']} and {entry['num_tokens']}")
         return store
 
+    def id_hashes_path(self, index: int) -> str:
+        return os.path.join(self.root, DIGESTS_FOLDER, id_hashes_name(index))
+
     def row_digests(self, index: int) -> np.ndarray:
         """uint8 [n, 32]: shard ``index``'s stored row digests, checked against the index."""
         entry = self.meta["shards"][index]
-        path = self.digests_path(index)
-        data = read_npy(path, "|u1", (entry["num_samples"] * DIGEST_BYTES,), False, invalid,
-                        expected="the index says")
-        digests = data.reshape(entry["num_samples"], DIGEST_BYTES)
-        if digests_sha256(digests) != entry["row_digests_sha256"]:
-            raise invalid(f"{path} does not hash to the index's row_digests_sha256 for shard {entry['name']}: "
-                          "the file changed after the shard was adopted")
-        return digests
+        data = self._stored(self.digests_path(index), "|u1", entry["num_samples"] * DIGEST_BYTES, entry,
+                            "row_digests_sha256")
+        return data.reshape(entry["num_samples"], DIGEST_BYTES)
+
+    def id_hashes(self, index: int) -> np.ndarray:
+        """uint64 [n]: the 64-bit hashes of shard ``index``'s sample ids (tokens/rows.py), checked against the index."""
+        entry = self.meta["shards"][index]
+        return self._stored(self.id_hashes_path(index), "<u8", entry["num_samples"], entry, "id_hashes_sha256")
+
+    def _stored(self, path: str, dtype: str, count: int, entry: dict, field: str) -> np.ndarray:
+        data = read_npy(path, dtype, (count,), False, invalid, expected="the index says")
+        if bytes_sha256(data) != entry[field]:
+            raise invalid(f"{path} does not hash to the index's {field} for shard {entry['name']}: the file changed "
+                          "after the shard was adopted")
+        return data
 
     # ------------------------------------------------------------------ checks
     def verify(self) -> dict:
@@ -135,12 +145,15 @@ class ShardedTokenStore(ConcatenatedSource):
         for index in range(self.num_parts):
             shard = self.shard(index)
             shard.verify()
-            stored = self.row_digests(index)
-            computed = row_digests(shard, self.starts[index])
+            stored, hashes = self.row_digests(index), self.id_hashes(index)
+            computed, computed_hashes = row_digests(shard, self.starts[index])
             if not np.array_equal(stored, computed):
                 row = int(np.flatnonzero((stored != computed).any(axis=1))[0])
                 raise invalid(f"{self.digests_path(index)}: row {row} of shard {self.meta['shards'][index]['name']} "
                               "does not digest to what was stored when it was adopted")
+            if not np.array_equal(hashes, computed_hashes):
+                raise invalid(f"{self.id_hashes_path(index)} does not hold the hashes of shard "
+                              f"{self.meta['shards'][index]['name']}'s sample ids")
             parts.append(stored)
         recomputed = logical_hash(parts, len(self), self.tokenizer_hash, self.meta["loss_mask"],
                                   self.meta["sample_ids"])

@@ -13,7 +13,10 @@ hashes would change with the cut. A hash over per-row digests in global
 order has neither problem: each shard's digests are computed once, when it
 is adopted, stored beside it (``DIR/digests/NNNNN.npy``, 32 bytes a row,
 about 1/20 of a uint16 store of 300-token rows), and an append reads only
-those files.
+those files. Beside them, ``DIR/digests/NNNNN.ids.npy`` holds each sample
+id's 64-bit hash (:func:`id_hash`, 8 bytes a row), from which an append
+finds an id repeated across shards without re-reading the older shards' ids
+(a hash that repeats is then confirmed on the ids themselves).
 
 Row digest (normative)::
 
@@ -58,12 +61,14 @@ def _text(value: str) -> bytes:
     return _u64(len(data)) + data
 
 
-def row_digests(store, first_row: int = 0) -> np.ndarray:
-    """``uint8 [N, 32]``: the digest of each row of ``store`` (a
+def row_digests(store, first_row: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(uint8 [N, 32], uint64 [N])``: the digest of each row of ``store`` (a
     :class:`~umlos_cuda.batching.tokens.store.TokenStore`), its ids those of
-    the store, or ``first_row + row`` for a store whose ids are row numbers."""
+    the store, or ``first_row + row`` for a store whose ids are row numbers;
+    and each id's 64-bit hash (:func:`id_hash`)."""
     count = len(store)
     out = np.empty((count, DIGEST_BYTES), dtype=np.uint8)
+    hashes = np.empty(count, dtype="<u8")
     offsets = np.asarray(store.offsets, dtype=np.int64)
     if store.ids_are_line_numbers:
         ids: Iterable[str] = (str(first_row + row) for row in range(count))
@@ -81,13 +86,22 @@ def row_digests(store, first_row: int = 0) -> np.ndarray:
         mask = np.ascontiguousarray(masks[base:int(offsets[stop])]).data.cast("B")
         for index in range(row, stop):
             start, end = int(offsets[index]) - base, int(offsets[index + 1]) - base
-            digest = hashlib.sha256(_text(next(id_iter)))
+            name = next(id_iter).encode("utf-8")
+            hashes[index] = int.from_bytes(hashlib.blake2b(name, digest_size=8).digest(), "little")
+            digest = hashlib.sha256(_u64(len(name)) + name)
             digest.update(_u64(end - start))
             digest.update(wide[4 * start:4 * end])
             digest.update(mask[start:end])
             out[index] = np.frombuffer(digest.digest(), dtype=np.uint8)
         row = stop
-    return out
+    return out, hashes
+
+
+def id_hash(sample_id: str) -> int:
+    """The 64-bit hash of a sample id stored per row beside the digests (BLAKE2b, 8 bytes, little-endian):
+    an append finds ids repeated across shards from these 8 bytes a row, never re-reading the older
+    shards' ids, and reads the ids only of rows whose hashes collide."""
+    return int.from_bytes(hashlib.blake2b(sample_id.encode("utf-8"), digest_size=8).digest(), "little")
 
 
 def logical_hash(digests: Iterable[np.ndarray], num_samples: int, tokenizer_hash: str, loss_mask: str,
@@ -100,6 +114,6 @@ def logical_hash(digests: Iterable[np.ndarray], num_samples: int, tokenizer_hash
     return total.hexdigest()
 
 
-def digests_sha256(digests: np.ndarray) -> str:
-    """SHA-256 of a shard's digest bytes (what the index records of its digest file)."""
-    return hashlib.sha256(np.ascontiguousarray(digests, dtype=np.uint8).data.cast("B")).hexdigest()
+def bytes_sha256(array: np.ndarray) -> str:
+    """SHA-256 of an array's bytes (what the index records of a shard's digest and id-hash files)."""
+    return hashlib.sha256(np.ascontiguousarray(array).data.cast("B")).hexdigest()

@@ -166,6 +166,22 @@ def test_verify_pickle_and_open_token_source(stores):
     assert plus.meta["format"] == SHARDED_FORMAT and plus.num_tokens == int(plus.lengths.sum())
 
 
+def test_global_rows_read_the_shards_rows(stores):
+    """The fast read path (plain views of each shard's maps) gives what each shard's own reader gives."""
+    plus = ShardedTokenStore.open(stores[0].root)
+    row = 0
+    for index, (a, b) in enumerate(CUTS):
+        shard = TokenStore.open(plus.shard_path(index))
+        for local in range(b - a):
+            for x, y in zip(plus.arrays(row), shard.arrays(local)):
+                assert np.array_equal(x, y) and not x.flags.writeable
+            assert plus.sample_id(row) == shard.sample_id(local) and plus.locate(row) == (index, local)
+            row += 1
+    assert [x.tolist() for x in plus.arrays(np.int64(41))] == [x.tolist() for x in plus.arrays(41)]
+    for bad in (-1, 180, 1.5, True, "3"):
+        expect(errors.SHARDED_STORE_INVALID, plus.arrays, bad, mention="rows are 0 to 179")
+
+
 def test_shards_open_lazily(stores):
     store = ShardedTokenStore.open(stores[0].root)
     assert len(store) == 180 and store._parts == [None] * 4

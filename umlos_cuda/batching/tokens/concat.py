@@ -60,11 +60,15 @@ class ConcatenatedSource:
             part = self._parts[index] = self._open_part(index)
         return part
 
+    def check_row(self, row: Any) -> int:
+        """``row`` as an int in ``[0, N)``, else ``fail`` naming the rows there are."""
+        return checks.integer(row, "row", 0, self._total - 1, fail=self._fail,
+                              message="sample {value!r} is not in " + self._where + "; rows are 0 to {high}")
+
     def locate(self, row: int) -> tuple[int, int]:
         """``(part, row within the part)`` of global row ``row``."""
         if type(row) is not int or not 0 <= row < self._total:  # the common case skips the full check
-            row = checks.integer(row, "row", 0, self._total - 1, fail=self._fail,
-                                 message="sample {value!r} is not in " + self._where + "; rows are 0 to {high}")
+            row = self.check_row(row)
         index = bisect.bisect_right(self.starts, row) - 1
         return index, row - self.starts[index]
 

@@ -20,6 +20,7 @@ recomputes every row digest and the logical dataset hash.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
 import stat
@@ -49,6 +50,7 @@ class ShardedTokenStore(ConcatenatedSource):
                          tokenizer_hash=meta["tokenizer_hash"],
                          ids_are_line_numbers=meta["sample_ids"] == "line_numbers",
                          dataset_hash=meta["dataset_hash"], fail=invalid, where=root)
+        self._views: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * self.num_parts
 
     @classmethod
     def open(cls, directory: str | os.PathLike[str]) -> ShardedTokenStore:
@@ -88,6 +90,26 @@ class ShardedTokenStore(ConcatenatedSource):
     @property
     def sample_ids(self) -> list[str]:
         return self.length_cache().sample_ids
+
+    def arrays(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(input_ids, loss_mask)`` of global row ``row`` (read-only views): what collation reads.
+
+        The hot path (a collator reads every row of an epoch): one bounds check, a binary search of the
+        shard starts, and two slices of plain ndarray views of the shard's maps with its offsets, not
+        ``TokenStore.arrays`` (whose full argument check and ``np.memmap`` slices cost more than all of it).
+        """
+        if type(row) is not int or not 0 <= row < self._total:
+            row = self.check_row(row)
+        index = bisect.bisect_right(self.starts, row) - 1
+        view = self._views[index]
+        if view is None:
+            shard = self.shard(index)
+            view = self._views[index] = (np.asarray(shard.tokens), np.asarray(shard.loss_mask_array),
+                                         np.asarray(shard.offsets))
+        tokens, mask, offsets = view
+        local = row - self.starts[index]
+        start, stop = offsets[local], offsets[local + 1]
+        return tokens[start:stop], mask[start:stop]
 
     def shard(self, index: int) -> TokenStore:
         """Shard ``index`` (0-based), opened and checked against the index on first use."""

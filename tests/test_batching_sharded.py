@@ -510,3 +510,19 @@ def test_several_megatron_prefixes_are_one_dataset(tmp_path, capsys):
             assert batch["input_ids"][b, :len(flat[row])].tolist() == flat[row]
             seen += 1
     assert seen == 121
+
+
+def test_a_torch_dataloader_reads_a_sharded_store_in_workers(stores):
+    """A worker process gets the store by pickle (its path) and reads global rows from its shards."""
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    from umlos_cuda.torch import TokenDataset
+
+    plus = stores[0]
+    dataset = TokenDataset(plus.root)
+    assert isinstance(dataset.source, ShardedTokenStore) and len(dataset) == 180
+    rows = [0, 39, 40, 129, 130, 179]
+    loader = DataLoader(dataset, batch_size=None, sampler=rows, num_workers=1, collate_fn=lambda item: item)
+    for row, (got, ids, mask) in zip(rows, loader):
+        assert got == row and np.array_equal(ids, plus.arrays(row)[0]) and np.array_equal(mask, plus.arrays(row)[1])

@@ -390,6 +390,15 @@ def test_create_rules(work, small, tmp_path):
     expect(errors.TOKEN_STORE_NOT_FOUND, append_shards, tmp_path / "nothing", [staged])
     expect(errors.INVALID_ARGUMENT, append_shards, store.root, [])
     expect(errors.INVALID_ARGUMENT, tokenize_shard, files, 4, root / "model", tmp_path / "x")
+    tokenize_shard(files, 1, root / "model", tmp_path / "again", **SFT)
+    tokenize_shard(files, 1, root / "model", tmp_path / "twice", **SFT)
+    before = tree(store.root)
+    expect(errors.SHARDED_STORE_MISMATCH, append_shards, store.root, [tmp_path / "again", tmp_path / "twice"],
+           create=True, force=True, mention="is already in")  # refused before the old store is replaced
+    expect(errors.SHARDED_STORE_MISMATCH, append_shards, tmp_path / "new", [tmp_path / "again", tmp_path / "twice"],
+           create=True, mention="is already in")
+    assert tree(store.root) == before and not os.path.exists(tmp_path / "new")
+    assert os.path.isdir(tmp_path / "again") and os.path.isdir(tmp_path / "twice")
     replaced = append_shards(store.root, [staged], create=True, force=True)
     assert replaced.num_parts == 1 and not os.path.exists(staged)
 

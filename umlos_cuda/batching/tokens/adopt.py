@@ -33,7 +33,8 @@ adopt them (give ``DIR/shards/NNNNN`` itself, which is adopted in place).
 One writer at a time: the index is re-read just before it is replaced and a
 change meanwhile is refused.
 
-Creating (``create=True``) publishes a new folder holding the marker
+Creating (``create=True``) runs steps 1 and 2 first (every refusal comes
+before a store is replaced), then publishes a new folder holding the marker
 (``"artifact": "sharded token store"``) and empty ``shards/`` and
 ``digests/`` folders, through the output layer (``force`` replaces only a
 sharded token store, never an input), then appends to it: "creating is
@@ -49,6 +50,7 @@ import hashlib
 import io
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -85,20 +87,30 @@ def append_shards(directory: str | os.PathLike[str], folders: Sequence[str | os.
         target = check_output_folder(root, SHARDED_STORE, force=force, inputs=paths, operator=errors.BATCHING_OPERATOR)
         staged = _open_staged(paths, root)
         _check_together(staged, None)
+        prepared = _prepare(root, staged, None)  # every refusal comes before a store is replaced
         with output_folder(target, SHARDED_STORE, force=force, inputs=paths,
                            operator=errors.BATCHING_OPERATOR) as folder:
             folder.mkdir(SHARDS_FOLDER).close()
             folder.mkdir(DIGESTS_FOLDER).close()
         try:
-            return _append(root, staged, None)
+            return _commit(root, prepared)
         except BaseException:
-            with contextlib.suppress(OSError), Folder.open(os.path.dirname(root), follow=True) as parent:
-                parent.remove(os.path.basename(root))  # ours, just made: the marker and empty folders
+            _remove_if_empty(root)
             raise
     old = ShardedTokenStore.open(root)
     staged = _open_staged(paths, root)
     _check_together(staged, old)
-    return _append(root, staged, old)
+    return _commit(root, _prepare(root, staged, old))
+
+
+def _remove_if_empty(root: str) -> None:
+    """Remove the store just created for an adoption that failed, when it holds no index and no shard
+    (the adopted folders were moved back): the marker, empty folders and digest files are ours."""
+    with contextlib.suppress(OSError):
+        if os.path.lexists(os.path.join(root, INDEX_FILE)) or os.listdir(os.path.join(root, SHARDS_FOLDER)):
+            return
+        with Folder.open(os.path.dirname(root), follow=True) as parent:
+            parent.remove(os.path.basename(root))
 
 
 def _open_staged(paths: list[str], root: str) -> list[TokenStore]:
@@ -132,9 +144,21 @@ def _check_together(staged: list[TokenStore], old: ShardedTokenStore | None) -> 
                        "ids, or give the rows ids (--id-field)")
 
 
-def _append(root: str, staged: list[TokenStore], old: ShardedTokenStore | None) -> ShardedTokenStore:
+@dataclass(frozen=True)
+class _Prepared:
+    """Steps 1 and 2 done: what steps 3 and 4 write (the new shards' digests and id hashes, the new index)."""
+
+    staged: list[TokenStore]
+    parts: list[tuple[np.ndarray, np.ndarray]]
+    first_new: int
+    before: bytes | None
+    data: bytes
+
+
+def _prepare(root: str, staged: list[TokenStore], old: ShardedTokenStore | None) -> _Prepared:
+    """Steps 1 and 2 (module docstring): everything that can refuse the shards, before anything is written."""
     index_path = os.path.join(root, INDEX_FILE)
-    before = _index_bytes_now(index_path)
+    before = _index_bytes_now(index_path) if old is not None else None
     old_parts = [old.row_digests(i) for i in range(old.num_parts)] if old is not None else []
     if old is not None:
         recomputed = logical_hash(old_parts, len(old), old.tokenizer_hash, old.meta["loss_mask"],
@@ -162,10 +186,15 @@ def _append(root: str, staged: list[TokenStore], old: ShardedTokenStore | None) 
     total = first + sum(len(store) for store in staged)
     dataset_hash = logical_hash([*old_parts, *new_parts], total, common["tokenizer_hash"], common["loss_mask"],
                                 common["sample_ids"])
-    data = index_bytes(common, entries, dataset_hash)
-    first_new = len(entries) - len(staged)
+    return _Prepared(staged, list(zip(new_parts, new_hashes)), len(entries) - len(staged), before,
+                     index_bytes(common, entries, dataset_hash))
+
+
+def _commit(root: str, prepared: _Prepared) -> ShardedTokenStore:
+    """Steps 3 and 4: the prepared shards moved in and the index replaced."""
     try:
-        _move_and_publish(root, staged, list(zip(new_parts, new_hashes)), first_new, before, index_path, data)
+        _move_and_publish(root, prepared.staged, prepared.parts, prepared.first_new, prepared.before,
+                          os.path.join(root, INDEX_FILE), prepared.data)
     except OSError as exc:  # opening the store's folders (a link planted there is refused, never followed)
         raise _write_failed(root, exc) from exc
     return ShardedTokenStore.open(root)

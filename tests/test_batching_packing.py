@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from packing_eager import eager_pack_sequences
 from packing_reference import reference_pack_lengths, reference_pack_sequences
 from umlos_cuda import errors
 from umlos_cuda.batching import (
@@ -219,6 +220,96 @@ def test_layout_rows_of_one_flat_list_equal_row_by_row_layouts(backend):
 ARRAYS = ("input_ids", "loss_mask", "segment_ids", "position_ids", "cu_seqlens")
 
 
+# ====================================================================== the lazy view of pack_sequences
+@st.composite
+def lazy_cases(draw):
+    """Random lengths (some above the row length), a row length, a
+    separator and the seed of the tokens and masks."""
+    max_length = draw(st.integers(1, 64))
+    lengths = draw(st.lists(st.integers(1, 3 * max_length), max_size=120))
+    separator = tuple(draw(st.lists(st.integers(0, 2**31 - 1), max_size=min(3, max_length - 1))))
+    return lengths, max_length, separator, draw(st.integers(0, 2**32 - 1))
+
+
+def same_rows(lazy_rows, eager_rows) -> None:
+    """Row for row, array for array: values, dtypes, provenance, separators."""
+    assert len(lazy_rows) == len(eager_rows)
+    for a, b in zip(lazy_rows, eager_rows):
+        assert (a.sample_ids, a.sample_offsets, a.separator_tokens) == (b.sample_ids, b.sample_offsets,
+                                                                        b.separator_tokens)
+        for name in ARRAYS:
+            x, y = getattr(a, name), getattr(b, name)
+            assert x.dtype == y.dtype == np.int32 and np.array_equal(x, y), name
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=lazy_cases(), mode=st.sampled_from(MODES),
+       oversize=st.sampled_from(("refuse", "skip", "truncate", "split")), data=st.data())
+def test_lazy_rows_equal_the_eager_layout(case, mode, oversize, data):
+    """Whatever the view lays out (all rows, a row range, one row, a
+    negative index, iteration, microbatches) equals the rows of the eager
+    pack_sequences it replaced (tests/packing_eager.py), array for array,
+    in every backend; the metrics are the same numbers."""
+    lengths, max_length, separator, seed = case
+    rng = np.random.default_rng(seed)
+    sequences = [SequenceToPack(f"s{i}", rng.integers(0, 2**31 - 1, n), None if i % 3 else rng.integers(0, 2, n))
+                 for i, n in enumerate(lengths)]
+    if oversize == "refuse" and any(n > max_length for n in lengths):
+        expect(errors.PACKING_SEQUENCE_TOO_LONG, pack_sequences, sequences, max_length, mode,
+               separator_ids=separator, oversize=oversize)
+        return
+    for backend in backends():
+        eager, metrics = eager_pack_sequences(sequences, max_length, mode, separator_ids=separator,
+                                              oversize=oversize, backend=backend)
+        lazy = pack_sequences(sequences, max_length, mode, separator_ids=separator, oversize=oversize,
+                              backend=backend)
+        assert lazy.metrics == metrics and len(lazy) == len(eager)
+        same_rows(lazy.materialize(), eager)
+        same_rows(list(lazy), eager)
+        start = data.draw(st.integers(0, len(eager)), label="start")
+        stop = data.draw(st.integers(start, len(eager)), label="stop")
+        same_rows(lazy.rows(start, stop), eager[start:stop])
+        same_rows(lazy[start:stop], eager[start:stop])
+        same_rows(lazy[::-2], eager[::-2])
+        if eager:
+            index = data.draw(st.integers(-len(eager), len(eager) - 1), label="index")
+            same_rows([lazy[index]], [eager[index]])
+        size = data.draw(st.integers(1, 5), label="rows per microbatch")
+        batches = list(lazy.microbatches(size))
+        assert all(len(batch) == size for batch in batches[:-1])
+        same_rows([row for batch in batches for row in batch], eager)
+        # The decision's flat arrays describe the same rows.
+        assert lazy.row_lengths.tolist() == [row.length for row in eager]
+        for r, row in enumerate(eager):
+            pieces = slice(int(lazy.row_offsets[r]), int(lazy.row_offsets[r + 1]))
+            assert tuple(sequences[i].sample_id for i in lazy.sources[pieces]) == row.sample_ids
+            assert tuple(lazy.starts[pieces].tolist()) == row.sample_offsets
+            assert int(lazy.lengths[pieces].sum()) + row.separator_tokens == row.length
+
+
+def test_lazy_rows_keep_the_decision_they_were_given():
+    """The view copies the caller's list (a sequence replaced afterwards
+    does not change its rows), its arrays are read-only, and a row out of
+    range or a bad range is refused."""
+    sequences = [SequenceToPack("a", [1, 2]), SequenceToPack("b", [3]), SequenceToPack("c", [4, 5, 6])]
+    packed = pack_sequences(sequences, 3)
+    sequences[0] = SequenceToPack("z", [9, 9])
+    assert [r.sample_ids for r in packed] == [("a", "b"), ("c",)]
+    assert packed[0].input_ids.tolist() == [1, 2, 3] and packed[-1].input_ids.tolist() == [4, 5, 6]
+    assert packed.row_offsets.tolist() == [0, 2, 3] and packed.sources.tolist() == [0, 1, 2]
+    with pytest.raises(ValueError):
+        packed.sources[0] = 2
+    with pytest.raises(IndexError):
+        packed[2]
+    with pytest.raises(IndexError):
+        packed[-3]
+    expect(errors.PACKING_CONFIG_INVALID, packed.rows, 1, 3, mention="stop")
+    expect(errors.PACKING_CONFIG_INVALID, packed.rows, 2, 1, mention="stop")
+    expect(errors.PACKING_CONFIG_INVALID, lambda: next(packed.microbatches(0)), mention="rows_per_microbatch")
+    assert packed[5:9] == [] and packed.rows(1, 1) == [] and "2 rows" in repr(packed)
+    assert [s.loss_tokens for s in (SequenceToPack("m", [1, 2, 3], [0, 1, 1]), sequences[1])] == [2, 1]
+
+
 @needs_native
 def test_native_layout_equals_numpy_layout_on_many_rows():
     """The native one-pass layout and the NumPy definition agree bit for bit
@@ -231,9 +322,9 @@ def test_native_layout_equals_numpy_layout_on_many_rows():
                  for i, n in enumerate(lengths.tolist())]
     for mode in MODES:
         for separator in ((), (2**31 - 1, 0)):
-            native = pack_sequences(sequences, 512, mode, separator_ids=separator, backend="native")
+            native = pack_sequences(sequences, 512, mode, separator_ids=separator, backend="native").materialize()
             numpy_rows = pack_sequences(sequences, 512, mode, separator_ids=separator, backend="python")
-            assert len(native) == len(numpy_rows) and native.metrics == numpy_rows.metrics
+            assert len(native) == len(numpy_rows)
             for a, b in zip(native, numpy_rows):
                 assert a.sample_ids == b.sample_ids and a.sample_offsets == b.sample_offsets
                 for name in ARRAYS:

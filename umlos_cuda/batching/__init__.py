@@ -42,7 +42,8 @@ from .plans.io import load_plan, save_plan
 from .plans.plan import BatchPlan, BatchPlanMeta, EpochPlan, MicrobatchSpec
 from .plans.verify import verify_plan
 from .samples import PreferenceSample, Sample, SampleMeta
-from .packing.sequences import PackedRows, oversize_pieces, pack_sequences
+from .packing.sequences import oversize_pieces, pack_sequences
+from .packing.view import PackedRows
 from .plans.sharding import shard_plan
 from .templates import sft_sample
 from .tokens.sources import open_token_source

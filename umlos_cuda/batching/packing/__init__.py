@@ -5,6 +5,7 @@ Modules:
     trees      first-fit and best-fit in O(n log n), the Python fallback
     pack       :func:`pack_lengths`: the row of every sequence, from lengths alone
     rows       :class:`PackedRow` and its layout: ids, loss mask, segments, positions
-    sequences  :func:`pack_sequences`: token sequences in, packed rows and metrics out
+    sequences  :func:`pack_sequences`: token sequences in, the packing decision and metrics out
+    view       :class:`PackedRows`: that decision, its rows laid out on demand
     metrics    how well a packing fills its rows
 """

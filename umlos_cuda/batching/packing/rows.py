@@ -54,12 +54,20 @@ class SequenceToPack:
     ``input_ids`` non-empty token ids in [0, 2^31 - 1]; ``loss_mask`` 0s and
     1s, one per token (default: all 1); ``offset``: where this sequence
     starts in its sample (set for the pieces of a split sample).
+
+    ``length`` and ``loss_tokens`` (the mask's 1s) are counted once here,
+    where the arrays are checked anyway: :func:`pack_sequences` reads them
+    as plain numbers for a million sequences without touching their arrays.
+    The arrays must not be changed in place afterwards (the class is
+    frozen; a lazy :class:`PackedRows` reads them when it lays out rows).
     """
 
     sample_id: str
     input_ids: np.ndarray
     loss_mask: np.ndarray | None = None
     offset: int = 0
+    length: int = field(init=False, repr=False)
+    loss_tokens: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -79,15 +87,14 @@ class SequenceToPack:
                                   f"{ids.shape[0]} tokens")
             if mask.size and (int(mask.min()) < 0 or int(mask.max()) > 1):
                 raise input_error(f"sample {self.sample_id!r}: loss_mask values must be 0 or 1")
+        loss_tokens = int(np.count_nonzero(mask)) if self.loss_mask is not None else int(ids.shape[0])
         offset = checks.integer(self.offset, "offset", 0, None, message=checks.NON_NEGATIVE,
                                 fail=lambda message: input_error(f"sample {self.sample_id!r}: {message}"))
         set_(self, "input_ids", ids.astype(np.int32, copy=False))
         set_(self, "loss_mask", mask.astype(np.int32, copy=False))
         set_(self, "offset", offset)
-
-    @property
-    def length(self) -> int:
-        return int(self.input_ids.shape[0])
+        set_(self, "length", int(ids.shape[0]))
+        set_(self, "loss_tokens", loss_tokens)
 
     def piece(self, start: int, stop: int) -> SequenceToPack:
         """Tokens ``[start, stop)`` as a sequence of the same sample."""

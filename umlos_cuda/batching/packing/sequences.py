@@ -1,4 +1,4 @@
-"""``pack_sequences``: token sequences in, packed rows and their metrics out.
+"""``pack_sequences``: token sequences in, the packing decision and its metrics out.
 
 The steps:
 
@@ -8,10 +8,14 @@ The steps:
    :class:`OversizePolicy` (:func:`oversize_pieces`): refused, skipped,
    truncated or split, each counted;
 3. :func:`pack_lengths` assigns every piece a row;
-4. each row holds its pieces in input order, all rows laid out at once by
-   :func:`layout_rows` (one native pass that writes every output value
-   once, or whole-array NumPy operations without the extension; the only
-   Python work per sequence is gathering its arrays and names).
+4. the pieces are grouped by row (input order inside a row) into flat
+   arrays, and the metrics are counted from lengths and the loss tokens
+   each ``SequenceToPack`` counted when it was made.
+
+The result is a :class:`~.view.PackedRows`: it lays out a row's arrays
+(:func:`~.rows.layout_rows`) only when the row is asked for, so the call
+costs a few numbers per sequence, not four int32 arrays per token. The
+only Python work per sequence is reading its two counts.
 """
 
 from __future__ import annotations
@@ -23,32 +27,23 @@ from typing import cast
 import numpy as np
 
 from ... import errors
-from .rows import SequenceToPack, as_sequence, layout_rows
+from .rows import SequenceToPack, as_sequence
 from .pack import pack_lengths
 from .config import OversizePolicy, PackingConfig, PackingMode, packing_error
 from .metrics import PackingMetrics
+from .view import PackedRows
 
-
-class PackedRows(list):
-    """The rows of :func:`pack_sequences` (a list of :class:`PackedRow`) with
-    ``metrics`` (:class:`PackingMetrics`) and ``config``."""
-
-    def __init__(self, rows, metrics: PackingMetrics, config: PackingConfig) -> None:
-        super().__init__(rows)
-        self.metrics = metrics
-        self.config = config
-
-
-_INPUT_IDS = operator.attrgetter("input_ids")
+_LENGTH, _LOSS_TOKENS = operator.attrgetter("length"), operator.attrgetter("loss_tokens")
 
 
 def as_sequences(sequences: Iterable) -> list[SequenceToPack]:
     """Every input as a :class:`SequenceToPack` (:func:`as_sequence`), the
     ``i``-th named ``str(i)`` when it has no id of its own. A list that
-    already holds only ``SequenceToPack`` objects is taken as it is (their
-    checks ran when they were made), in one C-level type scan."""
+    already holds only ``SequenceToPack`` objects is copied as it is (their
+    checks ran when they were made; the copy keeps a lazy result from
+    seeing later changes to the caller's list), in one C-level type scan."""
     if isinstance(sequences, list) and set(map(type, sequences)) <= {SequenceToPack}:
-        return sequences
+        return sequences.copy()
     return [as_sequence(item, i) for i, item in enumerate(sequences)]
 
 
@@ -65,6 +60,8 @@ def oversize_pieces(lengths: np.ndarray, max_length: int, oversize: OversizePoli
     oversize = OversizePolicy.parse(oversize)
     lengths = np.asarray(lengths, dtype=np.int64)
     over = lengths > max_length
+    if not over.any():  # the common case: one whole piece per sequence (what the general steps give)
+        return np.arange(lengths.shape[0], dtype=np.int64), np.zeros(lengths.shape[0], dtype=np.int64), lengths.copy()
     if oversize is OversizePolicy.REFUSE and over.any():
         where = np.flatnonzero(over)
         named = ", ".join(f"{'position ' + str(int(i)) if sample_ids is None else repr(sample_ids[int(i)])} "
@@ -91,31 +88,30 @@ def pack_sequences(sequences: Iterable, max_length: int = 2048, mode: PackingMod
     ``config`` (a :class:`PackingConfig`) replaces ``max_length``, ``mode``,
     ``separator_ids`` and ``oversize``. Rows are in the order they are
     opened; ``result.metrics`` counts what was packed, skipped, truncated
-    and split. ``backend`` (``auto``, ``native`` or ``python``) picks the
-    implementation of both steps, the packing and the layout of the rows;
-    all give the same rows bit for bit.
+    and split. The result is a :class:`PackedRows`: ``len``, iteration and
+    indexing as on a list of :class:`PackedRow`, each row laid out when it
+    is asked for (``result.rows(a, b)``, ``result.microbatches(k)``,
+    ``result.materialize()`` for all at once). ``backend`` (``auto``,
+    ``native`` or ``python``) picks the implementation of both steps, the
+    packing and the layout of the rows; all give the same rows bit for bit.
     """
     if config is None:
         # cast: PackingConfig.__post_init__ parses a mode's or policy's name, in its own order of checks
         config = PackingConfig(max_length, cast(PackingMode, mode), tuple(separator_ids),
                                cast(OversizePolicy, oversize))
-    separator = config.layout_separator()
     items = as_sequences(sequences)
-    lengths = np.fromiter(map(len, map(_INPUT_IDS, items)), dtype=np.int64, count=len(items))
-    refused = config.oversize is OversizePolicy.REFUSE and bool((lengths > config.max_length).any())
+    lengths = np.fromiter(map(_LENGTH, items), dtype=np.int64, count=len(items))
+    over = lengths > config.max_length
+    oversized = bool(over.any())
+    refused = config.oversize is OversizePolicy.REFUSE and oversized
     source, start, piece = oversize_pieces(lengths, config.max_length, config.oversize,
                                            [s.sample_id for s in items] if refused else None)
     rows_of = pack_lengths(piece, config.max_length, config.mode, config.separator_len, backend=backend)
     num_rows = int(rows_of.max()) + 1 if rows_of.size else 0
     order = np.argsort(rows_of, kind="stable")  # pieces grouped by row, input order inside a row
-    counts = np.bincount(rows_of, minlength=num_rows)
-    sources = source[order]
-    cut = np.flatnonzero((start[order] != 0) | (piece[order] != lengths[sources]))  # pieces, not whole items
-    pieces = list(map(items.__getitem__, sources.tolist()))
-    for p, s, stop in zip(cut.tolist(), start[order][cut].tolist(), (start + piece)[order][cut].tolist()):
-        pieces[p] = pieces[p].piece(s, stop)
-    rows, loss_tokens = layout_rows(pieces, counts, separator, piece[order], backend=backend)
-    over = lengths > config.max_length
+    row_offsets = np.zeros(num_rows + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows_of, minlength=num_rows), out=row_offsets[1:])
+    loss_tokens = _loss_tokens(items, lengths, source, start, piece)
     skipped = over & (config.oversize is OversizePolicy.SKIP)
     truncated = over & (config.oversize is OversizePolicy.TRUNCATE)
     metrics = PackingMetrics(
@@ -126,4 +122,21 @@ def pack_sequences(sequences: Iterable, max_length: int = 2048, mode: PackingMod
         split=int((over & (config.oversize is OversizePolicy.SPLIT)).sum()),
         skipped_ids=tuple(items[i].sample_id for i in np.flatnonzero(skipped).tolist()),
     )
-    return PackedRows(rows, metrics, config)
+    return PackedRows(items, row_offsets, source[order], start[order], piece[order], metrics, config, backend)
+
+
+def _loss_tokens(items: list[SequenceToPack], lengths: np.ndarray, source: np.ndarray, start: np.ndarray,
+                 piece: np.ndarray) -> int:
+    """Loss tokens of all pieces: each whole sequence's own count, and the
+    mask of each cut piece (truncated or split) counted over its tokens."""
+    per_sequence = np.fromiter(map(_LOSS_TOKENS, items), dtype=np.int64, count=len(items))
+    cut = (start != 0) | (piece != lengths[source])
+    if source.shape[0] == len(items) and not cut.any():  # every sequence whole, once: no gather
+        total = int(per_sequence.sum())
+    else:
+        total = int(per_sequence[source[~cut]].sum())
+    for p in np.flatnonzero(cut).tolist():
+        mask, s = items[int(source[p])].loss_mask, int(start[p])
+        assert mask is not None  # SequenceToPack.__post_init__ fills in the all-ones default
+        total += int(np.count_nonzero(mask[s:s + int(piece[p])]))
+    return total

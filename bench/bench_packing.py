@@ -50,6 +50,7 @@ are this package's alone::
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 from functools import partial
 from unittest import mock
@@ -72,6 +73,13 @@ def our_sequences(lengths: np.ndarray) -> list[SequenceToPack]:
     """Token sequences of the given lengths (token i of any sequence is i % 1000)."""
     tokens = np.arange(int(lengths.max()), dtype=np.int32) % 1000
     return [SequenceToPack(str(i), tokens[:length]) for i, length in enumerate(lengths.tolist())]
+
+
+def laid_out(sequences, max_length: int, mode: str) -> list:
+    """``pack_sequences`` with every row laid out (``materialize()``): what
+    chuk-lazarus's ``pack_sequences`` returns, and what this package's
+    returned before its result became lazy."""
+    return pack_sequences(sequences, max_length, mode).materialize()
 
 
 def chuk_pack(batching, sequences, mode):
@@ -135,14 +143,15 @@ def run(sizes: list[int], chuk_max: int, python_max: int, rows_max: int) -> None
     if native_module() is None:
         print("umlos_cuda._packing is not built: lengths/s is the Python fallback")
     print(f"lognormal lengths (median 245, sigma 1) clipped to {MAX_LENGTH}; rows of {MAX_LENGTH} tokens")
-    header = (f"{'N':>10} {'mode':<9} | {'lengths/s':>11} {'python/s':>9} {'sequences/s':>11} | {'chuk/s':>7} "
+    header = (f"{'N':>10} {'mode':<9} | {'lengths/s':>11} {'python/s':>9} {'sequences/s':>11} {'lazy/s':>11} | "
+              f"{'chuk/s':>7} "
               f"{'x seq':>6} {'x dec':>6} | {'rows':>9} {'bound':>9} {'over':>7} | same rows")
     print(header)
     print("-" * len(header))
     split = []  # (n, mode, chuk decision, chuk layout, our decision, our layout), seconds
     warm = lengths_of(200)
     for mode in MODES:  # imports and first calls, outside the timings
-        pack_sequences(our_sequences(warm), MAX_LENGTH, mode)
+        laid_out(our_sequences(warm), MAX_LENGTH, mode)
         if batching is not None:
             chuk_pack(batching, [batching.SequenceToPack(sample_id=str(i), input_ids=tuple(range(x)),
                                                          loss_mask=(1,) * x) for i, x in enumerate(warm.tolist())],
@@ -158,7 +167,7 @@ def run(sizes: list[int], chuk_max: int, python_max: int, rows_max: int) -> None
             theirs = [batching.SequenceToPack(sample_id=str(i), input_ids=tokens[:length], loss_mask=(1,) * length)
                       for i, length in enumerate(lengths.tolist())]
         if with_rows:  # the first call at a size pays one-off costs of the process (see repeats)
-            pack_sequences(ours, MAX_LENGTH, MODES[0])
+            laid_out(ours, MAX_LENGTH, MODES[0])
             if theirs is not None and n <= 10_000:
                 chuk_pack(batching, theirs, MODES[0])
         for mode in MODES:
@@ -172,12 +181,13 @@ def run(sizes: list[int], chuk_max: int, python_max: int, rows_max: int) -> None
             line = f"{n:>10,} {mode:<9} | {rate(n, seconds):>11} {python:>9} "
             packed_rate, packed = None, None
             if with_rows:
-                packed, packed_seconds = median_timed(repeats(n, 5), pack_sequences, ours, MAX_LENGTH, mode)
+                packed, packed_seconds = median_timed(repeats(n, 5), laid_out, ours, MAX_LENGTH, mode)
                 assert len(packed) == count
                 packed_rate = n / packed_seconds
-                line += f"{packed_rate:>11,.0f} | "
+                _, lazy_seconds = median_timed(repeats(n, 5), pack_sequences, ours, MAX_LENGTH, mode)
+                line += f"{packed_rate:>11,.0f} {rate(n, lazy_seconds):>11} | "
             else:
-                line += f"{'-':>11} | "
+                line += f"{'-':>11} {'-':>11} | "
             same = "-"
             if theirs is not None:
                 chuk_rows, chuk_seconds, chuk_layout = chuk_timed(batching, theirs, mode, 3 if n <= 10_000 else 1)
@@ -196,6 +206,147 @@ def run(sizes: list[int], chuk_max: int, python_max: int, rows_max: int) -> None
             packed = None  # free this mode's rows before the next mode is timed
     if split:
         print_split(split)
+
+
+# ====================================================================== beside TRL's pack_dataset
+ROWS_PER_MICROBATCH = 8  # a token budget of 16,384 in rows of 2048: a packed plan's microbatch
+
+
+def load_trl():
+    """``(trl.pack_dataset, datasets)``, or None when TRL is not installed."""
+    try:
+        import datasets
+        from trl import pack_dataset
+    except ImportError:
+        return None
+    datasets.disable_progress_bars()
+    return pack_dataset, datasets
+
+
+def trl_dataset(datasets, lengths: np.ndarray):
+    """A ``datasets.Dataset`` of one ``input_ids`` column (Arrow ``list<int32>``)
+    holding the same tokens as :func:`our_sequences` (token i of any sequence
+    is i % 1000), built from flat arrays, before the clock starts."""
+    import pyarrow as pa
+    from datasets.table import InMemoryTable
+
+    offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    values = ((np.arange(int(offsets[-1]), dtype=np.int64) - np.repeat(offsets[:-1], lengths)) % 1000)
+    kind = pa.ListArray if offsets[-1] < 2**31 else pa.LargeListArray  # int32 offsets, as datasets writes them
+    column = kind.from_arrays(pa.array(offsets.astype(np.int32) if kind is pa.ListArray else offsets),
+                              pa.array(values.astype(np.int32)))
+    return datasets.Dataset(InMemoryTable(pa.table({"input_ids": column})))
+
+
+def _status(field: str) -> int | None:
+    """A ``/proc/self/status`` field in bytes (Linux), else None."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def measured(function, *args):
+    """``function(*args)``, its seconds and the peak resident memory it added
+    (bytes; None where Linux's peak cannot be reset). After a garbage
+    collection, the process's peak (VmHWM) is reset to its current resident
+    size (``/proc/self/clear_refs``), so the peak read afterwards, less the
+    size before, is what the call took at its highest: Arrow's, NumPy's and
+    Python's memory alike (tracemalloc sees no Arrow buffer)."""
+    gc.collect()
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as clear:
+            clear.write("5")
+        before = _status("VmRSS")
+    except OSError:
+        before = None
+    start = time.perf_counter()
+    result = function(*args)
+    seconds = time.perf_counter() - start
+    peak = _status("VmHWM")
+    return result, seconds, None if before is None or peak is None else max(peak - before, 0)
+
+
+def megabytes(size: int | None) -> str:
+    return "-" if size is None else f"{size / 2**20:,.0f}"
+
+
+def median_measured(runs: int, function, *args):
+    """:func:`measured` ``runs`` times (each result freed before the next
+    call): the last result, the median seconds, the largest peak."""
+    result, seconds, peaks = None, [], []
+    for _ in range(runs):
+        result = None
+        result, elapsed, peak = measured(function, *args)
+        seconds.append(elapsed)
+        peaks.append(peak)
+    return result, float(np.median(seconds)), None if None in peaks else max(peaks)
+
+
+def each_microbatch(packed, rows_per_microbatch: int) -> int:
+    """Lay out every row, one microbatch at a time, keeping none: rows laid out."""
+    rows = 0
+    for batch in packed.microbatches(rows_per_microbatch):
+        rows += len(batch)
+    return rows
+
+
+def run_trl(sizes: list[int], runs: int, eager_max: int, whole_batch: bool) -> None:
+    """``pack_sequences`` beside TRL's ``pack_dataset(strategy="bfd")`` on the same lengths."""
+    loaded = load_trl()
+    if loaded is None:
+        print("TRL is not installed (pip install trl datasets): no comparison with pack_dataset")
+        return
+    pack_dataset, datasets = loaded
+    print()
+    print(f"beside TRL's pack_dataset(strategy='bfd'); rows of {MAX_LENGTH} tokens; seconds are the median of "
+          f"{runs} runs (laid-out rows: one run); peak MB is the resident memory a call added at its highest")
+    header = (f"{'N':>10} {'what':<34} | {'seconds':>8} {'peak MB':>8} | {'rows':>9} {'bound':>9} | "
+              f"{'x TRL':>7}")
+    print(header)
+    print("-" * len(header))
+    warm = lengths_of(200)
+    pack_dataset(trl_dataset(datasets, warm), MAX_LENGTH, strategy="bfd")
+    pack_sequences(our_sequences(warm), MAX_LENGTH).materialize()
+
+    def line(n, what, seconds, peak, rows, bound, trl_seconds):
+        ratio = f"{trl_seconds / seconds:.1f}x" if trl_seconds else "-"
+        print(f"{n:>10,} {what:<34} | {seconds:>8.3f} {megabytes(peak):>8} | {rows:>9,} {bound:>9,} | "
+              f"{ratio:>7}", flush=True)
+
+    for n in sizes:
+        lengths = lengths_of(n)
+        bound = -(-int(lengths.sum(dtype=np.int64)) // MAX_LENGTH)
+        dataset = trl_dataset(datasets, lengths)
+        packed, trl_seconds, peak = median_measured(runs, pack_dataset, dataset, MAX_LENGTH, "bfd")
+        line(n, "TRL bfd (map batches of 1000)", trl_seconds, peak, len(packed), bound, None)
+        packed = None
+        if whole_batch:
+            packed, seconds, peak = median_measured(1, partial(pack_dataset, dataset, MAX_LENGTH, "bfd",
+                                                               map_kwargs={"batch_size": None}))
+            line(n, "TRL bfd (one batch of all)", seconds, peak, len(packed), bound, None)
+            packed = None
+        dataset = None
+        ours = our_sequences(lengths)
+        for mode in MODES:
+            packed, seconds, peak = median_measured(runs, pack_sequences, ours, MAX_LENGTH, mode)
+            line(n, f"pack_sequences {mode} (lazy)", seconds, peak, len(packed), bound, trl_seconds)
+            laid, seconds, peak = measured(each_microbatch, packed, ROWS_PER_MICROBATCH)
+            microbatches = -(-len(packed) // ROWS_PER_MICROBATCH)
+            line(n, f"  + every microbatch of {ROWS_PER_MICROBATCH} rows", seconds, peak, laid, bound, None)
+            print(f"{'':>10}   ({seconds / microbatches * 1e6:,.0f} us per microbatch of "
+                  f"{ROWS_PER_MICROBATCH} rows, {microbatches:,} microbatches)")
+            packed = None
+            if n <= eager_max:
+                rows, seconds, peak = measured(laid_out, ours, MAX_LENGTH, mode)
+                line(n, "  all rows at once (materialize)", seconds, peak, len(rows), bound, trl_seconds)
+                rows = None
+        ours = None
 
 
 def print_split(split) -> None:
@@ -217,9 +368,21 @@ def main() -> None:
     parser.add_argument("--chuk-max", type=float, default=3.2e4, help="largest N packed by chuk-lazarus too")
     parser.add_argument("--python-max", type=float, default=1e6, help="largest N packed by the Python fallback too")
     parser.add_argument("--rows-max", type=float, default=1e5, help="largest N laid out by pack_sequences")
+    parser.add_argument("--trl-sizes", default="1e6", help="comma-separated N packed beside TRL's pack_dataset "
+                        "(empty: none)")
+    parser.add_argument("--trl-runs", type=int, default=3, help="timed runs of each call beside TRL")
+    parser.add_argument("--eager-max", type=float, default=1e6,
+                        help="largest N beside TRL whose rows are also laid out all at once (6 GB at 10^6)")
+    parser.add_argument("--trl-one-batch", action="store_true",
+                        help="also time TRL with the whole dataset as one map batch (one BFD over all)")
     args = parser.parse_args()
     start = time.perf_counter()
-    run([int(float(x)) for x in args.sizes.split(",")], int(args.chuk_max), int(args.python_max), int(args.rows_max))
+    sizes = [int(float(x)) for x in args.sizes.split(",") if x]
+    if sizes:
+        run(sizes, int(args.chuk_max), int(args.python_max), int(args.rows_max))
+    trl_sizes = [int(float(x)) for x in args.trl_sizes.split(",") if x]
+    if trl_sizes:
+        run_trl(trl_sizes, args.trl_runs, int(args.eager_max), args.trl_one_batch)
     print(f"({time.perf_counter() - start:.0f} s in all)")
 
 

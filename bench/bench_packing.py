@@ -276,16 +276,10 @@ def megabytes(size: int | None) -> str:
     return "-" if size is None else f"{size / 2**20:,.0f}"
 
 
-def median_measured(runs: int, function, *args):
-    """:func:`measured` ``runs`` times (each result freed before the next
-    call): the last result, the median seconds, the largest peak."""
-    result, seconds, peaks = None, [], []
-    for _ in range(runs):
-        result = None
-        result, elapsed, peak = measured(function, *args)
-        seconds.append(elapsed)
-        peaks.append(peak)
-    return result, float(np.median(seconds)), None if None in peaks else max(peaks)
+def summary(timings: list) -> tuple[float, int | None]:
+    """The median seconds and the largest peak of ``(seconds, peak)`` pairs."""
+    peaks = [peak for _, peak in timings]
+    return float(np.median([seconds for seconds, _ in timings])), None if None in peaks else max(peaks)
 
 
 def each_microbatch(packed, rows_per_microbatch: int) -> int:
@@ -305,8 +299,9 @@ def run_trl(sizes: list[int], runs: int, eager_max: int, whole_batch: bool) -> N
     pack_dataset, datasets = loaded
     print()
     print(f"beside TRL's pack_dataset(strategy='bfd'); rows of {MAX_LENGTH} tokens; seconds are the median of "
-          f"{runs} runs (laid-out rows: one run); peak MB is the resident memory a call added at its highest")
-    header = (f"{'N':>10} {'what':<34} | {'seconds':>8} {'peak MB':>8} | {'rows':>9} {'bound':>9} | "
+          f"{runs} rounds (TRL, then each mode; the rest: one run); peak MB is the resident memory a call added "
+          "at its highest; x TRL is TRL's median seconds over the line's")
+    header = (f"{'N':>10} {'what':<44} | {'seconds':>8} {'peak MB':>8} | {'rows':>9} {'bound':>9} | "
               f"{'x TRL':>7}")
     print(header)
     print("-" * len(header))
@@ -316,38 +311,50 @@ def run_trl(sizes: list[int], runs: int, eager_max: int, whole_batch: bool) -> N
 
     def line(n, what, seconds, peak, rows, bound, trl_seconds):
         ratio = f"{trl_seconds / seconds:.1f}x" if trl_seconds else "-"
-        print(f"{n:>10,} {what:<34} | {seconds:>8.3f} {megabytes(peak):>8} | {rows:>9,} {bound:>9,} | "
+        print(f"{n:>10,} {what:<44} | {seconds:>8.3f} {megabytes(peak):>8} | {rows:>9,} {bound:>9,} | "
               f"{ratio:>7}", flush=True)
 
     for n in sizes:
         lengths = lengths_of(n)
         bound = -(-int(lengths.sum(dtype=np.int64)) // MAX_LENGTH)
-        dataset = trl_dataset(datasets, lengths)
-        packed, trl_seconds, peak = median_measured(runs, pack_dataset, dataset, MAX_LENGTH, "bfd")
-        line(n, "TRL bfd (map batches of 1000)", trl_seconds, peak, len(packed), bound, None)
-        packed = None
+        dataset, ours = trl_dataset(datasets, lengths), our_sequences(lengths)
+        # Rounds: TRL, then each mode of ours, so that both meet the same load of a shared machine.
+        timings: dict[str, list] = {}
+        row_counts: dict[str, int] = {}
+        for _ in range(runs):
+            for what, call in [("trl", partial(pack_dataset, dataset, MAX_LENGTH, "bfd"))] + \
+                    [(mode, partial(pack_sequences, ours, MAX_LENGTH, mode)) for mode in MODES]:
+                result, seconds, peak = measured(call)
+                timings.setdefault(what, []).append((seconds, peak))
+                row_counts[what] = len(result)
+                result = None
+
+        trl_seconds, peak = summary(timings["trl"])
+        line(n, "TRL bfd (map batches of 1000)", trl_seconds, peak, row_counts["trl"], bound, None)
         if whole_batch:
-            packed, seconds, peak = median_measured(1, partial(pack_dataset, dataset, MAX_LENGTH, "bfd",
-                                                               map_kwargs={"batch_size": None}))
+            packed, seconds, peak = measured(partial(pack_dataset, dataset, MAX_LENGTH, "bfd",
+                                                     map_kwargs={"batch_size": None}))
             line(n, "TRL bfd (one batch of all)", seconds, peak, len(packed), bound, None)
             packed = None
         dataset = None
-        ours = our_sequences(lengths)
         for mode in MODES:
-            packed, seconds, peak = median_measured(runs, pack_sequences, ours, MAX_LENGTH, mode)
-            line(n, f"pack_sequences {mode} (lazy)", seconds, peak, len(packed), bound, trl_seconds)
+            seconds, peak = summary(timings[mode])
+            line(n, f"pack_sequences {mode} (lazy)", seconds, peak, row_counts[mode], bound, trl_seconds)
+        print(f"{'':>10}   (seconds of each round: "
+              f"{'; '.join(k + ' ' + ', '.join(f'{t:.3f}' for t, _ in ts) for k, ts in timings.items())})")
+        for mode in MODES:
+            packed = pack_sequences(ours, MAX_LENGTH, mode)
             laid, seconds, peak = measured(each_microbatch, packed, ROWS_PER_MICROBATCH)
             microbatches = -(-len(packed) // ROWS_PER_MICROBATCH)
-            line(n, f"  + every microbatch of {ROWS_PER_MICROBATCH} rows", seconds, peak, laid, bound, None)
+            line(n, f"{mode}: every microbatch of {ROWS_PER_MICROBATCH} rows", seconds, peak, laid, bound, None)
             print(f"{'':>10}   ({seconds / microbatches * 1e6:,.0f} us per microbatch of "
-                  f"{ROWS_PER_MICROBATCH} rows, {microbatches:,} microbatches)")
+                  f"{ROWS_PER_MICROBATCH} rows, {microbatches:,} microbatches, laid out one after the other)")
             packed = None
             if n <= eager_max:
-                rows, seconds, peak = measured(laid_out, ours, MAX_LENGTH, mode)
-                line(n, "  all rows at once (materialize)", seconds, peak, len(rows), bound, trl_seconds)
-                rows = None
+                laid_rows, seconds, peak = measured(laid_out, ours, MAX_LENGTH, mode)
+                line(n, f"{mode}: all rows at once (materialize)", seconds, peak, len(laid_rows), bound, trl_seconds)
+                laid_rows = None
         ours = None
-
 
 def print_split(split) -> None:
     """Milliseconds of each library's packing decision and row layout, and their ratios."""

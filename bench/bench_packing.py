@@ -39,12 +39,30 @@ The layout's output is fixed by what the rows hold (here four int32 arrays
 per token, written into memory the process has not touched before), so its
 ratio says how much of the whole call's ratio is left to gain.
 
+chuk-lazarus returns rows laid out, so beside it ``sequences/s`` times
+``pack_sequences(...).materialize()`` (every row laid out, what the call did
+before its result became lazy); ``lazy/s`` is the call alone.
+
 chuk-lazarus is loaded as bench/bench_batching.py does (its top-level package
 imports MLX); without it, its columns are empty. Sizes beyond ``--chuk-max``
-are this package's alone::
+are this package's alone.
 
-    python bench/bench_packing.py                      # 2e3 .. 1e7
-    python bench/bench_packing.py --sizes 8e3 --chuk-max 8e3
+A third table (``--trl-sizes``, default 10^6) sets ``pack_sequences`` beside
+TRL's ``pack_dataset(strategy="bfd")`` on the same lengths and tokens: TRL
+gets a ``datasets.Dataset`` of one Arrow ``list<int32>`` column, this package
+its ``SequenceToPack`` objects, both built before the clock starts. Rounds
+of TRL's call then each mode's (the median of ``--trl-runs`` rounds) meet
+the same load of a shared machine. Each call's peak is the resident memory
+it added at its highest (Linux's peak reset before the call). TRL's
+``pack_dataset`` packs each ``datasets.map`` batch (1000 examples by default)
+on its own; ``--trl-one-batch`` also times it with the whole dataset as one
+batch (one best-fit-decreasing over all, the scope of this package's
+decision). Then, per mode, every row is laid out a microbatch of 8 rows at
+a time (a 16,384-token budget), and all at once (``materialize()``)::
+
+    python bench/bench_packing.py                      # 2e3 .. 1e7, then TRL at 1e6
+    python bench/bench_packing.py --sizes 8e3 --chuk-max 8e3 --trl-sizes ""
+    python bench/bench_packing.py --sizes "" --trl-sizes 1e6 --trl-one-batch
 """
 
 from __future__ import annotations

@@ -287,6 +287,22 @@ def test_lazy_rows_equal_the_eager_layout(case, mode, oversize, data):
             assert int(lazy.lengths[pieces].sum()) + row.separator_tokens == row.length
 
 
+def test_pack_sequences_lays_out_no_row_until_asked(monkeypatch):
+    """The call decides and counts without laying out a row: with the layout
+    made to fail, pack_sequences still returns its rows' count, row lengths
+    and metrics (loss tokens included); asking for a row then lays it out."""
+    from umlos_cuda.batching.packing import view
+
+    sequences = [SequenceToPack("a", [1, 2, 3], [0, 1, 1]), SequenceToPack("b", list(range(9)), [1] * 4 + [0] * 5)]
+    calls = []
+    real = view.layout_rows
+    monkeypatch.setattr(view, "layout_rows", lambda *args, **kwargs: calls.append(args) or real(*args, **kwargs))
+    packed = pack_sequences(sequences, 4, oversize="split")
+    assert calls == [] and len(packed) == 3 and packed.row_lengths.tolist() == [4, 4, 4]
+    assert (packed.metrics.loss_tokens, packed.metrics.tokens, packed.metrics.split) == (6, 12, 1)
+    assert packed[2].input_ids.tolist() == [4, 5, 6, 7] and len(calls) == 1
+
+
 def test_lazy_rows_keep_the_decision_they_were_given():
     """The view copies the caller's list (a sequence replaced afterwards
     does not change its rows), its arrays are read-only, and a row out of

@@ -111,7 +111,7 @@ def pack_sequences(sequences: Iterable, max_length: int = 2048, mode: PackingMod
     order = np.argsort(rows_of, kind="stable")  # pieces grouped by row, input order inside a row
     row_offsets = np.zeros(num_rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows_of, minlength=num_rows), out=row_offsets[1:])
-    loss_tokens = _loss_tokens(items, lengths, source, start, piece)
+    loss_tokens = _loss_tokens(items, lengths, source, start, piece, oversized)
     skipped = over & (config.oversize is OversizePolicy.SKIP)
     truncated = over & (config.oversize is OversizePolicy.TRUNCATE)
     metrics = PackingMetrics(
@@ -126,15 +126,14 @@ def pack_sequences(sequences: Iterable, max_length: int = 2048, mode: PackingMod
 
 
 def _loss_tokens(items: list[SequenceToPack], lengths: np.ndarray, source: np.ndarray, start: np.ndarray,
-                 piece: np.ndarray) -> int:
+                 piece: np.ndarray, oversized: bool) -> int:
     """Loss tokens of all pieces: each whole sequence's own count, and the
     mask of each cut piece (truncated or split) counted over its tokens."""
     per_sequence = np.fromiter(map(_LOSS_TOKENS, items), dtype=np.int64, count=len(items))
+    if not oversized:  # every sequence whole, once (oversize_pieces): no gather
+        return int(per_sequence.sum())
     cut = (start != 0) | (piece != lengths[source])
-    if source.shape[0] == len(items) and not cut.any():  # every sequence whole, once: no gather
-        total = int(per_sequence.sum())
-    else:
-        total = int(per_sequence[source[~cut]].sum())
+    total = int(per_sequence[source[~cut]].sum())
     for p in np.flatnonzero(cut).tolist():
         mask, s = items[int(source[p])].loss_mask, int(start[p])
         assert mask is not None  # SequenceToPack.__post_init__ fills in the all-ones default

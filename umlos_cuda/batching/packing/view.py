@@ -85,7 +85,7 @@ class PackedRows(Sequence):
         row = operator.index(index)
         if not -count <= row < count:
             raise IndexError(f"row {row} out of range for {count} packed rows")
-        row %= count if count else 1
+        row %= count  # a negative index counts from the end, as in a list
         return self.rows(row, row + 1)[0]
 
     def __iter__(self) -> Iterator[PackedRow]:

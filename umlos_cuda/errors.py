@@ -128,7 +128,7 @@ BATCH_FILES_NOT_FOUND = "BATCH_FILES_NOT_FOUND"  # no finished batch folder (bat
 BATCH_FILE_INVALID = "BATCH_FILE_INVALID"  # a batch file is missing, unreadable, or disagrees with the plan or its digest
 BATCH_FINGERPRINT_INVALID = "BATCH_FINGERPRINT_INVALID"  # a saved batch fingerprint is malformed, or n_batches is refused
 BATCH_FINGERPRINT_MISMATCH = "BATCH_FINGERPRINT_MISMATCH"  # the batches' content fingerprint differs from the expected one
-DISTRIBUTED_JOB_FAILED = "DISTRIBUTED_JOB_FAILED"  # a Ray job of `data tokenize --engine ray` failed outside its tasks' documented errors (a worker or node died, the cluster was lost)
+DISTRIBUTED_JOB_FAILED = "DISTRIBUTED_JOB_FAILED"  # a Ray job of `data tokenize --engine ray` failed other than with a task's documented error (Ray gave up, the cluster was lost, an unexpected exception)
 
 #: Online streams, replay buffers, rolling plan windows and sampling policies
 #: (umlos_cuda.streams); each is documented in docs/streams.md, "Failure codes".

@@ -37,8 +37,10 @@ Failures. A task that fails with a documented error (an unreadable file, a
 bad record, a tokenizer that fails) does not raise inside Ray: its row
 carries the code and message, and when the job is done the driver raises the
 error of the first failing input file in input order, which is the error
-``tokenize_sharded`` raises for the same inputs. Anything else (a worker or
-node that dies, a lost cluster, an unexpected exception) is
+``tokenize_sharded`` raises for the same inputs. A worker or node that dies
+is Ray Data's to handle: it restarts the actor and retries the file (which
+then replaces its own half-staged store). What Ray gives up on (a lost
+cluster) and any exception that is not a documented error is
 DISTRIBUTED_JOB_FAILED with Ray's message. Either way the staging folder is
 removed and ``output`` is left as it was: nothing half-adopted looks valid.
 Ray itself is imported only here and only when the job runs; without it,
@@ -71,7 +73,7 @@ from .sharded import SHARDED_STORE, ShardedTokenStore, append_shards, tokenize_s
 
 #: What to install when Ray is missing.
 RAY_EXTRA = "pip install 'umlos-cuda[ray]'"
-#: Messages of documented errors kept of a failed row (the first line suffices for skipped lines).
+#: The skipped lines' messages kept (as SkippedLines keeps them).
 MAX_SKIPPED_MESSAGES = 5
 
 
@@ -87,7 +89,7 @@ def ray_module() -> Any:
 
 
 def tokenize_on_ray(dataset: Any, tokenizer: Any, output: str | os.PathLike[str], *, address: str | None = None,
-                    workers: int | None = None, force: bool = False, format: str | None = None,
+                    workers: int | None = None, append: bool = False, force: bool = False, format: str | None = None,
                     progress: Callable[[int, int], None] | None = None, skipped: SkippedLines | None = None,
                     **options: Any) -> ShardedTokenStore:
     """Write the sharded token store ``output`` of ``dataset`` with a Ray Data job (module docstring).
@@ -98,7 +100,9 @@ def tokenize_on_ray(dataset: Any, tokenizer: Any, output: str | os.PathLike[str]
     connected). ``workers``: the actors tokenizing at once (default: the
     cluster's CPUs, at most one per input file). ``progress(bytes, total)``
     is called as each file finishes; ``skipped`` receives the bad lines the
-    workers skipped, in input order. ``options`` are those of
+    workers skipped, in input order. ``append`` and ``force`` are those of
+    ``tokenize_sharded`` (add the files as new shards of the existing store
+    ``output``; replace a sharded store). ``options`` are those of
     ``tokenize_dataset`` (fields, ``chunk_size``, ``id_field``, ...)."""
     if workers is not None:
         workers = checks.integer(workers, "workers", 1, fail=_argument,
@@ -111,14 +115,17 @@ def tokenize_on_ray(dataset: Any, tokenizer: Any, output: str | os.PathLike[str]
     if any(item.format == "object" for item in inputs):
         raise _argument("the Ray engine reads files that every worker can open; a datasets.Dataset object lives in "
                         "this process only: save_to_disk it and pass the folder")
-    root = check_output_folder(output, SHARDED_STORE, force=force,
-                               inputs=input_paths(*dataset_paths(dataset, format), tokenizer,
-                                                  options.get("chat_template")),
-                               operator=errors.BATCHING_OPERATOR)
+    root = os.path.abspath(os.fspath(output))
+    if append:
+        ShardedTokenStore.open(root)  # refused at once when it is not a store
+    else:
+        check_output_folder(root, SHARDED_STORE, force=force,
+                            inputs=input_paths(*dataset_paths(dataset, format), tokenizer, options.get("chat_template")),
+                            operator=errors.BATCHING_OPERATOR)
     load_tokenizer(tokenizer)  # a wrong path or file fails here, at once, not on every worker
     files = [os.path.abspath(item.path) for item in inputs]  # workers may run in another folder
     task_options = dict(options, format=format, tokenizer=os.path.abspath(os.fspath(tokenizer)),
-                        skip_bad_lines=skipped is not None)
+                        skip_bad_lines=skipped is not None, sharded=True if append else None)
     if task_options.get("chat_template") is not None:
         task_options["chat_template"] = os.path.abspath(os.fspath(task_options["chat_template"]))
     sizes = [_size(item.files) for item in inputs]
@@ -130,7 +137,7 @@ def tokenize_on_ray(dataset: Any, tokenizer: Any, output: str | os.PathLike[str]
         try:
             rows = _run_job(ray, address, workers, files, stage_path, task_options, sizes, progress)
             staged = _staged_in_order(rows, inputs, skipped)
-            return append_shards(root, staged, create=True, force=force)
+            return append_shards(root, staged, create=not append, force=force)
         finally:
             with contextlib.suppress(OSError):
                 parent.remove(stage_name)
@@ -162,8 +169,9 @@ class ShardTask:
                 self.tokenizer = load_tokenizer(options.pop("tokenizer"))
             else:
                 options.pop("tokenizer")
+            # force: the staging folder is this job's alone, and a task Ray retries finds its own earlier output
             store = tokenize_shard(self.files, index, self.tokenizer, row["folder"], skipped=skipped,
-                                   progress=report, **options)
+                                   progress=report, force=True, **options)
             result.update(samples=len(store), tokens=int(store.num_tokens))
         except UmlosError as exc:
             result.update(code=exc.code, message=exc.message, operator=exc.record["failure_operator"])
@@ -188,17 +196,19 @@ def _run_job(ray: Any, address: str | None, workers: int | None, files: list[str
             raise UmlosError(errors.BACKEND_UNAVAILABLE, f"no Ray cluster {where}: {_first_line(exc)}",
                              operator=errors.BATCHING_OPERATOR) from None
         connected_here = True
+    context = ray.data.DataContext.get_current()
+    bars, context.enable_progress_bars = context.enable_progress_bars, False  # the caller's progress is per file
     try:
-        context = ray.data.DataContext.get_current()
-        context.enable_progress_bars = False
-        context.execution_options.preserve_order = False  # the driver orders by index itself
         if workers is None:
             workers = max(int(ray.cluster_resources().get("CPU", 1)), 1)
         pool = min(workers, len(files))
         items = [{"index": index, "folder": os.path.join(stage_path, f"{index:05d}")} for index in range(len(files))]
         dataset = ray.data.from_items(items, override_num_blocks=len(items))
+        # One file in flight per actor: a free actor takes the next file. An actor that dies (a lost node)
+        # is restarted and its file retried (Ray Data's default); its staged store is then replaced (force).
+        compute = ray.data.ActorPoolStrategy(size=pool, max_tasks_in_flight_per_actor=1)
         mapped = dataset.map(ShardTask, fn_constructor_kwargs={"files": files, "options": options},
-                             concurrency=pool, num_cpus=1)
+                             compute=compute, num_cpus=1)
         rows: dict[int, dict[str, Any]] = {}
         total = max(sum(sizes), 1)
         done = 0
@@ -210,7 +220,7 @@ def _run_job(ray: Any, address: str | None, workers: int | None, files: list[str
                     progress(done, total)
         except UmlosError:
             raise
-        except Exception as exc:  # Ray's own failures: a dead worker or node, a lost cluster, a bug
+        except Exception as exc:  # Ray's own failures (a lost cluster), or an exception that is not a documented error
             raise UmlosError(errors.DISTRIBUTED_JOB_FAILED, f"the Ray job failed: {_first_line(exc)}",
                              operator=errors.BATCHING_OPERATOR) from exc
         missing = sorted(set(range(len(files))) - set(rows))
@@ -219,6 +229,7 @@ def _run_job(ray: Any, address: str | None, workers: int | None, files: list[str
                              f"{files[missing[0]]} (and {len(missing) - 1} more)", operator=errors.BATCHING_OPERATOR)
         return rows
     finally:
+        context.enable_progress_bars = bars
         if connected_here:
             ray.shutdown()
 

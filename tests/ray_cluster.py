@@ -21,6 +21,7 @@ helper started are signalled: their session ids are those of its children.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -172,15 +173,11 @@ class LocalRayCluster:
                     process.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
             for process in self.processes:
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(max(deadline - time.monotonic(), 0.1))
-                except subprocess.TimeoutExpired:
-                    pass
             for session in self.sessions():
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(session, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
             for process in self.processes:
                 process.wait(10)
             deadline = time.monotonic() + 10
@@ -188,10 +185,8 @@ class LocalRayCluster:
                 time.sleep(0.2)
             left = self.leftovers()
             for pid in left:  # outside the sessions: killed one by one, each known to be this cluster's
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
             if left:
                 raise RuntimeError("processes of the local Ray cluster survived it: "
                                    + "; ".join(f"{pid} {command}" for pid, command in left.items()))

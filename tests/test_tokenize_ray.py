@@ -170,7 +170,7 @@ class DeadWorkerRay:
 
             return Context()
 
-    def ActorPoolStrategy(self, **kwargs):  # noqa: N802 (Ray's name)
+    def ActorPoolStrategy(self, **kwargs):
         return kwargs
 
     def from_items(self, items, **kwargs):

@@ -81,7 +81,7 @@ def ray_module() -> Any:
     """The ``ray`` module with Ray Data loaded, or BACKEND_UNAVAILABLE naming the extra."""
     try:
         import ray
-        import ray.data  # noqa: F401  (the job's API; ray alone does not import it)
+        import ray.data
     except ImportError as exc:
         raise UmlosError(errors.BACKEND_UNAVAILABLE, f"the Ray engine needs Ray Data, which is not installed "
                          f"({exc}): {RAY_EXTRA}", operator=errors.BATCHING_OPERATOR) from None
@@ -119,9 +119,8 @@ def tokenize_on_ray(dataset: Any, tokenizer: Any, output: str | os.PathLike[str]
     if append:
         ShardedTokenStore.open(root)  # refused at once when it is not a store
     else:
-        check_output_folder(root, SHARDED_STORE, force=force,
-                            inputs=input_paths(*dataset_paths(dataset, format), tokenizer, options.get("chat_template")),
-                            operator=errors.BATCHING_OPERATOR)
+        inputs = input_paths(*dataset_paths(dataset, format), tokenizer, options.get("chat_template"))
+        check_output_folder(root, SHARDED_STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR)
     load_tokenizer(tokenizer)  # a wrong path or file fails here, at once, not on every worker
     files = [os.path.abspath(item.path) for item in inputs]  # workers may run in another folder
     task_options = dict(options, format=format, tokenizer=os.path.abspath(os.fspath(tokenizer)),

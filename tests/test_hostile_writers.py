@@ -404,6 +404,33 @@ def _(w):
     assert os.path.isdir(staged)
 
 
+# ---------------------------------------------------------------------- data tokenize --engine ray
+# The output is checked before Ray is imported or reached: these run without Ray and without a cluster
+# (tests/test_tokenize_ray.py runs the job itself on a local cluster).
+@case("tokenize-ray/force-over-a-token-store")
+def _(w):
+    store = w.copy("store")
+    w.refused(errors.OUTPUT_PATH_INVALID, store, *sharded(w, store, "--force", "--engine", "ray"))
+
+
+@case("tokenize-ray/force-over-its-model-folder")
+def _(w):
+    model = w.copy("model")
+    w.refused(errors.OUTPUT_IS_INPUT, model, *sharded(w, model, "--force", "--engine", "ray"))
+
+
+@case("tokenize-ray/output-symlink-to-a-sharded-store")
+def _(w):
+    os.symlink(w.copy("sharded"), w.path("link"))
+    w.refused(errors.OUTPUT_PATH_INVALID, w.path("link"), *sharded(w, w.path("link"), "--force", "--engine", "ray"))
+
+
+@case("tokenize-ray/append-into-a-token-store")
+def _(w):
+    store = w.copy("store")
+    w.refused(errors.SHARDED_STORE_INVALID, "meta.json", *sharded(w, store, "--append", "--engine", "ray"))
+
+
 # ---------------------------------------------------------------------- data lengths build
 def lengths_build(w, output, *extra):
     return ("data", "lengths", "build", "--dataset", w.path("ds.jsonl"), "--tokenizer", w.path("model"),

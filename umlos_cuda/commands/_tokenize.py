@@ -7,7 +7,8 @@ length cache of an existing Megatron-LM indexed dataset from its ``.idx``
 sizes, so a plan is built over it without re-tokenizing; ``megatron-export``
 goes the other way, writing a token store as a Megatron ``.bin``/``.idx``
 pair. ``tokenize --sharded`` writes a sharded token store (one shard per
-input file), ``tokenize --append`` adds new input files to one, ``append``
+input file; ``--engine ray`` writes the same store with a Ray Data job),
+``tokenize --append`` adds new input files to one, ``append``
 adopts token stores written elsewhere as its next shards, and ``verify``
 checks any token source against its own digests. All are actions of the
 ``data`` command (umlos_cuda/commands/data.py registers them).
@@ -33,6 +34,13 @@ def register_actions(actions) -> None:
     tokenize.add_argument("--append", action="store_true",
                           help="add the input files as new shards of the existing sharded store DIR (newly arrived "
                           "files of a growing dataset); implies --sharded")
+    tokenize.add_argument("--engine", choices=("local", "ray"), default="local",
+                          help="where the work runs: local (this machine; the default) or ray (a Ray Data job, one "
+                          "task per input file, writing the sharded token store --sharded writes, byte for byte; "
+                          "implies --sharded; needs pip install 'umlos-cuda[ray]'; docs/batching.md, 'A Ray Data job')")
+    tokenize.add_argument("--ray-address", metavar="ADDRESS",
+                          help="with --engine ray: the Ray cluster to run on (its head's HOST:PORT, or 'auto'); "
+                          "default: the cluster RAY_ADDRESS names, else a Ray started on this machine for the job")
     tokenize.set_defaults(func=lambda args: run_tokenize(args, tokenize))
 
     append = actions.add_parser(
@@ -88,7 +96,9 @@ def register_actions(actions) -> None:
 def run_tokenize(args, parser) -> int:
     from ..batching.tokens.writer import tokenize_dataset
 
-    if args.sharded or args.append:
+    if args.ray_address is not None and args.engine != "ray":
+        parser.error("--ray-address goes with --engine ray")
+    if args.sharded or args.append or args.engine == "ray":
         return run_tokenize_sharded(args, parser)
     store, elapsed = run_with_progress(args, parser, f"tokenize {args.output}", tokenize_dataset)
     print(f"wrote token store {args.output}: {len(store)} samples, {store.num_tokens} tokens "
@@ -103,6 +113,11 @@ def run_tokenize_sharded(args, parser) -> int:
     from ..batching.tokens.partition import tokenize_sharded
 
     def build(dataset, tokenizer, output, **options):
+        if args.engine == "ray":  # the same store, written by a Ray Data job (batching/tokens/distributed.py)
+            from ..batching.tokens.distributed import tokenize_on_ray
+
+            return tokenize_on_ray(dataset, tokenizer, output, append=args.append, address=args.ray_address,
+                                   **options)
         return tokenize_sharded(dataset, tokenizer, output, append=args.append, **options)
 
     if args.append and args.force:

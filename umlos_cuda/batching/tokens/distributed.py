@@ -110,7 +110,6 @@ def tokenize_on_ray(dataset: Any, tokenizer: Any, output: str | os.PathLike[str]
     if not isinstance(tokenizer, (str, os.PathLike)):
         raise _argument(f"the Ray engine loads the tokenizer on each worker from its path; got a "
                         f"{type(tokenizer).__name__} (save it and pass the tokenizer.json or its folder)")
-    ray = ray_module()
     inputs = resolve(dataset, format)
     if any(item.format == "object" for item in inputs):
         raise _argument("the Ray engine reads files that every worker can open; a datasets.Dataset object lives in "
@@ -119,9 +118,10 @@ def tokenize_on_ray(dataset: Any, tokenizer: Any, output: str | os.PathLike[str]
     if append:
         ShardedTokenStore.open(root)  # refused at once when it is not a store
     else:
-        inputs = input_paths(*dataset_paths(dataset, format), tokenizer, options.get("chat_template"))
-        check_output_folder(root, SHARDED_STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR)
+        read = input_paths(*dataset_paths(dataset, format), tokenizer, options.get("chat_template"))
+        check_output_folder(root, SHARDED_STORE, force=force, inputs=read, operator=errors.BATCHING_OPERATOR)
     load_tokenizer(tokenizer)  # a wrong path or file fails here, at once, not on every worker
+    ray = ray_module()  # after the checks of the arguments: a wrong path is said first, Ray or not
     files = [os.path.abspath(item.path) for item in inputs]  # workers may run in another folder
     task_options = dict(options, format=format, tokenizer=os.path.abspath(os.fspath(tokenizer)),
                         skip_bad_lines=skipped is not None, sharded=True if append else None)

@@ -11,6 +11,7 @@ Modules:
     rows      per-row digests and the logical dataset hash
     adopt     create a sharded store, append shards (written stores moved in, index last)
     partition tokenize one input file as one shard (``data tokenize --sharded``)
+    distributed  the same shards written by a Ray Data job (``data tokenize --engine ray``)
     concat    parts read as one token source with global rows
     sources   open any of them as a token source
 """

@@ -94,9 +94,10 @@ def tokenize_on_ray(dataset: Any, tokenizer: Any, output: str | os.PathLike[str]
                     **options: Any) -> ShardedTokenStore:
     """Write the sharded token store ``output`` of ``dataset`` with a Ray Data job (module docstring).
 
-    ``address``: the Ray cluster (``ray.init(address)``; None connects to
-    the cluster ``RAY_ADDRESS`` names, else starts a local one for the job;
-    when this process is already connected, that cluster is used and left
+    ``address``: the Ray cluster (``ray.init(address)``; None: the cluster
+    ``RAY_ADDRESS`` names, else the one ``ray start`` started on this
+    machine, else a local one started for the job and stopped after; when
+    this process is already connected, that cluster is used and left
     connected). ``workers``: the actors tokenizing at once (default: the
     cluster's CPUs, at most one per input file). ``progress(bytes, total)``
     is called as each file finishes; ``skipped`` receives the bad lines the

@@ -8,11 +8,12 @@ tokenizer), then, in one run on this machine, times:
 * ``tokenize_on_ray``: the same sharded store written by the Ray Data job on
   tests/ray_cluster.py's local cluster (a head without CPUs, two worker nodes
   of one CPU each), timed from the job's call to its return: connecting to
-  the cluster, the job, the adoption. Starting the cluster is printed apart.
+  the cluster, starting the job's actors (each loads the tokenizer), the
+  job, the adoption. Starting the cluster is printed apart.
 
 Every store is checked: the Ray job's files equal ``tokenize_sharded``'s
-byte for byte. Each path runs ``--repeats`` times (best and median
-printed). The tokenizer's own threads (Rust, on every core) run in every
+byte for byte. Each path runs ``--repeats`` times, the three taking turns
+(median and best printed). The tokenizer's own threads (Rust, on every core) run in every
 path; on a machine of C cores the Ray job runs two tokenizers of C threads
 each at once. Everything is local; the folder defaults to a temporary one.
 
@@ -43,15 +44,18 @@ def files_of(root: str) -> dict[str, bytes]:
     return {str(path.relative_to(root)): path.read_bytes() for path in sorted(Path(root).rglob("*")) if path.is_file()}
 
 
-def timed(label: str, repeats: int, run) -> tuple[float, object]:
-    seconds = []
-    result = None
+def rotated(repeats: int, runs: dict[str, object]) -> dict[str, tuple[float, float, object]]:
+    """``label -> (best, median seconds, last result)``, the runs taking turns (A B C A B C ...), so that
+    a change in the machine's load over the run falls on every path alike."""
+    seconds: dict[str, list[float]] = {label: [] for label in runs}
+    results: dict[str, object] = {}
     for _ in range(repeats):
-        start = time.perf_counter()
-        result = run()
-        seconds.append(time.perf_counter() - start)
-    print(f"  {label}: best {min(seconds):.2f} s, median {statistics.median(seconds):.2f} s", flush=True)
-    return min(seconds), result
+        for label, run in runs.items():
+            start = time.perf_counter()
+            results[label] = run()
+            seconds[label].append(time.perf_counter() - start)
+            print(f"  {label}: {seconds[label][-1]:.2f} s", flush=True)
+    return {label: (min(s), statistics.median(s), results[label]) for label, s in seconds.items()}
 
 
 def main() -> None:
@@ -91,28 +95,31 @@ def main() -> None:
         shutil.rmtree(out(name), ignore_errors=True)
         return out(name)
 
-    classic_s, classic = timed("tokenize_dataset (one store, one process)", args.repeats,
-                               lambda: tokenize_dataset(paths, model, fresh("classic")))
-    sharded_s, sharded = timed("tokenize_sharded (one process)", args.repeats,
-                               lambda: tokenize_sharded(paths, model, fresh("sharded")))
     start = time.perf_counter()
     with LocalRayCluster(workers=2) as cluster:
-        started = time.perf_counter() - start
-        print(f"  local Ray cluster (head + 2 one-CPU worker nodes) started in {started:.1f} s", flush=True)
+        print(f"local Ray cluster (head + 2 one-CPU worker nodes) started in {time.perf_counter() - start:.1f} s",
+              flush=True)
         os.environ.update({name: cluster.env[name] for name in ("RAY_TMPDIR", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")})
-        ray_s, on_ray = timed("tokenize_on_ray (2 workers)", args.repeats,
-                              lambda: tokenize_on_ray(paths, model, fresh("ray"), address=cluster.address))
+        timings = rotated(args.repeats, {
+            "classic": lambda: tokenize_dataset(paths, model, fresh("classic")),
+            "sharded": lambda: tokenize_sharded(paths, model, fresh("sharded")),
+            "ray": lambda: tokenize_on_ray(paths, model, fresh("ray"), address=cluster.address),
+        })
     assert files_of(out("ray")) == files_of(out("sharded")), "the Ray job's store differs from tokenize_sharded's"
-    tokens = classic.num_tokens
-    assert sharded.num_tokens == on_ray.num_tokens == tokens
+    tokens = timings["classic"][2].num_tokens
+    assert timings["sharded"][2].num_tokens == timings["ray"][2].num_tokens == tokens
+    sharded_s = timings["sharded"][1]
     print()
-    print("| path | workers | seconds (best) | M tokens/s | vs tokenize_sharded |")
+    print("| path | workers | seconds (median; best) | M tokens/s (median) | vs tokenize_sharded |")
     print("|---|---|---|---|---|")
-    for label, workers, seconds in (("`tokenize_dataset` (classic store)", "1 process", classic_s),
-                                    ("`tokenize_sharded` (`--sharded`)", "1 process", sharded_s),
-                                    ("`tokenize_on_ray` (`--engine ray`)", "2 Ray worker nodes", ray_s)):
-        print(f"| {label} | {workers} | {seconds:.2f} | {tokens / seconds / 1e6:.2f} | {sharded_s / seconds:.2f}x |")
-    print(f"\n{tokens} tokens in {len(on_ray)} samples; the Ray store equals tokenize_sharded's byte for byte")
+    for key, label, workers in (("classic", "`tokenize_dataset` (classic store)", "1 process"),
+                                ("sharded", "`tokenize_sharded` (`--sharded`)", "1 process"),
+                                ("ray", "`tokenize_on_ray` (`--engine ray`)", "2 Ray worker nodes")):
+        best, median, _ = timings[key]
+        print(f"| {label} | {workers} | {median:.2f}; {best:.2f} | {tokens / median / 1e6:.2f} | "
+              f"{sharded_s / median:.2f}x |")
+    print(f"\n{tokens} tokens in {len(timings['ray'][2])} samples ({args.repeats} runs each, taking turns); "
+          "the Ray store equals tokenize_sharded's byte for byte")
 
 
 if __name__ == "__main__":

@@ -194,3 +194,15 @@ def test_rays_own_failure_is_distributed_job_failed_and_removes_the_staging(monk
     assert "ActorDiedError: The actor died unexpectedly" in error.message
     assert fake.calls == ["init", "shutdown"]  # the job connected, so it disconnects
     assert sorted(os.listdir(tmp_path)) == ["data"]  # the staged shard went with its folder
+
+
+def test_ray_address_goes_with_the_ray_engine(tokenizer_dir, tmp_path, capsys):
+    from umlos_cuda.cli import main
+
+    paths = write_dataset(tmp_path / "data")
+    with pytest.raises(SystemExit) as exit_status:
+        main(["data", "tokenize", "--dataset", *paths, "--tokenizer", str(tokenizer_dir), "--output",
+              str(tmp_path / "out"), "--sharded", "--ray-address", "127.0.0.1:6379"])
+    assert exit_status.value.code == 2
+    assert "--ray-address goes with --engine ray" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["data"]

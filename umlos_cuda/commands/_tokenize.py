@@ -40,8 +40,8 @@ def register_actions(actions) -> None:
                           "implies --sharded; needs pip install 'umlos-cuda[ray]'; docs/batching.md, 'A Ray Data job')")
     tokenize.add_argument("--ray-address", metavar="ADDRESS",
                           help="with --engine ray: the Ray cluster to run on (its head's HOST:PORT, or 'auto'); "
-                          "default: the cluster RAY_ADDRESS names, else the one `ray start` started on this machine, else a Ray "
-                          "started here for the job")
+                          "default: the cluster RAY_ADDRESS names, else the one `ray start` started on this machine, "
+                          "else a Ray started here for the job")
     tokenize.set_defaults(func=lambda args: run_tokenize(args, tokenize))
 
     append = actions.add_parser(

@@ -25,8 +25,8 @@ import numpy as np
 
 from ... import checks, errors
 from ...errors import UmlosError
-from .npz import (FILES_FORMAT, INDEX_FILE, PLAN_FOLDER, batch_file_name, check_batch_file, file_arrays, file_error,
-                  npz_bytes, read_batch_file)
+from .layouts import FILES_FORMAT_V2, Layout
+from .npz import FILES_FORMAT, INDEX_FILE, PLAN_FOLDER, file_error
 from .fingerprint import BatchFingerprint
 from ...files import reader
 from ..plans.plan import BatchPlan, plan_error
@@ -52,6 +52,7 @@ class BatchReader:
             raise file_error(f"{self.root} was written for plan {self.index['plan_fingerprint']}, not "
                              f"{self.plan.fingerprint}")  # a shard of the folder's plan names it as its source
         self.pad_id = self.index["pad_id"]
+        self.layout = Layout.from_index(self.index, os.path.join(self.root, INDEX_FILE))
         try:
             self.fingerprint = BatchFingerprint.from_json(self.index["batch_fingerprint"])
         except UmlosError as exc:
@@ -81,19 +82,22 @@ class BatchReader:
         return self.index["plan_fingerprint"]
 
     def path(self, epoch: int, index: int) -> str:
-        return os.path.join(self.root, batch_file_name(epoch, index))
+        return os.path.join(self.root, self.layout.file_name(epoch, index))
 
     # ------------------------------------------------------------------ reading
     def load(self, epoch: int, index: int) -> dict[str, np.ndarray]:
         """Global microbatch ``index`` of ``epoch`` (random access)."""
-        self._local(epoch, index)
+        local = self._local(epoch, index)
         path = self.path(epoch, index)
-        arrays = read_batch_file(path)
-        if arrays["epoch"].shape != () or arrays["index"].shape != () or \
-                (int(arrays["epoch"]), int(arrays["index"])) != (int(epoch), int(index)):
-            raise file_error(f"{path} holds epoch {arrays['epoch']} microbatch {arrays['index']}, "
+        members = self.layout.read(path)
+        if members["epoch"].shape != () or members["index"].shape != () or \
+                (int(members["epoch"]), int(members["index"])) != (int(epoch), int(index)):
+            raise file_error(f"{path} holds epoch {members['epoch']} microbatch {members['index']}, "
                              f"not epoch {epoch} microbatch {index}")
-        return arrays
+        if self.layout.name == "npz":
+            return members
+        return self.layout.arrays(members, epoch, self.plan.microbatch(epoch, local), self.plan_fingerprint,
+                                  self.pad_id, path)
 
     def __getitem__(self, key: tuple[int, int]) -> dict[str, np.ndarray]:
         epoch, index = key
@@ -153,14 +157,14 @@ class BatchReader:
         for epoch in range(self.num_epochs):
             for microbatch in self.plan.iter_epoch(epoch):
                 path = self.path(epoch, microbatch.index)
-                arrays = read_batch_file(path)
-                check_batch_file(path, arrays, epoch, microbatch, self.plan_fingerprint,
-                                 self._digests.get((epoch, microbatch.index)), pad_id=self.pad_id)
+                members = self.layout.read(path)
+                self.layout.check(path, members, epoch, microbatch, self.plan_fingerprint,
+                                  self._digests.get((epoch, microbatch.index)), self.pad_id)
                 if source is not None:
                     batch = collate_microbatch(source, microbatch, pad_id=self.pad_id,
                                                separator_ids=self.index.get("separator_ids") or ())
-                    fresh = npz_bytes(file_arrays(epoch, microbatch, batch, self.plan_fingerprint))
-                    if not reader.same_bytes(path, fresh, file_error):
+                    fresh, _ = self.layout.plain_bytes(epoch, microbatch, batch, self.plan_fingerprint, self.pad_id)
+                    if not self.layout.same_content(path, fresh):
                         raise file_error(f"{path} differs from what the token store collates for epoch {epoch} "
                                          f"microbatch {microbatch.index}")
                 done += 1
@@ -180,7 +184,9 @@ def read_index(path: str, *, require_complete: bool = True) -> dict:
                          "`umlos-cuda batch generate`)") from None
     not_index = checks.literal(f"{path} is not a batch folder index (format {FILES_FORMAT!r})")
     checks.instance(data, "index", dict, fail=file_error, message=not_index)
-    checks.equal(data.get("format"), "format", FILES_FORMAT, fail=file_error, message=not_index)
+    if data.get("format") != FILES_FORMAT_V2:
+        checks.equal(data.get("format"), "format", FILES_FORMAT, fail=file_error, message=not_index)
+    Layout.from_index(data, path)
     _check_identity(data, path)
     if require_complete:
         if data.get("complete") is not True:

@@ -1,7 +1,8 @@
 """``umlos-cuda batch generate|check|fingerprint|verify``: batch files and content fingerprints.
 
 ``generate`` collates every microbatch of a plan from its token store (or
-Megatron dataset) into ``epoch_{e}_batch_{index:04d}.npz`` files, resuming
+Megatron dataset) into ``epoch_{e}_batch_{index:04d}.npz`` files (compact
+or the six-array ``npz`` layout, optionally zstd: batches/layouts.py), resuming
 after a crash; ``check`` verifies a finished folder against its plan (and
 the store); ``fingerprint`` prints (and saves) the content fingerprint of
 the first N microbatches; ``verify`` recomputes it and exits 2 with
@@ -28,9 +29,10 @@ def register(subparsers) -> None:
     actions = batch.add_subparsers(dest="batch_action", metavar="ACTION")
 
     generate = actions.add_parser(
-        "generate", help="write one .npz per microbatch of a plan",
+        "generate", help="write one batch file per microbatch of a plan",
         description="Collate every microbatch of every epoch of the plan from the token store (a folder written by "
-        "`data tokenize`, or the prefix of a Megatron .idx/.bin pair) and write OUTPUT/epoch_<e>_batch_<i>.npz, "
+        "`data tokenize`, or the prefix of a Megatron .idx/.bin pair) and write OUTPUT/epoch_<e>_batch_<i>.npz "
+        "(.npz.zst with --compress zstd), "
         "each atomically, with OUTPUT/plan and OUTPUT/batches.json. Run it again after a crash: finished files are "
         "kept when they are byte-identical to what it would write, the rest is written.",
     )
@@ -40,6 +42,12 @@ def register(subparsers) -> None:
     generate.add_argument("--workers", type=positive_int("workers"), metavar="N",
                           help="writer threads (default: the CPU count, at most 8)")
     generate.add_argument("--force", action="store_true", help="replace a batch folder written for another job")
+    generate.add_argument("--layout", choices=("compact", "npz"), default="compact",
+                          help="compact (default): each token once, uint16 when the store's vocabulary fits, masks "
+                          "bit-packed or derived; npz: the six int32 arrays of collation (docs/batching.md, "
+                          "\"Batch file layouts\")")
+    generate.add_argument("--compress", choices=("none", "zstd"), default="none",
+                          help="zstd-compress each compact file (needs the zstandard package: the data extra)")
     generate.add_argument("--quiet", action="store_true", help="no progress line")
     generate.set_defaults(func=run_generate)
 
@@ -119,7 +127,8 @@ def run_generate(args) -> int:
 
     started = time.perf_counter()
     writer = BatchWriter(args.plan, args.output, args.store, workers=args.workers, force=args.force,
-                         separator_ids=_separator_ids(args), verify=not args.no_verify)
+                         separator_ids=_separator_ids(args), verify=not args.no_verify, layout=args.layout,
+                         compression=args.compress)
     progress = Progress(writer.plan.total_microbatches, f"batches {args.output}", enabled=not args.quiet)
     try:
         report = writer.write_all(lambda done, _: progress.update(done))

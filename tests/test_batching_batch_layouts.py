@@ -236,6 +236,10 @@ def other_rows(path, layout):
     write_members(path, layout, {**members, "row_sizes": sizes})
 
 
+def epoch_text(path, layout):
+    write_members(path, layout, {**read_members(path, layout), "epoch": np.array("zero")})
+
+
 def extra_member(path, layout):
     write_members(path, layout, {**read_members(path, layout), "labels": np.zeros(3, dtype=np.int32)})
 
@@ -247,12 +251,14 @@ def extra_member(path, layout):
     (wrong_mask_type, "loss_mask is <u2"),
     (other_rows, "other rows"),
     (extra_member, "members this format does not have: labels.npy"),
+    (epoch_text, "epoch is 'zero'"),
 ])
 def test_damaged_compact_files_are_refused(world, tmp_path, label, damage, mention):
     reader, layout = copy_folder(world, tmp_path, label)
     damage(reader.path(0, 3), layout)
     expect(errors.BATCH_FILE_INVALID, reader.verify, mention=mention)
     expect(errors.BATCH_FILE_INVALID, lambda: list(reader.iter_epoch(0)))
+    expect(errors.BATCH_FILE_INVALID, reader.load, 0, 3)
 
 
 def test_a_stray_mask_bit_is_refused(world, tmp_path):

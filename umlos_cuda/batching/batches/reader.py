@@ -90,8 +90,8 @@ class BatchReader:
         local = self._local(epoch, index)
         path = self.path(epoch, index)
         members = self.layout.read(path)
-        if members["epoch"].shape != () or members["index"].shape != () or \
-                (int(members["epoch"]), int(members["index"])) != (int(epoch), int(index)):
+        if any(members[name].shape != () or members[name].dtype.kind not in "iu" for name in ("epoch", "index")) \
+                or (int(members["epoch"]), int(members["index"])) != (int(epoch), int(index)):
             raise file_error(f"{path} holds epoch {members['epoch']} microbatch {members['index']}, "
                              f"not epoch {epoch} microbatch {index}")
         if self.layout.name == "npz":

@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_lengths import train_tokenizer  # noqa: E402  (bench/ is not a package)
+from bench_lengths import train_tokenizer  # bench/ is not a package
 
 LAYOUTS = (("npz", "npz", None), ("compact", "compact", None), ("compact+zstd", "compact", "zstd"))
 
@@ -104,8 +104,8 @@ def main() -> None:
     dataset = os.path.join(folder, "train.jsonl")
     tokenizer = train_tokenizer(make_dataset(dataset, args.samples), args.vocab)
     store_dir = os.path.join(folder, "store")
-    store = tokenize_dataset(dataset, tokenizer, store_dir, prompt_field="prompt", response_field="response", eos_token="</s>",
-                             force=True)
+    store = tokenize_dataset(dataset, tokenizer, store_dir, prompt_field="prompt", response_field="response",
+                             eos_token="</s>", force=True)
     store_bytes = folder_bytes(store_dir)
     config = BatchingConfig.predictable(16384, (128, 256, 512, 1024), 2048, seed=1)
     plan = BatchPlanBuilder(store.length_cache(), config).build(2)

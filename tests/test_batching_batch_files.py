@@ -108,7 +108,8 @@ def test_a_finished_folder_is_kept_on_a_second_run(world, tmp_path):
     root, _, plan, _ = world
     shutil.copytree(root / "out", tmp_path / "out")
     calls = []
-    report = BatchWriter(plan, tmp_path / "out", root / "store", layout="npz").write_all(lambda d, t: calls.append((d, t)))
+    writer = BatchWriter(plan, tmp_path / "out", root / "store", layout="npz")
+    report = writer.write_all(lambda d, t: calls.append((d, t)))
     assert (report.written, report.kept, report.rewritten) == (0, plan.total_microbatches, 0)
     assert calls[-1] == (plan.total_microbatches, plan.total_microbatches)
 

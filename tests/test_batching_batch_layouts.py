@@ -100,7 +100,7 @@ def test_files_and_index_of_each_layout(world):
 
 
 def test_the_default_layout_is_compact_and_the_vocabulary_picks_the_token_type(world, tmp_path):
-    root, store, plan, _ = world
+    _, store, plan, _ = world
     assert BatchWriter(plan, tmp_path / "a", store).layout == Layout("compact", None, "<u2")
 
     class Wide:  # a source whose vocabulary does not fit uint16
@@ -263,7 +263,7 @@ def test_damaged_compact_files_are_refused(world, tmp_path, label, damage, menti
 
 def test_a_stray_mask_bit_is_refused(world, tmp_path):
     reader, layout = copy_folder(world, tmp_path, "compact")
-    for j, mb in enumerate(world[2].iter_epoch(0)):
+    for mb in world[2].iter_epoch(0):
         members = read_members(reader.path(0, mb.index), layout)
         if members["input_ids"].size % 8:
             stray_mask_bit(reader.path(0, mb.index), layout)

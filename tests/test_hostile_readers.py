@@ -52,7 +52,8 @@ DEEP = 100_000
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     """A model directory, a dataset, its length cache, its token store, a plan (with sample ids, binary and
-    JSONL), its batch folder in each layout (compact, npz, compact + zstd), a saved batch fingerprint, a Megatron pair and a window log, all valid."""
+    JSONL), its batch folder in each layout (compact, npz, compact + zstd), a saved batch fingerprint, a
+    Megatron pair and a window log, all valid."""
     from batching_cases import train_tokenizer, write_model_dir
     from token_cases import random_sequences, write_dataset, write_megatron
     from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, save_plan

@@ -125,7 +125,7 @@ COLLATE_INPUT_INVALID = "COLLATE_INPUT_INVALID"  # samples to collate are empty,
 BATCH_STORE_MISMATCH = "BATCH_STORE_MISMATCH"  # the token store is not the one the plan was built from
 BATCH_OUTPUT_MISMATCH = "BATCH_OUTPUT_MISMATCH"  # the output folder holds batch files of another plan, store or layout
 BATCH_FILES_NOT_FOUND = "BATCH_FILES_NOT_FOUND"  # no finished batch folder (batches.json) at the path
-BATCH_FILE_INVALID = "BATCH_FILE_INVALID"  # a batch file is missing, unreadable, or disagrees with the plan or its digest
+BATCH_FILE_INVALID = "BATCH_FILE_INVALID"  # a batch file is missing, unreadable (a zstd frame past its size cap included), or disagrees with the plan or its digest
 BATCH_FINGERPRINT_INVALID = "BATCH_FINGERPRINT_INVALID"  # a saved batch fingerprint is malformed, or n_batches is refused
 BATCH_FINGERPRINT_MISMATCH = "BATCH_FINGERPRINT_MISMATCH"  # the batches' content fingerprint differs from the expected one
 

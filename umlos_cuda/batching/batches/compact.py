@@ -97,7 +97,7 @@ def decode(members: dict[str, np.ndarray], pad_id: int, where: str) -> CollatedB
     """The six arrays the members of a compact file give (BATCH_FILE_INVALID, naming ``where``,
     when the members are not of a compact file: types, shapes, counts that disagree)."""
     ids, bits = members["input_ids"], members["loss_mask"]
-    seg_lengths, sizes, width = members["segment_lengths"], members["row_sizes"], members["max_len"]
+    seg_lengths, sizes = members["segment_lengths"], members["row_sizes"]
     if ids.dtype.str not in TOKEN_DTYPES or ids.ndim != 1:
         raise file_error(f"{where}: input_ids is {ids.dtype.str} {ids.shape}; expected one-dimensional "
                          f"{' or '.join(TOKEN_DTYPES)}")
@@ -109,7 +109,7 @@ def decode(members: dict[str, np.ndarray], pad_id: int, where: str) -> CollatedB
         if members[name].dtype != np.int64 or members[name].shape != ():
             raise file_error(f"{where}: {name} is {members[name].dtype} {members[name].shape}; expected an int64 "
                              "scalar")
-    width = int(width)
+    width = int(members["max_len"])
     count, total = sizes.shape[0], ids.shape[0]
     segment_count = int(sizes.sum(dtype=np.int64))
     if count == 0 or int(sizes.min()) < 1 or segment_count != seg_lengths.shape[0] or \

@@ -104,7 +104,7 @@ class Layout:
         return batch_file_name(epoch, index, self.suffix)
 
     # ------------------------------------------------------------------ writing
-    def plain_bytes(self, epoch: int, microbatch: Any, batch: CollatedBatch, plan_fingerprint: str,
+    def plain_bytes(self, epoch: int, microbatch: Any, batch: CollatedBatch, plan_fingerprint: str | None,
                     pad_id: int) -> tuple[bytes, str]:
         """The file's bytes before compression, and the microbatch's content digest."""
         digest = microbatch_digest(batch.input_ids, batch.loss_mask)
@@ -112,7 +112,7 @@ class Layout:
             return npz_bytes(file_arrays(epoch, microbatch, batch, plan_fingerprint)), digest
         return npz_bytes(compact.encode(batch, epoch, microbatch, digest, self.token_dtype, pad_id=pad_id)), digest
 
-    def file_bytes(self, epoch: int, microbatch: Any, batch: CollatedBatch, plan_fingerprint: str,
+    def file_bytes(self, epoch: int, microbatch: Any, batch: CollatedBatch, plan_fingerprint: str | None,
                    pad_id: int) -> tuple[bytes, str]:
         """The file's bytes as written, and the microbatch's content digest."""
         data, digest = self.plain_bytes(epoch, microbatch, batch, plan_fingerprint, pad_id)

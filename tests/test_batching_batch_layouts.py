@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from batching_cases import expect
-from token_cases import make_store
+from token_cases import make_store, write_megatron
 from umlos_cuda import errors
 from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, PackingConfig, save_plan
 from umlos_cuda.batching.batches import compact
@@ -35,6 +35,7 @@ from umlos_cuda.batching.batches.npz import npz_bytes
 from umlos_cuda.batching.batches.reader import BatchReader
 from umlos_cuda.batching.batches.writer import BatchWriter, write_batches
 from umlos_cuda.batching.collate import collate_microbatch
+from umlos_cuda.batching.tokens.megatron import MegatronDataset
 from umlos_cuda.cli import main
 
 CONFIG = BatchingConfig.predictable(token_budget=1024, bucket_edges=(32, 64, 128), overflow_max=256, seed=7)
@@ -111,6 +112,9 @@ def test_the_default_layout_is_compact_and_the_vocabulary_picks_the_token_type(w
 
     assert compact.token_dtype_for(Wide()) == "<u4" and compact.token_dtype_for(Narrow()) == "<u2"
     assert compact.token_dtype_for(Narrow(), (70_000,)) == "<u4" and compact.token_dtype_for(object()) == "<u4"
+    for dtype, expected in ((np.uint16, "<u2"), (np.int16, "<u4"), (np.int32, "<u4")):
+        prefix = write_megatron(tmp_path / f"mega-{np.dtype(dtype).name}", [[1, 2, 3], [4, 5]], dtype)
+        assert compact.token_dtype_for(MegatronDataset.open(prefix)) == expected
     wide = write_batches(plan, tmp_path / "wide", store, layout=Layout("compact", None, "<u4"))
     assert wide.fingerprint == world[3]["npz"].fingerprint
     assert BatchReader(tmp_path / "wide").verify(store)["files"] == plan.total_microbatches

@@ -44,20 +44,17 @@ TOKEN_DTYPES = ("<u2", "<u4")
 
 
 def token_dtype_for(source: Any, separator_ids=()) -> str:
-    """``<u2`` when every token id the source can hold fits 16 bits (its ``vocab_size``, else its
-    token array's dtype), and so do the separator ids; ``<u4`` otherwise (or when the source does
-    not say)."""
+    """``<u2`` when every token id the source can hold fits 16 bits (its ``vocab_size``, else the
+    unsigned type of its token array: a token store's ``tokens``, a Megatron dataset's ``dtype``),
+    and so do the separator ids; ``<u4`` otherwise, or when the source does not say (a caller's own
+    source: the larger type is always right)."""
     vocab = getattr(source, "vocab_size", None)
-    if callable(vocab):
-        vocab = None
     if not isinstance(vocab, int):
+        vocab = None
         tokens = getattr(source, "tokens", None)
-        dtype = getattr(tokens, "dtype", None) or getattr(source, "dtype", None)
-        try:
-            vocab = 1 << (8 * np.dtype(dtype).itemsize) if dtype is not None and np.dtype(dtype).kind == "u" \
-                else None
-        except TypeError:
-            vocab = None
+        dtype = tokens.dtype if isinstance(tokens, np.ndarray) else getattr(source, "dtype", None)
+        if isinstance(dtype, np.dtype) and dtype.kind == "u":
+            vocab = 1 << (8 * dtype.itemsize)
     fits = vocab is not None and vocab <= 1 << 16 and all(int(t) < 1 << 16 for t in separator_ids)
     return "<u2" if fits else "<u4"
 

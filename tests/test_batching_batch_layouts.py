@@ -382,3 +382,41 @@ def test_every_layout_decodes_to_the_npz_arrays(case):
                 assert list(other) == list(seen[0])
                 for name in seen[0]:
                     assert other[name].dtype == seen[0][name].dtype and np.array_equal(other[name], seen[0][name])
+
+
+# ====================================================================== batch verify --batches
+@pytest.mark.parametrize("label", [label for label, *_ in LAYOUTS])
+def test_verify_a_batch_folder_against_a_saved_fingerprint(world, tmp_path, capsys, label):
+    """`batch verify --batches` hashes what the files decode to: a consistent edit (file and recorded
+    digests changed together), which `batch check` without the store passes, is caught."""
+    root, _, _, reports = world
+    saved = tmp_path / "fp.json"
+    assert main(["batch", "fingerprint", "--batches", str(root / label), "--n-batches", "20", "--output",
+                 str(saved)]) == 0
+    assert json.loads(saved.read_text())["fingerprint"] == \
+        fingerprint_plan_batches(world[2], world[1], 20).fingerprint
+    assert reports[label].fingerprint.digests[:20] == tuple(json.loads(saved.read_text())["digests"])
+    assert main(["batch", "verify", "--batches", str(root / label), "--expected-fingerprint", str(saved)]) == 0
+    reader, layout = copy_folder(world, tmp_path, label)
+    path = reader.path(0, 2)
+    members = edit_token(read_members(path, layout), layout)
+    digest = microbatch_digest(*decoded(members, layout))
+    if layout.name == "npz":
+        members["labels"] = members["labels"].copy()
+        members["labels"][0, 0] = members["input_ids"][0, 1] if members["loss_mask"][0, 1] else -100
+    members["fingerprint"] = np.array(digest)
+    write_members(path, layout, members)
+    index = json.loads((tmp_path / "out" / "batches.json").read_text())
+    index["epochs"][0]["digests"][index["epochs"][0]["indices"].index(2)] = digest
+    fingerprint = index["batch_fingerprint"]
+    fingerprint["digests"][fingerprint["positions"].index([0, 2])] = digest
+    fingerprint["fingerprint"] = combine_digests(fingerprint["digests"])
+    (tmp_path / "out" / "batches.json").write_text(json.dumps(index))
+    capsys.readouterr()
+    assert main(["batch", "check", str(tmp_path / "out")]) == 0
+    assert main(["batch", "verify", "--batches", str(tmp_path / "out"), "--expected-fingerprint", str(saved)]) == 2
+    err = capsys.readouterr().err
+    assert "BATCH_FINGERPRINT_MISMATCH" in err and "epoch 0 microbatch 2" in err
+    assert main(["batch", "verify", "--batches", str(tmp_path / "out"), "--plan", str(root / "plan"),
+                 "--expected-fingerprint", str(saved)]) == 2
+    assert "BATCHING_CONFIG_INVALID" in capsys.readouterr().err

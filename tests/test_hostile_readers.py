@@ -1054,6 +1054,16 @@ def _compact_member(folder: str, name: str, array_or_header):
     return make
 
 
+def _verify_batches_fifo(folder: str, action: str):
+    """`batch fingerprint|verify --batches`: the files are read (and decoded) to hash them."""
+    def make(world, here):
+        copy(world, here, folder, "fingerprint.json")
+        fifo(first_batch_file(here / folder))
+        extra = ("--expected-fingerprint", str(here / "fingerprint.json")) if action == "verify" else ()
+        return ("batch", action, "--batches", str(here / folder), *extra)
+    return make
+
+
 def _huge_npy_header() -> bytes:
     """A .npy header of 1 MiB (padding spaces), past the reader's 10,000-byte header cap."""
     text = "{'descr': '<u2', 'fortran_order': False, 'shape': (4,), }" + " " * (1 << 20) + "\n"
@@ -1356,6 +1366,9 @@ CASES = [
     Case("hang/data-verify-fifo-shard-tokens", _sharded(lambda d: fifo(d / "shards" / "00000" / "tokens.npy")),
          (S,), "tokens.npy"),
     # ------------------------------------------------------------------ batch file layouts
+    Case("hang/batch-verify-batches-fifo-zstd", _verify_batches_fifo("batches-zstd", "verify"), (B,), ".npz.zst"),
+    Case("hang/batch-fingerprint-batches-fifo-compact", _verify_batches_fifo("batches", "fingerprint"), (B,),
+         ".npz"),
     Case("hang/batch-check-fifo-npz-layout", _layout_fifo("batches-npz"), (B,), ".npz"),
     Case("hang/batch-check-fifo-zstd", _layout_fifo("batches-zstd"), (B,), ".npz.zst"),
     Case("hang/batch-check-symlink-to-fifo-compact", _layout_symlink_to_fifo("batches"), (B,), ".npz"),

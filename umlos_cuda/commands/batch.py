@@ -68,11 +68,11 @@ def register(subparsers) -> None:
 
     fingerprint = actions.add_parser(
         "fingerprint", help="print the content fingerprint of the first N microbatches",
-        description="Collate the plan's first N microbatches (in training order from epoch 0) from the store and "
-        "print their content fingerprint; --output saves it with each microbatch's digest, so that `batch verify` "
-        "can name the first microbatch that differs.",
+        description="Collate the plan's first N microbatches (in training order from epoch 0) from the store, or "
+        "read them from a batch folder (--batches), and print their content fingerprint; --output saves it with "
+        "each microbatch's digest, so that `batch verify` can name the first microbatch that differs.",
     )
-    _plan_and_store(fingerprint)
+    _plan_and_store(fingerprint, batches=True)
     add_no_verify_argument(fingerprint, reads="the plan and the store")
     fingerprint.add_argument("--n-batches", type=positive_int("n batches"), default=100, metavar="N",
                              help="microbatches covered (default 100)")
@@ -84,10 +84,11 @@ def register(subparsers) -> None:
         "verify", help="check the batches' content against an expected fingerprint",
         description="Recompute the content fingerprint of the plan's first N microbatches from the store and compare "
         "it with --expected-fingerprint: a hex digest, or a file saved by `batch fingerprint --output` (then N is "
-        "the file's, and a mismatch names the first microbatch that differs). Exit 2 with "
+        "the file's, and a mismatch names the first microbatch that differs). With --batches DIR instead of --plan "
+        "and --store, the microbatches are those the batch files decode to, in any layout. Exit 2 with "
         "BATCH_FINGERPRINT_MISMATCH on a mismatch.",
     )
-    _plan_and_store(verify)
+    _plan_and_store(verify, batches=True)
     verify.add_argument("--expected-fingerprint", required=True, metavar="F",
                         help="hex digest or saved fingerprint file")
     verify.add_argument("--n-batches", type=positive_int("n batches"), default=100, metavar="N",
@@ -103,11 +104,15 @@ class StoreSource(argparse.Action):
         setattr(namespace, self.dest, values[0] if len(values) == 1 else list(values))
 
 
-def _plan_and_store(parser) -> None:
-    parser.add_argument("--plan", required=True, metavar="DIR", help="a plan folder (plan build)")
-    parser.add_argument("--store", required=True, metavar="STORE", nargs="+", action=StoreSource,
+def _plan_and_store(parser, *, batches: bool = False) -> None:
+    parser.add_argument("--plan", required=not batches, metavar="DIR", help="a plan folder (plan build)")
+    parser.add_argument("--store", required=not batches, metavar="STORE", nargs="+", action=StoreSource,
                         help="the token store folder (data tokenize, sharded or not) or a Megatron dataset prefix "
                         "(PREFIX.idx/.bin); several prefixes are one dataset, in the order given")
+    if batches:
+        parser.add_argument("--batches", metavar="DIR",
+                            help="instead of --plan and --store: a batch folder (batch generate), any layout; its "
+                            "files are read and their arrays hashed")
     parser.add_argument("--separator-ids", default="", metavar="ID,...",
                         help="for a plan packed with --pack-separator-len N: the N token ids between a row's samples")
 
@@ -160,8 +165,9 @@ def run_check(args) -> int:
 def run_fingerprint(args) -> int:
     from ..files.atomic import check_output_path
 
-    stores = args.store if isinstance(args.store, list) else [args.store]
-    inputs = (args.plan, *(path for store in stores for path in (store, f"{store}.idx", f"{store}.bin")))
+    stores = [] if args.store is None else args.store if isinstance(args.store, list) else [args.store]
+    inputs = (*(path for path in (args.batches, args.plan) if path),
+              *(path for store in stores for path in (store, f"{store}.idx", f"{store}.bin")))
     if args.output:
         check_output_path(args.output, args.force, inputs=inputs)
     fingerprint = _fingerprint(args, args.n_batches)
@@ -191,6 +197,15 @@ def run_verify(args) -> int:
 
 def _fingerprint(args, n_batches: int):
     from ..batching.batches.fingerprint import fingerprint_plan_batches
+    from ..batching.plans.buckets import config_error
+
+    from_files = args.batches is not None and args.plan is None and args.store is None
+    if not from_files and (args.batches is not None or args.plan is None or args.store is None):
+        raise config_error("give --plan and --store, or --batches alone")
+    if from_files:
+        from ..batching.batches.reader import BatchReader
+
+        return BatchReader(args.batches).content_fingerprint(n_batches)
     from ..batching.plans.io import load_plan
     from ..batching.tokens.sources import open_token_source, verify_source
 

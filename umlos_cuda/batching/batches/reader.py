@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from ... import checks, errors
 from ...errors import UmlosError
 from .layouts import FILES_FORMAT_V2, Layout
 from .npz import FILES_FORMAT, INDEX_FILE, PLAN_FOLDER, file_error
-from .fingerprint import BatchFingerprint
+from .fingerprint import DEFAULT_N_BATCHES, BatchFingerprint, batch_fingerprint
 from ...files import reader
 from ..plans.plan import BatchPlan, plan_error
 from ..plans.io import load_plan
@@ -127,6 +128,17 @@ class BatchReader:
             raise plan_error(errors.PLAN_CURSOR_INVALID, f"microbatch {index!r} is not one of epoch {epoch} "
                              f"of this {'shard' if self.plan.meta.shard else 'plan'}")
         return local
+
+    def content_fingerprint(self, n_batches: int = DEFAULT_N_BATCHES) -> BatchFingerprint:
+        """The batch fingerprint of the first ``n_batches`` microbatches of the files, in training
+        order, hashed from the arrays the files decode to (never from the digests they or
+        batches.json record): what `batch verify --batches` compares with an expected fingerprint,
+        so that files edited together with their recorded digests still differ from it."""
+        order = ((epoch, microbatch.index) for epoch in range(self.num_epochs)
+                 for microbatch in self.plan.iter_epoch(epoch))
+        positions = list(islice(order, n_batches))
+        return batch_fingerprint((self.load(e, i) for e, i in positions), n_batches, positions=positions,
+                                 plan_fingerprint=self.plan_fingerprint)
 
     # ------------------------------------------------------------------ checks
     def verify(self, store: Any = None, *, progress: Callable[[int, int], None] | None = None,

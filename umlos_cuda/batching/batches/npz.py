@@ -9,7 +9,8 @@ against its plan microbatch. The folder (docs/batching.md, "Batch files")::
     OUT/epoch_<e>_batch_<i>.npz    one per microbatch
     OUT/batches.json               what was written: plan, store, digests, batch fingerprint
 
-Each ``.npz`` holds the six int32 arrays of
+In the ``npz`` layout (the seed's; layouts.py lists the others, which
+share the folder and the file names), each ``.npz`` holds the six int32 arrays of
 :class:`~umlos_cuda.batching.collate.CollatedBatch` and ``sample_ids``
 (unicode), ``rows`` (int64 dataset rows), ``row_sizes`` (int64, the samples
 of each array row: all 1, or a packed plan's samples per packed row, whose

@@ -8,9 +8,11 @@ comes out: each microbatch's arrays as a ``dict`` of NumPy arrays (the
 ``plan_fingerprint``, ``fingerprint``), in the plan's order.
 
 The reader needs nothing but the folder: the plan is its ``plan/``
-subfolder. Reading a file checks only that it is the one asked for (its
-``epoch`` and ``index``), so iteration costs about what ``numpy.load``
-costs; :meth:`BatchReader.verify` checks every file completely against the
+subfolder, and ``batches.json`` names the files' layout (layouts.py: a
+compact file decodes to the same dict, its plan fields taken from the
+plan). Reading a file checks only that it is the one asked for (its
+``epoch`` and ``index``), so iteration costs no more than ``numpy.load`` of
+the six arrays (bench/bench_batch_files.py); :meth:`BatchReader.verify` checks every file completely against the
 plan and the digests of ``batches.json``, and, given the token source,
 against a fresh collation (byte for byte).
 """

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -420,3 +421,14 @@ def test_verify_a_batch_folder_against_a_saved_fingerprint(world, tmp_path, caps
     assert main(["batch", "verify", "--batches", str(tmp_path / "out"), "--plan", str(root / "plan"),
                  "--expected-fingerprint", str(saved)]) == 2
     assert "BATCHING_CONFIG_INVALID" in capsys.readouterr().err
+
+
+def test_zstd_without_the_zstandard_package_names_the_extra(world, tmp_path, monkeypatch):
+    root, store, plan, _ = world
+    monkeypatch.setitem(sys.modules, "zstandard", None)  # import zstandard raises ImportError
+    expect(errors.BATCHING_CONFIG_INVALID, BatchWriter, plan, tmp_path / "z", store, compression="zstd",
+           mention="pip install 'umlos-cuda[data]'")
+    assert not (tmp_path / "z").exists()
+    reader = BatchReader(root / "zstd")
+    expect(errors.BATCH_FILE_INVALID, reader.load, 0, 0, mention="pip install 'umlos-cuda[data]'")
+    assert int(BatchReader(root / "compact").load(0, 0)["index"]) == 0  # the default layout never needs it

@@ -432,3 +432,46 @@ def test_zstd_without_the_zstandard_package_names_the_extra(world, tmp_path, mon
     reader = BatchReader(root / "zstd")
     expect(errors.BATCH_FILE_INVALID, reader.load, 0, 0, mention="pip install 'umlos-cuda[data]'")
     assert int(BatchReader(root / "compact").load(0, 0)["index"]) == 0  # the default layout never needs it
+
+
+# ====================================================================== index-only folders
+def test_an_index_only_folder_collates_from_the_store(world, tmp_path, capsys):
+    root, store, plan, reports = world
+    out = tmp_path / "index"
+    assert main(["batch", "generate", "--plan", str(root / "plan"), "--store", str(root / "store"), "--output",
+                 str(out), "--layout", "index", "--quiet"]) == 0
+    assert "index-only" in capsys.readouterr().out
+    assert sorted(os.listdir(out)) == ["batches.json", "plan", "umlos-artifact.json"]  # no batch files
+    index = json.loads((out / "batches.json").read_text())
+    assert (index["format"], index["layout"], index["compression"], index["token_dtype"]) == \
+        ("umlos_cuda.batch_files/2", "index", None, None)
+    expect(errors.BATCH_STORE_MISMATCH, BatchReader, out, mention="index-only")
+    reader = BatchReader(out, store=root / "store")
+    assert reader.fingerprint == reports["npz"].fingerprint
+    for a, b in zip(BatchReader(root / "npz"), reader):
+        assert list(a) == list(b) and all(np.array_equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
+    assert reader.verify()["files"] == reader.shard(0, 2).verify()["files"] + reader.shard(1, 2).verify()["files"]
+    assert main(["batch", "check", str(out), "--store", str(root / "store")]) == 0
+    assert f"ok  {plan.total_microbatches} microbatches of an index-only folder" in capsys.readouterr().out
+    assert main(["batch", "check", str(out)]) == 2
+    assert "BATCH_STORE_MISMATCH" in capsys.readouterr().err
+    saved = tmp_path / "fp.json"
+    assert main(["batch", "fingerprint", "--batches", str(out), "--store", str(root / "store"), "--output",
+                 str(saved)]) == 0
+    assert json.loads(saved.read_text())["fingerprint"] == reports["npz"].fingerprint.fingerprint
+    expect(errors.BATCHING_CONFIG_INVALID, BatchWriter, plan, tmp_path / "x", store, layout="index",
+           compression="zstd", mention="not index")
+
+
+def test_an_index_only_folder_refuses_a_store_that_collates_otherwise(world, tmp_path):
+    root, store, _, _ = world
+    write_batches(world[2], tmp_path / "index", store, layout="index")
+    shutil.copytree(root / "store", tmp_path / "store")
+    tokens = np.load(tmp_path / "store" / "tokens.npy")
+    tokens[:] = (tokens + 1) % store.vocab_size  # same lengths, ids and tokenizer: other tokens
+    header = (tmp_path / "store" / "tokens.npy").read_bytes()[:-tokens.nbytes]
+    (tmp_path / "store" / "tokens.npy").write_bytes(header + tokens.tobytes())
+    reader = BatchReader(tmp_path / "index", store=tmp_path / "store")
+    expect(errors.BATCH_FILE_INVALID, reader.load, 0, 0, mention="records")
+    expect(errors.TOKEN_STORE_INVALID, reader.verify)  # the store's own digests first
+    expect(errors.BATCH_FILE_INVALID, reader.verify, digests=False, mention="collates epoch 0 microbatch 0")

@@ -52,7 +52,7 @@ DEEP = 100_000
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     """A model directory, a dataset, its length cache, its token store, a plan (with sample ids, binary and
-    JSONL), its batch folder in each layout (compact, npz, compact + zstd), a saved batch fingerprint, a
+    JSONL), its batch folder in each layout (compact, npz, compact + zstd, index), a saved batch fingerprint, a
     Megatron pair and a window log, all valid."""
     from batching_cases import train_tokenizer, write_model_dir
     from token_cases import random_sequences, write_dataset, write_megatron
@@ -73,6 +73,7 @@ def world(tmp_path_factory) -> Path:
     BatchWriter(root / "plan", root / "batches", root / "store", workers=1).write_all()  # compact, the default
     BatchWriter(root / "plan", root / "batches-npz", root / "store", workers=1, layout="npz").write_all()
     BatchWriter(root / "plan", root / "batches-zstd", root / "store", workers=1, compression="zstd").write_all()
+    BatchWriter(root / "plan", root / "batches-index", root / "store", workers=1, layout="index").write_all()
     fingerprint_plan_batches(plan, store, 2).save(root / "fingerprint.json")
     write_megatron(root / "mega", random_sequences(20, seed=2))
     from umlos_cuda.batching.tokens.sharded import tokenize_shard, tokenize_sharded
@@ -1064,6 +1065,13 @@ def _verify_batches_fifo(folder: str, action: str):
     return make
 
 
+def _index_store_fifo(world, here):
+    """An index-only folder reads nothing but batches.json, its plan and the store: a FIFO in the store."""
+    copy(world, here, "batches-index", "store")
+    fifo(here / "store" / "tokens.npy")
+    return ("batch", "check", str(here / "batches-index"), "--store", str(here / "store"))
+
+
 def _huge_npy_header() -> bytes:
     """A .npy header of 1 MiB (padding spaces), past the reader's 10,000-byte header cap."""
     text = "{'descr': '<u2', 'fortran_order': False, 'shape': (4,), }" + " " * (1 << 20) + "\n"
@@ -1370,6 +1378,7 @@ CASES = [
     Case("hang/batch-fingerprint-batches-fifo-compact", _verify_batches_fifo("batches", "fingerprint"), (B,),
          ".npz"),
     Case("hang/batch-check-fifo-npz-layout", _layout_fifo("batches-npz"), (B,), ".npz"),
+    Case("hang/batch-check-index-layout-fifo-store-tokens", _index_store_fifo, (S,), "tokens.npy"),
     Case("hang/batch-check-fifo-zstd", _layout_fifo("batches-zstd"), (B,), ".npz.zst"),
     Case("hang/batch-check-symlink-to-fifo-compact", _layout_symlink_to_fifo("batches"), (B,), ".npz"),
     Case("hang/batch-check-symlink-to-fifo-zstd", _layout_symlink_to_fifo("batches-zstd"), (B,), ".npz.zst"),

@@ -42,10 +42,11 @@ def register(subparsers) -> None:
     generate.add_argument("--workers", type=positive_int("workers"), metavar="N",
                           help="writer threads (default: the CPU count, at most 8)")
     generate.add_argument("--force", action="store_true", help="replace a batch folder written for another job")
-    generate.add_argument("--layout", choices=("compact", "npz"), default="compact",
+    generate.add_argument("--layout", choices=("compact", "npz", "index"), default="compact",
                           help="compact (default): each token once, uint16 when the store's vocabulary fits, masks "
-                          "bit-packed or derived; npz: the six int32 arrays of collation (docs/batching.md, "
-                          "\"Batch file layouts\")")
+                          "bit-packed or derived; npz: the six int32 arrays of collation; index: no files, the "
+                          "reader collates from the store and checks each microbatch's recorded digest "
+                          "(docs/batching.md, \"Batch file layouts\")")
     generate.add_argument("--compress", choices=("none", "zstd"), default="none",
                           help="zstd-compress each compact file (needs the zstandard package: the data extra)")
     generate.add_argument("--quiet", action="store_true", help="no progress line")
@@ -59,7 +60,8 @@ def register(subparsers) -> None:
     )
     check.add_argument("batches", metavar="DIR")
     check.add_argument("--store", metavar="STORE", nargs="+", action=StoreSource,
-                       help="also compare with the token store (or Megatron prefixes)")
+                       help="also compare with the token store (or Megatron prefixes); needed for an index-only "
+                       "folder")
     check.add_argument("--rank", type=non_negative_int("rank"), metavar="R",
                        help="with --world-size: only this rank's files")
     check.add_argument("--world-size", type=positive_int("world size"), metavar="W")
@@ -112,7 +114,8 @@ def _plan_and_store(parser, *, batches: bool = False) -> None:
     if batches:
         parser.add_argument("--batches", metavar="DIR",
                             help="instead of --plan and --store: a batch folder (batch generate), any layout; its "
-                            "files are read and their arrays hashed")
+                            "files are read and their arrays hashed (an index-only folder's are collated from "
+                            "--store and checked against its recorded digests)")
     parser.add_argument("--separator-ids", default="", metavar="ID,...",
                         help="for a plan packed with --pack-separator-len N: the N token ids between a row's samples")
 
@@ -140,8 +143,12 @@ def run_generate(args) -> int:
     finally:
         progress.close()
     seconds = time.perf_counter() - started
-    print(f"batch files {args.output}: {report.files} files ({report.written} written, {report.kept} kept, "
-          f"{report.rewritten} rewritten) in {seconds:.2f} s")
+    if writer.layout.has_files:
+        print(f"batch files {args.output}: {report.files} files ({report.written} written, {report.kept} kept, "
+              f"{report.rewritten} rewritten) in {seconds:.2f} s")
+    else:
+        print(f"batch folder {args.output}: index-only, {report.files} microbatch digests (no batch files) in "
+              f"{seconds:.2f} s")
     print(f"batch fingerprint {report.fingerprint.fingerprint} (first {len(report.fingerprint.digests)} microbatches)")
     return 0
 
@@ -150,14 +157,15 @@ def run_check(args) -> int:
     from ..batching.batches.reader import BatchReader
     from ..batching.plans.buckets import config_error
 
-    reader = BatchReader(args.batches)
+    reader = BatchReader(args.batches, store=args.store)
     if (args.rank is None) != (args.world_size is None):
         raise config_error("--rank and --world-size go together")
     if args.world_size is not None:
         reader = reader.shard(args.rank, args.world_size)
     report = reader.verify(args.store, digests=not args.no_verify)
     against = " and the token store" if report["against_store"] else ""
-    print(f"ok  {report['files']} batch files match plan {report['plan_fingerprint']}{against}")
+    what = "batch files" if reader.layout.has_files else "microbatches of an index-only folder"
+    print(f"ok  {report['files']} {what} match plan {report['plan_fingerprint']}{against}")
     print(f"batch fingerprint {report['batch_fingerprint']}")
     return 0
 
@@ -199,13 +207,13 @@ def _fingerprint(args, n_batches: int):
     from ..batching.batches.fingerprint import fingerprint_plan_batches
     from ..batching.plans.buckets import config_error
 
-    from_files = args.batches is not None and args.plan is None and args.store is None
+    from_files = args.batches is not None and args.plan is None
     if not from_files and (args.batches is not None or args.plan is None or args.store is None):
-        raise config_error("give --plan and --store, or --batches alone")
+        raise config_error("give --plan and --store, or --batches (with --store for an index-only folder)")
     if from_files:
         from ..batching.batches.reader import BatchReader
 
-        return BatchReader(args.batches).content_fingerprint(n_batches)
+        return BatchReader(args.batches, store=args.store).content_fingerprint(n_batches)
     from ..batching.plans.io import load_plan
     from ..batching.tokens.sources import open_token_source, verify_source
 

@@ -36,7 +36,7 @@ from ..collate import CollatedBatch
 
 #: batches.json ``format`` of a folder in a layout other than ``npz``.
 FILES_FORMAT_V2 = "umlos_cuda.batch_files/2"
-LAYOUTS = ("compact", "npz")
+LAYOUTS = ("compact", "npz", "index")
 COMPRESSIONS = ("none", "zstd")
 DEFAULT_LAYOUT = "compact"
 #: zstd level: ratio close to the slower levels' on token ids, at a few hundred MB/s.
@@ -46,11 +46,13 @@ ZSTD_LEVEL = 3
 @dataclass(frozen=True)
 class Layout:
     """A batch file layout: ``name`` (:data:`LAYOUTS`), ``compression`` (None or ``"zstd"``) and
-    ``token_dtype`` (``<u2`` or ``<u4``, compact files only)."""
+    ``token_dtype`` (``<u2`` or ``<u4`` for compact files, None for the others). ``index`` holds no
+    files: batches.json names each microbatch's digest and the reader collates it from the token
+    store (reader.py)."""
 
     name: str = DEFAULT_LAYOUT
     compression: str | None = None
-    token_dtype: str = "<u4"
+    token_dtype: str | None = None
 
     def __post_init__(self) -> None:
         if self.name not in LAYOUTS:
@@ -58,12 +60,13 @@ class Layout:
         if self.compression not in (None, "zstd"):
             raise config_error(f"the batch file compression must be one of {', '.join(COMPRESSIONS)}, got "
                                f"{self.compression!r}")
-        if self.name == "npz" and self.compression is not None:
-            raise config_error("--compress zstd applies to the compact layout; the npz layout is the seed's "
-                               "uncompressed six-array file, kept byte for byte")
-        if self.token_dtype not in compact.TOKEN_DTYPES:
-            raise config_error(f"token_dtype must be one of {', '.join(compact.TOKEN_DTYPES)}, got "
-                               f"{self.token_dtype!r}")
+        if self.name != "compact" and self.compression is not None:
+            raise config_error(f"--compress zstd applies to the compact layout, not {self.name} (the npz layout is "
+                               "the seed's uncompressed six-array file, kept byte for byte; index holds no files)")
+        if (self.token_dtype in compact.TOKEN_DTYPES) != (self.name == "compact") or \
+                (self.name != "compact" and self.token_dtype is not None):
+            raise config_error(f"token_dtype must be one of {', '.join(compact.TOKEN_DTYPES)} for the compact "
+                               f"layout and None for the others, got {self.token_dtype!r} for {self.name}")
 
     @classmethod
     def choose(cls, name: str = DEFAULT_LAYOUT, compression: str | None = None, *, source: Any = None,
@@ -71,7 +74,7 @@ class Layout:
         """The layout ``name`` with ``compression`` (``"none"`` is None), its token type chosen from
         ``source`` (compact.py, :func:`~umlos_cuda.batching.batches.compact.token_dtype_for`)."""
         compression = None if compression in (None, "none") else compression
-        dtype = compact.token_dtype_for(source, separator_ids) if name == "compact" else "<u4"
+        dtype = compact.token_dtype_for(source, separator_ids) if name == "compact" else None
         layout = cls(name, compression, dtype)
         if compression == "zstd":
             _zstandard(config_error)
@@ -83,11 +86,17 @@ class Layout:
         if data.get("format") == FILES_FORMAT:
             return cls("npz")
         name, compression, dtype = data.get("layout"), data.get("compression"), data.get("token_dtype")
-        if name != "compact" or compression not in (None, "zstd") or dtype not in compact.TOKEN_DTYPES:
+        known = (name == "compact" and compression in (None, "zstd") and dtype in compact.TOKEN_DTYPES) or \
+            (name == "index" and compression is None and dtype is None)
+        if not known:
             raise file_error(f"{path}: layout {name!r}, compression {compression!r}, token_dtype {dtype!r} is no "
-                             f"batch file layout (layout one of {', '.join(LAYOUTS)}, compression null or 'zstd', "
-                             f"token_dtype one of {', '.join(compact.TOKEN_DTYPES)})")
-        return cls(name, compression, dtype)
+                             f"batch file layout (compact with compression null or 'zstd' and token_dtype one of "
+                             f"{', '.join(compact.TOKEN_DTYPES)}; index with both null)")
+        return cls(str(name), compression, dtype)
+
+    @property
+    def has_files(self) -> bool:
+        return self.name != "index"
 
     @property
     def suffix(self) -> str:
@@ -110,6 +119,8 @@ class Layout:
         digest = microbatch_digest(batch.input_ids, batch.loss_mask)
         if self.name == "npz":
             return npz_bytes(file_arrays(epoch, microbatch, batch, plan_fingerprint)), digest
+        if self.token_dtype is None:  # index: no file (the writer and reader never ask for one)
+            raise config_error(f"the {self.name} layout has no batch files")
         return npz_bytes(compact.encode(batch, epoch, microbatch, digest, self.token_dtype, pad_id=pad_id)), digest
 
     def file_bytes(self, epoch: int, microbatch: Any, batch: CollatedBatch, plan_fingerprint: str | None,

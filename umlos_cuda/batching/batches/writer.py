@@ -55,7 +55,7 @@ from ...files.atomic import write_failed
 from ...files.writer import ArtifactKind, Folder, open_in_place
 from .layouts import DEFAULT_LAYOUT, FILES_FORMAT_V2, Layout
 from .npz import FILES_FORMAT, INDEX_FILE, PLAN_FOLDER
-from .fingerprint import DEFAULT_N_BATCHES, BatchFingerprint, combine_digests
+from .fingerprint import DEFAULT_N_BATCHES, BatchFingerprint, combine_digests, microbatch_digest
 from ..collate import collate_microbatch, plan_separator_ids
 from ..plans.plan import BatchPlan
 from ..plans.io import load_plan, save_plan_into
@@ -103,8 +103,9 @@ class BatchWriter:
         verify: re-hash a plan given as a folder and the token source against
             their recorded digests before anything is written (default; see
             :func:`~umlos_cuda.batching.tokens.sources.verify_source`).
-        layout: ``"compact"`` (default) or ``"npz"`` (the six int32 arrays,
-            byte for byte as before), or a :class:`~.layouts.Layout`.
+        layout: ``"compact"`` (default), ``"npz"`` (the six int32 arrays,
+            byte for byte as before), ``"index"`` (no files: the reader
+            collates from the store), or a :class:`~.layouts.Layout`.
         compression: ``None`` / ``"none"`` or ``"zstd"`` (compact files only).
     """
 
@@ -202,6 +203,8 @@ class BatchWriter:
 
     def _one(self, folder: Folder, epoch: int, microbatch) -> tuple[int, int, str, str]:
         batch = collate_microbatch(self.source, microbatch, pad_id=self.pad_id, separator_ids=self.separator_ids)
+        if not self.layout.has_files:  # index: batches.json keeps the digest, the reader collates again
+            return epoch, microbatch.index, microbatch_digest(batch.input_ids, batch.loss_mask), "written"
         data, digest = self.layout.file_bytes(epoch, microbatch, batch, self.plan.fingerprint, self.pad_id)
         name = self.layout.file_name(epoch, microbatch.index)
         status = "written"

@@ -6,7 +6,8 @@ counts over a Zipf-weighted lexicon of pseudo-words, a byte-level BPE
 tokenizer trained on them (``--vocab``, 8,000 by default: uint16 ids), ids
 ``train_NNNNNNN``. Plans 2 epochs over it (predictable: edges 128..1024,
 overflow 2048, token budget 16384), then for each layout (``npz``, the six
-int32 arrays; ``compact``; ``compact`` + zstd) writes the batch files and
+int32 arrays; ``compact``; ``compact`` + zstd; ``index``, no files: the
+reader collates from the store) writes the batch files and
 reports their bytes per epoch against the store's bytes (every file of the
 store folder), and times reading epoch 0:
 
@@ -39,7 +40,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_lengths import train_tokenizer  # bench/ is not a package
 
-LAYOUTS = (("npz", "npz", None), ("compact", "compact", None), ("compact+zstd", "compact", "zstd"))
+LAYOUTS = (("npz", "npz", None), ("compact", "compact", None), ("compact+zstd", "compact", "zstd"),
+           ("index", "index", None))
 
 
 def make_dataset(path: str, samples: int, seed: int = 0) -> list[str]:
@@ -126,8 +128,8 @@ def main() -> None:
         BatchWriter(plan, out, store, workers=args.workers, layout=layout, compression=compression).write_all()
         written = time.perf_counter() - start
         per_epoch = folder_bytes(out, "epoch_") / 2
-        reader = BatchReader(out)
-        paths = [reader.path(0, mb.index) for mb in epoch0]
+        reader = BatchReader(out, store=store)
+        paths = [reader.path(0, mb.index) for mb in epoch0] if layout != "index" else []
         if layout == "npz":
             npz_paths = paths
 
@@ -136,10 +138,10 @@ def main() -> None:
                 pass
 
         functions = [with_reader, bare(npz_paths)]
-        if layout != "npz" and compression is None:
+        if layout == "compact" and compression is None:
             functions.append(bare(paths))
         times = best_of(args.repeat, *functions)
-        own = f"{times[2]:.3f}" if len(times) > 2 else ("=" if layout == "npz" else "n/a (zstd)")
+        own = f"{times[2]:.3f}" if len(times) > 2 else {"npz": "=", "index": "n/a (no files)"}.get(layout, "n/a (zstd)")
         print(f"| {label} | {written:.2f} | {per_epoch / 2**20:.1f} | {per_epoch / store_bytes:.2f} | "
               f"{times[0]:.3f} | {times[1]:.3f} | {times[0] / times[1]:.2f}x | {own} |")
         if layout != "npz":

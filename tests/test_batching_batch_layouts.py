@@ -475,3 +475,26 @@ def test_an_index_only_folder_refuses_a_store_that_collates_otherwise(world, tmp
     expect(errors.BATCH_FILE_INVALID, reader.load, 0, 0, mention="records")
     expect(errors.TOKEN_STORE_INVALID, reader.verify)  # the store's own digests first
     expect(errors.BATCH_FILE_INVALID, reader.verify, digests=False, mention="collates epoch 0 microbatch 0")
+
+
+def test_a_sharded_store_writes_compact_files_like_one_store(world, tmp_path):
+    """The source protocol (tokens/sources.py): a sharded store's vocabulary picks uint16 and its files
+    read back as the npz layout's, in every layout."""
+    from token_cases import write_dataset
+    from umlos_cuda.batching.tokens.sharded import tokenize_sharded
+
+    root = world[0]
+    parts = [str(tmp_path / f"part-{i}.jsonl") for i in range(3)]
+    for i, part in enumerate(parts):
+        write_dataset(part, 30 + i, seed=20 + i, ids=False)
+    sharded = tokenize_sharded(parts, root / "model", tmp_path / "sharded")
+    plan = BatchPlanBuilder(sharded.length_cache(), CONFIG).build(1)
+    readers = []
+    for label, layout, compression in LAYOUTS + [("index", "index", None)]:
+        write_batches(plan, tmp_path / label, tmp_path / "sharded", layout=layout, compression=compression)
+        readers.append(BatchReader(tmp_path / label, store=tmp_path / "sharded"))
+        assert readers[-1].verify(tmp_path / "sharded")["files"] == plan.total_microbatches
+    assert readers[1].layout.token_dtype == "<u2"
+    assert len({r.fingerprint for r in readers}) == 1
+    for first, *others in zip(*readers):
+        assert all(np.array_equal(first[k], o[k]) and first[k].dtype == o[k].dtype for o in others for k in first)

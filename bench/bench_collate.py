@@ -7,7 +7,8 @@ then times, over epoch 0:
 
 * ``collate``: ``collate_microbatch`` for every microbatch (tokens/s, real
   and padded);
-* ``BatchWriter.write_all`` (files/s, tokens/s);
+* ``BatchWriter.write_all`` in the ``npz`` layout, the six int32 arrays
+  (files/s, tokens/s; bench/bench_batch_files.py compares the layouts);
 * reading the epoch back: ``BatchReader.iter_epoch`` against a loop of
   ``dict(numpy.load(path))`` over the same files (tokens/s, and the ratio:
   what the reader costs beyond the read).
@@ -87,7 +88,7 @@ def main() -> None:
 
     out = os.path.join(folder, "batches")
     start = time.perf_counter()
-    report = BatchWriter(plan, out, source, workers=args.workers, force=True).write_all()
+    report = BatchWriter(plan, out, source, workers=args.workers, force=True, layout="npz").write_all()
     written = time.perf_counter() - start
     size = sum(os.path.getsize(os.path.join(out, n)) for n in os.listdir(out) if n.endswith(".npz"))
     print(f"BatchWriter:  {written:.3f} s, {report.files / written:7.0f} files/s, "

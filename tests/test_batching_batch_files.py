@@ -53,7 +53,7 @@ def world(tmp_path_factory):
     store = make_store(root, 240, seed=4)
     plan = BatchPlanBuilder(store.length_cache(), CONFIG).build(2)
     save_plan(plan, root / "plan")
-    report = BatchWriter(root / "plan", root / "out", root / "store", workers=3).write_all()
+    report = BatchWriter(root / "plan", root / "out", root / "store", workers=3, layout="npz").write_all()
     return root, store, plan, report
 
 
@@ -97,7 +97,7 @@ def test_store_plan_files_reader_round_trip(world):
 
 def test_files_are_byte_identical_whatever_the_threads(world, tmp_path):
     root, _, plan, _ = world
-    report = write_batches(plan, tmp_path / "one", root / "store", workers=1)
+    report = write_batches(plan, tmp_path / "one", root / "store", workers=1, layout="npz")
     assert report.fingerprint == world[3].fingerprint
     for name in npz_files(root / "out"):
         assert (tmp_path / "one" / name).read_bytes() == (root / "out" / name).read_bytes(), name
@@ -108,7 +108,8 @@ def test_a_finished_folder_is_kept_on_a_second_run(world, tmp_path):
     root, _, plan, _ = world
     shutil.copytree(root / "out", tmp_path / "out")
     calls = []
-    report = BatchWriter(plan, tmp_path / "out", root / "store").write_all(lambda d, t: calls.append((d, t)))
+    writer = BatchWriter(plan, tmp_path / "out", root / "store", layout="npz")
+    report = writer.write_all(lambda d, t: calls.append((d, t)))
     assert (report.written, report.kept, report.rewritten) == (0, plan.total_microbatches, 0)
     assert calls[-1] == (plan.total_microbatches, plan.total_microbatches)
 
@@ -134,7 +135,7 @@ def test_random_access_and_shards(world):
 def test_a_pre_sharded_plan_writes_and_reads_its_own_files(world, tmp_path):
     root, store, plan, _ = world
     shard = shard_plan(plan, 1, 3)
-    report = write_batches(shard, tmp_path / "rank_1", store)
+    report = write_batches(shard, tmp_path / "rank_1", store, layout="npz")
     reader = BatchReader(tmp_path / "rank_1")
     assert report.files == len(reader) == shard.total_microbatches
     assert npz_files(tmp_path / "rank_1") == [n for n in npz_files(root / "out") if int(n[:-4].split("_")[-1]) % 3 == 1]
@@ -235,7 +236,7 @@ def test_reading_a_misnamed_file_is_refused(world, tmp_path):
 def test_a_second_run_rewrites_a_damaged_file(world, tmp_path):
     root, _, plan, _ = world
     damaged(world, tmp_path, edited_tokens)
-    report = BatchWriter(plan, tmp_path / "out", root / "store").write_all()
+    report = BatchWriter(plan, tmp_path / "out", root / "store", layout="npz").write_all()
     assert (report.rewritten, report.kept) == (1, plan.total_microbatches - 1)
     assert BatchReader(tmp_path / "out").verify(root / "store")["files"] == plan.total_microbatches
 
@@ -257,7 +258,7 @@ def dying_collate(source, microbatch, **kwargs):
     return collate(source, microbatch, **kwargs)
 
 batch_writer.collate_microbatch = dying_collate
-BatchWriter(sys.argv[1], sys.argv[2], sys.argv[3], workers=int(sys.argv[5])).write_all()
+BatchWriter(sys.argv[1], sys.argv[2], sys.argv[3], workers=int(sys.argv[5]), layout="npz").write_all()
 """
 
 
@@ -279,7 +280,7 @@ def test_a_killed_writer_resumes(world, tmp_path, capsys, workers, kill_at):
     stale.write_bytes(b"half a file")
     (out / finished[0]).write_bytes(b"damaged after the crash")
     assert main(["batch", "generate", "--plan", str(root / "plan"), "--store", str(root / "store"),
-                 "--output", str(out), "--quiet"]) == 0
+                 "--output", str(out), "--quiet", "--layout", "npz"]) == 0
     line = capsys.readouterr().out
     kept = len(finished) - 1
     assert f"({plan.total_microbatches - kept - 1} written, {kept} kept, 1 rewritten)" in line
@@ -311,11 +312,11 @@ def test_a_store_that_is_not_the_plans_is_refused(world, tmp_path):
 def test_output_folder_rules(world, tmp_path):
     _, store, plan, _ = world
     other = BatchPlanBuilder(store.length_cache(), BatchingConfig.throughput(1024, (64, 128), 256, seed=1)).build(1)
-    write_batches(other, tmp_path / "out", store)
+    write_batches(other, tmp_path / "out", store, layout="npz")
     expect(errors.BATCH_OUTPUT_MISMATCH, write_batches, plan, tmp_path / "out", store, mention="plan_fingerprint")
     expect(errors.BATCH_OUTPUT_MISMATCH, write_batches, other, tmp_path / "out", store, pad_id=3, mention="pad_id")
     (tmp_path / "out" / "notes.txt").write_text("mine")
-    report = write_batches(plan, tmp_path / "out", store, force=True)
+    report = write_batches(plan, tmp_path / "out", store, force=True, layout="npz")
     assert report.written == plan.total_microbatches and (tmp_path / "out" / "notes.txt").read_text() == "mine"
     assert len(npz_files(tmp_path / "out")) == plan.total_microbatches  # the other plan's files are gone
     assert BatchReader(tmp_path / "out").plan_fingerprint == plan.fingerprint
@@ -432,7 +433,7 @@ def run(capsys, *argv):
 def test_batch_commands(world, tmp_path, capsys):
     root, _, plan, _ = world
     code, out, err = run(capsys, "batch", "generate", "--plan", root / "plan", "--store", root / "store",
-                         "--output", tmp_path / "out", "--workers", "2")
+                         "--output", tmp_path / "out", "--workers", "2", "--layout", "npz")
     assert code == 0 and f"{plan.total_microbatches} files ({plan.total_microbatches} written" in out
     assert "100%" in err and world[3].fingerprint.fingerprint in out
     code, out, _ = run(capsys, "batch", "check", tmp_path / "out", "--store", root / "store")
@@ -519,7 +520,7 @@ def test_packed_plans_collate_row_by_packed_row(world, tmp_path, separators):
 
     _, store, _, _ = world
     plan = packed_plan(store, len(separators))
-    report = write_batches(plan, tmp_path / "out", store, separator_ids=separators, workers=2)
+    report = write_batches(plan, tmp_path / "out", store, separator_ids=separators, workers=2, layout="npz")
     reader = BatchReader(tmp_path / "out")
     assert reader.verify(store)["files"] == plan.total_microbatches == report.written
     for mb, arrays in zip(plan.iter_epoch(1), reader.iter_epoch(1)):
@@ -539,7 +540,7 @@ def test_packed_plans_collate_row_by_packed_row(world, tmp_path, separators):
         expect(errors.COLLATE_INPUT_INVALID, BatchWriter, plan, tmp_path / "o", store, mention="exactly")
         expect(errors.COLLATE_INPUT_INVALID, fingerprint_plan_batches, plan, store, separator_ids=separators + (3,))
         expect(errors.BATCH_OUTPUT_MISMATCH, write_batches, plan, tmp_path / "out", store,
-               separator_ids=separators[::-1] if len(separators) > 1 else (5,), mention="separator_ids")
+               separator_ids=separators[::-1] if len(separators) > 1 else (5,), layout="npz", mention="separator_ids")
     else:
         expect(errors.COLLATE_INPUT_INVALID, BatchWriter, plan, tmp_path / "o", store, separator_ids=(2,))
 
@@ -578,5 +579,5 @@ def test_a_second_run_killed_leaves_the_folder_unfinished(world, tmp_path):
                             str(root / "store"), "5", "1"], capture_output=True, text=True, timeout=300)
     assert child.returncode == -9, child.stderr
     expect(errors.BATCH_FILES_NOT_FOUND, BatchReader, tmp_path / "out", mention="unfinished")
-    assert write_batches(plan, tmp_path / "out", root / "store").kept == plan.total_microbatches
+    assert write_batches(plan, tmp_path / "out", root / "store", layout="npz").kept == plan.total_microbatches
     assert BatchReader(tmp_path / "out").fingerprint == world[3].fingerprint

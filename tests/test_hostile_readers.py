@@ -52,7 +52,8 @@ DEEP = 100_000
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     """A model directory, a dataset, its length cache, its token store, a plan (with sample ids, binary and
-    JSONL), its batch folder, a saved batch fingerprint, a Megatron pair and a window log, all valid."""
+    JSONL), its batch folder in each layout (compact, npz, compact + zstd, index), a saved batch fingerprint, a
+    Megatron pair and a window log, all valid."""
     from batching_cases import train_tokenizer, write_model_dir
     from token_cases import random_sequences, write_dataset, write_megatron
     from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, save_plan
@@ -69,7 +70,10 @@ def world(tmp_path_factory) -> Path:
     config = BatchingConfig.predictable(token_budget=512, bucket_edges=(32, 64, 128), overflow_max=256, seed=7)
     plan = BatchPlanBuilder(store.length_cache(), config).build(1)
     save_plan(plan, root / "plan", jsonl="always")
-    BatchWriter(root / "plan", root / "batches", root / "store", workers=1).write_all()
+    BatchWriter(root / "plan", root / "batches", root / "store", workers=1).write_all()  # compact, the default
+    BatchWriter(root / "plan", root / "batches-npz", root / "store", workers=1, layout="npz").write_all()
+    BatchWriter(root / "plan", root / "batches-zstd", root / "store", workers=1, compression="zstd").write_all()
+    BatchWriter(root / "plan", root / "batches-index", root / "store", workers=1, layout="index").write_all()
     fingerprint_plan_batches(plan, store, 2).save(root / "fingerprint.json")
     write_megatron(root / "mega", random_sequences(20, seed=2))
     from umlos_cuda.batching.tokens.sharded import tokenize_shard, tokenize_sharded
@@ -520,6 +524,10 @@ def _sparse_policy(world, here):
 
 def _npz_extra_deflated_member(world, here):
     copy(world, here, "batches")
+    return _npz_extra_deflated_member_in_place(here)
+
+
+def _npz_extra_deflated_member_in_place(here):
     path = first_npz(here / "batches")
     with zipfile.ZipFile(path, "a", zipfile.ZIP_DEFLATED) as archive, \
             archive.open(zipfile.ZipInfo("extra.npy"), "w", force_zip64=True) as member:
@@ -529,6 +537,13 @@ def _npz_extra_deflated_member(world, here):
         for _ in range(128):
             member.write(block)
     return batch_check(here)
+
+
+def _npz_layout_deflated(world, here):
+    """The extra deflated member of :func:`_npz_extra_deflated_member` in the seed's six-array layout."""
+    copy(world, here, "batches-npz")
+    os.rename(here / "batches-npz", here / "batches")
+    return _npz_extra_deflated_member_in_place(here)
 
 
 def _npz_giant_member_header(world, here):
@@ -967,6 +982,135 @@ def _zstd_not_zstd(world, here):
     return lengths_build(here, "train.jsonl.zst")
 
 
+# ---------------------------------------------------------------------- batch file layouts (batches/layouts.py)
+def first_batch_file(folder: Path) -> Path:
+    return sorted(p for p in folder.glob("epoch_*_batch_*.npz*"))[0]
+
+
+def _layout_fifo(folder: str):
+    def make(world, here):
+        copy(world, here, folder)
+        fifo(first_batch_file(here / folder))
+        return ("batch", "check", str(here / folder))
+    return make
+
+
+def _layout_symlink_to_fifo(folder: str):
+    """The file is a symbolic link (followed, like every input) to a FIFO beside the folder."""
+    def make(world, here):
+        copy(world, here, folder)
+        os.mkfifo(here / "pipe")
+        path = first_batch_file(here / folder)
+        path.unlink()
+        os.symlink(here / "pipe", path)
+        return ("batch", "check", str(here / folder))
+    return make
+
+
+def _layout_symlink_to_sparse(world, here):
+    copy(world, here, "batches-zstd")
+    sparse(here / "huge.zst", size=8 << 30)
+    path = first_batch_file(here / "batches-zstd")
+    path.unlink()
+    os.symlink(here / "huge.zst", path)
+    return ("batch", "check", str(here / "batches-zstd"))
+
+
+def _layout_truncated(folder: str):
+    def make(world, here):
+        copy(world, here, folder)
+        path = first_batch_file(here / folder)
+        path.write_bytes(path.read_bytes()[:100])
+        return ("batch", "check", str(here / folder))
+    return make
+
+
+def _compact_member(folder: str, name: str, array_or_header):
+    """The first file of ``folder`` with member ``name`` replaced (an array, or raw .npy bytes)."""
+    def make(world, here):
+        import zstandard
+
+        copy(world, here, folder)
+        path = first_batch_file(here / folder)
+        data = path.read_bytes()
+        if path.suffix == ".zst":
+            data = zstandard.ZstdDecompressor().decompress(data)
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            members = {info.filename: archive.read(info) for info in archive.infolist()}
+        if isinstance(array_or_header, bytes):
+            members[f"{name}.npy"] = array_or_header
+        else:
+            buffer = io.BytesIO()
+            np.lib.format.write_array(buffer, array_or_header)
+            members[f"{name}.npy"] = buffer.getvalue()
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+            for member, raw in members.items():
+                archive.writestr(member, raw)
+        data = buffer.getvalue()
+        if path.suffix == ".zst":
+            data = zstandard.ZstdCompressor().compress(data)
+        path.write_bytes(data)
+        return ("batch", "check", str(here / folder))
+    return make
+
+
+def _verify_batches_fifo(folder: str, action: str):
+    """`batch fingerprint|verify --batches`: the files are read (and decoded) to hash them."""
+    def make(world, here):
+        copy(world, here, folder, "fingerprint.json")
+        fifo(first_batch_file(here / folder))
+        extra = ("--expected-fingerprint", str(here / "fingerprint.json")) if action == "verify" else ()
+        return ("batch", action, "--batches", str(here / folder), *extra)
+    return make
+
+
+def _index_store_fifo(world, here):
+    """An index-only folder reads nothing but batches.json, its plan and the store: a FIFO in the store."""
+    copy(world, here, "batches-index", "store")
+    fifo(here / "store" / "tokens.npy")
+    return ("batch", "check", str(here / "batches-index"), "--store", str(here / "store"))
+
+
+def _huge_npy_header() -> bytes:
+    """A .npy header of 1 MiB (padding spaces), past the reader's 10,000-byte header cap."""
+    text = "{'descr': '<u2', 'fortran_order': False, 'shape': (4,), }" + " " * (1 << 20) + "\n"
+    return b"\x93NUMPY\x02\x00" + struct.pack("<I", len(text)) + text.encode("latin1") + bytes(8)
+
+
+def _zstd_bomb_file(with_size: bool):
+    """A .npz.zst of 1.1 GiB of zeros in about 40 KiB: stating its size (refused by the size in its
+    header, past the 1 GiB cap, before anything is decompressed) or not (refused: no stated size)."""
+    def make(world, here):
+        import zstandard
+
+        copy(world, here, "batches-zstd")
+        path = first_batch_file(here / "batches-zstd")
+        total = (1 << 30) + (100 << 20)
+        block = bytes(16 << 20)
+        with open(path, "wb") as raw, zstandard.ZstdCompressor(level=1, write_content_size=with_size).stream_writer(
+                raw, size=total if with_size else -1) as handle:
+            for _ in range(total // len(block)):
+                handle.write(block)
+            handle.write(bytes(total % len(block)))
+        return ("batch", "check", str(here / "batches-zstd"))
+    return make
+
+
+def _zstd_frame_lies_about_its_size(world, here):
+    """A frame whose header says 100 bytes and whose data holds 64 MiB: decompression stops at 100."""
+    import zstandard
+
+    copy(world, here, "batches-zstd")
+    path = first_batch_file(here / "batches-zstd")
+    honest = zstandard.ZstdCompressor(level=1, write_content_size=False).compress(bytes(64 << 20))
+    small = zstandard.ZstdCompressor(level=1).compress(bytes(100))
+    # the frame header of ``small`` (which states 100 bytes) over the blocks of ``honest``
+    head = zstandard.frame_header_size(small)
+    path.write_bytes(small[:head] + honest[zstandard.frame_header_size(honest):])
+    return ("batch", "check", str(here / "batches-zstd"))
+
+
 CASES = [
     # ------------------------------------------------------------------ hang: FIFOs where a file should be
     Case("hang/plan-info-fifo-meta-json", _plan_fifo("meta.json"), (P, errors.PLAN_NOT_FOUND), "meta.json"),
@@ -1229,6 +1373,35 @@ CASES = [
                                                           "append"), (SH,), "meta.json", owned=()),
     Case("hang/data-verify-fifo-shard-tokens", _sharded(lambda d: fifo(d / "shards" / "00000" / "tokens.npy")),
          (S,), "tokens.npy"),
+    # ------------------------------------------------------------------ batch file layouts
+    Case("hang/batch-verify-batches-fifo-zstd", _verify_batches_fifo("batches-zstd", "verify"), (B,), ".npz.zst"),
+    Case("hang/batch-fingerprint-batches-fifo-compact", _verify_batches_fifo("batches", "fingerprint"), (B,),
+         ".npz"),
+    Case("hang/batch-check-fifo-npz-layout", _layout_fifo("batches-npz"), (B,), ".npz"),
+    Case("hang/batch-check-index-layout-fifo-store-tokens", _index_store_fifo, (S,), "tokens.npy"),
+    Case("hang/batch-check-fifo-zstd", _layout_fifo("batches-zstd"), (B,), ".npz.zst"),
+    Case("hang/batch-check-symlink-to-fifo-compact", _layout_symlink_to_fifo("batches"), (B,), ".npz"),
+    Case("hang/batch-check-symlink-to-fifo-zstd", _layout_symlink_to_fifo("batches-zstd"), (B,), ".npz.zst"),
+    Case("hang/batch-check-symlink-to-sparse-zstd", _layout_symlink_to_sparse, (B,), ".npz.zst"),
+    Case("hang/batch-check-zstd-bomb", _zstd_bomb_file(True), (B,), ".npz.zst"),
+    Case("hang/batch-check-zstd-bomb-without-stated-size", _zstd_bomb_file(False), (B,), ".npz.zst"),
+    Case("hang/batch-check-zstd-frame-lies-about-its-size", _zstd_frame_lies_about_its_size, (B,), ".npz.zst"),
+    Case("hang/batch-check-compact-huge-npy-header", _compact_member("batches", "input_ids", _huge_npy_header()),
+         (B,), ".npz"),
+    Case("hang/batch-check-zstd-huge-npy-header", _compact_member("batches-zstd", "input_ids", _huge_npy_header()),
+         (B,), ".npz.zst"),
+    Case("hang/batch-check-npz-layout-extra-deflated-member", _npz_layout_deflated, (B,), ".npz"),
+    Case("traceback/batch-check-compact-truncated", _layout_truncated("batches"), (B,), ".npz"),
+    Case("traceback/batch-check-zstd-truncated", _layout_truncated("batches-zstd"), (B,), ".npz.zst"),
+    Case("traceback/batch-check-npz-layout-truncated", _layout_truncated("batches-npz"), (B,), ".npz"),
+    Case("traceback/batch-check-compact-tokens-float64",
+         _compact_member("batches", "input_ids", np.zeros(8, dtype=np.float64)), (B,), ".npz"),
+    Case("traceback/batch-check-zstd-row-sizes-int8",
+         _compact_member("batches-zstd", "row_sizes", np.ones(2, dtype=np.int8)), (B,), ".npz.zst"),
+    Case("traceback/batch-check-compact-epoch-text",
+         _compact_member("batches", "epoch", np.array("zero")), (B,), ".npz"),
+    Case("traceback/batch-check-compact-segments-past-the-tokens",
+         _compact_member("batches", "segment_lengths", np.full(2, 1 << 31, dtype="<u4")), (B,), ".npz"),
 ]
 
 

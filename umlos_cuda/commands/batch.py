@@ -1,7 +1,8 @@
 """``umlos-cuda batch generate|check|fingerprint|verify``: batch files and content fingerprints.
 
 ``generate`` collates every microbatch of a plan from its token store (or
-Megatron dataset) into ``epoch_{e}_batch_{index:04d}.npz`` files, resuming
+Megatron dataset) into ``epoch_{e}_batch_{index:04d}.npz`` files (compact
+or the six-array ``npz`` layout, optionally zstd: batches/layouts.py), resuming
 after a crash; ``check`` verifies a finished folder against its plan (and
 the store); ``fingerprint`` prints (and saves) the content fingerprint of
 the first N microbatches; ``verify`` recomputes it and exits 2 with
@@ -28,9 +29,10 @@ def register(subparsers) -> None:
     actions = batch.add_subparsers(dest="batch_action", metavar="ACTION")
 
     generate = actions.add_parser(
-        "generate", help="write one .npz per microbatch of a plan",
+        "generate", help="write one batch file per microbatch of a plan",
         description="Collate every microbatch of every epoch of the plan from the token store (a folder written by "
-        "`data tokenize`, or the prefix of a Megatron .idx/.bin pair) and write OUTPUT/epoch_<e>_batch_<i>.npz, "
+        "`data tokenize`, or the prefix of a Megatron .idx/.bin pair) and write OUTPUT/epoch_<e>_batch_<i>.npz "
+        "(.npz.zst with --compress zstd), "
         "each atomically, with OUTPUT/plan and OUTPUT/batches.json. Run it again after a crash: finished files are "
         "kept when they are byte-identical to what it would write, the rest is written.",
     )
@@ -40,6 +42,13 @@ def register(subparsers) -> None:
     generate.add_argument("--workers", type=positive_int("workers"), metavar="N",
                           help="writer threads (default: the CPU count, at most 8)")
     generate.add_argument("--force", action="store_true", help="replace a batch folder written for another job")
+    generate.add_argument("--layout", choices=("compact", "npz", "index"), default="compact",
+                          help="compact (default): each token once, uint16 when the store's vocabulary fits, masks "
+                          "bit-packed or derived; npz: the six int32 arrays of collation; index: no files, the "
+                          "reader collates from the store and checks each microbatch's recorded digest "
+                          "(docs/batching.md, \"Batch file layouts\")")
+    generate.add_argument("--compress", choices=("none", "zstd"), default="none",
+                          help="zstd-compress each compact file (needs the zstandard package: the data extra)")
     generate.add_argument("--quiet", action="store_true", help="no progress line")
     generate.set_defaults(func=run_generate)
 
@@ -51,7 +60,8 @@ def register(subparsers) -> None:
     )
     check.add_argument("batches", metavar="DIR")
     check.add_argument("--store", metavar="STORE", nargs="+", action=StoreSource,
-                       help="also compare with the token store (or Megatron prefixes)")
+                       help="also compare with the token store (or Megatron prefixes); needed for an index-only "
+                       "folder")
     check.add_argument("--rank", type=non_negative_int("rank"), metavar="R",
                        help="with --world-size: only this rank's files")
     check.add_argument("--world-size", type=positive_int("world size"), metavar="W")
@@ -60,11 +70,11 @@ def register(subparsers) -> None:
 
     fingerprint = actions.add_parser(
         "fingerprint", help="print the content fingerprint of the first N microbatches",
-        description="Collate the plan's first N microbatches (in training order from epoch 0) from the store and "
-        "print their content fingerprint; --output saves it with each microbatch's digest, so that `batch verify` "
-        "can name the first microbatch that differs.",
+        description="Collate the plan's first N microbatches (in training order from epoch 0) from the store, or "
+        "read them from a batch folder (--batches), and print their content fingerprint; --output saves it with "
+        "each microbatch's digest, so that `batch verify` can name the first microbatch that differs.",
     )
-    _plan_and_store(fingerprint)
+    _plan_and_store(fingerprint, batches=True)
     add_no_verify_argument(fingerprint, reads="the plan and the store")
     fingerprint.add_argument("--n-batches", type=positive_int("n batches"), default=100, metavar="N",
                              help="microbatches covered (default 100)")
@@ -76,10 +86,11 @@ def register(subparsers) -> None:
         "verify", help="check the batches' content against an expected fingerprint",
         description="Recompute the content fingerprint of the plan's first N microbatches from the store and compare "
         "it with --expected-fingerprint: a hex digest, or a file saved by `batch fingerprint --output` (then N is "
-        "the file's, and a mismatch names the first microbatch that differs). Exit 2 with "
+        "the file's, and a mismatch names the first microbatch that differs). With --batches DIR instead of --plan "
+        "and --store, the microbatches are those the batch files decode to, in any layout. Exit 2 with "
         "BATCH_FINGERPRINT_MISMATCH on a mismatch.",
     )
-    _plan_and_store(verify)
+    _plan_and_store(verify, batches=True)
     verify.add_argument("--expected-fingerprint", required=True, metavar="F",
                         help="hex digest or saved fingerprint file")
     verify.add_argument("--n-batches", type=positive_int("n batches"), default=100, metavar="N",
@@ -95,11 +106,16 @@ class StoreSource(argparse.Action):
         setattr(namespace, self.dest, values[0] if len(values) == 1 else list(values))
 
 
-def _plan_and_store(parser) -> None:
-    parser.add_argument("--plan", required=True, metavar="DIR", help="a plan folder (plan build)")
-    parser.add_argument("--store", required=True, metavar="STORE", nargs="+", action=StoreSource,
+def _plan_and_store(parser, *, batches: bool = False) -> None:
+    parser.add_argument("--plan", required=not batches, metavar="DIR", help="a plan folder (plan build)")
+    parser.add_argument("--store", required=not batches, metavar="STORE", nargs="+", action=StoreSource,
                         help="the token store folder (data tokenize, sharded or not) or a Megatron dataset prefix "
                         "(PREFIX.idx/.bin); several prefixes are one dataset, in the order given")
+    if batches:
+        parser.add_argument("--batches", metavar="DIR",
+                            help="instead of --plan and --store: a batch folder (batch generate), any layout; its "
+                            "files are read and their arrays hashed (an index-only folder's are collated from "
+                            "--store and checked against its recorded digests)")
     parser.add_argument("--separator-ids", default="", metavar="ID,...",
                         help="for a plan packed with --pack-separator-len N: the N token ids between a row's samples")
 
@@ -119,15 +135,20 @@ def run_generate(args) -> int:
 
     started = time.perf_counter()
     writer = BatchWriter(args.plan, args.output, args.store, workers=args.workers, force=args.force,
-                         separator_ids=_separator_ids(args), verify=not args.no_verify)
+                         separator_ids=_separator_ids(args), verify=not args.no_verify, layout=args.layout,
+                         compression=args.compress)
     progress = Progress(writer.plan.total_microbatches, f"batches {args.output}", enabled=not args.quiet)
     try:
         report = writer.write_all(lambda done, _: progress.update(done))
     finally:
         progress.close()
     seconds = time.perf_counter() - started
-    print(f"batch files {args.output}: {report.files} files ({report.written} written, {report.kept} kept, "
-          f"{report.rewritten} rewritten) in {seconds:.2f} s")
+    if writer.layout.has_files:
+        print(f"batch files {args.output}: {report.files} files ({report.written} written, {report.kept} kept, "
+              f"{report.rewritten} rewritten) in {seconds:.2f} s")
+    else:
+        print(f"batch folder {args.output}: index-only, {report.files} microbatch digests (no batch files) in "
+              f"{seconds:.2f} s")
     print(f"batch fingerprint {report.fingerprint.fingerprint} (first {len(report.fingerprint.digests)} microbatches)")
     return 0
 
@@ -136,14 +157,15 @@ def run_check(args) -> int:
     from ..batching.batches.reader import BatchReader
     from ..batching.plans.buckets import config_error
 
-    reader = BatchReader(args.batches)
+    reader = BatchReader(args.batches, store=args.store)
     if (args.rank is None) != (args.world_size is None):
         raise config_error("--rank and --world-size go together")
     if args.world_size is not None:
         reader = reader.shard(args.rank, args.world_size)
     report = reader.verify(args.store, digests=not args.no_verify)
     against = " and the token store" if report["against_store"] else ""
-    print(f"ok  {report['files']} batch files match plan {report['plan_fingerprint']}{against}")
+    what = "batch files" if reader.layout.has_files else "microbatches of an index-only folder"
+    print(f"ok  {report['files']} {what} match plan {report['plan_fingerprint']}{against}")
     print(f"batch fingerprint {report['batch_fingerprint']}")
     return 0
 
@@ -151,8 +173,9 @@ def run_check(args) -> int:
 def run_fingerprint(args) -> int:
     from ..files.atomic import check_output_path
 
-    stores = args.store if isinstance(args.store, list) else [args.store]
-    inputs = (args.plan, *(path for store in stores for path in (store, f"{store}.idx", f"{store}.bin")))
+    stores = [] if args.store is None else args.store if isinstance(args.store, list) else [args.store]
+    inputs = (*(path for path in (args.batches, args.plan) if path),
+              *(path for store in stores for path in (store, f"{store}.idx", f"{store}.bin")))
     if args.output:
         check_output_path(args.output, args.force, inputs=inputs)
     fingerprint = _fingerprint(args, args.n_batches)
@@ -182,6 +205,15 @@ def run_verify(args) -> int:
 
 def _fingerprint(args, n_batches: int):
     from ..batching.batches.fingerprint import fingerprint_plan_batches
+    from ..batching.plans.buckets import config_error
+
+    from_files = args.batches is not None and args.plan is None
+    if not from_files and (args.batches is not None or args.plan is None or args.store is None):
+        raise config_error("give --plan and --store, or --batches (with --store for an index-only folder)")
+    if from_files:
+        from ..batching.batches.reader import BatchReader
+
+        return BatchReader(args.batches, store=args.store).content_fingerprint(n_batches)
     from ..batching.plans.io import load_plan
     from ..batching.tokens.sources import open_token_source, verify_source
 

@@ -34,7 +34,9 @@ command, exhaust its memory or escape as a raw traceback:
   allocated); object arrays are never unpickled. A ``.npz`` archive must
   hold exactly the members the caller lists, each stored (not compressed)
   and each checked like a ``.npy`` file against its size in the archive, so
-  an extra deflated member cannot expand into gigabytes.
+  an extra deflated member cannot expand into gigabytes. A zstd file must
+  state its decompressed size in its frame header, which is checked against
+  a cap before anything is decompressed (:func:`read_zstd`).
 
 FileNotFoundError passes through every function but :func:`read_npy`
 (which says ``PATH is missing``), because what a missing file means differs
@@ -45,6 +47,7 @@ every other failure is ``error(message)``.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
 import os
@@ -433,13 +436,58 @@ def read_npz(path: str | os.PathLike[str], members: tuple[str, ...], error: Erro
     with open_regular(path, error) as handle:
         size = file_size(handle)
         _check_size(path, size, max_bytes, ".npz file", error)
-        try:
-            with zipfile.ZipFile(handle) as archive:
-                infos = archive.infolist()
-                _check_members(path, infos, members, size, error)
-                return {info.filename[:-len(".npy")]: _read_member(archive, info, path, error) for info in infos}
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
-            raise error(f"{path} is not a readable .npz file ({_one_line(exc)})") from None
+        return _parse_npz(handle, size, path, members, error)
+
+
+def read_npz_bytes(data: bytes, where: str, members: tuple[str, ...], error: ErrorFactory) -> dict[str, np.ndarray]:
+    """:func:`read_npz`'s checks on an archive already in memory (a decompressed file: :func:`read_zstd`),
+    ``where`` naming it in messages."""
+    return _parse_npz(io.BytesIO(data), len(data), where, members, error)
+
+
+def _parse_npz(handle: BinaryIO, size: int, path: str, members: tuple[str, ...],
+               error: ErrorFactory) -> dict[str, np.ndarray]:
+    try:
+        with zipfile.ZipFile(handle) as archive:
+            infos = archive.infolist()
+            _check_members(path, infos, members, size, error)
+            return {info.filename[:-len(".npy")]: _read_member(archive, info, path, error) for info in infos}
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
+        raise error(f"{path} is not a readable .npz file ({_one_line(exc)})") from None
+
+
+# ---------------------------------------------------------------------- .zst
+def read_zstd(path: str | os.PathLike[str], error: ErrorFactory, *, max_bytes: int,
+              max_output: int, what: str = "file") -> bytes:
+    """The decompressed bytes of the one-frame zstd file at ``path``: the compressed file is read
+    whole within ``max_bytes`` (:func:`read_bytes`), then its frame header must state its decompressed
+    size and that size must be at most ``max_output``, both before anything is decompressed, so a
+    small frame that expands into gigabytes (a decompression bomb) is refused unexpanded. Trailing
+    bytes after the frame, a frame whose data disagrees with its stated size, and a missing
+    ``zstandard`` package (the ``data`` extra) are ``error(message)`` too."""
+    path = os.fspath(path)
+    data = read_bytes(path, error, max_bytes=max_bytes, what=what)
+    try:
+        import zstandard
+    except ImportError:
+        raise error(f"reading {path} (zstd) needs the zstandard package: pip install 'umlos-cuda[data]'") from None
+    try:
+        size = zstandard.get_frame_parameters(data).content_size
+    except zstandard.ZstdError as exc:
+        raise error(f"{path} is not a zstd frame ({_one_line(exc)})") from None
+    if size in (zstandard.CONTENTSIZE_UNKNOWN, zstandard.CONTENTSIZE_ERROR):
+        raise error(f"{path}: its zstd frame does not state its decompressed size, which this reader needs "
+                    "before decompressing")
+    if size > max_output:
+        raise error(f"{path} would decompress to {size:,} bytes, over the {max_output:,} a {what} may hold: "
+                    "refused before decompressing")
+    try:
+        out = zstandard.ZstdDecompressor().decompress(data, max_output_size=size, allow_extra_data=False)
+    except zstandard.ZstdError as exc:
+        raise error(f"{path} is not a readable zstd file ({_one_line(exc)})") from None
+    if len(out) != size:
+        raise error(f"{path} decompressed to {len(out):,} bytes; its frame header says {size:,}")
+    return out
 
 
 def _check_members(path: str, infos: list[zipfile.ZipInfo], members: tuple[str, ...], size: int,

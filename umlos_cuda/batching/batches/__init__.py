@@ -1,7 +1,9 @@
-"""Batch files: one collated microbatch per ``.npz``, written, read and fingerprinted.
+"""Batch files: one collated microbatch per file, written, read and fingerprinted.
 
 Modules:
-    npz          the file format and the folder that holds the files
+    npz          the six-array file format (the seed's layout) and the folder that holds the files
+    compact      the compact encoding: tokens once, masks bit-packed or derived
+    layouts      the layouts a folder can have (compact, compact + zstd, npz), read and written alike
     fingerprint  content fingerprints of batches: what the model saw
     writer       write a plan's microbatches (``umlos-cuda batch generate``)
     reader       read them back by epoch, index or rank, verified

@@ -9,7 +9,8 @@ against its plan microbatch. The folder (docs/batching.md, "Batch files")::
     OUT/epoch_<e>_batch_<i>.npz    one per microbatch
     OUT/batches.json               what was written: plan, store, digests, batch fingerprint
 
-Each ``.npz`` holds the six int32 arrays of
+In the ``npz`` layout (the seed's; layouts.py lists the others, which
+share the folder and the file names), each ``.npz`` holds the six int32 arrays of
 :class:`~umlos_cuda.batching.collate.CollatedBatch` and ``sample_ids``
 (unicode), ``rows`` (int64 dataset rows), ``row_sizes`` (int64, the samples
 of each array row: all 1, or a packed plan's samples per packed row, whose
@@ -47,23 +48,30 @@ MEMBERS = FIELDS + ("sample_ids", "rows", "row_sizes", "bucket_id", "epoch", "in
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 
-def batch_file_name(epoch: int, index: int) -> str:
-    """The file name of global microbatch ``index`` of ``epoch``."""
-    return f"epoch_{int(epoch)}_batch_{int(index):04d}.npz"
+def batch_file_name(epoch: int, index: int, suffix: str = ".npz") -> str:
+    """The file name of global microbatch ``index`` of ``epoch`` (``suffix``: the layout's, layouts.py)."""
+    return f"epoch_{int(epoch)}_batch_{int(index):04d}{suffix}"
 
 
 def file_arrays(epoch: int, microbatch: Any, batch: CollatedBatch,
                 plan_fingerprint: str | None) -> dict[str, np.ndarray]:
     """Every member of the batch file of ``microbatch``, in :data:`MEMBERS` order."""
     arrays: dict[str, np.ndarray] = batch.as_dict()
-    arrays["sample_ids"] = np.array(list(microbatch.samples), dtype=str)
-    arrays["rows"] = np.asarray(microbatch.rows, dtype=np.int64)
-    arrays["row_sizes"] = row_sizes(microbatch)
+    arrays.update(plan_members(epoch, microbatch, plan_fingerprint, microbatch_digest(batch.input_ids,
+                                                                                      batch.loss_mask)))
+    return arrays
+
+
+def plan_members(epoch: int, microbatch: Any, plan_fingerprint: str | None, digest: str) -> dict[str, np.ndarray]:
+    """The members after the six arrays, in :data:`MEMBERS` order: what the plan says of
+    ``microbatch`` and its content ``digest`` (a compact file's reader builds them from the plan)."""
+    arrays = {"sample_ids": np.array(list(microbatch.samples), dtype=str),
+              "rows": np.asarray(microbatch.rows, dtype=np.int64), "row_sizes": row_sizes(microbatch)}
     for name, value in (("bucket_id", microbatch.bucket_id), ("epoch", epoch), ("index", microbatch.index),
                         ("max_len", microbatch.max_len)):
         arrays[name] = np.array(int(value), dtype=np.int64)
     arrays["plan_fingerprint"] = np.array(plan_fingerprint)
-    arrays["fingerprint"] = np.array(microbatch_digest(batch.input_ids, batch.loss_mask))
+    arrays["fingerprint"] = np.array(digest)
     return arrays
 
 

@@ -8,9 +8,11 @@ comes out: each microbatch's arrays as a ``dict`` of NumPy arrays (the
 ``plan_fingerprint``, ``fingerprint``), in the plan's order.
 
 The reader needs nothing but the folder: the plan is its ``plan/``
-subfolder. Reading a file checks only that it is the one asked for (its
-``epoch`` and ``index``), so iteration costs about what ``numpy.load``
-costs; :meth:`BatchReader.verify` checks every file completely against the
+subfolder, and ``batches.json`` names the files' layout (layouts.py: a
+compact file decodes to the same dict, its plan fields taken from the
+plan). Reading a file checks only that it is the one asked for (its
+``epoch`` and ``index``), so iteration costs no more than ``numpy.load`` of
+the six arrays (bench/bench_batch_files.py); :meth:`BatchReader.verify` checks every file completely against the
 plan and the digests of ``batches.json``, and, given the token source,
 against a fresh collation (byte for byte).
 """
@@ -19,15 +21,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from itertools import islice
 from typing import Any
 
 import numpy as np
 
 from ... import checks, errors
 from ...errors import UmlosError
-from .npz import (FILES_FORMAT, INDEX_FILE, PLAN_FOLDER, batch_file_name, check_batch_file, file_arrays, file_error,
-                  npz_bytes, read_batch_file)
-from .fingerprint import BatchFingerprint
+from .layouts import FILES_FORMAT_V2, Layout
+from .npz import FILES_FORMAT, INDEX_FILE, PLAN_FOLDER, file_error, plan_members
+from .fingerprint import DEFAULT_N_BATCHES, BatchFingerprint, batch_fingerprint, microbatch_digest
 from ...files import reader
 from ..plans.plan import BatchPlan, plan_error
 from ..plans.io import load_plan
@@ -41,9 +44,15 @@ class BatchReader:
         directory: the folder ``batch generate`` wrote.
         plan: the plan to read by (default: ``directory/plan``); a shard of
             it reads only that rank's files (see :meth:`shard`).
+        store: the token source (a path or an opened source) for a folder of
+            the ``index`` layout, which holds no files: each microbatch is
+            collated from it and must hash to the digest batches.json
+            records. Ignored for the other layouts (``verify(store)`` compares
+            their files with it).
     """
 
-    def __init__(self, directory: str | os.PathLike[str], *, plan: BatchPlan | None = None) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, plan: BatchPlan | None = None,
+                 store: Any = None) -> None:
         self.root = os.path.abspath(os.fspath(directory))
         self.index = read_index(os.path.join(self.root, INDEX_FILE))
         self.plan = plan if plan is not None else load_plan(os.path.join(self.root, PLAN_FOLDER))
@@ -52,6 +61,7 @@ class BatchReader:
             raise file_error(f"{self.root} was written for plan {self.index['plan_fingerprint']}, not "
                              f"{self.plan.fingerprint}")  # a shard of the folder's plan names it as its source
         self.pad_id = self.index["pad_id"]
+        self.layout = Layout.from_index(self.index, os.path.join(self.root, INDEX_FILE))
         try:
             self.fingerprint = BatchFingerprint.from_json(self.index["batch_fingerprint"])
         except UmlosError as exc:
@@ -65,6 +75,16 @@ class BatchReader:
                 any(self._digests.get((epoch, index)) != d
                     for (epoch, index), d in zip(positions, self.fingerprint.digests)):
             raise file_error(f"{INDEX_FILE} in {self.root}: its batch fingerprint disagrees with its file digests")
+        self.source = None
+        if not self.layout.has_files:
+            from ..tokens.sources import check_source_matches_plan, open_token_source
+
+            if store is None:
+                raise UmlosError(errors.BATCH_STORE_MISMATCH, f"{self.root} is an index-only batch folder: it holds "
+                                 "no batch files, and its microbatches are collated from the token store they were "
+                                 "made from; give the store (store=..., --store)", operator=errors.BATCHING_OPERATOR)
+            self.source = open_token_source(store, tokenizer_hash=self.plan.meta.tokenizer_hash)
+            check_source_matches_plan(self.source, self.plan)
 
     def __repr__(self) -> str:
         return f"BatchReader({self.root!r}, {len(self)} microbatches, {self.plan.num_epochs} epochs)"
@@ -81,18 +101,40 @@ class BatchReader:
         return self.index["plan_fingerprint"]
 
     def path(self, epoch: int, index: int) -> str:
-        return os.path.join(self.root, batch_file_name(epoch, index))
+        return os.path.join(self.root, self.layout.file_name(epoch, index))
 
     # ------------------------------------------------------------------ reading
     def load(self, epoch: int, index: int) -> dict[str, np.ndarray]:
         """Global microbatch ``index`` of ``epoch`` (random access)."""
-        self._local(epoch, index)
+        local = self._local(epoch, index)
+        if self.source is not None:
+            return self._collate(epoch, index, local)
         path = self.path(epoch, index)
-        arrays = read_batch_file(path)
-        if arrays["epoch"].shape != () or arrays["index"].shape != () or \
-                (int(arrays["epoch"]), int(arrays["index"])) != (int(epoch), int(index)):
-            raise file_error(f"{path} holds epoch {arrays['epoch']} microbatch {arrays['index']}, "
+        members = self.layout.read(path)
+        if any(members[name].shape != () or members[name].dtype.kind not in "iu" for name in ("epoch", "index")) \
+                or (int(members["epoch"]), int(members["index"])) != (int(epoch), int(index)):
+            raise file_error(f"{path} holds epoch {members['epoch']} microbatch {members['index']}, "
                              f"not epoch {epoch} microbatch {index}")
+        if self.layout.name == "npz":
+            return members
+        return self.layout.arrays(members, epoch, self.plan.microbatch(epoch, local), self.plan_fingerprint,
+                                  self.pad_id, path)
+
+    def _collate(self, epoch: int, index: int, local: int) -> dict[str, np.ndarray]:
+        """An index-only folder's microbatch: collated from the store, checked against its recorded digest."""
+        from ..collate import collate_microbatch
+
+        microbatch = self.plan.microbatch(epoch, local)
+        batch = collate_microbatch(self.source, microbatch, pad_id=self.pad_id,
+                                   separator_ids=self.index.get("separator_ids") or ())
+        digest = microbatch_digest(batch.input_ids, batch.loss_mask)
+        recorded = self._digests.get((epoch, index))
+        if digest != recorded:
+            where = getattr(self.source, "root", None) or getattr(self.source, "prefix", None) or "the store"
+            raise file_error(f"{where} collates epoch {epoch} microbatch {index} to {digest}; {INDEX_FILE} in "
+                             f"{self.root} records {recorded}")
+        arrays: dict[str, np.ndarray] = batch.as_dict()
+        arrays.update(plan_members(epoch, microbatch, self.plan_fingerprint, digest))
         return arrays
 
     def __getitem__(self, key: tuple[int, int]) -> dict[str, np.ndarray]:
@@ -112,7 +154,7 @@ class BatchReader:
     def shard(self, rank: int, world_size: int) -> BatchReader:
         """A reader of rank ``rank``'s files: global microbatch ``i`` of each
         epoch goes to rank ``i % world_size`` (the plan's sharding)."""
-        reader = BatchReader(self.root, plan=shard_plan(self.plan, rank, world_size))
+        reader = BatchReader(self.root, plan=shard_plan(self.plan, rank, world_size), store=self.source)
         reader._folder_plan = self._folder_plan
         return reader
 
@@ -123,6 +165,17 @@ class BatchReader:
             raise plan_error(errors.PLAN_CURSOR_INVALID, f"microbatch {index!r} is not one of epoch {epoch} "
                              f"of this {'shard' if self.plan.meta.shard else 'plan'}")
         return local
+
+    def content_fingerprint(self, n_batches: int = DEFAULT_N_BATCHES) -> BatchFingerprint:
+        """The batch fingerprint of the first ``n_batches`` microbatches of the files, in training
+        order, hashed from the arrays the files decode to (never from the digests they or
+        batches.json record): what `batch verify --batches` compares with an expected fingerprint,
+        so that files edited together with their recorded digests still differ from it."""
+        order = ((epoch, microbatch.index) for epoch in range(self.num_epochs)
+                 for microbatch in self.plan.iter_epoch(epoch))
+        positions = list(islice(order, n_batches))
+        return batch_fingerprint((self.load(e, i) for e, i in positions), n_batches, positions=positions,
+                                 plan_fingerprint=self.plan_fingerprint)
 
     # ------------------------------------------------------------------ checks
     def verify(self, store: Any = None, *, progress: Callable[[int, int], None] | None = None,
@@ -135,7 +188,9 @@ class BatchReader:
         file that fails. First, unless ``digests=False``, the folder's plan
         and the token source are re-hashed against their recorded digests
         (a plan changed after the files were written is named as such, not
-        as a file that disagrees with it)."""
+        as a file that disagrees with it). An index-only folder has no files:
+        every microbatch is collated from ``store`` (or the reader's own) and
+        must hash to its recorded digest."""
         from ..collate import collate_microbatch
         from ..plans.integrity import check_digests
         from ..tokens.sources import check_source_matches_plan, open_token_source, verify_source
@@ -144,23 +199,34 @@ class BatchReader:
             folder = os.path.join(self.root, PLAN_FOLDER)
             check_digests(self._folder_plan or load_plan(folder), folder)
         source = None
+        if store is None and self.source is not None:
+            store = self.source
         if store is not None:
             source = open_token_source(store, tokenizer_hash=self.plan.meta.tokenizer_hash)
             check_source_matches_plan(source, self.plan)
             if digests:
                 verify_source(source)
+        collating = None  # an index-only folder: the reader that collates from the store given here
+        if not self.layout.has_files:
+            collating = self if source is self.source else BatchReader(self.root, plan=self.plan, store=source)
         total, done = len(self), 0
         for epoch in range(self.num_epochs):
-            for microbatch in self.plan.iter_epoch(epoch):
+            for local, microbatch in enumerate(self.plan.iter_epoch(epoch)):
+                if collating is not None:
+                    collating._collate(epoch, microbatch.index, local)
+                    done += 1
+                    if progress is not None:
+                        progress(done, total)
+                    continue
                 path = self.path(epoch, microbatch.index)
-                arrays = read_batch_file(path)
-                check_batch_file(path, arrays, epoch, microbatch, self.plan_fingerprint,
-                                 self._digests.get((epoch, microbatch.index)), pad_id=self.pad_id)
+                members = self.layout.read(path)
+                self.layout.check(path, members, epoch, microbatch, self.plan_fingerprint,
+                                  self._digests.get((epoch, microbatch.index)), self.pad_id)
                 if source is not None:
                     batch = collate_microbatch(source, microbatch, pad_id=self.pad_id,
                                                separator_ids=self.index.get("separator_ids") or ())
-                    fresh = npz_bytes(file_arrays(epoch, microbatch, batch, self.plan_fingerprint))
-                    if not reader.same_bytes(path, fresh, file_error):
+                    fresh, _ = self.layout.plain_bytes(epoch, microbatch, batch, self.plan_fingerprint, self.pad_id)
+                    if not self.layout.same_content(path, fresh):
                         raise file_error(f"{path} differs from what the token store collates for epoch {epoch} "
                                          f"microbatch {microbatch.index}")
                 done += 1
@@ -180,7 +246,9 @@ def read_index(path: str, *, require_complete: bool = True) -> dict:
                          "`umlos-cuda batch generate`)") from None
     not_index = checks.literal(f"{path} is not a batch folder index (format {FILES_FORMAT!r})")
     checks.instance(data, "index", dict, fail=file_error, message=not_index)
-    checks.equal(data.get("format"), "format", FILES_FORMAT, fail=file_error, message=not_index)
+    if data.get("format") != FILES_FORMAT_V2:
+        checks.equal(data.get("format"), "format", FILES_FORMAT, fail=file_error, message=not_index)
+    Layout.from_index(data, path)
     _check_identity(data, path)
     if require_complete:
         if data.get("complete") is not True:

@@ -2,8 +2,10 @@
 
 What goes in: a batch plan, the token source it was built from (a token
 store or a Megatron dataset; BATCH_STORE_MISMATCH otherwise) and an output
-folder. What comes out: the folder of umlos_cuda/batching/batches/npz.py,
-one ``.npz`` per microbatch of every epoch, and a report of what was done.
+folder, and the layout of the files (layouts.py: ``compact`` by default,
+``npz`` for the six int32 arrays; zstd optional). What comes out: the folder
+of umlos_cuda/batching/batches/npz.py, one file per microbatch of every
+epoch, and a report of what was done.
 
 A packed plan's microbatches are collated row by packed row
 (:func:`~umlos_cuda.batching.collate.collate_microbatch`).
@@ -51,22 +53,25 @@ from ...errors import UmlosError
 from ...files.artifacts import MARKER, json_field
 from ...files.atomic import write_failed
 from ...files.writer import ArtifactKind, Folder, open_in_place
-from .npz import FILES_FORMAT, INDEX_FILE, PLAN_FOLDER, batch_file_name, file_arrays, npz_bytes
-from .fingerprint import DEFAULT_N_BATCHES, BatchFingerprint, combine_digests
+from .layouts import DEFAULT_LAYOUT, FILES_FORMAT_V2, Layout
+from .npz import FILES_FORMAT, INDEX_FILE, PLAN_FOLDER
+from .fingerprint import DEFAULT_N_BATCHES, BatchFingerprint, combine_digests, microbatch_digest
 from ..collate import collate_microbatch, plan_separator_ids
 from ..plans.plan import BatchPlan
 from ..plans.io import load_plan, save_plan_into
 from ..tokens.sources import check_source_matches_plan, open_token_source, verify_source
 
 #: The fields of batches.json that say what the files are made from.
-IDENTITY = ("format", "plan_fingerprint", "tokenizer_hash", "lengths_sha256", "pad_id", "separator_ids")
-_OUR_FILES = re.compile(r"^(\.tmp-[0-9a-f]{8}-)?epoch_\d+_batch_\d+\.npz$")
+IDENTITY = ("format", "layout", "compression", "token_dtype", "plan_fingerprint", "tokenizer_hash", "lengths_sha256",
+            "pad_id", "separator_ids")
+_OUR_FILES = re.compile(r"^(\.tmp-[0-9a-f]{8}-)?epoch_\d+_batch_\d+\.npz(\.zst)?$")
 #: The index's temp file, which a run killed while writing it leaves behind.
 _INDEX_TEMP = re.compile(r"^\.tmp-[0-9a-f]{8}-batches\.json$")
 #: The plan copy's temp and moved-aside folders, which a killed run leaves behind.
 _PLAN_TEMP = re.compile(rf"^\.(tmp|old)-{PLAN_FOLDER}-[0-9a-f]{{8}}$")
 #: The artifact kind; a folder written before markers is known by its batches.json's format.
-BATCH_FOLDER = ArtifactKind("batch folder", lambda folder: json_field(folder, INDEX_FILE, "format") == FILES_FORMAT)
+BATCH_FOLDER = ArtifactKind("batch folder", lambda folder: json_field(folder, INDEX_FILE, "format") in (FILES_FORMAT,
+                                                                                           FILES_FORMAT_V2))
 
 
 @dataclass(frozen=True)
@@ -98,11 +103,16 @@ class BatchWriter:
         verify: re-hash a plan given as a folder and the token source against
             their recorded digests before anything is written (default; see
             :func:`~umlos_cuda.batching.tokens.sources.verify_source`).
+        layout: ``"compact"`` (default), ``"npz"`` (the six int32 arrays,
+            byte for byte as before), ``"index"`` (no files: the reader
+            collates from the store), or a :class:`~.layouts.Layout`.
+        compression: ``None`` / ``"none"`` or ``"zstd"`` (compact files only).
     """
 
     def __init__(self, plan: BatchPlan | str | os.PathLike[str], output_dir: str | os.PathLike[str], store: Any, *,
                  pad_id: int = 0, separator_ids=(), workers: int | None = None, force: bool = False,
-                 n_batches: int = DEFAULT_N_BATCHES, verify: bool = True) -> None:
+                 n_batches: int = DEFAULT_N_BATCHES, verify: bool = True, layout: str | Layout = DEFAULT_LAYOUT,
+                 compression: str | None = None) -> None:
         self.inputs = _input_paths(plan, store)
         self.plan = plan if isinstance(plan, BatchPlan) else load_plan(plan, verify=verify)
         self.separator_ids = plan_separator_ids(self.plan, separator_ids)
@@ -118,10 +128,12 @@ class BatchWriter:
                                       message=checks.POSITIVE)
         self.force = force
         self.n_batches = n_batches
+        self.layout = layout if isinstance(layout, Layout) else \
+            Layout.choose(layout, compression, source=self.source, separator_ids=self.separator_ids)
 
     def identity(self) -> dict:
         """What the files are made from (the fields a resumed run must match)."""
-        return {"format": FILES_FORMAT, "plan_fingerprint": self.plan.fingerprint,
+        return {**self.layout.identity(), "plan_fingerprint": self.plan.fingerprint,
                 "tokenizer_hash": self.plan.meta.tokenizer_hash, "lengths_sha256": self.plan.meta.lengths_sha256,
                 "pad_id": self.pad_id, "separator_ids": list(self.separator_ids)}
 
@@ -160,10 +172,10 @@ class BatchWriter:
         try:
             _refuse_strays(folder)
             index = folder.join(INDEX_FILE)
-            if folder.lstat(INDEX_FILE) is not None and (self.force or _read_identity(index) != self.identity()):
+            if folder.lstat(INDEX_FILE) is not None and (self.force or _read_identity(index) != _view(self.identity())):
                 if not self.force:
                     raise _mismatch(f"{self.output} holds batch files of another job ({INDEX_FILE} differs in "
-                                    f"{_differences(_read_identity(index), self.identity())}); pass --force to "
+                                    f"{_differences(_read_identity(index), _view(self.identity()))}); pass --force to "
                                     "replace them, or write to another folder")
                 _clear(folder)
             _write_index(folder, {**self.identity(), "complete": False})  # unreadable until every file is checked
@@ -191,22 +203,23 @@ class BatchWriter:
 
     def _one(self, folder: Folder, epoch: int, microbatch) -> tuple[int, int, str, str]:
         batch = collate_microbatch(self.source, microbatch, pad_id=self.pad_id, separator_ids=self.separator_ids)
-        arrays = file_arrays(epoch, microbatch, batch, self.plan.fingerprint)
-        data = npz_bytes(arrays)
-        name = batch_file_name(epoch, microbatch.index)
+        if not self.layout.has_files:  # index: batches.json keeps the digest, the reader collates again
+            return epoch, microbatch.index, microbatch_digest(batch.input_ids, batch.loss_mask), "written"
+        data, digest = self.layout.file_bytes(epoch, microbatch, batch, self.plan.fingerprint, self.pad_id)
+        name = self.layout.file_name(epoch, microbatch.index)
         status = "written"
         try:
             existing = folder.open_regular(name)
             if existing is not None:
                 with existing:
                     if existing.read(len(data) + 1) == data:
-                        return epoch, microbatch.index, arrays["fingerprint"].item(), "kept"
+                        return epoch, microbatch.index, digest, "kept"
             if folder.lstat(name) is not None:
                 status = "rewritten"
             folder.replace_file(name, data)
         except OSError as exc:
             raise write_failed(folder.join(name), exc) from exc
-        return epoch, microbatch.index, arrays["fingerprint"].item(), status
+        return epoch, microbatch.index, digest, status
 
     def _collect(self, done, digests: dict, counts: dict, progress, total: int) -> None:
         for future in done:
@@ -243,7 +256,11 @@ def write_batches(plan, output_dir, store, **kwargs) -> BatchWriteReport:
 def _read_identity(path: str) -> dict:
     from .reader import read_index
 
-    data = read_index(path, require_complete=False)
+    return _view(read_index(path, require_complete=False))
+
+
+def _view(data: dict) -> dict:
+    """The identity fields of ``data`` (None for those an ``npz`` folder's index does not have)."""
     return {key: data.get(key) for key in IDENTITY}
 
 

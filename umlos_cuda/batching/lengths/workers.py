@@ -35,6 +35,7 @@ parent dies without that (SIGKILL) exits when its pipe closes.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
@@ -198,14 +199,11 @@ class _Pool:
         ours, theirs = self._context.Pipe()
         process = self._context.Process(target=serve, args=(theirs, self._work), daemon=True,
                                         name=f"umlos-encode-{len(self._processes)}")
-        # Started with SIGINT blocked, so the worker never sees a Ctrl-C meant for this process (it
-        # ignores SIGINT from its first line; the mask is inherited, a pending signal is not).
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            process.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-            theirs.close()
+        with _sigint_ignored_by_children():
+            try:
+                process.start()
+            finally:
+                theirs.close()
         self._processes.append(process)
         self._pipes.append(ours)
 
@@ -232,12 +230,32 @@ class _Pool:
                 pipe.close()
 
 
+@contextlib.contextmanager
+def _sigint_ignored_by_children() -> Iterator[None]:
+    """Start a worker with SIGINT ignored, which it keeps from its first instruction on (an ignored signal
+    stays ignored across ``exec``, and Python then installs no handler of its own): a Ctrl-C that
+    the terminal sends the whole group while it starts is this process's to handle. SIGINT is blocked
+    meanwhile, so one arriving in that moment waits for this process's own handler instead of being
+    lost. Only the main thread can change a handler; elsewhere workers start as they are."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, handler)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 def serve(pipe, work) -> None:
     """A worker's life: ``work`` each chunk received, send ``(True, result)`` or ``(False, error)``, until
     None or the pipe's end. A thread receives while the main thread encodes and sends, so neither side
     ever waits on a pipe the other is not reading."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (ignored from the start)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core a worker: N workers for N cores
     tasks: queue.SimpleQueue = queue.SimpleQueue()
 

@@ -8,8 +8,11 @@ reader alone (JSON parsed, checked and fingerprinted: what stays in the main
 process) and the tokenizer's ``encode_batch_fast`` on the texts in memory,
 4096 a call, in this one process (``TOKENIZERS_PARALLELISM`` as set). The
 outputs of every N are compared byte for byte before any time is printed.
-Each timing is the best of ``--repeat`` runs and includes starting the
-workers (spawn, import, tokenizer load).
+The runs are interleaved (round r runs every path once, so load from other
+jobs falls on all alike); each path keeps its best round, with the CPU
+seconds it used in this process and in its workers (a measure of the work
+that does not depend on the load). A timing includes starting the workers
+(spawn, import, tokenizer load).
 
 The tokenizer is a byte-level BPE trained here (bench/bench_lengths.py), the
 texts Zipf-like words (bench/bench_records.py); everything is local.
@@ -23,12 +26,24 @@ import argparse
 import filecmp
 import json
 import os
+import resource
 import shutil
 import tempfile
 import time
 
 from bench_lengths import train_tokenizer  # bench/ is on sys.path when a script in it runs
-from bench_records import best, make_texts, table
+from bench_records import make_texts, table
+
+
+def timed(run) -> tuple[float, float]:
+    """Wall seconds of ``run()`` and the CPU seconds it used, in this process and in the workers it waited for."""
+    def used() -> float:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    cpu, start = used(), time.perf_counter()
+    run()
+    return time.perf_counter() - start, used() - cpu
 
 
 def main() -> None:
@@ -67,27 +82,38 @@ def main() -> None:
             for start in range(0, len(texts), 4096):
                 tokenizer.encode_batch_fast(texts[start:start + 4096])
 
-        rows = [("records reader alone (JSON parsed, checked, fingerprinted)", best(args.repeat, reader_alone)),
-                ("encode_batch_fast alone, texts in memory, 4096 a call", best(args.repeat, encode_alone))]
+        runs = {"records reader alone (JSON parsed, checked, fingerprinted)": (reader_alone, None),
+                "encode_batch_fast alone, texts in memory, 4096 a call": (encode_alone, None)}
         outputs = {}
         for workers in [1, *args.workers]:
             store = os.path.join(folder, f"store-{workers}")
             cache = os.path.join(folder, f"lengths-{workers}.jsonl")
 
-            def clear(store=store, cache=cache) -> None:
+            def clear_store(store=store) -> None:
                 shutil.rmtree(store, ignore_errors=True)
+
+            def clear_cache(cache=cache) -> None:
                 for name in (cache, cache + ".u32"):
                     if os.path.exists(name):
                         os.unlink(name)
 
-            rows.append((f"data tokenize, --workers {workers}", best(
-                args.repeat, lambda w=workers, s=store: tokenize_dataset(path, model, s, workers=w), clear)))
-            rows.append((f"data lengths build, --workers {workers}", best(
-                args.repeat, lambda w=workers, c=cache: build_lengths(path, model, c, workers=w), clear)))
-            clear()
-            tokenize_dataset(path, model, store, workers=workers)
-            build_lengths(path, model, cache, workers=workers)
+            runs[f"data tokenize, --workers {workers}"] = (
+                lambda w=workers, s=store: tokenize_dataset(path, model, s, workers=w), clear_store)
+            runs[f"data lengths build, --workers {workers}"] = (
+                lambda w=workers, c=cache: build_lengths(path, model, c, workers=w), clear_cache)
             outputs[workers] = (store, cache)
+        # Interleaved: round r runs every path once, so a load that comes and goes (other jobs on the
+        # machine) falls on all of them alike; each path keeps its best round.
+        wall = {name: float("inf") for name in runs}
+        cpu = {name: float("inf") for name in runs}
+        for _ in range(args.repeat):
+            for name, (run, before) in runs.items():
+                if before is not None:
+                    before()
+                seconds, used = timed(run)
+                if seconds < wall[name]:
+                    wall[name], cpu[name] = seconds, used
+        rows = [(name, wall[name], cpu[name]) for name in runs]
         store_1, cache_1 = outputs[1]
         for workers, (store, cache) in outputs.items():  # the same bytes, or no table
             names = sorted(os.listdir(store_1))
@@ -96,13 +122,13 @@ def main() -> None:
             assert filecmp.cmp(cache_1, cache, shallow=False) and filecmp.cmp(cache_1 + ".u32", cache + ".u32",
                                                                               shallow=False)
         size = os.path.getsize(path)
-        base = {kind: t for name, t in rows if name.endswith("--workers 1") for kind in [name.split(",")[0]]}
+        base = {name.split(",")[0]: t for name, t, _ in rows if name.endswith("--workers 1")}
         table(f"{args.rows:,} JSONL records ({size / 1e6:.1f} MB), {tokens:,} tokens, BPE vocab {args.vocab}, "
               f"{available_cores()} cores available, {time.strftime('%Y-%m-%d %H:%M')}",
-              ("path", "seconds", "tokens/s", "x --workers 1"),
+              ("path", "seconds", "tokens/s", "x --workers 1", "CPU seconds (all processes)"),
               [(name, f"{t:.2f}", f"{tokens / t:,.0f}",
-                f"{base[name.split(',')[0]] / t:.2f}" if name.split(",")[0] in base else "")
-               for name, t in rows])
+                f"{base[name.split(',')[0]] / t:.2f}" if name.split(",")[0] in base else "", f"{used:.2f}")
+               for name, t, used in rows])
         print("\nevery file of the store and of the length cache is byte-identical for every --workers")
     finally:
         if args.folder is None:

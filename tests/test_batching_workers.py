@@ -159,7 +159,7 @@ def test_a_worker_that_dies_is_a_documented_error_naming_its_lines():
 
 def test_the_number_of_workers_is_checked():
     for bad in (0, -1, 1.5, True, "2", workers_module.MAX_WORKERS + 1):
-        expect(errors.INVALID_ARGUMENT, lambda: list(in_order(worker_cases.count_rows, chunks(3, 1), bad)),
+        expect(errors.INVALID_ARGUMENT, lambda bad=bad: list(in_order(worker_cases.count_rows, chunks(3, 1), bad)),
                mention="workers must be an integer from 1 to")
     assert available_cores() == len(os.sched_getaffinity(0))
 

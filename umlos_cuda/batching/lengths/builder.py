@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 from contextlib import closing
 from dataclasses import replace
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -179,7 +179,7 @@ class DatasetEncoding:
         return self.lengths if self.length_field is not None else self.chunk_encoder.lengths
 
     def stream(self, work: Callable[[RecordChunk], T], chunk_size: int = DEFAULT_CHUNK,
-               workers: int = 1) -> Iterator[tuple[RecordChunk, T]]:
+               workers: int = 1) -> Generator[tuple[RecordChunk, T], None, None]:
         """Yield ``(chunk, work(chunk))`` in dataset order; ``work`` runs on
         ``workers`` workers (umlos_cuda/batching/lengths/workers.py: a thread
         for 1, processes for more, to which ``work`` must pickle) while this

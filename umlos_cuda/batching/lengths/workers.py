@@ -44,7 +44,7 @@ import signal
 import threading
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from itertools import chain
@@ -80,7 +80,7 @@ def check_workers(workers: Any) -> int:
 
 
 def in_order(work: Callable[[RecordChunk], T], chunks: Iterable[RecordChunk], workers: int = 1,
-             lines: Callable[[RecordChunk], str] | None = None) -> Iterator[tuple[RecordChunk, T]]:
+             lines: Callable[[RecordChunk], str] | None = None) -> Generator[tuple[RecordChunk, T], None, None]:
     """``(chunk, work(chunk))`` for each chunk, in order, with ``workers`` encoding (see the module
     docstring); ``lines(chunk)`` names a chunk's records in the message of a worker that died."""
     workers = check_workers(workers)
@@ -172,10 +172,8 @@ class _Pool:
             self._start()
         # The worker needs the values, where the lines are and how many rows: not the ids.
         task = replace(chunk, sample_ids=RowIds(0, len(chunk.sample_ids)), raw=None)
-        try:
+        with contextlib.suppress(OSError):  # the worker is gone; result() says how
             self._pipes[index].send(task)
-        except OSError:  # the worker is gone; result() says how
-            pass
         self._sent += 1
 
     def result(self, chunk: RecordChunk):
@@ -211,10 +209,8 @@ class _Pool:
         try:
             if kind is None:
                 for pipe in self._pipes:
-                    try:
+                    with contextlib.suppress(OSError):
                         pipe.send(None)  # no more chunks
-                    except OSError:
-                        pass
                 for process in self._processes:
                     process.join(STOP_S)
             for process in self._processes:  # a failure, Ctrl-C, SIGTERM: stop them now
@@ -273,7 +269,7 @@ def serve(pipe, work) -> None:
     while (task := tasks.get()) is not None:
         try:
             message = (True, work(task))
-        except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent, which raises it
+        except BaseException as exc:  # every failure goes back to the parent, which raises it
             message = (False, _portable(exc))
         try:
             pipe.send(message)
@@ -289,7 +285,7 @@ def _portable(exc: BaseException) -> tuple[str, Any]:
     try:
         pickle.loads(pickle.dumps(exc))
         return "pickled", exc
-    except Exception:  # noqa: BLE001 - what does not pickle comes back as text
+    except Exception:  # what does not pickle comes back as text
         return "text", "".join(traceback.format_exception(exc))
 
 

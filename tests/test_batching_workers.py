@@ -261,3 +261,18 @@ def hidden_bytes(folder: Path) -> int:
             except OSError:
                 continue
     return total
+
+
+def test_a_sharded_store_is_the_same_for_every_worker_count(rows, model, tmp_path):
+    """``tokenize_sharded`` (one shard per input file) passes ``workers`` to each shard's tokenization:
+    every file of the sharded store, its shards' included, is the same bytes for 1 and 2 workers."""
+    from umlos_cuda.batching.tokens.partition import tokenize_sharded
+
+    dataset = sharded(rows, tmp_path / "shards", "parquet")
+
+    def tree(folder: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+    tokenize_sharded(dataset, model, tmp_path / "one", chunk_size=4096, workers=1)
+    tokenize_sharded(dataset, model, tmp_path / "two", chunk_size=7, workers=2)
+    assert len(tree(tmp_path / "one")) > 3 * 5 and tree(tmp_path / "two") == tree(tmp_path / "one")

@@ -7,7 +7,8 @@ any format of umlos_cuda/batching/records/, ``--format`` to override the
 suffix), the tokenizer, one text field, a prompt and a response field, a
 prompt, a chosen and a rejected field (preference pairs), or a messages
 field (and its chat template), the id field, the end-of-sequence token, the
-chunk size, ``--force`` and ``--quiet``.
+chunk size, the number of workers (``--workers``, default the cores this
+process may run on), ``--force`` and ``--quiet``.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def add_dataset_arguments(parser, *, output_metavar: str, output_help: str, verb
                         "names none (a bare tokenizer.json never does)")
     parser.add_argument("--chunk-size", type=positive_int("chunk size"), default=4096, metavar="N",
                         help="records encoded together (default 4096)")
+    parser.add_argument("--workers", type=positive_int("workers"), metavar="N",
+                        help=f"processes that {verb} chunks side by side, the output the same byte for byte for every "
+                        "N (default: the cores this process may run on; 1: one thread beside the reader)")
     parser.add_argument("--skip-bad-lines", action="store_true",
                         help="skip lines that are not a record (not JSON, not an object, a field missing or of another "
                         "type, blank between records) and report how many, instead of stopping at the first")
@@ -92,13 +96,16 @@ def run_with_progress(args, parser, label: str, build: Callable[..., Any]) -> tu
     extra = {"length_field": args.length_field} if getattr(args, "length_field", None) is not None else {}
     if args.tokenizer is None and not extra:
         parser.error("--tokenizer is required (only --length-field goes without one)")
+    from ..batching.lengths.workers import available_cores
+
+    workers = args.workers if args.workers is not None else available_cores()
     start = time.perf_counter()
     try:
         result = build(dataset, args.tokenizer, args.output, text_field=args.text_field,
                        prompt_field=args.prompt_field, response_field=args.response_field, id_field=args.id_field,
                        eos_token=args.eos_token, force=args.force, chunk_size=args.chunk_size, progress=report,
                        skipped=skipped, messages_field=args.messages_field, chat_template=args.chat_template,
-                       format=args.format, **extra,
+                       format=args.format, workers=workers, **extra,
                        **({"chosen_field": args.chosen_field, "rejected_field": args.rejected_field}
                           if pairs else {}))
     finally:

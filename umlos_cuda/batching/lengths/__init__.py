@@ -5,6 +5,8 @@ Modules:
     tokenizer     load a ``tokenizers`` tokenizer from local files
     fingerprints  which tokenizer counted, which data was counted
     builder       build a length cache from a dataset and a tokenizer
+    encoder       what encoding a chunk needs (the tokenizer and the text rule): what a worker receives
+    workers       each chunk's encoding on one thread or N processes, results in dataset order (``--workers``)
     pairs         preference records as two rows (chosen, rejected), and caches that hold pairs
     cache         :class:`LengthCache`: the cache file, read and written
     stats         length statistics and padding-minimising bucket edges

@@ -15,21 +15,25 @@ tokenized; without a tokenizer the tokenizer hash is ``unknown``, as for
 :class:`~umlos_cuda.batching.lengths.cache.LengthCache`.
 
 The dataset is streamed in chunks (:class:`DatasetEncoding`, which the token
-store of umlos_cuda/batching/tokens/store.py reads through as well): while the
-tokenizer encodes one chunk on every core (``encode_batch_fast`` runs in
-Rust, outside the GIL), this thread reads the next, so memory holds two
-chunks plus 12 bytes a sample (the length, and a 64-bit hash of the id to
-find a repeated id at the end; a repeat raises DATASET_RECORD_INVALID naming
-both records, and nothing is written). The dataset's fingerprint
-(records/fingerprint.py) is computed from the values read.
+store of umlos_cuda/batching/tokens/store.py reads through as well): this
+thread reads the chunks in order, while ``workers`` encode them
+(umlos_cuda/batching/lengths/workers.py: one worker is a thread, as
+``encode_batch_fast`` runs in Rust outside the GIL; N workers are processes,
+each with the tokenizer, results taken back in dataset order), so memory
+holds O(workers) chunks plus 12 bytes a sample (the length, and a 64-bit hash
+of the id to find a repeated id at the end; a repeat raises
+DATASET_RECORD_INVALID naming both records, and nothing is written). The
+dataset's fingerprint (records/fingerprint.py) is computed in this thread
+from the values read, and every output byte is the same whatever the number
+of workers and the chunk size.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import closing
 from dataclasses import replace
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -42,9 +46,11 @@ from ..records.source import Records
 from .fields import DEFAULT_TEXT_FIELD, record_fields
 from .fingerprints import UNKNOWN_TOKENIZER, tokenizer_fingerprint
 from .cache import LengthCache, LengthCacheWriter, check_length_cache_output
-from ..templates import sft_length, sft_prompt, sft_text
+from ..templates import sft_length
 from .tokenizer import load_tokenizer
-from .pairs import PAIR_ROWS, pair_rows
+from .encoder import ChunkEncoder
+from .workers import check_workers, in_order
+from .pairs import pair_rows
 from ..chat.encode import chat_encoder
 from ..chat.records import ChatRecords
 
@@ -68,8 +74,10 @@ class DatasetEncoding:
     (``tokenizer`` may then be None: its hash is ``unknown``).
     ``sharded=True`` names the rows of a single input as those of one shard
     of a multi-file dataset (records/ids.py). ``check_outputs(paths)`` is called with the dataset's paths before the
-    tokenizer loads. :meth:`stream` hands each chunk to a function run in a
-    worker thread while the next chunk is read; :meth:`finish` then refuses
+    tokenizer loads. :meth:`stream` hands each chunk to a function run by
+    the workers while the next chunk is read; :attr:`chunk_encoder` is what
+    that function needs to encode (it pickles, for worker processes);
+    :meth:`finish` then refuses
     repeated ids and returns the dataset fingerprint. Given ``skipped`` (a
     :class:`~umlos_cuda.batching.records.chunk.SkippedLines`), bad JSONL
     lines are skipped and counted there instead of refused.
@@ -91,17 +99,16 @@ class DatasetEncoding:
                                                chosen_field=chosen_field, rejected_field=rejected_field,
                                                messages_field=messages_field)
             self.fields: tuple[str, ...] = (length_field,)
-            self.to_text, self.appended = _no_text, 0
+            self.mode, self.appended = "text", 0
         elif self.pairs:
             if messages_field is not None:
                 raise UmlosError(errors.LENGTHS_INVALID, "a messages field is counted alone; got also "
                                  f"chosen_field={chosen_field!r}, rejected_field={rejected_field!r}",
                                  operator=errors.BATCHING_OPERATOR)
-            self.fields, self.to_text, self.appended = _pair_mode(text_field, prompt_field, response_field,
-                                                                  chosen_field, rejected_field)
+            self.fields, self.mode, self.appended = _pair_mode(text_field, prompt_field, response_field,
+                                                               chosen_field, rejected_field)
         else:
-            self.fields, self.to_text, self.appended = _mode(text_field, prompt_field, response_field,
-                                                             messages_field)
+            self.fields, self.mode, self.appended = _mode(text_field, prompt_field, response_field, messages_field)
         if chat_template is not None and messages_field is None:
             raise UmlosError(errors.LENGTHS_INVALID, "a chat template renders a messages field; give messages_field "
                              "(--messages-field) with it", operator=errors.BATCHING_OPERATOR)
@@ -123,6 +130,7 @@ class DatasetEncoding:
         self.eos_id: int | None = None
         if length_field is not None and tokenizer is None:
             self.tokenizer_hash = UNKNOWN_TOKENIZER
+            self.chunk_encoder = ChunkEncoder(None, self.mode, pairs=self.pairs, dataset=self.dataset)
             return
         self.loaded = load_tokenizer(tokenizer)
         self.eos_id = self.loaded.eos_token_id(eos_token) if self.appended else None  # the template appends it
@@ -140,6 +148,7 @@ class DatasetEncoding:
 
             self.encoder = Tokenizer.from_str(self.encoder.to_str())
             self.encoder.no_padding()
+        self.chunk_encoder = ChunkEncoder(self.encoder, self.mode, self.appended, self.eos_id, self.pairs, self.dataset)
 
     @property
     def is_template(self) -> bool:
@@ -148,55 +157,44 @@ class DatasetEncoding:
 
     def texts(self, chunk: RecordChunk) -> list[str]:
         """The text each record of ``chunk`` is encoded from."""
-        return self.to_text(chunk.values)
+        return self.chunk_encoder.texts(chunk)
 
     def prompts(self, chunk: RecordChunk) -> list[str]:
         """The prompt part of each record's template text (the loss-masked tokens)."""
-        return list(map(sft_prompt, chunk.values[0]))
+        return self.chunk_encoder.prompts(chunk)
 
     def encode(self, texts: list[str], chunk: RecordChunk, *, offsets: bool = False) -> list:
-        """``encode_batch_fast`` with the special tokens (none for chat records,
-        whose template writes them; ``encode_batch`` when the character
-        ``offsets`` are wanted); a tokenizer that fails (an error, or a Rust
-        panic) raises TOKENIZER_INVALID naming the chunk's lines."""
-        if self.encoder is None:
-            raise UmlosError(errors.TOKENIZER_INVALID, "encoding text needs a tokenizer (--tokenizer); only a "
-                             "--length-field build goes without one", operator=errors.BATCHING_OPERATOR)
-        try:
-            encode = self.encoder.encode_batch if offsets else self.encoder.encode_batch_fast
-            return encode(texts, add_special_tokens=self.chat is None)
-        except BaseException as exc:  # a Rust panic arrives as pyo3's PanicException, a BaseException
-            if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
-                raise
-            last = chunk.first_line + len(chunk.sample_ids) // (PAIR_ROWS if self.pairs else 1)
-            raise UmlosError(errors.TOKENIZER_INVALID, f"the tokenizer failed on lines {chunk.first_line + 1}-{last} "
-                             f"of {chunk.shard or self.dataset}: {str(exc).strip() or type(exc).__name__}",
-                             operator=errors.BATCHING_OPERATOR) from exc
+        """:meth:`ChunkEncoder.encode <umlos_cuda.batching.lengths.encoder.ChunkEncoder.encode>`."""
+        return self.chunk_encoder.encode(texts, chunk, offsets=offsets)
 
     def lengths(self, chunk: RecordChunk) -> list[int] | np.ndarray:
         """The token count of each record of ``chunk`` (what the length cache holds)."""
         if self.length_field is not None:
             return chunk.values[0]
-        return [len(encoding) + self.appended for encoding in self.encode(self.texts(chunk), chunk)]
+        return self.chunk_encoder.lengths(chunk)
 
-    def stream(self, work: Callable[[RecordChunk], T],
-               chunk_size: int = DEFAULT_CHUNK) -> Iterator[tuple[RecordChunk, T]]:
-        """Yield ``(chunk, work(chunk))`` in dataset order; ``work`` runs in a
-        worker thread while this one reads and checks the next chunk."""
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="umlos-encode") as pool:
-            pending = None
-            for chunk in self.records.chunks(chunk_size):
-                if not isinstance(chunk.sample_ids, RowIds):  # the records' ids (row numbers never repeat)
-                    self._id_hashes.append(np.fromiter(map(hash, chunk.sample_ids), dtype=np.int64,
-                                                       count=len(chunk.sample_ids)))
-                if self.pairs:
-                    chunk = pair_rows(chunk)
-                future = pool.submit(work, chunk)
-                if pending is not None:
-                    yield pending[0], pending[1].result()
-                pending = (chunk, future)
-            assert pending is not None  # the reader raises DATASET_EMPTY rather than yield no chunk
-            yield pending[0], pending[1].result()
+    def work(self) -> Callable[[RecordChunk], list[int] | np.ndarray]:
+        """What :func:`build_lengths` runs on each chunk: a picklable function (none of this object's
+        reading state travels to a worker process)."""
+        return self.lengths if self.length_field is not None else self.chunk_encoder.lengths
+
+    def stream(self, work: Callable[[RecordChunk], T], chunk_size: int = DEFAULT_CHUNK,
+               workers: int = 1) -> Generator[tuple[RecordChunk, T], None, None]:
+        """Yield ``(chunk, work(chunk))`` in dataset order; ``work`` runs on
+        ``workers`` workers (umlos_cuda/batching/lengths/workers.py: a thread
+        for 1, processes for more, to which ``work`` must pickle) while this
+        thread reads and checks the next chunks. A ``--length-field`` build
+        encodes nothing and takes no worker."""
+        return in_order(work, self._chunks(chunk_size), 1 if self.length_field is not None else workers,
+                        self.chunk_encoder.lines)
+
+    def _chunks(self, chunk_size: int) -> Iterator[RecordChunk]:
+        """The chunks in order, their ids' hashes kept (to refuse a repeated id), pairs split into rows."""
+        for chunk in self.records.chunks(chunk_size):
+            if not isinstance(chunk.sample_ids, RowIds):  # the records' ids (row numbers never repeat)
+                self._id_hashes.append(np.fromiter(map(hash, chunk.sample_ids), dtype=np.int64,
+                                                   count=len(chunk.sample_ids)))
+            yield pair_rows(chunk) if self.pairs else chunk
 
     def finish(self, ids_are_line_numbers: bool) -> str:
         """After the stream: refuse repeated ids (DATASET_RECORD_INVALID naming
@@ -218,7 +216,7 @@ def build_lengths(dataset: Any, tokenizer: Any, output: str | os.PathLike[str], 
                   skipped: SkippedLines | None = None, chosen_field: str | None = None,
                   rejected_field: str | None = None, messages_field: str | None = None,
                   chat_template: str | os.PathLike[str] | None = None, length_field: str | None = None,
-                  format: str | None = None) -> LengthCache:
+                  format: str | None = None, workers: int = 1) -> LengthCache:
     """Count every record's tokens and write the length cache at ``output``.
 
     Give ``text_field`` (default ``"text"``) or both ``prompt_field`` and
@@ -233,8 +231,13 @@ def build_lengths(dataset: Any, tokenizer: Any, output: str | os.PathLike[str], 
     ``force`` replaces a length cache and nothing else, and never an input
     (OUTPUT_IS_INPUT). Given ``skipped`` (a
     :class:`~umlos_cuda.batching.records.chunk.SkippedLines`), bad lines are
-    skipped and counted there instead of refused.
+    skipped and counted there instead of refused. ``workers`` encode the
+    chunks (1: a thread beside this one; N: N processes, umlos_cuda/batching/lengths/workers.py);
+    the cache is the same, byte for byte, for every number of workers and
+    every chunk size.
     """
+    check_workers(workers)
+
     def inputs(paths: tuple[str, ...]) -> tuple[str | os.PathLike[str], ...]:
         return input_paths(*paths, tokenizer, chat_template)
 
@@ -245,10 +248,11 @@ def build_lengths(dataset: Any, tokenizer: Any, output: str | os.PathLike[str], 
                              messages_field=messages_field, chat_template=chat_template, length_field=length_field,
                              format=format)
     with LengthCacheWriter(output, source.tokenizer_hash, force=force, inputs=inputs(source.records.paths)) as writer:
-        for chunk, lengths in source.stream(source.lengths, chunk_size):
-            writer.add(written_ids(chunk), lengths)
-            if progress is not None:
-                progress(chunk.bytes_read, source.total_bytes)
+        with closing(source.stream(source.work(), chunk_size, workers)) as stream:
+            for chunk, lengths in stream:
+                writer.add(written_ids(chunk), lengths)
+                if progress is not None:
+                    progress(chunk.bytes_read, source.total_bytes)
         writer.dataset_hash = source.finish(writer.ids_are_line_numbers)
     return writer.cache()
 
@@ -264,31 +268,27 @@ def input_paths(*given: Any) -> tuple[str | os.PathLike[str], ...]:
     return tuple(path for path in given if isinstance(path, (str, os.PathLike)))
 
 
-def _no_text(values: list) -> list[str]:
-    raise AssertionError("a --length-field build encodes no text")
-
-
-def _mode(text_field, prompt_field, response_field, messages_field=None) -> tuple[tuple[str, ...], Callable, int]:
-    """The fields to read, how they become the encoded text, and the tokens
-    appended after it."""
+def _mode(text_field, prompt_field, response_field, messages_field=None) -> tuple[tuple[str, ...], str, int]:
+    """The fields to read, how they become the encoded text (a mode of
+    :class:`~umlos_cuda.batching.lengths.encoder.ChunkEncoder`), and the tokens appended after it."""
     if messages_field is not None:  # its values are ChatText, rendered as read (the converter of Records)
         if text_field is not None or prompt_field is not None or response_field is not None:
             raise UmlosError(errors.LENGTHS_INVALID, "a messages field is counted alone; got also "
                              f"text_field={text_field!r}, prompt_field={prompt_field!r}, "
                              f"response_field={response_field!r}", operator=errors.BATCHING_OPERATOR)
-        return (messages_field,), lambda values: [chat.text for chat in values[0]], 0
+        return (messages_field,), "chat", 0
     if prompt_field is None and response_field is None:
         field = DEFAULT_TEXT_FIELD if text_field is None else text_field
-        return (field,), lambda values: values[0], 0
+        return (field,), "text", 0
     if text_field is not None or prompt_field is None or response_field is None:
         raise UmlosError(errors.LENGTHS_INVALID, "count either one text field, or a prompt field and a response "
                          f"field together; got text_field={text_field!r}, prompt_field={prompt_field!r}, "
                          f"response_field={response_field!r}", operator=errors.BATCHING_OPERATOR)
-    return (prompt_field, response_field), lambda values: list(map(sft_text, *values)), sft_length(0)
+    return (prompt_field, response_field), "template", sft_length(0)
 
 
 def _pair_mode(text_field, prompt_field, response_field, chosen_field, rejected_field
-               ) -> tuple[tuple[str, ...], Callable, int]:
+               ) -> tuple[tuple[str, ...], str, int]:
     """:func:`_mode` for preference records: the three fields read; after :func:`~.pairs.pair_rows`
     each row is a prompt/response row of the template."""
     if text_field is not None or response_field is not None or None in (prompt_field, chosen_field, rejected_field):
@@ -298,4 +298,4 @@ def _pair_mode(text_field, prompt_field, response_field, chosen_field, rejected_
                          f"response_field={response_field!r}, chosen_field={chosen_field!r}, "
                          f"rejected_field={rejected_field!r}",
                          operator=errors.BATCHING_OPERATOR)
-    return (prompt_field, chosen_field, rejected_field), lambda values: list(map(sft_text, *values)), sft_length(0)
+    return (prompt_field, chosen_field, rejected_field), "template", sft_length(0)

@@ -9,16 +9,18 @@ umlos_cuda/batching/tokens/store.py, its length cache included, in dataset order
 
 The dataset is read through the length builder's
 :class:`~umlos_cuda.batching.lengths.builder.DatasetEncoding` (same chunks,
-same worker thread, same checks and fingerprints), so the store's lengths are
-what ``data lengths build`` counts. Loss masks: 1 on every token of a text
+same workers, same checks and fingerprints), so the store's lengths are
+what ``data lengths build`` counts; a chunk's tokens and masks are
+:func:`encode_chunk` of its records alone, so the store is the same, byte
+for byte, whatever the number of workers (``--workers``) and the chunk size. Loss masks: 1 on every token of a text
 record; for a prompt/response record, the rule of ``sft_sample``: 0 over the
 first ``len(encode(prompt part))`` tokens, 1 over the rest; a preference
 record (prompt, chosen, rejected) is two such rows, chosen then rejected; for
 a chat record, 1 on the tokens of the assistant's turns
 (umlos_cuda/batching/chat/turns.py says which characters,
 umlos_cuda/batching/chat/masks.py which tokens). Tokens and masks
-stream to disk chunk by chunk; memory holds two chunks plus 20 bytes a
-sample (offset, length, id hash).
+stream to disk chunk by chunk, in dataset order; memory holds O(workers)
+chunks plus 20 bytes a sample (offset, length, id hash).
 
 Written through the output layer (umlos_cuda/files/writer.py): everything,
 with the artifact marker (``"artifact": "token store"``), is written and
@@ -33,6 +35,8 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
+from contextlib import closing
+from functools import partial
 from itertools import chain
 from typing import Any, Literal, cast
 
@@ -47,6 +51,8 @@ from ...files.artifacts import json_field
 from ...files.writer import ArtifactKind, Folder, check_output_folder, output_folder
 from ..lengths.builder import DEFAULT_CHUNK, DatasetEncoding, input_paths, written_ids
 from ..lengths.cache import LengthCacheWriter
+from ..lengths.encoder import ChunkEncoder
+from ..lengths.workers import check_workers
 from ..plans.fingerprint import sha256_array
 from .store import LENGTHS_FILE, STORE_FORMAT, TokenStore
 from ..chat.masks import token_mask
@@ -68,7 +74,7 @@ def tokenize_dataset(dataset: Any, tokenizer: Any, output: str | os.PathLike[str
                      skipped: SkippedLines | None = None, chosen_field: str | None = None,
                      rejected_field: str | None = None, messages_field: str | None = None,
                      chat_template: str | os.PathLike[str] | None = None, format: str | None = None,
-                     sharded: bool | None = None) -> TokenStore:
+                     sharded: bool | None = None, workers: int = 1) -> TokenStore:
     """Encode every record and write the token store folder ``output``.
 
     ``progress(bytes_read, bytes_total)`` is called after each chunk. The
@@ -78,8 +84,12 @@ def tokenize_dataset(dataset: Any, tokenizer: Any, output: str | os.PathLike[str
     Given ``skipped`` (a :class:`~umlos_cuda.batching.records.chunk.SkippedLines`),
     bad lines are skipped and counted there instead of refused. ``sharded=True``
     gives the rows of a single file the ids of a shard of a multi-file
-    dataset (tokens/partition.py tokenizes one input file this way).
+    dataset (tokens/partition.py tokenizes one input file this way). ``workers``
+    encode the chunks (1: a thread beside this one; N: N processes,
+    umlos_cuda/batching/lengths/workers.py); the store is the same, byte for
+    byte, for every number of workers and every chunk size.
     """
+    check_workers(workers)
     inputs = input_paths(*dataset_paths(dataset, format), tokenizer, chat_template)
     target = check_output_folder(output, STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR)
     source = DatasetEncoding(dataset, tokenizer, text_field=text_field, prompt_field=prompt_field,
@@ -90,20 +100,19 @@ def tokenize_dataset(dataset: Any, tokenizer: Any, output: str | os.PathLike[str
     vocab = source.encoder.get_vocab_size(with_added_tokens=True)
     token_dtype = np.dtype("<u2" if vocab <= UINT16_VOCAB else "<u4")
     with output_folder(target, STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR) as folder:
-        _write_store(source, folder, token_dtype, chunk_size, progress, vocab)
+        _write_store(source, folder, token_dtype, chunk_size, progress, vocab, workers)
     return TokenStore.open(target)
 
 
 def _write_store(source: DatasetEncoding, root: Folder, token_dtype: np.dtype, chunk_size: int, progress,
-                 vocab_size: int) -> None:
-    def encode(chunk: RecordChunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return encode_chunk(source, chunk, token_dtype, vocab_size)
-
+                 vocab_size: int, workers: int = 1) -> None:
+    encode = partial(encode_chunk, source.chunk_encoder, token_dtype=token_dtype, vocab_size=vocab_size)  # pickles
     sizes: list[np.ndarray] = []
     with NpyStream(root, "tokens.npy", token_dtype) as tokens, \
             NpyStream(root, "loss_mask.npy", np.dtype("|u1")) as masks, \
-            LengthCacheWriter(LENGTHS_FILE, source.tokenizer_hash, folder=root) as lengths:
-        for chunk, (chunk_lengths, ids, mask) in source.stream(encode, chunk_size):
+            LengthCacheWriter(LENGTHS_FILE, source.tokenizer_hash, folder=root) as lengths, \
+            closing(source.stream(encode, chunk_size, workers)) as stream:
+        for chunk, (chunk_lengths, ids, mask) in stream:
             tokens.write(ids)
             masks.write(mask)
             lengths.add(written_ids(chunk), chunk_lengths)
@@ -133,15 +142,15 @@ def _write_store(source: DatasetEncoding, root: Folder, token_dtype: np.dtype, c
         handle.write((json.dumps(meta, indent=2) + "\n").encode("ascii"))
 
 
-def encode_chunk(source: DatasetEncoding, chunk: RecordChunk, token_dtype: np.dtype, vocab_size: int | None = None
+def encode_chunk(source: ChunkEncoder, chunk: RecordChunk, token_dtype: np.dtype, vocab_size: int | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(lengths, token ids, loss mask)`` of one chunk, the ids and masks
-    of its records concatenated."""
-    encodings = source.encode(source.texts(chunk), chunk, offsets=source.chat is not None)
+    of its records concatenated (run by a worker: ``source`` is what it received)."""
+    encodings = source.encode(source.texts(chunk), chunk, offsets=source.is_chat)
     encoded = np.fromiter((len(e) for e in encodings), dtype=np.int64, count=len(encodings))
     total = int(encoded.sum())
     ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=total)
-    if source.chat is not None:  # the assistant spans of each record (umlos_cuda/batching/chat/masks.py)
+    if source.is_chat:  # the assistant spans of each record (umlos_cuda/batching/chat/masks.py)
         rendered = cast(list[ChatText], chunk.values[0])  # the reader rendered each record (DatasetEncoding)
         masks = [token_mask(e.offsets, chat.spans) for e, chat in zip(encodings, rendered)]
         mask = np.concatenate(masks) if masks else np.zeros(0, dtype=np.uint8)

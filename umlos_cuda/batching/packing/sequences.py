@@ -96,13 +96,18 @@ def pack_sequences(sequences: Iterable, max_length: int = 2048, mode: PackingMod
     ``native`` or ``python``) picks the implementation of both steps, the
     packing and the layout of the rows; all give the same rows bit for bit.
     """
-    if config is None:
-        # cast: PackingConfig.__post_init__ parses a mode's or policy's name, in its own order of checks
-        config = PackingConfig(max_length, cast(PackingMode, mode), tuple(separator_ids),
-                               cast(OversizePolicy, oversize))
+    config = packing_config(config, max_length, mode, separator_ids, oversize)
     items = as_sequences(sequences)
     lengths = np.fromiter(map(_LENGTH, items), dtype=np.int64, count=len(items))
     return pack_pieces(lengths, ObjectPieces(items), config, backend)
+
+
+def packing_config(config: PackingConfig | None, max_length: int, mode, separator_ids, oversize) -> PackingConfig:
+    """``config``, or the one the other keyword arguments of ``pack_sequences`` describe."""
+    if config is not None:
+        return config
+    # cast: PackingConfig.__post_init__ parses a mode's or policy's name, in its own order of checks
+    return PackingConfig(max_length, cast(PackingMode, mode), tuple(separator_ids), cast(OversizePolicy, oversize))
 
 
 def pack_pieces(lengths: np.ndarray, pieces, config: PackingConfig, backend: str = "auto") -> PackedRows:

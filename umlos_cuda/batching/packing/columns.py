@@ -80,8 +80,9 @@ def pack_token_source(source, *, max_length: int = 2048, mode: PackingMode | str
         empty = int(np.flatnonzero(lengths == 0)[0])
         raise input_error(f"sample {source.sample_id(empty)!r} is empty; a packed segment holds at least one token")
     if all(hasattr(source, name) for name in ("tokens", "offsets", "loss_mask_array")):  # a token store
-        pieces = FlatPieces(source.tokens, np.asarray(source.offsets, dtype=np.int64), source.loss_mask_array,
-                            source.sample_id, longest(lengths, config.max_length))
+        offsets = np.asarray(source.offsets, dtype=np.int64)
+        pieces: FlatPieces | SourcePieces = FlatPieces(source.tokens, offsets, source.loss_mask_array,
+                                                       source.sample_id, longest(lengths, config.max_length))
     else:
         pieces = SourcePieces(source)
     return pack_pieces(lengths, pieces, config, backend)

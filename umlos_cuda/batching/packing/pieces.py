@@ -28,8 +28,10 @@ A row laid out from any of them equals the row laid out from
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -38,6 +40,17 @@ from .rows import SequenceToPack, input_error
 
 _LOSS_TOKENS = operator.attrgetter("loss_tokens")
 _FIELDS = tuple(map(operator.attrgetter, ("input_ids", "loss_mask", "sample_id", "offset")))
+
+
+class Pieces(Protocol):
+    """What :func:`~.sequences.pack_pieces` and :class:`~.view.PackedRows` read of the sequences."""
+
+    def sample_id(self, index: int) -> str: ...
+
+    def loss_tokens(self, lengths: np.ndarray, source: np.ndarray, start: np.ndarray, piece: np.ndarray,
+                    oversized: bool) -> int: ...
+
+    def segments(self, sources: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple: ...
 
 
 class ObjectPieces:
@@ -154,15 +167,15 @@ class SourcePieces:
         arrays = self.source.arrays
         bounds = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
         np.cumsum(lengths, out=bounds[1:])
-        ids, masks = [], []
+        id_parts, mask_parts = [], []
         for row, s, n in zip(sources.tolist(), starts.tolist(), lengths.tolist()):
             tokens, mask = arrays(row)
-            ids.append(tokens[s:s + n])
-            masks.append(mask[s:s + n])
-        ids = _split(_checked(np.concatenate(ids) if ids else np.zeros(0, dtype=np.int32), "token ids",
+            id_parts.append(tokens[s:s + n])
+            mask_parts.append(mask[s:s + n])
+        ids = _split(_checked(np.concatenate(id_parts) if id_parts else np.zeros(0, dtype=np.int32), "token ids",
                               MAX_TOKEN_ID, sources, bounds, self.sample_id), bounds)
-        masks = _split(_checked(np.concatenate(masks) if masks else np.zeros(0, dtype=np.int32), "loss_mask values",
-                                1, sources, bounds, self.sample_id), bounds)
+        masks = _split(_checked(np.concatenate(mask_parts) if mask_parts else np.zeros(0, dtype=np.int32),
+                                "loss_mask values", 1, sources, bounds, self.sample_id), bounds)
         return ids, masks, tuple(map(self.sample_id, sources.tolist())), tuple(starts.tolist())
 
 
@@ -195,7 +208,7 @@ def _checked(values: np.ndarray, what: str, top: int, sources, bounds, sample_id
 def _split(values: np.ndarray, bounds: np.ndarray) -> tuple:
     """Views of ``values``, one per piece."""
     edges = bounds.tolist()
-    return tuple(values[a:b] for a, b in zip(edges[:-1], edges[1:]))
+    return tuple(values[a:b] for a, b in itertools.pairwise(edges))
 
 
 def check_flat(tokens, offsets, loss_mask, sample_ids) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, Callable]:

@@ -38,14 +38,13 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
 
 from ... import checks
 from .config import PackingConfig, config_error
 from .metrics import PackingMetrics
-from .pieces import ObjectPieces
+from .pieces import ObjectPieces, Pieces
 from .rows import PackedRow, SequenceToPack, layout_segments
 
 #: Rows laid out together while iterating (one layout call each block).
@@ -61,11 +60,11 @@ class PackedRows(Sequence):
     any row.
     """
 
-    def __init__(self, sequences: Sequence[SequenceToPack] | Any, row_offsets: np.ndarray, sources: np.ndarray,
+    def __init__(self, sequences: list[SequenceToPack] | Pieces, row_offsets: np.ndarray, sources: np.ndarray,
                  starts: np.ndarray, lengths: np.ndarray, metrics: PackingMetrics, config: PackingConfig,
                  backend: str = "auto") -> None:
         # Where the pieces' arrays come from (.pieces): a list of SequenceToPack, or a reader already.
-        self._pieces = ObjectPieces(list(sequences)) if isinstance(sequences, list) else sequences
+        self._pieces: Pieces = ObjectPieces(list(sequences)) if isinstance(sequences, list) else sequences
         self.row_offsets = row_offsets
         self.sources = sources
         self.starts = starts

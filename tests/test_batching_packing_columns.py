@@ -103,20 +103,17 @@ def test_flat_arrays_give_the_rows_of_the_objects(case, mode, oversize, backend,
 
 
 def test_no_row_is_read_until_asked(monkeypatch):
-    """The call reads the lengths and the mask's count, no token: with the
-    tokens unreadable, it still decides; a row then reads only its pieces."""
+    """The call reads the lengths and the mask's count, no token: it decides
+    without gathering a span; a row then gathers only its own pieces."""
+    from umlos_cuda.batching.packing import pieces
+
+    spans = []
+    real = pieces._gathered
+    monkeypatch.setattr(pieces, "_gathered", lambda array, span, *rest: spans.append(span) or real(array, span, *rest))
     tokens = np.arange(12, dtype=np.int32)
-    offsets = np.array([0, 3, 12])
-    reads = []
-
-    class Watched(np.ndarray):
-        def __getitem__(self, index):
-            reads.append(index)
-            return super().__getitem__(index)
-
-    packed = pack_token_arrays(tokens.view(Watched), offsets, max_length=4, oversize="split")
-    assert reads == [] and len(packed) == 3 and packed.metrics.loss_tokens == 12
-    assert packed[2].input_ids.tolist() == [7, 8, 9, 10] and reads == [slice(7, 11)]
+    packed = pack_token_arrays(tokens, np.array([0, 3, 12]), max_length=4, oversize="split")
+    assert spans == [] and len(packed) == 3 and packed.metrics.loss_tokens == 12
+    assert packed[2].input_ids.tolist() == [7, 8, 9, 10] and spans == [[(7, 11)]]
 
 
 # ====================================================================== token sources

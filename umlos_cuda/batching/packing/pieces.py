@@ -92,9 +92,11 @@ class FlatPieces:
 
     def __init__(self, tokens: np.ndarray, offsets: np.ndarray, loss_mask: np.ndarray | None,
                  sample_id: Callable[[int], str], longest: int) -> None:
-        self.tokens = tokens
-        self.offsets = offsets
-        self.mask = loss_mask
+        # Plain ndarray views of a memory map: slicing an np.memmap makes a memmap object
+        # each time, which tripled the time of a microbatch over a token store's arrays.
+        self.tokens = np.asarray(tokens)
+        self.offsets = np.asarray(offsets)
+        self.mask = None if loss_mask is None else np.asarray(loss_mask)
         self.sample_id = sample_id
         self._ones = np.ones(longest, dtype=np.int32)  # every mask of a run without one: slices of this
         self._ones.flags.writeable = False

@@ -58,11 +58,18 @@ it added at its highest (Linux's peak reset before the call). TRL's
 on its own; ``--trl-one-batch`` also times it with the whole dataset as one
 batch (one best-fit-decreasing over all, the scope of this package's
 decision). Then, per mode, every row is laid out a microbatch of 8 rows at
-a time (a 16,384-token budget), and all at once (``materialize()``)::
+a time (a 16,384-token budget), and all at once (``materialize()``).
 
-    python bench/bench_packing.py                      # 2e3 .. 1e7, then TRL at 1e6
-    python bench/bench_packing.py --sizes 8e3 --chuk-max 8e3 --trl-sizes ""
-    python bench/bench_packing.py --sizes "" --trl-sizes 1e6 --trl-one-batch
+A fourth table (``--e2e-sizes``, default 10^6) is end to end without an
+object per sequence: ``pack_token_arrays`` on flat arrays and
+``pack_token_source`` on a token store written to disk, beside TRL from a
+``Dataset`` in memory, from ``save_to_disk``'s files, and built inside the
+clock (:func:`run_end_to_end` says what each clock includes)::
+
+    python bench/bench_packing.py                      # 2e3 .. 1e7, then TRL at 1e6, then end to end
+    python bench/bench_packing.py --sizes 8e3 --chuk-max 8e3 --trl-sizes "" --e2e-sizes ""
+    python bench/bench_packing.py --sizes "" --trl-sizes 1e6 --trl-one-batch --e2e-sizes ""
+    python bench/bench_packing.py --sizes "" --trl-sizes "" --e2e-sizes 1e6
 """
 
 from __future__ import annotations

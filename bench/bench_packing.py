@@ -58,17 +58,26 @@ it added at its highest (Linux's peak reset before the call). TRL's
 on its own; ``--trl-one-batch`` also times it with the whole dataset as one
 batch (one best-fit-decreasing over all, the scope of this package's
 decision). Then, per mode, every row is laid out a microbatch of 8 rows at
-a time (a 16,384-token budget), and all at once (``materialize()``)::
+a time (a 16,384-token budget), and all at once (``materialize()``).
 
-    python bench/bench_packing.py                      # 2e3 .. 1e7, then TRL at 1e6
-    python bench/bench_packing.py --sizes 8e3 --chuk-max 8e3 --trl-sizes ""
-    python bench/bench_packing.py --sizes "" --trl-sizes 1e6 --trl-one-batch
+A fourth table (``--e2e-sizes``, default 10^6) is end to end without an
+object per sequence: ``pack_token_arrays`` on flat arrays and
+``pack_token_source`` on a token store written to disk, beside TRL from a
+``Dataset`` in memory, from ``save_to_disk``'s files, and built inside the
+clock (:func:`run_end_to_end` says what each clock includes)::
+
+    python bench/bench_packing.py                      # 2e3 .. 1e7, then TRL at 1e6, then end to end
+    python bench/bench_packing.py --sizes 8e3 --chuk-max 8e3 --trl-sizes "" --e2e-sizes ""
+    python bench/bench_packing.py --sizes "" --trl-sizes 1e6 --trl-one-batch --e2e-sizes ""
+    python bench/bench_packing.py --sizes "" --trl-sizes "" --e2e-sizes 1e6
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
+import sys
 import time
 from functools import partial
 from unittest import mock
@@ -241,19 +250,27 @@ def load_trl():
     return pack_dataset, datasets
 
 
-def trl_dataset(datasets, lengths: np.ndarray):
-    """A ``datasets.Dataset`` of one ``input_ids`` column (Arrow ``list<int32>``)
-    holding the same tokens as :func:`our_sequences` (token i of any sequence
-    is i % 1000), built from flat arrays, before the clock starts."""
-    import pyarrow as pa
-    from datasets.table import InMemoryTable
-
+def flat_arrays(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(tokens, offsets)``: the tokens of :func:`our_sequences` (token i of
+    any sequence is i % 1000) as one int32 array, and where each sequence starts."""
     offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     values = ((np.arange(int(offsets[-1]), dtype=np.int64) - np.repeat(offsets[:-1], lengths)) % 1000)
+    return values.astype(np.int32), offsets
+
+
+def trl_dataset(datasets, lengths: np.ndarray, flat: tuple[np.ndarray, np.ndarray] | None = None):
+    """A ``datasets.Dataset`` of one ``input_ids`` column (Arrow ``list<int32>``)
+    holding the same tokens as :func:`our_sequences` (token i of any sequence
+    is i % 1000), built from flat arrays (:func:`flat_arrays`, or ``flat``
+    when given) with no per-sequence Python object."""
+    import pyarrow as pa
+    from datasets.table import InMemoryTable
+
+    values, offsets = flat_arrays(lengths) if flat is None else flat
     kind = pa.ListArray if offsets[-1] < 2**31 else pa.LargeListArray  # int32 offsets, as datasets writes them
     column = kind.from_arrays(pa.array(offsets.astype(np.int32) if kind is pa.ListArray else offsets),
-                              pa.array(values.astype(np.int32)))
+                              pa.array(values, type=pa.int32()))
     return datasets.Dataset(InMemoryTable(pa.table({"input_ids": column})))
 
 
@@ -374,6 +391,143 @@ def run_trl(sizes: list[int], runs: int, eager_max: int, whole_batch: bool) -> N
                 laid_rows = None
         ours = None
 
+# ====================================================================== end to end, no object per sequence
+def run_end_to_end(sizes: list[int], runs: int, folder: str | None) -> None:
+    """From data to the lazy view, beside TRL from data to its packed dataset.
+
+    Three clocks, each stated in the table's title lines:
+
+    * A, inputs in memory, built before both clocks: TRL's
+      ``pack_dataset`` on a ``datasets.Dataset`` (Arrow, built from flat
+      arrays); ``pack_token_arrays`` on the flat arrays themselves.
+    * B, from files on disk (written before, read through a warm page
+      cache), opening inside both clocks: ``datasets.load_from_disk`` of
+      ``save_to_disk``'s folder then ``pack_dataset`` (with datasets'
+      caching off, so no round reuses an earlier round's map); a token store
+      (ids in its length cache, as ``data tokenize`` writes it) opened by
+      ``TokenStore.open`` then ``pack_token_source``.
+    * C, from flat NumPy arrays in memory, construction inside both clocks:
+      TRL's ``Dataset`` built from them (Arrow arrays over the same memory,
+      the cheapest construction there is; from Python token lists it costs
+      far more) then ``pack_dataset``; this package's ``SequenceToPack``
+      objects made from them then ``pack_sequences`` (the object input);
+      ``pack_token_arrays`` needs no construction (clock A's line).
+
+    Then every row of the flat, the store and the object views laid out a
+    microbatch of 8 rows at a time, and the store's first microbatch alone
+    (it reads the ids of the length cache once).
+    """
+    import shutil
+    import tempfile
+
+    sys_path = os.path.dirname(os.path.abspath(__file__))
+    if sys_path not in sys.path:
+        sys.path.insert(0, sys_path)
+    from bench_sharded_store import write_store
+    from umlos_cuda.batching import pack_token_arrays, pack_token_source
+    from umlos_cuda.batching.tokens.store import TokenStore
+
+    loaded = load_trl()
+    if loaded is None:
+        print("TRL is not installed (pip install trl datasets): no end-to-end comparison")
+        return
+    pack_dataset, datasets = loaded
+    datasets.disable_caching()
+    root = tempfile.mkdtemp(prefix="bench-packing-", dir=folder)
+    try:
+        for n in sizes:
+            end_to_end(n, runs, root, pack_dataset, datasets, write_store, pack_token_arrays, pack_token_source,
+                       TokenStore)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def end_to_end(n, runs, root, pack_dataset, datasets, write_store, pack_token_arrays, pack_token_source,
+               token_store) -> None:
+    lengths = lengths_of(n)
+    bound = -(-int(lengths.sum(dtype=np.int64)) // MAX_LENGTH)
+    flat = flat_arrays(lengths)
+    tokens, offsets = flat
+    store_dir, arrow_dir = os.path.join(root, f"store-{n}"), os.path.join(root, f"arrow-{n}")
+    write_store(store_dir, tokens.astype(np.uint16), lengths, 0)
+    dataset = trl_dataset(datasets, lengths, flat)
+    dataset.save_to_disk(arrow_dir)
+    warm = lengths_of(200)
+    pack_dataset(trl_dataset(datasets, warm), MAX_LENGTH, strategy="bfd")
+    pack_token_arrays(*flat_arrays(warm), max_length=MAX_LENGTH).materialize()
+    for name in ("tokens", "loss_mask", "offsets"):  # the page cache holds both sides' files, as after a first read
+        np.load(os.path.join(store_dir, f"{name}.npy"), mmap_mode="r").sum()
+    pack_dataset(datasets.load_from_disk(arrow_dir), MAX_LENGTH, strategy="bfd")
+
+    def from_disk_trl():
+        return pack_dataset(datasets.load_from_disk(arrow_dir), MAX_LENGTH, strategy="bfd")
+
+    def from_disk_ours(mode):
+        return pack_token_source(token_store.open(store_dir), max_length=MAX_LENGTH, mode=mode)
+
+    def built_trl():
+        return pack_dataset(trl_dataset(datasets, lengths, flat), MAX_LENGTH, strategy="bfd")
+
+    def built_objects():
+        return pack_sequences(our_sequences(lengths), MAX_LENGTH, "first_fit")
+
+    calls = [("A trl", partial(pack_dataset, dataset, MAX_LENGTH, "bfd"))]
+    calls += [(f"A {mode}", partial(pack_token_arrays, tokens, offsets, max_length=MAX_LENGTH, mode=mode))
+              for mode in MODES]
+    calls += [("B trl", from_disk_trl)] + [(f"B {mode}", partial(from_disk_ours, mode)) for mode in MODES]
+    calls += [("C trl", built_trl), ("C objects", built_objects)]
+    timings: dict[str, list] = {}
+    row_counts: dict[str, int] = {}
+    for _ in range(runs):  # rounds: every call once per round, so all meet the same load of a shared machine
+        for what, call in calls:
+            result, seconds, peak = measured(call)
+            timings.setdefault(what, []).append((seconds, peak))
+            row_counts[what] = len(result)
+            result = None
+    print()
+    print(f"end to end at {n:,} sequences ({int(offsets[-1]):,} tokens), rows of {MAX_LENGTH}: seconds are the "
+          f"median of {runs} rounds; peak MB as above; x TRL is TRL's median seconds (same clock) over the line's")
+    header = (f"{'N':>10} {'what':<58} | {'seconds':>8} {'peak MB':>8} | {'rows':>9} {'bound':>9} | {'x TRL':>7}")
+    print(header)
+    print("-" * len(header))
+
+    def line(what, key, trl_key=None):
+        seconds, peak = summary(timings[key])
+        ratio = "-" if trl_key is None else f"{summary(timings[trl_key])[0] / seconds:.1f}x"
+        print(f"{n:>10,} {what:<58} | {seconds:>8.3f} {megabytes(peak):>8} | {row_counts[key]:>9,} {bound:>9,} | "
+              f"{ratio:>7}", flush=True)
+
+    print("A: inputs in memory, built before both clocks")
+    line("TRL pack_dataset(Dataset in memory, 'bfd')", "A trl")
+    for mode in MODES:
+        line(f"pack_token_arrays(tokens, offsets) {mode}", f"A {mode}", "A trl")
+    print("B: from files on disk (page cache warm), opening inside both clocks")
+    line("TRL load_from_disk + pack_dataset('bfd')", "B trl")
+    for mode in MODES:
+        line(f"TokenStore.open + pack_token_source {mode}", f"B {mode}", "B trl")
+    print("C: from flat NumPy arrays in memory, construction inside both clocks")
+    line("TRL Dataset from the arrays + pack_dataset('bfd')", "C trl")
+    line("SequenceToPack objects + pack_sequences first_fit", "C objects", "C trl")
+    line("pack_token_arrays first_fit (nothing to construct)", "A first_fit", "C trl")
+    print(f"{'':>10}   (seconds of each round: "
+          f"{'; '.join(k + ' ' + ', '.join(f'{t:.3f}' for t, _ in ts) for k, ts in timings.items())})")
+    dataset = None
+    for what, make in (("flat arrays", partial(pack_token_arrays, tokens, offsets, max_length=MAX_LENGTH)),
+                       ("token store", partial(from_disk_ours, "first_fit")),
+                       ("SequenceToPack objects", built_objects)):
+        packed = make()
+        if what == "token store":
+            _, first, _ = measured(packed.rows, 0, ROWS_PER_MICROBATCH)
+            print(f"{'':>10}   token store: first microbatch {first * 1e3:,.1f} ms (reads the store's ids once)")
+        laid, seconds, peak = measured(each_microbatch, packed, ROWS_PER_MICROBATCH)
+        microbatches = -(-len(packed) // ROWS_PER_MICROBATCH)
+        print(f"{n:>10,} {what + ': every microbatch of 8 rows, first_fit':<58} | {seconds:>8.3f} "
+              f"{megabytes(peak):>8} | {laid:>9,} {bound:>9,} | {'-':>7}")
+        print(f"{'':>10}   ({seconds / microbatches * 1e6:,.0f} us per microbatch of {ROWS_PER_MICROBATCH} rows, "
+              f"{microbatches:,} microbatches, laid out one after the other)", flush=True)
+        packed = None
+
+
 def print_split(split) -> None:
     """Milliseconds of each library's packing decision and row layout, and their ratios."""
     print()
@@ -400,6 +554,11 @@ def main() -> None:
                         help="largest N beside TRL whose rows are also laid out all at once (6 GB at 10^6)")
     parser.add_argument("--trl-one-batch", action="store_true",
                         help="also time TRL with the whole dataset as one map batch (one BFD over all)")
+    parser.add_argument("--e2e-sizes", default="1e6", help="comma-separated N packed end to end beside TRL: from "
+                        "arrays in memory, from files on disk, with construction (empty: none)")
+    parser.add_argument("--e2e-runs", type=int, default=3, help="timed rounds of the end-to-end calls")
+    parser.add_argument("--e2e-folder", default=None, help="where the end-to-end files are written (a temporary "
+                        "folder inside it, removed at the end; default: the system's)")
     args = parser.parse_args()
     start = time.perf_counter()
     sizes = [int(float(x)) for x in args.sizes.split(",") if x]
@@ -408,6 +567,9 @@ def main() -> None:
     trl_sizes = [int(float(x)) for x in args.trl_sizes.split(",") if x]
     if trl_sizes:
         run_trl(trl_sizes, args.trl_runs, int(args.eager_max), args.trl_one_batch)
+    e2e_sizes = [int(float(x)) for x in args.e2e_sizes.split(",") if x]
+    if e2e_sizes:
+        run_end_to_end(e2e_sizes, args.e2e_runs, args.e2e_folder)
     print(f"({time.perf_counter() - start:.0f} s in all)")
 
 

@@ -295,8 +295,8 @@ def test_pack_sequences_lays_out_no_row_until_asked(monkeypatch):
 
     sequences = [SequenceToPack("a", [1, 2, 3], [0, 1, 1]), SequenceToPack("b", list(range(9)), [1] * 4 + [0] * 5)]
     calls = []
-    real = view.layout_rows
-    monkeypatch.setattr(view, "layout_rows", lambda *args, **kwargs: calls.append(args) or real(*args, **kwargs))
+    real = view.layout_segments
+    monkeypatch.setattr(view, "layout_segments", lambda *args, **kwargs: calls.append(args) or real(*args, **kwargs))
     packed = pack_sequences(sequences, 4, oversize="split")
     assert calls == [] and len(packed) == 3 and packed.row_lengths.tolist() == [4, 4, 4]
     assert (packed.metrics.loss_tokens, packed.metrics.tokens, packed.metrics.split) == (6, 12, 1)

@@ -42,6 +42,7 @@ from .plans.io import load_plan, save_plan
 from .plans.plan import BatchPlan, BatchPlanMeta, EpochPlan, MicrobatchSpec
 from .plans.verify import verify_plan
 from .samples import PreferenceSample, Sample, SampleMeta
+from .packing.columns import pack_token_arrays, pack_token_source
 from .packing.sequences import oversize_pieces, pack_sequences
 from .packing.view import PackedRows
 from .plans.sharding import shard_plan
@@ -115,6 +116,8 @@ __all__ = [
     "pack_lengths",
     "pack_rows",
     "pack_sequences",
+    "pack_token_arrays",
+    "pack_token_source",
     "percentiles",
     "save_plan",
     "sft_sample",

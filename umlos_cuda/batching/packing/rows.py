@@ -196,6 +196,19 @@ def layout_rows(segments: Sequence[SequenceToPack], counts: np.ndarray, separato
     output value written once) or ``auto`` (native when built). Both give
     the same arrays bit for bit (tests/test_batching_packing.py).
     """
+    ids, masks, sample_ids, offsets = (tuple(map(field, segments)) for field in _SEGMENT_FIELDS)
+    return layout_segments(ids, masks, sample_ids, offsets, counts, separator_ids, lengths, backend=backend)
+
+
+def layout_segments(ids: Sequence[np.ndarray], masks: Sequence[np.ndarray], sample_ids: Sequence[str],
+                    offsets: Sequence[int], counts: np.ndarray, separator_ids: Sequence[int] = (),
+                    lengths: np.ndarray | None = None, *, backend: str = "auto") -> tuple[list[PackedRow], int]:
+    """:func:`layout_rows` on the segments' fields, one sequence each: token
+    ids and loss masks (contiguous int32 arrays, what ``SequenceToPack``
+    holds), sample ids and offsets. This is the one layout of packed rows:
+    :func:`layout_rows` reads these fields off ``SequenceToPack`` objects,
+    a lazy :class:`~.view.PackedRows` over flat token arrays slices them
+    out of those arrays (:mod:`.pieces`)."""
     if backend not in BACKENDS:
         raise config_error(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     module = native_module() if backend != "python" else None
@@ -208,12 +221,11 @@ def layout_rows(segments: Sequence[SequenceToPack], counts: np.ndarray, separato
     sep_len = int(separator.shape[0])
     first = np.zeros(counts.shape[0] + 1, dtype=np.int64)  # index of each row's first segment
     np.cumsum(counts, out=first[1:])
-    ids, masks, sample_ids, offsets = (tuple(map(field, segments)) for field in _SEGMENT_FIELDS)
     if lengths is None:
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     seg_lengths = lengths + sep_len
     seg_lengths[first[1:] - 1] = lengths[first[1:] - 1]  # no separator after a row's last segment
-    cu = np.zeros(len(segments) + 1, dtype=np.int64)
+    cu = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum(seg_lengths, out=cu[1:])
     row_tokens = np.diff(cu[first])
     if int(row_tokens.max()) > MAX_TOKEN_ID:

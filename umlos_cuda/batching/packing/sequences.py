@@ -27,13 +27,14 @@ from typing import cast
 import numpy as np
 
 from ... import errors
+from .pieces import ObjectPieces
 from .rows import SequenceToPack, as_sequence
 from .pack import pack_lengths
 from .config import OversizePolicy, PackingConfig, PackingMode, packing_error
 from .metrics import PackingMetrics
 from .view import PackedRows
 
-_LENGTH, _LOSS_TOKENS = operator.attrgetter("length"), operator.attrgetter("loss_tokens")
+_LENGTH = operator.attrgetter("length")
 
 
 def as_sequences(sequences: Iterable) -> list[SequenceToPack]:
@@ -95,47 +96,54 @@ def pack_sequences(sequences: Iterable, max_length: int = 2048, mode: PackingMod
     ``native`` or ``python``) picks the implementation of both steps, the
     packing and the layout of the rows; all give the same rows bit for bit.
     """
-    if config is None:
-        # cast: PackingConfig.__post_init__ parses a mode's or policy's name, in its own order of checks
-        config = PackingConfig(max_length, cast(PackingMode, mode), tuple(separator_ids),
-                               cast(OversizePolicy, oversize))
+    config = packing_config(config, max_length, mode, separator_ids, oversize)
     items = as_sequences(sequences)
     lengths = np.fromiter(map(_LENGTH, items), dtype=np.int64, count=len(items))
+    return pack_pieces(lengths, ObjectPieces(items), config, backend)
+
+
+def packing_config(config: PackingConfig | None, max_length: int, mode, separator_ids, oversize) -> PackingConfig:
+    """``config``, or the one the other keyword arguments of ``pack_sequences`` describe."""
+    if config is not None:
+        return config
+    # cast: PackingConfig.__post_init__ parses a mode's or policy's name, in its own order of checks
+    return PackingConfig(max_length, cast(PackingMode, mode), tuple(separator_ids), cast(OversizePolicy, oversize))
+
+
+def pack_pieces(lengths: np.ndarray, pieces, config: PackingConfig, backend: str = "auto") -> PackedRows:
+    """Steps 2 to 4 of the module docstring on the sequences' ``lengths``
+    (int64), whatever holds their tokens (``pieces``, a reader of
+    :mod:`.pieces`): what ``pack_sequences`` and the flat-array entry points
+    of :mod:`.columns` share."""
     over = lengths > config.max_length
     oversized = bool(over.any())
     refused = config.oversize is OversizePolicy.REFUSE and oversized
     source, start, piece = oversize_pieces(lengths, config.max_length, config.oversize,
-                                           [s.sample_id for s in items] if refused else None)
+                                           _Names(pieces.sample_id) if refused else None)
     rows_of = pack_lengths(piece, config.max_length, config.mode, config.separator_len, backend=backend)
     num_rows = int(rows_of.max()) + 1 if rows_of.size else 0
     order = np.argsort(rows_of, kind="stable")  # pieces grouped by row, input order inside a row
     row_offsets = np.zeros(num_rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows_of, minlength=num_rows), out=row_offsets[1:])
-    loss_tokens = _loss_tokens(items, lengths, source, start, piece, oversized)
+    loss_tokens = pieces.loss_tokens(lengths, source, start, piece, oversized)
     skipped = over & (config.oversize is OversizePolicy.SKIP)
     truncated = over & (config.oversize is OversizePolicy.TRUNCATE)
     metrics = PackingMetrics(
-        config.max_length, len(items), int(piece.shape[0]), num_rows, int(piece.sum()),
+        config.max_length, int(lengths.shape[0]), int(piece.shape[0]), num_rows, int(piece.sum()),
         config.separator_len * (int(piece.shape[0]) - num_rows), loss_tokens,
         skipped=int(skipped.sum()), truncated=int(truncated.sum()),
         truncated_tokens=int((lengths[truncated] - config.max_length).sum()),
         split=int((over & (config.oversize is OversizePolicy.SPLIT)).sum()),
-        skipped_ids=tuple(items[i].sample_id for i in np.flatnonzero(skipped).tolist()),
+        skipped_ids=tuple(map(pieces.sample_id, np.flatnonzero(skipped).tolist())),
     )
-    return PackedRows(items, row_offsets, source[order], start[order], piece[order], metrics, config, backend)
+    return PackedRows(pieces, row_offsets, source[order], start[order], piece[order], metrics, config, backend)
 
 
-def _loss_tokens(items: list[SequenceToPack], lengths: np.ndarray, source: np.ndarray, start: np.ndarray,
-                 piece: np.ndarray, oversized: bool) -> int:
-    """Loss tokens of all pieces: each whole sequence's own count, and the
-    mask of each cut piece (truncated or split) counted over its tokens."""
-    per_sequence = np.fromiter(map(_LOSS_TOKENS, items), dtype=np.int64, count=len(items))
-    if not oversized:  # every sequence whole, once (oversize_pieces): no gather
-        return int(per_sequence.sum())
-    cut = (start != 0) | (piece != lengths[source])
-    total = int(per_sequence[source[~cut]].sum())
-    for p in np.flatnonzero(cut).tolist():
-        mask, s = items[int(source[p])].loss_mask, int(start[p])
-        assert mask is not None  # SequenceToPack.__post_init__ fills in the all-ones default
-        total += int(np.count_nonzero(mask[s:s + int(piece[p])]))
-    return total
+class _Names:
+    """``names[i]``: sequence ``i``'s id, asked only for the few a refusal names."""
+
+    def __init__(self, sample_id) -> None:
+        self.sample_id = sample_id
+
+    def __getitem__(self, index: int) -> str:
+        return self.sample_id(index)

@@ -27,9 +27,11 @@ opened, a row's pieces in input order):
 * ``starts``, ``lengths``: where the piece starts in its sequence and its
   tokens (a whole sequence unless it was truncated or split).
 
-The view reads the sequences' arrays when it lays out a row: they must not
-be changed in place in between (``SequenceToPack`` is frozen; it holds its
-own copies of what it was given).
+The view reads the sequences' arrays when it lays out a row, through one
+of the readers of :mod:`.pieces` (``SequenceToPack`` objects, flat token
+arrays, a token source): the arrays must not be changed in place in
+between (``SequenceToPack`` is frozen; it holds its own copies of what it
+was given; flat arrays are the caller's, a token store's are read-only).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ import numpy as np
 from ... import checks
 from .config import PackingConfig, config_error
 from .metrics import PackingMetrics
-from .rows import PackedRow, SequenceToPack, layout_rows
+from .pieces import ObjectPieces, Pieces
+from .rows import PackedRow, SequenceToPack, layout_segments
 
 #: Rows laid out together while iterating (one layout call each block).
 ITERATION_BLOCK = 64
@@ -57,10 +60,11 @@ class PackedRows(Sequence):
     any row.
     """
 
-    def __init__(self, sequences: Sequence[SequenceToPack], row_offsets: np.ndarray, sources: np.ndarray,
+    def __init__(self, sequences: list[SequenceToPack] | Pieces, row_offsets: np.ndarray, sources: np.ndarray,
                  starts: np.ndarray, lengths: np.ndarray, metrics: PackingMetrics, config: PackingConfig,
                  backend: str = "auto") -> None:
-        self._sequences = sequences
+        # Where the pieces' arrays come from (.pieces): a list of SequenceToPack, or a reader already.
+        self._pieces: Pieces = ObjectPieces(list(sequences)) if isinstance(sequences, list) else sequences
         self.row_offsets = row_offsets
         self.sources = sources
         self.starts = starts
@@ -114,13 +118,10 @@ class PackedRows(Sequence):
         first, last = int(self.row_offsets[start]), int(self.row_offsets[stop])
         sources = self.sources[first:last]
         starts, lengths = self.starts[first:last], self.lengths[first:last]
-        pieces = list(map(self._sequences.__getitem__, sources.tolist()))
-        whole = np.fromiter(map(operator.attrgetter("length"), pieces), dtype=np.int64, count=len(pieces))
-        cut = np.flatnonzero((starts != 0) | (lengths != whole))  # pieces, not whole sequences
-        for p, s, n in zip(cut.tolist(), starts[cut].tolist(), lengths[cut].tolist()):
-            pieces[p] = pieces[p].piece(s, s + n)
+        ids, masks, sample_ids, offsets = self._pieces.segments(sources, starts, lengths)
         counts = np.diff(self.row_offsets[start:stop + 1])
-        return layout_rows(pieces, counts, self._separator, lengths.copy(), backend=self.backend)[0]
+        return layout_segments(ids, masks, sample_ids, offsets, counts, self._separator, lengths.copy(),
+                               backend=self.backend)[0]
 
     def microbatches(self, rows_per_microbatch: int) -> Iterator[list[PackedRow]]:
         """Consecutive rows, ``rows_per_microbatch`` at a time (the last

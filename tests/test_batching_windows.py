@@ -278,3 +278,103 @@ def test_window_rows_are_the_engine_order():
     definition = WindowDefinition(config, 10_000, window=999)
     rows = np.concatenate([window_rows(definition, 2, w) for w in range(definition.num_windows)])
     assert np.array_equal(rows, epoch_indices(plan_manifest(config, 10_000), "train", 2))
+
+
+# ---------------------------------------------------------------------- folders and verify
+def _saved(tmp_path, epochs=2, window=999):
+    from umlos_cuda.batching.plans.windows import save_windowed_plan
+
+    lengths = lengths_for(4, 10_000, 2200)
+    path = os.path.join(tmp_path, "lengths.jsonl")
+    LengthCache.from_arrays(None, lengths, "tok").write(path)
+    plan = WindowedPlan.build(WindowDefinition(BatchingConfig.throughput(seed=2), 10_000, window=window),
+                              MappedLengths(sidecar_path(path)), epochs)
+    save_windowed_plan(plan, os.path.join(tmp_path, "wp"))
+    return plan, lengths, os.path.join(tmp_path, "wp")
+
+
+def test_a_saved_plan_reopens_to_the_same_microbatches_and_verifies(tmp_path):
+    from umlos_cuda.batching.plans.windows import load_windowed_plan, verify_windowed_plan
+
+    plan, lengths, folder = _saved(tmp_path)
+    assert sorted(os.listdir(folder)) == ["index.npy", "meta.json", "umlos-artifact.json"]
+    again = load_windowed_plan(folder)
+    assert again.fingerprint == plan.fingerprint and np.array_equal(again.index, plan.index)
+    k = plan.epoch_microbatches(1) - 3
+    assert again.microbatch(1, k) == plan.microbatch(1, k)
+    assert load_windowed_plan(folder, lengths=lengths).fingerprint == plan.fingerprint  # in memory: same binding
+    report = verify_windowed_plan(folder, windows=3, seed=1, expected_fingerprint=plan.fingerprint)
+    assert report["windows_checked"] == 3 and report["fingerprint"] == plan.fingerprint
+    assert verify_windowed_plan(folder)["windows_checked"] == plan.definition.num_windows
+    synthetic = WindowedPlan.build(WindowDefinition(BatchingConfig.throughput(), 5000, window=512),
+                                   SyntheticLengths(5000, 8))
+    from umlos_cuda.batching.plans.windows import save_windowed_plan
+
+    save_windowed_plan(synthetic, os.path.join(tmp_path, "ws"))
+    assert load_windowed_plan(os.path.join(tmp_path, "ws")).fingerprint == synthetic.fingerprint
+
+
+def _refused(call, code):
+    with pytest.raises(UmlosError) as caught:
+        call()
+    assert caught.value.code == code, caught.value.message
+    return caught.value.message
+
+
+def test_tampered_folders_and_lengths_are_refused_with_their_codes(tmp_path):
+    import json
+
+    from umlos_cuda.batching.plans.windows import load_windowed_plan, verify_windowed_plan
+
+    plan, lengths, folder = _saved(tmp_path)
+    meta_path, index_path = os.path.join(folder, "meta.json"), os.path.join(folder, "index.npy")
+    meta, index = open(meta_path).read(), open(index_path, "rb").read()
+    _refused(lambda: load_windowed_plan(os.path.join(tmp_path, "nothing")), errors.PLAN_NOT_FOUND)
+    _refused(lambda: load_windowed_plan(folder, lengths=lengths[::-1].copy()), errors.PLAN_LENGTHS_MISMATCH)
+
+    def edit(change):
+        data = json.loads(meta)
+        change(data)
+        open(meta_path, "w").write(json.dumps(data))
+
+    edit(lambda d: d["window"].update(window=1000))  # the same number of windows, other positions
+    _refused(lambda: load_windowed_plan(folder), errors.PLAN_FORMAT_INVALID)
+    edit(lambda d: d["window"].update(window=500))  # another index shape
+    assert "index.npy" in _refused(lambda: load_windowed_plan(folder), errors.PLAN_FORMAT_INVALID)
+    edit(lambda d: d.update(extra=1))
+    _refused(lambda: load_windowed_plan(folder), errors.PLAN_FORMAT_INVALID)
+    edit(lambda d: d["config"].update(seed=3))  # a consistent index of another plan: the engine's order differs
+    _refused(lambda: load_windowed_plan(folder), errors.PLAN_NOT_REPRODUCIBLE)
+    edit(lambda d: d.update(fingerprint="0" * 64))
+    _refused(lambda: load_windowed_plan(folder), errors.PLAN_FINGERPRINT_MISMATCH)
+    open(meta_path, "w").write(meta)
+    # one window's counts moved to its neighbour: the totals still cover the epoch, the digest does not match
+    raw = np.load(index_path).reshape(plan.index.shape)
+    raw[0, 1, 3] += 5
+    raw[0, 2:, 3] += 5
+    np.save(index_path, raw.reshape(-1))
+    _refused(lambda: load_windowed_plan(folder), errors.PLAN_FINGERPRINT_MISMATCH)
+    open(index_path, "wb").write(index)
+    side = sidecar_path(os.path.join(tmp_path, "lengths.jsonl"))
+    data = bytearray(open(side, "rb").read())
+    data[-2] ^= 1
+    open(side, "wb").write(bytes(data))
+    _refused(lambda: verify_windowed_plan(folder, windows=1), errors.PLAN_LENGTHS_MISMATCH)
+
+
+def test_verify_replans_windows_against_the_index(tmp_path, monkeypatch):
+    from umlos_cuda.batching.plans.windows import verify_windowed_plan
+    from umlos_cuda.batching.plans.windows import plan as plan_module
+
+    _, _, folder = _saved(tmp_path, epochs=1)
+    real = plan_module.plan_window
+
+    def one_sample_short(*args, **kwargs):  # a planner that loses a microbatch's last sample
+        from dataclasses import replace
+
+        arrays = real(*args, **kwargs)
+        return replace(arrays, offsets=np.minimum(arrays.offsets, arrays.offsets[-1] - 1),
+                       samples=arrays.samples[:-1])
+
+    monkeypatch.setattr(plan_module, "plan_window", one_sample_short)
+    _refused(lambda: verify_windowed_plan(folder, windows=2), errors.PLAN_NOT_REPRODUCIBLE)

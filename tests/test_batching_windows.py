@@ -204,11 +204,11 @@ def test_a_tampered_or_truncated_sidecar_is_refused(tmp_path):
     mapped = MappedLengths(side)  # opening reads the header only
     with pytest.raises(UmlosError) as caught:
         mapped.check_bytes()
-    assert caught.value.code == errors.PLAN_LENGTHS_MISMATCH
+    assert caught.value.code == errors.LENGTHS_SIDECAR_MISMATCH
     open(side, "wb").write(bytes(data[:-4]))
     with pytest.raises(UmlosError) as caught:
         MappedLengths(side)
-    assert caught.value.code == errors.PLAN_LENGTHS_MISMATCH and "100 lengths" in caught.value.message
+    assert caught.value.code == errors.LENGTHS_SIDECAR_MISMATCH and "100 lengths" in caught.value.message
 
 
 def test_synthetic_lengths_are_a_fixed_function_of_seed_and_row():
@@ -359,7 +359,7 @@ def test_tampered_folders_and_lengths_are_refused_with_their_codes(tmp_path):
     data = bytearray(open(side, "rb").read())
     data[-2] ^= 1
     open(side, "wb").write(bytes(data))
-    _refused(lambda: verify_windowed_plan(folder, windows=1), errors.PLAN_LENGTHS_MISMATCH)
+    _refused(lambda: verify_windowed_plan(folder, windows=1), errors.LENGTHS_SIDECAR_MISMATCH)
 
 
 def test_verify_replans_windows_against_the_index(tmp_path, monkeypatch):

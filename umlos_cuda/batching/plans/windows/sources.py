@@ -69,7 +69,13 @@ MAX_SAMPLES = 1 << 62
 
 
 def _lengths_error(message: str) -> UmlosError:
-    return UmlosError(errors.PLAN_LENGTHS_MISMATCH, message, operator=errors.BATCH_PLAN_OPERATOR)
+    """Lengths a plan cannot take (not one-dimensional integers in uint32, a count out of range)."""
+    return UmlosError(errors.BATCHING_CONFIG_INVALID, message, operator=errors.BATCH_PLAN_OPERATOR)
+
+
+def _sidecar_error(message: str) -> UmlosError:
+    """A sidecar that does not hold what its header says (as the length cache's own loader says it)."""
+    return UmlosError(errors.LENGTHS_SIDECAR_MISMATCH, message, operator=errors.BATCHING_OPERATOR)
 
 
 class LengthSource:
@@ -121,29 +127,44 @@ class MappedLengths(ArrayLengths):
     def __init__(self, path) -> None:
         path = os.fspath(path)
         header, offset = read_sidecar_header(path)
-        count = checks.integer(header.get("count"), f"{path} count", 0, MAX_SAMPLES, fail=_lengths_error)
-        sha = checks.text(header.get("lengths_sha256"), f"{path} lengths_sha256", fail=_lengths_error)
-        with reader.open_regular(path, _lengths_error) as handle:
+        count = checks.integer(header.get("count"), f"{path} count", 0, MAX_SAMPLES, fail=_sidecar_error)
+        sha = checks.text(header.get("lengths_sha256"), f"{path} lengths_sha256", fail=_sidecar_error)
+        with reader.open_regular(path, _sidecar_error) as handle:
             size = reader.file_size(handle)
-            if size != offset + 4 * count:
-                raise _lengths_error(f"{path} is {size:,} bytes; its header announces {count:,} lengths from "
-                                     f"byte {offset}, {offset + 4 * count:,} bytes in all")
-            self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if count else None
-        self.lengths = (np.zeros(0, dtype="<u4") if self._map is None
-                        else np.frombuffer(self._map, dtype="<u4", count=count, offset=offset))
-        self.count = count
-        self.path = path
+        if size != offset + 4 * count:
+            raise _sidecar_error(f"{path} is {size:,} bytes; its header announces {count:,} lengths from "
+                                 f"byte {offset}, {offset + 4 * count:,} bytes in all")
+        self.count, self.path, self.offset = count, path, offset
         self._sha256 = sha
         self.tokenizer_hash = header.get("tokenizer_hash")
+        self._map: mmap.mmap | None = None
+        self._lengths: np.ndarray | None = None
+
+    @property
+    def lengths(self) -> np.ndarray:  # type: ignore[override]
+        """The mapped length bytes (mapped on first use: opening a plan reads the header only)."""
+        if self._lengths is None:
+            if not self.count:
+                self._lengths = np.zeros(0, dtype="<u4")
+                return self._lengths
+            try:
+                with reader.open_regular(self.path, _sidecar_error) as handle:
+                    if reader.file_size(handle) != self.offset + 4 * self.count:
+                        raise _sidecar_error(f"{self.path} changed size since it was opened")
+                    self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            except OSError as exc:
+                raise _sidecar_error(f"cannot map {self.path}: {exc.strerror or exc}") from None
+            self._lengths = np.frombuffer(self._map, dtype="<u4", count=self.count, offset=self.offset)
+        return self._lengths
 
     def release(self) -> None:
         if self._map is not None and hasattr(mmap, "MADV_DONTNEED"):
             self._map.madvise(mmap.MADV_DONTNEED)
 
     def check_bytes(self) -> None:
-        """PLAN_LENGTHS_MISMATCH unless the length bytes hash to the header's SHA-256."""
+        """LENGTHS_SIDECAR_MISMATCH unless the length bytes hash to the header's SHA-256."""
         if sha256_array(self.lengths) != self._sha256:
-            raise _lengths_error(f"{self.path}: its length bytes do not match their SHA-256 in the header")
+            raise _sidecar_error(f"{self.path}: its length bytes do not match their SHA-256 in the header")
         self.release()
 
 

@@ -378,3 +378,22 @@ def test_verify_replans_windows_against_the_index(tmp_path, monkeypatch):
 
     monkeypatch.setattr(plan_module, "plan_window", one_sample_short)
     _refused(lambda: verify_windowed_plan(folder, windows=2), errors.PLAN_NOT_REPRODUCIBLE)
+
+
+def test_plan_verify_checks_a_windowed_plan_and_refuses_windows_of_a_batch_plan(tmp_path, capsys):
+    from umlos_cuda.batching import BatchPlanBuilder, save_plan
+    from umlos_cuda.cli import main
+
+    plan, lengths, folder = _saved(tmp_path)
+    assert main(["plan", "verify", folder, "--windows", "2", "--seed", "4",
+                 "--expected-fingerprint", plan.fingerprint]) == 0
+    out = capsys.readouterr().out
+    assert f"2 of {plan.definition.num_windows} windows" in out and plan.fingerprint in out
+    assert main(["plan", "verify", folder, "--lengths", os.path.join(tmp_path, "lengths.jsonl")]) == 0
+    assert f"{plan.definition.num_windows} of {plan.definition.num_windows} windows" in capsys.readouterr().out
+    assert main(["plan", "verify", folder, "--expected-fingerprint", "0" * 64]) == 2
+    assert "error PLAN_FINGERPRINT_MISMATCH" in capsys.readouterr().err
+    save_plan(BatchPlanBuilder(lengths[:100], BatchingConfig.throughput()).build(1), os.path.join(tmp_path, "plan"))
+    assert main(["plan", "verify", os.path.join(tmp_path, "plan"), "--windows", "2"]) == 2
+    assert "error BATCHING_CONFIG_INVALID" in capsys.readouterr().err
+    assert main(["plan", "verify", os.path.join(tmp_path, "plan")]) == 0

@@ -13,6 +13,8 @@ import json
 import os
 import time
 
+from .. import errors
+from ..errors import UmlosError
 from ._args import add_no_verify_argument, add_pack_arguments, non_negative_int, positive_int
 
 #: Short names for the engine's sampling modes.
@@ -89,6 +91,10 @@ def register(subparsers) -> None:
     verify.add_argument("--lengths", metavar="LENGTHS.jsonl",
                         help="also check against this length cache (or a token store folder's)")
     verify.add_argument("--no-rebuild", action="store_true", help="skip the rebuild check (faster on huge plans)")
+    verify.add_argument("--windows", metavar="N", type=positive_int("--windows"),
+                        help="a windowed plan: replan N windows of each epoch, chosen at random (default: all)")
+    verify.add_argument("--seed", metavar="S", type=non_negative_int("--seed"), default=0,
+                        help="a windowed plan: the seed that chooses the windows (default 0)")
     verify.set_defaults(func=run_verify)
 
     shard = actions.add_parser(
@@ -341,13 +347,36 @@ def packing_line(packing: dict) -> str:
 
 def run_verify(args) -> int:
     from ..batching.plans.verify import verify_plan
+    from ..batching.plans.windows.io import is_windowed_plan
 
+    if is_windowed_plan(args.plan):
+        return _verify_windowed(args)
+    if args.windows is not None:
+        raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"--windows replans windows of a windowed plan; {args.plan} "
+                         "is a batch plan (plan verify checks all of it)", operator=errors.BATCH_PLAN_OPERATOR)
     lengths = load_lengths(args.lengths, read_ids=False) if args.lengths else None
     report = verify_plan(args.plan, expected_fingerprint=args.expected_fingerprint, lengths=lengths,
                          reproduce=not args.no_rebuild)
     for check in report["checks"]:
         print(f"ok  {check}")
     print(f"plan {args.plan} verified: fingerprint {report['fingerprint']}")
+    return 0
+
+
+def _verify_windowed(args) -> int:
+    """``plan verify`` of a windowed plan folder (batching/plans/windows/verify.py): ``--lengths`` names
+    the length cache whose ``.u32`` sidecar it maps (default: the one meta.json names)."""
+    from ..batching.lengths.cache import SIDECAR_SUFFIX, sidecar_path
+    from ..batching.plans.windows.verify import verify_windowed_plan
+
+    lengths = args.lengths
+    if lengths is not None and not lengths.endswith(SIDECAR_SUFFIX):
+        lengths = sidecar_path(lengths)
+    report = verify_windowed_plan(args.plan, windows=args.windows, seed=args.seed, lengths=lengths,
+                                  expected_fingerprint=args.expected_fingerprint)
+    for check in report["checks"]:
+        print(f"ok  {check}")
+    print(f"windowed plan {args.plan} verified: fingerprint {report['fingerprint']}")
     return 0
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from .... import checks, errors
 from ....errors import UmlosError
 from ....files import reader
-from ....files.artifacts import json_field
+from ....files.artifacts import marked_kind
 from ....files.writer import ArtifactKind, Folder, output_folder
 from ..config import BatchingConfig
 from ..plan import plan_error
@@ -39,10 +39,20 @@ from .plan import WINDOWED_FORMAT, WindowedPlan, index_digest
 from .sources import ArrayLengths, LengthSource, MappedLengths, SyntheticLengths
 from .window import COUNT_FIELDS, WindowDefinition
 
-#: A windowed plan folder.
-WINDOWED_PLAN = ArtifactKind("windowed plan", lambda folder: json_field(folder, "meta.json", "format") == WINDOWED_FORMAT)
+#: A windowed plan folder (every one carries the marker: none was written before markers).
+WINDOWED_PLAN = ArtifactKind("windowed plan")
 _META_KEYS = ("format", "config", "window", "num_epochs", "lengths", "count_fields", "sampling_mode",
               "sampler_config_hash", "manifest_hash", "lengths_path", "fingerprint", "index_digests")
+
+
+def is_windowed_plan(directory) -> bool:
+    """Whether ``directory`` is a windowed plan folder, by its marker; reads
+    a few bytes, never blocks on a FIFO, never fails (``plan verify`` asks before choosing its checks)."""
+    try:
+        with Folder.open(os.fspath(directory)) as folder:
+            return marked_kind(folder) == WINDOWED_PLAN.name
+    except (OSError, ValueError):
+        return False
 
 
 def save_windowed_plan(plan: WindowedPlan, directory, *, lengths_path=None, force: bool = False,

@@ -6,14 +6,24 @@ whose ``take(rows)`` gives the lengths of any rows (uint32) and whose ``binding(
 is what a plan's fingerprint records about the lengths. A windowed plan asks for
 one window's rows at a time, so it never holds all N lengths in its own memory:
 
-* :class:`MappedLengths` maps the sidecar's length bytes read-only. Pages of a
-  mapping that a process has touched count in its resident set although they are
-  the kernel's page cache; ``release()`` (called after each window) drops them
-  from the process (``madvise(MADV_DONTNEED)``: a later read maps them again from
-  the page cache), so the RSS of a pass over 10^9 samples stays O(window). Only
-  the sidecar's header is read on opening (bounded: at most 64 KiB); the length
-  bytes' SHA-256 in that header is what the plan binds, and ``plan verify``
-  (:mod:`.verify`) hashes the bytes again.
+* :class:`MappedLengths` maps the sidecar's length bytes read-only. Only the
+  sidecar's header is read on opening (bounded: at most 64 KiB), and the bytes are
+  mapped on first use; the length bytes' SHA-256 in that header is what the plan
+  binds, and ``verify`` (:mod:`.verify`) hashes the bytes again. A sidecar whose
+  size is not its header's, that cannot be mapped, or whose bytes miss their
+  SHA-256 is LENGTHS_SIDECAR_MISMATCH, as the length cache's loader says it.
+  Pages of a mapping that a process has touched count in its resident set
+  although they are the kernel's page cache; ``release()`` (called after each
+  window) drops them from the process (``madvise(MADV_DONTNEED)``: a later read
+  maps them again from the page cache). With a block order (``block_affine``,
+  the plans' default, or ``block_feistel``) a window's rows lie in one block, so
+  the RSS of a pass over 10^9 samples stays O(window). With ``feistel`` a
+  window's reads touch pages all over the file and the kernel maps whole
+  page-cache folios per fault, so the file-backed part of the RSS reaches the
+  file's size (shared, reclaimable page cache; the anonymous memory stays
+  O(window)), and the windows do not release it
+  (:attr:`~.window.WindowDefinition.local_reads`): the next window would map
+  the same pages again.
 * :class:`ArrayLengths` wraps lengths already in memory (tests, small plans).
 * :class:`SyntheticLengths` computes the length of row ``i`` from ``(seed, i)``
   alone, with 64-bit integer arithmetic only (SplitMix64's finaliser of
@@ -29,6 +39,7 @@ one window's rows at a time, so it never holds all N lengths in its own memory:
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 
@@ -64,6 +75,8 @@ SYNTHETIC_QUANTILES = np.asarray([
 _LOW = SYNTHETIC_QUANTILES[:-1].astype(np.uint32)
 _SPAN = np.diff(SYNTHETIC_QUANTILES)
 _GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+#: Lengths hashed between two releases of the mapped pages (16 MiB).
+HASH_PIECE = 1 << 22
 #: Most samples a source may hold (row numbers are uint64 and positions int64).
 MAX_SAMPLES = 1 << 62
 
@@ -162,10 +175,15 @@ class MappedLengths(ArrayLengths):
             self._map.madvise(mmap.MADV_DONTNEED)
 
     def check_bytes(self) -> None:
-        """LENGTHS_SIDECAR_MISMATCH unless the length bytes hash to the header's SHA-256."""
-        if sha256_array(self.lengths) != self._sha256:
+        """LENGTHS_SIDECAR_MISMATCH unless the length bytes hash to the header's SHA-256: read in
+        pieces of :data:`HASH_PIECE` lengths, each released once hashed, so the RSS stays a piece."""
+        digest = hashlib.sha256()
+        lengths = self.lengths
+        for start in range(0, self.count, HASH_PIECE):
+            digest.update(lengths[start:start + HASH_PIECE].data)
+            self.release()
+        if digest.hexdigest() != self._sha256:
             raise _sidecar_error(f"{self.path}: its length bytes do not match their SHA-256 in the header")
-        self.release()
 
 
 class SyntheticLengths(LengthSource):

@@ -88,4 +88,5 @@ def _check_window(plan, epoch: int, w: int) -> None:
         j = int(over[0])
         raise plan_error(errors.PLAN_BUDGET_EXCEEDED, f"{where}: microbatch {j} holds {int(sizes[j])} x "
                                                       f"{int(max_len[j])} tokens; the budget is {config.token_budget}")
-    plan.source.release()
+    if definition.local_reads:
+        plan.source.release()

@@ -27,6 +27,7 @@ import numpy as np
 from .... import checks
 from ....manifest.core import Manifest
 from ..buckets import config_error
+from ....nextbatch import MODE_SEQUENTIAL
 from ..config import BatchingConfig, PadPolicy
 from ..planner import EpochArrays, cut_bucket, index_dtype, order_slice, plan_manifest, plan_ordered
 
@@ -78,6 +79,14 @@ class WindowDefinition:
         """Windows per epoch: ``ceil(N / W)``."""
         return -(-self.num_samples // self.window)
 
+    @property
+    def local_reads(self) -> bool:
+        """Whether a window's rows lie close together (the sequential order, or a block order, whose
+        window of at most a block reads one block of rows): then the length pages a window mapped are
+        released after it (:meth:`~.sources.LengthSource.release`). Under ``feistel`` a window's rows
+        are spread over the whole file, so releasing would only make the next window map them again."""
+        return self.config.stage == MODE_SEQUENTIAL or self.config.order != "feistel"
+
     def bounds(self, w: int) -> tuple[int, int]:
         """Positions ``[start, stop)`` of window ``w``."""
         start = w * self.window
@@ -116,7 +125,8 @@ def plan_window(definition: WindowDefinition, source, epoch: int, w: int, backen
     local = np.arange(rows.shape[0], dtype=index_dtype(int(rows.shape[0])))
     arrays = plan_ordered(lengths, local, buckets, definition.config, definition.manifest, epoch,
                           draw_base=w << 32)
-    source.release()
+    if definition.local_reads:
+        source.release()
     return replace(arrays, samples=rows[arrays.samples], skipped=np.sort(rows[arrays.skipped]))
 
 
@@ -124,7 +134,8 @@ def count_window(definition: WindowDefinition, source, epoch: int, w: int, backe
     """The counts of :func:`plan_window`'s microbatches, without building them."""
     rows = window_rows(definition, epoch, w, backend)
     lengths = source.take(rows)
-    source.release()
+    if definition.local_reads:
+        source.release()
     return count_lengths(lengths, definition.config)
 
 

@@ -397,3 +397,26 @@ def test_plan_verify_checks_a_windowed_plan_and_refuses_windows_of_a_batch_plan(
     assert main(["plan", "verify", os.path.join(tmp_path, "plan"), "--windows", "2"]) == 2
     assert "error BATCHING_CONFIG_INVALID" in capsys.readouterr().err
     assert main(["plan", "verify", os.path.join(tmp_path, "plan")]) == 0
+
+
+def test_plan_build_window_writes_the_plan_the_api_builds(tmp_path, capsys):
+    from umlos_cuda.batching.plans.windows import load_windowed_plan
+    from umlos_cuda.cli import main
+
+    plan, _, _ = _saved(tmp_path)  # seed 2, throughput defaults, window 999, 2 epochs, over lengths.jsonl's sidecar
+    lengths = os.path.join(tmp_path, "lengths.jsonl")
+    argv = ["plan", "build", "--lengths", lengths, "--bucket-edges", "128,256,512,1024", "--overflow-max", "2048",
+            "--token-budget", "4096", "--pad-policy", "pad_to_max", "--seed", "2", "--epochs", "2", "--window", "999",
+            "--quiet", "--output"]
+    assert main(argv + [os.path.join(tmp_path, "cli")]) == 0
+    assert f"fingerprint {plan.fingerprint}" in capsys.readouterr().out
+    assert load_windowed_plan(os.path.join(tmp_path, "cli")).fingerprint == plan.fingerprint
+    assert main(argv + [os.path.join(tmp_path, "cli")]) == 2  # it exists
+    assert "error OUTPUT_EXISTS" in capsys.readouterr().err
+    assert main(argv + [os.path.join(tmp_path, "cli"), "--force"]) == 0
+    assert main(argv + [os.path.join(tmp_path, "packed"), "--pack"]) == 2
+    assert "error BATCHING_CONFIG_INVALID" in capsys.readouterr().err and not os.path.exists(
+        os.path.join(tmp_path, "packed"))
+    os.unlink(sidecar_path(lengths))  # the sidecar is required
+    assert main(argv + [os.path.join(tmp_path, "nosidecar")]) == 2
+    assert "error LENGTHS_SIDECAR_MISMATCH" in capsys.readouterr().err

@@ -420,3 +420,16 @@ def test_plan_build_window_writes_the_plan_the_api_builds(tmp_path, capsys):
     os.unlink(sidecar_path(lengths))  # the sidecar is required
     assert main(argv + [os.path.join(tmp_path, "nosidecar")]) == 2
     assert "error LENGTHS_SIDECAR_MISMATCH" in capsys.readouterr().err
+
+
+def test_plan_build_window_refuses_a_cache_of_preference_pairs(tmp_path, capsys):
+    from umlos_cuda.batching.lengths.pairs import pair_ids
+    from umlos_cuda.cli import main
+
+    ids = [i for r in range(20) for i in pair_ids(f"r{r}")]
+    path = os.path.join(tmp_path, "pairs.jsonl")
+    LengthCache.from_arrays(ids, lengths_for(1, 40, 500), "tok").write(path)
+    assert main(["plan", "build", "--lengths", path, "--bucket-edges", "128", "--overflow-max", "512",
+                 "--token-budget", "2048", "--window", "8", "--quiet", "--output", os.path.join(tmp_path, "w")]) == 2
+    err = capsys.readouterr().err
+    assert "error BATCHING_CONFIG_INVALID" in err and "pairs" in err and not os.path.exists(os.path.join(tmp_path, "w"))

@@ -275,7 +275,9 @@ def _build_windowed(args, config, inputs) -> int:
     check_output_folder(args.output, WINDOWED_PLAN, force=args.force, inputs=inputs,
                         operator=errors.BATCH_PLAN_OPERATOR)
     started = time.perf_counter()
-    LengthCache.load(args.lengths, sidecar="require")
+    cache = LengthCache.load(args.lengths, sidecar="require")
+    config = _with_pairs(config, cache, args.lengths)  # a cache of preference pairs: refused below, not split
+    del cache
     source = MappedLengths(sidecar_path(args.lengths))
     definition = WindowDefinition(config, source.count, args.window)
     total = args.epochs * definition.num_windows

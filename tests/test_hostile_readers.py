@@ -53,7 +53,7 @@ DEEP = 100_000
 def world(tmp_path_factory) -> Path:
     """A model directory, a dataset, its length cache, its token store, a plan (with sample ids, binary and
     JSONL), its batch folder in each layout (compact, npz, compact + zstd, index), a saved batch fingerprint, a
-    Megatron pair and a window log, all valid."""
+    Megatron pair, a window log and a windowed plan over the length cache's sidecar, all valid."""
     from batching_cases import train_tokenizer, write_model_dir
     from token_cases import random_sequences, write_dataset, write_megatron
     from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, save_plan
@@ -83,6 +83,12 @@ def world(tmp_path_factory) -> Path:
         write_dataset(part, 10 + i, seed=10 + i, ids=False)
     tokenize_sharded(parts[:2], root / "model", root / "sharded")  # a sharded store of two shards
     tokenize_shard(parts, 2, root / "model", root / "staged")  # the next shard, staged
+
+    from umlos_cuda.batching.plans.windows import MappedLengths, WindowDefinition, WindowedPlan, save_windowed_plan
+
+    mapped = MappedLengths(root / "lengths.jsonl.u32")
+    save_windowed_plan(WindowedPlan.build(WindowDefinition(config, mapped.count, window=16), mapped, 2),
+                       root / "windowed")
     window = RollingBatchPlanWindow(ReplayBuffer(16, "fifo", seed=1), 2,
                                     batching=BatchingConfig.throughput(2048, (128, 256, 512), 1024),
                                     log=root / "run" / "windows.jsonl")
@@ -847,6 +853,56 @@ def _planted_orphan(store: Path) -> None:
     shutil.copytree(store / "shards" / "00001", store / "shards" / "00002")
 
 
+# ---------------------------------------------------------------------- windowed plans (batching/plans/windows/)
+def _windowed(change, lengths: str | None = None):
+    """The windowed plan copied into ``here``, ``change(here)`` applied, then opened (with ``lengths``, a
+    path relative to ``here``, when given)."""
+    def make(world, here):
+        copy(world, here, "windowed", "lengths.jsonl")
+        change(here)
+        given = "" if lengths is None else f", lengths={str(here / lengths)!r}"
+        return api("from umlos_cuda.batching.plans.windows import load_windowed_plan\n"
+                   f"guarded(lambda: load_windowed_plan({str(here / 'windowed')!r}{given}).microbatch(0, 0))\n")
+    return make
+
+
+def _sidecar_claiming(count: int):
+    """A sparse sidecar whose header claims ``count`` lengths (4 x count bytes of zeros follow)."""
+    def change(here):
+        from umlos_cuda.batching.lengths.cache import SIDECAR_MAGIC
+
+        text = json.dumps({"count": count, "dataset_hash": None, "format_version": 1, "jsonl_sha256": "0" * 64,
+                           "jsonl_size": 0, "lengths_sha256": "0" * 64, "sample_ids": "line_numbers",
+                           "tokenizer_hash": "x"}, sort_keys=True, separators=(",", ":")).encode("ascii")
+        prefix = SIDECAR_MAGIC + struct.pack("<I", len(text)) + text
+        prefix += b"\0" * (-len(prefix) % 16)
+        sparse(here / "big.u32", prefix, len(prefix) + 4 * count)
+    return change
+
+
+WP = errors.PLAN_FORMAT_INVALID
+WINDOWED_CASES = [
+    Case("hang/windowed-plan-fifo-meta-json", _windowed(lambda h: fifo(h / "windowed" / "meta.json")), (WP,),
+         "meta.json"),
+    Case("hang/windowed-plan-fifo-index-npy", _windowed(lambda h: fifo(h / "windowed" / "index.npy")), (WP,),
+         "index.npy"),
+    Case("hang/windowed-plan-sparse-index-npy", _windowed(lambda h: sparse(h / "windowed" / "index.npy")), (WP,),
+         "index.npy"),
+    Case("traceback/windowed-plan-deep-meta-json",
+         _windowed(lambda h: (h / "windowed" / "meta.json").write_text(deep_json())), (WP,), "meta.json"),
+    Case("traceback/windowed-plan-meta-window-not-a-number",
+         _windowed(lambda h: edit_json(h / "windowed" / "meta.json", lambda m: m["window"].update(window="16"))),
+         (WP,), "meta.json"),
+    Case("traceback/windowed-plan-meta-config-not-an-object",
+         _windowed(lambda h: edit_json(h / "windowed" / "meta.json", lambda m: m.update(config=[1]))), (WP,),
+         "meta.json"),
+    Case("hang/windowed-plan-fifo-lengths-sidecar", _windowed(lambda h: fifo(h / "side.u32"), "side.u32"),
+         (errors.LENGTHS_SIDECAR_MISMATCH,), "side.u32"),
+    Case("hang/windowed-plan-sparse-sidecar-of-a-billion-lengths", _windowed(_sidecar_claiming(10**9), "big.u32"),
+         (errors.PLAN_LENGTHS_MISMATCH,)),
+]
+
+
 # ---------------------------------------------------------------------- datasets in other formats (batching/records/)
 DU = errors.DATASET_UNREADABLE
 
@@ -1403,6 +1459,9 @@ CASES = [
     Case("traceback/batch-check-compact-segments-past-the-tokens",
          _compact_member("batches", "segment_lengths", np.full(2, 1 << 31, dtype="<u4")), (B,), ".npz"),
 ]
+
+
+CASES += WINDOWED_CASES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

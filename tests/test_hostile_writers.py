@@ -217,6 +217,45 @@ def _(w):
     hs.assert_ok(w.cli(*args))  # no --force: the failure left nothing in the way
 
 
+@case("plan-build-window/force-over-a-plan")
+def _(w):
+    w.refused(errors.OUTPUT_PATH_INVALID, w.copy("plan"), "plan", "build", "--lengths", w.copy("lengths.jsonl"),
+              "--output", w.path("plan"), "--force", "--window", "16", *PLAN_ARGS)
+
+
+@case("plan-build-window/force-over-folder-holding-its-lengths")
+def _(w):
+    lengths = w.copy("lengths.jsonl")
+    hs.assert_ok(w.cli("plan", "build", "--lengths", lengths, "--output", w.path("windowed"), "--window", "16",
+                       *PLAN_ARGS))
+    shutil.copy2(w.artifacts / "lengths.jsonl", Path(w.path("windowed")) / "lengths.jsonl")
+    shutil.copy2(w.artifacts / "lengths.jsonl.u32", Path(w.path("windowed")) / "lengths.jsonl.u32")
+    w.refused(errors.OUTPUT_IS_INPUT, w.path("windowed"), "plan", "build", "--lengths",
+              os.path.join(w.path("windowed"), "lengths.jsonl"), "--output", w.path("windowed"), "--force",
+              "--window", "16", *PLAN_ARGS)
+
+
+@case("plan-build-window/force-replaces-a-windowed-plan")
+def _(w):
+    lengths = w.copy("lengths.jsonl")
+    args = ("plan", "build", "--lengths", lengths, "--output", w.path("windowed"), "--window", "16", *PLAN_ARGS)
+    hs.assert_ok(w.cli(*args))
+    before = w.state()
+    hs.assert_ok(w.cli(*args, "--force", "--seed", "7"))
+    hs.assert_untouched(before, w.state(), owned=["windowed"])
+    assert json.loads(Path(w.path("windowed"), "meta.json").read_text())["config"]["seed"] == 7
+    assert leftovers(w.path(".")) == []
+
+
+@case("plan-build-window/retry-after-a-failed-write")
+def _(w):
+    lengths = w.copy("lengths.jsonl")
+    args = ("plan", "build", "--lengths", lengths, "--output", w.path("windowed"), "--window", "16", *PLAN_ARGS)
+    hs.assert_refused(w.cli_with_file_limit(200, *args), errors.OUTPUT_WRITE_FAILED, names=w.path("windowed"))
+    assert not os.path.lexists(w.path("windowed")) and leftovers(w.path(".")) == []
+    hs.assert_ok(w.cli(*args))
+
+
 # ---------------------------------------------------------------------- plan shard
 @case("plan-shard/force-over-its-own-plan")
 def _(w):

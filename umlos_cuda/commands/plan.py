@@ -13,6 +13,8 @@ import json
 import os
 import time
 
+from .. import errors
+from ..errors import UmlosError
 from ._args import add_no_verify_argument, add_pack_arguments, non_negative_int, positive_int
 
 #: Short names for the engine's sampling modes.
@@ -65,6 +67,10 @@ def register(subparsers) -> None:
     add_overlong_arguments(build)
     build.add_argument("--jsonl", choices=("auto", "always", "never"), default="auto",
                        help="write microbatches.jsonl: auto (up to 10^7 sample entries), always or never")
+    build.add_argument("--window", type=positive_int("--window"), metavar="W",
+                       help="build a windowed plan instead: windows of W positions of the order, the lengths "
+                       "memory-mapped from the cache's .u32 sidecar, a per-window index on disk (docs/batching.md, "
+                       "Windowed plans; token-budget buckets only)")
     build.add_argument("--output", required=True, metavar="DIR", help="the plan folder to create")
     build.add_argument("--force", action="store_true", help="replace an existing plan folder")
     build.add_argument("--quiet", action="store_true", help="no progress line")
@@ -89,6 +95,10 @@ def register(subparsers) -> None:
     verify.add_argument("--lengths", metavar="LENGTHS.jsonl",
                         help="also check against this length cache (or a token store folder's)")
     verify.add_argument("--no-rebuild", action="store_true", help="skip the rebuild check (faster on huge plans)")
+    verify.add_argument("--windows", metavar="N", type=positive_int("--windows"),
+                        help="a windowed plan: replan N windows of each epoch, chosen at random (default: all)")
+    verify.add_argument("--seed", metavar="S", type=non_negative_int("--seed"), default=0,
+                        help="a windowed plan: the seed that chooses the windows (default 0)")
     verify.set_defaults(func=run_verify)
 
     shard = actions.add_parser(
@@ -217,6 +227,8 @@ def run_build(args) -> int:
                                      else BatchingProfile.THROUGHPUT),
                             pack=pack, order=args.order, **_selection(args))
     inputs = (args.lengths,) if os.path.isdir(args.lengths) else (args.lengths, sidecar_path(args.lengths))
+    if args.window is not None:
+        return _build_windowed(args, config, inputs)
     check_output_dir(args.output, args.force, inputs)  # fail before the work
     started = time.perf_counter()
     cache = load_lengths(args.lengths)
@@ -242,6 +254,45 @@ def run_build(args) -> int:
               "(group_size 2, from the length cache's ids)")
     print(f"fingerprint {plan.fingerprint}")
     print(f"built in {seconds:.2f} s ({len(cache) * plan.num_epochs / max(seconds, 1e-9):,.0f} samples/s)")
+    return 0
+
+
+def _build_windowed(args, config, inputs) -> int:
+    """``plan build --window W``: a windowed plan (batching/plans/windows/) over the length cache's sidecar.
+    The sidecar is first checked against its JSONL (``LengthCache.load(sidecar="require")``: one read of
+    the JSONL, no ids kept), then memory-mapped; the plan binds it by its count and SHA-256."""
+    from ..batching.lengths.cache import LengthCache, sidecar_path
+    from ..batching.plans.windows import MappedLengths, WindowDefinition, WindowedPlan, save_windowed_plan
+    from ..batching.plans.windows.io import WINDOWED_PLAN
+    from ..files.writer import check_output_folder
+    from ._progress import Progress
+
+    definition_check = WindowDefinition(config, 1, args.window)  # refuses what windows do not plan, before any read
+    del definition_check
+    if os.path.isdir(args.lengths):
+        raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"--window maps a length cache's .u32 sidecar; "
+                         f"{args.lengths} is a folder (give its lengths.jsonl)", operator=errors.BATCH_PLAN_OPERATOR)
+    check_output_folder(args.output, WINDOWED_PLAN, force=args.force, inputs=inputs,
+                        operator=errors.BATCH_PLAN_OPERATOR)
+    started = time.perf_counter()
+    cache = LengthCache.load(args.lengths, sidecar="require")
+    config = _with_pairs(config, cache, args.lengths)  # a cache of preference pairs: refused below, not split
+    del cache
+    source = MappedLengths(sidecar_path(args.lengths))
+    definition = WindowDefinition(config, source.count, args.window)
+    total = args.epochs * definition.num_windows
+    progress = Progress(total, f"plan {args.output}", enabled=not args.quiet)
+    plan = WindowedPlan.build(definition, source, args.epochs, progress=lambda done, _: progress.update(done))
+    save_windowed_plan(plan, args.output, lengths_path=os.path.abspath(sidecar_path(args.lengths)),
+                       force=args.force, inputs=inputs)
+    progress.close()
+    seconds = time.perf_counter() - started
+    counts = plan.epoch_counts(0)
+    print(f"windowed plan {args.output}: {plan.num_epochs} epoch(s) of {definition.num_windows} windows of "
+          f"{definition.window}, {sum(plan.epoch_microbatches(e) for e in range(plan.num_epochs))} microbatches, "
+          f"{counts['samples']} samples per epoch, {counts['skipped']} skipped")
+    print(f"fingerprint {plan.fingerprint}")
+    print(f"built in {seconds:.2f} s ({source.count * plan.num_epochs / max(seconds, 1e-9):,.0f} samples/s)")
     return 0
 
 
@@ -341,13 +392,36 @@ def packing_line(packing: dict) -> str:
 
 def run_verify(args) -> int:
     from ..batching.plans.verify import verify_plan
+    from ..batching.plans.windows.io import is_windowed_plan
 
+    if is_windowed_plan(args.plan):
+        return _verify_windowed(args)
+    if args.windows is not None:
+        raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"--windows replans windows of a windowed plan; {args.plan} "
+                         "is a batch plan (plan verify checks all of it)", operator=errors.BATCH_PLAN_OPERATOR)
     lengths = load_lengths(args.lengths, read_ids=False) if args.lengths else None
     report = verify_plan(args.plan, expected_fingerprint=args.expected_fingerprint, lengths=lengths,
                          reproduce=not args.no_rebuild)
     for check in report["checks"]:
         print(f"ok  {check}")
     print(f"plan {args.plan} verified: fingerprint {report['fingerprint']}")
+    return 0
+
+
+def _verify_windowed(args) -> int:
+    """``plan verify`` of a windowed plan folder (batching/plans/windows/verify.py): ``--lengths`` names
+    the length cache whose ``.u32`` sidecar it maps (default: the one meta.json names)."""
+    from ..batching.lengths.cache import SIDECAR_SUFFIX, sidecar_path
+    from ..batching.plans.windows.verify import verify_windowed_plan
+
+    lengths = args.lengths
+    if lengths is not None and not lengths.endswith(SIDECAR_SUFFIX):
+        lengths = sidecar_path(lengths)
+    report = verify_windowed_plan(args.plan, windows=args.windows, seed=args.seed, lengths=lengths,
+                                  expected_fingerprint=args.expected_fingerprint)
+    for check in report["checks"]:
+        print(f"ok  {check}")
+    print(f"windowed plan {args.plan} verified: fingerprint {report['fingerprint']}")
     return 0
 
 

@@ -17,4 +17,5 @@ Modules:
     verify            every invariant of a plan folder, and that it rebuilds
     sharding          split a plan across ranks
     checkpoint_kinds  the ``plan`` cursor kind inside checkpoints
+    windows/          windowed plans: a window of the order at a time, a per-window index, random access
 """

@@ -1,0 +1,170 @@
+"""Windowed plan folders: the definition and the index on disk, written atomically, read bounded.
+
+Layout (docs/batching.md, "Windowed plans")::
+
+    DIR/umlos-artifact.json   the artifact marker: {"artifact": "windowed plan", ...}
+    DIR/meta.json             the fingerprint's header, ``lengths_path``, ``fingerprint``, ``index_digests``
+    DIR/index.npy             int64 [E x (K + 1) x 5]: the index (:mod:`.index`), flattened
+
+The lengths are not copied (4 bytes a sample is the one thing a windowed plan must not hold):
+meta.json binds them (count and SHA-256, or the synthetic source's seed) and names where they
+were read from (``lengths_path``: a ``.u32`` sidecar, relative to DIR's parent when it was given
+relative; not part of the fingerprint, so the plan may move with or without its lengths).
+:func:`load_windowed_plan` takes the lengths from there, or from ``lengths=`` (a path, an array or
+a :class:`~.sources.LengthSource`), and refuses lengths of another binding.
+
+Written through the output layer (files/writer.py): a hidden sibling folder filled and fsynced,
+then renamed to DIR; ``force`` replaces a windowed plan folder only. Read through the input layer
+(files/reader.py): meta.json a regular file of at most 16 MiB and bounded depth, index.npy's
+header checked against its size and the shape meta.json implies before anything is read. Opening
+costs the index and the header of the sidecar, O(N / W): no window is planned and no length read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+
+import numpy as np
+
+from .... import checks, errors
+from ....errors import UmlosError
+from ....files import reader
+from ....files.artifacts import marked_kind
+from ....files.writer import ArtifactKind, Folder, output_folder
+from ..config import BatchingConfig
+from ..plan import plan_error
+from .plan import WINDOWED_FORMAT, WindowedPlan, index_digest
+from .sources import ArrayLengths, LengthSource, MappedLengths, SyntheticLengths
+from .window import COUNT_FIELDS, WindowDefinition
+
+#: A windowed plan folder (every one carries the marker: none was written before markers).
+WINDOWED_PLAN = ArtifactKind("windowed plan")
+_META_KEYS = ("format", "config", "window", "num_epochs", "lengths", "count_fields", "sampling_mode",
+              "sampler_config_hash", "manifest_hash", "lengths_path", "fingerprint", "index_digests")
+
+
+def is_windowed_plan(directory) -> bool:
+    """Whether ``directory`` is a windowed plan folder, by its marker; reads
+    a few bytes, never blocks on a FIFO, never fails (``plan verify`` asks before choosing its checks)."""
+    try:
+        with Folder.open(os.fspath(directory)) as folder:
+            return marked_kind(folder) == WINDOWED_PLAN.name
+    except (OSError, ValueError):
+        return False
+
+
+def save_windowed_plan(plan: WindowedPlan, directory, *, lengths_path=None, force: bool = False,
+                       inputs: Iterable = ()) -> str:
+    """Write ``plan`` to the folder ``directory``; returns its absolute path. ``lengths_path``: where a
+    later :func:`load_windowed_plan` finds the lengths (default: the mapped sidecar's path, if any)."""
+    if lengths_path is None and isinstance(plan.source, MappedLengths):
+        lengths_path = plan.source.path
+    meta = {**plan.header(), "lengths_path": None if lengths_path is None else os.fspath(lengths_path),
+            "fingerprint": plan.fingerprint, "index_digests": plan.index_digests()}
+    with output_folder(directory, WINDOWED_PLAN, force=force, inputs=inputs,
+                       operator=errors.BATCH_PLAN_OPERATOR) as folder:
+        _write(folder, "index.npy", lambda handle: np.save(handle, np.ascontiguousarray(plan.index, "<i8").reshape(-1),
+                                                           allow_pickle=False))
+        _write(folder, "meta.json", lambda handle: handle.write((json.dumps(meta, indent=2) + "\n").encode("ascii")))
+    return os.path.abspath(os.fspath(directory))
+
+
+def _write(folder: Folder, name: str, fill) -> None:
+    with folder.file(name) as handle:
+        fill(handle)
+
+
+def load_windowed_plan(directory, *, lengths=None, backend: str = "auto") -> WindowedPlan:
+    """The windowed plan in ``directory`` (see the module docstring): its definition, index and
+    lengths checked against meta.json (PLAN_NOT_FOUND, PLAN_FORMAT_INVALID, PLAN_LENGTHS_MISMATCH,
+    PLAN_FINGERPRINT_MISMATCH, PLAN_NOT_REPRODUCIBLE)."""
+    root = os.fspath(directory)
+    meta_path = os.path.join(root, "meta.json")
+    if not os.path.lexists(meta_path):
+        raise plan_error(errors.PLAN_NOT_FOUND, f"no windowed plan at {root}: {meta_path} does not exist")
+    try:
+        meta = reader.read_json(meta_path, _format)
+    except FileNotFoundError:
+        raise plan_error(errors.PLAN_NOT_FOUND, f"no windowed plan at {root}: {meta_path} does not exist") from None
+    definition, num_epochs = _definition(meta, meta_path)
+    shape = (num_epochs * (definition.num_windows + 1) * len(COUNT_FIELDS),)
+    index = reader.read_npy(os.path.join(root, "index.npy"), "<i8", shape, False, _format)
+    index = np.asarray(index).reshape(num_epochs, definition.num_windows + 1, len(COUNT_FIELDS))
+    _check_index(index, definition, os.path.join(root, "index.npy"))
+    source = _source(lengths, meta, root, meta_path)
+    if source.binding() != meta["lengths"]:
+        raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{root}: the lengths bind as {source.binding()}; meta.json "
+                                                       f"records {meta['lengths']}")
+    plan = WindowedPlan(definition, source, index, backend=backend)
+    engine = {key: meta[key] for key in ("sampling_mode", "sampler_config_hash", "manifest_hash")}
+    if plan.engine != engine:
+        raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"{meta_path} records the engine order {engine}; the "
+                                                       f"configuration gives {plan.engine}")
+    digests = plan.index_digests()
+    if plan.header() != {k: meta[k] for k in plan.header()} or digests != meta["index_digests"] \
+            or plan.fingerprint != meta["fingerprint"]:
+        raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH, f"{root}: the plan's definition and index hash to "
+                                                           f"{plan.fingerprint}; meta.json records {meta['fingerprint']}")
+    return plan
+
+
+def _definition(meta, where: str) -> tuple[WindowDefinition, int]:
+    record = checks.record(meta, dict.fromkeys(_META_KEYS, checks.field(checks.anything)), fail=_format,
+                           what=where)
+    checks.equal(record["format"], f"{where} format", WINDOWED_FORMAT, fail=_format)
+    if record["count_fields"] != list(COUNT_FIELDS):
+        raise _format(f"{where}: count_fields must be {list(COUNT_FIELDS)}")
+    window = checks.record(record["window"], dict.fromkeys(("window", "edge", "num_samples"),
+                                                           checks.field(checks.anything)),
+                           fail=_format, what=f"{where} window")
+    try:
+        config = BatchingConfig.from_dict(record["config"])
+        definition = WindowDefinition(config, window["num_samples"], window["window"], window["edge"])
+    except UmlosError as exc:
+        raise _format(f"{where}: {exc.message}") from None
+    num_epochs = checks.integer(record["num_epochs"], f"{where}: num_epochs", 1, 1 << 16, fail=_format)
+    if not isinstance(record["lengths"], dict):
+        raise _format(f"{where}: lengths must be an object")
+    return definition, num_epochs
+
+
+def _check_index(index: np.ndarray, definition: WindowDefinition, where: str) -> None:
+    """Running totals from 0, never decreasing, every position of each epoch a sample or a skip."""
+    if np.any(index[:, 0] != 0) or np.any(np.diff(index, axis=1) < 0):
+        raise _format(f"{where}: the running counts must start at 0 and never decrease")
+    steps = np.diff(index, axis=1)
+    positions = np.full(definition.num_windows, definition.window, dtype=np.int64)
+    positions[-1] = definition.num_samples - (definition.num_windows - 1) * definition.window
+    if np.any(steps[:, :, 1] + steps[:, :, 2] != positions):
+        raise _format(f"{where}: a window's samples and skipped samples must be its positions")
+    if np.any(index[:, -1, 1] + index[:, -1, 2] != definition.num_samples):
+        raise _format(f"{where}: each epoch's samples and skipped samples must be the {definition.num_samples}")
+
+
+def _source(lengths, meta: dict, root: str, where: str) -> LengthSource:
+    if isinstance(lengths, LengthSource):
+        return lengths
+    if lengths is not None and not isinstance(lengths, (str, os.PathLike)):
+        return ArrayLengths(lengths)
+    binding = meta["lengths"]
+    if lengths is None and binding.get("kind") == "synthetic":
+        try:
+            return SyntheticLengths(binding.get("count"), binding.get("seed"))
+        except UmlosError as exc:
+            raise _format(f"{where}: lengths: {exc.message}") from None
+    path = lengths if lengths is not None else meta["lengths_path"]
+    if path is None:
+        raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{where} names no lengths_path: give the lengths (a .u32 "
+                                                       "sidecar, an array) to open it")
+    checks.text(os.fspath(path), f"{where}: lengths_path", fail=_format)
+    path = os.fspath(path)
+    if lengths is None and not os.path.isabs(path):
+        path = os.path.join(os.path.dirname(os.path.abspath(root)), path)
+    return MappedLengths(path)
+
+
+def _format(message: str) -> UmlosError:
+    return plan_error(errors.PLAN_FORMAT_INVALID, message)
+

@@ -1,0 +1,92 @@
+"""Check a windowed plan folder: the definition, the lengths, and any sample of its windows replanned.
+
+What goes in: a windowed plan folder (:mod:`.io`), optionally the lengths, how many windows to
+check (``windows=None``: all of them) and a seed for choosing them. What comes out:
+``{"fingerprint", "checks", "windows_checked"}``, or the first failure as an
+:class:`~umlos_cuda.UmlosError` with its code. The checks, in order:
+
+1. the folder opens: meta.json and index.npy are well formed, the index's running totals cover
+   every position of each epoch, the engine's order is the one recorded, and the definition and
+   index hash to meta.json's fingerprint (PLAN_NOT_FOUND, PLAN_FORMAT_INVALID,
+   PLAN_NOT_REPRODUCIBLE, PLAN_FINGERPRINT_MISMATCH); ``expected_fingerprint`` when given;
+2. the lengths' bytes hash to the SHA-256 the plan binds (PLAN_LENGTHS_MISMATCH): a mapped
+   sidecar's bytes are read once, at disk speed, a window at a time;
+3. each chosen window of each epoch, planned again: its counts are the index's
+   (PLAN_NOT_REPRODUCIBLE); its planned and skipped rows are exactly the rows of its positions,
+   each once, and the skipped ones exactly those no bucket accepts (PLAN_SAMPLES_INVALID); each
+   microbatch's samples are of its bucket (PLAN_BUCKET_MISMATCH) and ``count x max_len`` within
+   the budget (PLAN_BUDGET_EXCEEDED).
+
+A sample of ``s`` windows costs ``s`` windows an epoch; all of them cost a pass over the plan.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .... import errors
+from ..plan import plan_error
+from .io import load_windowed_plan
+from .sources import ArrayLengths, MappedLengths
+from .window import COUNT_FIELDS, window_rows
+
+
+def verify_windowed_plan(directory, *, windows: int | None = None, seed: int = 0, lengths=None,
+                         expected_fingerprint: str | None = None) -> dict:
+    """Run the checks of the module docstring on the plan in ``directory``."""
+    plan = load_windowed_plan(directory, lengths=lengths)
+    checks = ["opens: definition, index and fingerprint agree"]
+    if expected_fingerprint is not None and plan.fingerprint != expected_fingerprint:
+        raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH,
+                         f"{directory}: the plan's fingerprint is {plan.fingerprint}, not the expected "
+                         f"{expected_fingerprint}")
+    source = plan.source
+    if isinstance(source, MappedLengths):
+        source.check_bytes()
+        checks.append("the mapped lengths hash to their binding")
+    elif isinstance(source, ArrayLengths):
+        checks.append("the lengths hash to their binding")  # load_windowed_plan compared the binding
+    definition = plan.definition
+    total = definition.num_windows
+    if windows is None or windows >= total:
+        chosen = np.arange(total)
+    else:
+        chosen = np.sort(np.random.default_rng(seed).choice(total, size=max(0, int(windows)), replace=False))
+    for epoch in range(plan.num_epochs):
+        for w in chosen.tolist():
+            _check_window(plan, epoch, w)
+    checks.append(f"{chosen.shape[0]} of {total} windows of every epoch replanned: counts, samples, buckets, budgets")
+    return {"fingerprint": plan.fingerprint, "checks": checks, "windows_checked": int(chosen.shape[0])}
+
+
+def _check_window(plan, epoch: int, w: int) -> None:
+    where = f"epoch {epoch} window {w}"
+    definition, config = plan.definition, plan.config
+    arrays = plan.window(epoch, w)
+    sizes = np.diff(arrays.offsets)
+    max_len = np.asarray(arrays.max_len, dtype=np.int64)
+    padded = int((sizes * max_len).sum())
+    lengths = plan.source.take(arrays.samples)
+    got = (int(sizes.shape[0]), int(arrays.samples.shape[0]), int(arrays.skipped.shape[0]),
+           int(lengths.sum(dtype=np.uint64)), padded)
+    stored = tuple(int(v) for v in plan.index[epoch, w + 1] - plan.index[epoch, w])
+    if got != stored:
+        differ = [name for name, a, b in zip(COUNT_FIELDS, got, stored) if a != b]
+        raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"{where}: replanned, it differs from the index in {differ}")
+    rows = np.sort(window_rows(definition, epoch, w, plan.backend))
+    held = np.sort(np.concatenate((arrays.samples, arrays.skipped)))
+    if not np.array_equal(rows, held):
+        raise plan_error(errors.PLAN_SAMPLES_INVALID, f"{where}: its microbatches and skipped samples are not the "
+                                                      "rows of its positions, each once")
+    spec = config.bucket_spec
+    if arrays.skipped.size and np.any(spec.bucket_ids(plan.source.take(arrays.skipped)) >= 0):
+        raise plan_error(errors.PLAN_SAMPLES_INVALID, f"{where}: a skipped sample is of a bucket")
+    if np.any(spec.bucket_ids(lengths) != np.repeat(arrays.bucket_ids, sizes)):
+        raise plan_error(errors.PLAN_BUCKET_MISMATCH, f"{where}: a microbatch holds a sample of another bucket")
+    over = np.flatnonzero(sizes * max_len > config.token_budget)
+    if over.size:
+        j = int(over[0])
+        raise plan_error(errors.PLAN_BUDGET_EXCEEDED, f"{where}: microbatch {j} holds {int(sizes[j])} x "
+                                                      f"{int(max_len[j])} tokens; the budget is {config.token_budget}")
+    if definition.local_reads:
+        plan.source.release()

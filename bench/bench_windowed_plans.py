@@ -123,7 +123,8 @@ def child_build(spec: dict) -> dict:
     size = sum(os.path.getsize(os.path.join(spec["plan"], f)) for f in os.listdir(spec["plan"]))
     counts = plan.epoch_counts(0)
     return {"build_s": built, "saved_s": total, "rate": source.count / built, "rss_before_mb": before,
-            "peak_mb": peak_mb(), "anon_mb": anon[0], "plan_bytes": size, "windows": plan.definition.num_windows, **counts}
+            "peak_mb": peak_mb(), "anon_mb": anon[0], "plan_bytes": size, "windows": plan.definition.num_windows,
+            **counts}
 
 
 def child_open(spec: dict) -> dict:
@@ -236,8 +237,8 @@ def main() -> None:
     base = {"window": args.window, "order": args.order, "draws": args.draws, "threads": args.threads}
     print(f"window {args.window}, order {args.order}, throughput buckets 128..2048, overflow 4096, budget 16384, "
           f"OMP_NUM_THREADS {args.threads or os.environ.get('OMP_NUM_THREADS', 'unset')}")
-    print("| samples | write sidecar s | index build s | samples/s | peak RSS MB (rise) | anon MB | plan KB | open ms | "
-          "microbatch 0 ms | microbatch k ms (median, max) | verify 8 windows s (peak RSS MB) |")
+    print("| samples | write sidecar s | index build s | samples/s | peak RSS MB (rise) | anon MB | plan KB | "
+          "open ms | microbatch 0 ms | microbatch k ms (median, max) | verify 8 windows s (peak RSS MB) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     sizes = [int(s) for s in args.samples.split(",") if s]
     for n in sizes:
@@ -249,16 +250,18 @@ def main() -> None:
         checked = child(spec | {"kind": "verify"})
         rise = built["peak_mb"] - built["rss_before_mb"]
         print(f"| {n:,} | {written:.1f} | {built['build_s']:.2f} | {built['rate']:.3g} | {built['peak_mb']:.0f} "
-              f"(+{rise:.0f}) | {built['anon_mb']:.0f} | {built['plan_bytes'] / 1024:.1f} | {opened['open_ms']:.1f} | {opened['first_ms']:.1f} | "
-              f"{opened['k_ms']:.2f}, {opened['k_max_ms']:.1f} | {checked['verify_s']:.2f} ({checked['peak_mb']:.0f}) |", flush=True)
+              f"(+{rise:.0f}) | {built['anon_mb']:.0f} | {built['plan_bytes'] / 1024:.1f} | {opened['open_ms']:.1f} | "
+              f"{opened['first_ms']:.1f} | {opened['k_ms']:.2f}, {opened['k_max_ms']:.1f} | "
+              f"{checked['verify_s']:.2f} ({checked['peak_mb']:.0f}) |", flush=True)
         print(f"<!-- {n}: {json.dumps({'build': built, 'open': opened, 'verify': checked})} -->", flush=True)
     if args.compare and sizes:
         n = sizes[0]
         spec = base | {"lengths": os.path.join(folder, f"lengths_{n}.jsonl.u32"), "kind": "compare"}
         result = child(spec)
         extra = result["windowed_microbatches"] - result["whole_microbatches"]
+        share = 100 * extra / result["whole_microbatches"]
         print(f"\nflush at {n:,} samples: {result['windowed_microbatches']:,} microbatches against "
-              f"{result['whole_microbatches']:,} whole-epoch (+{extra}, {100 * extra / result['whole_microbatches']:.3f} %); "
+              f"{result['whole_microbatches']:,} whole-epoch (+{extra}, {share:.3f} %); "
               f"padded tokens {result['windowed_padded']:,} against {result['whole_padded']:,} "
               f"({100 * (result['windowed_padded'] / result['whole_padded'] - 1):+.4f} %); whole-epoch build "
               f"{result['whole_s']:.1f} s, peak {result['peak_mb']:.0f} MB")

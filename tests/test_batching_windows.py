@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -31,7 +33,8 @@ def configs(draw, sequential=True, least_min_length=0):
     stage = draw(st.sampled_from(["SHUFFLE_WITHOUT_REPLACEMENT_BLOCK_AFFINE_V1", "SEQUENTIAL_V1"]
                                  if sequential else ["SHUFFLE_WITHOUT_REPLACEMENT_BLOCK_AFFINE_V1"]))
     return BatchingConfig(budget, edges, overflow, policy, draw(st.integers(0, 2**64 - 1)), stage=stage,
-                          min_length=draw(st.integers(least_min_length, 2)), order=draw(st.sampled_from(["block_affine", "feistel"])),
+                          min_length=draw(st.integers(least_min_length, 2)),
+                          order=draw(st.sampled_from(["block_affine", "feistel"])),
                           sampler_block_size=draw(st.sampled_from([7, 64, 1 << 20])))
 
 
@@ -61,10 +64,8 @@ def reference_cuts(lengths: list[int], config: BatchingConfig) -> list[tuple[int
         current: list[int] = []
         for p in members:
             candidate = current + [p]
-            if config.pad_policy is PadPolicy.PAD_TO_BUCKET:
-                width = high
-            else:
-                width = max(lengths[q] for q in candidate)
+            pad_to_bucket = config.pad_policy is PadPolicy.PAD_TO_BUCKET
+            width = high if pad_to_bucket else max(lengths[q] for q in candidate)
             if current and len(candidate) * width > config.token_budget:
                 out.append((k, tuple(current), 0))
                 current = [p]
@@ -78,7 +79,8 @@ def reference_cuts(lengths: list[int], config: BatchingConfig) -> list[tuple[int
 
 # min_length >= 1: the planner caps a microbatch at budget // shortest length, which binds only for zero lengths
 @settings(max_examples=50, deadline=None)
-@given(configs(least_min_length=1), st.integers(1, 600), st.integers(1, 200), st.integers(0, 2**32 - 1), st.integers(0, 2))
+@given(configs(least_min_length=1), st.integers(1, 600), st.integers(1, 200), st.integers(0, 2**32 - 1),
+       st.integers(0, 2))
 def test_each_window_is_its_positions_planned_alone_with_flush(config, n, window, seed, epoch):
     lengths = lengths_for(seed, n, config.overflow_max + 64)
     definition = WindowDefinition(config, n, window=window)
@@ -90,8 +92,10 @@ def test_each_window_is_its_positions_planned_alone_with_flush(config, n, window
         else:  # the engine's order, asked for directly
             rows = epoch_indices(manifest, "train", epoch, start, stop - start).astype(np.int64)
         arrays = plan_window(definition, ArrayLengths(lengths), epoch, w)
-        got = sorted((int(arrays.bucket_ids[j]), tuple(arrays.samples[arrays.offsets[j]:arrays.offsets[j + 1]].tolist()),
-                      int(arrays.max_len[j])) for j in range(arrays.bucket_ids.shape[0]))
+        planned = [arrays.samples[arrays.offsets[j]:arrays.offsets[j + 1]].tolist()
+                   for j in range(arrays.bucket_ids.shape[0])]
+        got = sorted((int(arrays.bucket_ids[j]), tuple(planned[j]), int(arrays.max_len[j]))
+                     for j in range(arrays.bucket_ids.shape[0]))
         expected = sorted((k, tuple(int(rows[p]) for p in members), width)
                           for k, members, width in reference_cuts(lengths[rows].tolist(), config))
         assert got == expected
@@ -198,14 +202,14 @@ def test_a_tampered_or_truncated_sidecar_is_refused(tmp_path):
     path = os.path.join(tmp_path, "lengths.jsonl")
     LengthCache.from_arrays(None, lengths_for(2, 100, 3000), "tok").write(path)
     side = sidecar_path(path)
-    data = bytearray(open(side, "rb").read())
+    data = bytearray(Path(side).read_bytes())
     data[-1] ^= 0xFF
-    open(side, "wb").write(bytes(data))
+    Path(side).write_bytes(bytes(data))
     mapped = MappedLengths(side)  # opening reads the header only
     with pytest.raises(UmlosError) as caught:
         mapped.check_bytes()
     assert caught.value.code == errors.LENGTHS_SIDECAR_MISMATCH
-    open(side, "wb").write(bytes(data[:-4]))
+    Path(side).write_bytes(bytes(data[:-4]))
     with pytest.raises(UmlosError) as caught:
         MappedLengths(side)
     assert caught.value.code == errors.LENGTHS_SIDECAR_MISMATCH and "100 lengths" in caught.value.message
@@ -219,7 +223,7 @@ def test_synthetic_lengths_are_a_fixed_function_of_seed_and_row():
     assert first.tolist() != SyntheticLengths(10**10, seed=2).take(rows).tolist()
     assert first.tolist() == KNOWN_SYNTHETIC
     sample = source.take(np.arange(200_000))
-    assert 16 <= int(sample.min()) and int(sample.max()) < 16384
+    assert int(sample.min()) >= 16 and int(sample.max()) < 16384
     assert 700 <= float(np.median(sample)) <= 770  # the table's median is 735
     assert source.binding() == {"kind": "synthetic", "count": 10**10, "seed": 1,
                                 "generator": "umlos_synthetic_lengths_v1"}
@@ -328,14 +332,14 @@ def test_tampered_folders_and_lengths_are_refused_with_their_codes(tmp_path):
 
     plan, lengths, folder = _saved(tmp_path)
     meta_path, index_path = os.path.join(folder, "meta.json"), os.path.join(folder, "index.npy")
-    meta, index = open(meta_path).read(), open(index_path, "rb").read()
+    meta, index = Path(meta_path).read_text(), Path(index_path).read_bytes()
     _refused(lambda: load_windowed_plan(os.path.join(tmp_path, "nothing")), errors.PLAN_NOT_FOUND)
     _refused(lambda: load_windowed_plan(folder, lengths=lengths[::-1].copy()), errors.PLAN_LENGTHS_MISMATCH)
 
     def edit(change):
         data = json.loads(meta)
         change(data)
-        open(meta_path, "w").write(json.dumps(data))
+        Path(meta_path).write_text(json.dumps(data))
 
     edit(lambda d: d["window"].update(window=1000))  # the same number of windows, other positions
     _refused(lambda: load_windowed_plan(folder), errors.PLAN_FORMAT_INVALID)
@@ -347,18 +351,18 @@ def test_tampered_folders_and_lengths_are_refused_with_their_codes(tmp_path):
     _refused(lambda: load_windowed_plan(folder), errors.PLAN_NOT_REPRODUCIBLE)
     edit(lambda d: d.update(fingerprint="0" * 64))
     _refused(lambda: load_windowed_plan(folder), errors.PLAN_FINGERPRINT_MISMATCH)
-    open(meta_path, "w").write(meta)
+    Path(meta_path).write_text(meta)
     # one window's counts moved to its neighbour: the totals still cover the epoch, the digest does not match
     raw = np.load(index_path).reshape(plan.index.shape)
     raw[0, 1, 3] += 5
     raw[0, 2:, 3] += 5
     np.save(index_path, raw.reshape(-1))
     _refused(lambda: load_windowed_plan(folder), errors.PLAN_FINGERPRINT_MISMATCH)
-    open(index_path, "wb").write(index)
+    Path(index_path).write_bytes(index)
     side = sidecar_path(os.path.join(tmp_path, "lengths.jsonl"))
-    data = bytearray(open(side, "rb").read())
+    data = bytearray(Path(side).read_bytes())
     data[-2] ^= 1
-    open(side, "wb").write(bytes(data))
+    Path(side).write_bytes(bytes(data))
     _refused(lambda: verify_windowed_plan(folder, windows=1), errors.LENGTHS_SIDECAR_MISMATCH)
 
 

@@ -207,8 +207,9 @@ def plan_ordered(lengths: np.ndarray, rows: np.ndarray, buckets: np.ndarray, con
     offsets = np.zeros(order.shape[0] + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     samples = gather_batches(grouped, starts[order], sizes, offsets)
-    rows = arrange_rows(row_sizes, microbatch_rows, order, gather_batches) if config.pack is not None else (None, None)
-    return EpochArrays(offsets, samples, bucket_of[order], max_len[order].astype(np.uint32), skipped, *rows)
+    packed = (arrange_rows(row_sizes, microbatch_rows, order, gather_batches) if config.pack is not None
+              else (None, None))
+    return EpochArrays(offsets, samples, bucket_of[order], max_len[order].astype(np.uint32), skipped, *packed)
 
 
 def _ordered_rows_and_buckets(lengths, config, manifest, n, epoch, backend):

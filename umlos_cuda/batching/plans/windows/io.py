@@ -35,7 +35,7 @@ from ....files.artifacts import marked_kind
 from ....files.writer import ArtifactKind, Folder, output_folder
 from ..config import BatchingConfig
 from ..plan import plan_error
-from .plan import WINDOWED_FORMAT, WindowedPlan, index_digest
+from .plan import WINDOWED_FORMAT, WindowedPlan
 from .sources import ArrayLengths, LengthSource, MappedLengths, SyntheticLengths
 from .window import COUNT_FIELDS, WindowDefinition
 
@@ -105,8 +105,9 @@ def load_windowed_plan(directory, *, lengths=None, backend: str = "auto") -> Win
     digests = plan.index_digests()
     if plan.header() != {k: meta[k] for k in plan.header()} or digests != meta["index_digests"] \
             or plan.fingerprint != meta["fingerprint"]:
-        raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH, f"{root}: the plan's definition and index hash to "
-                                                           f"{plan.fingerprint}; meta.json records {meta['fingerprint']}")
+        raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH,
+                         f"{root}: the plan's definition and index hash to {plan.fingerprint}; "
+                         f"meta.json records {meta['fingerprint']}")
     return plan
 
 

@@ -28,7 +28,8 @@ one window's rows at a time, so it never holds all N lengths in its own memory:
 * :class:`SyntheticLengths` computes the length of row ``i`` from ``(seed, i)``
   alone, with 64-bit integer arithmetic only (SplitMix64's finaliser of
   ``key + (i + 1) x 0x9E3779B97F4A7C15``, ``key`` from the seed; its top 8 bits
-  pick a bin of :data:`SYNTHETIC_QUANTILES`, its low 32 bits times the bin's width, shifted right by 32, the value inside it),
+  pick a bin of :data:`SYNTHETIC_QUANTILES`, its low 32 bits times the bin's
+  width, shifted right by 32, the value inside it),
   so 10^10 samples need no 40 GB file and every machine computes the same
   lengths. SplitMix64 rather than the engine's Philox: a bench source wants a
   few nanoseconds a length (Philox in NumPy costs about 300), not a

@@ -69,6 +69,7 @@ from ..lengths.tokenizer import LoadedTokenizer, load_tokenizer
 from ..records.chunk import SkippedLines
 from ..records.shards import resolve
 from ..records.source import dataset_paths
+from .partition import input_bytes
 from .sharded import SHARDED_STORE, ShardedTokenStore, append_shards, tokenize_shard
 
 #: What to install when Ray is missing.
@@ -128,7 +129,7 @@ def tokenize_on_ray(dataset: Any, tokenizer: Any, output: str | os.PathLike[str]
                         skip_bad_lines=skipped is not None, sharded=True if append else None)
     if task_options.get("chat_template") is not None:
         task_options["chat_template"] = os.path.abspath(os.fspath(task_options["chat_template"]))
-    sizes = [_size(item.files) for item in inputs]
+    sizes = [input_bytes(item.files) for item in inputs]
     parent_path = os.path.dirname(root)
     with Folder.open(parent_path, follow=True) as parent:
         stage_name, stage = parent.mkdir_temp(f".tmp-{os.path.basename(root)}-ray-")
@@ -253,14 +254,6 @@ def _staged_in_order(rows: dict[int, dict[str, Any]], inputs: list, skipped: Ski
         raise UmlosError(errors.DATASET_EMPTY, f"no file of {inputs[0].path} and the other inputs holds a "
                          "record", operator=errors.BATCHING_OPERATOR)
     return staged
-
-
-def _size(files: tuple[str, ...]) -> int:
-    size = 0
-    for path in files:
-        with contextlib.suppress(OSError):
-            size += os.path.getsize(path)
-    return size
 
 
 def _first_line(exc: BaseException) -> str:

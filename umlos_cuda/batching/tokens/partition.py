@@ -76,7 +76,7 @@ def tokenize_sharded(dataset: Any, tokenizer: Any, output: str | os.PathLike[str
         check_output_folder(root, SHARDED_STORE, force=force,
                             inputs=input_paths(*dataset_paths(dataset, format), tokenizer),
                             operator=errors.BATCHING_OPERATOR)
-    sizes = [_size(item.files) for item in inputs]
+    sizes = [input_bytes(item.files) for item in inputs]
     total = max(sum(sizes), 1)
     parent_path = os.path.dirname(root)
     with Folder.open(parent_path, follow=True) as parent:
@@ -110,7 +110,8 @@ def _offset(progress: Callable[[int, int], None], before: int, total: int) -> Ca
     return lambda done, _total: progress(before + done, total)
 
 
-def _size(files: tuple[str, ...]) -> int:
+def input_bytes(files: tuple[str, ...]) -> int:
+    """The bytes of an input's files (what progress counts); a file gone since it was listed counts 0."""
     size = 0
     for path in files:
         with contextlib.suppress(OSError):

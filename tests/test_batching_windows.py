@@ -255,11 +255,11 @@ def test_synthetic_lengths_follow_their_definition_one_row_at_a_time():
 
 
 def test_windows_refuse_what_they_do_not_plan_yet_and_bad_cursors():
-    from umlos_cuda.batching.packing.config import PackingConfig
+    from umlos_cuda.batching.plans.overlong import OverlongConfig
 
-    with pytest.raises(UmlosError) as caught:
-        WindowDefinition(BatchingConfig.throughput(pack=PackingConfig(max_length=4096)), 10)
-    assert caught.value.code == errors.BATCHING_CONFIG_INVALID and "packing" in caught.value.message
+    with pytest.raises(UmlosError) as caught:  # packing is planned (test_batching_windows_packed.py); over-long not
+        WindowDefinition(BatchingConfig.throughput(overlong=OverlongConfig(max_length=1024)), 10)
+    assert caught.value.code == errors.BATCHING_CONFIG_INVALID and "over-long" in caught.value.message
     for window in (0, 2**32 + 1):
         with pytest.raises(UmlosError) as caught:
             WindowDefinition(BatchingConfig.throughput(), 10, window=window)
@@ -418,9 +418,9 @@ def test_plan_build_window_writes_the_plan_the_api_builds(tmp_path, capsys):
     assert main(argv + [os.path.join(tmp_path, "cli")]) == 2  # it exists
     assert "error OUTPUT_EXISTS" in capsys.readouterr().err
     assert main(argv + [os.path.join(tmp_path, "cli"), "--force"]) == 0
-    assert main(argv + [os.path.join(tmp_path, "packed"), "--pack"]) == 2
-    assert "error BATCHING_CONFIG_INVALID" in capsys.readouterr().err and not os.path.exists(
-        os.path.join(tmp_path, "packed"))
+    assert main(argv + [os.path.join(tmp_path, "packed"), "--pack"]) == 0  # windowed packed plans: packed.py
+    packed = load_windowed_plan(os.path.join(tmp_path, "packed"))
+    assert packed.config.pack is not None and f"fingerprint {packed.fingerprint}" in capsys.readouterr().out
     os.unlink(sidecar_path(lengths))  # the sidecar is required
     assert main(argv + [os.path.join(tmp_path, "nosidecar")]) == 2
     assert "error LENGTHS_SIDECAR_MISMATCH" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 Modules:
     sources  where the lengths come from: a length cache's ``.u32`` sidecar (memory-mapped), an array, a seeded formula
     window   the definition (config, window W, edge rule) and one window's microbatches or counts
+    packed   a packed windowed plan's window counts (rows x max_length padded) and its row checks
     index    the per-window running counts, built in one streaming pass; microbatch -> window
     plan     :class:`WindowedPlan`: random access, resume, fingerprint
     io       windowed plan folders: meta.json and index.npy, written atomically, read bounded

@@ -3,7 +3,8 @@
 Layout (docs/batching.md, "Windowed plans")::
 
     DIR/umlos-artifact.json   the artifact marker: {"artifact": "windowed plan", ...}
-    DIR/meta.json             the fingerprint's header, ``lengths_path``, ``fingerprint``, ``index_digests``
+    DIR/meta.json             the fingerprint's header (``pack_config`` only in a packed plan), ``lengths_path``,
+                              ``fingerprint``, ``index_digests``
     DIR/index.npy             int64 [E x (K + 1) x 5]: the index (:mod:`.index`), flattened
 
 The lengths are not copied (4 bytes a sample is the one thing a windowed plan must not hold):
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
+from dataclasses import replace
 
 import numpy as np
 
@@ -34,6 +36,7 @@ from ....files import reader
 from ....files.artifacts import marked_kind
 from ....files.writer import ArtifactKind, Folder, output_folder
 from ..config import BatchingConfig
+from ...packing.config import PackingConfig
 from ..plan import plan_error
 from .plan import WINDOWED_FORMAT, WindowedPlan
 from .sources import ArrayLengths, LengthSource, MappedLengths, SyntheticLengths
@@ -113,7 +116,7 @@ def load_windowed_plan(directory, *, lengths=None, backend: str = "auto") -> Win
 
 def _definition(meta, where: str) -> tuple[WindowDefinition, int]:
     record = checks.record(meta, dict.fromkeys(_META_KEYS, checks.field(checks.anything)), fail=_format,
-                           what=where)
+                           optional={"pack_config": checks.field(checks.anything)}, what=where)
     checks.equal(record["format"], f"{where} format", WINDOWED_FORMAT, fail=_format)
     if record["count_fields"] != list(COUNT_FIELDS):
         raise _format(f"{where}: count_fields must be {list(COUNT_FIELDS)}")
@@ -122,6 +125,8 @@ def _definition(meta, where: str) -> tuple[WindowDefinition, int]:
                            fail=_format, what=f"{where} window")
     try:
         config = BatchingConfig.from_dict(record["config"])
+        if "pack_config" in record:  # a packed windowed plan (packed.py); absent otherwise
+            config = replace(config, pack=PackingConfig.from_dict(record["pack_config"]))
         definition = WindowDefinition(config, window["num_samples"], window["window"], window["edge"])
     except UmlosError as exc:
         raise _format(f"{where}: {exc.message}") from None

@@ -11,7 +11,8 @@ one window's arrays and the index.
 The fingerprint (docs/batching.md, "Windowed plans") is SHA-256 of the canonical
 CBOR of ``["umlos_windowed_plan_v1", header, [index_digest, ...]]``: ``header`` is
 the definition (the batching config, ``window``, ``edge``, N, epochs), the engine's
-``sampling_mode``, ``sampler_config_hash`` and ``manifest_hash``, and the binding of
+``sampling_mode``, ``sampler_config_hash`` and ``manifest_hash``, a packed plan's ``pack_config``
+(only when it packs: unpacked plans hash as before), and the binding of
 the lengths (:meth:`~.sources.LengthSource.binding`); ``index_digest`` of epoch
 ``e`` is SHA-256 of the tag ``umlos_windowed_plan_index_v1``, the canonical CBOR of
 ``[e, K, C]`` and the index's little-endian int64 bytes. The microbatches follow
@@ -86,6 +87,7 @@ class WindowedPlan:
         return {
             "format": WINDOWED_FORMAT,
             "config": self.config.to_dict(),
+            **({} if self.config.pack is None else {"pack_config": self.config.pack.to_dict()}),
             "window": self.definition.to_dict(),
             "num_epochs": self.num_epochs,
             "lengths": self.source.binding(),
@@ -161,8 +163,14 @@ class WindowedPlan:
 
 def _spec(arrays: EpochArrays, local: int, j: int) -> MicrobatchSpec:
     rows = np.asarray(arrays.samples[int(arrays.offsets[local]):int(arrays.offsets[local + 1])])
-    return MicrobatchSpec(j, tuple(str(r) for r in rows.tolist()), int(arrays.bucket_ids[local]),
-                          int(arrays.max_len[local]), rows)
+    ids = tuple(str(r) for r in rows.tolist())
+    packs = pack_sizes = None
+    if arrays.pack_rows is not None and arrays.row_offsets is not None:  # a packed plan: its rows' sizes
+        bounds = arrays.row_offsets[int(arrays.pack_rows[local]):int(arrays.pack_rows[local + 1]) + 1]
+        pack_sizes = tuple(int(v) for v in np.diff(bounds))
+        cuts = np.asarray(bounds, dtype=np.int64) - int(bounds[0])
+        packs = tuple(ids[a:b] for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()))
+    return MicrobatchSpec(j, ids, int(arrays.bucket_ids[local]), int(arrays.max_len[local]), rows, packs, pack_sizes)
 
 
 def _engine(definition: WindowDefinition) -> dict:

@@ -15,7 +15,8 @@ check (``windows=None``: all of them) and a seed for choosing them. What comes o
    (PLAN_NOT_REPRODUCIBLE); its planned and skipped rows are exactly the rows of its positions,
    each once, and the skipped ones exactly those no bucket accepts (PLAN_SAMPLES_INVALID); each
    microbatch's samples are of its bucket (PLAN_BUCKET_MISMATCH) and ``count x max_len`` within
-   the budget (PLAN_BUDGET_EXCEEDED).
+   the budget (PLAN_BUDGET_EXCEEDED); in a packed plan ``rows x max_length`` within the budget and
+   each row within ``max_length`` tokens (PLAN_PACKS_INVALID, :mod:`.packed`).
 
 A sample of ``s`` windows costs ``s`` windows an epoch; all of them cost a pass over the plan.
 """
@@ -27,6 +28,7 @@ import numpy as np
 from .... import errors
 from ..plan import plan_error
 from .io import load_windowed_plan
+from .packed import check_window_rows, padded_rows
 from .sources import ArrayLengths, MappedLengths
 from .window import COUNT_FIELDS, window_rows
 
@@ -65,7 +67,8 @@ def _check_window(plan, epoch: int, w: int) -> None:
     arrays = plan.window(epoch, w)
     sizes = np.diff(arrays.offsets)
     max_len = np.asarray(arrays.max_len, dtype=np.int64)
-    padded = int((sizes * max_len).sum())
+    padded_by = padded_rows(arrays)  # samples, or a packed plan's rows
+    padded = int((padded_by * max_len).sum())
     lengths = plan.source.take(arrays.samples)
     got = (int(sizes.shape[0]), int(arrays.samples.shape[0]), int(arrays.skipped.shape[0]),
            int(lengths.sum(dtype=np.uint64)), padded)
@@ -83,10 +86,11 @@ def _check_window(plan, epoch: int, w: int) -> None:
         raise plan_error(errors.PLAN_SAMPLES_INVALID, f"{where}: a skipped sample is of a bucket")
     if np.any(spec.bucket_ids(lengths) != np.repeat(arrays.bucket_ids, sizes)):
         raise plan_error(errors.PLAN_BUCKET_MISMATCH, f"{where}: a microbatch holds a sample of another bucket")
-    over = np.flatnonzero(sizes * max_len > config.token_budget)
+    check_window_rows(arrays, plan.source, config, where)
+    over = np.flatnonzero(padded_by * max_len > config.token_budget)
     if over.size:
         j = int(over[0])
-        raise plan_error(errors.PLAN_BUDGET_EXCEEDED, f"{where}: microbatch {j} holds {int(sizes[j])} x "
+        raise plan_error(errors.PLAN_BUDGET_EXCEEDED, f"{where}: microbatch {j} holds {int(padded_by[j])} x "
                                                       f"{int(max_len[j])} tokens; the budget is {config.token_budget}")
     if definition.local_reads:
         plan.source.release()

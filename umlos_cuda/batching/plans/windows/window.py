@@ -30,6 +30,7 @@ from ..buckets import config_error
 from ....nextbatch import MODE_SEQUENTIAL
 from ..config import BatchingConfig, PadPolicy
 from ..planner import EpochArrays, cut_bucket, index_dtype, order_slice, plan_manifest, plan_ordered
+from .packed import count_packed
 
 #: The one edge rule: each window ends every bucket's open microbatch (see the module docstring).
 EDGE_FLUSH = "flush"
@@ -44,12 +45,14 @@ COUNT_FIELDS = ("microbatches", "samples", "skipped", "tokens", "padded_tokens")
 
 
 def check_windowed_config(config: BatchingConfig) -> BatchingConfig:
-    """BATCHING_CONFIG_INVALID unless ``config`` is a token-budget bucket plan a window can plan today."""
+    """BATCHING_CONFIG_INVALID unless ``config`` is a token-budget bucket plan, packed or not
+    (:mod:`.packed`), a window can plan today."""
     if not isinstance(config, BatchingConfig):
         raise config_error(f"batching_config must be a BatchingConfig, got {type(config).__name__}")
-    for name, what in (("pack", "packing"), ("overlong", "an over-long policy"), ("split", "a split")):
+    for name, what in (("overlong", "an over-long policy"), ("split", "a split")):
         if getattr(config, name) is not None:
-            raise config_error(f"windowed plans take no {what} yet (config.{name}); they plan token-budget buckets")
+            raise config_error(f"windowed plans take no {what} yet (config.{name}); they plan token-budget buckets, "
+                               "packed or not")
     if config.group_size != 1:
         raise config_error("windowed plans take no preference pairs yet (group_size must be 1)")
     return config
@@ -141,6 +144,8 @@ def count_window(definition: WindowDefinition, source, epoch: int, w: int, backe
 
 def count_lengths(lengths: np.ndarray, config: BatchingConfig) -> WindowCounts:
     """:class:`WindowCounts` of the microbatches the planner cuts from ``lengths`` in this order."""
+    if config.pack is not None:
+        return count_packed(lengths, config)
     spec = config.bucket_spec
     buckets = spec.bucket_ids(lengths)
     sizes = np.bincount(buckets.astype(np.int64) + 1, minlength=spec.num_buckets + 1)

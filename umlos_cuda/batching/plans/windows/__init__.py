@@ -6,6 +6,7 @@ Modules:
     packed   a packed windowed plan's window counts (rows x max_length padded) and its row checks
     index    the per-window running counts, built in one streaming pass; microbatch -> window
     plan     :class:`WindowedPlan`: random access, resume, fingerprint
+    resume   rank r of R reads the global microbatches k mod R == r from the checkpoint's plan cursor
     io       windowed plan folders: meta.json and index.npy, written atomically, read bounded
     verify   a folder's definition, lengths and any sample of its windows replanned and checked
 

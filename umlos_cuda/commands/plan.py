@@ -330,14 +330,19 @@ def _selection(args) -> dict:
 def run_info(args) -> int:
     from ..batching.plans.io import load_plan
     from ..batching.plans.sharding import check_rank, rank_shares
+    from ..batching.plans.windows.io import is_windowed_plan
 
-    plan = load_plan(args.plan)
+    windowed = is_windowed_plan(args.plan)
+    plan = None if windowed else load_plan(args.plan)
     if args.rank is not None and args.world_size is None:
         from ..batching.plans.buckets import config_error
 
         raise config_error("--rank needs --world-size")
     if args.world_size is not None:
         check_rank(args.rank or 0, args.world_size)
+    if windowed:
+        return _info_windowed(args)
+    assert plan is not None
     meta = plan.meta
     pack = meta.config.pack
     report = {"plan": args.plan, "fingerprint": meta.fingerprint, "config": meta.config.to_dict(),
@@ -381,6 +386,16 @@ def run_info(args) -> int:
         for row in stats.get("ranks", []):
             print(f"    rank {row['rank']}: {row['microbatches']} microbatches, {row['samples']} samples, "
                   f"{row['tokens']} tokens, {row['padded_tokens']} padded tokens")
+    return 0
+
+
+def _info_windowed(args) -> int:
+    """``plan info`` of a windowed plan folder (batching/plans/windows/info.py): from meta.json and the index."""
+    from ..batching.plans.windows import load_windowed_plan
+    from ..batching.plans.windows.info import report_lines, windowed_report
+
+    report = windowed_report(load_windowed_plan(args.plan), args.plan, world_size=args.world_size, rank=args.rank)
+    print(json.dumps(report, indent=2) if args.json else "\n".join(report_lines(report)))
     return 0
 
 

@@ -170,3 +170,19 @@ def test_the_row_check_refuses_a_row_over_max_length_or_rows_that_miss_their_sam
         with pytest.raises(UmlosError) as caught:
             check_window_rows(broken, source, definition.config, "w1")
         assert caught.value.code == errors.PLAN_PACKS_INVALID and words in caught.value.message
+
+
+@pytest.mark.parametrize("pack_config", ["x", [1], None, {"max_length": "a"}, {"mode": "first_fit", "max_length": 4096,
+                                                                             "separator_len": 0}])
+def test_a_tampered_pack_config_is_a_format_error(tmp_path, pack_config):
+    import json
+
+    lengths = lengths_for(9, 300, 257)
+    plan = WindowedPlan.build(WindowDefinition(_packed(), 300, window=100), ArrayLengths(lengths))
+    save_windowed_plan(plan, tmp_path / "wp")
+    meta = json.loads((tmp_path / "wp" / "meta.json").read_text())
+    meta["pack_config"] = pack_config  # the last: max_length above the token budget
+    (tmp_path / "wp" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UmlosError) as caught:
+        load_windowed_plan(tmp_path / "wp", lengths=lengths)
+    assert caught.value.code == errors.PLAN_FORMAT_INVALID

@@ -27,10 +27,9 @@ from ..plan import plan_error
 from ..planner import EpochArrays
 
 
-def count_packed(lengths: np.ndarray, config: BatchingConfig):
-    """:class:`~.window.WindowCounts` of the packed microbatches cut from ``lengths`` in this order."""
-    from .window import WindowCounts  # window imports this module for its count step
-
+def count_packed(lengths: np.ndarray, config: BatchingConfig) -> tuple[int, int, int, int, int]:
+    """The counts (:data:`~.window.COUNT_FIELDS`, in order) of the packed microbatches cut from ``lengths``
+    in this order; :func:`~.window.count_lengths` makes them a ``WindowCounts``."""
     pack, per = config.pack, config.rows_per_microbatch
     assert pack is not None and per is not None  # only packed configs come here
     spec = config.bucket_spec
@@ -48,7 +47,7 @@ def count_packed(lengths: np.ndarray, config: BatchingConfig):
         microbatches += int(starts.shape[0])
         rows += int(row_sizes.shape[0])
     skipped = int(sizes[0])
-    return WindowCounts(microbatches, int(lengths.shape[0]) - skipped, skipped, tokens, rows * pack.max_length)
+    return microbatches, int(lengths.shape[0]) - skipped, skipped, tokens, rows * pack.max_length
 
 
 def padded_rows(arrays: EpochArrays) -> np.ndarray:

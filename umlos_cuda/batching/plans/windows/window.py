@@ -145,7 +145,7 @@ def count_window(definition: WindowDefinition, source, epoch: int, w: int, backe
 def count_lengths(lengths: np.ndarray, config: BatchingConfig) -> WindowCounts:
     """:class:`WindowCounts` of the microbatches the planner cuts from ``lengths`` in this order."""
     if config.pack is not None:
-        return count_packed(lengths, config)
+        return WindowCounts(*count_packed(lengths, config))
     spec = config.bucket_spec
     buckets = spec.bucket_ids(lengths)
     sizes = np.bincount(buckets.astype(np.int64) + 1, minlength=spec.num_buckets + 1)

@@ -605,6 +605,12 @@ def _giant_world_info(world, here):
     return ("plan", "info", str(here / "plan"), "--world-size", "4294967295")
 
 
+def _giant_world_info_windowed(world, here):
+    """``plan info`` of a windowed plan lists at most 2^16 ranks, as a whole plan's does."""
+    copy(world, here, "windowed", "lengths.jsonl")
+    return ("plan", "info", str(here / "windowed"), "--world-size", "4294967295")
+
+
 def _giant_world_check(world, here):
     copy(world, here, "batches")
     return ("batch", "check", str(here / "batches"), "--rank", "0", "--world-size", "4294967295")
@@ -900,6 +906,10 @@ WINDOWED_CASES = [
          (errors.LENGTHS_SIDECAR_MISMATCH,), "side.u32"),
     Case("hang/windowed-plan-sparse-sidecar-of-a-billion-lengths", _windowed(_sidecar_claiming(10**9), "big.u32"),
          (errors.PLAN_LENGTHS_MISMATCH,)),
+    Case("traceback/windowed-plan-meta-pack-config-not-an-object",
+         _windowed(lambda h: edit_json(h / "windowed" / "meta.json", lambda m: m.update(pack_config=[1]))), (WP,),
+         "meta.json"),
+    Case("hang/windowed-plan-info-world-size-2^32-1", _giant_world_info_windowed, (errors.BATCHING_CONFIG_INVALID,)),
 ]
 
 

@@ -9,17 +9,24 @@ Modules:
     resume   rank r of R reads the global microbatches k mod R == r from the checkpoint's plan cursor
     io       windowed plan folders: meta.json and index.npy, written atomically, read bounded
     verify   a folder's definition, lengths and any sample of its windows replanned and checked
+    cut      concatenate-and-cut pretraining sequences: the definition, the token index, sample k's pieces
+    sequences  :class:`PretrainingSequences`: random access, resume, fingerprint, collation from a token source
+    sequences_io  pretraining sequences folders: meta.json and index.npy
 
 docs/batching.md, "Windowed plans", is the normative definition.
 """
 
+from .cut import CutDefinition
 from .index import build_index, locate
 from .io import load_windowed_plan, save_windowed_plan
 from .plan import WindowedPlan
+from .sequences import PretrainingSequences
+from .sequences_io import load_sequences, save_sequences
 from .sources import ArrayLengths, LengthSource, MappedLengths, SyntheticLengths
 from .verify import verify_windowed_plan
 from .window import DEFAULT_WINDOW, EDGE_FLUSH, WindowDefinition, count_window, plan_window
 
-__all__ = ["DEFAULT_WINDOW", "EDGE_FLUSH", "ArrayLengths", "LengthSource", "MappedLengths", "SyntheticLengths",
-           "WindowDefinition", "WindowedPlan", "build_index", "count_window", "load_windowed_plan", "locate",
-           "plan_window", "save_windowed_plan", "verify_windowed_plan"]
+__all__ = ["DEFAULT_WINDOW", "EDGE_FLUSH", "ArrayLengths", "CutDefinition", "LengthSource", "MappedLengths",
+           "PretrainingSequences", "SyntheticLengths", "WindowDefinition", "WindowedPlan", "build_index",
+           "count_window", "load_sequences", "load_windowed_plan", "locate", "plan_window", "save_sequences",
+           "save_windowed_plan", "verify_windowed_plan"]

@@ -1,0 +1,182 @@
+"""Concatenate-and-cut pretraining sequences (docs/batching.md, "Pretraining sequences"): exactness against a
+plain Python definition over small N, random access against the pass, and the folder's refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from umlos_cuda import errors
+from umlos_cuda.batching.plans.windows import ArrayLengths, SyntheticLengths
+from umlos_cuda.batching.plans.windows.cut import CutDefinition
+from umlos_cuda.batching.plans.windows.sequences import IGNORE_INDEX, PretrainingSequences
+from umlos_cuda.batching.plans.windows.sequences_io import load_sequences, save_sequences
+from umlos_cuda.errors import UmlosError
+from umlos_cuda.nextbatch import MODE_SEQUENTIAL, MODE_SHUFFLE, epoch_indices
+
+EOS = 7
+
+
+class Tokens:
+    """A token source whose token ``i`` of row ``r`` is ``1000 r + i + 10`` (so EOS 7 is never a document token);
+    the loss mask is 1 on odd tokens."""
+
+    def __init__(self, lengths) -> None:
+        self.lengths = np.asarray(lengths, dtype=np.uint32)
+
+    def arrays(self, row: int):
+        n = int(self.lengths[row])
+        return np.arange(n, dtype=np.int64) + 1000 * row + 10, (np.arange(n) % 2).astype(np.uint8)
+
+
+def plain_stream(definition: CutDefinition, lengths, epoch: int) -> list[tuple[int, int]]:
+    """Every stream token of an epoch as ``(row, offset)``, offset == length for an appended EOS: the rows of
+    the whole epoch's order, each document's tokens, joined; nothing windowed."""
+    n = definition.num_documents
+    if definition.stage == MODE_SEQUENTIAL:
+        order = list(range(n))
+    else:
+        order = epoch_indices(definition.manifest, "train", epoch, 0, n, backend="numpy").tolist()
+    stream = []
+    for row in order:
+        stream += [(row, i) for i in range(int(lengths[row]) + definition.extra)]
+    return stream
+
+
+def value(tokens: Tokens, row: int, offset: int) -> int:
+    return EOS if offset == int(tokens.lengths[row]) else 1000 * row + offset + 10
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 40), min_size=1, max_size=30), window=st.integers(1, 12),
+       length=st.integers(1, 24), eos=st.booleans(), tail=st.sampled_from(["drop", "pad"]),
+       seed=st.integers(0, 50), epochs=st.integers(1, 2), stage=st.sampled_from([MODE_SHUFFLE, MODE_SEQUENTIAL]))
+def test_every_token_once_in_engine_order(lengths, window, length, eos, tail, seed, epochs, stage):
+    if sum(lengths) + (len(lengths) if eos else 0) < 2:
+        lengths = lengths[:-1] + [2]
+    tokens = Tokens(lengths)
+    definition = CutDefinition(len(lengths), length, window=window, seed=seed, stage=stage,
+                               eos=EOS if eos else None, tail=tail)
+    plan = PretrainingSequences.build(definition, tokens, epochs)
+    for epoch in range(epochs):
+        stream = plain_stream(definition, tokens.lengths, epoch)
+        total = len(stream)
+        samples = -(-total // length) if tail == "pad" else (total - 1) // length
+        assert plan.epoch_tokens(epoch) == total and plan.epoch_samples(epoch) == samples
+        inputs = []
+        for k in range(samples):
+            pieces = plan.pieces(epoch, k)
+            got = [(p.row, p.offset + i) for p in pieces for i in range(p.count)]
+            assert got == stream[k * length:k * length + length + 1]  # the plain cut, L + 1 tokens
+            sample = plan.sample(epoch, k)
+            real = [value(tokens, r, o) for r, o in got]
+            pad = length + 1 - len(real)
+            ids = real + [0] * pad
+            assert sample["input_ids"].tolist() == ids[:length]
+            assert sample["labels"].tolist() == ids[1:len(real)] + [IGNORE_INDEX] * (length + 1 - len(real))
+            assert len(sample["documents"]) == len(pieces)
+            inputs += got[:length]
+        if tail == "pad":
+            assert inputs == stream  # every token of every document is an input exactly once, in order
+        else:
+            assert inputs == stream[:samples * length] and 1 <= total - len(inputs) <= length
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=st.lists(st.integers(1, 30), min_size=2, max_size=25), window=st.integers(1, 9),
+       length=st.integers(1, 16), seed=st.integers(0, 9))
+def test_random_access_equals_the_pass(lengths, window, length, seed):
+    tokens = Tokens(lengths)
+    plan = PretrainingSequences.build(CutDefinition(len(lengths), length, window=window, seed=seed, eos=EOS),
+                                      tokens, 2)
+    passed = [(e, k, s) for e, k, s in plan.iter_from(0, 0)]
+    assert [(e, k) for e, k, _ in passed] == [(e, k) for e in range(2) for k in range(plan.epoch_samples(e))]
+    rng = np.random.default_rng(seed)
+    for i in rng.permutation(len(passed))[:10].tolist():
+        e, k, want = passed[i]
+        fresh = PretrainingSequences(plan.definition, plan.lengths, plan.index, tokens=tokens)  # nothing cached
+        got = fresh.sample(e, k)
+        for key in ("input_ids", "labels", "loss_mask", "position_ids", "segment_ids"):
+            assert np.array_equal(got[key], want[key]), key
+        resumed = next(fresh.iter_from(e, k))
+        assert resumed[:2] == (e, k) and np.array_equal(resumed[2]["input_ids"], want["input_ids"])
+
+
+def test_boundaries_positions_segments_and_mask():
+    tokens = Tokens([3, 2])
+    plan = PretrainingSequences.build(CutDefinition(2, 8, window=1, stage=MODE_SEQUENTIAL, eos=EOS, tail="pad"),
+                                      tokens)
+    sample = plan.sample(0, 0)  # 10 11 12 EOS 1010 1011 EOS, then padding
+    assert sample["input_ids"].tolist() == [10, 11, 12, EOS, 1010, 1011, EOS, 0]
+    assert sample["labels"].tolist() == [11, 12, EOS, 1010, 1011, EOS, IGNORE_INDEX, IGNORE_INDEX]
+    assert sample["position_ids"].tolist() == [0, 1, 2, 3, 0, 1, 2, 0]
+    assert sample["segment_ids"].tolist() == [0, 0, 0, 0, 1, 1, 1, -1]
+    assert sample["loss_mask"].tolist() == [1, 0, 1, 0, 1, 1, 0, 0]  # the label token's mask, 1 on EOS
+    assert sample["documents"] == [0, 1]
+
+
+def test_megatron_count_and_fingerprint_covers_the_definition():
+    lengths = SyntheticLengths(5000, 3)
+    base = PretrainingSequences.build(CutDefinition(5000, 2048, window=512), lengths)
+    total = int(lengths.take(np.arange(5000)).sum(dtype=np.uint64))
+    assert base.epoch_samples(0) == (total - 1) // 2048  # GPTDataset's samples for one epoch
+    prints = {base.fingerprint}
+    for change in ({"window": 256}, {"seed": 1}, {"eos": 2}, {"tail": "pad"}, {"sequence_length": 1024}):
+        fields = {"window": 512, "sequence_length": 2048} | change
+        length = fields.pop("sequence_length")
+        prints.add(PretrainingSequences.build(CutDefinition(5000, length, **fields), lengths).fingerprint)
+    assert len(prints) == 6
+
+
+def test_folder_round_trip_and_refusals(tmp_path: Path):
+    tokens = Tokens(np.arange(1, 60) % 17 + 1)
+    plan = PretrainingSequences.build(CutDefinition(59, 16, window=8, eos=EOS), tokens, 2)
+    folder = tmp_path / "seq"
+    save_sequences(plan, folder)
+    opened = load_sequences(folder, tokens=tokens)
+    assert opened.fingerprint == plan.fingerprint
+    assert np.array_equal(opened.sample(1, 5)["input_ids"], plan.sample(1, 5)["input_ids"])
+    with pytest.raises(UmlosError) as caught:
+        load_sequences(folder)
+    assert caught.value.code == errors.PLAN_LENGTHS_MISMATCH  # no tokens_path recorded
+    with pytest.raises(UmlosError) as caught:
+        load_sequences(folder, lengths=ArrayLengths(np.arange(1, 60) % 17 + 2))
+    assert caught.value.code == errors.PLAN_LENGTHS_MISMATCH
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["definition"]["tail"] = "pad"
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UmlosError) as caught:
+        load_sequences(folder, tokens=tokens)
+    assert caught.value.code == errors.PLAN_FINGERPRINT_MISMATCH
+    meta["definition"]["tail"] = "sideways"
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UmlosError) as caught:
+        load_sequences(folder, tokens=tokens)
+    assert caught.value.code == errors.PLAN_FORMAT_INVALID
+    index = folder / "index.npy"
+    index.write_bytes(index.read_bytes()[:-8])
+    with pytest.raises(UmlosError) as caught:
+        load_sequences(folder, tokens=tokens)
+    assert caught.value.code == errors.PLAN_FORMAT_INVALID
+    with pytest.raises(UmlosError) as caught:
+        load_sequences(tmp_path / "absent")
+    assert caught.value.code == errors.PLAN_NOT_FOUND
+
+
+def test_cursor_and_definition_refusals():
+    plan = PretrainingSequences.build(CutDefinition(4, 4, window=2, eos=EOS), Tokens([5, 5, 5, 5]))
+    with pytest.raises(UmlosError) as caught:
+        plan.sample(0, plan.epoch_samples(0))
+    assert caught.value.code == errors.PLAN_CURSOR_INVALID
+    for bad in ({"sequence_length": 0}, {"tail": "x"}, {"window": 0}, {"eos": -1}):
+        fields = {"sequence_length": 4} | bad
+        with pytest.raises(UmlosError) as caught:
+            CutDefinition(4, fields.pop("sequence_length"), **fields)
+        assert caught.value.code == errors.BATCHING_CONFIG_INVALID
+    with pytest.raises(UmlosError) as caught:
+        PretrainingSequences.build(CutDefinition(5, 4), Tokens([5, 5, 5, 5]))
+    assert caught.value.code == errors.PLAN_LENGTHS_MISMATCH

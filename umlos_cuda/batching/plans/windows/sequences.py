@@ -1,0 +1,182 @@
+"""Pretraining sequences: a concatenate-and-cut plan, its fingerprint, and samples collated from tokens.
+
+What goes in: a :class:`~.cut.CutDefinition`, the document lengths (a
+:class:`~.sources.LengthSource`, or the token source itself: a token store, a sharded store, Megatron
+datasets, anything of tokens/sources.py) and a number of epochs. What comes out:
+:class:`PretrainingSequences`, whose :meth:`~PretrainingSequences.sample` gives sample ``k`` of an
+epoch as arrays (one window read, plus the next window's first documents at an edge) and
+:meth:`~PretrainingSequences.iter_from` every sample from a cursor on (each window read once).
+
+A collated sample (``L`` = sequence length):
+
+* ``input_ids`` ``int64 [L]``: stream tokens ``k L .. k L + L - 1``; ``labels`` ``int64 [L]``: the
+  next token of each (``k L + 1 .. k L + L``), :data:`IGNORE_INDEX` where the padded tail has none;
+* ``loss_mask`` ``uint8 [L]``: the store's loss mask of each label token (1 for an appended EOS, 0
+  where padded);
+* ``position_ids`` ``int64 [L]``: 0 at the sample's start and at each document start inside it
+  (Megatron's ``reset_position_ids``), 0 where padded;
+* ``segment_ids`` ``int32 [L]``: which document of the sample each input token belongs to (0, 1, ...),
+  -1 where padded; ``documents``: the dataset rows of those documents.
+
+The fingerprint is SHA-256 of the canonical CBOR of ``["umlos_windowed_sequences_v1", header,
+[digest, ...]]``: ``header`` holds the format, the definition (:meth:`~.cut.CutDefinition.to_dict`),
+the number of epochs, the lengths' binding and the engine's ``sampling_mode``,
+``sampler_config_hash`` and ``manifest_hash``; ``digest`` of epoch ``e`` is SHA-256 of the tag
+``umlos_windowed_sequences_index_v1``, the canonical CBOR of ``[e, K]`` and the epoch's index bytes
+(int64 little-endian).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from functools import partial
+
+import numpy as np
+
+from .... import checks, errors
+from ....hashing import cbor_canonical, hash_canonical
+from ..plan import plan_error
+from ..planner import engine_metadata
+from .cut import CutDefinition, WindowReader, build_cut_index, sample_pieces
+from .sources import ArrayLengths, LengthSource
+
+#: meta.json ``format`` of a pretraining sequences folder.
+SEQUENCES_FORMAT = "umlos_cuda.windowed_sequences/1"
+#: The label of a position without a next token (the padded tail), PyTorch's ignore index.
+IGNORE_INDEX = -100
+MAX_EPOCHS = 1 << 16
+
+_cursor = partial(plan_error, errors.PLAN_CURSOR_INVALID)
+
+
+def lengths_of(source) -> LengthSource:
+    """A length source for ``source``: a :class:`LengthSource` as is, else a token source's lengths."""
+    if isinstance(source, LengthSource):
+        return source
+    return ArrayLengths(np.asarray(source.lengths))
+
+
+def sequences_digest(epoch: int, running: np.ndarray) -> str:
+    digest = hashlib.sha256(b"umlos_windowed_sequences_index_v1")
+    digest.update(cbor_canonical([int(epoch), int(running.shape[0]) - 1]))
+    digest.update(np.ascontiguousarray(running, dtype="<i8").tobytes())
+    return digest.hexdigest()
+
+
+class PretrainingSequences:
+    """A concatenate-and-cut plan (module docstring). Build with :meth:`build`; save and open with
+    :func:`~.sequences_io.save_sequences` / :func:`~.sequences_io.load_sequences`."""
+
+    def __init__(self, definition: CutDefinition, lengths: LengthSource, index: np.ndarray,
+                 engine: dict | None = None, *, tokens=None, backend: str = "auto") -> None:
+        self.definition = definition
+        self.lengths = lengths
+        self.index = index
+        self.tokens = tokens
+        self.backend = backend
+        self.engine = engine or _engine(definition)
+        self._reader = WindowReader(definition, lengths, backend)
+
+    @classmethod
+    def build(cls, definition: CutDefinition, source, num_epochs: int = 1, *, backend: str = "auto"
+              ) -> PretrainingSequences:
+        """The index of epochs ``0 .. num_epochs - 1`` in one streaming pass. ``source``: a length source,
+        or a token source (then its lengths, and :meth:`sample` reads its tokens)."""
+        num_epochs = checks.integer(num_epochs, "num_epochs", 1, MAX_EPOCHS,
+                                    fail=partial(plan_error, errors.BATCHING_CONFIG_INVALID))
+        lengths = lengths_of(source)
+        if lengths.count != definition.num_documents:
+            raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"the lengths hold {lengths.count} documents; the "
+                                                           f"definition cuts {definition.num_documents}")
+        index = build_cut_index(definition, lengths, num_epochs, backend=backend)
+        return cls(definition, lengths, index, tokens=None if isinstance(source, LengthSource) else source,
+                   backend=backend)
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def num_epochs(self) -> int:
+        return int(self.index.shape[0])
+
+    def header(self) -> dict:
+        return {"format": SEQUENCES_FORMAT, "definition": self.definition.to_dict(), "num_epochs": self.num_epochs,
+                "lengths": self.lengths.binding(), **self.engine}
+
+    def index_digests(self) -> list[str]:
+        return [sequences_digest(e, self.index[e]) for e in range(self.num_epochs)]
+
+    @property
+    def fingerprint(self) -> str:
+        return hash_canonical(["umlos_windowed_sequences_v1", self.header(), self.index_digests()]).hex()
+
+    # ------------------------------------------------------------------ counts
+    def epoch_tokens(self, epoch: int) -> int:
+        return int(self.index[self._epoch(epoch), -1])
+
+    def epoch_samples(self, epoch: int) -> int:
+        return self.definition.samples(self.epoch_tokens(epoch))
+
+    # ------------------------------------------------------------------ samples
+    def pieces(self, epoch: int, k: int):
+        """Sample ``k``'s pieces of documents (:class:`~.cut.Piece`), without reading tokens."""
+        e = self._epoch(epoch)
+        checks.integer(k, "sample", 0, self.epoch_samples(e) - 1, fail=_cursor)
+        return sample_pieces(self._reader, self.index, e, k)
+
+    def sample(self, epoch: int, k: int, tokens=None) -> dict:
+        """Sample ``k`` of ``epoch`` collated (module docstring) from ``tokens`` (default: the token
+        source the plan was built from)."""
+        source = tokens if tokens is not None else self.tokens
+        if source is None:
+            raise plan_error(errors.BATCHING_CONFIG_INVALID, "collating a sample needs a token source (tokens=)")
+        return collate_pieces(self.pieces(epoch, k), source, self.definition)
+
+    def iter_from(self, epoch: int = 0, k: int = 0, tokens=None) -> Iterator[tuple[int, int, dict]]:
+        """``(epoch, k, sample)`` from the cursor on; resuming reads one window."""
+        e = self._epoch(epoch)
+        checks.integer(k, "sample", 0, self.epoch_samples(e), fail=_cursor)
+        for current in range(e, self.num_epochs):
+            for j in range(k if current == e else 0, self.epoch_samples(current)):
+                yield current, j, self.sample(current, j, tokens)
+
+    def _epoch(self, epoch: int) -> int:
+        return checks.integer(epoch, "epoch", 0, self.num_epochs - 1, fail=_cursor,
+                              message="{name} {value!r} is not in the plan; it has epochs 0 to {high}")
+
+    def __repr__(self) -> str:
+        d = self.definition
+        return (f"PretrainingSequences({self.num_epochs} epochs of {d.num_documents} documents, sequence length "
+                f"{d.sequence_length}, window {d.window}, fingerprint={self.fingerprint})")
+
+
+def collate_pieces(pieces, source, definition: CutDefinition) -> dict:
+    """The arrays of one sample from its pieces (module docstring)."""
+    length = definition.sequence_length
+    ids = np.zeros(length + 1, dtype=np.int64)
+    mask = np.zeros(length + 1, dtype=np.uint8)
+    segments = np.full(length + 1, -1, dtype=np.int32)
+    positions = np.zeros(length + 1, dtype=np.int64)
+    at = 0
+    for segment, piece in enumerate(pieces):
+        doc_ids, doc_mask = source.arrays(piece.row)
+        stop = min(piece.offset + piece.count, int(doc_ids.shape[0]))
+        real = max(0, stop - piece.offset)
+        ids[at:at + real] = doc_ids[piece.offset:stop]
+        mask[at:at + real] = doc_mask[piece.offset:stop]
+        if real < piece.count:  # the piece reaches the appended EOS
+            ids[at + real] = int(definition.eos or 0)  # only a definition with an EOS appends one
+            mask[at + real] = 1
+        segments[at:at + piece.count] = segment
+        positions[at:at + piece.count] = np.arange(piece.count)
+        at += piece.count
+    labels = ids[1:].copy()
+    labels[at - 1:] = IGNORE_INDEX
+    loss_mask = mask[1:].copy()
+    loss_mask[at - 1:] = 0
+    return {"input_ids": ids[:length], "labels": labels, "loss_mask": loss_mask, "position_ids": positions[:length],
+            "segment_ids": segments[:length], "documents": [piece.row for piece in pieces]}
+
+
+def _engine(definition: CutDefinition) -> dict:
+    metadata = engine_metadata(definition.order_config, definition.manifest)
+    return {key: metadata[key] for key in ("sampling_mode", "sampler_config_hash", "manifest_hash")}

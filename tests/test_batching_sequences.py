@@ -180,3 +180,31 @@ def test_cursor_and_definition_refusals():
     with pytest.raises(UmlosError) as caught:
         PretrainingSequences.build(CutDefinition(5, 4), Tokens([5, 5, 5, 5]))
     assert caught.value.code == errors.PLAN_LENGTHS_MISMATCH
+
+
+def _plain_ids(definition: CutDefinition, source, epoch: int) -> list[int]:
+    ids: list[int] = []
+    for row, offset in plain_stream(definition, np.asarray(source.lengths), epoch):
+        doc = source.arrays(row)[0]
+        ids.append(int(doc[offset]) if offset < doc.shape[0] else int(definition.eos))
+    return ids
+
+
+@pytest.mark.parametrize("kind", ["store", "megatron"])
+def test_collated_from_a_token_store_and_megatron(tmp_path: Path, kind: str):
+    from tests.token_cases import make_store, random_sequences, write_megatron
+    from umlos_cuda.batching.tokens.sources import open_token_source
+
+    if kind == "store":
+        make_store(tmp_path, 40, seed=3)
+        path = tmp_path / "store"
+    else:
+        path = write_megatron(tmp_path / "mega", random_sequences(40, seed=3, high=60))
+    source = open_token_source(path)
+    definition = CutDefinition(len(source), 32, window=7, seed=5, eos=2, tail="pad")
+    save_sequences(PretrainingSequences.build(definition, source, 2), tmp_path / "seq", tokens_path=path)
+    opened = load_sequences(tmp_path / "seq")  # the tokens reopened from tokens_path
+    for epoch in range(2):
+        want = _plain_ids(definition, source, epoch)
+        got = [int(t) for e, _, s in opened.iter_from(epoch) if e == epoch for t in s["input_ids"]]
+        assert got[:len(want)] == want and set(got[len(want):]) <= {0}

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from token_cases import make_store, random_sequences, write_megatron
+
 from umlos_cuda import errors
 from umlos_cuda.batching.plans.windows import ArrayLengths, SyntheticLengths
 from umlos_cuda.batching.plans.windows.cut import CutDefinition
@@ -192,7 +194,6 @@ def _plain_ids(definition: CutDefinition, source, epoch: int) -> list[int]:
 
 @pytest.mark.parametrize("kind", ["store", "megatron"])
 def test_collated_from_a_token_store_and_megatron(tmp_path: Path, kind: str):
-    from tests.token_cases import make_store, random_sequences, write_megatron
     from umlos_cuda.batching.tokens.sources import open_token_source
 
     if kind == "store":
@@ -208,3 +209,19 @@ def test_collated_from_a_token_store_and_megatron(tmp_path: Path, kind: str):
         want = _plain_ids(definition, source, epoch)
         got = [int(t) for e, _, s in opened.iter_from(epoch) if e == epoch for t in s["input_ids"]]
         assert got[:len(want)] == want and set(got[len(want):]) <= {0}
+
+
+def test_plan_cut_command(tmp_path: Path, capsys):
+    from umlos_cuda.cli import main
+
+    prefix = write_megatron(tmp_path / "mega", random_sequences(120, seed=2, high=50))
+    out = tmp_path / "seq"
+    assert main(["plan", "cut", "--tokens", prefix, "--sequence-length", "16", "--window", "16", "--eos", "0",
+                 "--epochs", "2", "--output", str(out), "--show", "2"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    opened = load_sequences(out)
+    assert printed[1] == f"fingerprint {opened.fingerprint}"
+    shown = json.loads(printed[-1])
+    assert shown["input_ids"] == opened.sample(0, 2)["input_ids"].tolist()
+    assert main(["plan", "cut", "--tokens", prefix, "--sequence-length", "16", "--output", str(out)]) != 0
+    assert "OUTPUT_EXISTS" in capsys.readouterr().err  # an existing folder is refused without --force

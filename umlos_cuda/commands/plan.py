@@ -76,6 +76,34 @@ def register(subparsers) -> None:
     build.add_argument("--quiet", action="store_true", help="no progress line")
     build.set_defaults(func=run_build)
 
+    cut = actions.add_parser(
+        "cut", help="build pretraining sequences: documents concatenated and cut, by windows",
+        description="Join each epoch's documents, in the engine's order, with an optional EOS, cut the stream into "
+        "samples of L + 1 tokens (as Megatron-LM's GPTDataset does) and write a per-window token index "
+        "(docs/batching.md, Pretraining sequences). Nothing of the documents is copied.",
+    )
+    cut.add_argument("--tokens", required=True, metavar="PATH",
+                     help="a token store folder (sharded or not) or the prefix of a Megatron .idx/.bin pair")
+    cut.add_argument("--sequence-length", required=True, type=positive_int("--sequence-length"), metavar="L")
+    cut.add_argument("--window", type=positive_int("--window"), default=1 << 16, metavar="W",
+                     help="documents per window (default 65536)")
+    cut.add_argument("--eos", type=non_negative_int("--eos"), metavar="ID",
+                     help="append this token id after every document (default: none, the documents as stored)")
+    cut.add_argument("--tail", choices=("drop", "pad"), default="drop",
+                     help="drop the last partial sample of an epoch (Megatron's count, default) or pad it")
+    cut.add_argument("--epochs", type=positive_int("epochs"), default=1, metavar="E", help="epochs (default 1)")
+    cut.add_argument("--seed", type=non_negative_int("seed"), default=42, metavar="S", help="order seed (default 42)")
+    cut.add_argument("--sampling-mode", default="shuffle", metavar="M",
+                     help=f"the engine order: {', '.join(MODE_ALIASES)} or the engine's mode string (default shuffle)")
+    cut.add_argument("--order", default="block_affine", metavar="MODE",
+                     help="block_affine (default), feistel or block_feistel")
+    cut.add_argument("--block-size", type=positive_int("block size"), default=1 << 20, metavar="B",
+                     help="the engine's sampler_block_size (default 1048576)")
+    cut.add_argument("--show", type=non_negative_int("--show"), metavar="K", help="print sample K of epoch 0")
+    cut.add_argument("--output", required=True, metavar="DIR", help="the folder to create")
+    cut.add_argument("--force", action="store_true", help="replace an existing pretraining sequences folder")
+    cut.set_defaults(func=run_cut)
+
     info = actions.add_parser("info", help="print a plan's counts and metrics",
                               description="Print a plan's configuration, counts and metrics per epoch.")
     info.add_argument("plan", metavar="DIR")
@@ -293,6 +321,36 @@ def _build_windowed(args, config, inputs) -> int:
           f"{counts['samples']} samples per epoch, {counts['skipped']} skipped")
     print(f"fingerprint {plan.fingerprint}")
     print(f"built in {seconds:.2f} s ({source.count * plan.num_epochs / max(seconds, 1e-9):,.0f} samples/s)")
+    return 0
+
+
+def run_cut(args) -> int:
+    """``plan cut``: pretraining sequences (batching/plans/windows/cut.py) over a token source."""
+    from ..batching.plans.windows import CutDefinition, PretrainingSequences, save_sequences
+    from ..batching.plans.windows.sequences_io import SEQUENCES
+    from ..batching.tokens.sources import open_token_source
+    from ..files.writer import check_output_folder
+
+    check_output_folder(args.output, SEQUENCES, force=args.force, inputs=(args.tokens,),
+                        operator=errors.BATCH_PLAN_OPERATOR)
+    started = time.perf_counter()
+    source = open_token_source(args.tokens)
+    definition = CutDefinition(len(source), args.sequence_length, args.window, args.seed,
+                               MODE_ALIASES.get(args.sampling_mode, args.sampling_mode), args.order, args.block_size,
+                               args.eos, args.tail)
+    plan = PretrainingSequences.build(definition, source, args.epochs)
+    save_sequences(plan, args.output, tokens_path=args.tokens, force=args.force)
+    seconds = time.perf_counter() - started
+    print(f"pretraining sequences {args.output}: {plan.num_epochs} epoch(s) of {definition.num_documents} "
+          f"documents, {plan.epoch_tokens(0)} tokens and {plan.epoch_samples(0)} samples of "
+          f"{definition.sequence_length} + 1 tokens per epoch ({definition.tail} tail), "
+          f"{definition.num_windows} windows of {definition.window}")
+    print(f"fingerprint {plan.fingerprint}")
+    print(f"built in {seconds:.2f} s")
+    if args.show is not None:
+        sample = plan.sample(0, args.show)
+        print(json.dumps({key: (value if isinstance(value, list) else value.tolist())
+                          for key, value in sample.items()}))
     return 0
 
 

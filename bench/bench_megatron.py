@@ -155,16 +155,52 @@ def megatron_build(spec: dict) -> dict:
 
 
 def windowed_plan(spec: dict) -> dict | None:
-    """Hook for issue 25: this project's windowed plan on the same lengths, in a child like Megatron's.
+    """This project's pretraining sequences (``plan cut``, docs/batching.md "Pretraining sequences") on the
+    same documents, in a child like Megatron's, under ``spec["python"]`` (the project's venv).
 
-    To fill in: build the plan of ``spec["prefixes"]`` (their ``.idx`` sizes are the document
-    lengths; ``umlos_cuda.batching.tokens.megatron.MegatronDataset.open(prefix).lengths``) in
-    concatenate-and-cut mode at ``spec["sequence_length"]`` (mixed at ``spec["weights"]`` when there
-    are several), writing whatever it stores to ``spec["cache"]``; return the keys
-    :func:`megatron_build` returns (``build_s``, ``samples``, ``rss_before_mb``, ``first_ms``,
-    ``k_ms`` for ``spec["draws"]`` random k after reopening when ``spec["reopen"]``, ``peak_mb``,
-    ``cache_bytes``). None: not built yet, the row says so."""
-    return None
+    Concatenate-and-cut at ``spec["sequence_length"]``, documents as stored (no EOS added: Megatron adds
+    none either), the tail dropped (Megatron's count for one epoch), windows of ``spec["window"]`` documents
+    of the engine's order, seed 1234. Built when ``spec["cache"]`` holds no folder yet (``build_s``: opening
+    the Megatron pair, the index pass and writing the folder), else reopened (``build_s`` is then the
+    reopening: meta.json, index.npy, the pair and the lengths' hash). ``first_ms``: sample 0 collated from
+    the ``.bin`` right after; ``k_ms`` / ``k_warm_ms``: random ``k`` (one window read each). The pair is
+    read by :class:`~umlos_cuda.batching.plans.windows.mapped_megatron.MappedMegatron` (sizes and tokens
+    per row, memory-mapped), not ``MegatronDataset`` (which checks and copies every pointer). One epoch:
+    ``spec["samples"]`` must be None."""
+    if spec["samples"] is not None:
+        raise SystemExit("the windowed row plans one epoch; run without --samples")
+    from umlos_cuda.batching.plans.windows import CutDefinition, PretrainingSequences, load_sequences, save_sequences
+    from umlos_cuda.batching.plans.windows.mapped_megatron import MappedMegatron
+
+    prefix, cache = spec["prefixes"][0], spec["cache"]
+    before = _rss_mb()
+    start = time.perf_counter()
+    source = MappedMegatron(prefix)  # sizes and tokens read per row: nothing O(N) in memory
+    if os.path.exists(os.path.join(cache, "meta.json")):
+        plan = load_sequences(cache, tokens=source)
+    else:
+        definition = CutDefinition(source.count, spec["sequence_length"], window=spec["window"], seed=1234)
+        plan = PretrainingSequences.build(definition, source)
+        save_sequences(plan, cache, tokens_path=prefix)
+    built = time.perf_counter() - start
+    samples = plan.epoch_samples(0)
+    result = {"build_s": built, "samples": samples, "rss_before_mb": before}
+    start = time.perf_counter()
+    first = plan.sample(0, 0)
+    result["first_ms"] = (time.perf_counter() - start) * 1e3
+    assert first["input_ids"].shape[0] == spec["sequence_length"]
+    if spec["draws"]:
+        draws = np.random.default_rng(7).integers(0, samples, spec["draws"]).tolist()
+        for key in ("k_ms", "k_warm_ms"):
+            times = []
+            for k in draws:
+                start = time.perf_counter()
+                plan.sample(0, k)
+                times.append(time.perf_counter() - start)
+            result[key] = statistics.median(times) * 1e3
+    result["peak_mb"] = _peak_mb()
+    result["cache_bytes"] = _folder_bytes(cache)
+    return result
 
 
 ENGINES = {"megatron": megatron_build, "windowed": windowed_plan}
@@ -172,7 +208,8 @@ ENGINES = {"megatron": megatron_build, "windowed": windowed_plan}
 
 def child(spec: dict) -> dict | None:
     """Run one measurement in a fresh interpreter; its last stdout line is the result as JSON."""
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
+    python = spec.get("python") or sys.executable
+    done = subprocess.run([python, os.path.abspath(__file__), "--child", json.dumps(spec)],
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"child {spec['engine']} failed:\n{done.stderr[-4000:]}")
@@ -181,7 +218,8 @@ def child(spec: dict) -> dict | None:
 
 def measure(engine: str, prefixes: list[str], weights, samples, args, cache: str) -> dict | None:
     spec = {"engine": engine, "prefixes": prefixes, "weights": weights, "samples": samples,
-            "sequence_length": args.sequence_length, "cache": cache, "draws": 0}
+            "sequence_length": args.sequence_length, "cache": cache, "draws": 0, "window": args.window,
+            "python": args.project_python if engine == "windowed" else None}
     shutil.rmtree(cache, ignore_errors=True)
     built = child(spec)
     if built is None:
@@ -208,6 +246,10 @@ def main() -> None:
     parser.add_argument("--k-samples", type=int, default=100, help="random k drawn after reopening")
     parser.add_argument("--no-blend", action="store_true", help="skip the three-dataset BlendedDataset row")
     parser.add_argument("--folder", default=None)
+    parser.add_argument("--window", type=int, default=1 << 12, help="documents per window of the windowed row")
+    parser.add_argument("--project-python", default=None,
+                        help="the interpreter of the windowed row (default this one; it must import umlos_cuda)")
+    parser.add_argument("--no-megatron", action="store_true", help="skip the Megatron rows")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -229,11 +271,12 @@ def main() -> None:
             for seed, prefix in enumerate(prefixes):
                 write_dataset(prefix, documents, seed)
             cache = os.path.join(folder, "cache")
-            print(row("GPTDataset", documents,
-                      measure("megatron", prefixes[:1], None, args.samples, args, cache)), flush=True)
+            if not args.no_megatron:
+                print(row("GPTDataset", documents,
+                          measure("megatron", prefixes[:1], None, args.samples, args, cache)), flush=True)
             print(row("windowed plan", documents,
                       measure("windowed", prefixes[:1], None, args.samples, args, cache)), flush=True)
-            if not args.no_blend:
+            if not args.no_blend and not args.no_megatron:
                 print(row(f"BlendedDataset x3, {documents:,} samples", documents,
                           measure("megatron", prefixes, list(WEIGHTS), documents, args, cache)), flush=True)
             for prefix in prefixes:

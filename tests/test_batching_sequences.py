@@ -225,3 +225,44 @@ def test_plan_cut_command(tmp_path: Path, capsys):
     assert shown["input_ids"] == opened.sample(0, 2)["input_ids"].tolist()
     assert main(["plan", "cut", "--tokens", prefix, "--sequence-length", "16", "--output", str(out)]) != 0
     assert "OUTPUT_EXISTS" in capsys.readouterr().err  # an existing folder is refused without --force
+
+
+def test_index_pass_in_chunks_of_windows(monkeypatch):
+    from umlos_cuda.batching.plans.windows import cut
+
+    lengths = SyntheticLengths(997, 4)
+    for window in (1, 3, 8, 50):
+        definition = CutDefinition(997, 64, window=window, seed=2, eos=1)
+        whole = cut.build_cut_index(definition, lengths, 2)
+        monkeypatch.setattr(cut, "INDEX_CHUNK", 7)  # chunk edges inside every few windows
+        chunked = cut.build_cut_index(definition, lengths, 2)
+        monkeypatch.undo()
+        plain = np.zeros((2, definition.num_windows + 1), dtype=np.int64)
+        for e in range(2):
+            for w in range(definition.num_windows):
+                plain[e, w + 1] = plain[e, w] + int(cut.window_documents(definition, lengths, e, w)[1].sum())
+        assert np.array_equal(whole, plain) and np.array_equal(chunked, plain)
+
+
+def test_mapped_megatron_binds_and_reads_like_megatron_dataset(tmp_path: Path):
+    from umlos_cuda.batching.plans.windows.mapped_megatron import MappedMegatron
+    from umlos_cuda.batching.tokens.megatron import MegatronDataset
+
+    prefix = write_megatron(tmp_path / "mega", random_sequences(90, seed=4, high=40))
+    mapped, whole = MappedMegatron(prefix), MegatronDataset.open(prefix)
+    assert mapped.binding() == ArrayLengths(whole.lengths).binding()
+    for row in (0, 44, 89):
+        assert np.array_equal(mapped.arrays(row)[0], whole.arrays(row)[0])
+        assert np.array_equal(mapped.arrays(row)[1], whole.arrays(row)[1])
+    definition = CutDefinition(90, 24, window=10, eos=3)
+    built = PretrainingSequences.build(definition, mapped, 1)
+    save_sequences(built, tmp_path / "seq", tokens_path=prefix)
+    reopened = load_sequences(tmp_path / "seq")  # MegatronDataset from tokens_path: the same binding
+    assert reopened.fingerprint == built.fingerprint
+    for k in (0, built.epoch_samples(0) - 1):
+        assert built.sample(0, k)["input_ids"].tolist() == reopened.sample(0, k)["input_ids"].tolist()
+    (tmp_path / "bad.idx").write_bytes(b"not an index at all, longer than the header is")
+    (tmp_path / "bad.bin").write_bytes(b"")
+    with pytest.raises(UmlosError) as caught:
+        MappedMegatron(tmp_path / "bad")
+    assert caught.value.code == errors.MEGATRON_INDEX_INVALID

@@ -85,8 +85,8 @@ def register(subparsers) -> None:
     cut.add_argument("--tokens", required=True, metavar="PATH",
                      help="a token store folder (sharded or not) or the prefix of a Megatron .idx/.bin pair")
     cut.add_argument("--sequence-length", required=True, type=positive_int("--sequence-length"), metavar="L")
-    cut.add_argument("--window", type=positive_int("--window"), default=1 << 16, metavar="W",
-                     help="documents per window (default 65536)")
+    cut.add_argument("--window", type=positive_int("--window"), default=1 << 12, metavar="W",
+                     help="documents per window (default 4096)")
     cut.add_argument("--eos", type=non_negative_int("--eos"), metavar="ID",
                      help="append this token id after every document (default: none, the documents as stored)")
     cut.add_argument("--tail", choices=("drop", "pad"), default="drop",

@@ -51,7 +51,8 @@ _cursor = partial(plan_error, errors.PLAN_CURSOR_INVALID)
 
 
 def lengths_of(source) -> LengthSource:
-    """A length source for ``source``: a :class:`LengthSource` as is, else a token source's lengths."""
+    """A length source for ``source``: a :class:`LengthSource` as is (a
+    :class:`~.mapped_megatron.MappedMegatron` is both), else a token source's lengths."""
     if isinstance(source, LengthSource):
         return source
     return ArrayLengths(np.asarray(source.lengths))
@@ -90,7 +91,7 @@ class PretrainingSequences:
             raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"the lengths hold {lengths.count} documents; the "
                                                            f"definition cuts {definition.num_documents}")
         index = build_cut_index(definition, lengths, num_epochs, backend=backend)
-        return cls(definition, lengths, index, tokens=None if isinstance(source, LengthSource) else source,
+        return cls(definition, lengths, index, tokens=source if hasattr(source, "arrays") else None,
                    backend=backend)
 
     # ------------------------------------------------------------------ identity

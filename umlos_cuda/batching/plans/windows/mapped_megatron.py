@@ -1,0 +1,88 @@
+"""A Megatron-LM ``.idx``/``.bin`` pair read a row at a time: the lengths and tokens of pretraining sequences.
+
+What goes in: the prefix of a pair. What comes out: a :class:`~.sources.LengthSource` whose ``take``
+reads the ``.idx`` sizes of the rows asked for (memory-mapped, no copy), and a token source whose
+``arrays(row)`` is that row's tokens in the ``.bin`` (a read-only view) and a loss mask of ones, as
+:class:`~umlos_cuda.batching.tokens.megatron.MegatronDataset` gives them.
+
+Why not ``MegatronDataset``: opening it checks every pointer at once and copies the sizes and the
+token bounds (about 30 bytes a sequence with the checks' temporaries: 300 MB at 10^7 sequences), which
+is right for a dataset collated whole and wrong for a plan that must stay O(window). Here the header
+and the file sizes are checked on opening (the same MEGATRON_INDEX_INVALID refusals); a row's size
+and pointer are checked when the row is read (negative size, a pointer outside the ``.bin`` or not
+aligned); the lengths bind like an :class:`~.sources.ArrayLengths` of the same sizes (SHA-256 of
+their uint32 little-endian bytes, hashed a piece at a time), so a plan built from either opens with
+the other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+
+import numpy as np
+
+from ...tokens.megatron import (DTYPE_CODES, HEADER_BYTES, IDX_MAGIC, IDX_VERSION, UNKNOWN_TOKENIZER, _invalid,
+                                _map, _view, bin_path, idx_path)
+from .sources import LengthSource
+
+_HASH_PIECE = 1 << 22
+
+
+class MappedMegatron(LengthSource):
+    """The pair at ``prefix`` (see the module docstring)."""
+
+    def __init__(self, prefix, *, tokenizer_hash: str = UNKNOWN_TOKENIZER) -> None:
+        prefix = os.fspath(prefix)
+        self.prefix = prefix[:-4] if prefix.endswith((".idx", ".bin")) else prefix
+        self.tokenizer_hash = tokenizer_hash
+        index = _map(idx_path(self.prefix))
+        if index.shape[0] < HEADER_BYTES or index[:len(IDX_MAGIC)].tobytes() != IDX_MAGIC:
+            raise _invalid(f"{idx_path(self.prefix)} is not a Megatron-LM index (MMapIndexedDataset)")
+        version, code, count, documents = struct.unpack("<QBQQ", index[len(IDX_MAGIC):HEADER_BYTES].tobytes())
+        if version != IDX_VERSION or code not in DTYPE_CODES or np.dtype(DTYPE_CODES[code]).kind not in "iu":
+            raise _invalid(f"{idx_path(self.prefix)} has version {version} and dtype code {code}; this reader reads "
+                           f"version {IDX_VERSION} with an integer dtype")
+        plain = HEADER_BYTES + 12 * count + 8 * documents
+        if count == 0 or index.shape[0] not in (plain, plain + count):
+            raise _invalid(f"{idx_path(self.prefix)} has {index.shape[0]} bytes; {count} sequences and {documents} "
+                           f"document indices need {plain} (or {plain + count} with sequence modes)")
+        self.dtype = np.dtype(DTYPE_CODES[code]).newbyteorder("<")
+        self.count = int(count)
+        self.sizes = _view(index, HEADER_BYTES, "<i4", count)
+        self.pointers = _view(index, HEADER_BYTES + 4 * count, "<i8", count)
+        self.data = _map(bin_path(self.prefix))
+        self._ones = np.ones(0, dtype=np.uint8)
+        self._sha256: str | None = None
+
+    # ------------------------------------------------------------------ lengths
+    def __len__(self) -> int:
+        return self.count
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        sizes = self.sizes[np.asarray(rows)]
+        if sizes.size and int(sizes.min()) < 0:
+            raise _invalid(f"{idx_path(self.prefix)}: a sequence has a negative length")
+        return sizes.astype(np.uint32)
+
+    def binding(self) -> dict:
+        if self._sha256 is None:
+            digest = hashlib.sha256()
+            for start in range(0, self.count, _HASH_PIECE):
+                piece = self.take(np.arange(start, min(start + _HASH_PIECE, self.count)))
+                digest.update(piece.astype("<u4").tobytes())
+            self._sha256 = digest.hexdigest()
+        return {"kind": "array", "count": self.count, "lengths_sha256": self._sha256}
+
+    # ------------------------------------------------------------------ tokens
+    def arrays(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row ``row``'s tokens (a read-only view of the ``.bin``) and a loss mask of ones."""
+        size, pointer, width = int(self.sizes[row]), int(self.pointers[row]), self.dtype.itemsize
+        if size < 0 or pointer < 0 or pointer % width or pointer + size * width > self.data.shape[0]:
+            raise _invalid(f"{idx_path(self.prefix)}: sequence {row} points at bytes {pointer} to "
+                           f"{pointer + size * width}, outside the {self.data.shape[0]}-byte {bin_path(self.prefix)} "
+                           f"or not aligned to {width} bytes")
+        if self._ones.shape[0] < size:
+            self._ones = np.ones(size, dtype=np.uint8)
+        return np.frombuffer(self.data, dtype=self.dtype, count=size, offset=pointer), self._ones[:size]

@@ -14,7 +14,7 @@ pretraining run meets it, for ``--documents`` documents at
 * ``build s``: ``BlendedMegatronDatasetBuilder(...).build()`` from an empty
   cache (opening the ``IndexedDataset`` included, saving the ``.npy`` files
   included);
-* ``peak RSS``: the child process's peak resident memory (``ru_maxrss``), and
+* ``peak RSS``: the child process's peak resident memory (``VmHWM``), and
   ``+MB`` its rise over the resident memory just before the build (after
   importing torch and megatron-core, which cost the same to every engine);
 * ``cache MB``: the bytes of the ``.npy`` cache the build wrote;
@@ -107,6 +107,12 @@ def _rss_mb() -> float:
 
 
 def _peak_mb() -> float:
+    """This process's own peak (VmHWM of its address space). Not ``ru_maxrss``: Linux carries that across
+    exec from the forked copy of the parent, so a small child reported the bench parent's size."""
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

@@ -18,6 +18,7 @@ the other.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import struct
 
@@ -27,7 +28,7 @@ from ...tokens.megatron import (DTYPE_CODES, HEADER_BYTES, IDX_MAGIC, IDX_VERSIO
                                 _map, _view, bin_path, idx_path)
 from .sources import LengthSource
 
-_HASH_PIECE = 1 << 22
+_HASH_PIECE = 1 << 20
 
 
 class MappedMegatron(LengthSource):
@@ -53,6 +54,7 @@ class MappedMegatron(LengthSource):
         self.sizes = _view(index, HEADER_BYTES, "<i4", count)
         self.pointers = _view(index, HEADER_BYTES + 4 * count, "<i8", count)
         self.data = _map(bin_path(self.prefix))
+        self._index = index
         self._ones = np.ones(0, dtype=np.uint8)
         self._sha256: str | None = None
 
@@ -70,10 +72,19 @@ class MappedMegatron(LengthSource):
         if self._sha256 is None:
             digest = hashlib.sha256()
             for start in range(0, self.count, _HASH_PIECE):
-                piece = self.take(np.arange(start, min(start + _HASH_PIECE, self.count)))
-                digest.update(piece.astype("<u4").tobytes())
+                piece = self.sizes[start:start + _HASH_PIECE]
+                if int(piece.min()) < 0:
+                    raise _invalid(f"{idx_path(self.prefix)}: a sequence has a negative length")
+                digest.update(piece.data)  # int32 >= 0: the bytes of the same values as uint32
+                self.release()
             self._sha256 = digest.hexdigest()
         return {"kind": "array", "count": self.count, "lengths_sha256": self._sha256}
+
+    def release(self) -> None:
+        """Drop the ``.idx`` pages read so far from this process's memory (they stay in the page cache)."""
+        handle = getattr(self._index, "_mmap", None)
+        if handle is not None and hasattr(mmap, "MADV_DONTNEED"):
+            handle.madvise(mmap.MADV_DONTNEED)
 
     # ------------------------------------------------------------------ tokens
     def arrays(self, row: int) -> tuple[np.ndarray, np.ndarray]:

@@ -92,6 +92,16 @@ def test_every_token_once_in_engine_order(lengths, window, length, eos, tail, se
 @given(lengths=st.lists(st.integers(1, 30), min_size=2, max_size=25), window=st.integers(1, 9),
        length=st.integers(1, 16), seed=st.integers(0, 9))
 def test_random_access_equals_the_pass(lengths, window, length, seed):
+    from umlos_cuda.batching.plans.windows import cut
+
+    chunk, cut.INDEX_CHUNK = cut.INDEX_CHUNK, 4  # a lazy plan counts chunks of a window or a few
+    try:
+        _random_access_equals_the_pass(lengths, window, length, seed)
+    finally:
+        cut.INDEX_CHUNK = chunk
+
+
+def _random_access_equals_the_pass(lengths, window, length, seed):
     tokens = Tokens(lengths)
     plan = PretrainingSequences.build(CutDefinition(len(lengths), length, window=window, seed=seed, eos=EOS),
                                       tokens, 2)
@@ -106,6 +116,9 @@ def test_random_access_equals_the_pass(lengths, window, length, seed):
             assert np.array_equal(got[key], want[key]), key
         resumed = next(fresh.iter_from(e, k))
         assert resumed[:2] == (e, k) and np.array_equal(resumed[2]["input_ids"], want["input_ids"])
+        lazy = PretrainingSequences.build(plan.definition, tokens, 2, lazy=True)  # counts chunks as asked
+        assert np.array_equal(lazy.sample(e, k)["labels"], want["labels"])
+        assert lazy.fingerprint == plan.fingerprint  # the fingerprint completes the pass
 
 
 def test_boundaries_positions_segments_and_mask():
@@ -266,3 +279,17 @@ def test_mapped_megatron_binds_and_reads_like_megatron_dataset(tmp_path: Path):
     with pytest.raises(UmlosError) as caught:
         MappedMegatron(tmp_path / "bad")
     assert caught.value.code == errors.MEGATRON_INDEX_INVALID
+
+
+def test_a_lazy_plan_counts_only_the_chunks_a_sample_needs(monkeypatch):
+    from umlos_cuda.batching.plans.windows import cut
+
+    monkeypatch.setattr(cut, "INDEX_CHUNK", 64)
+    lengths = SyntheticLengths(4000, 1)
+    definition = CutDefinition(4000, 512, window=16)
+    lazy = PretrainingSequences.build(definition, lengths, lazy=True)
+    lazy.pieces(0, 0)
+    assert lazy._counted[0] == 4  # one chunk of 64 documents: 4 windows of 16
+    whole = PretrainingSequences.build(definition, lengths)
+    assert lazy.pieces(0, 1000) == whole.pieces(0, 1000) and lazy._counted[0] < definition.num_windows
+    assert np.array_equal(lazy.index, whole.index) and lazy.epoch_samples(0) == whole.epoch_samples(0)

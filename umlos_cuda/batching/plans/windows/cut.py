@@ -123,23 +123,29 @@ def window_documents(definition: CutDefinition, source, epoch: int, w: int,
     return rows, sizes
 
 
-def build_cut_index(definition: CutDefinition, source, num_epochs: int, *, backend: str = "auto") -> np.ndarray:
-    """``int64 [E, K + 1]``: epoch ``e``'s stream tokens before window ``k``, in one pass that reads the order
-    in chunks of whole windows (about :data:`INDEX_CHUNK` positions) and sums each window's lengths: memory
-    O(max(W, chunk)), the per-call cost of the order paid per chunk, not per window."""
+def count_chunks(definition: CutDefinition, source, epoch: int, backend: str = "auto"):
+    """Yield ``(first window, stream tokens of each window of the chunk)``: the index pass of one epoch, reading
+    the order in chunks of whole windows (about :data:`INDEX_CHUNK` positions) and summing each window's
+    lengths, so memory is O(max(W, chunk)) and the per-call cost of the order is paid per chunk."""
     k, width = definition.num_windows, definition.window
     per_chunk = max(1, INDEX_CHUNK // width)
-    index = np.zeros((num_epochs, k + 1), dtype=np.int64)
+    for first in range(0, k, per_chunk):
+        start = first * width
+        stop = min((first + per_chunk) * width, definition.num_documents)
+        rows = order_slice(definition.order_config, definition.manifest, definition.num_documents, epoch, start,
+                           stop - start, backend)
+        sizes = source.take(rows).astype(np.int64)
+        source.release()
+        windows = np.add.reduceat(sizes, np.arange(0, stop - start, width))
+        windows += definition.extra * np.diff(np.append(np.arange(start, stop, width), stop))
+        yield first, windows
+
+
+def build_cut_index(definition: CutDefinition, source, num_epochs: int, *, backend: str = "auto") -> np.ndarray:
+    """``int64 [E, K + 1]``: epoch ``e``'s stream tokens before window ``k``, in one pass (:func:`count_chunks`)."""
+    index = np.zeros((num_epochs, definition.num_windows + 1), dtype=np.int64)
     for epoch in range(num_epochs):
-        for first in range(0, k, per_chunk):
-            start = first * width
-            stop = min((first + per_chunk) * width, definition.num_documents)
-            rows = order_slice(definition.order_config, definition.manifest, definition.num_documents, epoch, start,
-                               stop - start, backend)
-            sizes = source.take(rows).astype(np.int64)
-            source.release()
-            windows = np.add.reduceat(sizes, np.arange(0, stop - start, width))
-            windows += definition.extra * np.diff(np.append(np.arange(start, stop, width), stop))
+        for first, windows in count_chunks(definition, source, epoch, backend):
             index[epoch, first + 1:first + 1 + windows.shape[0]] = windows
         np.cumsum(index[epoch], out=index[epoch])
     return index
@@ -179,13 +185,13 @@ class WindowReader:
         return kept
 
 
-def sample_pieces(reader: WindowReader, index: np.ndarray, epoch: int, k: int) -> list[Piece]:
-    """The pieces of sample ``k`` of ``epoch`` in stream order: ``L + 1`` tokens, fewer at a padded tail."""
+def sample_pieces(reader: WindowReader, running: np.ndarray, epoch: int, k: int) -> list[Piece]:
+    """The pieces of sample ``k`` of ``epoch`` in stream order: ``L + 1`` tokens, fewer at a padded tail.
+    ``running``: the epoch's index, or its first entries as long as they reach past the sample's last token."""
     definition = reader.definition
-    total = int(index[epoch, -1])
+    total = int(running[-1])
     start = k * definition.sequence_length
     want = min(definition.sequence_length + 1, total - start)
-    running = index[epoch]
     w = int(np.searchsorted(running, start, side="right")) - 1
     pieces: list[Piece] = []
     at = start - int(running[w])  # the offset within window w's stream

@@ -38,7 +38,7 @@ from .... import checks, errors
 from ....hashing import cbor_canonical, hash_canonical
 from ..plan import plan_error
 from ..planner import engine_metadata
-from .cut import CutDefinition, WindowReader, build_cut_index, sample_pieces
+from .cut import CutDefinition, WindowReader, build_cut_index, count_chunks, sample_pieces
 from .sources import ArrayLengths, LengthSource
 
 #: meta.json ``format`` of a pretraining sequences folder.
@@ -73,31 +73,66 @@ class PretrainingSequences:
                  engine: dict | None = None, *, tokens=None, backend: str = "auto") -> None:
         self.definition = definition
         self.lengths = lengths
-        self.index = index
+        self._index = index
+        # windows of each epoch whose running counts are final (all of them, but in a lazy plan)
+        self._counted = [definition.num_windows] * int(index.shape[0])
+        self._passes: dict[int, Iterator] = {}
         self.tokens = tokens
         self.backend = backend
         self.engine = engine or _engine(definition)
         self._reader = WindowReader(definition, lengths, backend)
 
     @classmethod
-    def build(cls, definition: CutDefinition, source, num_epochs: int = 1, *, backend: str = "auto"
-              ) -> PretrainingSequences:
+    def build(cls, definition: CutDefinition, source, num_epochs: int = 1, *, backend: str = "auto",
+              lazy: bool = False) -> PretrainingSequences:
         """The index of epochs ``0 .. num_epochs - 1`` in one streaming pass. ``source``: a length source,
-        or a token source (then its lengths, and :meth:`sample` reads its tokens)."""
+        or a token source (then its lengths, and :meth:`sample` reads its tokens). ``lazy``: count nothing
+        yet; each sample counts the chunks of windows it needs, so sample 0 costs one chunk, and anything
+        that needs the whole index (``index``, the fingerprint, an epoch's count, saving) completes it."""
         num_epochs = checks.integer(num_epochs, "num_epochs", 1, MAX_EPOCHS,
                                     fail=partial(plan_error, errors.BATCHING_CONFIG_INVALID))
         lengths = lengths_of(source)
         if lengths.count != definition.num_documents:
             raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"the lengths hold {lengths.count} documents; the "
                                                            f"definition cuts {definition.num_documents}")
+        tokens = source if hasattr(source, "arrays") else None
+        if lazy:
+            plan = cls(definition, lengths, np.zeros((num_epochs, definition.num_windows + 1), dtype=np.int64),
+                       tokens=tokens, backend=backend)
+            plan._counted = [0] * num_epochs
+            return plan
         index = build_cut_index(definition, lengths, num_epochs, backend=backend)
-        return cls(definition, lengths, index, tokens=source if hasattr(source, "arrays") else None,
-                   backend=backend)
+        return cls(definition, lengths, index, tokens=tokens, backend=backend)
+
+    @property
+    def index(self) -> np.ndarray:
+        """``int64 [E, K + 1]``, every epoch counted (a lazy plan completes its pass here)."""
+        for epoch in range(int(self._index.shape[0])):
+            self._count(epoch, self.definition.num_windows)
+        return self._index
+
+    def _count(self, epoch: int, windows: int) -> None:
+        """Count chunks of epoch ``epoch`` until at least ``windows`` windows are counted."""
+        while self._counted[epoch] < windows:
+            chunks = self._passes.get(epoch)
+            if chunks is None:
+                chunks = self._passes[epoch] = count_chunks(self.definition, self.lengths, epoch, self.backend)
+            first, sums = next(chunks)
+            running = self._index[epoch]
+            running[first + 1:first + 1 + sums.shape[0]] = running[first] + np.cumsum(sums)
+            self._counted[epoch] = first + int(sums.shape[0])
+
+    def _running(self, epoch: int, token: int) -> np.ndarray:
+        """The epoch's running counts, counted at least until one passes stream token ``token`` (or all)."""
+        total = self.definition.num_windows
+        while self._counted[epoch] < total and self._index[epoch, self._counted[epoch]] <= token:
+            self._count(epoch, self._counted[epoch] + 1)
+        return self._index[epoch, :self._counted[epoch] + 1]
 
     # ------------------------------------------------------------------ identity
     @property
     def num_epochs(self) -> int:
-        return int(self.index.shape[0])
+        return int(self._index.shape[0])
 
     def header(self) -> dict:
         return {"format": SEQUENCES_FORMAT, "definition": self.definition.to_dict(), "num_epochs": self.num_epochs,
@@ -112,7 +147,9 @@ class PretrainingSequences:
 
     # ------------------------------------------------------------------ counts
     def epoch_tokens(self, epoch: int) -> int:
-        return int(self.index[self._epoch(epoch), -1])
+        e = self._epoch(epoch)
+        self._count(e, self.definition.num_windows)
+        return int(self._index[e, -1])
 
     def epoch_samples(self, epoch: int) -> int:
         return self.definition.samples(self.epoch_tokens(epoch))
@@ -121,8 +158,12 @@ class PretrainingSequences:
     def pieces(self, epoch: int, k: int):
         """Sample ``k``'s pieces of documents (:class:`~.cut.Piece`), without reading tokens."""
         e = self._epoch(epoch)
-        checks.integer(k, "sample", 0, self.epoch_samples(e) - 1, fail=_cursor)
-        return sample_pieces(self._reader, self.index, e, k)
+        length = self.definition.sequence_length
+        checks.integer(k, "sample", 0, None, fail=_cursor, message=checks.AT_LEAST)
+        running = self._running(e, k * length + length)  # counted past the sample's last token, or all
+        if self._counted[e] == self.definition.num_windows:
+            checks.integer(k, "sample", 0, self.epoch_samples(e) - 1, fail=_cursor)
+        return sample_pieces(self._reader, running, e, k)
 
     def sample(self, epoch: int, k: int, tokens=None) -> dict:
         """Sample ``k`` of ``epoch`` collated (module docstring) from ``tokens`` (default: the token

@@ -89,6 +89,11 @@ def world(tmp_path_factory) -> Path:
     mapped = MappedLengths(root / "lengths.jsonl.u32")
     save_windowed_plan(WindowedPlan.build(WindowDefinition(config, mapped.count, window=16), mapped, 2),
                        root / "windowed")
+    from umlos_cuda.batching.plans.windows import CutDefinition, PretrainingSequences, save_sequences
+    from umlos_cuda.batching.plans.windows.mapped_megatron import MappedMegatron
+
+    save_sequences(PretrainingSequences.build(CutDefinition(20, 16, window=4, eos=1), MappedMegatron(root / "mega"),
+                                              2), root / "sequences", tokens_path=root / "mega")
     window = RollingBatchPlanWindow(ReplayBuffer(16, "fifo", seed=1), 2,
                                     batching=BatchingConfig.throughput(2048, (128, 256, 512), 1024),
                                     log=root / "run" / "windows.jsonl")
@@ -886,7 +891,46 @@ def _sidecar_claiming(count: int):
     return change
 
 
+def _sequences(change):
+    """The pretraining sequences folder copied into ``here``, ``change(here)`` applied, then opened (its
+    tokens from the world's Megatron pair) and sample 0 collated."""
+    def make(world, here):
+        copy(world, here, "sequences")
+        change(here)
+        return api("from umlos_cuda.batching.plans.windows import load_sequences\n"
+                   f"guarded(lambda: load_sequences({str(here / 'sequences')!r}).sample(0, 0))\n")
+    return make
+
+
+def _plan_cut(change):
+    """``plan cut`` over the Megatron pair copied into ``here`` with ``change(here)`` applied."""
+    def make(world, here):
+        copy(world, here, "mega")
+        change(here)
+        return ("plan", "cut", "--tokens", str(here / "mega"), "--sequence-length", "16", "--output",
+                str(here / "out"))
+    return make
+
+
 WP = errors.PLAN_FORMAT_INVALID
+SEQUENCES_CASES = [
+    Case("hang/pretraining-sequences-fifo-meta-json", _sequences(lambda h: fifo(h / "sequences" / "meta.json")),
+         (WP,), "meta.json"),
+    Case("hang/pretraining-sequences-sparse-index-npy", _sequences(lambda h: sparse(h / "sequences" / "index.npy")),
+         (WP,), "index.npy"),
+    Case("traceback/pretraining-sequences-deep-meta-json",
+         _sequences(lambda h: (h / "sequences" / "meta.json").write_text(deep_json())), (WP,), "meta.json"),
+    Case("traceback/pretraining-sequences-definition-not-an-object",
+         _sequences(lambda h: edit_json(h / "sequences" / "meta.json", lambda m: m.update(definition=[1]))), (WP,),
+         "meta.json"),
+    Case("traceback/pretraining-sequences-window-a-string",
+         _sequences(lambda h: edit_json(h / "sequences" / "meta.json", lambda m: m["definition"].update(window="4"))),
+         (WP,), "meta.json"),
+    Case("hang/plan-cut-fifo-idx", _plan_cut(lambda h: (h / "mega.idx").unlink() or fifo(h / "mega.idx")),
+         (errors.MEGATRON_INDEX_INVALID,), "mega.idx"),
+    Case("hang/plan-cut-sparse-idx", _plan_cut(lambda h: sparse(h / "mega.idx")), (errors.MEGATRON_INDEX_INVALID,),
+         "mega.idx"),
+]
 WINDOWED_CASES = [
     Case("hang/windowed-plan-fifo-meta-json", _windowed(lambda h: fifo(h / "windowed" / "meta.json")), (WP,),
          "meta.json"),
@@ -1471,7 +1515,7 @@ CASES = [
 ]
 
 
-CASES += WINDOWED_CASES
+CASES += WINDOWED_CASES + SEQUENCES_CASES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -1505,7 +1549,7 @@ def test_the_suite_covers_every_command_that_reads_a_path_or_a_host():
               "data megatron", "data lengths stats", "data lengths build", "gym replay", "gym run", "gym info",
               "gym serve", "next-batch", "next-batch-v1", "indices", "demo", "quality", "golden verify",
               "checkpoint inspect", "checkpoint verify", "checkpoint recover", "checkpoint gc", "data tokenize",
-              "batch fingerprint", "data verify", "data append"}
+              "batch fingerprint", "data verify", "data append", "plan cut"}
     names = {case.id.split("/", 1)[1] for case in CASES}
     for command in wanted:
         assert any(name.startswith(command.replace(" ", "-") + "-") for name in names), command

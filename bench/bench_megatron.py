@@ -173,13 +173,13 @@ def windowed_plan(spec: dict) -> dict | None:
     the ``.bin`` right after; ``cold_first_s``: before the build, from nothing to sample 0 with a lazy plan
     (``build(..., lazy=True)``: the pair opened, one chunk of windows counted, one sample collated), what a
     job that starts training at once waits; ``k_ms`` / ``k_warm_ms``: random ``k`` (one window read each). The pair is
-    read by :class:`~umlos_cuda.batching.plans.windows.mapped_megatron.MappedMegatron` (sizes and tokens
+    read by :class:`~umlos_cuda.batching.tokens.pretraining.MappedMegatron` (sizes and tokens
     per row, memory-mapped), not ``MegatronDataset`` (which checks and copies every pointer). One epoch:
     ``spec["samples"]`` must be None."""
     if spec["samples"] is not None:
         raise SystemExit("the windowed row plans one epoch; run without --samples")
     from umlos_cuda.batching.plans.windows import CutDefinition, PretrainingSequences, load_sequences, save_sequences
-    from umlos_cuda.batching.plans.windows.mapped_megatron import MappedMegatron
+    from umlos_cuda.batching.tokens.pretraining import MappedMegatron
 
     prefix, cache = spec["prefixes"][0], spec["cache"]
     before = _rss_mb()

@@ -11,7 +11,7 @@ Modules:
     verify   a folder's definition, lengths and any sample of its windows replanned and checked
     cut      concatenate-and-cut pretraining sequences: the definition, the token index, sample k's pieces
     sequences  :class:`PretrainingSequences`: random access, resume, fingerprint, collation from a token source
-    sequences_io  pretraining sequences folders: meta.json and index.npy
+    sequences_io  pretraining sequences folders: meta.json and index.npy (tokens/pretraining.py opens their tokens)
 
 docs/batching.md, "Windowed plans", is the normative definition.
 """

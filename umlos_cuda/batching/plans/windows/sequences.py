@@ -52,7 +52,7 @@ _cursor = partial(plan_error, errors.PLAN_CURSOR_INVALID)
 
 def lengths_of(source) -> LengthSource:
     """A length source for ``source``: a :class:`LengthSource` as is (a
-    :class:`~.mapped_megatron.MappedMegatron` is both), else a token source's lengths."""
+    ``tokens/pretraining.py``'s ``MappedMegatron`` is both), else a token source's lengths."""
     if isinstance(source, LengthSource):
         return source
     return ArrayLengths(np.asarray(source.lengths))

@@ -8,7 +8,8 @@ Layout (docs/batching.md, "Pretraining sequences")::
 
 Nothing of the documents is copied: meta.json binds their lengths (count and SHA-256, or a synthetic
 source's seed) and names where the tokens were read (``tokens_path``: a token store, a sharded store or
-a Megatron prefix; outside the fingerprint). :func:`load_sequences` opens them from there, or takes
+a Megatron prefix; outside the fingerprint). :func:`load_sequences` opens them from there (through
+``open_tokens``: ``tokens/pretraining.py``'s ``load_pretraining`` passes it), or takes
 ``tokens=`` (a token source) or ``lengths=`` (a length source: counts and pieces only), and refuses
 lengths of another binding (PLAN_LENGTHS_MISMATCH), an index that is not running totals from 0
 (PLAN_FORMAT_INVALID), another engine order (PLAN_NOT_REPRODUCIBLE) and a definition or index that do
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -55,8 +56,11 @@ def save_sequences(plan: PretrainingSequences, directory, *, tokens_path=None, f
     return os.path.abspath(os.fspath(directory))
 
 
-def load_sequences(directory, *, tokens=None, lengths=None, backend: str = "auto") -> PretrainingSequences:
-    """The pretraining sequences in ``directory`` (module docstring)."""
+def load_sequences(directory, *, tokens=None, lengths=None, backend: str = "auto",
+                   open_tokens: Callable | None = None) -> PretrainingSequences:
+    """The pretraining sequences in ``directory`` (module docstring); ``open_tokens(path)`` opens the recorded
+    ``tokens_path`` when neither ``tokens`` nor ``lengths`` is given (the tokens layer passes its opener:
+    ``umlos_cuda.batching.tokens.pretraining.load_pretraining``)."""
     root = os.fspath(directory)
     meta_path = os.path.join(root, "meta.json")
     if not os.path.lexists(meta_path):
@@ -84,10 +88,12 @@ def load_sequences(directory, *, tokens=None, lengths=None, backend: str = "auto
         elif record["tokens_path"] is None:
             raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{meta_path} names no tokens_path: give tokens= or "
                                                            "lengths= to open it")
+        elif open_tokens is None:
+            raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{meta_path}: give tokens= or lengths=, or open it with "
+                                                           "umlos_cuda.batching.tokens.pretraining.load_pretraining, "
+                                                           "which opens its tokens_path")
         else:
-            from ...tokens.sources import open_token_source
-
-            tokens = open_token_source(checks.text(record["tokens_path"], "tokens_path", fail=_format))
+            tokens = open_tokens(checks.text(record["tokens_path"], "tokens_path", fail=_format))
     source = lengths_of(lengths if lengths is not None else tokens)
     if source.binding() != record["lengths"]:
         raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{root}: the lengths bind as {source.binding()}; meta.json "

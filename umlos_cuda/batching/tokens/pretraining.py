@@ -1,6 +1,12 @@
-"""A Megatron-LM ``.idx``/``.bin`` pair read a row at a time: the lengths and tokens of pretraining sequences.
+"""Where pretraining sequences (batching/plans/windows/sequences.py) read tokens: a Megatron pair per row, a folder's
+recorded token source.
 
-What goes in: the prefix of a pair. What comes out: a :class:`~.sources.LengthSource` whose ``take``
+:func:`load_pretraining` opens a pretraining sequences folder with the token source its meta.json names
+(``tokens_path``: a token store, a sharded store or a Megatron prefix, opened by tokens/sources.py), which the
+plans layer below cannot open itself.
+
+:class:`MappedMegatron`: what goes in is the prefix of a pair. What comes out: a
+:class:`~umlos_cuda.batching.plans.windows.sources.LengthSource` whose ``take``
 reads the ``.idx`` sizes of the rows asked for (memory-mapped, no copy), and a token source whose
 ``arrays(row)`` is that row's tokens in the ``.bin`` (a read-only view) and a loss mask of ones, as
 :class:`~umlos_cuda.batching.tokens.megatron.MegatronDataset` gives them.
@@ -10,7 +16,7 @@ token bounds (about 30 bytes a sequence with the checks' temporaries: 300 MB at 
 is right for a dataset collated whole and wrong for a plan that must stay O(window). Here the header
 and the file sizes are checked on opening (the same MEGATRON_INDEX_INVALID refusals); a row's size
 and pointer are checked when the row is read (negative size, a pointer outside the ``.bin`` or not
-aligned); the lengths bind like an :class:`~.sources.ArrayLengths` of the same sizes (SHA-256 of
+aligned); the lengths bind like an ``ArrayLengths`` of the same sizes (SHA-256 of
 their uint32 little-endian bytes, hashed a piece at a time), so a plan built from either opens with
 the other.
 """
@@ -24,9 +30,12 @@ import struct
 
 import numpy as np
 
-from ...tokens.megatron import (DTYPE_CODES, HEADER_BYTES, IDX_MAGIC, IDX_VERSION, UNKNOWN_TOKENIZER, _invalid,
-                                _map, _view, bin_path, idx_path)
-from .sources import LengthSource
+from ..plans.windows.sequences import PretrainingSequences
+from ..plans.windows.sequences_io import load_sequences
+from ..plans.windows.sources import LengthSource
+from .megatron import (DTYPE_CODES, HEADER_BYTES, IDX_MAGIC, IDX_VERSION, UNKNOWN_TOKENIZER, _invalid, _map, _view,
+                       bin_path, idx_path)
+from .sources import open_token_source
 
 _HASH_PIECE = 1 << 20
 
@@ -97,3 +106,9 @@ class MappedMegatron(LengthSource):
         if self._ones.shape[0] < size:
             self._ones = np.ones(size, dtype=np.uint8)
         return np.frombuffer(self.data, dtype=self.dtype, count=size, offset=pointer), self._ones[:size]
+
+
+def load_pretraining(directory, *, tokens=None, lengths=None, backend: str = "auto") -> PretrainingSequences:
+    """:func:`~umlos_cuda.batching.plans.windows.load_sequences`, the tokens opened from the folder's
+    ``tokens_path`` when neither ``tokens`` nor ``lengths`` is given."""
+    return load_sequences(directory, tokens=tokens, lengths=lengths, backend=backend, open_tokens=open_token_source)

@@ -12,6 +12,8 @@ Modules:
     cut      concatenate-and-cut pretraining sequences: the definition, the token index, sample k's pieces
     sequences  :class:`PretrainingSequences`: random access, resume, fingerprint, collation from a token source
     sequences_io  pretraining sequences folders: meta.json and index.npy (tokens/pretraining.py opens their tokens)
+    mixture  a weighted mixture of length sources, exact per window: which sample each position holds
+    mixed    a mixture's token-budget microbatches, planned a mixed window at a time, and its index
 
 docs/batching.md, "Windowed plans", is the normative definition.
 """
@@ -19,6 +21,8 @@ docs/batching.md, "Windowed plans", is the normative definition.
 from .cut import CutDefinition
 from .index import build_index, locate
 from .io import load_windowed_plan, save_windowed_plan
+from .mixed import MixedPlan
+from .mixture import Component, MixtureDefinition
 from .plan import WindowedPlan
 from .sequences import PretrainingSequences
 from .sequences_io import load_sequences, save_sequences
@@ -26,7 +30,7 @@ from .sources import ArrayLengths, LengthSource, MappedLengths, SyntheticLengths
 from .verify import verify_windowed_plan
 from .window import DEFAULT_WINDOW, EDGE_FLUSH, WindowDefinition, count_window, plan_window
 
-__all__ = ["DEFAULT_WINDOW", "EDGE_FLUSH", "ArrayLengths", "CutDefinition", "LengthSource", "MappedLengths",
-           "PretrainingSequences", "SyntheticLengths", "WindowDefinition", "WindowedPlan", "build_index",
-           "count_window", "load_sequences", "load_windowed_plan", "locate", "plan_window", "save_sequences",
-           "save_windowed_plan", "verify_windowed_plan"]
+__all__ = ["DEFAULT_WINDOW", "EDGE_FLUSH", "ArrayLengths", "Component", "CutDefinition", "LengthSource",
+           "MappedLengths", "MixedPlan", "MixtureDefinition", "PretrainingSequences", "SyntheticLengths",
+           "WindowDefinition", "WindowedPlan", "build_index", "count_window", "load_sequences", "load_windowed_plan",
+           "locate", "plan_window", "save_sequences", "save_windowed_plan", "verify_windowed_plan"]

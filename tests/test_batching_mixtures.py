@@ -1,0 +1,216 @@
+"""Weighted mixtures (docs/batching.md, "Weighted mixtures"): against a plain Python definition that walks
+the windows one by one, each component's stream from whole epochs of the engine's order, the quotas by an
+independent largest-remainder rule and the merge by sorting per-sample keys; every window at its quotas,
+every sample of a component once per its epoch, caps, random access, resume, seeds, errors."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from umlos_cuda import errors
+from umlos_cuda.batching.plans.config import BatchingConfig, PadPolicy
+from umlos_cuda.batching.plans.planner import plan_manifest
+from umlos_cuda.batching.plans.windows import ArrayLengths
+from umlos_cuda.batching.plans.windows.mixed import MixedPlan
+from umlos_cuda.batching.plans.windows.mixture import (MIXTURE_DOMAIN, Component, MixtureDefinition,
+                                                       mixture_key_words)
+from umlos_cuda.errors import UmlosError
+from umlos_cuda.nextbatch import epoch_indices
+from umlos_cuda.philox import philox_draws
+
+
+def plain_quotas(size, weights, remaining):
+    """Largest remainder, written out: a capped component asked for more than it has gives what it has."""
+    quotas = {}
+    active = [i for i in range(len(weights)) if remaining[i] is None or remaining[i] > 0]
+    while active and size:
+        total = sum(Fraction(weights[i]) for i in active)
+        ideal = [(size * Fraction(weights[i]) / total, i) for i in active]
+        share = {i: int(x) for x, i in ideal}
+        ranked = sorted(ideal, key=lambda pair: (-(pair[0] - int(pair[0])), pair[1]))
+        for _, i in ranked[:size - sum(share.values())]:
+            share[i] += 1
+        over = [i for i in active if remaining[i] is not None and share[i] > remaining[i]]
+        if not over:
+            quotas.update(share)
+            break
+        for i in over:
+            quotas[i] = remaining[i]
+            size -= remaining[i]
+            active.remove(i)
+    return [quotas.get(i, 0) for i in range(len(weights))]
+
+
+def plain_mixture(config, comps, window, num_samples):
+    """The whole mixture as a list of (component, epoch, row), one window at a time."""
+    streams = []
+    for c in comps:
+        own = BatchingConfig(config.token_budget, config.bucket_edges, config.overflow_max, config.pad_policy,
+                             c.seed, stage=config.stage, order=config.order,
+                             sampler_block_size=config.sampler_block_size)
+        n = c.source.count
+        manifest = plan_manifest(own, n)
+        epochs = c.max_epochs if c.max_epochs is not None else 1 + (num_samples // n) + 1
+        stream = []
+        for e in range(epochs):
+            order = (list(range(n)) if config.stage == "SEQUENTIAL_V1"
+                     else [int(r) for r in epoch_indices(manifest, "train", e, 0, n, backend="numpy")])
+            stream += [(e, r) for r in order]
+        streams.append(stream)
+    remaining = [None if c.max_epochs is None else c.max_epochs * c.source.count for c in comps]
+    used = [0] * len(comps)
+    out, per_window, m = [], [], 0
+    key, w2, w3 = mixture_key_words(config.seed)
+    while True:
+        size = window if num_samples is None else min(window, num_samples - len(out))
+        if all(r is not None for r in remaining):
+            size = min(size, sum(remaining))
+        if size <= 0:
+            break
+        q = plain_quotas(size, [c.weight for c in comps], remaining)
+        items, t = [], 0
+        for i, qi in enumerate(q):
+            for j in range(qi):
+                e, r = streams[i][used[i] + j]
+                u = int(philox_draws(np.asarray([(m << 32) + t], dtype=np.uint64), key, w2, w3,
+                                     MIXTURE_DOMAIN)[0][0]) >> 32
+                items.append((((j << 32) + u) // qi, t, (i, e, r)))
+                t += 1
+            used[i] += qi
+            if remaining[i] is not None:
+                remaining[i] -= qi
+        out += [item for _, _, item in sorted(items)]
+        per_window.append(q)
+        m += 1
+    return out, per_window
+
+
+@st.composite
+def mixtures(draw):
+    config = BatchingConfig(draw(st.integers(1024, 4096)), draw(st.sampled_from([(), (64,), (100, 300)])), 1024,
+                            draw(st.sampled_from(list(PadPolicy))), draw(st.integers(0, 2**64 - 1)),
+                            stage=draw(st.sampled_from(["SHUFFLE_WITHOUT_REPLACEMENT_BLOCK_AFFINE_V1",
+                                                        "SEQUENTIAL_V1"])),
+                            order=draw(st.sampled_from(["block_affine", "feistel"])),
+                            sampler_block_size=draw(st.sampled_from([7, 64, 1 << 20])))
+    d = draw(st.integers(1, 4))
+    all_capped = draw(st.booleans())
+    comps = []
+    for i in range(d):
+        n = draw(st.integers(1, 40))
+        lengths = draw(st.lists(st.integers(1, 1024), min_size=n, max_size=n))
+        cap = draw(st.integers(1, 3)) if all_capped else draw(st.one_of(st.none(), st.integers(1, 3)))
+        weight = draw(st.one_of(st.integers(1, 10), st.floats(0.01, 5.0)))
+        comps.append(Component(ArrayLengths(lengths), weight, draw(st.integers(0, 2**64 - 1)), cap, f"d{i}"))
+    window = draw(st.integers(1, 50))
+    num_samples = (draw(st.one_of(st.none(), st.integers(1, 300))) if all_capped else draw(st.integers(1, 300)))
+    return config, tuple(comps), window, num_samples
+
+
+def whole(definition):
+    out = []
+    for m in range(definition.num_windows):
+        w = definition.window_of(m, "numpy")
+        out += list(zip(w.component.tolist(), w.epoch.tolist(), w.row.tolist()))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(mixtures(), st.data())
+def test_mixture_equals_the_plain_definition(case, data):
+    config, comps, window, num_samples = case
+    definition = MixtureDefinition(config, comps, window, num_samples)
+    expected, per_window = plain_mixture(config, comps, window, num_samples)
+    got = whole(definition)
+    assert got == expected
+    assert definition.total == len(expected)
+    # every window holds each component exactly at its quota
+    for m, q in enumerate(per_window):
+        w = definition.window_of(m, "numpy")
+        assert np.bincount(w.component, minlength=len(comps)).tolist() == q == list(definition.quotas(m))
+    # each component: every epoch a permutation (the last one a prefix of distinct rows); a cap never passed
+    for i, c in enumerate(comps):
+        mine = [(e, r) for comp, e, r in got if comp == i]
+        epochs = [e for e, _ in mine]
+        assert epochs == sorted(epochs)
+        if c.max_epochs is not None:
+            assert len(mine) <= c.max_epochs * c.source.count
+            if num_samples is None:
+                assert len(mine) == c.max_epochs * c.source.count  # runs to its cap
+        for e in set(epochs):
+            rows = [r for ee, r in mine if ee == e]
+            assert len(rows) == len(set(rows)) and all(0 <= r < c.source.count for r in rows)
+            if e < max(epochs):
+                assert sorted(rows) == list(range(c.source.count))
+    # random access equals the full pass
+    for k in data.draw(st.lists(st.integers(0, len(expected) - 1), max_size=5)):
+        assert definition.sample(k, "numpy") == expected[k]
+
+
+@settings(max_examples=25, deadline=None)
+@given(mixtures(), st.data())
+def test_mixed_plan_random_access_resume_and_coverage(case, data):
+    config, comps, window, num_samples = case
+    definition = MixtureDefinition(config, comps, window, num_samples)
+    plan = MixedPlan.build(definition, backend="numpy")
+    full = list(plan.iter_from(0))
+    assert [j for j, _ in full] == list(range(plan.num_microbatches))
+    positions = np.concatenate([spec.rows for _, spec in full] + [np.zeros(0, np.uint64)])
+    counts = plan.counts()
+    assert counts["samples"] == positions.shape[0] and counts["samples"] + counts["skipped"] == definition.total
+    assert np.unique(positions).shape[0] == positions.shape[0]  # each position at most once
+    expected, _ = plain_mixture(config, comps, window, num_samples)
+    for spec in (s for _, s in full):  # the ids are the mixture's samples at those positions
+        assert spec.samples == tuple(f"d{expected[p][0]}:{expected[p][2]}" for p in spec.rows.tolist())
+    if plan.num_microbatches:
+        j = data.draw(st.integers(0, plan.num_microbatches - 1))
+        fresh = MixedPlan(definition, plan.index, backend="numpy")
+        assert fresh.microbatch(j) == full[j][1]
+        assert [s for _, s in fresh.iter_from(j)] == [s for _, s in full[j:]]
+
+
+def test_same_seeds_same_order_and_fingerprint_covers_the_definition():
+    config = BatchingConfig.throughput(token_budget=4096, bucket_edges=(128, 512), overflow_max=1024, seed=3)
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(1, 1024, 500), rng.integers(1, 1024, 70)
+
+    def make(seed_b=9, weight_b=0.3, cap=None, lengths_b=b):
+        comps = (Component(ArrayLengths(a), 0.7, 1, None, "a"), Component(ArrayLengths(lengths_b), weight_b, seed_b,
+                                                                         cap, "b"))
+        return MixedPlan.build(MixtureDefinition(config, comps, 64, 2000))
+
+    one, two = make(), make()
+    assert whole(one.definition) == whole(two.definition) and one.fingerprint == two.fingerprint
+    changed = [make(seed_b=10), make(weight_b=0.31), make(cap=5), make(lengths_b=b + 1)]
+    assert len({one.fingerprint, *(p.fingerprint for p in changed)}) == 5
+    assert whole(make(seed_b=10).definition) != whole(one.definition)
+    # upsampling: b (70 rows) repeats, each epoch in a new order
+    rows_b = [(e, r) for c, e, r in whole(one.definition) if c == 1]
+    first, second = [r for e, r in rows_b if e == 0], [r for e, r in rows_b if e == 1]
+    assert sorted(first) == sorted(second) == list(range(70)) and first != second
+
+
+@pytest.mark.parametrize("kwargs, text", [
+    ({"weight": 0}, "weight must be a finite number > 0"),
+    ({"weight": float("nan")}, "weight must be a finite number > 0"),
+    ({"max_epochs": 0}, "max_epochs"),
+    ({"num_samples": None}, "needs max_epochs on every component"),
+    ({"window": 0}, "window"),
+])
+def test_mixture_errors(kwargs, text):
+    config = BatchingConfig.throughput(token_budget=4096, bucket_edges=(), overflow_max=1024)
+    comp = Component(ArrayLengths([5, 6, 7]), kwargs.get("weight", 1.0), 0, kwargs.get("max_epochs"), "a")
+    with pytest.raises(UmlosError) as info:
+        MixtureDefinition(config, (comp,), kwargs.get("window", 4), kwargs.get("num_samples", 10))
+    assert info.value.code == errors.BATCHING_CONFIG_INVALID and text in str(info.value)
+
+
+def test_duplicate_names_are_refused():
+    config = BatchingConfig.throughput(token_budget=4096, bucket_edges=(), overflow_max=1024)
+    comps = tuple(Component(ArrayLengths([5]), 1.0, 0, None, "a") for _ in range(2))
+    with pytest.raises(UmlosError, match="given twice"):
+        MixtureDefinition(config, comps, 4, 10)

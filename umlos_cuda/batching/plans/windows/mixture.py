@@ -1,0 +1,319 @@
+"""A weighted mixture of several length sources, exact per window: which sample each position holds.
+
+What goes in: a :class:`~.window.WindowDefinition`-style definition of a mixture
+(:class:`MixtureDefinition`): the batching config (its order and seed), a window
+size ``W``, an optional total number of samples, and components, each a
+:class:`~.sources.LengthSource` with its own weight, seed (its own engine order)
+and optional epoch cap. What comes out: for window ``m`` of the mixture, the
+component and row of each of its positions (:meth:`MixtureDefinition.window`),
+and the sample at any position (:meth:`MixtureDefinition.sample`), each by
+computing that one window.
+
+The rules (docs/batching.md, "Weighted mixtures", normative):
+
+* Component ``i``'s **stream** is its epochs one after another, each in the
+  engine's order for that epoch under the component's seed (the order of a
+  windowed plan with ``seed = seed_i``): stream position ``t`` is row
+  ``order_i(t // N_i)[t % N_i]``. Upsampling repeats the dataset in a new order
+  each epoch; a cap of ``c_i`` epochs ends the stream after ``c_i N_i`` positions.
+* Window ``m`` holds ``size_m = min(W, samples left, supply left)`` positions;
+  its **quotas** ``q_i`` are :func:`allocate`'s: the largest-remainder rule over
+  the live components' weights (exact rationals), where a capped component whose
+  quota exceeds what its stream has left gives what is left and the rest is
+  re-allocated among the others. Window ``m`` takes the next ``q_i`` positions of
+  each stream, so every window holds each component exactly at its quota.
+* Inside the window the components are merged by the planner's jittered
+  stratified keys: item ``j`` of component ``i`` gets ``((j << 32) + u) // q_i``,
+  ``u`` the high 32 bits of Philox draw number ``m 2^32 + t`` (``t`` its place in
+  the window's component-by-component list) under the mixture seed; a stable sort
+  orders them (ties by component). Every prefix of a window thus holds each
+  component in proportion, within one sample.
+
+The quotas change only when a capped component runs out, so the whole mixture is
+a table of at most ``2 D + 1`` segments of identical windows (``D`` components),
+computed when the definition is made: window ``m``'s quotas and stream starts are
+O(1) from it, and nothing else is stored.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from math import floor, isfinite
+
+import numpy as np
+
+from .... import checks
+from ....hashing import hash_canonical
+from ....epoch import philox_key_words
+from ....philox import philox_draws
+from ..buckets import config_error
+from ..config import BatchingConfig
+from ..planner import order_slice, plan_manifest
+from .sources import LengthSource
+from .window import DEFAULT_WINDOW, MAX_WINDOW, check_windowed_config
+
+#: Philox domain of the mixture's interleaving jitter ("MIX!"; the planner's is "PLAN").
+MIXTURE_DOMAIN = 0x4D495821
+#: Most components one mixture may have.
+MAX_COMPONENTS = 1 << 12
+#: Most epochs a component's cap may be.
+MAX_CAP = 1 << 32
+
+
+@dataclass(frozen=True)
+class Component:
+    """One dataset of a mixture: its lengths, weight (> 0), seed (its own engine order), an optional cap
+    on its epochs and a name (what sample ids show: ``name:row``)."""
+
+    source: LengthSource
+    weight: float
+    seed: int = 0
+    max_epochs: int | None = None
+    name: str = ""
+
+    def to_dict(self) -> dict:
+        exact = Fraction(self.weight)
+        return {"name": self.name, "weight": [exact.numerator, exact.denominator], "seed": self.seed,
+                "max_epochs": self.max_epochs, "lengths": self.source.binding()}
+
+
+@dataclass(frozen=True)
+class Segment:
+    """``windows`` identical windows from window ``first``: ``size`` positions, ``quotas[i]`` from component
+    ``i``, whose stream starts at ``starts[i]`` in the segment's first window."""
+
+    first: int
+    windows: int
+    size: int
+    quotas: tuple[int, ...]
+    starts: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class MixedWindow:
+    """One window of a mixture: per position, its component, the component's epoch and its row."""
+
+    component: np.ndarray  # int32 [size]
+    epoch: np.ndarray  # int64 [size]
+    row: np.ndarray  # uint64 [size]
+
+    def lengths(self, sources) -> np.ndarray:
+        """The lengths of the window's samples (uint32, in position order)."""
+        out = np.empty(self.row.shape[0], dtype=np.uint32)
+        for i, source in enumerate(sources):
+            mask = self.component == i
+            if mask.any():
+                out[mask] = source.take(self.row[mask])
+        return out
+
+
+def allocate(size: int, weights: list[Fraction], remaining: list[int | None]) -> list[int]:
+    """The quotas of a window of ``size`` positions (module docstring): ``floor(size w_i / S)`` for the
+    live components (``remaining`` not 0; None: no cap), the ``size - sum`` positions left going one each
+    to the largest remainders (ties to the lower index); a capped component given more than it has left
+    gets what it has left and is taken out, and the rest is allocated again among the others."""
+    quotas = [0] * len(weights)
+    active = [i for i, left in enumerate(remaining) if left is None or left > 0]
+    while active and size:
+        total = sum(weights[i] for i in active)
+        exact = {i: size * weights[i] / total for i in active}
+        share = {i: floor(exact[i]) for i in active}
+        spare = size - sum(share.values())
+        for i in sorted(active, key=lambda i: (share[i] - exact[i], i))[:spare]:
+            share[i] += 1
+        over = [i for i in active if remaining[i] is not None and share[i] > remaining[i]]  # type: ignore[operator]
+        if not over:
+            for i in active:
+                quotas[i] = share[i]
+            return quotas
+        for i in over:
+            quotas[i] = remaining[i]  # type: ignore[assignment]
+            size -= quotas[i]
+            active.remove(i)
+    return quotas
+
+
+def _weight(value, name: str) -> Fraction:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not isfinite(value) or value <= 0:
+        raise config_error(f"{name} must be a finite number > 0, got {value!r}")
+    return Fraction(value)
+
+
+@dataclass(frozen=True)
+class MixtureDefinition:
+    """A mixture (module docstring): ``config`` (order, block size, the mixture seed), ``components``,
+    ``window`` (W) and ``num_samples`` (the total; None: until every component, all capped, runs out)."""
+
+    config: BatchingConfig
+    components: tuple[Component, ...]
+    window: int = DEFAULT_WINDOW
+    num_samples: int | None = None
+    segments: tuple[Segment, ...] = field(init=False, repr=False, compare=False)
+    total: int = field(init=False, repr=False, compare=False)
+    _orders: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_windowed_config(self.config)
+        checks.integer(self.window, "window", 1, MAX_WINDOW, fail=config_error)
+        components = tuple(self.components)
+        if not 1 <= len(components) <= MAX_COMPONENTS:
+            raise config_error(f"a mixture takes 1 to {MAX_COMPONENTS} components, got {len(components)}")
+        names = set()
+        for i, c in enumerate(components):
+            if not isinstance(c, Component) or not isinstance(c.source, LengthSource):
+                raise config_error(f"component {i} must be a Component over a LengthSource")
+            _weight(c.weight, f"component {i} weight")
+            checks.integer(c.seed, f"component {i} seed", 0, (1 << 64) - 1, fail=config_error)
+            if c.max_epochs is not None:
+                checks.integer(c.max_epochs, f"component {i} max_epochs", 1, MAX_CAP, fail=config_error)
+            if c.source.count < 1:
+                raise config_error(f"component {i} has no samples")
+            if c.name in names:
+                raise config_error(f"component names must differ; {c.name!r} is given twice")
+            names.add(c.name)
+        if self.num_samples is None:
+            if any(c.max_epochs is None for c in components):
+                raise config_error("a mixture without num_samples needs max_epochs on every component")
+        else:
+            checks.integer(self.num_samples, "num_samples", 1, None, fail=config_error, message=checks.AT_LEAST)
+        object.__setattr__(self, "components", components)
+        orders = []
+        for c in components:
+            own = replace(self.config, seed=c.seed)
+            orders.append((own, plan_manifest(own, c.source.count)))
+        object.__setattr__(self, "_orders", tuple(orders))
+        segments, total = _schedule(self.window, self.num_samples, components)
+        object.__setattr__(self, "segments", segments)
+        object.__setattr__(self, "total", total)
+
+    # ------------------------------------------------------------------ shape
+    @property
+    def sources(self) -> tuple[LengthSource, ...]:
+        return tuple(c.source for c in self.components)
+
+    @property
+    def num_windows(self) -> int:
+        last = self.segments[-1]
+        return last.first + last.windows
+
+    def segment(self, m: int) -> Segment:
+        """The segment holding window ``m``."""
+        checks.integer(m, "window", 0, self.num_windows - 1, fail=config_error)
+        firsts = [s.first for s in self.segments]
+        return self.segments[bisect.bisect_right(firsts, m) - 1]
+
+    def quotas(self, m: int) -> tuple[int, ...]:
+        return self.segment(m).quotas
+
+    def stream_starts(self, m: int) -> tuple[int, ...]:
+        """Where each component's stream stands when window ``m`` starts."""
+        s = self.segment(m)
+        return tuple(start + (m - s.first) * q for start, q in zip(s.starts, s.quotas))
+
+    def to_dict(self) -> dict:
+        """What a mixture's fingerprint records about the definition (the config is the caller's)."""
+        return {"window": self.window, "num_samples": self.num_samples, "total": self.total,
+                "components": [c.to_dict() for c in self.components]}
+
+    @property
+    def fingerprint(self) -> str:
+        """SHA-256 of the definition: config, window, total, every component's weight, seed, cap and lengths."""
+        return hash_canonical(["umlos_mixture_v1", self.config.to_dict(), self.to_dict()]).hex()
+
+    # ------------------------------------------------------------------ samples
+    def stream_rows(self, i: int, start: int, count: int, backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+        """Component ``i``'s stream positions ``start .. start + count - 1``: (epoch, row) each."""
+        n = self.components[i].source.count
+        config, manifest = self._orders[i]
+        epochs = np.empty(count, dtype=np.int64)
+        rows = np.empty(count, dtype=np.uint64)
+        done = 0
+        while done < count:
+            epoch, position = divmod(start + done, n)
+            take = min(count - done, n - position)
+            rows[done:done + take] = order_slice(config, manifest, n, epoch, position, take, backend)
+            epochs[done:done + take] = epoch
+            done += take
+        return epochs, rows
+
+    def window_of(self, m: int, backend: str = "auto") -> MixedWindow:
+        """Window ``m``'s positions: component, component epoch and row of each (module docstring)."""
+        quotas = self.quotas(m)
+        starts = self.stream_starts(m)
+        size = sum(quotas)
+        component = np.repeat(np.arange(len(quotas), dtype=np.int32), quotas)
+        epochs = np.empty(size, dtype=np.int64)
+        rows = np.empty(size, dtype=np.uint64)
+        at = 0
+        for i, (start, q) in enumerate(zip(starts, quotas)):
+            if q:
+                epochs[at:at + q], rows[at:at + q] = self.stream_rows(i, start, q, backend)
+                at += q
+        order = interleave_order(component, np.asarray(quotas, dtype=np.uint64), self.config.seed, m)
+        return MixedWindow(component[order], epochs[order], rows[order])
+
+    def sample(self, k: int, backend: str = "auto") -> tuple[int, int, int]:
+        """``(component, its epoch, row)`` at position ``k`` of the mixture: one window computed."""
+        checks.integer(k, "position", 0, self.total - 1, fail=config_error)
+        window = self.window_of(k // self.window, backend)
+        j = k % self.window
+        return int(window.component[j]), int(window.epoch[j]), int(window.row[j])
+
+
+def interleave_order(component: np.ndarray, quotas: np.ndarray, seed: int, m: int) -> np.ndarray:
+    """The merge of window ``m``'s positions given component by component (module docstring)."""
+    total = int(component.shape[0])
+    first = np.concatenate(([0], np.cumsum(quotas)[:-1])).astype(np.int64)
+    j = (np.arange(total, dtype=np.int64) - first[component]).astype(np.uint64)
+    key, w2, w3 = mixture_key_words(seed)
+    r0, _ = philox_draws(np.arange(total, dtype=np.uint64) + np.uint64(m << 32), key, w2, w3, MIXTURE_DOMAIN)
+    keys = ((j << np.uint64(32)) + (r0 >> np.uint64(32))) // quotas[component]
+    return np.argsort(keys, kind="stable")
+
+
+def mixture_key_words(seed: int) -> tuple[tuple[int, int], int, int]:
+    """Philox key and counter words of a mixture's interleaving, from the mixture seed."""
+    return philox_key_words(hash_canonical(["umlos_mixture_interleave_v1", int(seed)])[:16])
+
+
+def _schedule(window: int, num_samples: int | None, components: tuple[Component, ...]) -> tuple[tuple[Segment, ...],
+                                                                                               int]:
+    """The segments of identical windows (module docstring) and the mixture's total number of samples."""
+    weights = [Fraction(c.weight) for c in components]
+    remaining: list[int | None] = [None if c.max_epochs is None else c.max_epochs * c.source.count
+                                   for c in components]
+    starts = [0] * len(components)
+    segments: list[Segment] = []
+    m = done = 0
+    while True:
+        live = [i for i, left in enumerate(remaining) if left is None or left > 0]
+        if not live:
+            break
+        supply = None if any(remaining[i] is None for i in live) else sum(remaining[i] for i in live)  # type: ignore
+        size = window
+        if num_samples is not None:
+            size = min(size, num_samples - done)
+        if supply is not None:
+            size = min(size, supply)
+        if size <= 0:
+            break
+        quotas = allocate(size, weights, remaining)
+        count = 1
+        if size == window:
+            bounds = [remaining[i] // quotas[i] for i in live  # type: ignore[operator]
+                      if remaining[i] is not None and quotas[i]]
+            if num_samples is not None:
+                bounds.append((num_samples - done) // window)
+            count = max(min(bounds), 1) if bounds else 1
+        segments.append(Segment(m, count, size, tuple(quotas), tuple(starts)))
+        for i, q in enumerate(quotas):
+            starts[i] += count * q
+            if remaining[i] is not None:
+                remaining[i] -= count * q  # type: ignore[operator]
+        m += count
+        done += count * size
+    if not segments:
+        raise config_error("the mixture holds no samples")
+    return tuple(segments), done

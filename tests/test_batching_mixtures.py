@@ -5,6 +5,8 @@ every sample of a component once per its epoch, caps, random access, resume, see
 
 from __future__ import annotations
 
+import json
+import os
 from fractions import Fraction
 
 import numpy as np
@@ -214,3 +216,58 @@ def test_duplicate_names_are_refused():
     comps = tuple(Component(ArrayLengths([5]), 1.0, 0, None, "a") for _ in range(2))
     with pytest.raises(UmlosError, match="given twice"):
         MixtureDefinition(config, comps, 4, 10)
+
+
+def _cli(*args):
+    from umlos_cuda.cli import main
+
+    return main(list(args))
+
+
+def test_folder_round_trip_cli_build_and_verify(tmp_path, capsys):
+    from umlos_cuda.batching import LengthCache
+    from umlos_cuda.batching.plans.windows.io import load_mixed_plan, save_mixed_plan
+    from umlos_cuda.batching.plans.windows.verify import verify_mixed_plan
+
+    rng = np.random.default_rng(1)
+    paths = []
+    for name, n in (("web", 3000), ("code", 400), ("books", 60)):
+        paths.append(str(tmp_path / f"{name}.jsonl"))
+        LengthCache.from_arrays(None, rng.integers(1, 1024, n).astype(np.uint32), "t").write(paths[-1])
+    out = str(tmp_path / "mixed")
+    args = ("plan", "build", "--window", "256", "--bucket-edges", "128,512", "--overflow-max", "1024",
+            "--token-budget", "4096", "--seed", "5", "--output", out, "--quiet")
+    assert _cli(*args, "--mix", f"{paths[0]}:0.7", f"{paths[1]}:0.2:-:11", f"{paths[2]}:0.1:3",
+                "--num-samples", "5000") == 0
+    plan = load_mixed_plan(out)
+    assert [c.name for c in plan.definition.components] == ["web", "code", "books"]
+    assert [c.seed for c in plan.definition.components] == [6, 11, 8] and plan.definition.components[2].max_epochs == 3
+    assert plan.definition.quotas(0) == (179, 51, 26) and plan.definition.total == 5000
+    assert verify_mixed_plan(out, windows=3, seed=2)["windows_checked"] == 3
+    assert _cli("plan", "verify", out) == 0 and "mixed plan" in capsys.readouterr().out
+    k = plan.num_microbatches // 2
+    assert plan.microbatch(k) == next(MixedPlan(plan.definition, plan.index).iter_from(k))[1]
+    # the same definition in Python gives the same fingerprint
+    again = MixedPlan.build(plan.definition)
+    save_mixed_plan(again, tmp_path / "again")
+    assert load_mixed_plan(tmp_path / "again").fingerprint == plan.fingerprint
+    # errors: a malformed --mix, --mix without --window, --num-samples without --mix, no --lengths at all
+    capsys.readouterr()
+    bad = ("--output", str(tmp_path / "bad"), "--token-budget", "4096", "--bucket-edges", "128", "--overflow-max",
+           "1024")
+    for argv, text in ((("--window", "4", "--mix", f"{paths[0]}:x"), "--mix takes"),
+                       (("--window", "4", "--mix", f"{paths[0]}:1:2:3:4"), "--mix takes"),
+                       (("--mix", f"{paths[0]}:1:1"), "--mix needs --window"),
+                       (("--window", "4", "--lengths", paths[0], "--num-samples", "9"), "--num-samples needs --mix"),
+                       (("--window", "4", "--mix", f"{paths[0]}:1"), "needs max_epochs on every component"),
+                       ((), "--lengths is required")):
+        assert _cli("plan", "build", *bad, *argv) == 2
+        err = capsys.readouterr().err
+        assert "BATCHING_CONFIG_INVALID" in err and text in err and not os.path.lexists(tmp_path / "bad")
+    # a changed weight no longer hashes to the fingerprint
+    meta = json.loads((tmp_path / "mixed" / "meta.json").read_text())
+    meta["mixture"]["components"][0]["weight"] = [3, 4]
+    (tmp_path / "mixed" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UmlosError) as info:
+        load_mixed_plan(out)
+    assert info.value.code == errors.PLAN_FINGERPRINT_MISMATCH

@@ -53,7 +53,7 @@ DEEP = 100_000
 def world(tmp_path_factory) -> Path:
     """A model directory, a dataset, its length cache, its token store, a plan (with sample ids, binary and
     JSONL), its batch folder in each layout (compact, npz, compact + zstd, index), a saved batch fingerprint, a
-    Megatron pair, a window log and a windowed plan over the length cache's sidecar, all valid."""
+    Megatron pair, a window log, a windowed plan and a mixed plan over the length cache's sidecar, all valid."""
     from batching_cases import train_tokenizer, write_model_dir
     from token_cases import random_sequences, write_dataset, write_megatron
     from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, save_plan
@@ -94,6 +94,12 @@ def world(tmp_path_factory) -> Path:
 
     save_sequences(PretrainingSequences.build(CutDefinition(20, 16, window=4, eos=1), MappedMegatron(root / "mega"),
                                               2), root / "sequences", tokens_path=root / "mega")
+    from umlos_cuda.batching.plans.windows import Component, MixedPlan, MixtureDefinition
+    from umlos_cuda.batching.plans.windows.io import save_mixed_plan
+
+    mixture = MixtureDefinition(config, (Component(mapped, 0.7, 1, None, "a"), Component(mapped, 0.3, 2, 2, "b")),
+                                16, 100)
+    save_mixed_plan(MixedPlan.build(mixture), root / "mixed", lengths_paths=["lengths.jsonl.u32"] * 2)
     window = RollingBatchPlanWindow(ReplayBuffer(16, "fifo", seed=1), 2,
                                     batching=BatchingConfig.throughput(2048, (128, 256, 512), 1024),
                                     log=root / "run" / "windows.jsonl")
@@ -957,6 +963,45 @@ WINDOWED_CASES = [
 ]
 
 
+def _mixed(change):
+    """The mixed plan (two components over the length cache's sidecar) copied into ``here``, ``change(here)``
+    applied, then opened and microbatch 0 planned."""
+    def make(world, here):
+        copy(world, here, "mixed", "lengths.jsonl")
+        shutil.copy2(world / "lengths.jsonl.u32", here / "lengths.jsonl.u32")
+        change(here)
+        return api("from umlos_cuda.batching.plans.windows.io import load_mixed_plan\n"
+                   f"guarded(lambda: load_mixed_plan({str(here / 'mixed')!r}).microbatch(0))\n")
+    return make
+
+
+MIXED_CASES = [
+    Case("hang/mixed-plan-fifo-meta-json", _mixed(lambda h: fifo(h / "mixed" / "meta.json")), (WP,), "meta.json"),
+    Case("hang/mixed-plan-fifo-index-npy", _mixed(lambda h: fifo(h / "mixed" / "index.npy")), (WP,), "index.npy"),
+    Case("hang/mixed-plan-sparse-index-npy", _mixed(lambda h: sparse(h / "mixed" / "index.npy")), (WP,),
+         "index.npy"),
+    Case("traceback/mixed-plan-deep-meta-json", _mixed(lambda h: (h / "mixed" / "meta.json").write_text(deep_json())),
+         (WP,), "meta.json"),
+    Case("traceback/mixed-plan-components-not-a-list",
+         _mixed(lambda h: edit_json(h / "mixed" / "meta.json", lambda m: m["mixture"].update(components={}))),
+         (WP,), "meta.json"),
+    Case("traceback/mixed-plan-weight-not-a-pair",
+         _mixed(lambda h: edit_json(h / "mixed" / "meta.json",
+                                    lambda m: m["mixture"]["components"][0].update(weight=0.7))), (WP,), "meta.json"),
+    Case("traceback/mixed-plan-cap-not-a-number",
+         _mixed(lambda h: edit_json(h / "mixed" / "meta.json",
+                                    lambda m: m["mixture"]["components"][1].update(max_epochs="2"))), (WP,),
+         "meta.json"),
+    Case("traceback/mixed-plan-weight-changed",
+         _mixed(lambda h: edit_json(h / "mixed" / "meta.json",
+                                    lambda m: m["mixture"]["components"][0].update(weight=[3, 4]))),
+         (errors.PLAN_FINGERPRINT_MISMATCH,)),
+    Case("hang/mixed-plan-fifo-lengths-sidecar",
+         _mixed(lambda h: (h / "lengths.jsonl.u32").unlink() or fifo(h / "lengths.jsonl.u32")),
+         (errors.LENGTHS_SIDECAR_MISMATCH,), "lengths.jsonl.u32"),
+]
+
+
 # ---------------------------------------------------------------------- datasets in other formats (batching/records/)
 DU = errors.DATASET_UNREADABLE
 
@@ -1516,6 +1561,7 @@ CASES = [
 
 
 CASES += WINDOWED_CASES + SEQUENCES_CASES
+CASES += MIXED_CASES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -256,6 +256,36 @@ def _(w):
     hs.assert_ok(w.cli(*args))
 
 
+@case("plan-build-mix/force-over-a-windowed-plan")
+def _(w):
+    lengths = w.copy("lengths.jsonl")
+    hs.assert_ok(w.cli("plan", "build", "--lengths", lengths, "--output", w.path("windowed"), "--window", "16",
+                       *PLAN_ARGS))
+    w.refused(errors.OUTPUT_PATH_INVALID, w.path("windowed"), "plan", "build", "--mix", f"{lengths}:1:2",
+              "--output", w.path("windowed"), "--force", "--window", "16", *PLAN_ARGS)
+
+
+@case("plan-build-mix/force-over-folder-holding-its-lengths")
+def _(w):
+    lengths = w.copy("lengths.jsonl")
+    args = ("plan", "build", "--mix", f"{lengths}:0.5:2", "--output", w.path("mixed"), "--window", "16", *PLAN_ARGS)
+    hs.assert_ok(w.cli(*args))
+    shutil.copy2(w.artifacts / "lengths.jsonl", Path(w.path("mixed")) / "lengths.jsonl")
+    shutil.copy2(w.artifacts / "lengths.jsonl.u32", Path(w.path("mixed")) / "lengths.jsonl.u32")
+    w.refused(errors.OUTPUT_IS_INPUT, w.path("mixed"), "plan", "build", "--mix",
+              os.path.join(w.path("mixed"), "lengths.jsonl") + ":1:2", "--output", w.path("mixed"), "--force",
+              "--window", "16", *PLAN_ARGS)
+
+
+@case("plan-build-mix/retry-after-a-failed-write")
+def _(w):
+    lengths = w.copy("lengths.jsonl")
+    args = ("plan", "build", "--mix", f"{lengths}:1:2", "--output", w.path("mixed"), "--window", "16", *PLAN_ARGS)
+    hs.assert_refused(w.cli_with_file_limit(200, *args), errors.OUTPUT_WRITE_FAILED, names=w.path("mixed"))
+    assert not os.path.lexists(w.path("mixed")) and leftovers(w.path(".")) == []
+    hs.assert_ok(w.cli(*args))
+
+
 # ---------------------------------------------------------------------- plan shard
 @case("plan-shard/force-over-its-own-plan")
 def _(w):

@@ -38,9 +38,9 @@ def register(subparsers) -> None:
         description="Cut each epoch's engine order into token-budget microbatches per length bucket, interleave "
         "the buckets evenly, and write the plan folder atomically.",
     )
-    build.add_argument("--lengths", required=True, metavar="LENGTHS.jsonl",
+    build.add_argument("--lengths", metavar="LENGTHS.jsonl",
                        help="a length cache (data lengths build), or a token store folder (sharded or not): its "
-                       "length cache")
+                       "length cache (required unless --mix)")
     build.add_argument("--bucket-edges", metavar="E1,E2,...",
                        help="ascending bucket edges, e.g. 128,256,512 (required unless --pack; with --pack default "
                        "none: every length shares rows)")
@@ -71,6 +71,12 @@ def register(subparsers) -> None:
                        help="build a windowed plan instead: windows of W positions of the order, the lengths "
                        "memory-mapped from the cache's .u32 sidecar, a per-window index on disk (docs/batching.md, "
                        "Windowed plans; token-budget buckets only)")
+    build.add_argument("--mix", nargs="+", metavar="LENGTHS.jsonl:WEIGHT[:CAP[:SEED]]",
+                       help="with --window: a weighted mixture of length caches instead of --lengths, exact per "
+                       "window; CAP caps that dataset's epochs ('-': none), SEED its order (default --seed + 1 + "
+                       "its place) (docs/batching.md, Weighted mixtures)")
+    build.add_argument("--num-samples", type=positive_int("--num-samples"), metavar="N",
+                       help="with --mix: the mixture's samples (default: until every capped dataset runs out)")
     build.add_argument("--output", required=True, metavar="DIR", help="the plan folder to create")
     build.add_argument("--force", action="store_true", help="replace an existing plan folder")
     build.add_argument("--quiet", action="store_true", help="no progress line")
@@ -254,6 +260,10 @@ def run_build(args) -> int:
                             profile=(BatchingProfile.PREDICTABLE if args.pad_policy == "pad_to_bucket"
                                      else BatchingProfile.THROUGHPUT),
                             pack=pack, order=args.order, **_selection(args))
+    if args.mix is not None or args.num_samples is not None:
+        return _build_mixed(args, config)
+    if args.lengths is None:
+        raise config_error("--lengths is required (unless --mix)")
     inputs = (args.lengths,) if os.path.isdir(args.lengths) else (args.lengths, sidecar_path(args.lengths))
     if args.window is not None:
         return _build_windowed(args, config, inputs)
@@ -351,6 +361,71 @@ def run_cut(args) -> int:
         sample = plan.sample(0, args.show)
         print(json.dumps({key: (value if isinstance(value, list) else value.tolist())
                           for key, value in sample.items()}))
+    return 0
+
+
+def parse_mix(items: list[str], seed: int) -> list[tuple[str, float, int | None, int]]:
+    """``--mix`` entries ``PATH:WEIGHT[:CAP[:SEED]]`` as ``(path, weight, cap, seed)`` (a path holding ':' is
+    not taken); BATCHING_CONFIG_INVALID for anything else."""
+    from ..batching.plans.buckets import config_error
+
+    parsed = []
+    for place, item in enumerate(items):
+        path, *numbers = item.split(":")
+        if not path or not 1 <= len(numbers) <= 3:
+            raise config_error(f"--mix takes LENGTHS.jsonl:WEIGHT[:CAP[:SEED]], got {item!r}")
+        try:
+            weight = float(numbers[0])
+            cap = None if len(numbers) < 2 or numbers[1] == "-" else int(numbers[1])
+            own = (seed + 1 + place) % (1 << 64) if len(numbers) < 3 else int(numbers[2])
+        except ValueError:
+            raise config_error(f"--mix takes LENGTHS.jsonl:WEIGHT[:CAP[:SEED]], got {item!r}") from None
+        parsed.append((path, weight, cap, own))
+    return parsed
+
+
+def _build_mixed(args, config) -> int:
+    """``plan build --window W --mix A:0.7 B:0.3``: a mixed plan (batching/plans/windows/mixture.py) over the
+    length caches' sidecars, each checked against its JSONL, then memory-mapped."""
+    from ..batching.lengths.cache import LengthCache, sidecar_path
+    from ..batching.plans.buckets import config_error
+    from ..batching.plans.windows import Component, MappedLengths, MixedPlan, MixtureDefinition
+    from ..batching.plans.windows.io import MIXED_PLAN, save_mixed_plan
+    from ..batching.plans.windows.window import check_windowed_config
+    from ..files.writer import check_output_folder
+    from ._progress import Progress
+
+    if args.mix is None or args.window is None or args.lengths is not None or args.epochs != 1:
+        raise config_error("--mix needs --window and takes no --lengths or --epochs (caps and --num-samples "
+                           "decide its length); --num-samples needs --mix")
+    entries = parse_mix(args.mix, args.seed)
+    inputs = [name for path, *_ in entries for name in (path, sidecar_path(path))]
+    for path, *_ in entries:
+        if os.path.isdir(path):
+            raise config_error(f"--mix maps a length cache's .u32 sidecar; {path} is a folder (give its lengths.jsonl)")
+    names = [os.path.splitext(os.path.basename(path))[0] for path, *_ in entries]
+    names = [name if names.count(name) == 1 else f"{name}{place}" for place, name in enumerate(names)]
+    check_windowed_config(config)  # refuses what windows do not plan, before any read
+    check_output_folder(args.output, MIXED_PLAN, force=args.force, inputs=inputs, operator=errors.BATCH_PLAN_OPERATOR)
+    started = time.perf_counter()
+    components = []
+    for (path, weight, cap, seed), name in zip(entries, names):
+        LengthCache.load(path, sidecar="require", read_ids=False)
+        components.append(Component(MappedLengths(sidecar_path(path)), weight, seed, cap, name))
+    definition = MixtureDefinition(config, tuple(components), args.window, args.num_samples)
+    progress = Progress(definition.num_windows, f"plan {args.output}", enabled=not args.quiet)
+    plan = MixedPlan.build(definition, progress=lambda done, _: progress.update(done))
+    save_mixed_plan(plan, args.output, lengths_paths=[os.path.abspath(sidecar_path(p)) for p, *_ in entries],
+                    force=args.force, inputs=inputs)
+    progress.close()
+    seconds = time.perf_counter() - started
+    counts = plan.counts()
+    quotas = ", ".join(f"{c.name} {q}" for c, q in zip(components, definition.quotas(0)))
+    print(f"mixed plan {args.output}: {definition.total} samples of {len(components)} datasets in "
+          f"{definition.num_windows} windows of {definition.window} (window 0: {quotas}), "
+          f"{counts['microbatches']} microbatches, {counts['skipped']} skipped")
+    print(f"fingerprint {plan.fingerprint}")
+    print(f"built in {seconds:.2f} s ({definition.total / max(seconds, 1e-9):,.0f} samples/s)")
     return 0
 
 
@@ -465,9 +540,9 @@ def packing_line(packing: dict) -> str:
 
 def run_verify(args) -> int:
     from ..batching.plans.verify import verify_plan
-    from ..batching.plans.windows.io import is_windowed_plan
+    from ..batching.plans.windows.io import is_mixed_plan, is_windowed_plan
 
-    if is_windowed_plan(args.plan):
+    if is_windowed_plan(args.plan) or is_mixed_plan(args.plan):
         return _verify_windowed(args)
     if args.windows is not None:
         raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"--windows replans windows of a windowed plan; {args.plan} "
@@ -485,16 +560,22 @@ def _verify_windowed(args) -> int:
     """``plan verify`` of a windowed plan folder (batching/plans/windows/verify.py): ``--lengths`` names
     the length cache whose ``.u32`` sidecar it maps (default: the one meta.json names)."""
     from ..batching.lengths.cache import SIDECAR_SUFFIX, sidecar_path
-    from ..batching.plans.windows.verify import verify_windowed_plan
+    from ..batching.plans.windows.io import is_mixed_plan
+    from ..batching.plans.windows.verify import verify_mixed_plan, verify_windowed_plan
 
     lengths = args.lengths
     if lengths is not None and not lengths.endswith(SIDECAR_SUFFIX):
         lengths = sidecar_path(lengths)
-    report = verify_windowed_plan(args.plan, windows=args.windows, seed=args.seed, lengths=lengths,
-                                  expected_fingerprint=args.expected_fingerprint)
+    mixed = is_mixed_plan(args.plan)
+    if mixed and lengths is not None:
+        raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"{args.plan} is a mixed plan: it maps the sidecars its "
+                         "meta.json names (--lengths takes one cache)", operator=errors.BATCH_PLAN_OPERATOR)
+    verify = verify_mixed_plan if mixed else verify_windowed_plan
+    report = verify(args.plan, windows=args.windows, seed=args.seed, lengths=lengths,
+                    expected_fingerprint=args.expected_fingerprint)
     for check in report["checks"]:
         print(f"ok  {check}")
-    print(f"windowed plan {args.plan} verified: fingerprint {report['fingerprint']}")
+    print(f"{'mixed' if mixed else 'windowed'} plan {args.plan} verified: fingerprint {report['fingerprint']}")
     return 0
 
 

@@ -44,6 +44,8 @@ from .window import COUNT_FIELDS, WindowDefinition
 
 #: A windowed plan folder (every one carries the marker: none was written before markers).
 WINDOWED_PLAN = ArtifactKind("windowed plan")
+#: A mixed plan folder: meta.json (the header, ``lengths_paths``, ``fingerprint``, ``index_digest``), index.npy.
+MIXED_PLAN = ArtifactKind("mixed plan")
 _META_KEYS = ("format", "config", "window", "num_epochs", "lengths", "count_fields", "sampling_mode",
               "sampler_config_hash", "manifest_hash", "lengths_path", "fingerprint", "index_digests")
 
@@ -54,6 +56,15 @@ def is_windowed_plan(directory) -> bool:
     try:
         with Folder.open(os.fspath(directory)) as folder:
             return marked_kind(folder) == WINDOWED_PLAN.name
+    except (OSError, ValueError):
+        return False
+
+
+def is_mixed_plan(directory) -> bool:
+    """Whether ``directory`` is a mixed plan folder (:func:`save_mixed_plan`), by its marker; never fails."""
+    try:
+        with Folder.open(os.fspath(directory)) as folder:
+            return marked_kind(folder) == MIXED_PLAN.name
     except (OSError, ValueError):
         return False
 
@@ -174,3 +185,101 @@ def _source(lengths, meta: dict, root: str, where: str) -> LengthSource:
 def _format(message: str) -> UmlosError:
     return plan_error(errors.PLAN_FORMAT_INVALID, message)
 
+
+
+# ---------------------------------------------------------------------- mixed plans (mixture.py, mixed.py)
+_MIXED_KEYS = ("format", "config", "mixture", "count_fields", "lengths_paths", "fingerprint", "index_digest")
+_MIXTURE_KEYS = ("window", "num_samples", "total", "components")
+_COMPONENT_KEYS = ("name", "weight", "seed", "max_epochs", "lengths")
+
+
+def save_mixed_plan(plan, directory, *, lengths_paths=None, force: bool = False, inputs: Iterable = ()) -> str:
+    """Write the :class:`~.mixed.MixedPlan` ``plan`` to ``directory`` (the layout of a windowed plan folder,
+    marker ``mixed plan``); ``lengths_paths``: where each component's lengths are found (default: each
+    mapped sidecar's path, None for the others)."""
+    from .plan import index_digest
+
+    sources = plan.definition.sources
+    if lengths_paths is None:
+        lengths_paths = [s.path if isinstance(s, MappedLengths) else None for s in sources]
+    paths = [None if p is None else os.fspath(p) for p in lengths_paths]
+    if len(paths) != len(sources):
+        raise _format(f"lengths_paths names {len(paths)} files for {len(sources)} components")
+    meta = {**plan.header(), "lengths_paths": paths, "fingerprint": plan.fingerprint,
+            "index_digest": index_digest(0, plan.index[0])}
+    with output_folder(directory, MIXED_PLAN, force=force, inputs=inputs,
+                       operator=errors.BATCH_PLAN_OPERATOR) as folder:
+        _write(folder, "index.npy", lambda handle: np.save(handle, np.ascontiguousarray(plan.index, "<i8").reshape(-1),
+                                                           allow_pickle=False))
+        _write(folder, "meta.json", lambda handle: handle.write((json.dumps(meta, indent=2) + "\n").encode("ascii")))
+    return os.path.abspath(os.fspath(directory))
+
+
+def load_mixed_plan(directory, *, lengths=None, backend: str = "auto"):
+    """The mixed plan in ``directory``: each component's lengths from ``lengths`` (a list, one per component:
+    a path, an array or a source) or meta.json's ``lengths_paths``, bound as recorded, and the definition
+    and index hashing to the fingerprint (PLAN_NOT_FOUND, PLAN_FORMAT_INVALID, PLAN_LENGTHS_MISMATCH,
+    PLAN_FINGERPRINT_MISMATCH). O(N / W): no window planned."""
+    from .mixed import MIXED_FORMAT, MixedPlan
+    from .mixture import Component, MixtureDefinition
+
+    root = os.fspath(directory)
+    meta_path = os.path.join(root, "meta.json")
+    try:
+        meta = reader.read_json(meta_path, _format) if os.path.lexists(meta_path) else None
+    except FileNotFoundError:
+        meta = None
+    if meta is None:
+        raise plan_error(errors.PLAN_NOT_FOUND, f"no mixed plan at {root}: {meta_path} does not exist")
+    record = checks.record(meta, dict.fromkeys(_MIXED_KEYS, checks.field(checks.anything)), fail=_format,
+                           what=meta_path)
+    checks.equal(record["format"], f"{meta_path} format", MIXED_FORMAT, fail=_format)
+    if record["count_fields"] != list(COUNT_FIELDS):
+        raise _format(f"{meta_path}: count_fields must be {list(COUNT_FIELDS)}")
+    mixture = checks.record(record["mixture"], dict.fromkeys(_MIXTURE_KEYS, checks.field(checks.anything)),
+                            fail=_format, what=f"{meta_path} mixture")
+    entries = mixture["components"]
+    paths = record["lengths_paths"]
+    if not isinstance(entries, list) or not isinstance(paths, list) or len(paths) != len(entries):
+        raise _format(f"{meta_path}: mixture.components and lengths_paths must be lists of the same length")
+    if lengths is not None and len(lengths) != len(entries):
+        raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{root}: {len(lengths)} lengths given for "
+                                                       f"{len(entries)} components")
+    components = []
+    for i, entry in enumerate(entries):
+        where = f"{meta_path} component {i}"
+        entry = checks.record(entry, dict.fromkeys(_COMPONENT_KEYS, checks.field(checks.anything)), fail=_format,
+                              what=where)
+        weight = entry["weight"]
+        if (not isinstance(weight, list) or len(weight) != 2 or not all(type(v) is int for v in weight)
+                or weight[0] <= 0 or weight[1] <= 0):
+            raise _format(f"{where}: weight must be [numerator, denominator], positive integers")
+        if not isinstance(entry["lengths"], dict):
+            raise _format(f"{where}: lengths must be an object")
+        source = _source(None if lengths is None else lengths[i],
+                         {"lengths": entry["lengths"], "lengths_path": paths[i]}, root, where)
+        if source.binding() != entry["lengths"]:
+            raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{root}: component {i}'s lengths bind as "
+                                                           f"{source.binding()}; meta.json records {entry['lengths']}")
+        value = weight[0] if weight[1] == 1 else weight[0] / weight[1]
+        components.append(Component(source, value, entry["seed"], entry["max_epochs"], entry["name"]))
+    try:
+        config = BatchingConfig.from_dict(record["config"])
+        definition = MixtureDefinition(config, tuple(components), mixture["window"], mixture["num_samples"])
+    except UmlosError as exc:
+        raise _format(f"{meta_path}: {exc.message}") from None
+    windows = definition.num_windows
+    index = reader.read_npy(os.path.join(root, "index.npy"), "<i8", ((windows + 1) * len(COUNT_FIELDS),), False,
+                            _format)
+    index = np.asarray(index).reshape(1, windows + 1, len(COUNT_FIELDS))
+    sizes = np.concatenate([np.full(s.windows, s.size, dtype=np.int64) for s in definition.segments])
+    steps = np.diff(index[0], axis=0)
+    if np.any(index[0, 0] != 0) or np.any(steps < 0) or np.any(steps[:, 1] + steps[:, 2] != sizes):
+        raise _format(f"{os.path.join(root, 'index.npy')}: the running counts must start at 0, never decrease and "
+                      "cover every position of each window")
+    plan = MixedPlan(definition, index, backend=backend)
+    if plan.header() != {k: meta[k] for k in plan.header()} or plan.fingerprint != meta["fingerprint"]:
+        raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH,
+                         f"{root}: the mixture's definition and index hash to {plan.fingerprint}; "
+                         f"meta.json records {meta['fingerprint']}")
+    return plan

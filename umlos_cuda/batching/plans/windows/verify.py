@@ -27,7 +27,7 @@ import numpy as np
 
 from .... import errors
 from ..plan import plan_error
-from .io import load_windowed_plan
+from .io import load_mixed_plan, load_windowed_plan
 from .packed import check_window_rows, padded_rows
 from .sources import ArrayLengths, MappedLengths
 from .window import COUNT_FIELDS, window_rows
@@ -94,3 +94,66 @@ def _check_window(plan, epoch: int, w: int) -> None:
                                                       f"{int(max_len[j])} tokens; the budget is {config.token_budget}")
     if definition.local_reads:
         plan.source.release()
+
+
+def verify_mixed_plan(directory, *, windows: int | None = None, seed: int = 0, lengths=None,
+                      expected_fingerprint: str | None = None) -> dict:
+    """The checks above for a mixed plan folder (docs/batching.md, "Weighted mixtures"): it opens and
+    hashes to its fingerprint; each mapped sidecar's bytes hash to its binding; each chosen mixed window,
+    planned again, holds each component at its quota (PLAN_NOT_REPRODUCIBLE), its counts are the index's,
+    its microbatches and skipped samples are its positions, each once (PLAN_SAMPLES_INVALID), and the
+    buckets and budgets hold."""
+    plan = load_mixed_plan(directory, lengths=lengths)
+    checks = ["opens: definition, index and fingerprint agree"]
+    if expected_fingerprint is not None and plan.fingerprint != expected_fingerprint:
+        raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH,
+                         f"{directory}: the plan's fingerprint is {plan.fingerprint}, not the expected "
+                         f"{expected_fingerprint}")
+    definition = plan.definition
+    for source in definition.sources:
+        if isinstance(source, MappedLengths):
+            source.check_bytes()
+    checks.append("every component's lengths hash to their binding")
+    total = definition.num_windows
+    if windows is None or windows >= total:
+        chosen = np.arange(total)
+    else:
+        chosen = np.sort(np.random.default_rng(seed).choice(total, size=max(0, int(windows)), replace=False))
+    for m in chosen.tolist():
+        _check_mixed_window(plan, m)
+    checks.append(f"{chosen.shape[0]} of {total} mixed windows replanned: quotas, counts, samples, buckets, budgets")
+    return {"fingerprint": plan.fingerprint, "checks": checks, "windows_checked": int(chosen.shape[0])}
+
+
+def _check_mixed_window(plan, m: int) -> None:
+    where = f"mixed window {m}"
+    definition, config = plan.definition, plan.definition.config
+    planned = plan.window(m)
+    arrays, mixed = planned.arrays, planned.mixed
+    quotas = np.bincount(mixed.component, minlength=len(definition.components)).tolist()
+    if quotas != list(definition.quotas(m)):
+        raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"{where}: it holds {quotas} samples of the components; "
+                                                       f"the quotas are {list(definition.quotas(m))}")
+    sizes = np.diff(arrays.offsets)
+    max_len = np.asarray(arrays.max_len, dtype=np.int64)
+    window_lengths = mixed.lengths(definition.sources)
+    base = m * definition.window
+    lengths = window_lengths[(arrays.samples - np.uint64(base)).astype(np.int64)]
+    got = (int(sizes.shape[0]), int(arrays.samples.shape[0]), int(arrays.skipped.shape[0]),
+           int(lengths.sum(dtype=np.uint64)), int((sizes * max_len).sum()))
+    stored = tuple(int(v) for v in plan.index[0, m + 1] - plan.index[0, m])
+    if got != stored:
+        differ = [name for name, a, b in zip(COUNT_FIELDS, got, stored) if a != b]
+        raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"{where}: replanned, it differs from the index in {differ}")
+    held = np.sort(np.concatenate((arrays.samples, arrays.skipped)))
+    if not np.array_equal(held, np.arange(base, base + window_lengths.shape[0], dtype=np.uint64)):
+        raise plan_error(errors.PLAN_SAMPLES_INVALID, f"{where}: its microbatches and skipped samples are not its "
+                                                      "positions, each once")
+    spec = config.bucket_spec
+    if np.any(spec.bucket_ids(lengths) != np.repeat(arrays.bucket_ids, sizes)):
+        raise plan_error(errors.PLAN_BUCKET_MISMATCH, f"{where}: a microbatch holds a sample of another bucket")
+    over = np.flatnonzero(sizes * max_len > config.token_budget)
+    if over.size:
+        j = int(over[0])
+        raise plan_error(errors.PLAN_BUDGET_EXCEEDED, f"{where}: microbatch {j} holds {int(sizes[j])} x "
+                                                      f"{int(max_len[j])} tokens; the budget is {config.token_budget}")

@@ -190,7 +190,7 @@ def _format(message: str) -> UmlosError:
 # ---------------------------------------------------------------------- mixed plans (mixture.py, mixed.py)
 _MIXED_KEYS = ("format", "config", "mixture", "count_fields", "lengths_paths", "fingerprint", "index_digest")
 _MIXTURE_KEYS = ("window", "num_samples", "total", "components")
-_COMPONENT_KEYS = ("name", "weight", "seed", "max_epochs", "lengths")
+_COMPONENT_KEYS = ("name", "weight", "seed", "max_epochs", "lengths", "order")
 
 
 def save_mixed_plan(plan, directory, *, lengths_paths=None, force: bool = False, inputs: Iterable = ()) -> str:

@@ -50,7 +50,7 @@ from ....epoch import philox_key_words
 from ....philox import philox_draws
 from ..buckets import config_error
 from ..config import BatchingConfig
-from ..planner import order_slice, plan_manifest
+from ..planner import engine_metadata, order_slice, plan_manifest
 from .sources import LengthSource
 from .window import DEFAULT_WINDOW, MAX_WINDOW, check_windowed_config
 
@@ -213,9 +213,16 @@ class MixtureDefinition:
         return tuple(start + (m - s.first) * q for start, q in zip(s.starts, s.quotas))
 
     def to_dict(self) -> dict:
-        """What a mixture's fingerprint records about the definition (the config is the caller's)."""
+        """What a mixture's fingerprint records about the definition (the config is the caller's): each
+        component with the engine's ``sampling_mode``, ``sampler_config_hash`` and ``manifest_hash`` of its
+        order (``order``), so an engine that orders differently is told apart."""
         return {"window": self.window, "num_samples": self.num_samples, "total": self.total,
-                "components": [c.to_dict() for c in self.components]}
+                "components": [{**c.to_dict(), "order": self.engine(i)} for i, c in enumerate(self.components)]}
+
+    def engine(self, i: int) -> dict:
+        """The engine's metadata of component ``i``'s order (as a windowed plan records its own)."""
+        metadata = engine_metadata(*self._orders[i])
+        return {key: metadata[key] for key in ("sampling_mode", "sampler_config_hash", "manifest_hash")}
 
     @property
     def fingerprint(self) -> str:

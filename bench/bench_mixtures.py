@@ -3,7 +3,9 @@
 The mixture BlendedDataset's row of bench/bench_megatron.py blends: three datasets of ``--documents``
 documents each (seeded synthetic lengths, ``SyntheticLengths``: lognormal bins, median about 735,
 clipped to [16, 16384]; no file), weights 0.5, 0.3, 0.2, ``--samples`` samples in all, each dataset
-in its own engine order and seed, the third capped at ``--cap`` epochs when given. In a fresh
+in its own engine order and seed, the third capped at ``--cap`` epochs when given; ``--mapped DIR``
+writes the three as ``.u32`` sidecars in DIR (bench_windowed_plans.write_sidecar) and maps them
+(``MappedLengths``) instead, so the peak RSS counts the mapped length pages. In a fresh
 interpreter (``OMP_NUM_THREADS=1``, as bench_windowed_plans.py): the definition (its segment table),
 ``MixedPlan.build`` (every mixed window computed and its microbatches counted: the index), its
 time and samples/s, the peak RSS (``ru_maxrss``) and its rise over the RSS after the imports; then
@@ -28,6 +30,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 
 def rss_mb() -> float:
@@ -40,13 +43,16 @@ def rss_mb() -> float:
 
 def child(spec: dict) -> dict:
     from umlos_cuda.batching import BatchingConfig
-    from umlos_cuda.batching.plans.windows import Component, MixedPlan, MixtureDefinition, SyntheticLengths
+    from umlos_cuda.batching.plans.windows import (Component, MappedLengths, MixedPlan, MixtureDefinition,
+                                                   SyntheticLengths)
 
     base = rss_mb()
     config = BatchingConfig.throughput(token_budget=16384, bucket_edges=(256, 512, 1024, 2048, 4096),
                                        overflow_max=16384, seed=7)
     n = spec["documents"]
-    components = tuple(Component(SyntheticLengths(n, seed=i), w, seed=100 + i,
+    sources = ([MappedLengths(os.path.join(spec["mapped"], f"d{i}.u32")) for i in range(3)] if spec["mapped"]
+               else [SyntheticLengths(n, seed=i) for i in range(3)])
+    components = tuple(Component(sources[i], w, seed=100 + i,
                                  max_epochs=spec["cap"] if i == 2 else None, name=f"d{i}")
                        for i, w in enumerate((0.5, 0.3, 0.2)))
     started = time.perf_counter()
@@ -83,13 +89,22 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=1 << 16)
     parser.add_argument("--cap", type=int, default=None)
     parser.add_argument("--draws", type=int, default=50)
+    parser.add_argument("--mapped", default=None, metavar="DIR", help="map sidecars written in DIR (kept)")
     parser.add_argument("--child", default=None)
     args = parser.parse_args()
     if args.child is not None:
         print(json.dumps(child(json.loads(args.child))))
         return
+    if args.mapped:
+        from bench_windowed_plans import write_sidecar
+
+        os.makedirs(args.mapped, exist_ok=True)
+        for i in range(3):
+            path = os.path.join(args.mapped, f"d{i}.u32")
+            if not os.path.exists(path):
+                write_sidecar(path, args.documents, i)
     spec = {"documents": args.documents, "samples": args.samples, "window": args.window, "cap": args.cap,
-            "draws": args.draws}
+            "draws": args.draws, "mapped": args.mapped}
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], check=True, capture_output=True,
                          text=True, env=env).stdout

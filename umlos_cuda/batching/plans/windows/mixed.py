@@ -58,7 +58,7 @@ def build_mixed_index(definition: MixtureDefinition, *, backend: str = "auto",
     index = np.zeros((1, k + 1, len(COUNT_FIELDS)), dtype=np.int64)
     sources = definition.sources
     for m in range(k):
-        lengths = definition.window_of(m, backend).lengths(sources)
+        lengths = definition.window_of(m, backend).lengths(sources, definition.local_reads)
         index[0, m + 1] = count_lengths(lengths, definition.config).as_tuple()
         if progress is not None:
             progress(m + 1, k)
@@ -107,7 +107,7 @@ class MixedPlan:
         checks.integer(m, "window", 0, self.definition.num_windows - 1, fail=_cursor)
         if self._cached is None or self._cached[0] != m:
             mixed = self.definition.window_of(m, self.backend)
-            lengths = mixed.lengths(self.definition.sources)
+            lengths = mixed.lengths(self.definition.sources, self.definition.local_reads)
             config = self.definition.config
             buckets = config.bucket_spec.bucket_ids(lengths)
             n = int(lengths.shape[0])

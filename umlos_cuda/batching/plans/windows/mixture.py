@@ -47,6 +47,7 @@ import numpy as np
 from .... import checks
 from ....hashing import hash_canonical
 from ....epoch import philox_key_words
+from ....nextbatch import MODE_SEQUENTIAL
 from ....philox import philox_draws
 from ..buckets import config_error
 from ..config import BatchingConfig
@@ -99,13 +100,16 @@ class MixedWindow:
     epoch: np.ndarray  # int64 [size]
     row: np.ndarray  # uint64 [size]
 
-    def lengths(self, sources) -> np.ndarray:
-        """The lengths of the window's samples (uint32, in position order)."""
+    def lengths(self, sources, release: bool = False) -> np.ndarray:
+        """The lengths of the window's samples (uint32, in position order); ``release``: drop the pages each
+        source mapped for them afterwards (:meth:`~.sources.LengthSource.release`)."""
         out = np.empty(self.row.shape[0], dtype=np.uint32)
         for i, source in enumerate(sources):
             mask = self.component == i
             if mask.any():
                 out[mask] = source.take(self.row[mask])
+                if release:
+                    source.release()
         return out
 
 
@@ -192,6 +196,13 @@ class MixtureDefinition:
     @property
     def sources(self) -> tuple[LengthSource, ...]:
         return tuple(c.source for c in self.components)
+
+    @property
+    def local_reads(self) -> bool:
+        """Whether a window's rows of each component lie close together, as
+        :attr:`~.window.WindowDefinition.local_reads` says for a windowed plan (a component's ``q_i``
+        consecutive stream positions): then the pages a window mapped are released after it."""
+        return self.config.stage == MODE_SEQUENTIAL or self.config.order != "feistel"
 
     @property
     def num_windows(self) -> int:

@@ -211,6 +211,14 @@ def test_mixture_errors(kwargs, text):
     assert info.value.code == errors.BATCHING_CONFIG_INVALID and text in str(info.value)
 
 
+def test_packed_configs_are_refused():
+    from umlos_cuda.batching.packing.config import PackingConfig
+
+    config = BatchingConfig(4096, (), 1024, PadPolicy.PAD_TO_MAX_IN_BATCH, 0, pack=PackingConfig(max_length=1024))
+    with pytest.raises(UmlosError, match="mixtures take no packing yet"):
+        MixtureDefinition(config, (Component(ArrayLengths([5]), 1.0, 0, None, "a"),), 4, 10)
+
+
 def test_duplicate_names_are_refused():
     config = BatchingConfig.throughput(token_budget=4096, bucket_edges=(), overflow_max=1024)
     comps = tuple(Component(ArrayLengths([5]), 1.0, 0, None, "a") for _ in range(2))

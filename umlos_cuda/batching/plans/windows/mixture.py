@@ -160,6 +160,8 @@ class MixtureDefinition:
 
     def __post_init__(self) -> None:
         check_windowed_config(self.config)
+        if self.config.pack is not None:
+            raise config_error("mixtures take no packing yet (config.pack); they plan token-budget buckets")
         checks.integer(self.window, "window", 1, MAX_WINDOW, fail=config_error)
         components = tuple(self.components)
         if not 1 <= len(components) <= MAX_COMPONENTS:

@@ -253,6 +253,12 @@ def test_folder_round_trip_cli_build_and_verify(tmp_path, capsys):
     assert plan.definition.quotas(0) == (179, 51, 26) and plan.definition.total == 5000
     assert verify_mixed_plan(out, windows=3, seed=2)["windows_checked"] == 3
     assert _cli("plan", "verify", out) == 0 and "mixed plan" in capsys.readouterr().out
+    assert _cli("plan", "info", out, "--json") == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["fingerprint"] == plan.fingerprint and info["segments"][0]["quotas"] == [179, 51, 26]
+    assert info["counts"]["samples"] + info["counts"]["skipped"] == 5000
+    assert _cli("plan", "info", out) == 0 and "quotas [179, 51, 26]" in capsys.readouterr().out
+    assert _cli("plan", "info", out, "--world-size", "2") == 2 and "no ranks" in capsys.readouterr().err
     k = plan.num_microbatches // 2
     assert plan.microbatch(k) == next(MixedPlan(plan.definition, plan.index).iter_from(k))[1]
     # the same definition in Python gives the same fingerprint

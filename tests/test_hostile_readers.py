@@ -975,7 +975,21 @@ def _mixed(change):
     return make
 
 
+def _mixed_cli(action: str, change):
+    """``plan ACTION`` of the mixed plan copied into ``here`` with ``change(here)`` applied."""
+    def make(world, here):
+        copy(world, here, "mixed", "lengths.jsonl")
+        shutil.copy2(world / "lengths.jsonl.u32", here / "lengths.jsonl.u32")
+        change(here)
+        return ("plan", action, str(here / "mixed"))
+    return make
+
+
 MIXED_CASES = [
+    Case("hang/mixed-plan-info-fifo-meta-json", _mixed_cli("info", lambda h: fifo(h / "mixed" / "meta.json")),
+         (WP,), "meta.json"),
+    Case("hang/mixed-plan-verify-fifo-index-npy", _mixed_cli("verify", lambda h: fifo(h / "mixed" / "index.npy")),
+         (WP,), "index.npy"),
     Case("hang/mixed-plan-fifo-meta-json", _mixed(lambda h: fifo(h / "mixed" / "meta.json")), (WP,), "meta.json"),
     Case("hang/mixed-plan-fifo-index-npy", _mixed(lambda h: fifo(h / "mixed" / "index.npy")), (WP,), "index.npy"),
     Case("hang/mixed-plan-sparse-index-npy", _mixed(lambda h: sparse(h / "mixed" / "index.npy")), (WP,),

@@ -460,11 +460,47 @@ def _selection(args) -> dict:
     return {**({} if overlong is None else {"overlong": overlong}), **({} if split is None else {"split": split})}
 
 
+def _info_mixed(args) -> int:
+    """``plan info`` of a mixed plan folder: the definition, its segments and the index's totals (no window
+    planned); ranks are not listed for mixtures yet."""
+    from ..batching.plans.buckets import config_error
+    from ..batching.plans.windows.io import load_mixed_plan
+
+    if args.world_size is not None or args.rank is not None:
+        raise config_error("plan info lists no ranks of a mixed plan yet (no --world-size or --rank)")
+    plan = load_mixed_plan(args.plan)
+    d = plan.definition
+    report = {"plan": args.plan, "fingerprint": plan.fingerprint, "config": d.config.to_dict(),
+              "window": d.window, "samples": d.total, "windows": d.num_windows,
+              "components": [{"name": c.name, "weight": c.weight, "seed": c.seed, "max_epochs": c.max_epochs,
+                              "count": c.source.count} for c in d.components],
+              "segments": [{"first": s.first, "windows": s.windows, "size": s.size, "quotas": list(s.quotas)}
+                           for s in d.segments],
+              "counts": plan.counts()}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"mixed plan {args.plan}: {d.total} samples in {d.num_windows} windows of {d.window}, "
+          f"fingerprint {plan.fingerprint}")
+    for c in report["components"]:
+        cap = "no cap" if c["max_epochs"] is None else f"at most {c['max_epochs']} epoch(s)"
+        print(f"  {c['name']}: weight {c['weight']}, seed {c['seed']}, {c['count']} samples, {cap}")
+    for seg in report["segments"]:
+        print(f"  windows {seg['first']} to {seg['first'] + seg['windows'] - 1}: {seg['size']} positions, "
+              f"quotas {seg['quotas']}")
+    counts = report["counts"]
+    print(f"  {counts['microbatches']} microbatches, {counts['samples']} samples, {counts['skipped']} skipped, "
+          f"{counts['tokens']} tokens, {counts['padded_tokens']} padded tokens")
+    return 0
+
+
 def run_info(args) -> int:
     from ..batching.plans.io import load_plan
     from ..batching.plans.sharding import check_rank, rank_shares
-    from ..batching.plans.windows.io import is_windowed_plan
+    from ..batching.plans.windows.io import is_mixed_plan, is_windowed_plan
 
+    if is_mixed_plan(args.plan):
+        return _info_mixed(args)
     windowed = is_windowed_plan(args.plan)
     plan = None if windowed else load_plan(args.plan)
     if args.rank is not None and args.world_size is None:

@@ -258,7 +258,12 @@ def test_folder_round_trip_cli_build_and_verify(tmp_path, capsys):
     assert info["fingerprint"] == plan.fingerprint and info["segments"][0]["quotas"] == [179, 51, 26]
     assert info["counts"]["samples"] + info["counts"]["skipped"] == 5000
     assert _cli("plan", "info", out) == 0 and "quotas [179, 51, 26]" in capsys.readouterr().out
-    assert _cli("plan", "info", out, "--world-size", "2") == 2 and "no ranks" in capsys.readouterr().err
+    assert _cli("plan", "info", out, "--world-size", "3", "--json") == 0
+    ranks = json.loads(capsys.readouterr().out)["ranks"]
+    assert [r["microbatches"] for r in ranks] == [len(range(r, plan.num_microbatches, 3)) for r in range(3)]
+    assert _cli("plan", "info", out, "--world-size", "3", "--rank", "1") == 0
+    assert "rank 1: " in capsys.readouterr().out
+    assert _cli("plan", "info", out, "--rank", "1") == 2 and "--rank needs --world-size" in capsys.readouterr().err
     k = plan.num_microbatches // 2
     assert plan.microbatch(k) == next(MixedPlan(plan.definition, plan.index).iter_from(k))[1]
     # the same definition in Python gives the same fingerprint

@@ -462,12 +462,20 @@ def _selection(args) -> dict:
 
 def _info_mixed(args) -> int:
     """``plan info`` of a mixed plan folder: the definition, its segments and the index's totals (no window
-    planned); ranks are not listed for mixtures yet."""
+    planned); with ``--world-size``, each rank's microbatches under the resume rule (resume.py: global
+    microbatch ``k`` to rank ``k mod R``), as for a windowed plan."""
     from ..batching.plans.buckets import config_error
+    from ..batching.plans.sharding import MAX_SHARE_RANKS, check_rank
     from ..batching.plans.windows.io import load_mixed_plan
+    from ..batching.plans.windows.resume import rank_indices
 
-    if args.world_size is not None or args.rank is not None:
-        raise config_error("plan info lists no ranks of a mixed plan yet (no --world-size or --rank)")
+    if args.rank is not None and args.world_size is None:
+        raise config_error("--rank needs --world-size")
+    if args.world_size is not None:
+        check_rank(args.rank or 0, args.world_size)
+        if args.rank is None and args.world_size > MAX_SHARE_RANKS:  # as a windowed plan's report
+            raise config_error(f"per-rank shares are listed for at most {MAX_SHARE_RANKS} ranks, got world_size "
+                               f"{args.world_size}")
     plan = load_mixed_plan(args.plan)
     d = plan.definition
     report = {"plan": args.plan, "fingerprint": plan.fingerprint, "config": d.config.to_dict(),
@@ -477,6 +485,10 @@ def _info_mixed(args) -> int:
               "segments": [{"first": s.first, "windows": s.windows, "size": s.size, "quotas": list(s.quotas)}
                            for s in d.segments],
               "counts": plan.counts()}
+    if args.world_size is not None:
+        ranks = range(args.world_size) if args.rank is None else [args.rank]
+        report["ranks"] = [{"rank": r, "microbatches": len(rank_indices(0, plan.num_microbatches, r,
+                                                                        args.world_size))} for r in ranks]
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -491,6 +503,8 @@ def _info_mixed(args) -> int:
     counts = report["counts"]
     print(f"  {counts['microbatches']} microbatches, {counts['samples']} samples, {counts['skipped']} skipped, "
           f"{counts['tokens']} tokens, {counts['padded_tokens']} padded tokens")
+    for row in report.get("ranks", []):
+        print(f"    rank {row['rank']}: {row['microbatches']} microbatches")
     return 0
 
 

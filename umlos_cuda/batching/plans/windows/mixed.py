@@ -98,6 +98,16 @@ class MixedPlan:
     def num_microbatches(self) -> int:
         return int(self.index[0, -1, 0])
 
+    @property
+    def num_epochs(self) -> int:
+        """1: a mixture is one pass (its components' epochs are inside it), the resume rule's one epoch."""
+        return 1
+
+    def epoch_microbatches(self, epoch: int) -> int:
+        """The mixture's microbatches; ``epoch`` must be 0 (:class:`~.resume.ResumablePlan`)."""
+        _epoch(epoch)
+        return self.num_microbatches
+
     def counts(self) -> dict:
         return dict(zip(COUNT_FIELDS, (int(v) for v in self.index[0, -1])))
 
@@ -124,6 +134,11 @@ class MixedPlan:
         checks.integer(j, "microbatch_index", 0, self.num_microbatches - 1, fail=_cursor)
         m, local = locate(self.index, 0, j)
         return self._spec(self.window(m), m, local, j)
+
+    def microbatch_at(self, epoch: int, j: int) -> MicrobatchSpec:
+        """Microbatch ``j`` of the one epoch 0, so :class:`~.resume.WindowedRankReader` resumes a mixture."""
+        _epoch(epoch)
+        return self.microbatch(j)
 
     def iter_from(self, microbatch_index: int = 0) -> Iterator[tuple[int, MicrobatchSpec]]:
         """``(index, microbatch)`` from ``microbatch_index`` on; resuming costs one window."""
@@ -155,3 +170,8 @@ class MixedPlan:
 
 
 _cursor = partial(plan_error, errors.PLAN_CURSOR_INVALID)
+
+
+def _epoch(epoch: int) -> int:
+    return checks.integer(epoch, "epoch", 0, 0, fail=_cursor,
+                          message="{name} {value!r} is not in the plan; a mixed plan has the one epoch 0")

@@ -132,6 +132,10 @@ class WindowedPlan:
         w, local = locate(self.index, e, j)
         return _spec(self.window(e, w), local, j)
 
+    def microbatch_at(self, epoch: int, k: int) -> MicrobatchSpec:
+        """:meth:`microbatch`, under the name :class:`~.resume.ResumablePlan` reads."""
+        return self.microbatch(epoch, k)
+
     def iter_from(self, epoch: int = 0, microbatch_index: int = 0) -> Iterator[tuple[int, int, MicrobatchSpec]]:
         """``(epoch, index, microbatch)`` from the cursor ``(epoch, microbatch_index)`` to the end of the plan
         (the index may be the epoch's length: the epoch is done). Resuming costs one window."""

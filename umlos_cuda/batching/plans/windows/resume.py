@@ -1,6 +1,7 @@
 """Resuming a windowed plan at any step and any world size, from the checkpoint store's plan cursor.
 
-What goes in: a :class:`~.plan.WindowedPlan`, a rank and a world size ``R``, and a cursor
+What goes in: a plan answering :class:`ResumablePlan` (a :class:`~.plan.WindowedPlan`, a windowed
+packed plan, a :class:`~.mixed.MixedPlan`), a rank and a world size ``R``, and a cursor
 ``(epoch, microbatch_index)``. What comes out: :class:`WindowedRankReader`, this rank's
 microbatches from the cursor on, and its cursor as a
 :class:`~..checkpoint_kinds.PlanCursor` (the ``plan`` cursor kind the checkpoint store
@@ -20,23 +21,43 @@ Cost: a reader opens with no window planned; its first microbatch is one :func:`
 and one window planned (two when the rank's first microbatch is the first of the next window),
 and each later window is planned once (:meth:`~.plan.WindowedPlan.window` keeps the last).
 World size and rank are not in the cursor: they are the resumed job's, whatever they are.
+
+The reader needs only :class:`ResumablePlan`: the fingerprint, the number of epochs, each epoch's
+length in cursor units and unit ``k`` of an epoch by random access (:meth:`ResumablePlan.microbatch_at`),
+so every windowed plan kind resumes by this one rule (a mixture is one epoch).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import partial
+from typing import Any, Protocol
 
 from .... import checks, errors
 from ..checkpoint_kinds import PlanCursor
-from ..plan import MicrobatchSpec, plan_error
+from ..plan import plan_error
 from ..sharding import check_rank
-from .plan import WindowedPlan
 
 _cursor = partial(plan_error, errors.PLAN_CURSOR_INVALID)
 
 
-def check_windowed_cursor(plan: WindowedPlan, cursor: PlanCursor) -> PlanCursor:
+class ResumablePlan(Protocol):
+    """What :class:`WindowedRankReader` reads: a plan's identity, its epochs' lengths in cursor units, and
+    unit ``k`` of an epoch (one window planned; the plan keeps the last window, so reading in order plans
+    each window once)."""
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    @property
+    def num_epochs(self) -> int: ...
+
+    def epoch_microbatches(self, epoch: int) -> int: ...
+
+    def microbatch_at(self, epoch: int, k: int) -> Any: ...
+
+
+def check_windowed_cursor(plan: ResumablePlan, cursor: PlanCursor) -> PlanCursor:
     """``cursor`` when it belongs to ``plan`` (PLAN_FINGERPRINT_MISMATCH otherwise) and names an epoch of it
     and an index in ``[0, M]`` (PLAN_CURSOR_INVALID; ``M`` itself: the epoch is done)."""
     if not isinstance(cursor, PlanCursor):
@@ -63,10 +84,11 @@ class WindowedRankReader:
     """Rank ``rank`` of ``world_size`` reading a windowed plan from a cursor (see the module docstring).
 
     Each ``iter()`` is one pass: this rank's microbatches from the cursor to the end of the cursor's
-    epoch, as ``(epoch, global index, MicrobatchSpec)``; the cursor moves one lockstep step before each
-    is handed out, so :meth:`cursor` saved after training on a microbatch resumes after it."""
+    epoch, as ``(epoch, global index, unit)`` (a :class:`~..plan.MicrobatchSpec` of a microbatch plan);
+    the cursor moves one lockstep step before each is handed out, so :meth:`cursor` saved after training
+    on a microbatch resumes after it."""
 
-    def __init__(self, plan: WindowedPlan, rank: int = 0, world_size: int = 1, *, epoch: int = 0,
+    def __init__(self, plan: ResumablePlan, rank: int = 0, world_size: int = 1, *, epoch: int = 0,
                  microbatch_index: int = 0) -> None:
         self.plan = plan
         self.rank, self.world_size = check_rank(rank, world_size)
@@ -74,7 +96,7 @@ class WindowedRankReader:
         self.epoch, self.microbatch_index = cursor.epoch, cursor.microbatch_index
 
     @classmethod
-    def resume(cls, plan: WindowedPlan, cursor, rank: int = 0, world_size: int = 1) -> WindowedRankReader:
+    def resume(cls, plan: ResumablePlan, cursor, rank: int = 0, world_size: int = 1) -> WindowedRankReader:
         """A reader at a checkpoint's plan cursor (a :class:`PlanCursor` or its state), at any world size."""
         cursor = check_windowed_cursor(plan, cursor)
         return cls(plan, rank, world_size, epoch=cursor.epoch, microbatch_index=cursor.microbatch_index)
@@ -88,12 +110,12 @@ class WindowedRankReader:
         """Lockstep steps from the cursor to the end of its epoch, ``ceil((M - c) / R)``, on every rank."""
         return -(-(self.plan.epoch_microbatches(self.epoch) - self.microbatch_index) // self.world_size)
 
-    def __iter__(self) -> Iterator[tuple[int, int, MicrobatchSpec]]:
+    def __iter__(self) -> Iterator[tuple[int, int, Any]]:
         epoch, start = self.epoch, self.microbatch_index
         steps = self.steps_remaining
         for step, k in enumerate(rank_indices(start, self.plan.epoch_microbatches(epoch), self.rank,
                                               self.world_size)):
-            spec = self.plan.microbatch(epoch, k)
+            spec = self.plan.microbatch_at(epoch, k)
             self.epoch, self.microbatch_index = self._after(epoch, start, step + 1)
             yield epoch, k, spec
         self.epoch, self.microbatch_index = self._after(epoch, start, steps)

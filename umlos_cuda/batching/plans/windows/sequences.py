@@ -7,6 +7,12 @@ datasets, anything of tokens/sources.py) and a number of epochs. What comes out:
 epoch as arrays (one window read, plus the next window's first documents at an edge) and
 :meth:`~PretrainingSequences.iter_from` every sample from a cursor on (each window read once).
 
+Resuming at any step and world size is :class:`~.resume.WindowedRankReader`'s rule with the sample as
+the unit: the checkpoint store's ``plan`` cursor holds this plan's fingerprint, the epoch and the next
+global sample ``c`` (in its ``microbatch_index`` field), and rank ``r`` of ``R`` takes the samples
+``k >= c`` with ``k mod R == r``; a rank's microbatch of ``B`` samples is ``B`` lockstep steps, so the
+cursor saved after it is ``c + B R``.
+
 A collated sample (``L`` = sequence length):
 
 * ``input_ids`` ``int64 [L]``: stream tokens ``k L .. k L + L - 1``; ``labels`` ``int64 [L]``: the
@@ -154,7 +160,18 @@ class PretrainingSequences:
     def epoch_samples(self, epoch: int) -> int:
         return self.definition.samples(self.epoch_tokens(epoch))
 
+    def epoch_microbatches(self, epoch: int) -> int:
+        """:meth:`epoch_samples`: the resume rule's unit (:class:`~.resume.ResumablePlan`) is one sample."""
+        return self.epoch_samples(epoch)
+
     # ------------------------------------------------------------------ samples
+    def microbatch_at(self, epoch: int, k: int):
+        """Sample ``k`` for :class:`~.resume.WindowedRankReader`: collated (:meth:`sample`) when the plan has a
+        token source, else its pieces (:meth:`pieces`, a tuple), which name its tokens exactly."""
+        if self.tokens is None:
+            return tuple(self.pieces(epoch, k))
+        return self.sample(epoch, k)
+
     def pieces(self, epoch: int, k: int):
         """Sample ``k``'s pieces of documents (:class:`~.cut.Piece`), without reading tokens."""
         e = self._epoch(epoch)

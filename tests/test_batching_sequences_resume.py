@@ -122,3 +122,35 @@ def test_collated_samples_resume_through_the_checkpoint_store(tmp_path):
     with pytest.raises(UmlosError) as caught:
         WindowedRankReader.resume(plan, PlanCursor(plan.fingerprint, 0, total + 1))
     assert caught.value.code == errors.PLAN_CURSOR_INVALID
+
+
+def test_plan_verify_of_a_sequences_folder(tmp_path, capsys):
+    from token_cases import random_sequences, write_megatron
+    from umlos_cuda.batching.plans.windows.verify import verify_sequences
+    from umlos_cuda.cli import main
+
+    prefix = write_megatron(tmp_path / "mega", random_sequences(120, seed=2, high=50))
+    out = tmp_path / "seq"
+    assert main(["plan", "cut", "--tokens", prefix, "--sequence-length", "16", "--window", "16", "--eos", "0",
+                 "--epochs", "2", "--output", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["plan", "verify", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "8 of 8 windows of every epoch recounted" in printed and "pretraining sequences" in printed
+    assert main(["plan", "verify", str(out), "--windows", "3", "--seed", "4"]) == 0
+    assert "3 of 8 windows" in capsys.readouterr().out
+    assert main(["plan", "verify", str(out), "--expected-fingerprint", "0" * 64]) != 0
+    assert "PLAN_FINGERPRINT_MISMATCH" in capsys.readouterr().err
+    assert main(["plan", "verify", str(out), "--lengths", prefix]) != 0
+    assert "no --lengths" in capsys.readouterr().err
+    # an index that hashes to its own fingerprint but miscounts a window: only the recount finds it
+    lengths = np.random.default_rng(2).integers(0, 50, 90).astype(np.uint32)
+    good = PretrainingSequences.build(CutDefinition(90, 16, window=10, seed=3, eos=7), ArrayLengths(lengths), 2)
+    index = good.index.copy()
+    index[1, 5:] += 1  # epoch 1, window 4 holds one token more
+    save_sequences(PretrainingSequences(good.definition, good.lengths, index), tmp_path / "bad")
+    with pytest.raises(UmlosError) as caught:
+        verify_sequences(tmp_path / "bad", lengths=good.lengths)
+    assert caught.value.code == errors.PLAN_NOT_REPRODUCIBLE and "epoch 1 window 4" in caught.value.message
+    save_sequences(good, tmp_path / "good")
+    assert verify_sequences(tmp_path / "good", lengths=good.lengths)["windows_checked"] == 9

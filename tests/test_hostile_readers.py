@@ -908,6 +908,15 @@ def _sequences(change):
     return make
 
 
+def _sequences_cli(change):
+    """``plan verify`` of the pretraining sequences folder copied into ``here`` with ``change(here)`` applied."""
+    def make(world, here):
+        copy(world, here, "sequences")
+        change(here)
+        return ("plan", "verify", str(here / "sequences"))
+    return make
+
+
 def _plan_cut(change):
     """``plan cut`` over the Megatron pair copied into ``here`` with ``change(here)`` applied."""
     def make(world, here):
@@ -920,6 +929,10 @@ def _plan_cut(change):
 
 WP = errors.PLAN_FORMAT_INVALID
 SEQUENCES_CASES = [
+    Case("hang/pretraining-sequences-verify-fifo-meta-json",
+         _sequences_cli(lambda h: fifo(h / "sequences" / "meta.json")), (WP,), "meta.json"),
+    Case("hang/pretraining-sequences-verify-sparse-index-npy",
+         _sequences_cli(lambda h: sparse(h / "sequences" / "index.npy")), (WP,), "index.npy"),
     Case("hang/pretraining-sequences-fifo-meta-json", _sequences(lambda h: fifo(h / "sequences" / "meta.json")),
          (WP,), "meta.json"),
     Case("hang/pretraining-sequences-sparse-index-npy", _sequences(lambda h: sparse(h / "sequences" / "index.npy")),

@@ -591,7 +591,10 @@ def packing_line(packing: dict) -> str:
 def run_verify(args) -> int:
     from ..batching.plans.verify import verify_plan
     from ..batching.plans.windows.io import is_mixed_plan, is_windowed_plan
+    from ..batching.plans.windows.sequences_io import is_sequences
 
+    if is_sequences(args.plan):
+        return _verify_sequences(args)
     if is_windowed_plan(args.plan) or is_mixed_plan(args.plan):
         return _verify_windowed(args)
     if args.windows is not None:
@@ -626,6 +629,22 @@ def _verify_windowed(args) -> int:
     for check in report["checks"]:
         print(f"ok  {check}")
     print(f"{'mixed' if mixed else 'windowed'} plan {args.plan} verified: fingerprint {report['fingerprint']}")
+    return 0
+
+
+def _verify_sequences(args) -> int:
+    """``plan verify`` of a pretraining sequences folder: its tokens opened from meta.json's ``tokens_path``."""
+    from ..batching.plans.windows.verify import verify_sequences
+    from ..batching.tokens.sources import open_token_source
+
+    if args.lengths is not None:
+        raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"{args.plan} holds pretraining sequences: it reads the "
+                         "tokens its meta.json names (no --lengths)", operator=errors.BATCH_PLAN_OPERATOR)
+    report = verify_sequences(args.plan, windows=args.windows, seed=args.seed, open_tokens=open_token_source,
+                              expected_fingerprint=args.expected_fingerprint)
+    for check in report["checks"]:
+        print(f"ok  {check}")
+    print(f"pretraining sequences {args.plan} verified: fingerprint {report['fingerprint']}")
     return 0
 
 

@@ -27,6 +27,8 @@ import numpy as np
 from .... import checks, errors
 from ....errors import UmlosError
 from ....files import reader
+from ....files.artifacts import marked_kind
+from ....files.folder import Folder
 from ....files.writer import ArtifactKind, output_folder
 from ..plan import plan_error
 from .cut import CutDefinition
@@ -40,6 +42,16 @@ _META_KEYS = ("format", "definition", "num_epochs", "lengths", "sampling_mode", 
               "manifest_hash", "tokens_path", "fingerprint", "index_digests")
 _DEFINITION_KEYS = ("num_documents", "sequence_length", "window", "seed", "stage", "order", "sampler_block_size",
                     "eos", "tail")
+
+
+def is_sequences(directory) -> bool:
+    """Whether ``directory`` is a pretraining sequences folder, by its marker; never fails (``plan verify``
+    asks before choosing its checks)."""
+    try:
+        with Folder.open(os.fspath(directory)) as folder:
+            return marked_kind(folder) == SEQUENCES.name
+    except (OSError, ValueError):
+        return False
 
 
 def save_sequences(plan: PretrainingSequences, directory, *, tokens_path=None, force: bool = False,

@@ -19,6 +19,8 @@ check (``windows=None``: all of them) and a seed for choosing them. What comes o
    each row within ``max_length`` tokens (PLAN_PACKS_INVALID, :mod:`.packed`).
 
 A sample of ``s`` windows costs ``s`` windows an epoch; all of them cost a pass over the plan.
+:func:`verify_mixed_plan` and :func:`verify_sequences` run the same kind of checks on mixed plans and
+pretraining sequences folders.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ import numpy as np
 from .... import errors
 from ..plan import plan_error
 from .io import load_mixed_plan, load_windowed_plan
+from .cut import window_documents
 from .packed import check_window_rows, padded_rows
+from .sequences_io import load_sequences
 from .sources import ArrayLengths, MappedLengths
 from .window import COUNT_FIELDS, window_rows
 
@@ -157,3 +161,49 @@ def _check_mixed_window(plan, m: int) -> None:
         j = int(over[0])
         raise plan_error(errors.PLAN_BUDGET_EXCEEDED, f"{where}: microbatch {j} holds {int(sizes[j])} x "
                                                       f"{int(max_len[j])} tokens; the budget is {config.token_budget}")
+
+
+def verify_sequences(directory, *, windows: int | None = None, seed: int = 0, lengths=None, tokens=None,
+                     open_tokens=None, expected_fingerprint: str | None = None) -> dict:
+    """The checks above for a pretraining sequences folder (docs/batching.md, "Pretraining sequences"): it
+    opens (:func:`~.sequences_io.load_sequences`: definition, index, lengths' binding, engine order and
+    fingerprint agree); mapped lengths hash to their binding; each chosen window of each epoch, read again
+    from the engine's order, holds distinct rows whose stream lengths are their documents' lengths (plus
+    the EOS) (PLAN_SAMPLES_INVALID) and sum to the index's count (PLAN_NOT_REPRODUCIBLE)."""
+    plan = load_sequences(directory, tokens=tokens, lengths=lengths, open_tokens=open_tokens)
+    checks = ["opens: definition, index, lengths and fingerprint agree"]
+    if expected_fingerprint is not None and plan.fingerprint != expected_fingerprint:
+        raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH,
+                         f"{directory}: the sequences' fingerprint is {plan.fingerprint}, not the expected "
+                         f"{expected_fingerprint}")
+    source, definition = plan.lengths, plan.definition
+    if hasattr(source, "check_bytes"):
+        source.check_bytes()
+        checks.append("the mapped lengths hash to their binding")
+    total = definition.num_windows
+    if windows is None or windows >= total:
+        chosen = np.arange(total)
+    else:
+        chosen = np.sort(np.random.default_rng(seed).choice(total, size=max(0, int(windows)), replace=False))
+    for epoch in range(plan.num_epochs):
+        for w in chosen.tolist():
+            _check_sequences_window(plan, epoch, w)
+    checks.append(f"{chosen.shape[0]} of {total} windows of every epoch recounted from the lengths")
+    return {"fingerprint": plan.fingerprint, "checks": checks, "windows_checked": int(chosen.shape[0])}
+
+
+def _check_sequences_window(plan, epoch: int, w: int) -> None:
+    where = f"epoch {epoch} window {w}"
+    definition = plan.definition
+    rows, sizes = window_documents(definition, plan.lengths, epoch, w, plan.backend)
+    start, stop = definition.bounds(w)
+    if rows.shape[0] != stop - start or np.unique(rows).shape[0] != rows.shape[0] or \
+            (rows.size and (int(rows.min()) < 0 or int(rows.max()) >= definition.num_documents)):
+        raise plan_error(errors.PLAN_SAMPLES_INVALID, f"{where}: its documents are not {stop - start} distinct rows")
+    own = np.asarray(plan.lengths.take(rows), dtype=np.int64) + definition.extra
+    if not np.array_equal(np.asarray(sizes, dtype=np.int64), own):
+        raise plan_error(errors.PLAN_SAMPLES_INVALID, f"{where}: its stream lengths are not its documents' lengths")
+    stored = int(plan.index[epoch, w + 1] - plan.index[epoch, w])
+    if int(own.sum()) != stored:
+        raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"{where}: recounted, it holds {int(own.sum())} stream "
+                                                       f"tokens; the index says {stored}")

@@ -130,7 +130,8 @@ def register(subparsers) -> None:
                         help="also check against this length cache (or a token store folder's)")
     verify.add_argument("--no-rebuild", action="store_true", help="skip the rebuild check (faster on huge plans)")
     verify.add_argument("--windows", metavar="N", type=positive_int("--windows"),
-                        help="a windowed plan: replan N windows of each epoch, chosen at random (default: all)")
+                        help="a windowed, mixed plan or pretraining sequences folder: replan (recount) N windows "
+                        "of each epoch, chosen at random (default: all)")
     verify.add_argument("--seed", metavar="S", type=non_negative_int("--seed"), default=0,
                         help="a windowed plan: the seed that chooses the windows (default 0)")
     verify.set_defaults(func=run_verify)

@@ -12,6 +12,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
+from test_batching_windows_packed import packed_configs, reference_window, window_microbatches
 
 from umlos_cuda import errors
 from umlos_cuda.batching.plans.config import BatchingConfig, PadPolicy
@@ -211,12 +212,71 @@ def test_mixture_errors(kwargs, text):
     assert info.value.code == errors.BATCHING_CONFIG_INVALID and text in str(info.value)
 
 
-def test_packed_configs_are_refused():
-    from umlos_cuda.batching.packing.config import PackingConfig
+@st.composite
+def packed_mixtures(draw):
+    """A packed config (the windowed packed tests' strategy) over 1 to 3 components of lengths near its rows."""
+    config = draw(packed_configs())
+    high = config.bucket_spec.overflow_max + 40
+    comps = []
+    for i in range(draw(st.integers(1, 3))):
+        n = draw(st.integers(1, 40))
+        lengths = draw(st.lists(st.integers(0, high), min_size=n, max_size=n))
+        weight = draw(st.one_of(st.integers(1, 10), st.floats(0.01, 5.0)))
+        comps.append(Component(ArrayLengths(lengths), weight, draw(st.integers(0, 2**64 - 1)),
+                               draw(st.one_of(st.none(), st.integers(1, 3))), f"d{i}"))
+    return config, tuple(comps), draw(st.integers(1, 60)), draw(st.integers(1, 250))
 
-    config = BatchingConfig(4096, (), 1024, PadPolicy.PAD_TO_MAX_IN_BATCH, 0, pack=PackingConfig(max_length=1024))
-    with pytest.raises(UmlosError, match="mixtures take no packing yet"):
-        MixtureDefinition(config, (Component(ArrayLengths([5]), 1.0, 0, None, "a"),), 4, 10)
+
+@settings(max_examples=50, deadline=None)
+@given(packed_mixtures())
+def test_a_mixed_packed_window_is_the_windowed_packer_on_its_samples(case):
+    """Each mixed window of a packed config is the reference packer (the windowed packed plans' definition)
+    on that window's samples in position order; quotas stay exact; the index counts rows."""
+    config, comps, window, num_samples = case
+    definition = MixtureDefinition(config, comps, window, num_samples)
+    plan = MixedPlan.build(definition, backend="numpy")
+    expected, per_window = plain_mixture(config, comps, window, num_samples)
+    assert [list(definition.quotas(m)) for m in range(definition.num_windows)] == per_window
+    lengths = np.asarray([int(comps[c].source.take(np.asarray([r], np.uint64))[0]) for c, _, r in expected])
+    for m in range(definition.num_windows):
+        planned = plan.window(m)
+        assert np.bincount(planned.mixed.component, minlength=len(comps)).tolist() == per_window[m]
+        base = m * window
+        positions = np.arange(base, base + planned.mixed.component.shape[0])
+        assert window_microbatches(planned.arrays) == reference_window(lengths, positions, config)
+        arrays = planned.arrays
+        stored = plan.index[0, m + 1] - plan.index[0, m]
+        assert int(stored[0]) == arrays.bucket_ids.shape[0]
+        assert int(stored[4]) == (arrays.row_offsets.shape[0] - 1) * config.pack.max_length
+    for _, spec in plan.iter_from(0):  # the specs carry the rows, as a windowed packed plan's do
+        assert sum(spec.pack_sizes) == len(spec.samples) and sum(spec.packs, ()) == spec.samples
+        assert spec.samples == tuple(f"d{expected[p][0]}:{expected[p][2]}" for p in spec.rows.tolist())
+
+
+def test_a_packed_mixed_plan_round_trips_verifies_and_hashes_its_packing(tmp_path):
+    from dataclasses import replace
+
+    from umlos_cuda.batching.packing.config import PackingConfig
+    from umlos_cuda.batching.plans.windows.io import load_mixed_plan, save_mixed_plan
+    from umlos_cuda.batching.plans.windows.verify import verify_mixed_plan
+
+    plain = BatchingConfig(4096, (), 1024, PadPolicy.PAD_TO_MAX_IN_BATCH, 0)
+    rng = np.random.default_rng(3)
+    comps = (Component(ArrayLengths(rng.integers(1, 1024, 300)), 0.7, 1, None, "a"),
+             Component(ArrayLengths(rng.integers(1, 300, 50)), 0.3, 2, None, "b"))
+    unpacked = MixedPlan.build(MixtureDefinition(plain, comps, 64, 1000))
+    packed = [MixedPlan.build(MixtureDefinition(replace(plain, pack=PackingConfig(1024, mode)), comps, 64, 1000))
+              for mode in ("first_fit", "best_fit")]
+    assert "pack_config" not in unpacked.header() and "pack_config" in packed[0].header()
+    assert len({unpacked.fingerprint, *(p.fingerprint for p in packed)}) == 3
+    assert [list(unpacked.definition.quotas(m)) for m in range(16)] == [
+        list(packed[0].definition.quotas(m)) for m in range(16)]  # packing moves no sample between windows
+    save_mixed_plan(packed[0], tmp_path / "mix", lengths_paths=[None, None])
+    again = load_mixed_plan(tmp_path / "mix", lengths=[c.source for c in comps])
+    assert again.fingerprint == packed[0].fingerprint and again.definition.config.pack == PackingConfig(1024)
+    assert again.microbatch(7) == packed[0].microbatch(7)
+    report = verify_mixed_plan(tmp_path / "mix", lengths=[c.source for c in comps])
+    assert report["fingerprint"] == packed[0].fingerprint and report["windows_checked"] == 16
 
 
 def test_duplicate_names_are_refused():
@@ -270,6 +330,16 @@ def test_folder_round_trip_cli_build_and_verify(tmp_path, capsys):
     again = MixedPlan.build(plan.definition)
     save_mixed_plan(again, tmp_path / "again")
     assert load_mixed_plan(tmp_path / "again").fingerprint == plan.fingerprint
+    # packed: the same mixture, each mixed window packed into rows of 1024 tokens
+    packed_out = str(tmp_path / "packed")
+    assert _cli("plan", "build", "--window", "256", "--token-budget", "4096", "--seed", "5", "--pack",
+                "--pack-max-len", "1024", "--output", packed_out, "--quiet", "--mix", f"{paths[0]}:0.7",
+                f"{paths[1]}:0.2:-:11", f"{paths[2]}:0.1:3", "--num-samples", "5000") == 0
+    packed = load_mixed_plan(packed_out)
+    assert packed.definition.config.pack is not None and packed.definition.quotas(0) == (179, 51, 26)
+    assert packed.microbatch(0).packs is not None and packed.fingerprint != plan.fingerprint
+    assert _cli("plan", "verify", packed_out) == 0
+    assert _cli("plan", "info", packed_out) == 0 and "packed: first_fit, rows of 1024" in capsys.readouterr().out
     # errors: a malformed --mix, --mix without --window, --num-samples without --mix, no --lengths at all
     capsys.readouterr()
     bad = ("--output", str(tmp_path / "bad"), "--token-budget", "4096", "--bucket-edges", "128", "--overflow-max",

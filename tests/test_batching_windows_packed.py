@@ -159,7 +159,7 @@ def test_the_row_check_refuses_a_row_over_max_length_or_rows_that_miss_their_sam
     definition = WindowDefinition(_packed(), 600, window=200)
     source = ArrayLengths(lengths)
     arrays = plan_window(definition, source, 0, 1)
-    check_window_rows(arrays, source, definition.config, "w1")  # the planned window passes
+    check_window_rows(arrays, lengths[arrays.samples], definition.config, "w1")  # the planned window passes
     everything = arrays.samples.shape[0]  # one row holding every sample: far over max_length
     assert int(lengths[arrays.samples].sum()) > 256
     merged = replace(arrays, row_offsets=np.array([0, everything], dtype=np.int64),
@@ -168,7 +168,7 @@ def test_the_row_check_refuses_a_row_over_max_length_or_rows_that_miss_their_sam
     shifted = replace(arrays, pack_rows=np.minimum(arrays.pack_rows + 1, arrays.row_offsets.shape[0] - 1))
     for broken, words in ((merged, "pack max_length is 256"), (shifted, "do not hold exactly its samples")):
         with pytest.raises(UmlosError) as caught:
-            check_window_rows(broken, source, definition.config, "w1")
+            check_window_rows(broken, lengths[broken.samples], definition.config, "w1")
         assert caught.value.code == errors.PLAN_PACKS_INVALID and words in caught.value.message
 
 

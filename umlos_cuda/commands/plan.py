@@ -479,8 +479,10 @@ def _info_mixed(args) -> int:
                                f"{args.world_size}")
     plan = load_mixed_plan(args.plan)
     d = plan.definition
+    pack = d.config.pack
     report = {"plan": args.plan, "fingerprint": plan.fingerprint, "config": d.config.to_dict(),
-              "window": d.window, "samples": d.total, "windows": d.num_windows,
+              "pack_config": None if pack is None else pack.to_dict(), "window": d.window, "samples": d.total,
+              "windows": d.num_windows,
               "components": [{"name": c.name, "weight": c.weight, "seed": c.seed, "max_epochs": c.max_epochs,
                               "count": c.source.count} for c in d.components],
               "segments": [{"first": s.first, "windows": s.windows, "size": s.size, "quotas": list(s.quotas)}
@@ -495,6 +497,10 @@ def _info_mixed(args) -> int:
         return 0
     print(f"mixed plan {args.plan}: {d.total} samples in {d.num_windows} windows of {d.window}, "
           f"fingerprint {plan.fingerprint}")
+    if pack is not None:
+        packing = report["pack_config"]
+        print(f"  packed: {packing['mode']}, rows of {packing['max_length']} tokens, separator "
+              f"{packing['separator_len']}")
     for c in report["components"]:
         cap = "no cap" if c["max_epochs"] is None else f"at most {c['max_epochs']} epoch(s)"
         print(f"  {c['name']}: weight {c['weight']}, seed {c['seed']}, {c['count']} samples, {cap}")

@@ -44,7 +44,8 @@ from .window import COUNT_FIELDS, WindowDefinition
 
 #: A windowed plan folder (every one carries the marker: none was written before markers).
 WINDOWED_PLAN = ArtifactKind("windowed plan")
-#: A mixed plan folder: meta.json (the header, ``lengths_paths``, ``fingerprint``, ``index_digest``), index.npy.
+#: A mixed plan folder: meta.json (the header, ``pack_config`` only when it packs, ``lengths_paths``,
+#: ``fingerprint``, ``index_digest``), index.npy.
 MIXED_PLAN = ArtifactKind("mixed plan")
 _META_KEYS = ("format", "config", "window", "num_epochs", "lengths", "count_fields", "sampling_mode",
               "sampler_config_hash", "manifest_hash", "lengths_path", "fingerprint", "index_digests")
@@ -232,7 +233,7 @@ def load_mixed_plan(directory, *, lengths=None, backend: str = "auto"):
     if meta is None:
         raise plan_error(errors.PLAN_NOT_FOUND, f"no mixed plan at {root}: {meta_path} does not exist")
     record = checks.record(meta, dict.fromkeys(_MIXED_KEYS, checks.field(checks.anything)), fail=_format,
-                           what=meta_path)
+                           optional={"pack_config": checks.field(checks.anything)}, what=meta_path)
     checks.equal(record["format"], f"{meta_path} format", MIXED_FORMAT, fail=_format)
     if record["count_fields"] != list(COUNT_FIELDS):
         raise _format(f"{meta_path}: count_fields must be {list(COUNT_FIELDS)}")
@@ -265,6 +266,8 @@ def load_mixed_plan(directory, *, lengths=None, backend: str = "auto"):
         components.append(Component(source, value, entry["seed"], entry["max_epochs"], entry["name"]))
     try:
         config = BatchingConfig.from_dict(record["config"])
+        if "pack_config" in record:  # a packed mixed plan (packed.py); absent otherwise
+            config = replace(config, pack=PackingConfig.from_dict(record["pack_config"]))
         definition = MixtureDefinition(config, tuple(components), mixture["window"], mixture["num_samples"])
     except UmlosError as exc:
         raise _format(f"{meta_path}: {exc.message}") from None

@@ -8,7 +8,9 @@ window planned), every microbatch from a cursor on, and the fingerprint.
 Window ``m`` of the mixture (its positions in :meth:`~.mixture.MixtureDefinition.window_of`'s
 order) is planned exactly as a windowed plan plans a window of the engine's order
 (docs/batching.md, "Windowed plans": buckets, cuts per bucket in position order,
-the jittered interleaving with draws ``m 2^32 + j``, edge rule ``flush``), the
+the jittered interleaving with draws ``m 2^32 + j``, edge rule ``flush``), and a packed
+config (``config.pack``) packs it exactly as :mod:`.packed` packs a window (rows close with
+the mixed window; the index's ``padded_tokens`` are rows times ``max_length``), the
 interleaving keyed by the manifest of :func:`~..planner.plan_manifest` over the
 mixture's total. A microbatch's ``rows`` are mixture positions (``m W + local``);
 its sample ids are ``name:row``, the component's name and its dataset row.
@@ -17,7 +19,8 @@ The fingerprint is SHA-256 of the canonical CBOR of ``["umlos_mixed_plan_v1",
 header, index_digest]``: ``header`` holds the format, the config, the mixture's
 definition (:meth:`~.mixture.MixtureDefinition.to_dict`: window, num_samples,
 total, and each component's name, exact weight, seed, cap and lengths binding)
-and the count names; ``index_digest`` is :func:`~.plan.index_digest` of epoch 0
+and the count names, and ``pack_config`` only when the plan packs (unpacked mixed plans hash
+as before); ``index_digest`` is :func:`~.plan.index_digest` of epoch 0
 (a mixture is one pass).
 """
 
@@ -35,6 +38,7 @@ from ..plan import MicrobatchSpec, plan_error
 from ..planner import EpochArrays, index_dtype, plan_manifest, plan_ordered
 from .index import locate
 from .mixture import MixedWindow, MixtureDefinition
+from .packed import microbatch_packs
 from .plan import index_digest
 from .window import COUNT_FIELDS, count_lengths
 
@@ -87,7 +91,9 @@ class MixedPlan:
 
     # ------------------------------------------------------------------ identity
     def header(self) -> dict:
+        pack = self.definition.config.pack  # ``pack_config`` only in a packed plan, as a windowed plan's
         return {"format": MIXED_FORMAT, "config": self.definition.config.to_dict(),
+                **({} if pack is None else {"pack_config": pack.to_dict()}),
                 "mixture": self.definition.to_dict(), "count_fields": list(COUNT_FIELDS)}
 
     @property
@@ -161,7 +167,9 @@ class MixedPlan:
         names = [c.name for c in self.definition.components]
         ids = tuple(f"{names[c]}:{r}" for c, r in zip(planned.mixed.component[at].tolist(),
                                                        planned.mixed.row[at].tolist()))
-        return MicrobatchSpec(j, ids, int(arrays.bucket_ids[local]), int(arrays.max_len[local]), positions)
+        packs, pack_sizes = microbatch_packs(arrays, local, ids)
+        return MicrobatchSpec(j, ids, int(arrays.bucket_ids[local]), int(arrays.max_len[local]), positions, packs,
+                              pack_sizes)
 
     def __repr__(self) -> str:
         d = self.definition

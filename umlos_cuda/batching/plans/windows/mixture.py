@@ -160,8 +160,6 @@ class MixtureDefinition:
 
     def __post_init__(self) -> None:
         check_windowed_config(self.config)
-        if self.config.pack is not None:
-            raise config_error("mixtures take no packing yet (config.pack); they plan token-budget buckets")
         checks.integer(self.window, "window", 1, MAX_WINDOW, fail=config_error)
         components = tuple(self.components)
         if not 1 <= len(components) <= MAX_COMPONENTS:
@@ -240,7 +238,8 @@ class MixtureDefinition:
     @property
     def fingerprint(self) -> str:
         """SHA-256 of the definition: config, window, total, every component's weight, seed, cap and lengths."""
-        return hash_canonical(["umlos_mixture_v1", self.config.to_dict(), self.to_dict()]).hex()
+        pack = [] if self.config.pack is None else [self.config.pack.to_dict()]  # only when it packs
+        return hash_canonical(["umlos_mixture_v1", self.config.to_dict(), self.to_dict(), *pack]).hex()
 
     # ------------------------------------------------------------------ samples
     def stream_rows(self, i: int, start: int, count: int, backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:

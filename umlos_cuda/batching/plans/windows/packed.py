@@ -57,9 +57,21 @@ def padded_rows(arrays: EpochArrays) -> np.ndarray:
     return np.diff(np.asarray(arrays.offsets, dtype=np.int64))
 
 
-def check_window_rows(arrays: EpochArrays, source, config: BatchingConfig, where: str) -> None:
+def microbatch_packs(arrays: EpochArrays, local: int, ids: tuple[str, ...]):
+    """Microbatch ``local``'s packed rows: ``(packs, pack_sizes)`` (the ids of each row, the samples each row
+    holds), or ``(None, None)`` in an unpacked plan; windowed and mixed plans' microbatches both read them here."""
+    if arrays.pack_rows is None or arrays.row_offsets is None:
+        return None, None
+    bounds = arrays.row_offsets[int(arrays.pack_rows[local]):int(arrays.pack_rows[local + 1]) + 1]
+    pack_sizes = tuple(int(v) for v in np.diff(bounds))
+    cuts = np.asarray(bounds, dtype=np.int64) - int(bounds[0])
+    return tuple(ids[a:b] for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist())), pack_sizes
+
+
+def check_window_rows(arrays: EpochArrays, lengths: np.ndarray, config: BatchingConfig, where: str) -> None:
     """A replanned packed window's rows: bounds that agree with its microbatches, no empty row, no row
-    over ``max_length`` tokens (separators included) (PLAN_PACKS_INVALID)."""
+    over ``max_length`` tokens (separators included) (PLAN_PACKS_INVALID). ``lengths``: the lengths of
+    ``arrays.samples``, in order (dataset rows of a windowed plan, mixture positions of a mixed one)."""
     pack = config.pack
     if pack is None:
         return
@@ -72,7 +84,7 @@ def check_window_rows(arrays: EpochArrays, source, config: BatchingConfig, where
     if row_offsets.shape[0] > 1 and int(np.diff(row_offsets).min()) < 1:
         raise _packs(f"{where}: a row is empty")
     local = np.arange(arrays.samples.shape[0], dtype=np.int64)
-    used = row_tokens(row_offsets, local, source.take(arrays.samples), pack.separator_len)
+    used = row_tokens(row_offsets, local, np.asarray(lengths), pack.separator_len)
     over = np.flatnonzero(used > pack.max_length)
     if over.size:
         raise _packs(f"{where}: row {int(over[0])} holds {int(used[over[0]])} tokens (separators included); "

@@ -33,6 +33,7 @@ from ....hashing import cbor_canonical, hash_canonical
 from ..planner import EpochArrays, engine_metadata
 from ..plan import MicrobatchSpec, plan_error
 from .index import build_index, locate
+from .packed import microbatch_packs
 from .window import COUNT_FIELDS, WindowDefinition, plan_window
 
 #: meta.json ``format`` of a windowed plan folder.
@@ -168,12 +169,7 @@ class WindowedPlan:
 def _spec(arrays: EpochArrays, local: int, j: int) -> MicrobatchSpec:
     rows = np.asarray(arrays.samples[int(arrays.offsets[local]):int(arrays.offsets[local + 1])])
     ids = tuple(str(r) for r in rows.tolist())
-    packs = pack_sizes = None
-    if arrays.pack_rows is not None and arrays.row_offsets is not None:  # a packed plan: its rows' sizes
-        bounds = arrays.row_offsets[int(arrays.pack_rows[local]):int(arrays.pack_rows[local + 1]) + 1]
-        pack_sizes = tuple(int(v) for v in np.diff(bounds))
-        cuts = np.asarray(bounds, dtype=np.int64) - int(bounds[0])
-        packs = tuple(ids[a:b] for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()))
+    packs, pack_sizes = microbatch_packs(arrays, local, ids)
     return MicrobatchSpec(j, ids, int(arrays.bucket_ids[local]), int(arrays.max_len[local]), rows, packs, pack_sizes)
 
 

@@ -90,7 +90,7 @@ def _check_window(plan, epoch: int, w: int) -> None:
         raise plan_error(errors.PLAN_SAMPLES_INVALID, f"{where}: a skipped sample is of a bucket")
     if np.any(spec.bucket_ids(lengths) != np.repeat(arrays.bucket_ids, sizes)):
         raise plan_error(errors.PLAN_BUCKET_MISMATCH, f"{where}: a microbatch holds a sample of another bucket")
-    check_window_rows(arrays, plan.source, config, where)
+    check_window_rows(arrays, lengths, config, where)
     over = np.flatnonzero(padded_by * max_len > config.token_budget)
     if over.size:
         j = int(over[0])
@@ -106,7 +106,7 @@ def verify_mixed_plan(directory, *, windows: int | None = None, seed: int = 0, l
     hashes to its fingerprint; each mapped sidecar's bytes hash to its binding; each chosen mixed window,
     planned again, holds each component at its quota (PLAN_NOT_REPRODUCIBLE), its counts are the index's,
     its microbatches and skipped samples are its positions, each once (PLAN_SAMPLES_INVALID), and the
-    buckets and budgets hold."""
+    buckets, budgets and a packed plan's rows (:mod:`.packed`) hold."""
     plan = load_mixed_plan(directory, lengths=lengths)
     checks = ["opens: definition, index and fingerprint agree"]
     if expected_fingerprint is not None and plan.fingerprint != expected_fingerprint:
@@ -140,11 +140,12 @@ def _check_mixed_window(plan, m: int) -> None:
                                                        f"the quotas are {list(definition.quotas(m))}")
     sizes = np.diff(arrays.offsets)
     max_len = np.asarray(arrays.max_len, dtype=np.int64)
+    padded_by = padded_rows(arrays)  # samples, or a packed plan's rows
     window_lengths = mixed.lengths(definition.sources)
     base = m * definition.window
     lengths = window_lengths[(arrays.samples - np.uint64(base)).astype(np.int64)]
     got = (int(sizes.shape[0]), int(arrays.samples.shape[0]), int(arrays.skipped.shape[0]),
-           int(lengths.sum(dtype=np.uint64)), int((sizes * max_len).sum()))
+           int(lengths.sum(dtype=np.uint64)), int((padded_by * max_len).sum()))
     stored = tuple(int(v) for v in plan.index[0, m + 1] - plan.index[0, m])
     if got != stored:
         differ = [name for name, a, b in zip(COUNT_FIELDS, got, stored) if a != b]
@@ -156,10 +157,11 @@ def _check_mixed_window(plan, m: int) -> None:
     spec = config.bucket_spec
     if np.any(spec.bucket_ids(lengths) != np.repeat(arrays.bucket_ids, sizes)):
         raise plan_error(errors.PLAN_BUCKET_MISMATCH, f"{where}: a microbatch holds a sample of another bucket")
-    over = np.flatnonzero(sizes * max_len > config.token_budget)
+    check_window_rows(arrays, lengths, config, where)
+    over = np.flatnonzero(padded_by * max_len > config.token_budget)
     if over.size:
         j = int(over[0])
-        raise plan_error(errors.PLAN_BUDGET_EXCEEDED, f"{where}: microbatch {j} holds {int(sizes[j])} x "
+        raise plan_error(errors.PLAN_BUDGET_EXCEEDED, f"{where}: microbatch {j} holds {int(padded_by[j])} x "
                                                       f"{int(max_len[j])} tokens; the budget is {config.token_budget}")
 
 

@@ -360,3 +360,42 @@ def test_folder_round_trip_cli_build_and_verify(tmp_path, capsys):
     with pytest.raises(UmlosError) as info:
         load_mixed_plan(out)
     assert info.value.code == errors.PLAN_FINGERPRINT_MISMATCH
+
+
+def test_mix_takes_token_stores_sharded_stores_and_megatron_prefixes(tmp_path, capsys):
+    """``--mix`` entries may name a token store, a sharded store or a Megatron prefix: their lengths are the
+    components' (the command opens them; plans import no tokens), and plan verify/info reopen them."""
+    from token_cases import make_store, records, write_megatron
+
+    from batching_cases import train_tokenizer, write_model_dir
+    from umlos_cuda.batching.plans.windows.io import load_mixed_plan
+    from umlos_cuda.batching.tokens.sharded import tokenize_sharded
+    from umlos_cuda.batching.tokens.sources import open_token_source
+
+    store = make_store(tmp_path / "s", 120, seed=1)
+    write_model_dir(tmp_path / "model", train_tokenizer(), {"eos_token": "</s>"})
+    files = []
+    for i, (a, b) in enumerate(((0, 30), (30, 70))):
+        files.append(str(tmp_path / f"part-{i}.jsonl"))
+        with open(files[-1], "w", encoding="utf-8") as handle:
+            handle.writelines(json.dumps({"prompt": r["prompt"], "response": r["response"]}) + "\n"
+                              for r in records(70, seed=2)[a:b])
+    sharded = tokenize_sharded(files, tmp_path / "model", tmp_path / "sharded", prompt_field="prompt",
+                               response_field="response")
+    rng = np.random.default_rng(4)
+    prefix = write_megatron(tmp_path / "meg", [rng.integers(0, 500, int(n)) for n in rng.integers(1, 300, 50)])
+    out = str(tmp_path / "mixed")
+    entries = (str(store.root), str(sharded.root), prefix)
+    assert _cli("plan", "build", "--window", "32", "--bucket-edges", "64", "--overflow-max", "1024",
+                "--token-budget", "4096", "--output", out, "--quiet", "--mix", f"{entries[0]}:0.5:2",
+                f"{entries[1]}:0.3:2", f"{entries[2]}:0.2:2") == 0
+    sources = [open_token_source(p) for p in entries]
+    plan = load_mixed_plan(out, lengths=[ArrayLengths(np.asarray(s.lengths)) for s in sources])
+    for component, source in zip(plan.definition.components, sources):
+        assert component.source.count == len(source)
+        rows = np.arange(len(source), dtype=np.uint64)
+        assert np.array_equal(component.source.take(rows), np.asarray(source.lengths, dtype=np.uint32))
+    assert plan.definition.total == 2 * (120 + 70 + 50)
+    capsys.readouterr()
+    assert _cli("plan", "verify", out) == 0 and plan.fingerprint in capsys.readouterr().out
+    assert _cli("plan", "info", out) == 0 and "store: weight 0.5" in capsys.readouterr().out

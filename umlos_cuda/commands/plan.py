@@ -72,7 +72,8 @@ def register(subparsers) -> None:
                        "memory-mapped from the cache's .u32 sidecar, a per-window index on disk (docs/batching.md, "
                        "Windowed plans; token-budget buckets only)")
     build.add_argument("--mix", nargs="+", metavar="LENGTHS.jsonl:WEIGHT[:CAP[:SEED]]",
-                       help="with --window: a weighted mixture of length caches instead of --lengths, exact per "
+                       help="with --window: a weighted mixture of length caches, token stores (sharded or not) or "
+                       "Megatron prefixes instead of --lengths, exact per "
                        "window; CAP caps that dataset's epochs ('-': none), SEED its order (default --seed + 1 + "
                        "its place) (docs/batching.md, Weighted mixtures)")
     build.add_argument("--num-samples", type=positive_int("--num-samples"), metavar="N",
@@ -400,24 +401,27 @@ def _build_mixed(args, config) -> int:
         raise config_error("--mix needs --window and takes no --lengths or --epochs (caps and --num-samples "
                            "decide its length); --num-samples needs --mix")
     entries = parse_mix(args.mix, args.seed)
-    inputs = [name for path, *_ in entries for name in (path, sidecar_path(path))]
-    for path, *_ in entries:
-        if os.path.isdir(path):
-            raise config_error(f"--mix maps a length cache's .u32 sidecar; {path} is a folder (give its lengths.jsonl)")
-    names = [os.path.splitext(os.path.basename(path))[0] for path, *_ in entries]
+    inputs = [name for path, *_ in entries for name in ((path,) if _is_token_source(path) else
+                                                        (path, sidecar_path(path)))]
+    names = [os.path.splitext(os.path.basename(os.path.normpath(path)))[0] for path, *_ in entries]
     names = [name if names.count(name) == 1 else f"{name}{place}" for place, name in enumerate(names)]
     check_windowed_config(config)  # refuses what windows do not plan, before any read
     check_output_folder(args.output, MIXED_PLAN, force=args.force, inputs=inputs, operator=errors.BATCH_PLAN_OPERATOR)
     started = time.perf_counter()
     components = []
+    lengths_paths = []
     for (path, weight, cap, seed), name in zip(entries, names):
-        LengthCache.load(path, sidecar="require", read_ids=False)
-        components.append(Component(MappedLengths(sidecar_path(path)), weight, seed, cap, name))
+        if _is_token_source(path):  # a store, a sharded store or a Megatron prefix: its lengths, held
+            source, lengths_path = _token_lengths(path), os.path.abspath(path)
+        else:
+            LengthCache.load(path, sidecar="require", read_ids=False)
+            source, lengths_path = MappedLengths(sidecar_path(path)), os.path.abspath(sidecar_path(path))
+        components.append(Component(source, weight, seed, cap, name))
+        lengths_paths.append(lengths_path)
     definition = MixtureDefinition(config, tuple(components), args.window, args.num_samples)
     progress = Progress(definition.num_windows, f"plan {args.output}", enabled=not args.quiet)
     plan = MixedPlan.build(definition, progress=lambda done, _: progress.update(done))
-    save_mixed_plan(plan, args.output, lengths_paths=[os.path.abspath(sidecar_path(p)) for p, *_ in entries],
-                    force=args.force, inputs=inputs)
+    save_mixed_plan(plan, args.output, lengths_paths=lengths_paths, force=args.force, inputs=inputs)
     progress.close()
     seconds = time.perf_counter() - started
     counts = plan.counts()
@@ -428,6 +432,45 @@ def _build_mixed(args, config) -> int:
     print(f"fingerprint {plan.fingerprint}")
     print(f"built in {seconds:.2f} s ({definition.total / max(seconds, 1e-9):,.0f} samples/s)")
     return 0
+
+
+def _is_token_source(path: str) -> bool:
+    """Whether a ``--mix`` entry names a token store folder (sharded or not) or a Megatron prefix rather than
+    a length cache (``open_token_source`` tells which, and refuses anything else)."""
+    from ..batching.tokens.megatron import idx_path
+
+    if os.path.isdir(path):
+        return True
+    prefix = path[:-4] if path.endswith((".idx", ".bin")) else path
+    return os.path.lexists(idx_path(prefix))
+
+
+def _token_lengths(path: str):
+    """A token source's lengths (a store's, a sharded store's, a Megatron dataset's ``.idx`` sizes) as a
+    length source held in memory (4 bytes a document): plans may not import tokens, so the command opens it."""
+    import numpy as np
+
+    from ..batching.plans.windows import ArrayLengths
+    from ..batching.tokens.sources import open_token_source
+
+    return ArrayLengths(np.asarray(open_token_source(path).lengths, dtype=np.uint32))
+
+
+def mixed_lengths(directory: str):
+    """The lengths of a mixed plan's components for load/verify: a store's, a sharded store's or a Megatron
+    prefix's, opened here (the plans layer maps only .u32 sidecars); None when meta.json names only
+    sidecars or cannot be read (the plan's loader then reports it)."""
+    from ..files import reader
+
+    try:
+        meta = reader.read_json(os.path.join(directory, "meta.json"), lambda message: UmlosError(
+            errors.PLAN_FORMAT_INVALID, message, operator=errors.BATCH_PLAN_OPERATOR))
+    except (OSError, UmlosError):
+        return None
+    paths = meta.get("lengths_paths") if isinstance(meta, dict) else None
+    if not isinstance(paths, list) or not any(isinstance(p, str) and _is_token_source(p) for p in paths):
+        return None
+    return [_token_lengths(p) if isinstance(p, str) and _is_token_source(p) else p for p in paths]
 
 
 def load_lengths(path: str, read_ids: bool = True):
@@ -477,7 +520,7 @@ def _info_mixed(args) -> int:
         if args.rank is None and args.world_size > MAX_SHARE_RANKS:  # as a windowed plan's report
             raise config_error(f"per-rank shares are listed for at most {MAX_SHARE_RANKS} ranks, got world_size "
                                f"{args.world_size}")
-    plan = load_mixed_plan(args.plan)
+    plan = load_mixed_plan(args.plan, lengths=mixed_lengths(args.plan))
     d = plan.definition
     pack = d.config.pack
     report = {"plan": args.plan, "fingerprint": plan.fingerprint, "config": d.config.to_dict(),
@@ -631,6 +674,8 @@ def _verify_windowed(args) -> int:
         raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"{args.plan} is a mixed plan: it maps the sidecars its "
                          "meta.json names (--lengths takes one cache)", operator=errors.BATCH_PLAN_OPERATOR)
     verify = verify_mixed_plan if mixed else verify_windowed_plan
+    if mixed:
+        lengths = mixed_lengths(args.plan)
     report = verify(args.plan, windows=args.windows, seed=args.seed, lengths=lengths,
                     expected_fingerprint=args.expected_fingerprint)
     for check in report["checks"]:

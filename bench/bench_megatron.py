@@ -34,7 +34,11 @@ not count in another's peak. ``to first sample s``: from an empty cache to
 ``dataset[0]`` (Megatron: the build, then the sample). The row ``windowed
 plan`` is this project's pretraining sequences on the same documents
 (:func:`windowed_plan`; ``--project-python`` names an interpreter that
-imports umlos_cuda, ``--no-megatron`` leaves Megatron's rows out).
+imports umlos_cuda, ``--no-megatron`` leaves Megatron's rows out), and the
+row ``mixed plan x3`` this project's weighted mixture of the three datasets
+beside ``BlendedDataset`` (:func:`mixed_plan`: whole-document token-budget
+microbatches, not 2048-token cuts; its ``first ms`` / ``k ms`` are a
+microbatch's plan, no tokens read).
 
 The datasets are written here, seeded: one sequence per document, lengths
 lognormal (median e^6.6, about 735 tokens; mean about 970) clipped to [16,
@@ -220,7 +224,54 @@ def windowed_plan(spec: dict) -> dict | None:
     return result
 
 
-ENGINES = {"megatron": megatron_build, "windowed": windowed_plan}
+def mixed_plan(spec: dict) -> dict | None:
+    """This project's weighted mixture (docs/batching.md "Weighted mixtures") of the same three datasets, the
+    row beside ``BlendedDataset``, in a child under ``spec["python"]``: weights :data:`WEIGHTS`, ``samples``
+    documents in all (Megatron's row asks for as many samples), windows of ``spec["window"]``, token-budget
+    microbatches of whole documents (budget 65536, buckets 512/1024/2048/4096, documents up to 16384), each
+    component its own seed. The work differs: Megatron's samples are 2048-token cuts of a concatenated
+    stream, its ``dataset[k]`` reads the sample's tokens; here a sample is a whole document and
+    ``microbatch(k)`` is the plan's answer (which documents, of which dataset), no tokens read. Lengths come
+    from each ``.idx`` (``open_token_source``, 4 bytes a document held, as ``plan build --mix PREFIX`` does);
+    built when ``spec["cache"]`` has no folder yet, else reopened (the lengths read and hashed again)."""
+    from umlos_cuda.batching.plans.config import BatchingConfig
+    from umlos_cuda.batching.plans.windows import ArrayLengths, Component, MixedPlan, MixtureDefinition
+    from umlos_cuda.batching.plans.windows.io import load_mixed_plan, save_mixed_plan
+    from umlos_cuda.batching.tokens.sources import open_token_source
+
+    cache = spec["cache"]
+    before = _rss_mb()
+    start = time.perf_counter()
+    lengths = [ArrayLengths(np.asarray(open_token_source(p).lengths, dtype=np.uint32)) for p in spec["prefixes"]]
+    if os.path.exists(os.path.join(cache, "meta.json")):
+        plan = load_mixed_plan(cache, lengths=lengths)
+    else:
+        config = BatchingConfig.throughput(token_budget=65536, bucket_edges=(512, 1024, 2048, 4096),
+                                           overflow_max=16384, seed=1234)
+        components = tuple(Component(source, weight, 1235 + i, None, f"d{i}")
+                           for i, (source, weight) in enumerate(zip(lengths, spec["weights"])))
+        plan = MixedPlan.build(MixtureDefinition(config, components, spec["window"], spec["samples"]))
+        save_mixed_plan(plan, cache, lengths_paths=[None] * len(lengths))
+    result = {"build_s": time.perf_counter() - start, "samples": plan.definition.total, "rss_before_mb": before}
+    start = time.perf_counter()
+    first = plan.microbatch(0)
+    result["first_ms"] = (time.perf_counter() - start) * 1e3
+    assert first.samples
+    if spec["draws"]:
+        draws = np.random.default_rng(7).integers(0, plan.num_microbatches, spec["draws"]).tolist()
+        for key in ("k_ms", "k_warm_ms"):  # k_warm: the same k again (its window is then the one kept)
+            times = []
+            for k in draws:
+                start = time.perf_counter()
+                plan.microbatch(k)
+                times.append(time.perf_counter() - start)
+            result[key] = statistics.median(times) * 1e3
+    result["peak_mb"] = _peak_mb()
+    result["cache_bytes"] = _folder_bytes(cache)
+    return result
+
+
+ENGINES = {"megatron": megatron_build, "windowed": windowed_plan, "mixed": mixed_plan}
 
 
 def child(spec: dict) -> dict | None:
@@ -236,7 +287,7 @@ def child(spec: dict) -> dict | None:
 def measure(engine: str, prefixes: list[str], weights, samples, args, cache: str) -> dict | None:
     spec = {"engine": engine, "prefixes": prefixes, "weights": weights, "samples": samples,
             "sequence_length": args.sequence_length, "cache": cache, "draws": 0, "window": args.window,
-            "python": args.project_python if engine == "windowed" else None}
+            "python": args.project_python if engine in ("windowed", "mixed") else None}
     shutil.rmtree(cache, ignore_errors=True)
     built = child(spec)
     if built is None:
@@ -298,6 +349,9 @@ def main() -> None:
             if not args.no_blend and not args.no_megatron:
                 print(row(f"BlendedDataset x3, {documents:,} samples", documents,
                           measure("megatron", prefixes, list(WEIGHTS), documents, args, cache)), flush=True)
+            if not args.no_blend:
+                print(row(f"mixed plan x3, {documents:,} samples", documents,
+                          measure("mixed", prefixes, list(WEIGHTS), documents, args, cache)), flush=True)
             for prefix in prefixes:
                 os.unlink(prefix + ".idx")
                 os.unlink(prefix + ".bin")

@@ -277,6 +277,15 @@ def test_a_packed_mixed_plan_round_trips_verifies_and_hashes_its_packing(tmp_pat
     assert again.microbatch(7) == packed[0].microbatch(7)
     report = verify_mixed_plan(tmp_path / "mix", lengths=[c.source for c in comps])
     assert report["fingerprint"] == packed[0].fingerprint and report["windows_checked"] == 16
+    # resumed from a cursor at another world size, the ranks' microbatches are the rest of the pass, rows included
+    from umlos_cuda.batching.plans.windows.resume import WindowedRankReader
+
+    reader = WindowedRankReader(again, 0, 1)
+    steps = iter(reader)
+    [next(steps) for _ in range(10)]
+    rest = [item for rank in range(3) for item in WindowedRankReader.resume(again, reader.cursor(), rank, 3)]
+    assert sorted(k for _, k, _ in rest) == list(range(10, again.num_microbatches))
+    assert all(spec == again.microbatch(k) and spec.packs for _, k, spec in rest)
 
 
 def test_duplicate_names_are_refused():

@@ -42,10 +42,7 @@ def verify_windowed_plan(directory, *, windows: int | None = None, seed: int = 0
     """Run the checks of the module docstring on the plan in ``directory``."""
     plan = load_windowed_plan(directory, lengths=lengths)
     checks = ["opens: definition, index and fingerprint agree"]
-    if expected_fingerprint is not None and plan.fingerprint != expected_fingerprint:
-        raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH,
-                         f"{directory}: the plan's fingerprint is {plan.fingerprint}, not the expected "
-                         f"{expected_fingerprint}")
+    _expect_fingerprint(directory, plan.fingerprint, expected_fingerprint, "plan's")
     source = plan.source
     if isinstance(source, MappedLengths):
         source.check_bytes()
@@ -54,10 +51,7 @@ def verify_windowed_plan(directory, *, windows: int | None = None, seed: int = 0
         checks.append("the lengths hash to their binding")  # load_windowed_plan compared the binding
     definition = plan.definition
     total = definition.num_windows
-    if windows is None or windows >= total:
-        chosen = np.arange(total)
-    else:
-        chosen = np.sort(np.random.default_rng(seed).choice(total, size=max(0, int(windows)), replace=False))
+    chosen = chosen_windows(total, windows, seed)
     for epoch in range(plan.num_epochs):
         for w in chosen.tolist():
             _check_window(plan, epoch, w)
@@ -109,20 +103,14 @@ def verify_mixed_plan(directory, *, windows: int | None = None, seed: int = 0, l
     buckets, budgets and a packed plan's rows (:mod:`.packed`) hold."""
     plan = load_mixed_plan(directory, lengths=lengths)
     checks = ["opens: definition, index and fingerprint agree"]
-    if expected_fingerprint is not None and plan.fingerprint != expected_fingerprint:
-        raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH,
-                         f"{directory}: the plan's fingerprint is {plan.fingerprint}, not the expected "
-                         f"{expected_fingerprint}")
+    _expect_fingerprint(directory, plan.fingerprint, expected_fingerprint, "plan's")
     definition = plan.definition
     for source in definition.sources:
         if isinstance(source, MappedLengths):
             source.check_bytes()
     checks.append("every component's lengths hash to their binding")
     total = definition.num_windows
-    if windows is None or windows >= total:
-        chosen = np.arange(total)
-    else:
-        chosen = np.sort(np.random.default_rng(seed).choice(total, size=max(0, int(windows)), replace=False))
+    chosen = chosen_windows(total, windows, seed)
     for m in chosen.tolist():
         _check_mixed_window(plan, m)
     checks.append(f"{chosen.shape[0]} of {total} mixed windows replanned: quotas, counts, samples, buckets, budgets")
@@ -174,19 +162,13 @@ def verify_sequences(directory, *, windows: int | None = None, seed: int = 0, le
     the EOS) (PLAN_SAMPLES_INVALID) and sum to the index's count (PLAN_NOT_REPRODUCIBLE)."""
     plan = load_sequences(directory, tokens=tokens, lengths=lengths, open_tokens=open_tokens)
     checks = ["opens: definition, index, lengths and fingerprint agree"]
-    if expected_fingerprint is not None and plan.fingerprint != expected_fingerprint:
-        raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH,
-                         f"{directory}: the sequences' fingerprint is {plan.fingerprint}, not the expected "
-                         f"{expected_fingerprint}")
+    _expect_fingerprint(directory, plan.fingerprint, expected_fingerprint, "sequences'")
     source, definition = plan.lengths, plan.definition
     if hasattr(source, "check_bytes"):
         source.check_bytes()
         checks.append("the mapped lengths hash to their binding")
     total = definition.num_windows
-    if windows is None or windows >= total:
-        chosen = np.arange(total)
-    else:
-        chosen = np.sort(np.random.default_rng(seed).choice(total, size=max(0, int(windows)), replace=False))
+    chosen = chosen_windows(total, windows, seed)
     for epoch in range(plan.num_epochs):
         for w in chosen.tolist():
             _check_sequences_window(plan, epoch, w)
@@ -209,3 +191,17 @@ def _check_sequences_window(plan, epoch: int, w: int) -> None:
     if int(own.sum()) != stored:
         raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"{where}: recounted, it holds {int(own.sum())} stream "
                                                        f"tokens; the index says {stored}")
+
+
+def chosen_windows(total: int, windows: int | None, seed: int) -> np.ndarray:
+    """The windows ``plan verify --windows`` checks: all of them, or that many drawn without replacement by
+    ``seed`` (sorted, so a report lists them in order) -- one rule for every windowed folder kind."""
+    if windows is None or windows >= total:
+        return np.arange(total)
+    return np.sort(np.random.default_rng(seed).choice(total, size=max(0, int(windows)), replace=False))
+
+
+def _expect_fingerprint(directory, fingerprint: str, expected: str | None, whose: str) -> None:
+    if expected is not None and fingerprint != expected:
+        raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH,
+                         f"{directory}: the {whose} fingerprint is {fingerprint}, not the expected {expected}")

@@ -49,14 +49,8 @@ def verify_windowed_plan(directory, *, windows: int | None = None, seed: int = 0
         checks.append("the mapped lengths hash to their binding")
     elif isinstance(source, ArrayLengths):
         checks.append("the lengths hash to their binding")  # load_windowed_plan compared the binding
-    definition = plan.definition
-    total = definition.num_windows
-    chosen = chosen_windows(total, windows, seed)
-    for epoch in range(plan.num_epochs):
-        for w in chosen.tolist():
-            _check_window(plan, epoch, w)
-    checks.append(f"{chosen.shape[0]} of {total} windows of every epoch replanned: counts, samples, buckets, budgets")
-    return {"fingerprint": plan.fingerprint, "checks": checks, "windows_checked": int(chosen.shape[0])}
+    return _check_windows(plan, checks, windows, seed, _check_window,
+                          "windows of every epoch replanned: counts, samples, buckets, budgets")
 
 
 def _check_window(plan, epoch: int, w: int) -> None:
@@ -163,17 +157,12 @@ def verify_sequences(directory, *, windows: int | None = None, seed: int = 0, le
     plan = load_sequences(directory, tokens=tokens, lengths=lengths, open_tokens=open_tokens)
     checks = ["opens: definition, index, lengths and fingerprint agree"]
     _expect_fingerprint(directory, plan.fingerprint, expected_fingerprint, "sequences'")
-    source, definition = plan.lengths, plan.definition
+    source = plan.lengths
     if hasattr(source, "check_bytes"):
         source.check_bytes()
         checks.append("the mapped lengths hash to their binding")
-    total = definition.num_windows
-    chosen = chosen_windows(total, windows, seed)
-    for epoch in range(plan.num_epochs):
-        for w in chosen.tolist():
-            _check_sequences_window(plan, epoch, w)
-    checks.append(f"{chosen.shape[0]} of {total} windows of every epoch recounted from the lengths")
-    return {"fingerprint": plan.fingerprint, "checks": checks, "windows_checked": int(chosen.shape[0])}
+    return _check_windows(plan, checks, windows, seed, _check_sequences_window,
+                          "windows of every epoch recounted from the lengths")
 
 
 def _check_sequences_window(plan, epoch: int, w: int) -> None:
@@ -205,3 +194,15 @@ def _expect_fingerprint(directory, fingerprint: str, expected: str | None, whose
     if expected is not None and fingerprint != expected:
         raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH,
                          f"{directory}: the {whose} fingerprint is {fingerprint}, not the expected {expected}")
+
+
+def _check_windows(plan, checks: list[str], windows: int | None, seed: int, check, what: str) -> dict:
+    """Run ``check(plan, epoch, w)`` on the chosen windows of every epoch and report, for the folder kinds whose
+    windows repeat per epoch (windowed plans, pretraining sequences)."""
+    total = plan.definition.num_windows
+    chosen = chosen_windows(total, windows, seed)
+    for epoch in range(plan.num_epochs):
+        for w in chosen.tolist():
+            check(plan, epoch, w)
+    checks.append(f"{chosen.shape[0]} of {total} {what}")
+    return {"fingerprint": plan.fingerprint, "checks": checks, "windows_checked": int(chosen.shape[0])}

@@ -401,7 +401,7 @@ def _build_mixed(args, config) -> int:
         raise config_error("--mix needs --window and takes no --lengths or --epochs (caps and --num-samples "
                            "decide its length); --num-samples needs --mix")
     entries = parse_mix(args.mix, args.seed)
-    inputs = [name for path, *_ in entries for name in ((path,) if _is_token_source(path) else
+    inputs = [name for path, *_ in entries for name in ((path,) if names_token_source(path) else
                                                         (path, sidecar_path(path)))]
     names = [os.path.splitext(os.path.basename(os.path.normpath(path)))[0] for path, *_ in entries]
     names = [name if names.count(name) == 1 else f"{name}{place}" for place, name in enumerate(names)]
@@ -411,7 +411,7 @@ def _build_mixed(args, config) -> int:
     components = []
     lengths_paths = []
     for (path, weight, cap, seed), name in zip(entries, names):
-        if _is_token_source(path):  # a store, a sharded store or a Megatron prefix: its lengths, held
+        if names_token_source(path):  # a store, a sharded store or a Megatron prefix: its lengths, held
             source, lengths_path = _token_lengths(path), os.path.abspath(path)
         else:
             LengthCache.load(path, sidecar="require", read_ids=False)
@@ -434,15 +434,11 @@ def _build_mixed(args, config) -> int:
     return 0
 
 
-def _is_token_source(path: str) -> bool:
-    """Whether a ``--mix`` entry names a token store folder (sharded or not) or a Megatron prefix rather than
-    a length cache (``open_token_source`` tells which, and refuses anything else)."""
-    from ..batching.tokens.megatron import idx_path
+def names_token_source(path: str) -> bool:
+    """Whether a ``--mix`` entry names a token store or a Megatron prefix rather than a length cache."""
+    from ..batching.tokens.sources import names_token_source as names
 
-    if os.path.isdir(path):
-        return True
-    prefix = path[:-4] if path.endswith((".idx", ".bin")) else path
-    return os.path.lexists(idx_path(prefix))
+    return names(path)
 
 
 def _token_lengths(path: str):
@@ -468,9 +464,9 @@ def mixed_lengths(directory: str):
     except (OSError, UmlosError):
         return None
     paths = meta.get("lengths_paths") if isinstance(meta, dict) else None
-    if not isinstance(paths, list) or not any(isinstance(p, str) and _is_token_source(p) for p in paths):
+    if not isinstance(paths, list) or not any(isinstance(p, str) and names_token_source(p) for p in paths):
         return None
-    return [_token_lengths(p) if isinstance(p, str) and _is_token_source(p) else p for p in paths]
+    return [_token_lengths(p) if isinstance(p, str) and names_token_source(p) else p for p in paths]
 
 
 def load_lengths(path: str, read_ids: bool = True):

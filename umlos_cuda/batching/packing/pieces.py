@@ -217,7 +217,7 @@ def check_flat(tokens, offsets, loss_mask, sample_ids) -> tuple[np.ndarray, np.n
     """Flat arrays checked where that costs no pass over the tokens: shapes,
     integer dtypes, offsets within the tokens and increasing (no empty
     sequence, as ``SequenceToPack`` refuses one), mask values 0 or 1 (one
-    pass over the mask: its counts are the metrics' loss tokens). Token ids
+    pass over the mask; :meth:`FlatPieces.loss_tokens` counts it in another). Token ids
     are checked when their rows are laid out."""
     tokens = _integer_array(tokens, "tokens")
     offsets = _integer_array(offsets, "offsets")

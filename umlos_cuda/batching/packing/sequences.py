@@ -63,7 +63,7 @@ def oversize_pieces(lengths: np.ndarray, max_length: int, oversize: OversizePoli
     over = lengths > max_length
     if not over.any():  # the common case: one whole piece per sequence (what the general steps give)
         return np.arange(lengths.shape[0], dtype=np.int64), np.zeros(lengths.shape[0], dtype=np.int64), lengths.copy()
-    if oversize is OversizePolicy.REFUSE and over.any():
+    if oversize is OversizePolicy.REFUSE:
         where = np.flatnonzero(over)
         named = ", ".join(f"{'position ' + str(int(i)) if sample_ids is None else repr(sample_ids[int(i)])} "
                           f"({int(lengths[i])} tokens)" for i in where[:5])

@@ -74,7 +74,8 @@ def tokenize_sharded(dataset: Any, tokenizer: Any, output: str | os.PathLike[str
         from ..records.source import dataset_paths
 
         check_output_folder(root, SHARDED_STORE, force=force,
-                            inputs=input_paths(*dataset_paths(dataset, format), tokenizer),
+                            inputs=input_paths(*dataset_paths(dataset, format), tokenizer,
+                                               options.get("chat_template")),
                             operator=errors.BATCHING_OPERATOR)
     sizes = [input_bytes(item.files) for item in inputs]
     total = max(sum(sizes), 1)

@@ -47,6 +47,17 @@ def is_sharded_store(path: str) -> bool:
         return False
 
 
+def megatron_prefix(path: str) -> str:
+    """The Megatron prefix ``path`` names: itself, or without its ``.idx``/``.bin`` suffix."""
+    return path[:-4] if path.endswith((".idx", ".bin")) else path
+
+
+def names_token_source(path: str) -> bool:
+    """Whether ``path`` is what :func:`open_token_source` opens rather than refuses: a folder (a token store,
+    sharded or not) or the prefix of an existing Megatron ``.idx`` -- not, say, a length cache."""
+    return os.path.isdir(path) or os.path.lexists(idx_path(megatron_prefix(path)))
+
+
 def open_token_source(path: Any, *, tokenizer_hash: str | None = None):
     """A :class:`TokenStore` for a folder (a :class:`ShardedTokenStore` when its marker says it is
     one), a :class:`MegatronDataset` for a prefix whose ``.idx`` exists, a
@@ -65,7 +76,7 @@ def open_token_source(path: Any, *, tokenizer_hash: str | None = None):
         if is_sharded_store(path):
             return ShardedTokenStore.open(path)
         return TokenStore.open(path)
-    prefix = path[:-4] if path.endswith((".idx", ".bin")) else path
+    prefix = megatron_prefix(path)
     if os.path.lexists(idx_path(prefix)):  # anything else there is refused by the reader, saying what it is
         return MegatronDataset.open(prefix, **({} if tokenizer_hash is None else {"tokenizer_hash": tokenizer_hash}))
     raise UmlosError(errors.TOKEN_STORE_NOT_FOUND, f"{path} is neither a token store folder nor the prefix of a "

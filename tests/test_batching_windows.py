@@ -426,6 +426,59 @@ def test_plan_build_window_writes_the_plan_the_api_builds(tmp_path, capsys):
     assert "error LENGTHS_SIDECAR_MISMATCH" in capsys.readouterr().err
 
 
+def test_plan_build_window_over_the_u32_alone_is_the_same_plan_and_its_bytes_are_checked(tmp_path, capsys):
+    from umlos_cuda.cli import main
+
+    plan, _, _ = _saved(tmp_path)
+    side = sidecar_path(os.path.join(tmp_path, "lengths.jsonl"))
+    argv = ["plan", "build", "--lengths", side, "--bucket-edges", "128,256,512,1024", "--overflow-max", "2048",
+            "--token-budget", "4096", "--pad-policy", "pad_to_max", "--seed", "2", "--epochs", "2", "--window", "999",
+            "--quiet", "--output"]
+    os.unlink(os.path.join(tmp_path, "lengths.jsonl"))  # named by its .u32, the JSONL is not read
+    assert main(argv + [os.path.join(tmp_path, "u32")]) == 0
+    assert f"fingerprint {plan.fingerprint}" in capsys.readouterr().out
+    data = bytearray(Path(side).read_bytes())
+    data[-1] ^= 1  # a length byte changed, the header's SHA-256 not
+    Path(side).write_bytes(bytes(data))
+    assert main(argv + [os.path.join(tmp_path, "tampered")]) == 2
+    err = capsys.readouterr().err
+    assert "error LENGTHS_SIDECAR_MISMATCH" in err and "SHA-256" in err
+    assert not os.path.exists(os.path.join(tmp_path, "tampered"))
+
+
+def test_plan_build_window_reads_no_id_and_releases_the_sidecar_as_it_checks_it(tmp_path, capsys, monkeypatch):
+    """At 10^9 samples the ids alone are tens of GB: the windowed build checks the sidecar against the JSONL
+    in one streaming pass (rows.py) that drops the mapped pages it read, and asks for the first id only."""
+    from umlos_cuda.batching.lengths import cache as cache_module, rows
+    from umlos_cuda.cli import main
+
+    path = os.path.join(tmp_path, "lengths.jsonl")
+    LengthCache.from_arrays([f"doc-{i}" for i in range(40_000)], lengths_for(6, 40_000, 900) + 1, "tok").write(path)
+    assert os.path.getsize(path) > 2 * (1 << 20)  # more than two blocks of the scan
+
+    def parse(*_args, **_kwargs):
+        raise AssertionError("the windowed build parsed the JSONL's ids")
+
+    released = []
+    real = cache_module._releaser
+    monkeypatch.setattr(cache_module, "_parse_jsonl", parse)
+    monkeypatch.setattr(cache_module, "_releaser", lambda mapped: (lambda: released.append(1), real(mapped))[0])
+    monkeypatch.setattr(rows, "_RELEASE_BLOCKS", 1)
+    assert main(["plan", "build", "--lengths", path, "--bucket-edges", "128,512", "--overflow-max", "1024",
+                 "--token-budget", "4096", "--window", "4096", "--quiet", "--output", os.path.join(tmp_path, "w")]) == 0
+    assert "40000 samples per epoch" in capsys.readouterr().out
+    assert len(released) >= 3  # the length bytes hashed (one piece), then every block of the JSONL scanned
+
+
+def test_first_sample_id_reads_one_row(tmp_path):
+    path = os.path.join(tmp_path, "lengths.jsonl")
+    LengthCache.from_arrays(["a\"b", "c"], [3, 4], "tok").write(path)
+    assert LengthCache.load(path).first_sample_id() == 'a"b'
+    assert LengthCache.load(path, read_ids=True).first_sample_id() == 'a"b'
+    LengthCache.from_arrays(None, [3, 4], "tok").write(path, force=True)
+    assert LengthCache.load(path).first_sample_id() == "0"
+
+
 def test_plan_build_window_refuses_a_cache_of_preference_pairs(tmp_path, capsys):
     from umlos_cuda.batching.lengths.pairs import pair_ids
     from umlos_cuda.cli import main
@@ -437,3 +490,10 @@ def test_plan_build_window_refuses_a_cache_of_preference_pairs(tmp_path, capsys)
                  "--token-budget", "2048", "--window", "8", "--quiet", "--output", os.path.join(tmp_path, "w")]) == 2
     err = capsys.readouterr().err
     assert "error BATCHING_CONFIG_INVALID" in err and "pairs" in err and not os.path.exists(os.path.join(tmp_path, "w"))
+    other = os.path.join(tmp_path, "plain.jsonl")
+    LengthCache.from_arrays(None, lengths_for(2, 40, 500), "tok").write(other)
+    assert main(["plan", "build", "--mix", f"{other}:1", f"{path}:1", "--num-samples", "30", "--bucket-edges", "128",
+                 "--overflow-max", "512", "--token-budget", "2048", "--window", "8", "--quiet", "--output",
+                 os.path.join(tmp_path, "m")]) == 2  # nor does a mixture split them
+    err = capsys.readouterr().err
+    assert "error BATCHING_CONFIG_INVALID" in err and "pairs" in err and not os.path.exists(os.path.join(tmp_path, "m"))

@@ -883,6 +883,19 @@ def _windowed(change, lengths: str | None = None):
     return make
 
 
+def _window_build(change, *lengths: str, mix: bool = False):
+    """``plan build --window`` (or ``--mix``, weight 1 each) over ``lengths`` (paths relative to ``here``), after
+    ``change(here)``: the length cache and its sidecar are read by ``open_length_cache``, bounded."""
+    def make(world, here):
+        copy(world, here, "lengths.jsonl")
+        change(here)
+        given = (("--mix", *(f"{here / name}:1" for name in lengths), "--num-samples", "50") if mix else
+                 ("--lengths", str(here / lengths[0])))
+        return ("plan", "build", *given, "--window", "16", "--bucket-edges", "32,64,128", "--overflow-max", "256",
+                "--token-budget", "512", "--quiet", "--output", str(here / "out"))
+    return make
+
+
 def _sidecar_claiming(count: int):
     """A sparse sidecar whose header claims ``count`` lengths (4 x count bytes of zeros follow)."""
     def change(here):
@@ -966,6 +979,16 @@ WINDOWED_CASES = [
          _windowed(lambda h: edit_json(h / "windowed" / "meta.json", lambda m: m.update(config=[1]))), (WP,),
          "meta.json"),
     Case("hang/windowed-plan-fifo-lengths-sidecar", _windowed(lambda h: fifo(h / "side.u32"), "side.u32"),
+         (errors.LENGTHS_SIDECAR_MISMATCH,), "side.u32"),
+    Case("hang/windowed-plan-build-fifo-u32", _window_build(lambda h: fifo(h / "side.u32"), "side.u32"),
+         (errors.LENGTHS_SIDECAR_MISMATCH,), "side.u32"),
+    Case("hang/windowed-plan-build-fifo-sidecar-beside-its-jsonl",
+         _window_build(lambda h: (h / "lengths.jsonl.u32").unlink() or fifo(h / "lengths.jsonl.u32"), "lengths.jsonl"),
+         (errors.LENGTHS_SIDECAR_MISMATCH,), "lengths.jsonl.u32"),
+    Case("hang/windowed-plan-build-sparse-u32-of-10^8-lengths", _window_build(_sidecar_claiming(10**8), "big.u32"),
+         (errors.LENGTHS_SIDECAR_MISMATCH,), "big.u32"),
+    Case("hang/mixed-plan-build-fifo-u32-entry",
+         _window_build(lambda h: fifo(h / "side.u32"), "lengths.jsonl", "side.u32", mix=True),
          (errors.LENGTHS_SIDECAR_MISMATCH,), "side.u32"),
     Case("hang/windowed-plan-sparse-sidecar-of-a-billion-lengths", _windowed(_sidecar_claiming(10**9), "big.u32"),
          (errors.PLAN_LENGTHS_MISMATCH,)),

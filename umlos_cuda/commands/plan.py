@@ -298,12 +298,12 @@ def run_build(args) -> int:
 
 
 def _build_windowed(args, config, inputs) -> int:
-    """``plan build --window W``: a windowed plan (batching/plans/windows/) over the length cache's sidecar.
-    The sidecar is first checked against its JSONL (``LengthCache.load(sidecar="require")``: one read of
-    the JSONL, no ids kept), then memory-mapped; the plan binds it by its count and SHA-256."""
-    from ..batching.lengths.cache import LengthCache, sidecar_path
-    from ..batching.plans.windows import MappedLengths, WindowDefinition, WindowedPlan, save_windowed_plan
+    """``plan build --window W``: a windowed plan (batching/plans/windows/) over a length cache's sidecar,
+    checked and mapped by ``open_length_cache`` in bounded memory (against the JSONL when ``--lengths`` names
+    it, against its own SHA-256 when it names the ``.u32``); the plan binds it by its count and SHA-256."""
+    from ..batching.plans.windows import WindowDefinition, WindowedPlan, save_windowed_plan
     from ..batching.plans.windows.io import WINDOWED_PLAN
+    from ..batching.plans.windows.sources import open_length_cache
     from ..files.writer import check_output_folder
     from ._progress import Progress
 
@@ -315,16 +315,12 @@ def _build_windowed(args, config, inputs) -> int:
     check_output_folder(args.output, WINDOWED_PLAN, force=args.force, inputs=inputs,
                         operator=errors.BATCH_PLAN_OPERATOR)
     started = time.perf_counter()
-    cache = LengthCache.load(args.lengths, sidecar="require")
-    config = _with_pairs(config, cache, args.lengths)  # a cache of preference pairs: refused below, not split
-    del cache
-    source = MappedLengths(sidecar_path(args.lengths))
+    source = open_length_cache(args.lengths)
     definition = WindowDefinition(config, source.count, args.window)
     total = args.epochs * definition.num_windows
     progress = Progress(total, f"plan {args.output}", enabled=not args.quiet)
     plan = WindowedPlan.build(definition, source, args.epochs, progress=lambda done, _: progress.update(done))
-    save_windowed_plan(plan, args.output, lengths_path=os.path.abspath(sidecar_path(args.lengths)),
-                       force=args.force, inputs=inputs)
+    save_windowed_plan(plan, args.output, lengths_path=os.path.abspath(source.path), force=args.force, inputs=inputs)
     progress.close()
     seconds = time.perf_counter() - started
     counts = plan.epoch_counts(0)
@@ -387,11 +383,13 @@ def parse_mix(items: list[str], seed: int) -> list[tuple[str, float, int | None,
 
 
 def _build_mixed(args, config) -> int:
-    """``plan build --window W --mix A:0.7 B:0.3``: a mixed plan (batching/plans/windows/mixture.py) over the
-    length caches' sidecars, each checked against its JSONL, then memory-mapped."""
-    from ..batching.lengths.cache import LengthCache, sidecar_path
+    """``plan build --window W --mix A:0.7 B:0.3``: a mixed plan (batching/plans/windows/mixture.py) over
+    token sources and length caches' sidecars, each checked in bounded memory (``open_length_cache``), then
+    memory-mapped."""
+    from ..batching.lengths.cache import SIDECAR_SUFFIX, sidecar_path
     from ..batching.plans.buckets import config_error
-    from ..batching.plans.windows import Component, MappedLengths, MixedPlan, MixtureDefinition
+    from ..batching.plans.windows import Component, MixedPlan, MixtureDefinition
+    from ..batching.plans.windows.sources import open_length_cache
     from ..batching.plans.windows.io import MIXED_PLAN, save_mixed_plan
     from ..batching.plans.windows.window import check_windowed_config
     from ..files.writer import check_output_folder
@@ -401,9 +399,10 @@ def _build_mixed(args, config) -> int:
         raise config_error("--mix needs --window and takes no --lengths or --epochs (caps and --num-samples "
                            "decide its length); --num-samples needs --mix")
     entries = parse_mix(args.mix, args.seed)
-    inputs = [name for path, *_ in entries for name in ((path,) if names_token_source(path) else
-                                                        (path, sidecar_path(path)))]
-    names = [os.path.splitext(os.path.basename(os.path.normpath(path)))[0] for path, *_ in entries]
+    inputs = [name for path, *_ in entries for name in ((path,) if names_token_source(path) or
+                                                        path.endswith(SIDECAR_SUFFIX) else (path, sidecar_path(path)))]
+    names = [os.path.splitext(os.path.basename(os.path.normpath(path)).removesuffix(SIDECAR_SUFFIX))[0]
+             for path, *_ in entries]
     names = [name if names.count(name) == 1 else f"{name}{place}" for place, name in enumerate(names)]
     check_windowed_config(config)  # refuses what windows do not plan, before any read
     check_output_folder(args.output, MIXED_PLAN, force=args.force, inputs=inputs, operator=errors.BATCH_PLAN_OPERATOR)
@@ -414,8 +413,8 @@ def _build_mixed(args, config) -> int:
         if names_token_source(path):  # a store, a sharded store or a Megatron prefix: its lengths, held
             source, lengths_path = _token_lengths(path), os.path.abspath(path)
         else:
-            LengthCache.load(path, sidecar="require", read_ids=False)
-            source, lengths_path = MappedLengths(sidecar_path(path)), os.path.abspath(sidecar_path(path))
+            source = open_length_cache(path)
+            lengths_path = os.path.abspath(source.path)
         components.append(Component(source, weight, seed, cap, name))
         lengths_paths.append(lengths_path)
     definition = MixtureDefinition(config, tuple(components), args.window, args.num_samples)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
 import os
 import struct
 import warnings
@@ -57,6 +58,8 @@ SIDECAR_ALIGN = 16
 SIDECAR_MODES = ("auto", "require", "ignore")
 #: The longest sidecar header read (this project writes a few hundred bytes).
 MAX_SIDECAR_HEADER_BYTES = 1 << 16
+#: Lengths hashed between two releases of a mapped sidecar's pages (16 MiB).
+HASH_PIECE = 1 << 22
 
 
 def sidecar_path(path: str | os.PathLike[str]) -> str:
@@ -109,6 +112,21 @@ class LengthCache:
             return None
         ids = self._ids()
         return ids if isinstance(ids, PlainIds) else None
+
+    def first_sample_id(self) -> str:
+        """The first row's id, reading one line of the JSONL when the ids are not held: whether a cache
+        holds preference pairs shows in its first id (pairs.py), which a windowed plan asks without
+        holding 10^9 ids."""
+        if self._sample_ids is not None or self.ids_are_line_numbers:
+            return self._ids()[0] if self._sample_ids is not None else "0"
+        assert self._ids_source is not None  # load() keeps the JSONL's path when it defers the ids
+        with reader.open_regular(self._ids_source, _invalid) as handle:
+            line = handle.readline(reader.MAX_LINE_BYTES + 1)
+        row = reader.loads_json(line, _invalid, f"line 1 of {self._ids_source}")
+        sample_id = row.get("sample_id") if isinstance(row, dict) else None
+        if not isinstance(sample_id, str):
+            raise _invalid(f"line 1 of {self._ids_source} has no string sample_id")
+        return sample_id
 
     def _ids(self) -> list[str] | PlainIds:
         """The ids as held, read on first use."""
@@ -439,8 +457,9 @@ def _load_with_sidecar(path: str, read_ids: bool = False) -> LengthCache:
         raise _sidecar_error(f"{side} was written for a JSONL of {header.get('jsonl_size')} bytes; "
                              f"{path} has {jsonl_size}")
     with reader.open_regular(side, _sidecar_error) as handle:
-        lengths = np.asarray(np.memmap(handle, dtype="<u4", mode="r", offset=offset, shape=(count,)))
-    if hashlib.sha256(lengths.data).hexdigest() != header.get("lengths_sha256"):
+        mapped = np.memmap(handle, dtype="<u4", mode="r", offset=offset, shape=(count,))
+    lengths, release = np.asarray(mapped), _releaser(mapped)
+    if piecewise_sha256(lengths, release) != header.get("lengths_sha256"):
         raise _sidecar_error(f"{side}: its length bytes do not match their SHA-256 in the header")
     malformed = "{name} has a malformed tokenizer_hash or dataset_hash"
     tokenizer_hash = checks.text(header.get("tokenizer_hash"), side, fail=_sidecar_error, message=malformed)
@@ -454,7 +473,8 @@ def _load_with_sidecar(path: str, read_ids: bool = False) -> LengthCache:
         if ids is not None:
             return LengthCache(lengths, tokenizer_hash, sample_ids=ids, dataset_hash=dataset_hash)
     # One read of the JSONL: its SHA-256, and every row against what the sidecar says (rows.py).
-    _, jsonl_sha256, bad = scan_rows(path, lengths, tokenizer_hash, ids_kind == "line_numbers", _invalid)
+    _, jsonl_sha256, bad = scan_rows(path, lengths, tokenizer_hash, ids_kind == "line_numbers", _invalid,
+                                     release=release)
     if jsonl_sha256 != header.get("jsonl_sha256"):
         raise _sidecar_error(f"{side} was written for other JSONL content than {path} holds now")
     if bad is not None:
@@ -462,6 +482,27 @@ def _load_with_sidecar(path: str, read_ids: bool = False) -> LengthCache:
                              "line-number id): the sidecar was changed after it was written")
     return LengthCache(lengths, tokenizer_hash, ids_are_line_numbers=ids_kind == "line_numbers",
                        ids_source=path, dataset_hash=dataset_hash)
+
+
+def _releaser(mapped: np.memmap):
+    """A call that drops the pages of ``mapped`` this process has read from its resident set
+    (``madvise(MADV_DONTNEED)``; they stay in the page cache and map again on the next read), so
+    checking a sidecar of 10^9 lengths costs a piece of it in memory, not 4 GB; a no-op where the
+    platform has no such advice."""
+    handle = getattr(mapped, "_mmap", None)
+    if handle is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return lambda: None
+    return lambda: handle.madvise(mmap.MADV_DONTNEED)
+
+
+def piecewise_sha256(lengths: np.ndarray, release) -> str:
+    """The SHA-256 of ``lengths``' bytes, read :data:`HASH_PIECE` lengths at a time, each piece
+    released once hashed."""
+    digest = hashlib.sha256()
+    for start in range(0, lengths.shape[0], HASH_PIECE):
+        digest.update(lengths[start:start + HASH_PIECE].data)
+        release()
+    return digest.hexdigest()
 
 
 def _ids_agreeing(path: str, header: dict, lengths: np.ndarray, tokenizer_hash: str) -> list[str] | PlainIds | None:

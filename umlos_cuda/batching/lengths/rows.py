@@ -45,6 +45,8 @@ from ...files import reader
 from .plain_ids import PlainIds
 
 _BLOCK = 1 << 20
+#: Blocks of JSONL read between two releases of the sidecar's mapped pages (64 MiB of JSONL).
+_RELEASE_BLOCKS = 64
 _PREFIX = b'{"sample_id": '
 #: What a plain id may hold: every printable ASCII byte but the quote and the backslash.
 _PLAIN = bytes(b for b in range(0x20, 0x7F) if b not in b'"\\')
@@ -57,10 +59,13 @@ _ID_DIGITS = 19
 
 
 def scan_rows(path: str, lengths: np.ndarray, tokenizer_hash: str, line_numbers: bool,
-              error: Callable[[str], UmlosError]) -> tuple[int, str, int | None]:
+              error: Callable[[str], UmlosError], *,
+              release: Callable[[], None] | None = None) -> tuple[int, str, int | None]:
     """``(size, sha256 hex, first disagreeing row or None)`` of the JSONL at ``path``
     against the sidecar's ``lengths``, ``tokenizer_hash`` and id kind.
-    A read that fails raises ``error(message)``."""
+    A read that fails raises ``error(message)``. ``release``, when given, is called every
+    :data:`_RELEASE_BLOCKS` blocks: ``lengths`` may be a memory map whose pages read so far it drops,
+    so the scan's memory stays a few blocks whatever the cache's size."""
     tail = np.frombuffer((", \"tokenizer_hash\": " + encode_basestring_ascii(tokenizer_hash)
                           + ", \"length\": ").encode("ascii"), dtype=np.uint8)
     digest = hashlib.sha256()
@@ -85,6 +90,8 @@ def scan_rows(path: str, lengths: np.ndarray, tokenizer_hash: str, line_numbers:
                         differ = np.flatnonzero(rows != lengths[row:row + count])
                         bad = row + int(differ[0]) if differ.size else None
                     row += count
+                if release is not None and size % (_RELEASE_BLOCKS * _BLOCK) < len(block):
+                    release()
     except FileNotFoundError:
         raise error(f"cannot read {path}: it does not exist") from None
     except OSError as exc:

@@ -1,10 +1,11 @@
 """Where a windowed plan reads lengths: a length cache's binary sidecar, memory-mapped, or a seeded formula.
 
 What goes in: the ``.u32`` sidecar of a length cache (docs/batching.md, "Length cache
-files"), an array, or ``(seed, count)``. What comes out: a :class:`LengthSource`,
-whose ``take(rows)`` gives the lengths of any rows (uint32) and whose ``binding()``
-is what a plan's fingerprint records about the lengths. A windowed plan asks for
-one window's rows at a time, so it never holds all N lengths in its own memory:
+files"; :func:`open_length_cache` checks it, bounded, and maps it), an array, or
+``(seed, count)``. What comes out: a :class:`LengthSource`, whose ``take(rows)``
+gives the lengths of any rows (uint32) and whose ``binding()`` is what a plan's
+fingerprint records about the lengths. A windowed plan asks for one window's rows
+at a time, so it never holds all N lengths in its own memory:
 
 * :class:`MappedLengths` maps the sidecar's length bytes read-only. Only the
   sidecar's header is read on opening (bounded: at most 64 KiB), and the bytes are
@@ -40,7 +41,6 @@ one window's rows at a time, so it never holds all N lengths in its own memory:
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 
@@ -50,7 +50,8 @@ from .... import checks, errors
 from ....errors import UmlosError
 from ....files import reader
 from ....hashing import hash_canonical
-from ...lengths.cache import read_sidecar_header
+from ...lengths.cache import SIDECAR_SUFFIX, LengthCache, piecewise_sha256, read_sidecar_header, sidecar_path
+from ...lengths.pairs import CHOSEN_SUFFIX
 from ..fingerprint import sha256_array
 
 #: Bin edges of the synthetic lengths: bin ``b`` gives lengths in ``[Q[b], Q[b + 1])`` (256 bins).
@@ -76,8 +77,6 @@ SYNTHETIC_QUANTILES = np.asarray([
 _LOW = SYNTHETIC_QUANTILES[:-1].astype(np.uint32)
 _SPAN = np.diff(SYNTHETIC_QUANTILES)
 _GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-#: Lengths hashed between two releases of the mapped pages (16 MiB).
-HASH_PIECE = 1 << 22
 #: Most samples a source may hold (row numbers are uint64 and positions int64).
 MAX_SAMPLES = 1 << 62
 
@@ -177,13 +176,8 @@ class MappedLengths(ArrayLengths):
 
     def check_bytes(self) -> None:
         """LENGTHS_SIDECAR_MISMATCH unless the length bytes hash to the header's SHA-256: read in
-        pieces of :data:`HASH_PIECE` lengths, each released once hashed, so the RSS stays a piece."""
-        digest = hashlib.sha256()
-        lengths = self.lengths
-        for start in range(0, self.count, HASH_PIECE):
-            digest.update(lengths[start:start + HASH_PIECE].data)
-            self.release()
-        if digest.hexdigest() != self._sha256:
+        pieces of ``HASH_PIECE`` lengths (lengths/cache.py), each released once hashed, so the RSS stays a piece."""
+        if piecewise_sha256(self.lengths, self.release) != self._sha256:
             raise _sidecar_error(f"{self.path}: its length bytes do not match their SHA-256 in the header")
 
 
@@ -212,3 +206,25 @@ class SyntheticLengths(LengthSource):
     def binding(self) -> dict:
         return {"kind": "synthetic", "count": self.count, "seed": self.seed,
                 "generator": "umlos_synthetic_lengths_v1"}
+
+
+def open_length_cache(path) -> MappedLengths:
+    """The lengths of the length cache ``path`` for a windowed plan, checked in bounded memory, then mapped.
+
+    Named by its JSONL, the cache's sidecar is checked against every row of the JSONL
+    (``LengthCache.load(sidecar="require")``: one streaming read, the sidecar's pages released as
+    they are read, no id kept) and a cache of preference pairs is refused by its first id (windowed
+    plans do not keep pairs together yet). Named by its ``.u32`` sidecar, the plan reads those bytes
+    alone: they are checked against their own SHA-256 and the JSONL is not read (at 10^9 samples the
+    JSONL is 100 GB; the sidecar 4 GB), so nothing about the ids is known.
+    """
+    path = os.fspath(path)
+    if path.endswith(SIDECAR_SUFFIX):
+        source = MappedLengths(path)
+        source.check_bytes()
+        return source
+    first = LengthCache.load(path, sidecar="require").first_sample_id()
+    if first.endswith(CHOSEN_SUFFIX):
+        raise _lengths_error(f"{path} holds preference pairs (its first id is {first!r}); windowed plans take no "
+                             "preference pairs yet: plan it without --window")
+    return MappedLengths(sidecar_path(path))

@@ -13,6 +13,13 @@ it, the windowed plan maps the sidecar alone), then runs three fresh interpreter
   then ``--draws`` microbatches at random (epoch 0): the median and the largest time each;
 * **verify**: ``verify_windowed_plan`` of 8 windows at random (which rehashes the sidecar).
 
+``--cli`` also runs the command line, as a user would, each in a fresh interpreter (``umlos_cuda.cli.main``,
+what the ``umlos-cuda`` script calls): ``plan build --window W --lengths SIDECAR.u32`` (the bytes checked
+against their own SHA-256, then mapped) and ``plan verify --windows 8``, with the wall time and the peak RSS
+(VmHWM) of each. ``--jsonl 10000000,100000000`` writes real length caches (JSONL and sidecar, line-number
+ids) of those sizes and times ``plan build --window`` over the JSONL: the sidecar checked against every row
+in one streaming read, the bounded path a cache named by its JSONL takes.
+
 ``--compare`` (at the smallest N) also builds the whole-epoch plan of the same lengths
 (``build_epoch``) to count what the flush edge rule costs: microbatches and padded tokens.
 ``--synthetic 10000000000`` plans windows of a 10^10-sample epoch straight from the seeded
@@ -24,7 +31,8 @@ native order starts an OpenMP region for a window of 2^16 positions, and on a sh
 whose cores are busy, waking its threads cost 5 to 15 ms a window (the order itself takes 0.1 ms).
 
     python bench/bench_windowed_plans.py [--samples 10000000,100000000] [--window 65536]
-        [--folder DIR] [--order block_affine] [--compare] [--synthetic 10000000000]
+        [--folder DIR] [--order block_affine] [--compare] [--synthetic 10000000000] [--cli]
+        [--jsonl 10000000]
 """
 
 from __future__ import annotations
@@ -199,8 +207,53 @@ def child_synthetic(spec: dict) -> dict:
             "rss_before_mb": before, "peak_mb": peak_mb()}
 
 
+
+def child_cli(spec: dict) -> dict:
+    """``umlos-cuda ARGV`` in this fresh interpreter: its status, wall time, peak RSS and last output line."""
+    import contextlib
+    import io
+
+    from umlos_cuda.cli import main
+
+    before = rss_mb()
+    out = io.StringIO()
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(out):
+        status = main(spec["argv"])
+    wall = time.perf_counter() - started
+    return {"status": status, "wall_s": wall, "rss_before_mb": before, "peak_mb": peak_mb(),
+            "out": out.getvalue()}
+
+
+def write_jsonl_cache(path: str, n: int, seed: int) -> float:
+    """A length cache (JSONL and sidecar, line-number ids) of ``n`` synthetic lengths, written in chunks."""
+    import numpy as np
+
+    from umlos_cuda.batching.lengths.cache import LengthCacheWriter
+    from umlos_cuda.batching.plans.windows import SyntheticLengths
+
+    started = time.perf_counter()
+    source = SyntheticLengths(n, seed)
+    with LengthCacheWriter(path, hashlib.sha256(b"synthetic").hexdigest(), force=True) as writer:
+        for start in range(0, n, 1 << 22):
+            writer.add(None, source.take(np.arange(start, min(n, start + (1 << 22)), dtype=np.uint64)))
+    return time.perf_counter() - started
+
+
+def cli_build_argv(lengths: str, plan: str, spec: dict) -> list[str]:
+    """``plan build --window`` with the bench's config (as :func:`config`, through the options)."""
+    return ["plan", "build", "--lengths", lengths, "--bucket-edges", "128,256,512,1024,2048", "--overflow-max",
+            "4096", "--token-budget", "16384", "--pad-policy", "pad_to_max", "--seed", "42", "--order",
+            spec["order"], "--window", str(spec["window"]), "--quiet", "--force", "--output", plan]
+
+
+def microbatches_printed(out: str) -> int:
+    """The microbatch count ``plan build --window`` prints (``..., N microbatches, ...``)."""
+    return int(out.split(" microbatches")[0].rsplit(" ", 1)[1])
+
+
 CHILDREN = {"build": child_build, "open": child_open, "verify": child_verify, "compare": child_compare,
-            "synthetic": child_synthetic}
+            "synthetic": child_synthetic, "cli": child_cli}
 
 
 def child(spec: dict) -> dict:
@@ -226,6 +279,8 @@ def main() -> None:
     parser.add_argument("--probe", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1,
                         help="OMP_NUM_THREADS of the children (default 1; 0: leave it as it is)")
+    parser.add_argument("--cli", action="store_true", help="also time the command line over each sidecar")
+    parser.add_argument("--jsonl", default="", help="sizes of JSONL length caches to time plan build --window on")
     parser.add_argument("--child", default=None)
     args = parser.parse_args()
     if args.child:
@@ -241,6 +296,7 @@ def main() -> None:
           "open ms | microbatch 0 ms | microbatch k ms (median, max) | verify 8 windows s (peak RSS MB) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     sizes = [int(s) for s in args.samples.split(",") if s]
+    cli_rows: list[str] = []
     for n in sizes:
         lengths = os.path.join(folder, f"lengths_{n}.jsonl.u32")
         written = write_sidecar(lengths, n, 5) if not os.path.exists(lengths) else 0.0
@@ -254,6 +310,38 @@ def main() -> None:
               f"{opened['first_ms']:.1f} | {opened['k_ms']:.2f}, {opened['k_max_ms']:.1f} | "
               f"{checked['verify_s']:.2f} ({checked['peak_mb']:.0f}) |", flush=True)
         print(f"<!-- {n}: {json.dumps({'build': built, 'open': opened, 'verify': checked})} -->", flush=True)
+        if args.cli:
+            cli_plan = os.path.join(folder, f"cli_plan_{n}")
+            cli = child(base | {"kind": "cli", "argv": cli_build_argv(lengths, cli_plan, base)})
+            verify = child(base | {"kind": "cli", "argv": ["plan", "verify", cli_plan, "--windows", "8", "--seed",
+                                                            "3"]})
+            if cli["status"] or verify["status"]:
+                raise SystemExit(f"the command line failed: {cli['out']}{verify['out']}")
+            cli_rows.append(f"| {n:,} | .u32 | {os.path.getsize(lengths) / 1e9:.2f} | {cli['wall_s']:.2f} | "
+                            f"{n / cli['wall_s']:.3g} | {cli['peak_mb']:.0f} | {verify['wall_s']:.2f} "
+                            f"({verify['peak_mb']:.0f}) | {microbatches_printed(cli['out']):,} |")
+            shutil.rmtree(cli_plan, ignore_errors=True)
+    for n in [int(s) for s in args.jsonl.split(",") if s]:
+        cache = os.path.join(folder, f"cache_{n}.jsonl")
+        written = write_jsonl_cache(cache, n, 5) if not os.path.exists(cache) else 0.0
+        cli_plan = os.path.join(folder, f"cli_jsonl_plan_{n}")
+        cli = child(base | {"kind": "cli", "argv": cli_build_argv(cache, cli_plan, base)})
+        if cli["status"]:
+            raise SystemExit(f"the command line failed: {cli['out']}")
+        cli_rows.append(f"| {n:,} | JSONL (written in {written:.0f} s) | {os.path.getsize(cache) / 1e9:.2f} | "
+                        f"{cli['wall_s']:.2f} | {n / cli['wall_s']:.3g} | {cli['peak_mb']:.0f} | - | "
+                        f"{microbatches_printed(cli['out']):,} |")
+        shutil.rmtree(cli_plan, ignore_errors=True)
+        if not args.folder:
+            os.unlink(cache)
+            os.unlink(cache + ".u32")
+    if cli_rows:
+        print("\ncommand line, a fresh interpreter each: `plan build --window` (check, map, index, write), "
+              "`plan verify --windows 8`")
+        print("| samples | --lengths | input GB | plan build s | samples/s | peak RSS MB | verify s (peak MB) | "
+              "microbatches |")
+        print("|---:|---|---:|---:|---:|---:|---:|---:|")
+        print("\n".join(cli_rows), flush=True)
     if args.compare and sizes:
         n = sizes[0]
         spec = base | {"lengths": os.path.join(folder, f"lengths_{n}.jsonl.u32"), "kind": "compare"}

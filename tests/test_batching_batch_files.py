@@ -571,6 +571,29 @@ def test_packed_plans_through_a_dataloader(world, tmp_path):
     assert info.value.code == errors.COLLATE_INPUT_INVALID and "PackedBatchSampler" in info.value.message
 
 
+def test_a_windowed_packed_plan_through_a_dataloader(world):
+    """A windowed packed plan (windows of 64 of the 240 samples) feeds the same loader: each batch is its
+    microbatch collated from the store, packed rows and all."""
+    from torch.utils.data import DataLoader
+
+    from umlos_cuda.batching.plans.windows import ArrayLengths, WindowDefinition, WindowedPlan
+    from umlos_cuda.torch import PackedBatchSampler, PlanBatchSampler, PlanCollator, TokenDataset
+
+    root, store, _, _ = world
+    config = packed_plan(store, 1).config
+    plan = WindowedPlan.build(WindowDefinition(config, len(store), 64), ArrayLengths(store.lengths), 1)
+    sampler = PackedBatchSampler(PlanBatchSampler(plan, 0, 2))
+    loader = DataLoader(TokenDataset(root / "store"), batch_sampler=sampler,
+                        collate_fn=PlanCollator(plan, separator_ids=[2]), num_workers=2)
+    got = list(loader)
+    expected = [plan.microbatch(0, k) for k in range(0, plan.epoch_microbatches(0), 2)]
+    assert len(got) == len(expected) > 2 and any(len(mb.pack_sizes) > 1 for mb in expected)
+    for batch, mb in zip(got, expected):
+        reference_batch = collate_microbatch(store, mb, separator_ids=[2])
+        for name in FIELDS:
+            assert np.array_equal(batch[name].numpy(), getattr(reference_batch, name)), name
+
+
 def test_a_second_run_killed_leaves_the_folder_unfinished(world, tmp_path):
     """Rewriting a finished folder marks it unfinished until every file is checked again."""
     root, _, plan, _ = world

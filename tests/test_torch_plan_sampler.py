@@ -119,6 +119,90 @@ def test_refusals(tmp_path):
     assert list(PlanBatchSampler(str(tmp_path / "plan"), rank=0, world_size=3)) == sequence(PLAN, 0)[0::3]
 
 
+def make_windowed(n=2000, epochs=2, seed=5, window=300):
+    """The lengths and config of :func:`make_plan`, planned by windows of ``window`` positions."""
+    from umlos_cuda.batching.plans.windows import ArrayLengths, WindowDefinition, WindowedPlan
+
+    lengths = np.clip(np.random.default_rng(seed).lognormal(5.0, 1.0, n), 1, 2048).astype(np.uint32)
+    config = BatchingConfig.throughput(4096, (128, 256, 512, 1024), 2048, seed=seed)
+    return WindowedPlan.build(WindowDefinition(config, n, window), ArrayLengths(lengths), epochs)
+
+
+WINDOWED = make_windowed()
+
+
+def windowed_sequence(plan, epoch, start=0):
+    return [plan.microbatch(epoch, k).rows.tolist() for k in range(start, plan.epoch_microbatches(epoch))]
+
+
+def test_a_windowed_plan_of_one_window_deals_out_the_whole_plan():
+    """W >= N: the windowed plan is the whole-epoch plan, so the sampler yields the same microbatches."""
+    whole = make_windowed(window=4096)
+    for world_size, rank in ((1, 0), (3, 1)):
+        sampler = PlanBatchSampler(whole, rank=rank, world_size=world_size)
+        got = [list(sampler) for _ in range(2)]  # a pass an epoch
+        assert got == [sequence(PLAN, e)[rank::world_size] for e in range(2)]
+
+
+@pytest.mark.parametrize("before,after,steps", [(4, 2, 7), (3, 5, 4), (1, 8, 13)])
+def test_a_windowed_plan_resumes_at_another_world_size(before, after, steps):
+    from umlos_cuda.batching.plans.windows.resume import WindowedRankReader
+
+    samplers = [PlanBatchSampler(WINDOWED, rank=r, world_size=before) for r in range(before)]
+    iterators = [iter(s) for s in samplers]
+    consumed = {}
+    for _ in range(steps):
+        for s, it in zip(samplers, iterators):
+            consumed[s.last_microbatch["index"]] = next(it)
+    state = samplers[0].state_dict()
+    assert state["plan_fingerprint"] == WINDOWED.fingerprint and state["microbatch_index"] == steps * before
+    resumed = [PlanBatchSampler(WINDOWED, rank=r, world_size=after) for r in range(after)]
+    for r, s in enumerate(resumed):
+        s.load_state_dict(json.loads(json.dumps(state)))
+        reader = WindowedRankReader(WINDOWED, r, after, epoch=0, microbatch_index=steps * before)
+        assert s.steps_remaining == reader.steps_remaining
+        mine = []
+        for rows in s:
+            consumed[s.last_microbatch["index"]] = rows
+            mine.append((s.last_microbatch["index"], rows))
+        assert mine == [(k, spec.rows.tolist()) for _, k, spec in reader]  # the resume rule, one definition
+    assert [consumed[k] for k in range(WINDOWED.epoch_microbatches(0))] == windowed_sequence(WINDOWED, 0)
+
+
+def test_a_windowed_plan_folder_through_a_dataloader_and_the_checkpoint_cursor(tmp_path):
+    from umlos_cuda.batching.lengths.cache import LengthCache, sidecar_path
+    from umlos_cuda.batching.plans.checkpoint_kinds import PlanCursor
+    from umlos_cuda.batching.plans.windows import MappedLengths, WindowedPlan, save_windowed_plan
+
+    LengthCache.from_arrays(None, WINDOWED.source.lengths, "t").write(tmp_path / "lengths.jsonl")
+    side = sidecar_path(tmp_path / "lengths.jsonl")
+    save_windowed_plan(WindowedPlan.build(WINDOWED.definition, MappedLengths(side), 2), tmp_path / "wp",
+                       lengths_path=side)
+    sampler = PlanBatchSampler(str(tmp_path / "wp"), rank=1, world_size=2, epoch=1, microbatch_index=6)
+    assert sampler.fingerprint == WINDOWED.fingerprint  # the same lengths, mapped: the same plan
+    loader = DataLoader(TensorDataset(torch.arange(2000)), batch_sampler=sampler, num_workers=2)
+    got = []
+    for step, (batch,) in enumerate(loader):
+        got.append(batch.tolist())
+        if step == 4:
+            cursor = PlanCursor.of(sampler)  # 5 steps of 2 ranks from 6, not the ones the workers prefetched
+            break
+    assert got == windowed_sequence(WINDOWED, 1)[7::2][:5] and (cursor.epoch, cursor.microbatch_index) == (1, 16)
+    resumed = PlanBatchSampler(WINDOWED, rank=0, world_size=3)
+    cursor.restore_into(resumed)
+    assert next(iter(resumed)) == windowed_sequence(WINDOWED, 1)[18]  # the first k >= 16 with k % 3 == 0
+    with pytest.raises(errors.UmlosError) as info:
+        cursor.restore_into(PlanBatchSampler(PLAN, rank=0, world_size=3))  # the whole plan is another plan
+    assert info.value.code == errors.PLAN_FINGERPRINT_MISMATCH
+    for kwargs in (dict(epoch=2), dict(microbatch_index=WINDOWED.epoch_microbatches(0) + 1)):
+        with pytest.raises(SamplerArgumentError) as info:
+            PlanBatchSampler(WINDOWED, rank=0, world_size=1, **kwargs)
+        assert info.value.code == errors.PLAN_CURSOR_INVALID
+    with pytest.raises(SamplerArgumentError) as info:
+        resumed.set_epoch(2)
+    assert info.value.code == errors.PLAN_CURSOR_INVALID
+
+
 def test_torchrun_stop_at_4_ranks_resume_at_2(tmp_path):
     """4 gloo ranks train over a 2-epoch plan and stop in epoch 1; 2 ranks resume
     from the saved cursor. The microbatches consumed, in global order, are the

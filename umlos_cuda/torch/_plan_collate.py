@@ -72,11 +72,9 @@ class PackedBatchSampler:
         self.sampler = sampler
 
     def __iter__(self):
-        plan = self.sampler.plan
         for rows in self.sampler:
             last = self.sampler.last_microbatch
-            epoch = plan.get_epoch(last["epoch"])
-            sizes = plan.microbatch(last["epoch"], epoch.local_index(last["index"])).pack_sizes
+            sizes = self.sampler.microbatch(last["epoch"], last["index"]).pack_sizes
             packs = np.repeat(np.arange(len(sizes)), sizes) if sizes is not None else np.arange(len(rows))
             yield list(zip(rows, packs.tolist()))
 
@@ -117,8 +115,8 @@ class PlanCollator:
     ``"rows"`` tensor (default: only under ``shifted``, since a model called
     with ``**batch`` would be handed it too).
 
-    ``plan``: a :class:`~umlos_cuda.batching.plans.plan.BatchPlan`, a plan
-    folder or a :class:`~umlos_cuda.batching.plans.config.BatchingConfig`. For
+    ``plan``: a :class:`~umlos_cuda.batching.plans.plan.BatchPlan`, a windowed
+    plan, either's folder or a :class:`~umlos_cuda.batching.plans.config.BatchingConfig`. For
     a packed plan, items carry their packed row (:class:`PackedBatchSampler`)
     and ``separator_ids`` are the plan's separator tokens.
     """
@@ -127,13 +125,12 @@ class PlanCollator:
                  attention: str = "auto", mask_dtype: str = "bool", cu_seq_lens_dtype: Any = "int32",
                  rows: bool | None = None) -> None:
         from ..batching.plans.config import BatchingConfig
-        from ..batching.plans.io import load_plan
-        from ..batching.plans.plan import BatchPlan
+        from ..batching.plans.windows.io import load_microbatch_plan
 
         if isinstance(plan, BatchingConfig):
             self.config = plan
         else:
-            self.config = (plan if isinstance(plan, BatchPlan) else load_plan(plan)).config
+            self.config = (plan if hasattr(plan, "config") else load_microbatch_plan(plan)).config
         self.pad_id = pad_id
         from ..batching.collate import collate_error, plan_separator_ids
 

@@ -45,9 +45,12 @@ class PlanBatchSampler(_SamplerBase):
     """Batch sampler over a plan: ``DataLoader(ds, batch_sampler=PlanBatchSampler(plan))``.
 
     Args:
-        plan: a :class:`~umlos_cuda.batching.plans.plan.BatchPlan` or a plan folder.
-            A pre-sharded plan (``umlos-cuda plan shard``) works at its own
-            rank and world size only.
+        plan: a :class:`~umlos_cuda.batching.plans.plan.BatchPlan`, a
+            :class:`~umlos_cuda.batching.plans.windows.WindowedPlan` (token-budget
+            or packed; each microbatch is one window planned, the last window
+            kept, so a pass plans each window once and a resume one window) or
+            either's folder. A pre-sharded plan (``umlos-cuda plan shard``) works
+            at its own rank and world size only.
         rank, world_size: default: ``torch.distributed`` when initialised,
             else ``$RANK`` / ``$WORLD_SIZE``, else 0 / 1.
         epoch, microbatch_index: the starting cursor (default 0, 0).
@@ -63,17 +66,20 @@ class PlanBatchSampler(_SamplerBase):
 
     def __init__(self, plan, rank: int | None = None, world_size: int | None = None, *,
                  epoch: int = 0, microbatch_index: int = 0) -> None:
-        from ..batching.plans.io import load_plan
         from ..batching.plans.plan import BatchPlan, check_cursor
+        from ..batching.plans.windows import WindowedPlan
+        from ..batching.plans.windows.io import load_microbatch_plan
 
         try:
-            if not isinstance(plan, BatchPlan):
+            if not isinstance(plan, (BatchPlan, WindowedPlan)):
                 checks.instance(plan, "plan", (str, os.PathLike), fail=partial(argument_error, errors.PLAN_NOT_FOUND),
-                                message="{name} must be a BatchPlan or a plan folder, got {type}")
-                plan = load_plan(plan)
+                                message="{name} must be a BatchPlan, a WindowedPlan or a plan folder, got {type}")
+                plan = load_microbatch_plan(plan)
             self.plan = plan
+            #: A windowed plan (batching/plans/windows/): microbatch ``k`` is one window planned, the last kept.
+            self.windowed = isinstance(plan, WindowedPlan)
             self.world_size, self.rank = resolve_world(world_size, rank)
-            shard = plan.meta.shard
+            shard = None if self.windowed else plan.meta.shard
             if shard is not None and (shard["rank"], shard["world_size"]) != (self.rank, self.world_size):
                 raise argument_error(
                     errors.INVALID_RANK,
@@ -94,7 +100,7 @@ class PlanBatchSampler(_SamplerBase):
     @property
     def fingerprint(self) -> str:
         """The full plan's fingerprint (a shard names its source's)."""
-        return self.plan.meta.source_fingerprint
+        return self.plan.fingerprint if self.windowed else self.plan.meta.source_fingerprint
 
     def _epoch_length(self, epoch: int) -> int:
         return self.plan.epoch_microbatches(epoch)
@@ -129,18 +135,29 @@ class PlanBatchSampler(_SamplerBase):
                           "(`umlos-cuda plan build --epochs`), or call set_epoch() to go back", stacklevel=2)
         return self._generate(self.epoch, self.microbatch_index, owner)
 
+    def microbatch(self, epoch: int, index: int):
+        """Global microbatch ``index`` of ``epoch`` as a :class:`~umlos_cuda.batching.plans.plan.MicrobatchSpec`
+        (rows, bucket, ``max_len``, packed rows), whole plan or windowed."""
+        if self.windowed:
+            return self.plan.microbatch(epoch, index)
+        return self.plan.microbatch(epoch, self.plan.get_epoch(epoch).local_index(index))
+
     def _generate(self, epoch: int, start: int, owner: object) -> Iterator[list[int]]:
-        plan_epoch = self.plan.get_epoch(epoch)
+        plan_epoch = None if self.windowed else self.plan.get_epoch(epoch)
         for step, index in enumerate(self._mine(epoch, start)):
-            local = plan_epoch.local_index(index)
-            rows = plan_epoch.rows(local)
+            if plan_epoch is None:  # one window planned per window of microbatches (the plan keeps the last)
+                spec = self.plan.microbatch(epoch, index)
+                rows, bucket_id, max_len = spec.rows, spec.bucket_id, spec.max_len
+            else:  # the arrays themselves: no MicrobatchSpec (its sample ids) per microbatch
+                local = plan_epoch.local_index(index)
+                rows = plan_epoch.rows(local)
+                bucket_id, max_len = int(plan_epoch.bucket_ids[local]), int(plan_epoch.max_len[local])
             if self._owner is owner:
                 self.epoch, self.microbatch_index = self._after(epoch, start, step + 1)
                 self._handed = step + 1
                 if step == 0:
                     self._link = link_for(self, batches=True)
-            self.last_microbatch = {"epoch": epoch, "index": index, "bucket_id": int(plan_epoch.bucket_ids[local]),
-                                    "max_len": int(plan_epoch.max_len[local])}
+            self.last_microbatch = {"epoch": epoch, "index": index, "bucket_id": bucket_id, "max_len": max_len}
             yield rows.tolist()
         if self._owner is owner:  # a rank without a microbatch in the last step ends the epoch too
             self.epoch, self.microbatch_index = self._after(epoch, start, self.steps_from(epoch, start))
@@ -158,10 +175,12 @@ class PlanBatchSampler(_SamplerBase):
     def set_epoch(self, epoch: int) -> None:
         """Move the cursor to the start of ``epoch`` unless it is already inside it
         (a restored mid-epoch cursor is kept), so the usual loop works with resumption."""
+        from ..batching.plans.plan import check_cursor
+
         epoch = require_uint64(epoch, "epoch")
         if epoch != self.epoch:
             try:
-                self.plan.get_epoch(epoch)
+                check_cursor(self.plan, epoch, 0)
             except UmlosError as exc:
                 raise as_argument_error(exc) from None
             self.epoch, self.microbatch_index = epoch, 0

@@ -64,11 +64,14 @@ class PlanCursor:
         return cls(state["plan_fingerprint"], state["epoch"], state["microbatch_index"])
 
     def check(self, plan) -> None:
-        """Refuse a plan with another fingerprint (PLAN_FINGERPRINT_MISMATCH) or a cursor outside it."""
-        if plan.meta.source_fingerprint != self.plan_fingerprint:
+        """Refuse a plan with another fingerprint (PLAN_FINGERPRINT_MISMATCH) or a cursor outside it: a whole
+        plan (a shard names its source's fingerprint) or a windowed one (windows/resume.py)."""
+        meta = getattr(plan, "meta", None)
+        fingerprint = plan.fingerprint if meta is None else meta.source_fingerprint
+        if fingerprint != self.plan_fingerprint:
             raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH,
                              f"the checkpoint's plan cursor belongs to plan {self.plan_fingerprint}; "
-                             f"this plan is {plan.meta.source_fingerprint}")
+                             f"this plan is {fingerprint}")
         check_cursor(plan, self.epoch, self.microbatch_index)
 
     def restore_into(self, sampler) -> None:

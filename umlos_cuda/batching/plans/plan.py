@@ -340,12 +340,14 @@ class BatchPlan:
                 yield e, spec.index, spec
 
 
-def check_cursor(plan: BatchPlan, epoch: Any, microbatch_index: Any) -> None:
-    """A plan cursor must name an epoch of the plan and an index in ``[0, M]``."""
+def check_cursor(plan: Any, epoch: Any, microbatch_index: Any) -> None:
+    """A plan cursor must name an epoch of the plan and an index in ``[0, M]``: the one rule for every plan
+    with ``num_epochs`` and ``epoch_microbatches`` (a whole plan, a windowed one: windows/resume.py)."""
     for value, what in ((epoch, "epoch"), (microbatch_index, "microbatch_index")):
         checks.integer(value, what, 0, None, fail=partial(plan_error, errors.PLAN_CURSOR_INVALID),
                        message=checks.NON_NEGATIVE)
-    plan.get_epoch(epoch)
+    checks.integer(epoch, "epoch", 0, plan.num_epochs - 1, fail=partial(plan_error, errors.PLAN_CURSOR_INVALID),
+                   message="{name} {value!r} is not in the plan; it has epochs 0 to {high}")
     limit = plan.epoch_microbatches(epoch)
     if microbatch_index > limit:
         raise plan_error(errors.PLAN_CURSOR_INVALID,

@@ -91,6 +91,14 @@ def _write(folder: Folder, name: str, fill) -> None:
         fill(handle)
 
 
+def load_microbatch_plan(directory):
+    """The plan of microbatches in ``directory``, whole (:func:`~..io.load_plan`) or windowed (by its marker):
+    what a batch sampler or a collator over dataset rows reads (torch/)."""
+    from ..io import load_plan
+
+    return load_windowed_plan(directory) if is_windowed_plan(directory) else load_plan(directory)
+
+
 def load_windowed_plan(directory, *, lengths=None, backend: str = "auto") -> WindowedPlan:
     """The windowed plan in ``directory`` (see the module docstring): its definition, index and
     lengths checked against meta.json (PLAN_NOT_FOUND, PLAN_FORMAT_INVALID, PLAN_LENGTHS_MISMATCH,

@@ -30,15 +30,10 @@ so every windowed plan kind resumes by this one rule (a mixture is one epoch).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from functools import partial
 from typing import Any, Protocol
 
-from .... import checks, errors
 from ..checkpoint_kinds import PlanCursor
-from ..plan import plan_error
 from ..sharding import check_rank
-
-_cursor = partial(plan_error, errors.PLAN_CURSOR_INVALID)
 
 
 class ResumablePlan(Protocol):
@@ -62,16 +57,7 @@ def check_windowed_cursor(plan: ResumablePlan, cursor: PlanCursor) -> PlanCursor
     and an index in ``[0, M]`` (PLAN_CURSOR_INVALID; ``M`` itself: the epoch is done)."""
     if not isinstance(cursor, PlanCursor):
         cursor = PlanCursor.from_state(cursor)
-    if cursor.plan_fingerprint != plan.fingerprint:
-        raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH,
-                         f"the checkpoint's plan cursor belongs to plan {cursor.plan_fingerprint}; "
-                         f"this windowed plan is {plan.fingerprint}")
-    checks.integer(cursor.epoch, "epoch", 0, plan.num_epochs - 1, fail=_cursor,
-                   message="{name} {value!r} is not in the plan; it has epochs 0 to {high}")
-    limit = plan.epoch_microbatches(cursor.epoch)
-    if cursor.microbatch_index > limit:
-        raise _cursor(f"microbatch_index {cursor.microbatch_index} is past the end of epoch {cursor.epoch} "
-                      f"({limit} microbatches; {limit} itself means the epoch is done)")
+    cursor.check(plan)
     return cursor
 
 

@@ -11,6 +11,8 @@
   (and :class:`PackedBatchSampler` for a packed plan): plan microbatches from a
   token store, collated to int32 tensors, or to the tensors a ``transformers``
   model takes (``preset="hf"`` or ``"padding_free"``; docs/batching.md).
+* :class:`SequenceBatchSampler` with :class:`SequenceDataset`: pretraining sequences
+  (``umlos-cuda plan cut``) by batches of samples, their cursor the plan cursor.
 * :func:`run_distributed`: the entry point of a torchrun script; it ends every
   rank cleanly (a DDP job on gloo otherwise aborts at exit now and then).
 * :mod:`umlos_cuda.torch.trainer` (imported by name, not from here): a plan as
@@ -38,6 +40,7 @@ from ._order import sampler_manifest
 from ._padding import MaskedDataset, Padding
 from ._plan_collate import PackedBatchSampler, PlanCollator, TokenDataset
 from ._plan_sampler import PlanBatchSampler
+from ._sequences import SequenceBatchSampler, SequenceDataset
 
 _warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning,
                          module="torchdata.stateful_dataloader.stateful_dataloader")
@@ -53,6 +56,8 @@ __all__ = [
     "PlanCollator",
     "SamplerArgumentError",
     "SamplerTypeError",
+    "SequenceBatchSampler",
+    "SequenceDataset",
     "TokenDataset",
     "resolve_world",
     "run_distributed",

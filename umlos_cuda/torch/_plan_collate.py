@@ -28,13 +28,10 @@ from typing import Any
 
 import numpy as np
 
-try:
-    from torch.utils.data import Dataset as _DatasetBase
-except ImportError:  # pragma: no cover - exercised where torch is absent
-    _DatasetBase = object
+from ._sampler_base import DatasetBase
 
 
-class TokenDataset(_DatasetBase):
+class TokenDataset(DatasetBase):
     """Map-style dataset over a token source: item ``row`` is
     ``(row, input_ids, loss_mask)`` (NumPy views of the memory-mapped files).
 

@@ -71,13 +71,14 @@ class PlanBatchSampler(_SamplerBase):
         from ..batching.plans.windows.io import load_microbatch_plan
 
         try:
-            if not isinstance(plan, (BatchPlan, WindowedPlan)):
+            if not isinstance(plan, (BatchPlan, WindowedPlan)) and not hasattr(plan, "microbatch_at"):
                 checks.instance(plan, "plan", (str, os.PathLike), fail=partial(argument_error, errors.PLAN_NOT_FOUND),
                                 message="{name} must be a BatchPlan, a WindowedPlan or a plan folder, got {type}")
                 plan = load_microbatch_plan(plan)
             self.plan = plan
-            #: A windowed plan (batching/plans/windows/): microbatch ``k`` is one window planned, the last kept.
-            self.windowed = isinstance(plan, WindowedPlan)
+            #: A windowed plan (batching/plans/windows/; any ``ResumablePlan`` of resume.py): unit ``k`` is one
+            #: window planned, the last kept.
+            self.windowed = not isinstance(plan, BatchPlan)
             self.world_size, self.rank = resolve_world(world_size, rank)
             shard = None if self.windowed else plan.meta.shard
             if shard is not None and (shard["rank"], shard["world_size"]) != (self.rank, self.world_size):
@@ -156,11 +157,19 @@ class PlanBatchSampler(_SamplerBase):
                 self.epoch, self.microbatch_index = self._after(epoch, start, step + 1)
                 self._handed = step + 1
                 if step == 0:
-                    self._link = link_for(self, batches=True)
+                    self._link = self._loader_link()
             self.last_microbatch = {"epoch": epoch, "index": index, "bucket_id": bucket_id, "max_len": max_len}
             yield rows.tolist()
         if self._owner is owner:  # a rank without a microbatch in the last step ends the epoch too
             self.epoch, self.microbatch_index = self._after(epoch, start, self.steps_from(epoch, start))
+
+    def _loader_link(self) -> LoaderLink | None:
+        """The ``DataLoader`` with workers pulling this pass, found on the call stack (``_prefetch.py``)."""
+        return link_for(self, batches=True)
+
+    def _steps(self, batches: int) -> int:
+        """Lockstep steps of ``batches`` batches of this rank (one unit a batch here; a subclass may batch more)."""
+        return batches
 
     def _after(self, epoch: int, start: int, steps: int) -> tuple[int, int]:
         """The cursor once ``steps`` lockstep steps from ``(epoch, start)`` are done."""
@@ -214,7 +223,8 @@ class PlanBatchSampler(_SamplerBase):
             batches_consumed = loop_count(self._link, self._handed, "PlanBatchSampler", "microbatches",
                                           "batches_consumed")
         if batches_consumed is not None:
-            epoch, index = self._after(*self._iter_start, require_uint64(batches_consumed, "batches_consumed"))
+            epoch, index = self._after(*self._iter_start,
+                                       self._steps(require_uint64(batches_consumed, "batches_consumed")))
         return {"format": STATE_FORMAT, "plan_fingerprint": self.fingerprint, "epoch": epoch,
                 "microbatch_index": index, "world_size": self.world_size}
 

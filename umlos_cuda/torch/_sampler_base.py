@@ -1,12 +1,12 @@
-"""The base class of every sampler here: ``torch.utils.data.Sampler`` when
-torch is installed, else ``object``, so the samplers also work (and their
-tests run) in a process without torch."""
+"""The base classes of every sampler and dataset here: ``torch.utils.data.Sampler``
+and ``Dataset`` when torch is installed, else ``object``, so they also work (and
+their tests run) in a process without torch."""
 
 from __future__ import annotations
 
 try:
-    from torch.utils.data import Sampler as SamplerBase
+    from torch.utils.data import Dataset as DatasetBase, Sampler as SamplerBase
 except ImportError:  # pragma: no cover - exercised where torch is absent
-    SamplerBase = object
+    DatasetBase = SamplerBase = object
 
-__all__ = ["SamplerBase"]
+__all__ = ["DatasetBase", "SamplerBase"]

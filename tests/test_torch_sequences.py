@@ -1,0 +1,106 @@
+"""SequenceBatchSampler and SequenceDataset: pretraining sequences by batches of samples in a DataLoader, the
+plan cursor counted in samples, resumed at another world size and batch size."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from token_cases import random_sequences, write_megatron
+
+from umlos_cuda import errors
+from umlos_cuda.batching.plans.checkpoint_kinds import PlanCursor
+from umlos_cuda.batching.plans.windows import CutDefinition, PretrainingSequences, save_sequences
+from umlos_cuda.batching.tokens.pretraining import MappedMegatron, load_pretraining
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+from umlos_cuda.torch import SamplerArgumentError, SequenceBatchSampler, SequenceDataset  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """Pretraining sequences of 150 Megatron documents, 2 epochs, sequence length 16, windows of 20."""
+    root = tmp_path_factory.mktemp("sequences")
+    prefix = write_megatron(root / "mega", random_sequences(150, seed=3, high=60))
+    plan = PretrainingSequences.build(CutDefinition(150, 16, window=20, seed=9, eos=1), MappedMegatron(prefix), 2)
+    save_sequences(plan, root / "seq", tokens_path=prefix)
+    return root / "seq"
+
+
+def keys_of(batches):
+    return [key for batch in batches for key in batch]
+
+
+@pytest.mark.parametrize("world_size,batch_size", [(1, 8), (3, 4), (4, 5)])
+def test_ranks_deal_out_every_sample_once_per_epoch(folder, world_size, batch_size):
+    plan = load_pretraining(folder)
+    samplers = [SequenceBatchSampler(plan, batch_size, rank=r, world_size=world_size) for r in range(world_size)]
+    for epoch in range(2):
+        lengths = [len(s) for s in samplers]
+        steps = {s.batches_remaining for s in samplers}
+        passes = [list(s) for s in samplers]
+        assert [len(p) for p in passes] == lengths and len(steps) == 1
+        (lockstep,) = steps
+        assert all(lockstep - 1 <= len(p) <= lockstep for p in passes)  # a rank may run out one batch early
+        flat = sorted(key for p in passes for key in keys_of(p))
+        assert flat == [(epoch, k) for k in range(plan.epoch_samples(epoch))]
+        for r, batches in enumerate(passes):
+            assert all(0 < len(b) <= batch_size for b in batches)
+            assert all(k % world_size == r and e == epoch for e, k in keys_of(batches))
+    assert (samplers[0].epoch, samplers[0].microbatch_index) == (1, plan.epoch_samples(1))  # the plan is done
+
+
+@pytest.mark.parametrize("before,after,batches", [((4, 3), (2, 5), 2), ((2, 8), (3, 1), 1), ((1, 4), (4, 4), 3)])
+def test_resume_at_another_world_size_and_batch_size(folder, before, after, batches):
+    plan = load_pretraining(folder)
+    (r_before, b_before), (r_after, b_after) = before, after
+    samplers = [SequenceBatchSampler(plan, b_before, rank=r, world_size=r_before) for r in range(r_before)]
+    iterators = [iter(s) for s in samplers]
+    consumed = [key for _ in range(batches) for it in iterators for key in next(it)]
+    state = samplers[0].state_dict()
+    assert all(s.state_dict() == state for s in samplers) and state["microbatch_index"] == batches * b_before * r_before
+    resumed = [SequenceBatchSampler(plan, b_after, rank=r, world_size=r_after) for r in range(r_after)]
+    for s in resumed:
+        s.load_state_dict(json.loads(json.dumps(state)))
+        consumed += keys_of(list(s))
+    assert sorted(consumed) == [(0, k) for k in range(plan.epoch_samples(0))]  # each sample once, in epoch 0
+
+
+def test_a_dataloader_with_workers_collates_the_samples_and_saves_the_cursor(folder):
+    plan = load_pretraining(folder)
+    sampler = SequenceBatchSampler(str(folder), 4, rank=1, world_size=2)
+    loader = DataLoader(SequenceDataset(str(folder)), batch_sampler=sampler, num_workers=2)
+    for step, batch in enumerate(loader):
+        keys = [(0, k) for k in range(1, plan.epoch_samples(0), 2)][4 * step:4 * step + 4]
+        for name in ("input_ids", "labels", "loss_mask", "position_ids", "segment_ids"):
+            expected = np.stack([plan.sample(e, k)[name] for e, k in keys])
+            assert np.array_equal(batch[name].numpy(), expected), name
+        assert batch["input_ids"].shape == (4, 16) and batch["input_ids"].dtype == torch.int64
+        if step == 2:
+            cursor = PlanCursor.of(sampler)  # 3 batches of 4 at 2 ranks, not what the workers prefetched
+            break
+    assert cursor == PlanCursor(plan.fingerprint, 0, 24)
+    resumed = SequenceBatchSampler(plan, 3, rank=0, world_size=3)
+    cursor.restore_into(resumed)
+    assert next(iter(resumed)) == [(0, 24), (0, 27), (0, 30)]
+
+
+def test_refusals(folder):
+    plan = load_pretraining(folder)
+    for bad, code in ((0, errors.BATCHING_CONFIG_INVALID), ("4", errors.BATCHING_CONFIG_INVALID)):
+        with pytest.raises(SamplerArgumentError) as info:
+            SequenceBatchSampler(plan, bad)
+        assert info.value.code == code
+    with pytest.raises(SamplerArgumentError) as info:
+        SequenceBatchSampler(12, 4)
+    assert info.value.code == errors.PLAN_NOT_FOUND
+    with pytest.raises(SamplerArgumentError) as info:
+        SequenceBatchSampler(plan, 4, epoch=2)
+    assert info.value.code == errors.PLAN_CURSOR_INVALID
+    other = PretrainingSequences.build(CutDefinition(150, 16, window=20, seed=10, eos=1), plan.lengths, 2)
+    with pytest.raises(SamplerArgumentError) as info:
+        SequenceBatchSampler(plan, 4).load_state_dict(SequenceBatchSampler(other, 4).state_dict())
+    assert info.value.code == errors.PLAN_FINGERPRINT_MISMATCH

@@ -1,0 +1,130 @@
+"""Pretraining sequences in a ``DataLoader``: this rank's batches of samples and the samples as tensors.
+
+What goes in: pretraining sequences (``umlos-cuda plan cut``, docs/batching.md "Pretraining
+sequences"), as a folder or a :class:`~umlos_cuda.batching.plans.windows.PretrainingSequences`,
+a batch size, a rank and a world size. What comes out: :class:`SequenceBatchSampler`, a
+``batch_sampler`` whose items are lists of ``(epoch, k)`` keys, and :class:`SequenceDataset`,
+whose item ``(epoch, k)`` is sample ``k`` of that epoch as tensors (``input_ids``, ``labels``,
+``loss_mask``, ``position_ids``, ``segment_ids``), collated from the token source by the plan.
+
+The sampler is :class:`~umlos_cuda.torch.PlanBatchSampler` with the sample as the unit of the
+cursor (the resume rule of windows/resume.py): from cursor ``c``, rank ``r`` of ``R`` takes the
+samples ``k >= c`` with ``k mod R == r``, ``batch_size`` of them a batch, so every batch step
+consumes ``batch_size x R`` consecutive samples, and ``state_dict()`` / ``PlanCursor.of`` are the
+``plan`` cursor of the checkpoint store, restorable at any world size (a batch size other than
+the saved one is allowed too: the cursor counts samples). The keys carry the epoch, so a worker
+process needs nothing of the sampler's state.
+
+The dataset opens the folder in each process that reads it (workers included): a mapped token
+source is not sent through a pipe; given an opened plan, it is pickled as is.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from .. import checks, errors
+from ..errors import UmlosError
+from ._dist import argument_error, as_argument_error
+from ._plan_sampler import PlanBatchSampler
+from ._sampler_base import DatasetBase
+
+#: The arrays of a sample the dataset hands out (``documents``, a list of rows, is left out: it does not stack).
+TENSORS = ("input_ids", "labels", "loss_mask", "position_ids", "segment_ids")
+
+
+def _open(sequences):
+    """A :class:`PretrainingSequences` from itself or its folder (PLAN_NOT_FOUND for anything else)."""
+    from ..batching.plans.windows import PretrainingSequences
+    from ..batching.tokens.pretraining import load_pretraining
+
+    if isinstance(sequences, PretrainingSequences):
+        return sequences
+    if not isinstance(sequences, (str, os.PathLike)):
+        raise argument_error(errors.PLAN_NOT_FOUND, "sequences must be PretrainingSequences or their folder, got "
+                                                    f"{type(sequences).__name__}")
+    return load_pretraining(sequences)
+
+
+class SequenceBatchSampler(PlanBatchSampler):
+    """``batch_sampler`` over pretraining sequences (see the module docstring).
+
+    Args:
+        sequences: a :class:`~umlos_cuda.batching.plans.windows.PretrainingSequences` or its folder.
+        batch_size: samples a batch of this rank (the last of an epoch may be short).
+        rank, world_size: as :class:`~umlos_cuda.torch.PlanBatchSampler`.
+        epoch, sample_index: the starting cursor (default 0, 0).
+    """
+
+    def __init__(self, sequences, batch_size: int, rank: int | None = None, world_size: int | None = None, *,
+                 epoch: int = 0, sample_index: int = 0) -> None:
+        try:
+            plan = _open(sequences)
+            self.batch_size = checks.integer(batch_size, "batch_size", 1, None, fail=lambda message: argument_error(
+                errors.BATCHING_CONFIG_INVALID, message), message=checks.AT_LEAST)
+        except UmlosError as exc:
+            raise as_argument_error(exc) from None
+        super().__init__(plan, rank, world_size, epoch=epoch, microbatch_index=sample_index)
+
+    def __len__(self) -> int:
+        """Batches this rank yields from the cursor to the end of its epoch: ``ceil(steps_remaining /
+        batch_size)`` on every rank but one whose samples ran out a batch early (it yields no empty batch)."""
+        return -(-len(self._mine(self.epoch, self.microbatch_index)) // self.batch_size)
+
+    @property
+    def batches_remaining(self) -> int:
+        """Batch steps from the cursor to the end of its epoch, the same on every rank (for the last collective)."""
+        return -(-self.steps_remaining // self.batch_size)
+
+    def _steps(self, batches: int) -> int:
+        return batches * self.batch_size
+
+    def _generate(self, epoch: int, start: int, owner: object) -> Iterator[list[Any]]:
+        mine = self._mine(epoch, start)
+        steps = self.steps_from(epoch, start)
+        for batch, first in enumerate(range(0, len(mine), self.batch_size)):
+            keys = [(epoch, k) for k in mine[first:first + self.batch_size]]
+            if self._owner is owner:
+                self.epoch, self.microbatch_index = self._after(epoch, start, min(steps, first + self.batch_size))
+                self._handed = batch + 1
+                if batch == 0:
+                    self._link = self._loader_link()
+            self.last_microbatch = {"epoch": epoch, "index": keys[0][1]}
+            yield keys
+        if self._owner is owner:  # a rank whose samples ran out a batch early ends the epoch too
+            self.epoch, self.microbatch_index = self._after(epoch, start, steps)
+
+
+class SequenceDataset(DatasetBase):
+    """Map-style dataset of pretraining sequences: item ``(epoch, k)`` is sample ``k`` of ``epoch``, a dict of
+    int64/uint8/int32 tensors (:data:`TENSORS`), collated from ``tokens`` (default: the plan's token source)."""
+
+    def __init__(self, sequences, *, tokens=None) -> None:
+        self._given = sequences
+        self._tokens = tokens
+        self._plan = _open(sequences)
+
+    def __getstate__(self) -> dict:
+        opened = not isinstance(self._given, (str, os.PathLike))
+        return {"given": self._given, "tokens": self._tokens, "plan": self._plan if opened else None}
+
+    def __setstate__(self, state: dict) -> None:
+        self._given, self._tokens = state["given"], state["tokens"]
+        self._plan = state["plan"] if state["plan"] is not None else _open(self._given)
+
+    @property
+    def plan(self):
+        return self._plan
+
+    def __len__(self) -> int:
+        """The samples of epoch 0 (a key names its epoch: every epoch's samples are items)."""
+        return self._plan.epoch_samples(0)
+
+    def __getitem__(self, key) -> dict:
+        import torch
+
+        epoch, k = key
+        sample = self._plan.sample(int(epoch), int(k), self._tokens)
+        return {name: torch.from_numpy(sample[name]) for name in TENSORS}

@@ -31,7 +31,8 @@ import struct
 import numpy as np
 
 from ..plans.windows.sequences import PretrainingSequences
-from ..plans.windows.sequences_io import load_sequences
+from ..plans.windows.sequence_mixture import SequenceMixture
+from ..plans.windows.sequences_io import load_mixed_sequences, load_sequences
 from ..plans.windows.sources import LengthSource
 from .megatron import (DTYPE_CODES, HEADER_BYTES, IDX_MAGIC, IDX_VERSION, UNKNOWN_TOKENIZER, _invalid, _map, _view,
                        bin_path, idx_path)
@@ -112,3 +113,11 @@ def load_pretraining(directory, *, tokens=None, lengths=None, backend: str = "au
     """:func:`~umlos_cuda.batching.plans.windows.load_sequences`, the tokens opened from the folder's
     ``tokens_path`` when neither ``tokens`` nor ``lengths`` is given."""
     return load_sequences(directory, tokens=tokens, lengths=lengths, backend=backend, open_tokens=open_token_source)
+
+
+def load_mixed_pretraining(directory, *, tokens=None, lengths=None, backend: str = "auto") -> SequenceMixture:
+    """:func:`~umlos_cuda.batching.plans.windows.sequences_io.load_mixed_sequences`, each component's tokens opened
+    from the folder's ``tokens_paths`` (by :func:`open_token_source`, as :func:`load_pretraining` opens one) when
+    neither ``tokens`` nor ``lengths`` is given."""
+    return load_mixed_sequences(directory, tokens=tokens, lengths=lengths, backend=backend,
+                                open_tokens=open_token_source)

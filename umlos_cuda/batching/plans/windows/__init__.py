@@ -12,8 +12,10 @@ Modules:
     cut      concatenate-and-cut pretraining sequences: the definition, the token index, sample k's pieces
     sequences  :class:`PretrainingSequences`: random access, resume, fingerprint, collation from a token source
     sequences_io  pretraining sequences folders: meta.json and index.npy (tokens/pretraining.py opens their tokens)
+    blend    the quotas per window and the stratified merge of weighted streams, shared by both mixtures below
     mixture  a weighted mixture of length sources, exact per window: which sample each position holds
     mixed    a mixture's token-budget microbatches, planned a mixed window at a time, and its index
+    sequence_mixture  a weighted mixture of pretraining sequences, exact per window (folders: sequences_io)
 
 docs/batching.md, "Windowed plans", is the normative definition.
 """
@@ -25,12 +27,14 @@ from .mixed import MixedPlan
 from .mixture import Component, MixtureDefinition
 from .plan import WindowedPlan
 from .sequences import PretrainingSequences
-from .sequences_io import load_sequences, save_sequences
+from .sequence_mixture import SequenceComponent, SequenceMixture
+from .sequences_io import load_mixed_sequences, load_sequences, save_mixed_sequences, save_sequences
 from .sources import ArrayLengths, LengthSource, MappedLengths, SyntheticLengths
 from .verify import verify_windowed_plan
 from .window import DEFAULT_WINDOW, EDGE_FLUSH, WindowDefinition, count_window, plan_window
 
 __all__ = ["DEFAULT_WINDOW", "EDGE_FLUSH", "ArrayLengths", "Component", "CutDefinition", "LengthSource",
-           "MappedLengths", "MixedPlan", "MixtureDefinition", "PretrainingSequences", "SyntheticLengths",
-           "WindowDefinition", "WindowedPlan", "build_index", "count_window", "load_sequences", "load_windowed_plan",
-           "locate", "plan_window", "save_sequences", "save_windowed_plan", "verify_windowed_plan"]
+           "MappedLengths", "MixedPlan", "MixtureDefinition", "PretrainingSequences", "SequenceComponent",
+           "SequenceMixture", "SyntheticLengths", "WindowDefinition", "WindowedPlan", "build_index", "count_window",
+           "load_mixed_sequences", "load_sequences", "load_windowed_plan", "locate", "plan_window",
+           "save_mixed_sequences", "save_sequences", "save_windowed_plan", "verify_windowed_plan"]

@@ -54,20 +54,12 @@ _META_KEYS = ("format", "config", "window", "num_epochs", "lengths", "count_fiel
 def is_windowed_plan(directory) -> bool:
     """Whether ``directory`` is a windowed plan folder, by its marker; reads
     a few bytes, never blocks on a FIFO, never fails (``plan verify`` asks before choosing its checks)."""
-    try:
-        with Folder.open(os.fspath(directory)) as folder:
-            return marked_kind(folder) == WINDOWED_PLAN.name
-    except (OSError, ValueError):
-        return False
+    return is_kind(directory, WINDOWED_PLAN)
 
 
 def is_mixed_plan(directory) -> bool:
     """Whether ``directory`` is a mixed plan folder (:func:`save_mixed_plan`), by its marker; never fails."""
-    try:
-        with Folder.open(os.fspath(directory)) as folder:
-            return marked_kind(folder) == MIXED_PLAN.name
-    except (OSError, ValueError):
-        return False
+    return is_kind(directory, MIXED_PLAN)
 
 
 def save_windowed_plan(plan: WindowedPlan, directory, *, lengths_path=None, force: bool = False,
@@ -78,12 +70,30 @@ def save_windowed_plan(plan: WindowedPlan, directory, *, lengths_path=None, forc
         lengths_path = plan.source.path
     meta = {**plan.header(), "lengths_path": None if lengths_path is None else os.fspath(lengths_path),
             "fingerprint": plan.fingerprint, "index_digests": plan.index_digests()}
-    with output_folder(directory, WINDOWED_PLAN, force=force, inputs=inputs,
-                       operator=errors.BATCH_PLAN_OPERATOR) as folder:
-        _write(folder, "index.npy", lambda handle: np.save(handle, np.ascontiguousarray(plan.index, "<i8").reshape(-1),
+    return save_index_folder(directory, WINDOWED_PLAN, meta, plan.index, force=force, inputs=inputs)
+
+
+def save_index_folder(directory, kind: ArtifactKind, meta: dict, index: np.ndarray, *, force: bool = False,
+                      inputs: Iterable = ()) -> str:
+    """The one writer of every windowed folder kind (windowed and mixed plans, pretraining sequences and their
+    mixtures): ``index.npy`` (``index`` flattened, int64 little-endian) then ``meta.json`` (indented ASCII JSON),
+    through the output layer (files/writer.py: written aside, published in one step, marker ``kind``).
+    Returns the folder's absolute path."""
+    with output_folder(directory, kind, force=force, inputs=inputs, operator=errors.BATCH_PLAN_OPERATOR) as folder:
+        _write(folder, "index.npy", lambda handle: np.save(handle, np.ascontiguousarray(index, "<i8").reshape(-1),
                                                            allow_pickle=False))
         _write(folder, "meta.json", lambda handle: handle.write((json.dumps(meta, indent=2) + "\n").encode("ascii")))
     return os.path.abspath(os.fspath(directory))
+
+
+def is_kind(directory, kind: ArtifactKind) -> bool:
+    """Whether ``directory`` is a ``kind`` folder, by its marker; reads a few bytes, never blocks on a FIFO, never
+    fails (``plan info`` and ``plan verify`` ask before choosing their checks)."""
+    try:
+        with Folder.open(os.fspath(directory)) as folder:
+            return marked_kind(folder) == kind.name
+    except (OSError, ValueError):
+        return False
 
 
 def _write(folder: Folder, name: str, fill) -> None:
@@ -216,12 +226,7 @@ def save_mixed_plan(plan, directory, *, lengths_paths=None, force: bool = False,
         raise _format(f"lengths_paths names {len(paths)} files for {len(sources)} components")
     meta = {**plan.header(), "lengths_paths": paths, "fingerprint": plan.fingerprint,
             "index_digest": index_digest(0, plan.index[0])}
-    with output_folder(directory, MIXED_PLAN, force=force, inputs=inputs,
-                       operator=errors.BATCH_PLAN_OPERATOR) as folder:
-        _write(folder, "index.npy", lambda handle: np.save(handle, np.ascontiguousarray(plan.index, "<i8").reshape(-1),
-                                                           allow_pickle=False))
-        _write(folder, "meta.json", lambda handle: handle.write((json.dumps(meta, indent=2) + "\n").encode("ascii")))
-    return os.path.abspath(os.fspath(directory))
+    return save_index_folder(directory, MIXED_PLAN, meta, plan.index, force=force, inputs=inputs)
 
 
 def load_mixed_plan(directory, *, lengths=None, backend: str = "auto"):

@@ -32,31 +32,28 @@ The rules (docs/batching.md, "Weighted mixtures", normative):
 The quotas change only when a capped component runs out, so the whole mixture is
 a table of at most ``2 D + 1`` segments of identical windows (``D`` components),
 computed when the definition is made: window ``m``'s quotas and stream starts are
-O(1) from it, and nothing else is stored.
+O(1) from it, and nothing else is stored. The quotas, the segments and the merge are
+:mod:`.blend`'s, which mixtures of pretraining sequences (:mod:`.sequence_mixture`) share.
 """
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from math import floor, isfinite
+from math import isfinite
 
 import numpy as np
 
 from .... import checks
 from ....hashing import hash_canonical
-from ....epoch import philox_key_words
 from ....nextbatch import MODE_SEQUENTIAL
-from ....philox import philox_draws
 from ..buckets import config_error
 from ..config import BatchingConfig
 from ..planner import engine_metadata, order_slice, plan_manifest
+from .blend import MIXTURE_DOMAIN, Blend, Segment, allocate, interleave_order, mixture_key_words
 from .sources import LengthSource
 from .window import DEFAULT_WINDOW, MAX_WINDOW, check_windowed_config
 
-#: Philox domain of the mixture's interleaving jitter ("MIX!"; the planner's is "PLAN").
-MIXTURE_DOMAIN = 0x4D495821
 #: Most components one mixture may have.
 MAX_COMPONENTS = 1 << 12
 #: Most epochs a component's cap may be.
@@ -81,18 +78,6 @@ class Component:
 
 
 @dataclass(frozen=True)
-class Segment:
-    """``windows`` identical windows from window ``first``: ``size`` positions, ``quotas[i]`` from component
-    ``i``, whose stream starts at ``starts[i]`` in the segment's first window."""
-
-    first: int
-    windows: int
-    size: int
-    quotas: tuple[int, ...]
-    starts: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class MixedWindow:
     """One window of a mixture: per position, its component, the component's epoch and its row."""
 
@@ -113,32 +98,6 @@ class MixedWindow:
         return out
 
 
-def allocate(size: int, weights: list[Fraction], remaining: list[int | None]) -> list[int]:
-    """The quotas of a window of ``size`` positions (module docstring): ``floor(size w_i / S)`` for the
-    live components (``remaining`` not 0; None: no cap), the ``size - sum`` positions left going one each
-    to the largest remainders (ties to the lower index); a capped component given more than it has left
-    gets what it has left and is taken out, and the rest is allocated again among the others."""
-    quotas = [0] * len(weights)
-    active = [i for i, left in enumerate(remaining) if left is None or left > 0]
-    while active and size:
-        total = sum(weights[i] for i in active)
-        exact = {i: size * weights[i] / total for i in active}
-        share = {i: floor(exact[i]) for i in active}
-        spare = size - sum(share.values())
-        for i in sorted(active, key=lambda i: (share[i] - exact[i], i))[:spare]:
-            share[i] += 1
-        over = [i for i in active if remaining[i] is not None and share[i] > remaining[i]]  # type: ignore[operator]
-        if not over:
-            for i in active:
-                quotas[i] = share[i]
-            return quotas
-        for i in over:
-            quotas[i] = remaining[i]  # type: ignore[assignment]
-            size -= quotas[i]
-            active.remove(i)
-    return quotas
-
-
 def _weight(value, name: str) -> Fraction:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not isfinite(value) or value <= 0:
         raise config_error(f"{name} must be a finite number > 0, got {value!r}")
@@ -154,8 +113,7 @@ class MixtureDefinition:
     components: tuple[Component, ...]
     window: int = DEFAULT_WINDOW
     num_samples: int | None = None
-    segments: tuple[Segment, ...] = field(init=False, repr=False, compare=False)
-    total: int = field(init=False, repr=False, compare=False)
+    blend: Blend = field(init=False, repr=False, compare=False)
     _orders: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -188,9 +146,10 @@ class MixtureDefinition:
             own = replace(self.config, seed=c.seed)
             orders.append((own, plan_manifest(own, c.source.count)))
         object.__setattr__(self, "_orders", tuple(orders))
-        segments, total = _schedule(self.window, self.num_samples, components)
-        object.__setattr__(self, "segments", segments)
-        object.__setattr__(self, "total", total)
+        supplies = tuple(None if c.max_epochs is None else c.max_epochs * c.source.count for c in components)
+        object.__setattr__(self, "blend", Blend(self.window, self.num_samples,
+                                                tuple(Fraction(c.weight) for c in components), supplies,
+                                                self.config.seed))
 
     # ------------------------------------------------------------------ shape
     @property
@@ -205,23 +164,28 @@ class MixtureDefinition:
         return self.config.stage == MODE_SEQUENTIAL or self.config.order != "feistel"
 
     @property
+    def segments(self) -> tuple[Segment, ...]:
+        """The segments of identical windows (:class:`~.blend.Blend`)."""
+        return self.blend.segments
+
+    @property
+    def total(self) -> int:
+        return self.blend.total
+
+    @property
     def num_windows(self) -> int:
-        last = self.segments[-1]
-        return last.first + last.windows
+        return self.blend.num_windows
 
     def segment(self, m: int) -> Segment:
         """The segment holding window ``m``."""
-        checks.integer(m, "window", 0, self.num_windows - 1, fail=config_error)
-        firsts = [s.first for s in self.segments]
-        return self.segments[bisect.bisect_right(firsts, m) - 1]
+        return self.blend.segment(m)
 
     def quotas(self, m: int) -> tuple[int, ...]:
-        return self.segment(m).quotas
+        return self.blend.quotas(m)
 
     def stream_starts(self, m: int) -> tuple[int, ...]:
         """Where each component's stream stands when window ``m`` starts."""
-        s = self.segment(m)
-        return tuple(start + (m - s.first) * q for start, q in zip(s.starts, s.quotas))
+        return self.blend.stream_starts(m)
 
     def to_dict(self) -> dict:
         """What a mixture's fingerprint records about the definition (the config is the caller's): each
@@ -262,7 +226,7 @@ class MixtureDefinition:
         quotas = self.quotas(m)
         starts = self.stream_starts(m)
         size = sum(quotas)
-        component = np.repeat(np.arange(len(quotas), dtype=np.int32), quotas)
+        component, order = self.blend.order(m)
         epochs = np.empty(size, dtype=np.int64)
         rows = np.empty(size, dtype=np.uint64)
         at = 0
@@ -270,7 +234,6 @@ class MixtureDefinition:
             if q:
                 epochs[at:at + q], rows[at:at + q] = self.stream_rows(i, start, q, backend)
                 at += q
-        order = interleave_order(component, np.asarray(quotas, dtype=np.uint64), self.config.seed, m)
         return MixedWindow(component[order], epochs[order], rows[order])
 
     def sample(self, k: int, backend: str = "auto") -> tuple[int, int, int]:
@@ -281,58 +244,5 @@ class MixtureDefinition:
         return int(window.component[j]), int(window.epoch[j]), int(window.row[j])
 
 
-def interleave_order(component: np.ndarray, quotas: np.ndarray, seed: int, m: int) -> np.ndarray:
-    """The merge of window ``m``'s positions given component by component (module docstring)."""
-    total = int(component.shape[0])
-    first = np.concatenate(([0], np.cumsum(quotas)[:-1])).astype(np.int64)
-    j = (np.arange(total, dtype=np.int64) - first[component]).astype(np.uint64)
-    key, w2, w3 = mixture_key_words(seed)
-    r0, _ = philox_draws(np.arange(total, dtype=np.uint64) + np.uint64(m << 32), key, w2, w3, MIXTURE_DOMAIN)
-    keys = ((j << np.uint64(32)) + (r0 >> np.uint64(32))) // quotas[component]
-    return np.argsort(keys, kind="stable")
-
-
-def mixture_key_words(seed: int) -> tuple[tuple[int, int], int, int]:
-    """Philox key and counter words of a mixture's interleaving, from the mixture seed."""
-    return philox_key_words(hash_canonical(["umlos_mixture_interleave_v1", int(seed)])[:16])
-
-
-def _schedule(window: int, num_samples: int | None, components: tuple[Component, ...]) -> tuple[tuple[Segment, ...],
-                                                                                               int]:
-    """The segments of identical windows (module docstring) and the mixture's total number of samples."""
-    weights = [Fraction(c.weight) for c in components]
-    remaining: list[int | None] = [None if c.max_epochs is None else c.max_epochs * c.source.count
-                                   for c in components]
-    starts = [0] * len(components)
-    segments: list[Segment] = []
-    m = done = 0
-    while True:
-        live = [i for i, left in enumerate(remaining) if left is None or left > 0]
-        if not live:
-            break
-        supply = None if any(remaining[i] is None for i in live) else sum(remaining[i] for i in live)  # type: ignore
-        size = window
-        if num_samples is not None:
-            size = min(size, num_samples - done)
-        if supply is not None:
-            size = min(size, supply)
-        if size <= 0:
-            break
-        quotas = allocate(size, weights, remaining)
-        count = 1
-        if size == window:
-            bounds = [remaining[i] // quotas[i] for i in live  # type: ignore[operator]
-                      if remaining[i] is not None and quotas[i]]
-            if num_samples is not None:
-                bounds.append((num_samples - done) // window)
-            count = max(min(bounds), 1) if bounds else 1
-        segments.append(Segment(m, count, size, tuple(quotas), tuple(starts)))
-        for i, q in enumerate(quotas):
-            starts[i] += count * q
-            if remaining[i] is not None:
-                remaining[i] -= count * q  # type: ignore[operator]
-        m += count
-        done += count * size
-    if not segments:
-        raise config_error("the mixture holds no samples")
-    return tuple(segments), done
+__all__ = ["MAX_CAP", "MAX_COMPONENTS", "MIXTURE_DOMAIN", "Blend", "Component", "MixedWindow", "MixtureDefinition",
+           "Segment", "allocate", "interleave_order", "mixture_key_words"]

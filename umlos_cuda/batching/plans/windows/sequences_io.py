@@ -14,11 +14,16 @@ a Megatron prefix; outside the fingerprint). :func:`load_sequences` opens them f
 lengths of another binding (PLAN_LENGTHS_MISMATCH), an index that is not running totals from 0
 (PLAN_FORMAT_INVALID), another engine order (PLAN_NOT_REPRODUCIBLE) and a definition or index that do
 not hash to the fingerprint (PLAN_FINGERPRINT_MISMATCH). Opening costs O(N / W) and the lengths' hash.
+
+A mixture of pretraining sequences (:mod:`.sequence_mixture`) is a folder of its own kind, marker
+``"mixed pretraining sequences"``: meta.json holds its header (each component's sequences header and
+fingerprint inside), ``tokens_paths`` (one per component) and ``fingerprint``; index.npy holds the
+components' indices one after another (component ``i``: ``E_i x (K_i + 1)``). Each component is checked as
+a sequences folder is (:func:`_open_component`), then the mixture's header and fingerprint.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable
 
@@ -27,45 +32,120 @@ import numpy as np
 from .... import checks, errors
 from ....errors import UmlosError
 from ....files import reader
-from ....files.artifacts import marked_kind
-from ....files.folder import Folder
-from ....files.writer import ArtifactKind, output_folder
+from ....files.writer import ArtifactKind
 from ..plan import plan_error
 from .cut import CutDefinition
-from .io import _format
+from .io import _format, is_kind, save_index_folder
+from .sequence_mixture import MIXED_SEQUENCES_FORMAT, SequenceComponent, SequenceMixture
 from .sequences import SEQUENCES_FORMAT, PretrainingSequences, lengths_of
 from .sources import SyntheticLengths
 
 #: A pretraining sequences folder.
 SEQUENCES = ArtifactKind("pretraining sequences")
-_META_KEYS = ("format", "definition", "num_epochs", "lengths", "sampling_mode", "sampler_config_hash",
-              "manifest_hash", "tokens_path", "fingerprint", "index_digests")
+#: A mixture of pretraining sequences folder.
+MIXED_SEQUENCES = ArtifactKind("mixed pretraining sequences")
+_HEADER_KEYS = ("format", "definition", "num_epochs", "lengths", "sampling_mode", "sampler_config_hash",
+                "manifest_hash")
+_META_KEYS = (*_HEADER_KEYS, "tokens_path", "fingerprint", "index_digests")
 _DEFINITION_KEYS = ("num_documents", "sequence_length", "window", "seed", "stage", "order", "sampler_block_size",
                     "eos", "tail")
+_MIXED_KEYS = ("format", "window", "num_samples", "seed", "total", "components", "tokens_paths", "fingerprint")
+_COMPONENT_KEYS = ("name", "weight", "max_epochs", "sequences", "fingerprint")
 
 
 def is_sequences(directory) -> bool:
     """Whether ``directory`` is a pretraining sequences folder, by its marker; never fails (``plan verify``
     asks before choosing its checks)."""
-    try:
-        with Folder.open(os.fspath(directory)) as folder:
-            return marked_kind(folder) == SEQUENCES.name
-    except (OSError, ValueError):
-        return False
+    return is_kind(directory, SEQUENCES)
+
+
+def is_mixed_sequences(directory) -> bool:
+    """Whether ``directory`` is a mixture of pretraining sequences folder, by its marker; never fails."""
+    return is_kind(directory, MIXED_SEQUENCES)
 
 
 def save_sequences(plan: PretrainingSequences, directory, *, tokens_path=None, force: bool = False,
                    inputs: Iterable = ()) -> str:
     """Write ``plan`` to the folder ``directory``; returns its absolute path."""
-    meta = {**plan.header(), "tokens_path": None if tokens_path is None else os.path.abspath(os.fspath(tokens_path)),
-            "fingerprint": plan.fingerprint, "index_digests": plan.index_digests()}
-    with output_folder(directory, SEQUENCES, force=force, inputs=inputs,
-                       operator=errors.BATCH_PLAN_OPERATOR) as folder:
-        with folder.file("index.npy") as handle:
-            np.save(handle, np.ascontiguousarray(plan.index, "<i8").reshape(-1), allow_pickle=False)
-        with folder.file("meta.json") as handle:
-            handle.write((json.dumps(meta, indent=2) + "\n").encode("ascii"))
-    return os.path.abspath(os.fspath(directory))
+    meta = {**plan.header(), "tokens_path": _absolute(tokens_path), "fingerprint": plan.fingerprint,
+            "index_digests": plan.index_digests()}
+    return save_index_folder(directory, SEQUENCES, meta, plan.index, force=force, inputs=inputs)
+
+
+def save_mixed_sequences(mixture: SequenceMixture, directory, *, tokens_paths=None, force: bool = False,
+                         inputs: Iterable = ()) -> str:
+    """Write ``mixture`` to the folder ``directory`` (module docstring); ``tokens_paths``: where each component's
+    tokens are found again (None each: give ``tokens=`` or ``lengths=`` to open it). Returns its absolute path."""
+    paths = [None] * len(mixture.components) if tokens_paths is None else list(tokens_paths)
+    if len(paths) != len(mixture.components):
+        raise _format(f"tokens_paths names {len(paths)} sources for {len(mixture.components)} components")
+    meta = {**mixture.header(), "tokens_paths": [_absolute(p) for p in paths], "fingerprint": mixture.fingerprint}
+    index = np.concatenate([c.sequences.index.reshape(-1) for c in mixture.components])
+    return save_index_folder(directory, MIXED_SEQUENCES, meta, index, force=force, inputs=inputs)
+
+
+def _absolute(path) -> str | None:
+    return None if path is None else os.path.abspath(os.fspath(path))
+
+
+def _read_meta(root: str, what: str) -> tuple[dict, str]:
+    meta_path = os.path.join(root, "meta.json")
+    if not os.path.lexists(meta_path):
+        raise plan_error(errors.PLAN_NOT_FOUND, f"no {what} at {root}: {meta_path} does not exist")
+    try:
+        return reader.read_json(meta_path, _format), meta_path
+    except FileNotFoundError:
+        raise plan_error(errors.PLAN_NOT_FOUND, f"no {what} at {root}: {meta_path} does not exist") from None
+
+
+def _parse_header(header, where: str) -> tuple[CutDefinition, int]:
+    """A sequences header's definition and number of epochs (PLAN_FORMAT_INVALID for anything malformed)."""
+    record = checks.record(header, dict.fromkeys(_HEADER_KEYS, checks.field(checks.anything)), fail=_format,
+                           what=where)
+    checks.equal(record["format"], f"{where} format", SEQUENCES_FORMAT, fail=_format)
+    fields = checks.record(record["definition"], dict.fromkeys(_DEFINITION_KEYS, checks.field(checks.anything)),
+                           fail=_format, what=f"{where} definition")
+    try:
+        definition = CutDefinition(**fields)
+    except (UmlosError, TypeError, ValueError) as exc:
+        raise _format(f"{where}: {getattr(exc, 'message', exc)}") from None
+    num_epochs = checks.integer(record["num_epochs"], f"{where}: num_epochs", 1, 1 << 16, fail=_format)
+    return definition, num_epochs
+
+
+def _check_running(index: np.ndarray, where: str) -> None:
+    if np.any(index[:, 0] != 0) or np.any(np.diff(index, axis=1) < 0):
+        raise _format(f"{where}: the running token counts must start at 0 and never decrease")
+
+
+def _open_component(definition: CutDefinition, index: np.ndarray, header: dict, tokens_path, root: str, where: str,
+                    *, tokens, lengths, open_tokens, backend: str) -> PretrainingSequences:
+    """Pretraining sequences from a parsed header (:func:`_parse_header`) and their index: the lengths or tokens
+    given, else the recorded ``tokens_path`` opened with ``open_tokens`` (a synthetic binding opens itself),
+    bound as recorded (PLAN_LENGTHS_MISMATCH) and ordered as recorded (PLAN_NOT_REPRODUCIBLE)."""
+    if tokens is None and lengths is None:
+        binding = header["lengths"]
+        if isinstance(binding, dict) and binding.get("kind") == "synthetic":
+            lengths = SyntheticLengths(binding.get("count", 0), binding.get("seed", 0))
+        elif tokens_path is None:
+            raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{where} names no tokens_path: give tokens= or "
+                                                           "lengths= to open it")
+        elif open_tokens is None:
+            raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{where}: give tokens= or lengths=, or open it with "
+                                                           "umlos_cuda.batching.tokens.pretraining.load_pretraining, "
+                                                           "which opens its tokens_path")
+        else:
+            tokens = open_tokens(checks.text(tokens_path, "tokens_path", fail=_format))
+    source = lengths_of(lengths if lengths is not None else tokens)
+    if source.binding() != header["lengths"]:
+        raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{root}: the lengths bind as {source.binding()}; meta.json "
+                                                       f"records {header['lengths']}")
+    plan = PretrainingSequences(definition, source, index, tokens=tokens, backend=backend)
+    engine = {key: header[key] for key in ("sampling_mode", "sampler_config_hash", "manifest_hash")}
+    if plan.engine != engine:
+        raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"{where} records the engine order {engine}; the "
+                                                       f"definition gives {plan.engine}")
+    return plan
 
 
 def load_sequences(directory, *, tokens=None, lengths=None, backend: str = "auto",
@@ -74,50 +154,72 @@ def load_sequences(directory, *, tokens=None, lengths=None, backend: str = "auto
     ``tokens_path`` when neither ``tokens`` nor ``lengths`` is given (the tokens layer passes its opener:
     ``umlos_cuda.batching.tokens.pretraining.load_pretraining``)."""
     root = os.fspath(directory)
-    meta_path = os.path.join(root, "meta.json")
-    if not os.path.lexists(meta_path):
-        raise plan_error(errors.PLAN_NOT_FOUND, f"no pretraining sequences at {root}: {meta_path} does not exist")
-    meta = reader.read_json(meta_path, _format)
+    meta, meta_path = _read_meta(root, "pretraining sequences")
     record = checks.record(meta, dict.fromkeys(_META_KEYS, checks.field(checks.anything)), fail=_format,
                            what=meta_path)
-    checks.equal(record["format"], f"{meta_path} format", SEQUENCES_FORMAT, fail=_format)
-    fields = checks.record(record["definition"], dict.fromkeys(_DEFINITION_KEYS, checks.field(checks.anything)),
-                           fail=_format, what=f"{meta_path} definition")
-    try:
-        definition = CutDefinition(**fields)
-    except (UmlosError, TypeError, ValueError) as exc:
-        raise _format(f"{meta_path}: {getattr(exc, 'message', exc)}") from None
-    num_epochs = checks.integer(record["num_epochs"], f"{meta_path}: num_epochs", 1, 1 << 16, fail=_format)
+    definition, num_epochs = _parse_header({k: record[k] for k in _HEADER_KEYS}, meta_path)
     shape = (num_epochs * (definition.num_windows + 1),)
     index = np.asarray(reader.read_npy(os.path.join(root, "index.npy"), "<i8", shape, False, _format))
     index = index.reshape(num_epochs, definition.num_windows + 1)
-    if np.any(index[:, 0] != 0) or np.any(np.diff(index, axis=1) < 0):
-        raise _format(f"{root}/index.npy: the running token counts must start at 0 and never decrease")
-    if tokens is None and lengths is None:
-        binding = record["lengths"]
-        if isinstance(binding, dict) and binding.get("kind") == "synthetic":
-            lengths = SyntheticLengths(binding.get("count", 0), binding.get("seed", 0))
-        elif record["tokens_path"] is None:
-            raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{meta_path} names no tokens_path: give tokens= or "
-                                                           "lengths= to open it")
-        elif open_tokens is None:
-            raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{meta_path}: give tokens= or lengths=, or open it with "
-                                                           "umlos_cuda.batching.tokens.pretraining.load_pretraining, "
-                                                           "which opens its tokens_path")
-        else:
-            tokens = open_tokens(checks.text(record["tokens_path"], "tokens_path", fail=_format))
-    source = lengths_of(lengths if lengths is not None else tokens)
-    if source.binding() != record["lengths"]:
-        raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{root}: the lengths bind as {source.binding()}; meta.json "
-                                                       f"records {record['lengths']}")
-    plan = PretrainingSequences(definition, source, index, tokens=tokens, backend=backend)
-    engine = {key: record[key] for key in ("sampling_mode", "sampler_config_hash", "manifest_hash")}
-    if plan.engine != engine:
-        raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"{meta_path} records the engine order {engine}; the "
-                                                       f"definition gives {plan.engine}")
+    _check_running(index, f"{root}/index.npy")
+    plan = _open_component(definition, index, record, record["tokens_path"], root, meta_path, tokens=tokens,
+                           lengths=lengths, open_tokens=open_tokens, backend=backend)
     if plan.header() != {k: record[k] for k in plan.header()} or plan.index_digests() != record["index_digests"] \
             or plan.fingerprint != record["fingerprint"]:
         raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH, f"{root}: the definition and index hash to "
                                                            f"{plan.fingerprint}; meta.json records "
                                                            f"{record['fingerprint']}")
     return plan
+
+
+def load_mixed_sequences(directory, *, tokens=None, lengths=None, backend: str = "auto",
+                         open_tokens: Callable | None = None) -> SequenceMixture:
+    """The mixture of pretraining sequences in ``directory`` (module docstring): ``tokens`` or ``lengths`` (a list,
+    one source per component), else each recorded ``tokens_paths`` entry opened with ``open_tokens``
+    (``umlos_cuda.batching.tokens.pretraining.load_mixed_pretraining`` passes it). Refuses what
+    :func:`load_sequences` refuses, per component, and a mixture that does not hash to its fingerprint."""
+    root = os.fspath(directory)
+    meta, meta_path = _read_meta(root, "mixed pretraining sequences")
+    record = checks.record(meta, dict.fromkeys(_MIXED_KEYS, checks.field(checks.anything)), fail=_format,
+                           what=meta_path)
+    checks.equal(record["format"], f"{meta_path} format", MIXED_SEQUENCES_FORMAT, fail=_format)
+    entries, paths = record["components"], record["tokens_paths"]
+    if not isinstance(entries, list) or not isinstance(paths, list) or len(paths) != len(entries) or not entries:
+        raise _format(f"{meta_path}: components and tokens_paths must be lists of the same length, not empty")
+    for given, name in ((tokens, "tokens"), (lengths, "lengths")):
+        if given is not None and len(given) != len(entries):
+            raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{root}: {len(given)} {name} given for {len(entries)} "
+                                                           "components")
+    parsed = []
+    for i, entry in enumerate(entries):
+        where = f"{meta_path} component {i}"
+        entry = checks.record(entry, dict.fromkeys(_COMPONENT_KEYS, checks.field(checks.anything)), fail=_format,
+                              what=where)
+        weight = entry["weight"]
+        if (not isinstance(weight, list) or len(weight) != 2 or not all(type(v) is int for v in weight)
+                or weight[0] <= 0 or weight[1] <= 0):
+            raise _format(f"{where}: weight must be [numerator, denominator], positive integers")
+        parsed.append((entry, *_parse_header(entry["sequences"], f"{where} sequences")))
+    sizes = [epochs * (definition.num_windows + 1) for _, definition, epochs in parsed]
+    flat = np.asarray(reader.read_npy(os.path.join(root, "index.npy"), "<i8", (sum(sizes),), False, _format))
+    components, at = [], 0
+    for i, ((entry, definition, epochs), size) in enumerate(zip(parsed, sizes)):
+        index = flat[at:at + size].reshape(epochs, definition.num_windows + 1)
+        at += size
+        _check_running(index, f"{root}/index.npy component {i}")
+        plan = _open_component(definition, index, entry["sequences"], paths[i], root, f"{meta_path} component {i}",
+                               tokens=None if tokens is None else tokens[i],
+                               lengths=None if lengths is None else lengths[i], open_tokens=open_tokens,
+                               backend=backend)
+        weight = entry["weight"]
+        value = weight[0] if weight[1] == 1 else weight[0] / weight[1]
+        components.append(SequenceComponent(plan, value, entry["max_epochs"], entry["name"]))
+    try:
+        mixture = SequenceMixture(components, record["window"], record["num_samples"], record["seed"])
+    except UmlosError as exc:
+        raise _format(f"{meta_path}: {exc.message}") from None
+    if mixture.header() != {k: record[k] for k in mixture.header()} or mixture.fingerprint != record["fingerprint"]:
+        raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH, f"{root}: the mixture's definition and indices hash to "
+                                                           f"{mixture.fingerprint}; meta.json records "
+                                                           f"{record['fingerprint']}")
+    return mixture

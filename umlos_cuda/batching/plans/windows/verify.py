@@ -19,8 +19,8 @@ check (``windows=None``: all of them) and a seed for choosing them. What comes o
    each row within ``max_length`` tokens (PLAN_PACKS_INVALID, :mod:`.packed`).
 
 A sample of ``s`` windows costs ``s`` windows an epoch; all of them cost a pass over the plan.
-:func:`verify_mixed_plan` and :func:`verify_sequences` run the same kind of checks on mixed plans and
-pretraining sequences folders.
+:func:`verify_mixed_plan`, :func:`verify_sequences` and :func:`verify_mixed_sequences` run the same kind of
+checks on mixed plans, pretraining sequences folders and their mixtures.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from ..plan import plan_error
 from .io import load_mixed_plan, load_windowed_plan
 from .cut import window_documents
 from .packed import check_window_rows, padded_rows
-from .sequences_io import load_sequences
+from .sequences_io import load_mixed_sequences, load_sequences
 from .sources import ArrayLengths, MappedLengths
 from .window import COUNT_FIELDS, window_rows
 
@@ -180,6 +180,51 @@ def _check_sequences_window(plan, epoch: int, w: int) -> None:
     if int(own.sum()) != stored:
         raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"{where}: recounted, it holds {int(own.sum())} stream "
                                                        f"tokens; the index says {stored}")
+
+
+def verify_mixed_sequences(directory, *, windows: int | None = None, seed: int = 0, lengths=None, tokens=None,
+                           open_tokens=None, expected_fingerprint: str | None = None) -> dict:
+    """The checks above for a mixture of pretraining sequences (docs/batching.md, "Mixtures of pretraining
+    sequences"): it opens (:func:`~.sequences_io.load_mixed_sequences`: every component as a sequences folder
+    opens, then the mixture's header and fingerprint); mapped lengths hash to their binding; each chosen mixed
+    window, merged again, holds each component exactly at its quota and its stream positions ``start ..
+    start + q - 1`` in order, each once, inside the epochs its index holds (PLAN_NOT_REPRODUCIBLE); and the
+    chosen windows of every epoch of every component are recounted as :func:`verify_sequences` does."""
+    mixture = load_mixed_sequences(directory, tokens=tokens, lengths=lengths, open_tokens=open_tokens)
+    checks = ["opens: every component's definition, index, lengths and fingerprint, and the mixture's, agree"]
+    _expect_fingerprint(directory, mixture.fingerprint, expected_fingerprint, "mixture's")
+    for component in mixture.components:
+        if hasattr(component.sequences.lengths, "check_bytes"):
+            component.sequences.lengths.check_bytes()
+    checks.append("every component's mapped lengths hash to their binding")
+    total = mixture.num_windows
+    chosen = chosen_windows(total, windows, seed)
+    for m in chosen.tolist():
+        _check_mixed_sequences_window(mixture, m)
+    checks.append(f"{chosen.shape[0]} of {total} mixed windows merged again: quotas, each stream in order, once")
+    for component in mixture.components:
+        _check_windows(component.sequences, checks, windows, seed, _check_sequences_window,
+                       f"windows of every epoch of {component.name!r} recounted from the lengths")
+    return {"fingerprint": mixture.fingerprint, "checks": checks, "windows_checked": int(chosen.shape[0])}
+
+
+def _check_mixed_sequences_window(mixture, m: int) -> None:
+    where = f"mixed window {m}"
+    component, position = mixture.blend.merge(m)
+    quotas, starts = mixture.blend.quotas(m), mixture.blend.stream_starts(m)
+    held = np.bincount(component, minlength=len(mixture.components)).tolist()
+    if held != list(quotas):
+        raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"{where}: it holds {held} samples of the components; the "
+                                                       f"quotas are {list(quotas)}")
+    for i, (start, q) in enumerate(zip(starts, quotas)):
+        own = position[component == i]
+        if not np.array_equal(own, np.arange(start, start + q, dtype=np.int64)):
+            raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"{where}: component {i}'s samples are not its stream "
+                                                           f"positions {start} to {start + q - 1} in order")
+        sequences = mixture.components[i].sequences
+        if q and start + q > sequences.num_epochs * mixture.per_epoch[i]:
+            raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"{where}: component {i} is read past the "
+                                                           f"{sequences.num_epochs} epoch(s) its index holds")
 
 
 def chosen_windows(total: int, windows: int | None, seed: int) -> np.ndarray:

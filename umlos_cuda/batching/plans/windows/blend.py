@@ -1,0 +1,196 @@
+"""Which stream position each place of a weighted mixture's window holds: the quotas and the stratified merge.
+
+What goes in: the components' weights, how many positions each one's stream holds (None: no end,
+an uncapped component), a window size ``W``, an optional total and the mixture seed. What comes out
+(:class:`Blend`): the table of segments of identical windows, window ``m``'s quotas and where each
+stream stands when it starts (O(1) from the table), and window ``m``'s places merged
+(:meth:`Blend.merge`: component and stream position of each place, O(W)).
+
+A stream position means whatever the caller's streams hold: a sample mixture's is a row of the
+component's epoch order (:mod:`.mixture`), a mixture of pretraining sequences' is a sample of the
+component's cut (:mod:`.sequence_mixture`). Both follow the rules of docs/batching.md, "Weighted
+mixtures" (normative), kept here once:
+
+* window ``m`` holds ``size_m = min(W, samples left, supply left)`` places; its **quotas** ``q_i`` are
+  :func:`allocate`'s: the largest-remainder rule over the live components' weights (exact rationals),
+  where a capped component whose quota exceeds what its stream has left gives what is left and the rest
+  is re-allocated among the others; the window takes the next ``q_i`` positions of each stream;
+* inside the window the components are merged by the planner's jittered stratified keys: item ``j`` of
+  component ``i`` gets ``((j << 32) + u) // q_i``, ``u`` the high 32 bits of Philox draw number
+  ``m 2^32 + t`` (``t`` its place in the window's component-by-component list) under the mixture seed;
+  a stable sort orders them (ties by component), so each component's positions stay in stream order.
+
+The quotas change only when a capped component runs out, so a mixture is at most ``2 D + 1`` segments
+(``D`` components), computed when the blend is made.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from fractions import Fraction
+from math import floor
+
+import numpy as np
+
+from .... import checks
+from ....epoch import philox_key_words
+from ....hashing import hash_canonical
+from ....philox import philox_draws
+from ..buckets import config_error
+
+#: Philox domain of the mixture's interleaving jitter ("MIX!"; the planner's is "PLAN").
+MIXTURE_DOMAIN = 0x4D495821
+
+
+@dataclass(frozen=True)
+class Segment:
+    """``windows`` identical windows from window ``first``: ``size`` positions, ``quotas[i]`` from component
+    ``i``, whose stream starts at ``starts[i]`` in the segment's first window."""
+
+    first: int
+    windows: int
+    size: int
+    quotas: tuple[int, ...]
+    starts: tuple[int, ...]
+
+
+def allocate(size: int, weights: list[Fraction], remaining: list[int | None]) -> list[int]:
+    """The quotas of a window of ``size`` positions (module docstring): ``floor(size w_i / S)`` for the
+    live components (``remaining`` not 0; None: no cap), the ``size - sum`` positions left going one each
+    to the largest remainders (ties to the lower index); a capped component given more than it has left
+    gets what it has left and is taken out, and the rest is allocated again among the others."""
+    quotas = [0] * len(weights)
+    active = [i for i, left in enumerate(remaining) if left is None or left > 0]
+    while active and size:
+        total = sum(weights[i] for i in active)
+        exact = {i: size * weights[i] / total for i in active}
+        share = {i: floor(exact[i]) for i in active}
+        spare = size - sum(share.values())
+        for i in sorted(active, key=lambda i: (share[i] - exact[i], i))[:spare]:
+            share[i] += 1
+        over = [i for i in active if remaining[i] is not None and share[i] > remaining[i]]  # type: ignore[operator]
+        if not over:
+            for i in active:
+                quotas[i] = share[i]
+            return quotas
+        for i in over:
+            quotas[i] = remaining[i]  # type: ignore[assignment]
+            size -= quotas[i]
+            active.remove(i)
+    return quotas
+
+
+def schedule(window: int, num_samples: int | None, weights: list[Fraction],
+             supplies: list[int | None]) -> tuple[tuple[Segment, ...], int]:
+    """The segments of identical windows (module docstring) and the mixture's total number of places;
+    ``supplies[i]``: the positions component ``i``'s stream holds (None: no end)."""
+    remaining = list(supplies)
+    starts = [0] * len(weights)
+    segments: list[Segment] = []
+    m = done = 0
+    while True:
+        live = [i for i, left in enumerate(remaining) if left is None or left > 0]
+        if not live:
+            break
+        supply = None if any(remaining[i] is None for i in live) else sum(remaining[i] for i in live)  # type: ignore
+        size = window
+        if num_samples is not None:
+            size = min(size, num_samples - done)
+        if supply is not None:
+            size = min(size, supply)
+        if size <= 0:
+            break
+        quotas = allocate(size, weights, remaining)
+        count = 1
+        if size == window:
+            bounds = [remaining[i] // quotas[i] for i in live  # type: ignore[operator]
+                      if remaining[i] is not None and quotas[i]]
+            if num_samples is not None:
+                bounds.append((num_samples - done) // window)
+            count = max(min(bounds), 1) if bounds else 1
+        segments.append(Segment(m, count, size, tuple(quotas), tuple(starts)))
+        for i, q in enumerate(quotas):
+            starts[i] += count * q
+            if remaining[i] is not None:
+                remaining[i] -= count * q  # type: ignore[operator]
+        m += count
+        done += count * size
+    if not segments:
+        raise config_error("the mixture holds no samples")
+    return tuple(segments), done
+
+
+def interleave_order(component: np.ndarray, quotas: np.ndarray, seed: int, m: int) -> np.ndarray:
+    """The merge of window ``m``'s positions given component by component (module docstring)."""
+    total = int(component.shape[0])
+    first = np.concatenate(([0], np.cumsum(quotas)[:-1])).astype(np.int64)
+    j = (np.arange(total, dtype=np.int64) - first[component]).astype(np.uint64)
+    key, w2, w3 = mixture_key_words(seed)
+    r0, _ = philox_draws(np.arange(total, dtype=np.uint64) + np.uint64(m << 32), key, w2, w3, MIXTURE_DOMAIN)
+    keys = ((j << np.uint64(32)) + (r0 >> np.uint64(32))) // quotas[component]
+    return np.argsort(keys, kind="stable")
+
+
+def mixture_key_words(seed: int) -> tuple[tuple[int, int], int, int]:
+    """Philox key and counter words of a mixture's interleaving, from the mixture seed."""
+    return philox_key_words(hash_canonical(["umlos_mixture_interleave_v1", int(seed)])[:16])
+
+
+@dataclass(frozen=True)
+class Blend:
+    """The blend of streams (module docstring): ``weights`` (exact), ``supplies`` (positions per stream, None:
+    no end), ``window`` (W), ``num_samples`` (None: until every stream runs out) and the mixture ``seed``."""
+
+    window: int
+    num_samples: int | None
+    weights: tuple[Fraction, ...]
+    supplies: tuple[int | None, ...]
+    seed: int
+    segments: tuple[Segment, ...] = field(init=False, repr=False, compare=False)
+    total: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        segments, total = schedule(self.window, self.num_samples, list(self.weights), list(self.supplies))
+        object.__setattr__(self, "segments", segments)
+        object.__setattr__(self, "total", total)
+
+    @property
+    def num_windows(self) -> int:
+        last = self.segments[-1]
+        return last.first + last.windows
+
+    def segment(self, m: int) -> Segment:
+        """The segment holding window ``m``."""
+        checks.integer(m, "window", 0, self.num_windows - 1, fail=config_error)
+        firsts = [s.first for s in self.segments]
+        return self.segments[bisect.bisect_right(firsts, m) - 1]
+
+    def quotas(self, m: int) -> tuple[int, ...]:
+        return self.segment(m).quotas
+
+    def stream_starts(self, m: int) -> tuple[int, ...]:
+        """Where each component's stream stands when window ``m`` starts."""
+        s = self.segment(m)
+        return tuple(start + (m - s.first) * q for start, q in zip(s.starts, s.quotas))
+
+    def stream_ends(self) -> tuple[int, ...]:
+        """How many positions of each stream the whole mixture takes."""
+        last = self.segments[-1]
+        return tuple(start + last.windows * q for start, q in zip(last.starts, last.quotas))
+
+    def order(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """Window ``m``'s places component by component (``int32``: component ``i`` ``q_i`` times, in order)
+        and the permutation that merges them (:func:`interleave_order`)."""
+        quotas = self.quotas(m)
+        component = np.repeat(np.arange(len(quotas), dtype=np.int32), quotas)
+        return component, interleave_order(component, np.asarray(quotas, dtype=np.uint64), self.seed, m)
+
+    def merge(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """Window ``m``'s places in order: the component (``int32``) and its stream position (``int64``) of each."""
+        component, order = self.order(m)
+        quotas = np.asarray(self.quotas(m), dtype=np.int64)
+        first = np.concatenate(([0], np.cumsum(quotas)[:-1])).astype(np.int64)
+        starts = np.asarray(self.stream_starts(m), dtype=np.int64)
+        positions = np.arange(component.shape[0], dtype=np.int64) - first[component] + starts[component]
+        return component[order], positions[order]

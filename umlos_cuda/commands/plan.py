@@ -89,8 +89,9 @@ def register(subparsers) -> None:
         "samples of L + 1 tokens (as Megatron-LM's GPTDataset does) and write a per-window token index "
         "(docs/batching.md, Pretraining sequences). Nothing of the documents is copied.",
     )
-    cut.add_argument("--tokens", required=True, metavar="PATH",
-                     help="a token store folder (sharded or not) or the prefix of a Megatron .idx/.bin pair")
+    cut.add_argument("--tokens", metavar="PATH",
+                     help="a token store folder (sharded or not) or the prefix of a Megatron .idx/.bin pair "
+                     "(required unless --mix)")
     cut.add_argument("--sequence-length", required=True, type=positive_int("--sequence-length"), metavar="L")
     cut.add_argument("--window", type=positive_int("--window"), default=1 << 12, metavar="W",
                      help="documents per window (default 4096)")
@@ -106,9 +107,18 @@ def register(subparsers) -> None:
                      help="block_affine (default), feistel or block_feistel")
     cut.add_argument("--block-size", type=positive_int("block size"), default=1 << 20, metavar="B",
                      help="the engine's sampler_block_size (default 1048576)")
-    cut.add_argument("--show", type=non_negative_int("--show"), metavar="K", help="print sample K of epoch 0")
+    cut.add_argument("--mix", nargs="+", metavar="PATH:WEIGHT[:CAP[:SEED]]",
+                     help="instead of --tokens: a weighted mixture of token stores or Megatron prefixes, each cut "
+                     "in its own order, exact per window of --window samples; CAP caps that dataset's epochs ('-': "
+                     "none), SEED its order (default --seed + 1 + its place; --seed is the mixture's) "
+                     "(docs/batching.md, Mixtures of pretraining sequences)")
+    cut.add_argument("--num-samples", type=positive_int("--num-samples"), metavar="N",
+                     help="with --mix: the mixture's samples (default: until every capped dataset runs out)")
+    cut.add_argument("--show", type=non_negative_int("--show"), metavar="K",
+                     help="print sample K of epoch 0 (of the mixture, with --mix)")
     cut.add_argument("--output", required=True, metavar="DIR", help="the folder to create")
-    cut.add_argument("--force", action="store_true", help="replace an existing pretraining sequences folder")
+    cut.add_argument("--force", action="store_true",
+                     help="replace an existing pretraining sequences folder (of the same kind)")
     cut.set_defaults(func=run_cut)
 
     info = actions.add_parser("info", help="print a plan's counts and metrics",
@@ -336,13 +346,18 @@ def run_cut(args) -> int:
     """``plan cut``: pretraining sequences (batching/plans/windows/cut.py) over a token source."""
     from ..batching.plans.windows import CutDefinition, PretrainingSequences, save_sequences
     from ..batching.plans.windows.sequences_io import SEQUENCES
-    from ..batching.tokens.sources import open_token_source
     from ..files.writer import check_output_folder
 
+    if args.mix is not None or args.num_samples is not None:
+        return _cut_mixed(args)
+    if args.tokens is None:
+        from ..batching.plans.buckets import config_error
+
+        raise config_error("--tokens is required (unless --mix)")
     check_output_folder(args.output, SEQUENCES, force=args.force, inputs=(args.tokens,),
                         operator=errors.BATCH_PLAN_OPERATOR)
     started = time.perf_counter()
-    source = open_token_source(args.tokens)
+    source = cut_source(args.tokens)
     definition = CutDefinition(len(source), args.sequence_length, args.window, args.seed,
                                MODE_ALIASES.get(args.sampling_mode, args.sampling_mode), args.order, args.block_size,
                                args.eos, args.tail)
@@ -360,6 +375,68 @@ def run_cut(args) -> int:
         print(json.dumps({key: (value if isinstance(value, list) else value.tolist())
                           for key, value in sample.items()}))
     return 0
+
+
+def _cut_mixed(args) -> int:
+    """``plan cut --mix A:0.7 B:0.3 --num-samples N``: a mixture of pretraining sequences
+    (batching/plans/windows/sequence_mixture.py), each dataset cut as ``plan cut --tokens`` cuts it (with its own
+    seed), blended per window of ``--window`` samples (its cuts use windows of ``--window`` documents too)."""
+    from ..batching.plans.buckets import config_error
+    from ..batching.plans.windows import CutDefinition, SequenceMixture, save_mixed_sequences
+    from ..batching.plans.windows.sequences_io import MIXED_SEQUENCES
+    from ..files.writer import check_output_folder
+
+    if args.mix is None or args.tokens is not None or args.epochs != 1:
+        raise config_error("--mix takes no --tokens or --epochs (caps and --num-samples decide its length); "
+                           "--num-samples needs --mix")
+    entries = parse_mix(args.mix, args.seed)
+    paths = [path for path, *_ in entries]
+    check_output_folder(args.output, MIXED_SEQUENCES, force=args.force, inputs=paths,
+                        operator=errors.BATCH_PLAN_OPERATOR)
+    started = time.perf_counter()
+    stage = MODE_ALIASES.get(args.sampling_mode, args.sampling_mode)
+    parts = []
+    for (path, weight, cap, seed), name in zip(entries, mix_names(paths)):
+        source = cut_source(path)
+        definition = CutDefinition(len(source), args.sequence_length, args.window, seed, stage, args.order,
+                                   args.block_size, args.eos, args.tail)
+        parts.append((definition, source, weight, cap, name))
+    mixture = SequenceMixture.build(parts, args.window, args.num_samples, args.seed)
+    save_mixed_sequences(mixture, args.output, tokens_paths=paths, force=args.force, inputs=paths)
+    seconds = time.perf_counter() - started
+    quotas = ", ".join(f"{c.name} {q}" for c, q in zip(mixture.components, mixture.blend.quotas(0)))
+    epochs = ", ".join(f"{c.name} {c.sequences.num_epochs}" for c in mixture.components)
+    print(f"mixed pretraining sequences {args.output}: {mixture.total} samples of {args.sequence_length} + 1 tokens "
+          f"from {len(parts)} datasets in {mixture.num_windows} windows of {mixture.window} (window 0: {quotas}); "
+          f"epochs read: {epochs}")
+    print(f"fingerprint {mixture.fingerprint}")
+    print(f"built in {seconds:.2f} s")
+    if args.show is not None:
+        print(json.dumps(sample_json(mixture.sample(args.show))))
+    return 0
+
+
+def cut_source(path: str):
+    """The token source ``plan cut`` reads at ``path`` (a token store, a sharded store, a Megatron prefix): one
+    opener for ``--tokens`` and every ``--mix`` entry."""
+    from ..batching.tokens.sources import open_token_source
+
+    return open_token_source(path)
+
+
+def sample_json(sample: dict) -> dict:
+    """A collated sample as JSON values (arrays as lists)."""
+    return {key: value.tolist() if hasattr(value, "tolist") else value for key, value in sample.items()}
+
+
+def mix_names(paths: list[str]) -> list[str]:
+    """Each ``--mix`` entry's name: its file or folder name without extension (and without a sidecar's ``.u32``),
+    numbered by its place when two are the same."""
+    from ..batching.lengths.cache import SIDECAR_SUFFIX
+
+    names = [os.path.splitext(os.path.basename(os.path.normpath(path)).removesuffix(SIDECAR_SUFFIX))[0]
+             for path in paths]
+    return [name if names.count(name) == 1 else f"{name}{place}" for place, name in enumerate(names)]
 
 
 def parse_mix(items: list[str], seed: int) -> list[tuple[str, float, int | None, int]]:
@@ -401,9 +478,7 @@ def _build_mixed(args, config) -> int:
     entries = parse_mix(args.mix, args.seed)
     inputs = [name for path, *_ in entries for name in ((path,) if names_token_source(path) or
                                                         path.endswith(SIDECAR_SUFFIX) else (path, sidecar_path(path)))]
-    names = [os.path.splitext(os.path.basename(os.path.normpath(path)).removesuffix(SIDECAR_SUFFIX))[0]
-             for path, *_ in entries]
-    names = [name if names.count(name) == 1 else f"{name}{place}" for place, name in enumerate(names)]
+    names = mix_names([path for path, *_ in entries])
     check_windowed_config(config)  # refuses what windows do not plan, before any read
     check_output_folder(args.output, MIXED_PLAN, force=args.force, inputs=inputs, operator=errors.BATCH_PLAN_OPERATOR)
     started = time.perf_counter()
@@ -553,13 +628,68 @@ def _info_mixed(args) -> int:
     return 0
 
 
+def _info_mixed_sequences(args) -> int:
+    """``plan info`` of a mixture of pretraining sequences: the definition, each dataset's cut and the epochs
+    of it read, the segments (from meta.json and the indices: no window merged); with ``--world-size``, each
+    rank's samples under the resume rule (global sample ``k`` to rank ``k mod R``)."""
+    from ..batching.plans.buckets import config_error
+    from ..batching.plans.sharding import MAX_SHARE_RANKS, check_rank
+    from ..batching.plans.windows.resume import rank_indices
+    from ..batching.tokens.pretraining import load_mixed_pretraining
+
+    if args.rank is not None and args.world_size is None:
+        raise config_error("--rank needs --world-size")
+    if args.world_size is not None:
+        check_rank(args.rank or 0, args.world_size)
+        if args.rank is None and args.world_size > MAX_SHARE_RANKS:
+            raise config_error(f"per-rank shares are listed for at most {MAX_SHARE_RANKS} ranks, got world_size "
+                               f"{args.world_size}")
+    mixture = load_mixed_pretraining(args.plan)
+    ends = mixture.blend.stream_ends()
+    report = {"plan": args.plan, "kind": "mixed pretraining sequences", "fingerprint": mixture.fingerprint,
+              "window": mixture.window, "samples": mixture.total, "windows": mixture.num_windows,
+              "seed": mixture.seed,
+              "components": [{"name": c.name, "weight": c.weight, "max_epochs": c.max_epochs,
+                              "definition": c.sequences.definition.to_dict(), "documents": c.sequences.lengths.count,
+                              "epoch_tokens": c.sequences.epoch_tokens(0), "epoch_samples": mixture.per_epoch[i],
+                              "epochs_read": c.sequences.num_epochs, "samples_read": ends[i],
+                              "fingerprint": c.sequences.fingerprint}
+                             for i, c in enumerate(mixture.components)],
+              "segments": [{"first": s.first, "windows": s.windows, "size": s.size, "quotas": list(s.quotas)}
+                           for s in mixture.blend.segments]}
+    if args.world_size is not None:
+        ranks = range(args.world_size) if args.rank is None else [args.rank]
+        report["ranks"] = [{"rank": r, "samples": len(rank_indices(0, mixture.total, r, args.world_size))}
+                           for r in ranks]
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"mixed pretraining sequences {args.plan}: {mixture.total} samples in {mixture.num_windows} windows of "
+          f"{mixture.window}, seed {mixture.seed}, fingerprint {mixture.fingerprint}")
+    for c in report["components"]:
+        cap = "no cap" if c["max_epochs"] is None else f"at most {c['max_epochs']} epoch(s)"
+        d = c["definition"]
+        print(f"  {c['name']}: weight {c['weight']}, seed {d['seed']}, {c['documents']} documents, "
+              f"{c['epoch_tokens']} tokens and {c['epoch_samples']} samples of {d['sequence_length']} + 1 an epoch "
+              f"({d['tail']} tail), {cap}; {c['samples_read']} samples read over {c['epochs_read']} epoch(s)")
+    for seg in report["segments"]:
+        print(f"  windows {seg['first']} to {seg['first'] + seg['windows'] - 1}: {seg['size']} samples, "
+              f"quotas {seg['quotas']}")
+    for row in report.get("ranks", []):
+        print(f"    rank {row['rank']}: {row['samples']} samples")
+    return 0
+
+
 def run_info(args) -> int:
     from ..batching.plans.io import load_plan
     from ..batching.plans.sharding import check_rank, rank_shares
     from ..batching.plans.windows.io import is_mixed_plan, is_windowed_plan
+    from ..batching.plans.windows.sequences_io import is_mixed_sequences
 
     if is_mixed_plan(args.plan):
         return _info_mixed(args)
+    if is_mixed_sequences(args.plan):
+        return _info_mixed_sequences(args)
     windowed = is_windowed_plan(args.plan)
     plan = None if windowed else load_plan(args.plan)
     if args.rank is not None and args.world_size is None:
@@ -636,9 +766,9 @@ def packing_line(packing: dict) -> str:
 def run_verify(args) -> int:
     from ..batching.plans.verify import verify_plan
     from ..batching.plans.windows.io import is_mixed_plan, is_windowed_plan
-    from ..batching.plans.windows.sequences_io import is_sequences
+    from ..batching.plans.windows.sequences_io import is_mixed_sequences, is_sequences
 
-    if is_sequences(args.plan):
+    if is_sequences(args.plan) or is_mixed_sequences(args.plan):
         return _verify_sequences(args)
     if is_windowed_plan(args.plan) or is_mixed_plan(args.plan):
         return _verify_windowed(args)
@@ -680,18 +810,21 @@ def _verify_windowed(args) -> int:
 
 
 def _verify_sequences(args) -> int:
-    """``plan verify`` of a pretraining sequences folder: its tokens opened from meta.json's ``tokens_path``."""
-    from ..batching.plans.windows.verify import verify_sequences
-    from ..batching.tokens.sources import open_token_source
+    """``plan verify`` of a pretraining sequences folder or a mixture of them: the tokens opened from meta.json's
+    ``tokens_path`` (each of its ``tokens_paths``)."""
+    from ..batching.plans.windows.sequences_io import is_mixed_sequences
+    from ..batching.plans.windows.verify import verify_mixed_sequences, verify_sequences
 
     if args.lengths is not None:
         raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"{args.plan} holds pretraining sequences: it reads the "
                          "tokens its meta.json names (no --lengths)", operator=errors.BATCH_PLAN_OPERATOR)
-    report = verify_sequences(args.plan, windows=args.windows, seed=args.seed, open_tokens=open_token_source,
-                              expected_fingerprint=args.expected_fingerprint)
+    mixed = is_mixed_sequences(args.plan)
+    verify = verify_mixed_sequences if mixed else verify_sequences
+    report = verify(args.plan, windows=args.windows, seed=args.seed, open_tokens=cut_source,
+                    expected_fingerprint=args.expected_fingerprint)
     for check in report["checks"]:
         print(f"ok  {check}")
-    print(f"pretraining sequences {args.plan} verified: fingerprint {report['fingerprint']}")
+    print(f"{'mixed ' if mixed else ''}pretraining sequences {args.plan} verified: fingerprint {report['fingerprint']}")
     return 0
 
 

@@ -94,6 +94,12 @@ def world(tmp_path_factory) -> Path:
 
     save_sequences(PretrainingSequences.build(CutDefinition(20, 16, window=4, eos=1), MappedMegatron(root / "mega"),
                                               2), root / "sequences", tokens_path=root / "mega")
+    from umlos_cuda.batching.plans.windows import SequenceMixture, save_mixed_sequences
+
+    parts = [(CutDefinition(20, 16, window=4, seed=seed, eos=1), MappedMegatron(root / "mega"), weight, cap, name)
+             for seed, weight, cap, name in ((1, 0.7, None, "a"), (2, 0.3, 2, "b"))]
+    save_mixed_sequences(SequenceMixture.build(parts, 8, 60, 3), root / "mixed-sequences",
+                         tokens_paths=[root / "mega"] * 2)
     from umlos_cuda.batching.plans.windows import Component, MixedPlan, MixtureDefinition
     from umlos_cuda.batching.plans.windows.io import save_mixed_plan
 
@@ -940,7 +946,77 @@ def _plan_cut(change):
     return make
 
 
+def _mixed_sequences(change):
+    """The mixture of pretraining sequences copied into ``here``, ``change(here)`` applied, then opened (its tokens
+    from the world's Megatron pair, named in meta.json) and sample 0 collated."""
+    def make(world, here):
+        copy(world, here, "mixed-sequences")
+        change(here / "mixed-sequences")
+        return api("from umlos_cuda.batching.tokens.pretraining import load_mixed_pretraining\n"
+                   f"guarded(lambda: load_mixed_pretraining({str(here / 'mixed-sequences')!r}).sample(0))\n")
+    return make
+
+
+def _mixed_sequences_cli(action: str, change):
+    """``plan ACTION`` of the mixture of pretraining sequences copied into ``here`` with ``change(here)`` applied."""
+    def make(world, here):
+        copy(world, here, "mixed-sequences")
+        change(here / "mixed-sequences")
+        return ("plan", action, str(here / "mixed-sequences"))
+    return make
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+
+
+def _link_to_fifo(path: Path) -> None:
+    fifo(path.parent.parent / "pipe")
+    path.unlink()
+    os.symlink(path.parent.parent / "pipe", path)
+
+
+def _marker(kind: str):
+    return lambda d: edit_json(d / "umlos-artifact.json", lambda m: m.update(artifact=kind))
+
+
 WP = errors.PLAN_FORMAT_INVALID
+MIXED_SEQUENCES_CASES = [
+    Case("hang/mixed-sequences-fifo-meta-json", _mixed_sequences(lambda d: fifo(d / "meta.json")), (WP,),
+         "meta.json"),
+    Case("hang/mixed-sequences-sparse-index-npy", _mixed_sequences(lambda d: sparse(d / "index.npy")), (WP,),
+         "index.npy"),
+    Case("hang/mixed-sequences-meta-json-a-symlink-to-a-fifo",
+         _mixed_sequences(lambda d: _link_to_fifo(d / "meta.json")), (WP,), "meta.json"),
+    Case("hang/plan-verify-mixed-sequences-index-npy-a-symlink-to-a-fifo",
+         _mixed_sequences_cli("verify", lambda d: _link_to_fifo(d / "index.npy")), (WP,), "index.npy"),
+    Case("hang/plan-info-mixed-sequences-fifo-meta-json", _mixed_sequences_cli("info", lambda d: fifo(d / "meta.json")),
+         (WP,), "meta.json"),
+    Case("traceback/mixed-sequences-truncated-meta-json", _mixed_sequences(lambda d: _truncate(d / "meta.json")),
+         (WP,), "meta.json"),
+    Case("traceback/plan-verify-mixed-sequences-truncated-index-npy",
+         _mixed_sequences_cli("verify", lambda d: _truncate(d / "index.npy")), (WP,), "index.npy"),
+    Case("traceback/plan-verify-mixed-sequences-marked-as-pretraining-sequences",
+         _mixed_sequences_cli("verify", _marker("pretraining sequences")), (WP,), "meta.json"),
+    Case("traceback/plan-info-mixed-sequences-marked-as-a-mixed-plan",
+         _mixed_sequences_cli("info", _marker("mixed plan")), (WP,), "meta.json"),
+    Case("traceback/mixed-sequences-deep-meta-json", _mixed_sequences(lambda d: (d / "meta.json").write_text(
+        deep_json())), (WP,), "meta.json"),
+    Case("traceback/mixed-sequences-components-not-a-list",
+         _mixed_sequences(lambda d: edit_json(d / "meta.json", lambda m: m.update(components={}))), (WP,),
+         "meta.json"),
+    Case("traceback/mixed-sequences-weight-not-a-pair",
+         _mixed_sequences(lambda d: edit_json(d / "meta.json", lambda m: m["components"][0].update(weight=0.7))),
+         (WP,), "meta.json"),
+    Case("traceback/mixed-sequences-component-header-not-an-object",
+         _mixed_sequences(lambda d: edit_json(d / "meta.json", lambda m: m["components"][1].update(sequences=[1]))),
+         (WP,), "meta.json"),
+    Case("traceback/mixed-sequences-window-a-string",
+         _mixed_sequences(lambda d: edit_json(d / "meta.json", lambda m: m.update(window="8"))), (WP,), "meta.json"),
+    Case("traceback/mixed-sequences-weight-changed",
+         _mixed_sequences(lambda d: edit_json(d / "meta.json", lambda m: m["components"][0].update(weight=[3, 4]))),
+         (errors.PLAN_FINGERPRINT_MISMATCH,)),
+]
 SEQUENCES_CASES = [
     Case("hang/pretraining-sequences-verify-fifo-meta-json",
          _sequences_cli(lambda h: fifo(h / "sequences" / "meta.json")), (WP,), "meta.json"),
@@ -1611,7 +1687,7 @@ CASES = [
 
 
 CASES += WINDOWED_CASES + SEQUENCES_CASES
-CASES += MIXED_CASES
+CASES += MIXED_CASES + MIXED_SEQUENCES_CASES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -286,6 +286,47 @@ def _(w):
     hs.assert_ok(w.cli(*args))
 
 
+CUT_ARGS = ("--sequence-length", "16", "--window", "8", "--eos", "2")
+
+
+@case("plan-cut-mix/force-over-pretraining-sequences")
+def _(w):
+    store = w.copy("store")
+    hs.assert_ok(w.cli("plan", "cut", "--tokens", store, "--output", w.path("seq"), *CUT_ARGS))
+    w.refused(errors.OUTPUT_PATH_INVALID, w.path("seq"), "plan", "cut", "--mix", f"{store}:1:2", "--output",
+              w.path("seq"), "--force", *CUT_ARGS)
+
+
+@case("plan-cut-mix/force-over-its-own-store")
+def _(w):
+    store = w.copy("store")
+    w.refused(errors.OUTPUT_IS_INPUT, store, "plan", "cut", "--mix", f"{store}:1:2", "--output", store, "--force",
+              *CUT_ARGS)
+
+
+@case("plan-cut-mix/force-replaces-a-mixture")
+def _(w):
+    store, mega = w.copy("store"), os.path.join(w.root, "mega")
+    shutil.copy2(w.artifacts / "mega.idx", mega + ".idx")
+    shutil.copy2(w.artifacts / "mega.bin", mega + ".bin")
+    args = ("plan", "cut", "--mix", f"{store}:0.6:2", f"{mega}:0.4:1", "--output", w.path("mix"), *CUT_ARGS)
+    hs.assert_ok(w.cli(*args))
+    before = w.state()
+    hs.assert_ok(w.cli(*args, "--force", "--seed", "7"))
+    hs.assert_untouched(before, w.state(), owned=["mix"])
+    assert json.loads(Path(w.path("mix"), "meta.json").read_text())["seed"] == 7
+    assert leftovers(w.path(".")) == []
+
+
+@case("plan-cut-mix/retry-after-a-failed-write")
+def _(w):
+    store = w.copy("store")
+    args = ("plan", "cut", "--mix", f"{store}:1:2", "--output", w.path("mix"), *CUT_ARGS)
+    hs.assert_refused(w.cli_with_file_limit(200, *args), errors.OUTPUT_WRITE_FAILED, names=w.path("mix"))
+    assert not os.path.lexists(w.path("mix")) and leftovers(w.path(".")) == []
+    hs.assert_ok(w.cli(*args))
+
+
 # ---------------------------------------------------------------------- plan shard
 @case("plan-shard/force-over-its-own-plan")
 def _(w):

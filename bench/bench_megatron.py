@@ -38,7 +38,9 @@ imports umlos_cuda, ``--no-megatron`` leaves Megatron's rows out), and the
 row ``mixed plan x3`` this project's weighted mixture of the three datasets
 beside ``BlendedDataset`` (:func:`mixed_plan`: whole-document token-budget
 microbatches, not 2048-token cuts; its ``first ms`` / ``k ms`` are a
-microbatch's plan, no tokens read).
+microbatch's plan, no tokens read), and the row ``mixed sequences x3`` this
+project's mixture of pretraining sequences beside it, the same work
+(:func:`mixed_sequences`: 2048-token cuts of each dataset, blended).
 
 The datasets are written here, seeded: one sequence per document, lengths
 lognormal (median e^6.6, about 735 tokens; mean about 970) clipped to [16,
@@ -271,7 +273,54 @@ def mixed_plan(spec: dict) -> dict | None:
     return result
 
 
-ENGINES = {"megatron": megatron_build, "windowed": windowed_plan, "mixed": mixed_plan}
+def mixed_sequences(spec: dict) -> dict | None:
+    """This project's mixture of pretraining sequences (``plan cut --mix``, docs/batching.md "Mixtures of
+    pretraining sequences") of the same three datasets, the row beside ``BlendedDataset`` with the same work: each
+    dataset cut as :func:`windowed_plan` cuts one (sequence length ``spec["sequence_length"]``, documents as stored,
+    tail dropped, windows of ``spec["window"]`` documents, its own seed 1235 + i), blended with weights
+    :data:`WEIGHTS` in windows of ``spec["window"]`` samples, ``samples`` samples in all (Megatron's row asks for as
+    many), no cap (a dataset read past an epoch goes on in a new order). Each pair read by ``MappedMegatron``.
+    Built when ``spec["cache"]`` has no folder yet (``build_s``: the pairs opened, each dataset's tokens summed, the
+    index pass of every epoch read, the folder written), else reopened (meta.json, index.npy, the lengths' hashes);
+    ``first_ms``: sample 0 collated; ``k_ms`` / ``k_warm_ms``: random ``k`` (a mixed window merged and one window of
+    that dataset's cut read, plus its ``.bin`` pages)."""
+    from umlos_cuda.batching.plans.windows import CutDefinition, SequenceMixture, load_mixed_sequences
+    from umlos_cuda.batching.plans.windows import save_mixed_sequences
+    from umlos_cuda.batching.tokens.pretraining import MappedMegatron
+
+    cache = spec["cache"]
+    before = _rss_mb()
+    start = time.perf_counter()
+    sources = [MappedMegatron(p) for p in spec["prefixes"]]
+    if os.path.exists(os.path.join(cache, "meta.json")):
+        mixture = load_mixed_sequences(cache, tokens=sources)
+    else:
+        parts = [(CutDefinition(source.count, spec["sequence_length"], window=spec["window"], seed=1235 + i),
+                  source, weight, None, f"d{i}") for i, (source, weight) in enumerate(zip(sources, spec["weights"]))]
+        mixture = SequenceMixture.build(parts, spec["window"], spec["samples"], 1234)
+        save_mixed_sequences(mixture, cache, tokens_paths=spec["prefixes"])
+    result = {"build_s": time.perf_counter() - start, "samples": mixture.total, "rss_before_mb": before,
+              "epochs": [c.sequences.num_epochs for c in mixture.components]}
+    start = time.perf_counter()
+    first = mixture.sample(0)
+    result["first_ms"] = (time.perf_counter() - start) * 1e3
+    assert first["input_ids"].shape[0] == spec["sequence_length"]
+    if spec["draws"]:
+        draws = np.random.default_rng(7).integers(0, mixture.total, spec["draws"]).tolist()
+        for key in ("k_ms", "k_warm_ms"):  # k_warm: the same k again (its .bin pages resident)
+            times = []
+            for k in draws:
+                start = time.perf_counter()
+                mixture.sample(k)
+                times.append(time.perf_counter() - start)
+            result[key] = statistics.median(times) * 1e3
+    result["peak_mb"] = _peak_mb()
+    result["cache_bytes"] = _folder_bytes(cache)
+    return result
+
+
+ENGINES = {"megatron": megatron_build, "windowed": windowed_plan, "mixed": mixed_plan,
+           "mixed_sequences": mixed_sequences}
 
 
 def child(spec: dict) -> dict | None:
@@ -287,7 +336,7 @@ def child(spec: dict) -> dict | None:
 def measure(engine: str, prefixes: list[str], weights, samples, args, cache: str) -> dict | None:
     spec = {"engine": engine, "prefixes": prefixes, "weights": weights, "samples": samples,
             "sequence_length": args.sequence_length, "cache": cache, "draws": 0, "window": args.window,
-            "python": args.project_python if engine in ("windowed", "mixed") else None}
+            "python": args.project_python if engine in ("windowed", "mixed", "mixed_sequences") else None}
     shutil.rmtree(cache, ignore_errors=True)
     built = child(spec)
     if built is None:
@@ -320,6 +369,9 @@ def main() -> None:
     parser.add_argument("--project-python", default=None,
                         help="the interpreter of the windowed row (default this one; it must import umlos_cuda)")
     parser.add_argument("--no-megatron", action="store_true", help="skip the Megatron rows")
+    parser.add_argument("--no-windowed", action="store_true", help="skip the one-dataset windowed plan row")
+    parser.add_argument("--no-mixed-plan", action="store_true",
+                        help="skip the mixed plan row (whole-document microbatches)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -344,12 +396,16 @@ def main() -> None:
             if not args.no_megatron:
                 print(row("GPTDataset", documents,
                           measure("megatron", prefixes[:1], None, args.samples, args, cache)), flush=True)
-            print(row("windowed plan", documents,
-                      measure("windowed", prefixes[:1], None, args.samples, args, cache)), flush=True)
+            if not args.no_windowed:
+                print(row("windowed plan", documents,
+                          measure("windowed", prefixes[:1], None, args.samples, args, cache)), flush=True)
             if not args.no_blend and not args.no_megatron:
                 print(row(f"BlendedDataset x3, {documents:,} samples", documents,
                           measure("megatron", prefixes, list(WEIGHTS), documents, args, cache)), flush=True)
             if not args.no_blend:
+                print(row(f"mixed sequences x3, {documents:,} samples", documents,
+                          measure("mixed_sequences", prefixes, list(WEIGHTS), documents, args, cache)), flush=True)
+            if not args.no_blend and not args.no_mixed_plan:
                 print(row(f"mixed plan x3, {documents:,} samples", documents,
                           measure("mixed", prefixes, list(WEIGHTS), documents, args, cache)), flush=True)
             for prefix in prefixes:

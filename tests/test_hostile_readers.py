@@ -946,6 +946,16 @@ def _plan_cut(change):
     return make
 
 
+def _plan_cut_mix(change):
+    """``plan cut --mix`` of the Megatron pair copied into ``here`` (twice) with ``change(here)`` applied."""
+    def make(world, here):
+        copy(world, here, "mega")
+        change(here)
+        return ("plan", "cut", "--mix", f"{here / 'mega'}:0.5", f"{here / 'mega'}:0.5:1", "--num-samples", "10",
+                "--sequence-length", "16", "--output", str(here / "out"))
+    return make
+
+
 def _mixed_sequences(change):
     """The mixture of pretraining sequences copied into ``here``, ``change(here)`` applied, then opened (its tokens
     from the world's Megatron pair, named in meta.json) and sample 0 collated."""
@@ -1038,6 +1048,8 @@ SEQUENCES_CASES = [
          (errors.MEGATRON_INDEX_INVALID,), "mega.idx"),
     Case("hang/plan-cut-sparse-idx", _plan_cut(lambda h: sparse(h / "mega.idx")), (errors.MEGATRON_INDEX_INVALID,),
          "mega.idx"),
+    Case("hang/plan-cut-mix-fifo-idx", _plan_cut_mix(lambda h: (h / "mega.idx").unlink() or fifo(h / "mega.idx")),
+         (errors.MEGATRON_INDEX_INVALID,), "mega.idx"),
 ]
 WINDOWED_CASES = [
     Case("hang/windowed-plan-fifo-meta-json", _windowed(lambda h: fifo(h / "windowed" / "meta.json")), (WP,),

@@ -141,11 +141,11 @@ class SequenceMixture:
             raise config_error(f"a mixture takes 1 to {MAX_COMPONENTS} components, got {len(parts)}")
         per_epoch = []
         for i, (definition, source, weight, cap, name) in enumerate(parts):
-            if lengths_of(source).count != definition.num_documents:
-                raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"component {i}: the lengths hold "
-                                 f"{lengths_of(source).count} documents; the definition cuts "
-                                 f"{definition.num_documents}")
-            samples = definition.samples(epoch_tokens(definition, source))
+            lengths = lengths_of(source)
+            if lengths.count != definition.num_documents:
+                raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"component {i}: the lengths hold {lengths.count} "
+                                 f"documents; the definition cuts {definition.num_documents}")
+            samples = definition.samples(epoch_tokens(definition, lengths))
             if samples < 1:
                 raise config_error(f"component {i} ({name!r}) has no sample of {definition.sequence_length} + 1 "
                                    "tokens in an epoch")

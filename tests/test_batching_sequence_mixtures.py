@@ -274,3 +274,54 @@ def test_plan_cut_mix_info_verify_and_show(tmp_path: Path, capsys):
     assert main(["plan", "cut", "--mix", f"{web}:1", "--sequence-length", "16", "--num-samples", "5", "--output",
                  str(out)]) != 0  # an existing folder is refused without --force
     assert "OUTPUT_EXISTS" in capsys.readouterr().err
+
+
+def test_resume_through_the_checkpoint_store_and_a_foreign_cursor(tmp_path: Path):
+    import dataclasses
+
+    import umlos_cuda as uc
+    from test_checkpoint_support import DATASET, KEY, identity, state
+    from umlos_cuda.batching.plans.checkpoint_kinds import PlanCursor
+    from umlos_cuda.checkpoint import CheckpointStore, restore_latest
+
+    mixture = SequenceMixture.build(_parts(), 10, 120, 3)
+    readers = [WindowedRankReader(mixture, r, 4) for r in range(4)]
+    iterators = [iter(r) for r in readers]
+    seen: dict[int, np.ndarray] = {}
+    with CheckpointStore.open(str(tmp_path / "store"), identity(), KEY) as store:
+        store.start_run(DATASET, world_size=4)
+        for _ in range(5):
+            for it in iterators:
+                _, k, sample = next(it)
+                seen[k] = sample["input_ids"]
+        store.commit(dataclasses.replace(state(1, uc.Cursor(0, 8)), extra_cursors={"plan": readers[0].cursor()}))
+    cursor = restore_latest(str(tmp_path / "store"), identity()).extra_cursors["plan"]
+    assert cursor == PlanCursor(mixture.fingerprint, 0, 20)
+    for reader in [WindowedRankReader.resume(mixture, cursor, r, 3) for r in range(3)]:
+        for _, k, sample in reader:
+            seen[k] = sample["input_ids"]
+    assert sorted(seen) == list(range(mixture.total))
+    assert all(np.array_equal(seen[k], mixture.sample(k)["input_ids"]) for k in range(mixture.total))
+    other = SequenceMixture.build(_parts(), 10, 121, 3)
+    with pytest.raises(UmlosError) as caught:
+        WindowedRankReader.resume(mixture, PlanCursor(other.fingerprint, 0, 0))
+    assert caught.value.code == errors.PLAN_FINGERPRINT_MISMATCH
+
+
+def test_sample_k_merges_one_mixed_window(monkeypatch):
+    """Random access costs one mixed window merged (and the component's cut windows), never the ones before it."""
+    from umlos_cuda.batching.plans.windows.blend import Blend
+
+    mixture = SequenceMixture.build(_parts(), 10, 120, 3)
+    merged: list[int] = []
+    original = Blend.merge
+    monkeypatch.setattr(Blend, "merge", lambda self, m: merged.append(m) or original(self, m))
+    fresh = load_mixed_sequences_from(mixture)
+    fresh.sample(117)
+    fresh.sample(115)  # the same window, kept
+    assert merged == [11]
+
+
+def load_mixed_sequences_from(mixture: SequenceMixture) -> SequenceMixture:
+    """The same mixture, nothing merged or cached."""
+    return SequenceMixture(mixture.components, mixture.window, mixture.num_samples, mixture.seed)

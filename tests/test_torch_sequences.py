@@ -104,3 +104,30 @@ def test_refusals(folder):
     with pytest.raises(SamplerArgumentError) as info:
         SequenceBatchSampler(plan, 4).load_state_dict(SequenceBatchSampler(other, 4).state_dict())
     assert info.value.code == errors.PLAN_FINGERPRINT_MISMATCH
+
+
+def test_a_mixture_of_sequences_through_a_dataloader(tmp_path):
+    """A mixture (plan cut --mix) is one epoch of samples numbered across datasets: each batch item is
+    ``mixture.sample(k)``, with the dataset it came from."""
+    from umlos_cuda.batching.tokens.pretraining import load_mixed_pretraining
+    from umlos_cuda.cli import main
+
+    web = write_megatron(tmp_path / "web", random_sequences(120, seed=2, high=50))
+    code = write_megatron(tmp_path / "code", random_sequences(30, seed=3, high=50))
+    assert main(["plan", "cut", "--mix", f"{web}:0.7", f"{code}:0.3:2", "--num-samples", "100", "--sequence-length",
+                 "16", "--window", "16", "--eos", "0", "--output", str(tmp_path / "mix")]) == 0
+    mixture = load_mixed_pretraining(tmp_path / "mix")
+    sampler = SequenceBatchSampler(str(tmp_path / "mix"), 8, rank=1, world_size=3)
+    loader = DataLoader(SequenceDataset(str(tmp_path / "mix")), batch_sampler=sampler, num_workers=2)
+    count = len(sampler)
+    batches = list(loader)
+    keys = list(range(1, 100, 3))
+    assert len(batches) == count == -(-len(keys) // 8)
+    got = torch.cat([b["input_ids"] for b in batches]).numpy()
+    assert np.array_equal(got, np.stack([mixture.sample(k)["input_ids"] for k in keys]))
+    assert torch.cat([b["component"] for b in batches]).tolist() == [mixture.sample(k)["component"] for k in keys]
+    assert {0, 1} <= set(torch.cat([b["component"] for b in batches]).tolist())
+    assert (sampler.epoch, sampler.microbatch_index) == (0, 100)  # one epoch, done
+    with pytest.raises(errors.UmlosError) as info:
+        SequenceDataset(str(tmp_path / "mix"))[(1, 0)]
+    assert info.value.code == errors.PLAN_CURSOR_INVALID

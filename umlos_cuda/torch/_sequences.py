@@ -1,7 +1,9 @@
 """Pretraining sequences in a ``DataLoader``: this rank's batches of samples and the samples as tensors.
 
 What goes in: pretraining sequences (``umlos-cuda plan cut``, docs/batching.md "Pretraining
-sequences"), as a folder or a :class:`~umlos_cuda.batching.plans.windows.PretrainingSequences`,
+sequences") or a mixture of them (``plan cut --mix``), as a folder or a
+:class:`~umlos_cuda.batching.plans.windows.PretrainingSequences` /
+:class:`~umlos_cuda.batching.plans.windows.sequence_mixture.SequenceMixture`,
 a batch size, a rank and a world size. What comes out: :class:`SequenceBatchSampler`, a
 ``batch_sampler`` whose items are lists of ``(epoch, k)`` keys, and :class:`SequenceDataset`,
 whose item ``(epoch, k)`` is sample ``k`` of that epoch as tensors (``input_ids``, ``labels``,
@@ -36,16 +38,19 @@ TENSORS = ("input_ids", "labels", "loss_mask", "position_ids", "segment_ids")
 
 
 def _open(sequences):
-    """A :class:`PretrainingSequences` from itself or its folder (PLAN_NOT_FOUND for anything else)."""
+    """A :class:`PretrainingSequences` or a :class:`SequenceMixture` from itself or its folder (by its marker;
+    PLAN_NOT_FOUND for anything else)."""
     from ..batching.plans.windows import PretrainingSequences
-    from ..batching.tokens.pretraining import load_pretraining
+    from ..batching.plans.windows.sequence_mixture import SequenceMixture
+    from ..batching.plans.windows.sequences_io import is_mixed_sequences
+    from ..batching.tokens.pretraining import load_mixed_pretraining, load_pretraining
 
-    if isinstance(sequences, PretrainingSequences):
+    if isinstance(sequences, (PretrainingSequences, SequenceMixture)):
         return sequences
     if not isinstance(sequences, (str, os.PathLike)):
-        raise argument_error(errors.PLAN_NOT_FOUND, "sequences must be PretrainingSequences or their folder, got "
-                                                    f"{type(sequences).__name__}")
-    return load_pretraining(sequences)
+        raise argument_error(errors.PLAN_NOT_FOUND, "sequences must be PretrainingSequences, a SequenceMixture or "
+                                                    f"their folder, got {type(sequences).__name__}")
+    return load_mixed_pretraining(sequences) if is_mixed_sequences(sequences) else load_pretraining(sequences)
 
 
 class SequenceBatchSampler(PlanBatchSampler):
@@ -99,7 +104,8 @@ class SequenceBatchSampler(PlanBatchSampler):
 
 class SequenceDataset(DatasetBase):
     """Map-style dataset of pretraining sequences: item ``(epoch, k)`` is sample ``k`` of ``epoch``, a dict of
-    int64/uint8/int32 tensors (:data:`TENSORS`), collated from ``tokens`` (default: the plan's token source)."""
+    int64/uint8/int32 tensors (:data:`TENSORS`), collated from ``tokens`` (default: the plan's token source).
+    Over a mixture (one epoch) a sample also holds ``component``, the index of the dataset it came from."""
 
     def __init__(self, sequences, *, tokens=None) -> None:
         self._given = sequences
@@ -120,11 +126,16 @@ class SequenceDataset(DatasetBase):
 
     def __len__(self) -> int:
         """The samples of epoch 0 (a key names its epoch: every epoch's samples are items)."""
-        return self._plan.epoch_samples(0)
+        return self._plan.epoch_microbatches(0)
 
     def __getitem__(self, key) -> dict:
         import torch
 
         epoch, k = key
+        if hasattr(self._plan, "components"):  # a mixture: one epoch, its samples numbered across datasets
+            self._plan.epoch_microbatches(int(epoch))  # PLAN_CURSOR_INVALID unless epoch 0
+            sample = self._plan.sample(int(k), self._tokens)
+            return {**{name: torch.from_numpy(sample[name]) for name in TENSORS},
+                    "component": torch.tensor(sample["component"])}
         sample = self._plan.sample(int(epoch), int(k), self._tokens)
         return {name: torch.from_numpy(sample[name]) for name in TENSORS}

@@ -276,7 +276,7 @@ def run_build(args) -> int:
         return _build_mixed(args, config)
     if args.lengths is None:
         raise config_error("--lengths is required (unless --mix)")
-    inputs = (args.lengths,) if os.path.isdir(args.lengths) else (args.lengths, sidecar_path(args.lengths))
+    inputs = (args.lengths,) if names_token_source(args.lengths) else (args.lengths, sidecar_path(args.lengths))
     if args.window is not None:
         return _build_windowed(args, config, inputs)
     check_output_dir(args.output, args.force, inputs)  # fail before the work
@@ -319,18 +319,19 @@ def _build_windowed(args, config, inputs) -> int:
 
     definition_check = WindowDefinition(config, 1, args.window)  # refuses what windows do not plan, before any read
     del definition_check
-    if os.path.isdir(args.lengths):
-        raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"--window maps a length cache's .u32 sidecar; "
-                         f"{args.lengths} is a folder (give its lengths.jsonl)", operator=errors.BATCH_PLAN_OPERATOR)
     check_output_folder(args.output, WINDOWED_PLAN, force=args.force, inputs=inputs,
                         operator=errors.BATCH_PLAN_OPERATOR)
     started = time.perf_counter()
-    source = open_length_cache(args.lengths)
+    if names_token_source(args.lengths):  # a Megatron prefix or a token store: its lengths read by rows
+        source, lengths_path = _mapped_token_lengths(args.lengths), os.path.abspath(args.lengths)
+    else:
+        source = open_length_cache(args.lengths)
+        lengths_path = os.path.abspath(source.path)
     definition = WindowDefinition(config, source.count, args.window)
     total = args.epochs * definition.num_windows
     progress = Progress(total, f"plan {args.output}", enabled=not args.quiet)
     plan = WindowedPlan.build(definition, source, args.epochs, progress=lambda done, _: progress.update(done))
-    save_windowed_plan(plan, args.output, lengths_path=os.path.abspath(source.path), force=args.force, inputs=inputs)
+    save_windowed_plan(plan, args.output, lengths_path=lengths_path, force=args.force, inputs=inputs)
     progress.close()
     seconds = time.perf_counter() - started
     counts = plan.epoch_counts(0)
@@ -418,10 +419,16 @@ def _cut_mixed(args) -> int:
 
 def cut_source(path: str):
     """The token source ``plan cut`` reads at ``path`` (a token store, a sharded store, a Megatron prefix): one
-    opener for ``--tokens`` and every ``--mix`` entry."""
-    from ..batching.tokens.sources import open_token_source
+    opener for ``--tokens``, every ``--mix`` entry and ``plan verify``'s reopening. Read by rows
+    (:func:`_mapped_token_lengths`: nothing O(N) in memory, bound as the lengths held would be); a Megatron
+    prefix's every size and pointer checked first, in pieces, as ``MegatronDataset.open`` checks them, so
+    every document of the sequences can be read."""
+    from ..batching.tokens.pretraining import MappedMegatron
 
-    return open_token_source(path)
+    source = _mapped_token_lengths(path)
+    if isinstance(source, MappedMegatron):
+        source.check_rows()
+    return source
 
 
 def sample_json(sample: dict) -> dict:
@@ -485,8 +492,8 @@ def _build_mixed(args, config) -> int:
     components = []
     lengths_paths = []
     for (path, weight, cap, seed), name in zip(entries, names):
-        if names_token_source(path):  # a store, a sharded store or a Megatron prefix: its lengths, held
-            source, lengths_path = _token_lengths(path), os.path.abspath(path)
+        if names_token_source(path):  # a store, a sharded store or a Megatron prefix: its lengths read by rows
+            source, lengths_path = _mapped_token_lengths(path), os.path.abspath(path)
         else:
             source = open_length_cache(path)
             lengths_path = os.path.abspath(source.path)
@@ -515,21 +522,19 @@ def names_token_source(path: str) -> bool:
     return names(path)
 
 
-def _token_lengths(path: str):
-    """A token source's lengths (a store's, a sharded store's, a Megatron dataset's ``.idx`` sizes) as a
-    length source held in memory (4 bytes a document): plans may not import tokens, so the command opens it."""
-    import numpy as np
+def _mapped_token_lengths(path: str):
+    """A token source's lengths (a store's offsets, a sharded store's, a Megatron dataset's ``.idx`` sizes),
+    memory-mapped and read by rows (tokens/pretraining.py ``open_mapped``: nothing O(N) in memory, bound
+    as an ``ArrayLengths`` of the same lengths); a token source too (``arrays``), for ``plan cut``. Plans
+    may not import tokens, so the command opens it."""
+    from ..batching.tokens.pretraining import open_mapped
 
-    from ..batching.plans.windows import ArrayLengths
-    from ..batching.tokens.sources import open_token_source
-
-    return ArrayLengths(np.asarray(open_token_source(path).lengths, dtype=np.uint32))
+    return open_mapped(path)
 
 
-def mixed_lengths(directory: str):
-    """The lengths of a mixed plan's components for load/verify: a store's, a sharded store's or a Megatron
-    prefix's, opened here (the plans layer maps only .u32 sidecars); None when meta.json names only
-    sidecars or cannot be read (the plan's loader then reports it)."""
+def _plan_meta(directory: str):
+    """meta.json of a windowed or mixed plan folder, or None when it cannot be read (the plan's loader then
+    reports it)."""
     from ..files import reader
 
     try:
@@ -537,10 +542,27 @@ def mixed_lengths(directory: str):
             errors.PLAN_FORMAT_INVALID, message, operator=errors.BATCH_PLAN_OPERATOR))
     except (OSError, UmlosError):
         return None
-    paths = meta.get("lengths_paths") if isinstance(meta, dict) else None
+    return meta if isinstance(meta, dict) else None
+
+
+def windowed_lengths(directory: str):
+    """The lengths of a windowed plan for load/verify when its meta.json's ``lengths_path`` names a token
+    source (a store, a sharded store or a Megatron prefix: :func:`_mapped_token_lengths`); None otherwise
+    (the plans layer maps a .u32 sidecar itself)."""
+    meta = _plan_meta(directory)
+    path = None if meta is None else meta.get("lengths_path")
+    return _mapped_token_lengths(path) if isinstance(path, str) and names_token_source(path) else None
+
+
+def mixed_lengths(directory: str):
+    """The lengths of a mixed plan's components for load/verify: a store's, a sharded store's or a Megatron
+    prefix's, opened here (:func:`_mapped_token_lengths`; the plans layer maps only .u32 sidecars); None
+    when meta.json names only sidecars or cannot be read (the plan's loader then reports it)."""
+    meta = _plan_meta(directory)
+    paths = None if meta is None else meta.get("lengths_paths")
     if not isinstance(paths, list) or not any(isinstance(p, str) and names_token_source(p) for p in paths):
         return None
-    return [_token_lengths(p) if isinstance(p, str) and names_token_source(p) else p for p in paths]
+    return [_mapped_token_lengths(p) if isinstance(p, str) and names_token_source(p) else p for p in paths]
 
 
 def load_lengths(path: str, read_ids: bool = True):
@@ -752,7 +774,8 @@ def _info_windowed(args) -> int:
     from ..batching.plans.windows import load_windowed_plan
     from ..batching.plans.windows.info import report_lines, windowed_report
 
-    report = windowed_report(load_windowed_plan(args.plan), args.plan, world_size=args.world_size, rank=args.rank)
+    plan = load_windowed_plan(args.plan, lengths=windowed_lengths(args.plan))
+    report = windowed_report(plan, args.plan, world_size=args.world_size, rank=args.rank)
     print(json.dumps(report, indent=2) if args.json else "\n".join(report_lines(report)))
     return 0
 
@@ -786,21 +809,26 @@ def run_verify(args) -> int:
 
 def _verify_windowed(args) -> int:
     """``plan verify`` of a windowed plan folder (batching/plans/windows/verify.py): ``--lengths`` names
-    the length cache whose ``.u32`` sidecar it maps (default: the one meta.json names)."""
+    the length cache whose ``.u32`` sidecar it maps, or a token source read by rows (default: what
+    meta.json's ``lengths_path`` names)."""
     from ..batching.lengths.cache import SIDECAR_SUFFIX, sidecar_path
     from ..batching.plans.windows.io import is_mixed_plan
     from ..batching.plans.windows.verify import verify_mixed_plan, verify_windowed_plan
 
-    lengths = args.lengths
-    if lengths is not None and not lengths.endswith(SIDECAR_SUFFIX):
-        lengths = sidecar_path(lengths)
     mixed = is_mixed_plan(args.plan)
-    if mixed and lengths is not None:
+    if mixed and args.lengths is not None:
         raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"{args.plan} is a mixed plan: it maps the sidecars its "
                          "meta.json names (--lengths takes one cache)", operator=errors.BATCH_PLAN_OPERATOR)
     verify = verify_mixed_plan if mixed else verify_windowed_plan
+    lengths = args.lengths
     if mixed:
         lengths = mixed_lengths(args.plan)
+    elif lengths is None:
+        lengths = windowed_lengths(args.plan)
+    elif names_token_source(lengths):  # a Megatron prefix or a token store: read by rows, as the build read it
+        lengths = _mapped_token_lengths(lengths)
+    elif not lengths.endswith(SIDECAR_SUFFIX):
+        lengths = sidecar_path(lengths)
     report = verify(args.plan, windows=args.windows, seed=args.seed, lengths=lengths,
                     expected_fingerprint=args.expected_fingerprint)
     for check in report["checks"]:

@@ -130,26 +130,8 @@ class MegatronDataset:
             prefix = prefix[:-4]
         checks.text(tokenizer_hash, "tokenizer_hash", empty=False, fail=_invalid,
                     message="{name} must be a non-empty string, got {value!r}")
-        index = _map(idx_path(prefix))
-        if index.shape[0] < HEADER_BYTES:
-            raise _invalid(f"{idx_path(prefix)} has {index.shape[0]} bytes; the header alone has {HEADER_BYTES}")
-        header = index[:HEADER_BYTES].tobytes()
-        if header[:len(IDX_MAGIC)] != IDX_MAGIC:
-            raise _invalid(f"{idx_path(prefix)} does not start with {IDX_MAGIC!r}: not a Megatron-LM index "
-                           "(MMapIndexedDataset)")
-        version, code, count, documents = struct.unpack("<QBQQ", header[len(IDX_MAGIC):])
-        if version != IDX_VERSION:
-            raise _invalid(f"{idx_path(prefix)} has version {version}; this reader reads version {IDX_VERSION}")
-        if code not in DTYPE_CODES or np.dtype(DTYPE_CODES[code]).kind not in "iu":
-            named = DTYPE_CODES[code].__name__ if code in DTYPE_CODES else "none"
-            integer_codes = ", ".join(f"{c} {t.__name__}" for c, t in DTYPE_CODES.items() if np.dtype(t).kind in "iu")
-            raise _invalid(f"{idx_path(prefix)} has dtype code {code} ({named}); token ids need an integer code, one "
-                           "of " + integer_codes)
-        dtype = np.dtype(DTYPE_CODES[code]).newbyteorder("<")
+        index, dtype, count, documents = read_idx_header(prefix)
         plain = HEADER_BYTES + 12 * count + 8 * documents
-        if index.shape[0] not in (plain, plain + count):
-            raise _invalid(f"{idx_path(prefix)} has {index.shape[0]} bytes; {count} sequences and {documents} document "
-                           f"indices need {plain} (or {plain + count} with sequence modes)")
         sizes = _view(index, HEADER_BYTES, "<i4", count)
         pointers = _view(index, HEADER_BYTES + 4 * count, "<i8", count)
         document_indices = _view(index, HEADER_BYTES + 12 * count, "<i8", documents)
@@ -291,12 +273,51 @@ def _reopen(prefix: str, tokenizer_hash: str) -> MegatronDataset:
     return MegatronDataset.open(prefix, tokenizer_hash=tokenizer_hash)
 
 
-def _check(prefix: str, dtype: np.dtype, sizes, pointers, document_indices, bin_size: int) -> None:
-    count = sizes.shape[0]
+def read_idx_header(prefix: str) -> tuple[np.ndarray, np.dtype, int, int]:
+    """The ``.idx`` of ``prefix`` mapped read-only, with its header checked: ``(index, dtype, S, D)``.
+
+    The one parser of the header (:meth:`MegatronDataset.open` and tokens/pretraining.py's
+    ``MappedMegatron`` both use it): the magic, the version, an integer dtype code, a file size that
+    fits the counts exactly (with or without the sequence modes) and at least one sequence, each
+    MEGATRON_INDEX_INVALID. Reads the header's 34 bytes; the arrays after it are the caller's to view."""
+    index = _map(idx_path(prefix))
+    if index.shape[0] < HEADER_BYTES:
+        raise _invalid(f"{idx_path(prefix)} has {index.shape[0]} bytes; the header alone has {HEADER_BYTES}")
+    header = index[:HEADER_BYTES].tobytes()
+    if header[:len(IDX_MAGIC)] != IDX_MAGIC:
+        raise _invalid(f"{idx_path(prefix)} does not start with {IDX_MAGIC!r}: not a Megatron-LM index "
+                       "(MMapIndexedDataset)")
+    version, code, count, documents = struct.unpack("<QBQQ", header[len(IDX_MAGIC):])
+    if version != IDX_VERSION:
+        raise _invalid(f"{idx_path(prefix)} has version {version}; this reader reads version {IDX_VERSION}")
+    if code not in DTYPE_CODES or np.dtype(DTYPE_CODES[code]).kind not in "iu":
+        named = DTYPE_CODES[code].__name__ if code in DTYPE_CODES else "none"
+        integer_codes = ", ".join(f"{c} {t.__name__}" for c, t in DTYPE_CODES.items() if np.dtype(t).kind in "iu")
+        raise _invalid(f"{idx_path(prefix)} has dtype code {code} ({named}); token ids need an integer code, one "
+                       "of " + integer_codes)
+    plain = HEADER_BYTES + 12 * count + 8 * documents
+    if index.shape[0] not in (plain, plain + count):
+        raise _invalid(f"{idx_path(prefix)} has {index.shape[0]} bytes; {count} sequences and {documents} document "
+                       f"indices need {plain} (or {plain + count} with sequence modes)")
     if count == 0:
         raise _invalid(f"{idx_path(prefix)} holds no sequence")
-    if int(sizes.min()) < 0:
-        raise _invalid(f"{idx_path(prefix)}: sequence {int(np.argmin(sizes))} has a negative length")
+    return index, np.dtype(DTYPE_CODES[code]).newbyteorder("<"), int(count), int(documents)
+
+
+def _check(prefix: str, dtype: np.dtype, sizes, pointers, document_indices, bin_size: int) -> None:
+    count = sizes.shape[0]
+    check_rows(prefix, dtype, sizes, pointers, bin_size)
+    if document_indices.shape[0] < 1 or int(document_indices[0]) != 0 or int(document_indices[-1]) != count \
+            or (document_indices.shape[0] > 1 and int(np.diff(document_indices).min()) < 0):
+        raise _invalid(f"{idx_path(prefix)}: document indices must ascend from 0 to the sequence count {count}")
+
+
+def check_rows(prefix: str, dtype: np.dtype, sizes, pointers, bin_size: int, first: int = 0) -> None:
+    """MEGATRON_INDEX_INVALID unless every size is not negative and every pointer is aligned with its
+    sequence inside the ``.bin``; ``sizes`` and ``pointers`` may be a piece of the index starting at
+    sequence ``first`` (tokens/pretraining.py checks a mapped index a piece at a time)."""
+    if sizes.shape[0] and int(sizes.min()) < 0:
+        raise _invalid(f"{idx_path(prefix)}: sequence {first + int(np.argmin(sizes))} has a negative length")
     width = dtype.itemsize
     # pointer + size * width can wrap past 2^63 in int64 and look small: compare the size with the room
     # left after the pointer instead, which cannot overflow once 0 <= pointer <= bin_size.
@@ -306,11 +327,8 @@ def _check(prefix: str, dtype: np.dtype, sizes, pointers, document_indices, bin_
     if bad.size:
         row = int(bad[0])
         start, end = int(pointers[row]), int(pointers[row]) + int(sizes[row]) * width  # Python integers: exact
-        raise _invalid(f"{idx_path(prefix)}: sequence {row} points at bytes {start} to {end}, "
+        raise _invalid(f"{idx_path(prefix)}: sequence {first + row} points at bytes {start} to {end}, "
                        f"outside the {bin_size}-byte {bin_path(prefix)} or not aligned to {width} bytes")
-    if document_indices.shape[0] < 1 or int(document_indices[0]) != 0 or int(document_indices[-1]) != count \
-            or (document_indices.shape[0] > 1 and int(np.diff(document_indices).min()) < 0):
-        raise _invalid(f"{idx_path(prefix)}: document indices must ascend from 0 to the sequence count {count}")
 
 
 def _map(path: str) -> np.ndarray:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
-import struct
 
 import numpy as np
 
@@ -34,9 +33,12 @@ from ..plans.windows.sequences import PretrainingSequences
 from ..plans.windows.sequence_mixture import SequenceMixture
 from ..plans.windows.sequences_io import load_mixed_sequences, load_sequences
 from ..plans.windows.sources import LengthSource
-from .megatron import (DTYPE_CODES, HEADER_BYTES, IDX_MAGIC, IDX_VERSION, UNKNOWN_TOKENIZER, _invalid, _map, _view,
-                       bin_path, idx_path)
-from .sources import open_token_source
+from .logical import ShardedTokenStore
+from .megatron import (HEADER_BYTES, UNKNOWN_TOKENIZER, _invalid, _map, _view, bin_path, check_rows, idx_path,
+                       read_idx_header)
+from .offsets import ShardedLengths, StoreLengths
+from .sources import megatron_prefix, names_token_source, open_token_source
+from .store import TokenStore
 
 _HASH_PIECE = 1 << 20
 
@@ -48,18 +50,7 @@ class MappedMegatron(LengthSource):
         prefix = os.fspath(prefix)
         self.prefix = prefix[:-4] if prefix.endswith((".idx", ".bin")) else prefix
         self.tokenizer_hash = tokenizer_hash
-        index = _map(idx_path(self.prefix))
-        if index.shape[0] < HEADER_BYTES or index[:len(IDX_MAGIC)].tobytes() != IDX_MAGIC:
-            raise _invalid(f"{idx_path(self.prefix)} is not a Megatron-LM index (MMapIndexedDataset)")
-        version, code, count, documents = struct.unpack("<QBQQ", index[len(IDX_MAGIC):HEADER_BYTES].tobytes())
-        if version != IDX_VERSION or code not in DTYPE_CODES or np.dtype(DTYPE_CODES[code]).kind not in "iu":
-            raise _invalid(f"{idx_path(self.prefix)} has version {version} and dtype code {code}; this reader reads "
-                           f"version {IDX_VERSION} with an integer dtype")
-        plain = HEADER_BYTES + 12 * count + 8 * documents
-        if count == 0 or index.shape[0] not in (plain, plain + count):
-            raise _invalid(f"{idx_path(self.prefix)} has {index.shape[0]} bytes; {count} sequences and {documents} "
-                           f"document indices need {plain} (or {plain + count} with sequence modes)")
-        self.dtype = np.dtype(DTYPE_CODES[code]).newbyteorder("<")
+        index, self.dtype, count, _documents = read_idx_header(self.prefix)
         self.count = int(count)
         self.sizes = _view(index, HEADER_BYTES, "<i4", count)
         self.pointers = _view(index, HEADER_BYTES + 4 * count, "<i8", count)
@@ -96,6 +87,16 @@ class MappedMegatron(LengthSource):
         if handle is not None and hasattr(mmap, "MADV_DONTNEED"):
             handle.madvise(mmap.MADV_DONTNEED)
 
+    def check_rows(self) -> None:
+        """Every sequence's size and pointer, as ``MegatronDataset.open`` checks them (not negative, aligned,
+        inside the ``.bin``: MEGATRON_INDEX_INVALID naming the first that is not), a piece of the index at a
+        time with the pages read dropped after each: what ``plan cut`` runs before it promises that every
+        document of its sequences can be read."""
+        for start in range(0, self.count, _HASH_PIECE):
+            check_rows(self.prefix, self.dtype, self.sizes[start:start + _HASH_PIECE],
+                       self.pointers[start:start + _HASH_PIECE], int(self.data.shape[0]), start)
+            self.release()
+
     # ------------------------------------------------------------------ tokens
     def arrays(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         """Row ``row``'s tokens (a read-only view of the ``.bin``) and a loss mask of ones."""
@@ -109,15 +110,33 @@ class MappedMegatron(LengthSource):
         return np.frombuffer(self.data, dtype=self.dtype, count=size, offset=pointer), self._ones[:size]
 
 
+def open_mapped(path):
+    """The token source at ``path`` as a length source read by rows that is a token source too: a
+    :class:`MappedMegatron` for a Megatron prefix, a :class:`~.offsets.StoreLengths` for a token store
+    folder, a :class:`~.offsets.ShardedLengths` for a sharded one (nothing O(N) in memory; bound as
+    ``ArrayLengths`` of the same lengths). What ``plan cut``, ``plan build --window`` and ``--mix`` read,
+    and what a folder recording the path reopens. A list of prefixes, or a source already opened, is
+    opened by :func:`~.sources.open_token_source` (held in memory)."""
+    if isinstance(path, (str, os.PathLike)):
+        path = os.fspath(path)
+        if names_token_source(path) and not os.path.isdir(path):
+            return MappedMegatron(megatron_prefix(path))
+    source = open_token_source(path)
+    if isinstance(source, TokenStore):
+        return StoreLengths(source)
+    if isinstance(source, ShardedTokenStore):
+        return ShardedLengths(source)
+    return source
+
+
 def load_pretraining(directory, *, tokens=None, lengths=None, backend: str = "auto") -> PretrainingSequences:
     """:func:`~umlos_cuda.batching.plans.windows.load_sequences`, the tokens opened from the folder's
-    ``tokens_path`` when neither ``tokens`` nor ``lengths`` is given."""
-    return load_sequences(directory, tokens=tokens, lengths=lengths, backend=backend, open_tokens=open_token_source)
+    ``tokens_path`` (:func:`open_mapped`: read by rows) when neither ``tokens`` nor ``lengths`` is given."""
+    return load_sequences(directory, tokens=tokens, lengths=lengths, backend=backend, open_tokens=open_mapped)
 
 
 def load_mixed_pretraining(directory, *, tokens=None, lengths=None, backend: str = "auto") -> SequenceMixture:
     """:func:`~umlos_cuda.batching.plans.windows.sequences_io.load_mixed_sequences`, each component's tokens opened
-    from the folder's ``tokens_paths`` (by :func:`open_token_source`, as :func:`load_pretraining` opens one) when
+    from the folder's ``tokens_paths`` (by :func:`open_mapped`, as :func:`load_pretraining` opens one) when
     neither ``tokens`` nor ``lengths`` is given."""
-    return load_mixed_sequences(directory, tokens=tokens, lengths=lengths, backend=backend,
-                                open_tokens=open_token_source)
+    return load_mixed_sequences(directory, tokens=tokens, lengths=lengths, backend=backend, open_tokens=open_mapped)

@@ -23,6 +23,7 @@ instead of copying them.
 
 from __future__ import annotations
 
+import mmap as mmap_module
 import os
 
 import numpy as np
@@ -61,8 +62,7 @@ class TokenStore:
         self.tokens = tokens
         self.loss_mask_array = loss_mask
         self.offsets = offsets
-        self.lengths = np.diff(offsets).astype(np.uint32)
-        self.lengths.flags.writeable = False
+        self._lengths: np.ndarray | None = None
         self._cache: LengthCache | None = None
 
     @classmethod
@@ -78,7 +78,7 @@ class TokenStore:
         tokens = _load(root, "tokens", meta["token_dtype"], total, mmap)
         loss_mask = _load(root, "loss_mask", "|u1", total, mmap)
         offsets = _load(root, "offsets", "<i8", n + 1, mmap)
-        if int(offsets[0]) != 0 or int(offsets[-1]) != total or (n and int(np.diff(offsets).min()) < 0):
+        if int(offsets[0]) != 0 or int(offsets[-1]) != total or not rises(offsets):
             raise _invalid(f"{root}/offsets.npy does not cut the {total} tokens into {n} samples "
                            "(it must rise from 0 to the token count)")
         return cls(root, meta, tokens, loss_mask, offsets)
@@ -88,6 +88,16 @@ class TokenStore:
 
     def __repr__(self) -> str:
         return f"TokenStore({self.root!r}, {len(self)} samples, {self.num_tokens} tokens)"
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """``uint32 [N]``, computed from the offsets on first use (4 bytes a sample in memory): opening
+        copies nothing, so a plan that reads lengths by rows (tokens/offsets.py) stays O(window)."""
+        if self._lengths is None:
+            lengths = np.diff(self.offsets).astype(np.uint32)
+            lengths.flags.writeable = False
+            self._lengths = lengths
+        return self._lengths
 
     # ------------------------------------------------------------------ sizes and hashes
     def __len__(self) -> int:
@@ -191,6 +201,30 @@ class TokenStore:
             raise _invalid(f"{self.root}/loss_mask.npy holds values other than 0 and 1")
         self.length_cache()
         return {"samples": len(self), "tokens": self.num_tokens, "tokenizer_hash": self.tokenizer_hash}
+
+
+#: Offsets checked at a time by :func:`rises` (8 MiB of int64).
+OFFSETS_PIECE = 1 << 20
+
+
+def rises(offsets: np.ndarray) -> bool:
+    """Whether ``offsets`` never decrease, checked a piece at a time (no O(N) temporary), the pages of a
+    mapped array dropped from this process after each piece (:func:`release_pages`)."""
+    for start in range(0, max(int(offsets.shape[0]) - 1, 0), OFFSETS_PIECE):
+        piece = np.asarray(offsets[start:start + OFFSETS_PIECE + 1])
+        if piece.shape[0] > 1 and int(np.diff(piece).min()) < 0:
+            return False
+        release_pages(offsets)
+    return True
+
+
+def release_pages(array: np.ndarray) -> None:
+    """Drop the pages of the memory map under ``array`` (an ``np.memmap``; anything else is left alone) that
+    this process has read from its resident set; they stay in the page cache, and a later read maps them
+    again (``madvise(MADV_DONTNEED)`` on a read-only file map loses nothing)."""
+    handle = getattr(array, "_mmap", None)
+    if handle is not None and hasattr(mmap_module, "MADV_DONTNEED"):
+        handle.madvise(mmap_module.MADV_DONTNEED)
 
 
 def _reopen(root: str, mmap: bool) -> TokenStore:

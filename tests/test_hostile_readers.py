@@ -990,6 +990,98 @@ def _marker(kind: str):
     return lambda d: edit_json(d / "umlos-artifact.json", lambda m: m.update(artifact=kind))
 
 
+def _patch_idx(offset: int, data: bytes):
+    """Overwrite bytes of the copied ``mega.idx`` (sizes from byte 34, int32; pointers after the 20 sizes)."""
+    def change(here):
+        raw = bytearray((here / "mega.idx").read_bytes())
+        raw[offset:offset + len(data)] = data
+        (here / "mega.idx").write_bytes(bytes(raw))
+    return change
+
+
+def _fifo_behind_link(name: str):
+    """``name`` replaced by a symbolic link to a FIFO."""
+    def change(here):
+        (here / name).unlink()
+        fifo(here / "pipe")
+        os.symlink(here / "pipe", here / name)
+    return change
+
+
+def _truncated(name: str, by: int = 3):
+    return lambda here: os.truncate(here / name, os.path.getsize(here / name) - by)
+
+
+def _megatron_build(change, mix: bool = False):
+    """``plan build --window --lengths PREFIX`` (or ``--mix PREFIX:1``) over the Megatron pair copied into
+    ``here``, after ``change(here)``: the ``.idx`` sizes read by rows (MappedMegatron)."""
+    def make(world, here):
+        copy(world, here, "mega")
+        change(here)
+        given = ("--mix", f"{here / 'mega'}:1", "--num-samples", "50") if mix else ("--lengths", str(here / "mega"))
+        return ("plan", "build", *given, "--window", "16", "--bucket-edges", "32,64,128", "--overflow-max", "256",
+                "--token-budget", "512", "--quiet", "--output", str(here / "out"))
+    return make
+
+
+def _store_build(change):
+    """``plan build --window --lengths STORE`` over the token store copied into ``here``, after ``change(here)``."""
+    def make(world, here):
+        copy(world, here, "store")
+        change(here)
+        return ("plan", "build", "--lengths", str(here / "store"), "--window", "16", "--bucket-edges", "32,64,128",
+                "--overflow-max", "256", "--token-budget", "512", "--quiet", "--output", str(here / "out"))
+    return make
+
+
+def _megatron_plan_verify(change):
+    """``plan verify`` of a windowed plan built over the Megatron pair copied into ``here`` (its meta.json's
+    lengths_path), the pair changed by ``change(here)`` after the build."""
+    def make(world, here):
+        from umlos_cuda.cli import main
+
+        copy(world, here, "mega")
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert main(["plan", "build", "--lengths", str(here / "mega"), "--window", "8", "--bucket-edges", "32,64",
+                         "--overflow-max", "256", "--token-budget", "512", "--quiet", "--output",
+                         str(here / "plan")]) == 0
+        change(here)
+        return ("plan", "verify", str(here / "plan"))
+    return make
+
+
+MI = errors.MEGATRON_INDEX_INVALID
+TOKEN_SOURCE_CASES = [
+    Case("hang/plan-cut-symlinked-fifo-idx", _plan_cut(_fifo_behind_link("mega.idx")), (MI,), "mega.idx"),
+    Case("traceback/plan-cut-truncated-idx", _plan_cut(_truncated("mega.idx")), (MI,), "mega.idx"),
+    Case("traceback/plan-cut-negative-size", _plan_cut(_patch_idx(34 + 4 * 7, struct.pack("<i", -1))), (MI,),
+         "mega.idx"),
+    Case("traceback/plan-cut-pointer-outside-the-bin", _plan_cut(_patch_idx(34 + 80 + 8 * 5, struct.pack("<q", 10**9))),
+         (MI,), "mega.idx"),
+    Case("hang/plan-cut-fifo-bin", _plan_cut(lambda h: fifo(h / "mega.bin")), (MI,), "mega.bin"),
+    Case("hang/windowed-plan-build-megatron-fifo-idx", _megatron_build(lambda h: fifo(h / "mega.idx")), (MI,),
+         "mega.idx"),
+    Case("hang/windowed-plan-build-megatron-symlinked-fifo-idx", _megatron_build(_fifo_behind_link("mega.idx")),
+         (MI,), "mega.idx"),
+    Case("hang/windowed-plan-build-megatron-sparse-idx", _megatron_build(lambda h: sparse(h / "mega.idx")), (MI,),
+         "mega.idx"),
+    Case("traceback/windowed-plan-build-megatron-truncated-idx", _megatron_build(_truncated("mega.idx")), (MI,),
+         "mega.idx"),
+    Case("traceback/windowed-plan-build-megatron-negative-size",
+         _megatron_build(_patch_idx(34 + 4 * 19, struct.pack("<i", -5))), (MI,), "mega.idx"),
+    Case("hang/mixed-plan-build-megatron-fifo-bin", _megatron_build(lambda h: fifo(h / "mega.bin"), mix=True),
+         (MI,), "mega.bin"),
+    Case("traceback/mixed-plan-build-megatron-truncated-idx", _megatron_build(_truncated("mega.idx"), mix=True),
+         (MI,), "mega.idx"),
+    Case("hang/windowed-plan-build-store-fifo-offsets", _store_build(lambda h: fifo(h / "store" / "offsets.npy")),
+         (errors.TOKEN_STORE_INVALID,), "offsets.npy"),
+    Case("hang/windowed-plan-verify-megatron-fifo-idx", _megatron_plan_verify(lambda h: fifo(h / "mega.idx")), (MI,),
+         "mega.idx"),
+    Case("traceback/windowed-plan-verify-megatron-negative-size",
+         _megatron_plan_verify(_patch_idx(34 + 4 * 3, struct.pack("<i", -1))), (MI,), "mega.idx"),
+]
+
+
 WP = errors.PLAN_FORMAT_INVALID
 MIXED_SEQUENCES_CASES = [
     Case("hang/mixed-sequences-fifo-meta-json", _mixed_sequences(lambda d: fifo(d / "meta.json")), (WP,),
@@ -1700,6 +1792,7 @@ CASES = [
 
 CASES += WINDOWED_CASES + SEQUENCES_CASES
 CASES += MIXED_CASES + MIXED_SEQUENCES_CASES
+CASES += TOKEN_SOURCE_CASES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

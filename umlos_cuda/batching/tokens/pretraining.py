@@ -1,26 +1,30 @@
-"""Where pretraining sequences (batching/plans/windows/sequences.py) read tokens: a Megatron pair per row, a folder's
+"""Token sources read by rows, for plans that must stay O(window): a Megatron pair, a store's offsets, a folder's
 recorded token source.
 
+:func:`open_mapped` is what the commands open a ``--tokens``, ``--lengths`` or ``--mix`` token source with
+(``plan cut``, ``plan build --window``, ``plan verify``/``plan info`` reopening a recorded path):
+:class:`MappedMegatron` for a Megatron prefix, ``StoreLengths``/``ShardedLengths`` (tokens/offsets.py) for a
+token store or a sharded store. Each is a
+:class:`~umlos_cuda.batching.plans.windows.sources.LengthSource` and a token source at once, bound like an
+``ArrayLengths`` of the same lengths, so every folder is the one the copying readers wrote.
 :func:`load_pretraining` opens a pretraining sequences folder with the token source its meta.json names
-(``tokens_path``: a token store, a sharded store or a Megatron prefix, opened by tokens/sources.py), which the
-plans layer below cannot open itself.
+(``tokens_path``), which the plans layer below cannot open itself.
 
-:class:`MappedMegatron`: what goes in is the prefix of a pair. What comes out: a
-:class:`~umlos_cuda.batching.plans.windows.sources.LengthSource` whose ``take``
-reads the ``.idx`` sizes of the rows asked for (memory-mapped, no copy), and a token source whose
+:class:`MappedMegatron`: what goes in is the prefix of a pair. What comes out: a length source whose
+``take`` reads the ``.idx`` sizes of the rows asked for (memory-mapped, no copy), and a token source whose
 ``arrays(row)`` is that row's tokens in the ``.bin`` (a read-only view) and a loss mask of ones, as
 :class:`~umlos_cuda.batching.tokens.megatron.MegatronDataset` gives them.
 
 Why not ``MegatronDataset``: opening it checks every pointer at once and copies the sizes and the
 token bounds (about 30 bytes a sequence with the checks' temporaries: 300 MB at 10^7 sequences), which
 is right for a dataset collated whole and wrong for a plan that must stay O(window). Here the header
-and the file sizes are checked on opening (the same MEGATRON_INDEX_INVALID refusals); a row's size
-and pointer are checked when the row is read (negative size, a pointer outside the ``.bin`` or not
-aligned); the lengths bind like an ``ArrayLengths`` of the same sizes (SHA-256 of
-their uint32 little-endian bytes, hashed a piece at a time), so a plan built from either opens with
-the other.
+is checked on opening by the one parser both readers use (megatron.py ``read_idx_header``: the same
+MEGATRON_INDEX_INVALID refusals, word for word); a row's size and pointer are checked when the row is read
+(negative size, a pointer outside the ``.bin`` or not aligned), and :meth:`MappedMegatron.check_rows`
+checks them all, a piece at a time, as ``MegatronDataset.open`` does at once (``plan cut`` runs it); the
+lengths bind like an ``ArrayLengths`` of the same sizes (SHA-256 of their uint32 little-endian bytes,
+hashed a piece at a time), so a plan built from either opens with the other.
 """
-
 from __future__ import annotations
 
 import hashlib

@@ -259,3 +259,39 @@ def test_a_windowed_plan_refuses_another_token_source(sources, tmp_path, capsys)
                 "--token-budget", "2048", "--quiet", "--lengths", str(tmp_path / "m"), "--output",
                 str(tmp_path / "neg")) == 2
     assert "a sequence has a negative length" in capsys.readouterr().err and not (tmp_path / "neg").exists()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_mapped_source_pickles_as_its_path(sources, kind):
+    import pickle
+
+    mapped = open_mapped(sources[kind])
+    data = pickle.dumps(mapped)
+    assert len(data) < 4096  # no map copied
+    again = pickle.loads(data)
+    assert type(again) is type(mapped) and again.binding() == mapped.binding()
+    assert np.array_equal(again.take(np.arange(mapped.count)), mapped.take(np.arange(mapped.count)))
+
+
+def test_a_torch_sampler_reopens_a_windowed_plan_over_a_token_source(sources, tmp_path):
+    """PlanBatchSampler and PlanCollator open a plan folder whose lengths_path is a Megatron prefix the way the
+    commands do (``recorded_lengths``); a folder over a .u32 sidecar records none."""
+    pytest.importorskip("torch")
+    from umlos_cuda.batching.plans.windows import load_windowed_plan
+    from umlos_cuda.batching.tokens.pretraining import recorded_lengths
+    from umlos_cuda.torch import PlanBatchSampler, PlanCollator
+
+    out = tmp_path / "plan"
+    assert _cli("plan", "build", "--window", "16", "--bucket-edges", "64,128", "--overflow-max", "1024",
+                "--token-budget", "2048", "--quiet", "--lengths", sources["megatron"], "--output", str(out)) == 0
+    assert isinstance(recorded_lengths(out), MappedMegatron)
+    held = load_windowed_plan(out, lengths=ArrayLengths(open_token_source(sources["megatron"]).lengths))
+    sampler = PlanBatchSampler(str(out), rank=0, world_size=1)
+    assert sampler.plan.fingerprint == held.fingerprint
+    assert [list(batch) for batch in sampler] == [list(batch) for batch in PlanBatchSampler(held, rank=0,
+                                                                                             world_size=1)]
+    assert PlanCollator(str(out)).config == held.config
+    assert _cli("plan", "build", "--window", "16", "--bucket-edges", "64,128", "--overflow-max", "1024",
+                "--token-budget", "2048", "--quiet", "--lengths", os.path.join(sources["store"], "lengths.jsonl"),
+                "--output", str(tmp_path / "sidecar")) == 0
+    assert recorded_lengths(tmp_path / "sidecar") is None and recorded_lengths(tmp_path / "nothing") is None

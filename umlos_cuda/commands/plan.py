@@ -532,37 +532,23 @@ def _mapped_token_lengths(path: str):
     return open_mapped(path)
 
 
-def _plan_meta(directory: str):
-    """meta.json of a windowed or mixed plan folder, or None when it cannot be read (the plan's loader then
-    reports it)."""
-    from ..files import reader
-
-    try:
-        meta = reader.read_json(os.path.join(directory, "meta.json"), lambda message: UmlosError(
-            errors.PLAN_FORMAT_INVALID, message, operator=errors.BATCH_PLAN_OPERATOR))
-    except (OSError, UmlosError):
-        return None
-    return meta if isinstance(meta, dict) else None
-
-
 def windowed_lengths(directory: str):
     """The lengths of a windowed plan for load/verify when its meta.json's ``lengths_path`` names a token
-    source (a store, a sharded store or a Megatron prefix: :func:`_mapped_token_lengths`); None otherwise
-    (the plans layer maps a .u32 sidecar itself)."""
-    meta = _plan_meta(directory)
-    path = None if meta is None else meta.get("lengths_path")
-    return _mapped_token_lengths(path) if isinstance(path, str) and names_token_source(path) else None
+    source, read by rows; None otherwise (the plans layer maps a .u32 sidecar itself)."""
+    from ..batching.tokens.pretraining import recorded_lengths
+
+    lengths = recorded_lengths(directory)
+    return None if isinstance(lengths, list) else lengths
 
 
 def mixed_lengths(directory: str):
-    """The lengths of a mixed plan's components for load/verify: a store's, a sharded store's or a Megatron
-    prefix's, opened here (:func:`_mapped_token_lengths`; the plans layer maps only .u32 sidecars); None
+    """The lengths of a mixed plan's components for load/verify: each token source (a store, a sharded store,
+    a Megatron prefix) read by rows, the other entries as recorded (the plans layer maps .u32 sidecars); None
     when meta.json names only sidecars or cannot be read (the plan's loader then reports it)."""
-    meta = _plan_meta(directory)
-    paths = None if meta is None else meta.get("lengths_paths")
-    if not isinstance(paths, list) or not any(isinstance(p, str) and names_token_source(p) for p in paths):
-        return None
-    return [_mapped_token_lengths(p) if isinstance(p, str) and names_token_source(p) else p for p in paths]
+    from ..batching.tokens.pretraining import recorded_lengths
+
+    lengths = recorded_lengths(directory)
+    return lengths if isinstance(lengths, list) else None
 
 
 def load_lengths(path: str, read_ids: bool = True):

@@ -69,12 +69,13 @@ class PlanBatchSampler(_SamplerBase):
         from ..batching.plans.plan import BatchPlan, check_cursor
         from ..batching.plans.windows import WindowedPlan
         from ..batching.plans.windows.io import load_microbatch_plan
+        from ..batching.tokens.pretraining import recorded_lengths
 
         try:
             if not isinstance(plan, (BatchPlan, WindowedPlan)) and not hasattr(plan, "microbatch_at"):
                 checks.instance(plan, "plan", (str, os.PathLike), fail=partial(argument_error, errors.PLAN_NOT_FOUND),
                                 message="{name} must be a BatchPlan, a WindowedPlan or a plan folder, got {type}")
-                plan = load_microbatch_plan(plan)
+                plan = load_microbatch_plan(plan, lengths=recorded_lengths(plan))
             self.plan = plan
             #: A windowed plan (batching/plans/windows/; any ``ResumablePlan`` of resume.py): unit ``k`` is one
             #: window planned, the last kept.

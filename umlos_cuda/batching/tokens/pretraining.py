@@ -33,6 +33,9 @@ import os
 
 import numpy as np
 
+from ... import errors
+from ...errors import UmlosError
+from ...files import reader
 from ..plans.windows.sequences import PretrainingSequences
 from ..plans.windows.sequence_mixture import SequenceMixture
 from ..plans.windows.sequences_io import load_mixed_sequences, load_sequences
@@ -62,6 +65,9 @@ class MappedMegatron(LengthSource):
         self._index = index
         self._ones = np.ones(0, dtype=np.uint8)
         self._sha256: str | None = None
+
+    def __reduce__(self):
+        return (_reopen, (self.prefix, self.tokenizer_hash))  # a pickled pair is its path: no map copied
 
     # ------------------------------------------------------------------ lengths
     def __len__(self) -> int:
@@ -114,6 +120,10 @@ class MappedMegatron(LengthSource):
         return np.frombuffer(self.data, dtype=self.dtype, count=size, offset=pointer), self._ones[:size]
 
 
+def _reopen(prefix: str, tokenizer_hash: str) -> MappedMegatron:
+    return MappedMegatron(prefix, tokenizer_hash=tokenizer_hash)
+
+
 def open_mapped(path):
     """The token source at ``path`` as a length source read by rows that is a token source too: a
     :class:`MappedMegatron` for a Megatron prefix, a :class:`~.offsets.StoreLengths` for a token store
@@ -131,6 +141,30 @@ def open_mapped(path):
     if isinstance(source, ShardedTokenStore):
         return ShardedLengths(source)
     return source
+
+
+def recorded_lengths(directory):
+    """The lengths a windowed plan folder (meta.json ``lengths_path``) or a mixed plan folder (``lengths_paths``)
+    records as token sources, opened by rows (:func:`open_mapped`): a source, or a list with a source in place
+    of each token source (the other entries as recorded, for the plans layer to map); None when the folder
+    names only ``.u32`` sidecars or its meta.json cannot be read (the plan's loader then says why). The one
+    way the commands and the torch samplers reopen them: the plans layer maps sidecars only."""
+    try:
+        meta = reader.read_json(os.path.join(os.fspath(directory), "meta.json"), _meta_error)
+    except (OSError, UmlosError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    path, paths = meta.get("lengths_path"), meta.get("lengths_paths")
+    if isinstance(path, str):
+        return open_mapped(path) if names_token_source(path) else None
+    if isinstance(paths, list) and any(isinstance(p, str) and names_token_source(p) for p in paths):
+        return [open_mapped(p) if isinstance(p, str) and names_token_source(p) else p for p in paths]
+    return None
+
+
+def _meta_error(message: str) -> UmlosError:
+    return UmlosError(errors.PLAN_FORMAT_INVALID, message, operator=errors.BATCH_PLAN_OPERATOR)
 
 
 def load_pretraining(directory, *, tokens=None, lengths=None, backend: str = "auto") -> PretrainingSequences:

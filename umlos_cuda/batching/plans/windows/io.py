@@ -101,12 +101,13 @@ def _write(folder: Folder, name: str, fill) -> None:
         fill(handle)
 
 
-def load_microbatch_plan(directory):
+def load_microbatch_plan(directory, *, lengths=None):
     """The plan of microbatches in ``directory``, whole (:func:`~..io.load_plan`) or windowed (by its marker):
-    what a batch sampler or a collator over dataset rows reads (torch/)."""
+    what a batch sampler or a collator over dataset rows reads (torch/). ``lengths``: a windowed plan's
+    lengths when its folder names a token source (tokens/pretraining.py ``recorded_lengths`` opens them)."""
     from ..io import load_plan
 
-    return load_windowed_plan(directory) if is_windowed_plan(directory) else load_plan(directory)
+    return load_windowed_plan(directory, lengths=lengths) if is_windowed_plan(directory) else load_plan(directory)
 
 
 def load_windowed_plan(directory, *, lengths=None, backend: str = "auto") -> WindowedPlan:

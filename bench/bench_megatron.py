@@ -234,17 +234,17 @@ def mixed_plan(spec: dict) -> dict | None:
     component its own seed. The work differs: Megatron's samples are 2048-token cuts of a concatenated
     stream, its ``dataset[k]`` reads the sample's tokens; here a sample is a whole document and
     ``microbatch(k)`` is the plan's answer (which documents, of which dataset), no tokens read. Lengths come
-    from each ``.idx`` (``open_token_source``, 4 bytes a document held, as ``plan build --mix PREFIX`` does);
+    from each ``.idx`` read by rows (``open_mapped``: ``MappedMegatron``, as ``plan build --mix PREFIX`` does);
     built when ``spec["cache"]`` has no folder yet, else reopened (the lengths read and hashed again)."""
     from umlos_cuda.batching.plans.config import BatchingConfig
-    from umlos_cuda.batching.plans.windows import ArrayLengths, Component, MixedPlan, MixtureDefinition
+    from umlos_cuda.batching.plans.windows import Component, MixedPlan, MixtureDefinition
     from umlos_cuda.batching.plans.windows.io import load_mixed_plan, save_mixed_plan
-    from umlos_cuda.batching.tokens.sources import open_token_source
+    from umlos_cuda.batching.tokens.pretraining import open_mapped
 
     cache = spec["cache"]
     before = _rss_mb()
     start = time.perf_counter()
-    lengths = [ArrayLengths(np.asarray(open_token_source(p).lengths, dtype=np.uint32)) for p in spec["prefixes"]]
+    lengths = [open_mapped(p) for p in spec["prefixes"]]
     if os.path.exists(os.path.join(cache, "meta.json")):
         plan = load_mixed_plan(cache, lengths=lengths)
     else:

@@ -40,7 +40,8 @@ def register(subparsers) -> None:
     )
     build.add_argument("--lengths", metavar="LENGTHS.jsonl",
                        help="a length cache (data lengths build), or a token store folder (sharded or not): its "
-                       "length cache (required unless --mix)")
+                       "length cache (required unless --mix); with --window also a Megatron prefix, and a store's "
+                       "lengths are then read by rows from its offsets")
     build.add_argument("--bucket-edges", metavar="E1,E2,...",
                        help="ascending bucket edges, e.g. 128,256,512 (required unless --pack; with --pack default "
                        "none: every length shares rows)")
@@ -69,8 +70,8 @@ def register(subparsers) -> None:
                        help="write microbatches.jsonl: auto (up to 10^7 sample entries), always or never")
     build.add_argument("--window", type=positive_int("--window"), metavar="W",
                        help="build a windowed plan instead: windows of W positions of the order, the lengths "
-                       "memory-mapped from the cache's .u32 sidecar, a per-window index on disk (docs/batching.md, "
-                       "Windowed plans; token-budget buckets only)")
+                       "memory-mapped from the cache's .u32 sidecar or the token source, a per-window index on disk "
+                       "(docs/batching.md, Windowed plans; token-budget buckets only)")
     build.add_argument("--mix", nargs="+", metavar="LENGTHS.jsonl:WEIGHT[:CAP[:SEED]]",
                        help="with --window: a weighted mixture of length caches, token stores (sharded or not) or "
                        "Megatron prefixes instead of --lengths, exact per "
@@ -138,7 +139,8 @@ def register(subparsers) -> None:
     verify.add_argument("plan", metavar="DIR")
     verify.add_argument("--expected-fingerprint", metavar="F", help="the fingerprint the plan must have")
     verify.add_argument("--lengths", metavar="LENGTHS.jsonl",
-                        help="also check against this length cache (or a token store folder's)")
+                        help="also check against this length cache (or a token store folder's; for a windowed "
+                        "plan also a Megatron prefix)")
     verify.add_argument("--no-rebuild", action="store_true", help="skip the rebuild check (faster on huge plans)")
     verify.add_argument("--windows", metavar="N", type=positive_int("--windows"),
                         help="a windowed, mixed plan or pretraining sequences folder: replan (recount) N windows "

@@ -177,7 +177,7 @@ def test_plan_cut_writes_the_folder_the_copying_reader_wrote(sources, tmp_path, 
     with monkeypatch.context() as patch:
         from umlos_cuda.commands import plan as command
 
-        patch.setattr(command, "_mapped_token_lengths", _copying)
+        patch.setattr(command, "cut_source", open_token_source)  # what plan cut opened before
         assert _cli(*argv, "--output", str(tmp_path / "copied")) == 0
     assert capsys.readouterr().out.splitlines()[-1] == shown
     _same_folders(tmp_path / "mapped", tmp_path / "copied")
@@ -186,6 +186,22 @@ def test_plan_cut_writes_the_folder_the_copying_reader_wrote(sources, tmp_path, 
 
     reopened = load_pretraining(tmp_path / "mapped")
     assert json.loads(shown)["input_ids"] == reopened.sample(0, 3)["input_ids"].tolist()
+
+
+def test_plan_cut_mix_writes_the_folder_the_copying_reader_wrote(sources, tmp_path, monkeypatch, capsys):
+    argv = ("plan", "cut", "--mix", f"{sources['store']}:0.5", f"{sources['sharded']}:0.3:2",
+            f"{sources['megatron']}:0.2:1", "--num-samples", "60", "--sequence-length", "32", "--window", "8",
+            "--eos", "2", "--show", "5")
+    assert _cli(*argv, "--output", str(tmp_path / "mapped")) == 0
+    shown = capsys.readouterr().out.splitlines()[-1]
+    with monkeypatch.context() as patch:
+        from umlos_cuda.commands import plan as command
+
+        patch.setattr(command, "cut_source", open_token_source)
+        assert _cli(*argv, "--output", str(tmp_path / "copied")) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == shown
+    _same_folders(tmp_path / "mapped", tmp_path / "copied")
+    assert _cli("plan", "verify", str(tmp_path / "mapped")) == 0
 
 
 def test_plan_cut_refuses_a_pointer_outside_the_bin_before_writing(sources, tmp_path, capsys):

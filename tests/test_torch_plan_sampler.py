@@ -203,6 +203,18 @@ def test_a_windowed_plan_folder_through_a_dataloader_and_the_checkpoint_cursor(t
     assert info.value.code == errors.PLAN_CURSOR_INVALID
 
 
+def test_a_mixed_plan_is_refused_its_microbatches_hold_mixture_positions():
+    from umlos_cuda.batching.plans.windows import ArrayLengths, Component, MixedPlan, MixtureDefinition
+
+    config = BatchingConfig.throughput(4096, (128, 256, 512, 1024), 2048, seed=5)
+    parts = tuple(Component(ArrayLengths(np.full(50, 100 + i, dtype=np.uint32)), 1.0, i, name=f"d{i}")
+                  for i in range(2))
+    mixed = MixedPlan.build(MixtureDefinition(config, parts, 16, 60))
+    with pytest.raises(SamplerArgumentError) as info:
+        PlanBatchSampler(mixed, rank=0, world_size=1)
+    assert info.value.code == errors.PLAN_NOT_FOUND and "MixedPlan" in info.value.message
+
+
 def test_torchrun_stop_at_4_ranks_resume_at_2(tmp_path):
     """4 gloo ranks train over a 2-epoch plan and stop in epoch 1; 2 ranks resume
     from the saved cursor. The microbatches consumed, in global order, are the

@@ -67,16 +67,9 @@ class PlanBatchSampler(_SamplerBase):
     def __init__(self, plan, rank: int | None = None, world_size: int | None = None, *,
                  epoch: int = 0, microbatch_index: int = 0) -> None:
         from ..batching.plans.plan import BatchPlan, check_cursor
-        from ..batching.plans.windows import WindowedPlan
-        from ..batching.plans.windows.io import load_microbatch_plan
-        from ..batching.tokens.pretraining import recorded_lengths
 
         try:
-            if not isinstance(plan, (BatchPlan, WindowedPlan)) and not hasattr(plan, "microbatch_at"):
-                checks.instance(plan, "plan", (str, os.PathLike), fail=partial(argument_error, errors.PLAN_NOT_FOUND),
-                                message="{name} must be a BatchPlan, a WindowedPlan or a plan folder, got {type}")
-                plan = load_microbatch_plan(plan, lengths=recorded_lengths(plan))
-            self.plan = plan
+            self.plan = plan = self._open_plan(plan)
             #: A windowed plan (batching/plans/windows/; any ``ResumablePlan`` of resume.py): unit ``k`` is one
             #: window planned, the last kept.
             self.windowed = not isinstance(plan, BatchPlan)
@@ -97,6 +90,21 @@ class PlanBatchSampler(_SamplerBase):
         self._owner: object | None = None
         self._handed = 0  # microbatches the owned pass has handed out
         self._link: LoaderLink | None = None  # the loader with workers pulling the owned pass
+
+    @staticmethod
+    def _open_plan(plan):
+        """The plan read: a whole or windowed plan of dataset rows, or its folder (PLAN_NOT_FOUND for anything
+        else: a mixed plan's microbatches hold mixture positions, not rows of one dataset)."""
+        from ..batching.plans.plan import BatchPlan
+        from ..batching.plans.windows import WindowedPlan
+        from ..batching.plans.windows.io import load_microbatch_plan
+        from ..batching.tokens.pretraining import recorded_lengths
+
+        if isinstance(plan, (BatchPlan, WindowedPlan)):
+            return plan
+        checks.instance(plan, "plan", (str, os.PathLike), fail=partial(argument_error, errors.PLAN_NOT_FOUND),
+                        message="{name} must be a BatchPlan, a WindowedPlan or a plan folder, got {type}")
+        return load_microbatch_plan(plan, lengths=recorded_lengths(plan))
 
     # -- sizes -------------------------------------------------------------
     @property

@@ -57,7 +57,8 @@ class SequenceBatchSampler(PlanBatchSampler):
     """``batch_sampler`` over pretraining sequences (see the module docstring).
 
     Args:
-        sequences: a :class:`~umlos_cuda.batching.plans.windows.PretrainingSequences` or its folder.
+        sequences: a :class:`~umlos_cuda.batching.plans.windows.PretrainingSequences`, a mixture of them
+            (``SequenceMixture``) or either's folder.
         batch_size: samples a batch of this rank (the last of an epoch may be short).
         rank, world_size: as :class:`~umlos_cuda.torch.PlanBatchSampler`.
         epoch, sample_index: the starting cursor (default 0, 0).
@@ -66,12 +67,15 @@ class SequenceBatchSampler(PlanBatchSampler):
     def __init__(self, sequences, batch_size: int, rank: int | None = None, world_size: int | None = None, *,
                  epoch: int = 0, sample_index: int = 0) -> None:
         try:
-            plan = _open(sequences)
             self.batch_size = checks.integer(batch_size, "batch_size", 1, None, fail=lambda message: argument_error(
                 errors.BATCHING_CONFIG_INVALID, message), message=checks.AT_LEAST)
         except UmlosError as exc:
             raise as_argument_error(exc) from None
-        super().__init__(plan, rank, world_size, epoch=epoch, microbatch_index=sample_index)
+        super().__init__(sequences, rank, world_size, epoch=epoch, microbatch_index=sample_index)
+
+    @staticmethod
+    def _open_plan(plan):
+        return _open(plan)
 
     def __len__(self) -> int:
         """Batches this rank yields from the cursor to the end of its epoch: ``ceil(steps_remaining /

@@ -174,6 +174,20 @@ def test_a_token_source_gives_the_rows_of_its_objects(sources, kind, mode, overs
     same_rows([row for batch in packed.microbatches(3) for row in batch], eager)
 
 
+@pytest.mark.parametrize("kind", ["megatron", "megatron list"])
+def test_packing_a_megatron_source_reads_no_row(sources, kind, monkeypatch):
+    """Its loss masks are all ones, so the loss tokens are the pieces' lengths: no document is read until a row
+    is laid out."""
+    source = sources[kind]
+    reads = []
+    real = source.arrays
+    monkeypatch.setattr(source, "arrays", lambda row: reads.append(row) or real(row))
+    packed = pack_token_source(source, max_length=int(source.lengths.max()), separator_ids=(1,))
+    loss_tokens = packed.metrics.loss_tokens
+    assert loss_tokens == int(source.lengths.sum()) and reads == []
+    assert packed.materialize() and reads  # laying the rows out reads them
+
+
 def test_a_store_is_read_as_flat_arrays(sources):
     """A token store's rows come from its flat arrays (the reader of
     pack_token_arrays), the same rows as pack_token_arrays on those arrays."""

@@ -148,8 +148,11 @@ class SourcePieces:
 
     def loss_tokens(self, lengths: np.ndarray, source: np.ndarray, start: np.ndarray, piece: np.ndarray,
                     oversized: bool) -> int:
-        """Loss tokens of all pieces: by the flat masks of the source's parts
-        when each part has them (a sharded store's shards), else mask by mask."""
+        """Loss tokens of all pieces: every token when the source says each is in the loss
+        (``trains_on_every_token``: a Megatron dataset's masks are all ones), by the flat masks of
+        the source's parts when each part has them (a sharded store's shards), else mask by mask."""
+        if getattr(self.source, "trains_on_every_token", False):
+            return int(piece.sum(dtype=np.int64))
         parts = _flat_parts(self.source)
         if parts is None:
             arrays = self.source.arrays

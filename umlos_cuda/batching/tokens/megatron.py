@@ -90,6 +90,9 @@ class MegatronDataset:
     names (the index does not record its tokenizer).
     """
 
+    #: An indexed dataset trains on every token (its loss mask is all ones): counting loss tokens reads no row.
+    trains_on_every_token = True
+
     def __init__(self, prefix: str, dtype: np.dtype, sizes: np.ndarray, pointers: np.ndarray,
                  document_indices: np.ndarray, modes: np.ndarray | None, data: np.ndarray,
                  tokenizer_hash: str) -> None:
@@ -215,6 +218,9 @@ class MegatronDatasetList(ConcatenatedSource):
     """Several Megatron-LM indexed datasets read as one, in the order given (Megatron-LM's data path
     without weights): row ``r`` is a global row over the prefixes (tokens/concat.py), ids are the
     global row numbers, every part is opened (and checked) by :meth:`open`. ``prefix`` is the list."""
+
+    #: Every token is in the loss, as in each of its datasets.
+    trains_on_every_token = True
 
     def __init__(self, datasets: list[MegatronDataset], tokenizer_hash: str) -> None:
         self.datasets = datasets

@@ -53,6 +53,9 @@ _HASH_PIECE = 1 << 20
 class MappedMegatron(LengthSource):
     """The pair at ``prefix`` (see the module docstring)."""
 
+    #: Its loss mask is all ones, as :class:`~.megatron.MegatronDataset`'s.
+    trains_on_every_token = True
+
     def __init__(self, prefix, *, tokenizer_hash: str = UNKNOWN_TOKENIZER) -> None:
         prefix = os.fspath(prefix)
         self.prefix = prefix[:-4] if prefix.endswith((".idx", ".bin")) else prefix

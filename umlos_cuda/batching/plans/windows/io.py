@@ -202,6 +202,17 @@ def _source(lengths, meta: dict, root: str, where: str) -> LengthSource:
     return MappedLengths(path)
 
 
+def component_entry(entry, keys, where: str) -> dict:
+    """A mixture component's entry in meta.json (a mixed plan's, a mixture of sequences'): an object of exactly
+    ``keys`` whose ``weight`` is an exact positive fraction ``[numerator, denominator]`` (PLAN_FORMAT_INVALID)."""
+    entry = checks.record(entry, dict.fromkeys(keys, checks.field(checks.anything)), fail=_format, what=where)
+    weight = entry["weight"]
+    if (not isinstance(weight, list) or len(weight) != 2 or not all(type(v) is int for v in weight)
+            or weight[0] <= 0 or weight[1] <= 0):
+        raise _format(f"{where}: weight must be [numerator, denominator], positive integers")
+    return entry
+
+
 def _format(message: str) -> UmlosError:
     return plan_error(errors.PLAN_FORMAT_INVALID, message)
 
@@ -263,12 +274,7 @@ def load_mixed_plan(directory, *, lengths=None, backend: str = "auto"):
     components = []
     for i, entry in enumerate(entries):
         where = f"{meta_path} component {i}"
-        entry = checks.record(entry, dict.fromkeys(_COMPONENT_KEYS, checks.field(checks.anything)), fail=_format,
-                              what=where)
-        weight = entry["weight"]
-        if (not isinstance(weight, list) or len(weight) != 2 or not all(type(v) is int for v in weight)
-                or weight[0] <= 0 or weight[1] <= 0):
-            raise _format(f"{where}: weight must be [numerator, denominator], positive integers")
+        entry = component_entry(entry, _COMPONENT_KEYS, where)
         if not isinstance(entry["lengths"], dict):
             raise _format(f"{where}: lengths must be an object")
         source = _source(None if lengths is None else lengths[i],
@@ -276,6 +282,7 @@ def load_mixed_plan(directory, *, lengths=None, backend: str = "auto"):
         if source.binding() != entry["lengths"]:
             raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{root}: component {i}'s lengths bind as "
                                                            f"{source.binding()}; meta.json records {entry['lengths']}")
+        weight = entry["weight"]
         value = weight[0] if weight[1] == 1 else weight[0] / weight[1]
         components.append(Component(source, value, entry["seed"], entry["max_epochs"], entry["name"]))
     try:

@@ -35,7 +35,7 @@ from ....files import reader
 from ....files.writer import ArtifactKind
 from ..plan import plan_error
 from .cut import CutDefinition
-from .io import _format, is_kind, save_index_folder
+from .io import _format, component_entry, is_kind, save_index_folder
 from .sequence_mixture import MIXED_SEQUENCES_FORMAT, SequenceComponent, SequenceMixture
 from .sequences import SEQUENCES_FORMAT, PretrainingSequences, lengths_of
 from .sources import SyntheticLengths
@@ -193,12 +193,7 @@ def load_mixed_sequences(directory, *, tokens=None, lengths=None, backend: str =
     parsed = []
     for i, entry in enumerate(entries):
         where = f"{meta_path} component {i}"
-        entry = checks.record(entry, dict.fromkeys(_COMPONENT_KEYS, checks.field(checks.anything)), fail=_format,
-                              what=where)
-        weight = entry["weight"]
-        if (not isinstance(weight, list) or len(weight) != 2 or not all(type(v) is int for v in weight)
-                or weight[0] <= 0 or weight[1] <= 0):
-            raise _format(f"{where}: weight must be [numerator, denominator], positive integers")
+        entry = component_entry(entry, _COMPONENT_KEYS, where)
         parsed.append((entry, *_parse_header(entry["sequences"], f"{where} sequences")))
     sizes = [epochs * (definition.num_windows + 1) for _, definition, epochs in parsed]
     flat = np.asarray(reader.read_npy(os.path.join(root, "index.npy"), "<i8", (sum(sizes),), False, _format))

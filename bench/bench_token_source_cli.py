@@ -14,8 +14,8 @@ none of these commands reads a token), then each command runs as a child process
 * ``plan verify PLAN --windows 16`` and ``plan info PLAN`` of the windowed plan (the lengths reopened
   from meta.json's ``lengths_path``, bound by a piecewise SHA-256 of the ``.idx`` sizes).
 
-``--baseline PYTHONPATH`` runs ``plan cut`` and ``--mix`` again with another checkout (say /work/main
-before this change: its commands copy the lengths) for comparison. The ``.idx`` is deleted after each N
+``--baseline PYTHONPATH`` runs ``plan cut`` and ``--mix`` again with another checkout (say a worktree
+of a commit before this change, whose commands copy the lengths) for comparison. The ``.idx`` is deleted after each N
 unless ``--keep``. Usage::
 
     PYTHONPATH=$PWD python bench/bench_token_source_cli.py --documents 10000000,100000000 --folder /tmp/tsc

@@ -120,6 +120,21 @@ def engine_metadata(config: BatchingConfig, manifest: Manifest) -> dict:
     return batch.metadata
 
 
+#: What a windowed plan, a mixture's component or pretraining sequences record of the engine's order
+#: (loading compares them again: PLAN_NOT_REPRODUCIBLE).
+ORDER_FIELDS = ("sampling_mode", "sampler_config_hash", "manifest_hash")
+
+
+def order_fields(metadata: dict) -> dict:
+    """The :data:`ORDER_FIELDS` of ``metadata`` (the engine's, or a meta.json that records them)."""
+    return {key: metadata[key] for key in ORDER_FIELDS}
+
+
+def engine_order(config: BatchingConfig, manifest: Manifest) -> dict:
+    """The :data:`ORDER_FIELDS` of the engine's metadata for this order."""
+    return order_fields(engine_metadata(config, manifest))
+
+
 def epoch_order(config: BatchingConfig, manifest: Manifest, n: int, epoch: int, backend: str = "auto"):
     """Yield the epoch's rows in order, window by window (arrays of :func:`index_dtype`)."""
     for start in range(0, n, ORDER_WINDOW):

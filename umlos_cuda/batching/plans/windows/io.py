@@ -38,6 +38,7 @@ from ....files.writer import ArtifactKind, Folder, output_folder
 from ..config import BatchingConfig
 from ...packing.config import PackingConfig
 from ..plan import plan_error
+from ..planner import order_fields
 from .plan import WINDOWED_FORMAT, WindowedPlan
 from .sources import ArrayLengths, LengthSource, MappedLengths, SyntheticLengths
 from .window import COUNT_FIELDS, WindowDefinition
@@ -132,7 +133,7 @@ def load_windowed_plan(directory, *, lengths=None, backend: str = "auto") -> Win
         raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{root}: the lengths bind as {source.binding()}; meta.json "
                                                        f"records {meta['lengths']}")
     plan = WindowedPlan(definition, source, index, backend=backend)
-    engine = {key: meta[key] for key in ("sampling_mode", "sampler_config_hash", "manifest_hash")}
+    engine = order_fields(meta)
     if plan.engine != engine:
         raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"{meta_path} records the engine order {engine}; the "
                                                        f"configuration gives {plan.engine}")

@@ -49,7 +49,7 @@ from ....hashing import hash_canonical
 from ....nextbatch import MODE_SEQUENTIAL
 from ..buckets import config_error
 from ..config import BatchingConfig
-from ..planner import engine_metadata, order_slice, plan_manifest
+from ..planner import engine_order, order_slice, plan_manifest
 from .blend import MIXTURE_DOMAIN, Blend, Segment, allocate, interleave_order, mixture_key_words
 from .sources import LengthSource
 from .window import DEFAULT_WINDOW, MAX_WINDOW, check_windowed_config
@@ -196,8 +196,7 @@ class MixtureDefinition:
 
     def engine(self, i: int) -> dict:
         """The engine's metadata of component ``i``'s order (as a windowed plan records its own)."""
-        metadata = engine_metadata(*self._orders[i])
-        return {key: metadata[key] for key in ("sampling_mode", "sampler_config_hash", "manifest_hash")}
+        return engine_order(*self._orders[i])
 
     @property
     def fingerprint(self) -> str:

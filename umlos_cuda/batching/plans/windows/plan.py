@@ -30,7 +30,7 @@ import numpy as np
 
 from .... import checks, errors
 from ....hashing import cbor_canonical, hash_canonical
-from ..planner import EpochArrays, engine_metadata
+from ..planner import EpochArrays, engine_order
 from ..plan import MicrobatchSpec, plan_error
 from .index import build_index, locate
 from .packed import microbatch_packs
@@ -174,8 +174,7 @@ def _spec(arrays: EpochArrays, local: int, j: int) -> MicrobatchSpec:
 
 
 def _engine(definition: WindowDefinition) -> dict:
-    metadata = engine_metadata(definition.config, definition.manifest)
-    return {key: metadata[key] for key in ("sampling_mode", "sampler_config_hash", "manifest_hash")}
+    return engine_order(definition.config, definition.manifest)
 
 
 _cursor = partial(plan_error, errors.PLAN_CURSOR_INVALID)

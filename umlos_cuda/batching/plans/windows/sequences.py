@@ -43,7 +43,7 @@ import numpy as np
 from .... import checks, errors
 from ....hashing import cbor_canonical, hash_canonical
 from ..plan import plan_error
-from ..planner import engine_metadata
+from ..planner import engine_order
 from .cut import CutDefinition, WindowReader, build_cut_index, count_chunks, sample_pieces
 from .sources import ArrayLengths, LengthSource
 
@@ -237,5 +237,4 @@ def collate_pieces(pieces, source, definition: CutDefinition) -> dict:
 
 
 def _engine(definition: CutDefinition) -> dict:
-    metadata = engine_metadata(definition.order_config, definition.manifest)
-    return {key: metadata[key] for key in ("sampling_mode", "sampler_config_hash", "manifest_hash")}
+    return engine_order(definition.order_config, definition.manifest)

@@ -34,6 +34,7 @@ from ....errors import UmlosError
 from ....files import reader
 from ....files.writer import ArtifactKind
 from ..plan import plan_error
+from ..planner import order_fields
 from .cut import CutDefinition
 from .io import _format, component_entry, is_kind, save_index_folder
 from .sequence_mixture import MIXED_SEQUENCES_FORMAT, SequenceComponent, SequenceMixture
@@ -141,7 +142,7 @@ def _open_component(definition: CutDefinition, index: np.ndarray, header: dict, 
         raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{root}: the lengths bind as {source.binding()}; meta.json "
                                                        f"records {header['lengths']}")
     plan = PretrainingSequences(definition, source, index, tokens=tokens, backend=backend)
-    engine = {key: header[key] for key in ("sampling_mode", "sampler_config_hash", "manifest_hash")}
+    engine = order_fields(header)
     if plan.engine != engine:
         raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"{where} records the engine order {engine}; the "
                                                        f"definition gives {plan.engine}")

@@ -57,6 +57,7 @@ import numpy as np
 from ... import errors
 from ...errors import UmlosError
 from ...files.artifacts import identify
+from ...files.atomic import write_failed
 from ...files.folder import Folder
 from ...files.reader import read_bytes
 from ...files.writer import ArtifactKind, check_output_folder, output_folder
@@ -196,7 +197,7 @@ def _commit(root: str, prepared: _Prepared) -> ShardedTokenStore:
         _move_and_publish(root, prepared.staged, prepared.parts, prepared.first_new, prepared.before,
                           os.path.join(root, INDEX_FILE), prepared.data)
     except OSError as exc:  # opening the store's folders (a link planted there is refused, never followed)
-        raise _write_failed(root, exc) from exc
+        raise write_failed(root, exc) from exc
     return ShardedTokenStore.open(root)
 
 
@@ -235,7 +236,7 @@ def _move_and_publish(root: str, staged: list[TokenStore], new_parts: list[tuple
                     committed = True
                     folder.sync()
                 except OSError as exc:
-                    raise _write_failed(folder.join(INDEX_FILE), exc) from exc
+                    raise write_failed(folder.join(INDEX_FILE), exc) from exc
             except BaseException:
                 if not committed:  # the old index still rules: put everything back
                     _roll_back(shards, digests_folder, moved, written)
@@ -262,7 +263,7 @@ def _move_in(source: str, shards: Folder, name: str, root: str) -> None:
             raise UmlosError(errors.OUTPUT_WRITE_FAILED, f"cannot move {source} into {shards.path}: they are on "
                              "different file systems; write the shards to a staging folder beside the store",
                              operator=errors.BATCHING_OPERATOR) from exc
-        raise _write_failed(target, exc) from exc
+        raise write_failed(target, exc) from exc
 
 
 def _roll_back(shards: Folder, digests_folder: Folder, moved: list[tuple[str, str]], written: list[str]) -> None:
@@ -322,8 +323,3 @@ def _refuse_repeated_ids(staged: list[TokenStore], new_hashes: list[np.ndarray],
                 raise mismatch(f"sample id {sample_id!r} of {where} is already in {seen[sample_id]}; ids are unique "
                                "across shards (the same rows adopted twice, or two files with the same content)")
             seen[sample_id] = where
-
-
-def _write_failed(path: str, exc: OSError) -> UmlosError:
-    return UmlosError(errors.OUTPUT_WRITE_FAILED, f"writing {path} failed: {exc.strerror or exc}",
-                      operator=errors.BATCHING_OPERATOR)

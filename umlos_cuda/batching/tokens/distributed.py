@@ -53,7 +53,6 @@ shared mount such as NFS, Lustre or a FUSE bucket for several machines).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -62,15 +61,11 @@ from typing import Any
 
 from ... import checks, errors
 from ...errors import UmlosError
-from ...files.folder import Folder
-from ...files.writer import check_output_folder
-from ..lengths.builder import input_paths
 from ..lengths.tokenizer import LoadedTokenizer, load_tokenizer
 from ..records.chunk import SkippedLines
 from ..records.shards import resolve
-from ..records.source import dataset_paths
-from .partition import input_bytes
-from .sharded import SHARDED_STORE, ShardedTokenStore, append_shards, tokenize_shard
+from .partition import check_sharded_output, input_bytes, staging_folder
+from .sharded import ShardedTokenStore, append_shards, tokenize_shard
 
 #: What to install when Ray is missing.
 RAY_EXTRA = "pip install 'umlos-cuda[ray]'"
@@ -116,12 +111,8 @@ def tokenize_on_ray(dataset: Any, tokenizer: Any, output: str | os.PathLike[str]
     if any(item.format == "object" for item in inputs):
         raise _argument("the Ray engine reads files that every worker can open; a datasets.Dataset object lives in "
                         "this process only: save_to_disk it and pass the folder")
-    root = os.path.abspath(os.fspath(output))
-    if append:
-        ShardedTokenStore.open(root)  # refused at once when it is not a store
-    else:
-        read = input_paths(*dataset_paths(dataset, format), tokenizer, options.get("chat_template"))
-        check_output_folder(root, SHARDED_STORE, force=force, inputs=read, operator=errors.BATCHING_OPERATOR)
+    root = check_sharded_output(output, dataset, format, tokenizer, options.get("chat_template"), append=append,
+                                force=force)
     load_tokenizer(tokenizer)  # a wrong path or file fails here, at once, not on every worker
     ray = ray_module()  # after the checks of the arguments: a wrong path is said first, Ray or not
     files = [os.path.abspath(item.path) for item in inputs]  # workers may run in another folder
@@ -130,18 +121,10 @@ def tokenize_on_ray(dataset: Any, tokenizer: Any, output: str | os.PathLike[str]
     if task_options.get("chat_template") is not None:
         task_options["chat_template"] = os.path.abspath(os.fspath(task_options["chat_template"]))
     sizes = [input_bytes(item.files) for item in inputs]
-    parent_path = os.path.dirname(root)
-    with Folder.open(parent_path, follow=True) as parent:
-        stage_name, stage = parent.mkdir_temp(f".tmp-{os.path.basename(root)}-ray-")
-        stage.close()
-        stage_path = os.path.join(parent_path, stage_name)
-        try:
-            rows = _run_job(ray, address, workers, files, stage_path, task_options, sizes, progress)
-            staged = _staged_in_order(rows, inputs, skipped)
-            return append_shards(root, staged, create=not append, force=force)
-        finally:
-            with contextlib.suppress(OSError):
-                parent.remove(stage_name)
+    with staging_folder(root, "ray") as stage_path:
+        rows = _run_job(ray, address, workers, files, stage_path, task_options, sizes, progress)
+        staged = _staged_in_order(rows, inputs, skipped)
+        return append_shards(root, staged, create=not append, force=force)
 
 
 class ShardTask:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ... import checks, errors
@@ -65,43 +65,61 @@ def tokenize_sharded(dataset: Any, tokenizer: Any, output: str | os.PathLike[str
     The shards are written in a hidden staging folder beside ``output``, then adopted
     (:func:`~umlos_cuda.batching.tokens.adopt.append_shards`); the staging folder is removed."""
     inputs = resolve(dataset, format)
+    root = check_sharded_output(output, dataset, format, tokenizer, options.get("chat_template"), append=append,
+                                force=force)
+    sizes = [input_bytes(item.files) for item in inputs]
+    total = max(sum(sizes), 1)
+    with staging_folder(root, "stage") as stage_path:
+        staged: list[str] = []
+        before = 0
+        for index, size in enumerate(sizes):
+            target = os.path.join(stage_path, shard_name(len(staged)))
+            report = None if progress is None else _offset(progress, before, total)
+            try:
+                tokenize_shard(dataset, index, tokenizer, target, format=format,
+                               sharded=True if append else None, progress=report, **options)
+            except UmlosError as exc:
+                if exc.code != errors.DATASET_EMPTY or len(inputs) == 1:
+                    raise
+            else:
+                staged.append(target)
+            before += size
+        if not staged:
+            raise UmlosError(errors.DATASET_EMPTY, f"no file of {inputs[0].path} and the other inputs holds a "
+                             "record", operator=errors.BATCHING_OPERATOR)
+        return append_shards(root, staged, create=not append, force=force)
+
+
+def check_sharded_output(output, dataset: Any, format: str | None, tokenizer: Any, chat_template: Any, *,
+                         append: bool, force: bool) -> str:
+    """The absolute path of the sharded store ``output`` that new shards go to, refused before any work:
+    with ``append`` it must be a sharded store; else OUTPUT_EXISTS unless ``force`` replaces one, and it may
+    not be one of the inputs (the dataset's files, the tokenizer, the chat template). Every path that writes
+    shards (``tokenize_sharded``, the Ray job) checks this one way."""
+    from ...files.writer import check_output_folder
+    from ..lengths.builder import input_paths
+    from ..records.source import dataset_paths
+
     root = os.path.abspath(os.fspath(output))
     if append:
         ShardedTokenStore.open(root)  # refused at once when it is not a store
     else:
-        from ...files.writer import check_output_folder
-        from ..lengths.builder import input_paths
-        from ..records.source import dataset_paths
-
         check_output_folder(root, SHARDED_STORE, force=force,
-                            inputs=input_paths(*dataset_paths(dataset, format), tokenizer,
-                                               options.get("chat_template")),
+                            inputs=input_paths(*dataset_paths(dataset, format), tokenizer, chat_template),
                             operator=errors.BATCHING_OPERATOR)
-    sizes = [input_bytes(item.files) for item in inputs]
-    total = max(sum(sizes), 1)
+    return root
+
+
+@contextlib.contextmanager
+def staging_folder(root: str, label: str) -> Iterator[str]:
+    """A new hidden folder beside the store ``root`` (``.tmp-NAME-LABEL-...``, on its file system, so adopting
+    a shard is a rename), removed with whatever is left in it when the block ends, however it ends."""
     parent_path = os.path.dirname(root)
     with Folder.open(parent_path, follow=True) as parent:
-        stage_name, stage = parent.mkdir_temp(f".tmp-{os.path.basename(root)}-stage-")
+        stage_name, stage = parent.mkdir_temp(f".tmp-{os.path.basename(root)}-{label}-")
         stage.close()
         try:
-            staged: list[str] = []
-            before = 0
-            for index, size in enumerate(sizes):
-                target = os.path.join(parent_path, stage_name, shard_name(len(staged)))
-                report = None if progress is None else _offset(progress, before, total)
-                try:
-                    tokenize_shard(dataset, index, tokenizer, target, format=format,
-                                   sharded=True if append else None, progress=report, **options)
-                except UmlosError as exc:
-                    if exc.code != errors.DATASET_EMPTY or len(inputs) == 1:
-                        raise
-                else:
-                    staged.append(target)
-                before += size
-            if not staged:
-                raise UmlosError(errors.DATASET_EMPTY, f"no file of {inputs[0].path} and the other inputs holds a "
-                                 "record", operator=errors.BATCHING_OPERATOR)
-            return append_shards(root, staged, create=not append, force=force)
+            yield os.path.join(parent_path, stage_name)
         finally:
             with contextlib.suppress(OSError):
                 parent.remove(stage_name)

@@ -118,7 +118,7 @@ class Layout:
         """The file's bytes before compression, and the microbatch's content digest."""
         digest = microbatch_digest(batch.input_ids, batch.loss_mask)
         if self.name == "npz":
-            return npz_bytes(file_arrays(epoch, microbatch, batch, plan_fingerprint)), digest
+            return npz_bytes(file_arrays(epoch, microbatch, batch, plan_fingerprint, digest)), digest
         if self.token_dtype is None:  # index: no file (the writer and reader never ask for one)
             raise config_error(f"the {self.name} layout has no batch files")
         return npz_bytes(compact.encode(batch, epoch, microbatch, digest, self.token_dtype, pad_id=pad_id)), digest

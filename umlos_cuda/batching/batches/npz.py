@@ -53,12 +53,14 @@ def batch_file_name(epoch: int, index: int, suffix: str = ".npz") -> str:
     return f"epoch_{int(epoch)}_batch_{int(index):04d}{suffix}"
 
 
-def file_arrays(epoch: int, microbatch: Any, batch: CollatedBatch,
-                plan_fingerprint: str | None) -> dict[str, np.ndarray]:
-    """Every member of the batch file of ``microbatch``, in :data:`MEMBERS` order."""
+def file_arrays(epoch: int, microbatch: Any, batch: CollatedBatch, plan_fingerprint: str | None,
+                digest: str | None = None) -> dict[str, np.ndarray]:
+    """Every member of the batch file of ``microbatch``, in :data:`MEMBERS` order; ``digest``: its content
+    digest when the caller has it already (hashing a microbatch again costs as much as writing it)."""
     arrays: dict[str, np.ndarray] = batch.as_dict()
-    arrays.update(plan_members(epoch, microbatch, plan_fingerprint, microbatch_digest(batch.input_ids,
-                                                                                      batch.loss_mask)))
+    if digest is None:
+        digest = microbatch_digest(batch.input_ids, batch.loss_mask)
+    arrays.update(plan_members(epoch, microbatch, plan_fingerprint, digest))
     return arrays
 
 

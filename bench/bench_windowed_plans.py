@@ -26,9 +26,9 @@ in one streaming read, the bounded path a cache named by its JSONL takes.
 source (no file): the time and peak RSS of counting and of planning ``--probe`` windows at
 random, and the whole index pass extrapolated from them (time per window x windows).
 
-The children run with ``OMP_NUM_THREADS=1`` unless ``--threads`` says otherwise: the engine's
-native order starts an OpenMP region for a window of 2^16 positions, and on a shared machine
-whose cores are busy, waking its threads cost 5 to 15 ms a window (the order itself takes 0.1 ms).
+The children run with ``OMP_NUM_THREADS=1`` unless ``--threads`` says otherwise (``--threads 0``
+leaves it as it is), so that runs compare; a window of 2^16 positions is one chunk of the native
+order's parallel map, which runs on the calling thread whatever the variable (docs/kernels.md).
 
     python bench/bench_windowed_plans.py [--samples 10000000,100000000] [--window 65536]
         [--folder DIR] [--order block_affine] [--compare] [--synthetic 10000000000] [--cli]

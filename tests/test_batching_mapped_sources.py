@@ -175,7 +175,7 @@ def test_plan_cut_writes_the_folder_the_copying_reader_wrote(sources, tmp_path, 
     assert _cli(*argv, "--output", str(tmp_path / "mapped")) == 0
     shown = capsys.readouterr().out.splitlines()[-1]
     with monkeypatch.context() as patch:
-        from umlos_cuda.commands import plan as command
+        from umlos_cuda.commands import _plan_windows as command
 
         patch.setattr(command, "cut_source", open_token_source)  # what plan cut opened before
         assert _cli(*argv, "--output", str(tmp_path / "copied")) == 0
@@ -195,7 +195,7 @@ def test_plan_cut_mix_writes_the_folder_the_copying_reader_wrote(sources, tmp_pa
     assert _cli(*argv, "--output", str(tmp_path / "mapped")) == 0
     shown = capsys.readouterr().out.splitlines()[-1]
     with monkeypatch.context() as patch:
-        from umlos_cuda.commands import plan as command
+        from umlos_cuda.commands import _plan_windows as command
 
         patch.setattr(command, "cut_source", open_token_source)
         assert _cli(*argv, "--output", str(tmp_path / "copied")) == 0
@@ -219,7 +219,7 @@ def test_plan_build_mix_writes_the_folder_the_copying_reader_wrote(sources, tmp_
             f"{sources['megatron']}:0.2:1")
     assert _cli(*argv, "--output", str(tmp_path / "mapped")) == 0
     with monkeypatch.context() as patch:
-        from umlos_cuda.commands import plan as command
+        from umlos_cuda.commands import _plan_windows as command
 
         patch.setattr(command, "_mapped_token_lengths", _copying)
         assert _cli(*argv, "--output", str(tmp_path / "copied")) == 0
@@ -243,7 +243,7 @@ def test_plan_build_window_takes_a_token_source_as_lengths(sources, tmp_path, mo
     assert meta["lengths_path"] == os.path.abspath(sources[kind])
     assert meta["lengths"] == ArrayLengths(open_token_source(sources[kind]).lengths).binding()
     with monkeypatch.context() as patch:
-        from umlos_cuda.commands import plan as command
+        from umlos_cuda.commands import _plan_windows as command
 
         patch.setattr(command, "_mapped_token_lengths", _copying)
         assert _cli(*argv, sources[kind], "--output", str(tmp_path / "copied")) == 0

@@ -54,3 +54,11 @@ def add_no_verify_argument(parser: argparse.ArgumentParser, *, reads: str) -> No
     parser.add_argument("--no-verify", action="store_true",
                         help=f"skip re-hashing {reads} against the digests recorded beside them (default: check, "
                         "so that a file changed after it was written is refused; the structure is always checked)")
+
+
+#: Short names for the engine's sampling modes.
+MODE_ALIASES = {
+    "shuffle": "SHUFFLE_WITHOUT_REPLACEMENT_BLOCK_AFFINE_V1",
+    "sequential": "SEQUENTIAL_V1",
+    "streaming": "STREAMING_SHUFFLE_BLOCK_AFFINE_V1",
+}

@@ -1,0 +1,428 @@
+"""The windowed kinds of ``umlos-cuda plan``: ``build --window`` and ``--mix``, ``cut`` (pretraining
+sequences and their mixtures), and ``info`` / ``verify`` of those folders.
+
+``plan.py`` registers the commands and keeps the whole (non-windowed) plans; what a windowed plan,
+a mixed plan, pretraining sequences or a mixture of them needs at the command layer lives here:
+opening their inputs in bounded memory (a length cache's sidecar by ``open_length_cache``, a token
+source by rows), parsing ``--mix``, and printing their reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from .. import errors
+from ..errors import UmlosError
+from ._args import MODE_ALIASES
+
+
+def build_windowed(args, config, inputs) -> int:
+    """``plan build --window W``: a windowed plan (batching/plans/windows/) over a length cache's sidecar,
+    checked and mapped by ``open_length_cache`` in bounded memory (against the JSONL when ``--lengths`` names
+    it, against its own SHA-256 when it names the ``.u32``); the plan binds it by its count and SHA-256."""
+    from ..batching.plans.windows import WindowDefinition, WindowedPlan, save_windowed_plan
+    from ..batching.plans.windows.io import WINDOWED_PLAN
+    from ..batching.plans.windows.sources import open_length_cache
+    from ..files.writer import check_output_folder
+    from ._progress import Progress
+
+    definition_check = WindowDefinition(config, 1, args.window)  # refuses what windows do not plan, before any read
+    del definition_check
+    check_output_folder(args.output, WINDOWED_PLAN, force=args.force, inputs=inputs,
+                        operator=errors.BATCH_PLAN_OPERATOR)
+    started = time.perf_counter()
+    if names_token_source(args.lengths):  # a Megatron prefix or a token store: its lengths read by rows
+        source, lengths_path = _mapped_token_lengths(args.lengths), os.path.abspath(args.lengths)
+    else:
+        source = open_length_cache(args.lengths)
+        lengths_path = os.path.abspath(source.path)
+    definition = WindowDefinition(config, source.count, args.window)
+    total = args.epochs * definition.num_windows
+    progress = Progress(total, f"plan {args.output}", enabled=not args.quiet)
+    plan = WindowedPlan.build(definition, source, args.epochs, progress=lambda done, _: progress.update(done))
+    save_windowed_plan(plan, args.output, lengths_path=lengths_path, force=args.force, inputs=inputs)
+    progress.close()
+    seconds = time.perf_counter() - started
+    counts = plan.epoch_counts(0)
+    print(f"windowed plan {args.output}: {plan.num_epochs} epoch(s) of {definition.num_windows} windows of "
+          f"{definition.window}, {sum(plan.epoch_microbatches(e) for e in range(plan.num_epochs))} microbatches, "
+          f"{counts['samples']} samples per epoch, {counts['skipped']} skipped")
+    print(f"fingerprint {plan.fingerprint}")
+    print(f"built in {seconds:.2f} s ({source.count * plan.num_epochs / max(seconds, 1e-9):,.0f} samples/s)")
+    return 0
+
+
+def run_cut(args) -> int:
+    """``plan cut``: pretraining sequences (batching/plans/windows/cut.py) over a token source."""
+    from ..batching.plans.windows import CutDefinition, PretrainingSequences, save_sequences
+    from ..batching.plans.windows.sequences_io import SEQUENCES
+    from ..files.writer import check_output_folder
+
+    if args.mix is not None or args.num_samples is not None:
+        return _cut_mixed(args)
+    if args.tokens is None:
+        from ..batching.plans.buckets import config_error
+
+        raise config_error("--tokens is required (unless --mix)")
+    check_output_folder(args.output, SEQUENCES, force=args.force, inputs=(args.tokens,),
+                        operator=errors.BATCH_PLAN_OPERATOR)
+    started = time.perf_counter()
+    source = cut_source(args.tokens)
+    definition = CutDefinition(len(source), args.sequence_length, args.window, args.seed,
+                               MODE_ALIASES.get(args.sampling_mode, args.sampling_mode), args.order, args.block_size,
+                               args.eos, args.tail)
+    plan = PretrainingSequences.build(definition, source, args.epochs)
+    save_sequences(plan, args.output, tokens_path=args.tokens, force=args.force)
+    seconds = time.perf_counter() - started
+    print(f"pretraining sequences {args.output}: {plan.num_epochs} epoch(s) of {definition.num_documents} "
+          f"documents, {plan.epoch_tokens(0)} tokens and {plan.epoch_samples(0)} samples of "
+          f"{definition.sequence_length} + 1 tokens per epoch ({definition.tail} tail), "
+          f"{definition.num_windows} windows of {definition.window}")
+    print(f"fingerprint {plan.fingerprint}")
+    print(f"built in {seconds:.2f} s")
+    if args.show is not None:
+        sample = plan.sample(0, args.show)
+        print(json.dumps({key: (value if isinstance(value, list) else value.tolist())
+                          for key, value in sample.items()}))
+    return 0
+
+
+def _cut_mixed(args) -> int:
+    """``plan cut --mix A:0.7 B:0.3 --num-samples N``: a mixture of pretraining sequences
+    (batching/plans/windows/sequence_mixture.py), each dataset cut as ``plan cut --tokens`` cuts it (with its own
+    seed), blended per window of ``--window`` samples (its cuts use windows of ``--window`` documents too)."""
+    from ..batching.plans.buckets import config_error
+    from ..batching.plans.windows import CutDefinition, SequenceMixture, save_mixed_sequences
+    from ..batching.plans.windows.sequences_io import MIXED_SEQUENCES
+    from ..files.writer import check_output_folder
+
+    if args.mix is None or args.tokens is not None or args.epochs != 1:
+        raise config_error("--mix takes no --tokens or --epochs (caps and --num-samples decide its length); "
+                           "--num-samples needs --mix")
+    entries = parse_mix(args.mix, args.seed)
+    paths = [path for path, *_ in entries]
+    check_output_folder(args.output, MIXED_SEQUENCES, force=args.force, inputs=paths,
+                        operator=errors.BATCH_PLAN_OPERATOR)
+    started = time.perf_counter()
+    stage = MODE_ALIASES.get(args.sampling_mode, args.sampling_mode)
+    parts = []
+    for (path, weight, cap, seed), name in zip(entries, mix_names(paths)):
+        source = cut_source(path)
+        definition = CutDefinition(len(source), args.sequence_length, args.window, seed, stage, args.order,
+                                   args.block_size, args.eos, args.tail)
+        parts.append((definition, source, weight, cap, name))
+    mixture = SequenceMixture.build(parts, args.window, args.num_samples, args.seed)
+    save_mixed_sequences(mixture, args.output, tokens_paths=paths, force=args.force, inputs=paths)
+    seconds = time.perf_counter() - started
+    quotas = ", ".join(f"{c.name} {q}" for c, q in zip(mixture.components, mixture.blend.quotas(0)))
+    epochs = ", ".join(f"{c.name} {c.sequences.num_epochs}" for c in mixture.components)
+    print(f"mixed pretraining sequences {args.output}: {mixture.total} samples of {args.sequence_length} + 1 tokens "
+          f"from {len(parts)} datasets in {mixture.num_windows} windows of {mixture.window} (window 0: {quotas}); "
+          f"epochs read: {epochs}")
+    print(f"fingerprint {mixture.fingerprint}")
+    print(f"built in {seconds:.2f} s")
+    if args.show is not None:
+        print(json.dumps(sample_json(mixture.sample(args.show))))
+    return 0
+
+
+def cut_source(path: str):
+    """The token source ``plan cut`` reads at ``path`` (a token store, a sharded store, a Megatron prefix): one
+    opener for ``--tokens``, every ``--mix`` entry and ``plan verify``'s reopening. Read by rows
+    (:func:`_mapped_token_lengths`: nothing O(N) in memory, bound as the lengths held would be); a Megatron
+    prefix's every size and pointer checked first, in pieces, as ``MegatronDataset.open`` checks them, so
+    every document of the sequences can be read."""
+    from ..batching.tokens.pretraining import MappedMegatron
+
+    source = _mapped_token_lengths(path)
+    if isinstance(source, MappedMegatron):
+        source.check_rows()
+    return source
+
+
+def sample_json(sample: dict) -> dict:
+    """A collated sample as JSON values (arrays as lists)."""
+    return {key: value.tolist() if hasattr(value, "tolist") else value for key, value in sample.items()}
+
+
+def mix_names(paths: list[str]) -> list[str]:
+    """Each ``--mix`` entry's name: its file or folder name without extension (and without a sidecar's ``.u32``),
+    numbered by its place when two are the same."""
+    from ..batching.lengths.cache import SIDECAR_SUFFIX
+
+    names = [os.path.splitext(os.path.basename(os.path.normpath(path)).removesuffix(SIDECAR_SUFFIX))[0]
+             for path in paths]
+    return [name if names.count(name) == 1 else f"{name}{place}" for place, name in enumerate(names)]
+
+
+def parse_mix(items: list[str], seed: int) -> list[tuple[str, float, int | None, int]]:
+    """``--mix`` entries ``PATH:WEIGHT[:CAP[:SEED]]`` as ``(path, weight, cap, seed)`` (a path holding ':' is
+    not taken); BATCHING_CONFIG_INVALID for anything else."""
+    from ..batching.plans.buckets import config_error
+
+    parsed = []
+    for place, item in enumerate(items):
+        path, *numbers = item.split(":")
+        if not path or not 1 <= len(numbers) <= 3:
+            raise config_error(f"--mix takes LENGTHS.jsonl:WEIGHT[:CAP[:SEED]], got {item!r}")
+        try:
+            weight = float(numbers[0])
+            cap = None if len(numbers) < 2 or numbers[1] == "-" else int(numbers[1])
+            own = (seed + 1 + place) % (1 << 64) if len(numbers) < 3 else int(numbers[2])
+        except ValueError:
+            raise config_error(f"--mix takes LENGTHS.jsonl:WEIGHT[:CAP[:SEED]], got {item!r}") from None
+        parsed.append((path, weight, cap, own))
+    return parsed
+
+
+def build_mixed(args, config) -> int:
+    """``plan build --window W --mix A:0.7 B:0.3``: a mixed plan (batching/plans/windows/mixture.py) over
+    token sources and length caches' sidecars, each checked in bounded memory (``open_length_cache``), then
+    memory-mapped."""
+    from ..batching.lengths.cache import SIDECAR_SUFFIX, sidecar_path
+    from ..batching.plans.buckets import config_error
+    from ..batching.plans.windows import Component, MixedPlan, MixtureDefinition
+    from ..batching.plans.windows.sources import open_length_cache
+    from ..batching.plans.windows.io import MIXED_PLAN, save_mixed_plan
+    from ..batching.plans.windows.window import check_windowed_config
+    from ..files.writer import check_output_folder
+    from ._progress import Progress
+
+    if args.mix is None or args.window is None or args.lengths is not None or args.epochs != 1:
+        raise config_error("--mix needs --window and takes no --lengths or --epochs (caps and --num-samples "
+                           "decide its length); --num-samples needs --mix")
+    entries = parse_mix(args.mix, args.seed)
+    inputs = [name for path, *_ in entries for name in ((path,) if names_token_source(path) or
+                                                        path.endswith(SIDECAR_SUFFIX) else (path, sidecar_path(path)))]
+    names = mix_names([path for path, *_ in entries])
+    check_windowed_config(config)  # refuses what windows do not plan, before any read
+    check_output_folder(args.output, MIXED_PLAN, force=args.force, inputs=inputs, operator=errors.BATCH_PLAN_OPERATOR)
+    started = time.perf_counter()
+    components = []
+    lengths_paths = []
+    for (path, weight, cap, seed), name in zip(entries, names):
+        if names_token_source(path):  # a store, a sharded store or a Megatron prefix: its lengths read by rows
+            source, lengths_path = _mapped_token_lengths(path), os.path.abspath(path)
+        else:
+            source = open_length_cache(path)
+            lengths_path = os.path.abspath(source.path)
+        components.append(Component(source, weight, seed, cap, name))
+        lengths_paths.append(lengths_path)
+    definition = MixtureDefinition(config, tuple(components), args.window, args.num_samples)
+    progress = Progress(definition.num_windows, f"plan {args.output}", enabled=not args.quiet)
+    plan = MixedPlan.build(definition, progress=lambda done, _: progress.update(done))
+    save_mixed_plan(plan, args.output, lengths_paths=lengths_paths, force=args.force, inputs=inputs)
+    progress.close()
+    seconds = time.perf_counter() - started
+    counts = plan.counts()
+    quotas = ", ".join(f"{c.name} {q}" for c, q in zip(components, definition.quotas(0)))
+    print(f"mixed plan {args.output}: {definition.total} samples of {len(components)} datasets in "
+          f"{definition.num_windows} windows of {definition.window} (window 0: {quotas}), "
+          f"{counts['microbatches']} microbatches, {counts['skipped']} skipped")
+    print(f"fingerprint {plan.fingerprint}")
+    print(f"built in {seconds:.2f} s ({definition.total / max(seconds, 1e-9):,.0f} samples/s)")
+    return 0
+
+
+def names_token_source(path: str) -> bool:
+    """Whether a ``--mix`` entry names a token store or a Megatron prefix rather than a length cache."""
+    from ..batching.tokens.sources import names_token_source as names
+
+    return names(path)
+
+
+def _mapped_token_lengths(path: str):
+    """A token source's lengths (a store's offsets, a sharded store's, a Megatron dataset's ``.idx`` sizes),
+    memory-mapped and read by rows (tokens/pretraining.py ``open_mapped``: nothing O(N) in memory, bound
+    as an ``ArrayLengths`` of the same lengths); a token source too (``arrays``), for ``plan cut``. Plans
+    may not import tokens, so the command opens it."""
+    from ..batching.tokens.pretraining import open_mapped
+
+    return open_mapped(path)
+
+
+def windowed_lengths(directory: str):
+    """The lengths of a windowed plan for load/verify when its meta.json's ``lengths_path`` names a token
+    source, read by rows; None otherwise (the plans layer maps a .u32 sidecar itself)."""
+    from ..batching.tokens.pretraining import recorded_lengths
+
+    lengths = recorded_lengths(directory)
+    return None if isinstance(lengths, list) else lengths
+
+
+def mixed_lengths(directory: str):
+    """The lengths of a mixed plan's components for load/verify: each token source (a store, a sharded store,
+    a Megatron prefix) read by rows, the other entries as recorded (the plans layer maps .u32 sidecars); None
+    when meta.json names only sidecars or cannot be read (the plan's loader then reports it)."""
+    from ..batching.tokens.pretraining import recorded_lengths
+
+    lengths = recorded_lengths(directory)
+    return lengths if isinstance(lengths, list) else None
+
+
+def info_mixed(args) -> int:
+    """``plan info`` of a mixed plan folder: the definition, its segments and the index's totals (no window
+    planned); with ``--world-size``, each rank's microbatches under the resume rule (resume.py: global
+    microbatch ``k`` to rank ``k mod R``), as for a windowed plan."""
+    from ..batching.plans.buckets import config_error
+    from ..batching.plans.sharding import MAX_SHARE_RANKS, check_rank
+    from ..batching.plans.windows.io import load_mixed_plan
+    from ..batching.plans.windows.resume import rank_indices
+
+    if args.rank is not None and args.world_size is None:
+        raise config_error("--rank needs --world-size")
+    if args.world_size is not None:
+        check_rank(args.rank or 0, args.world_size)
+        if args.rank is None and args.world_size > MAX_SHARE_RANKS:  # as a windowed plan's report
+            raise config_error(f"per-rank shares are listed for at most {MAX_SHARE_RANKS} ranks, got world_size "
+                               f"{args.world_size}")
+    plan = load_mixed_plan(args.plan, lengths=mixed_lengths(args.plan))
+    d = plan.definition
+    pack = d.config.pack
+    report = {"plan": args.plan, "fingerprint": plan.fingerprint, "config": d.config.to_dict(),
+              "pack_config": None if pack is None else pack.to_dict(), "window": d.window, "samples": d.total,
+              "windows": d.num_windows,
+              "components": [{"name": c.name, "weight": c.weight, "seed": c.seed, "max_epochs": c.max_epochs,
+                              "count": c.source.count} for c in d.components],
+              "segments": [{"first": s.first, "windows": s.windows, "size": s.size, "quotas": list(s.quotas)}
+                           for s in d.segments],
+              "counts": plan.counts()}
+    if args.world_size is not None:
+        ranks = range(args.world_size) if args.rank is None else [args.rank]
+        report["ranks"] = [{"rank": r, "microbatches": len(rank_indices(0, plan.num_microbatches, r,
+                                                                        args.world_size))} for r in ranks]
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"mixed plan {args.plan}: {d.total} samples in {d.num_windows} windows of {d.window}, "
+          f"fingerprint {plan.fingerprint}")
+    if pack is not None:
+        packing = report["pack_config"]
+        print(f"  packed: {packing['mode']}, rows of {packing['max_length']} tokens, separator "
+              f"{packing['separator_len']}")
+    for c in report["components"]:
+        cap = "no cap" if c["max_epochs"] is None else f"at most {c['max_epochs']} epoch(s)"
+        print(f"  {c['name']}: weight {c['weight']}, seed {c['seed']}, {c['count']} samples, {cap}")
+    for seg in report["segments"]:
+        print(f"  windows {seg['first']} to {seg['first'] + seg['windows'] - 1}: {seg['size']} positions, "
+              f"quotas {seg['quotas']}")
+    counts = report["counts"]
+    print(f"  {counts['microbatches']} microbatches, {counts['samples']} samples, {counts['skipped']} skipped, "
+          f"{counts['tokens']} tokens, {counts['padded_tokens']} padded tokens")
+    for row in report.get("ranks", []):
+        print(f"    rank {row['rank']}: {row['microbatches']} microbatches")
+    return 0
+
+
+def info_mixed_sequences(args) -> int:
+    """``plan info`` of a mixture of pretraining sequences: the definition, each dataset's cut and the epochs
+    of it read, the segments (from meta.json and the indices: no window merged); with ``--world-size``, each
+    rank's samples under the resume rule (global sample ``k`` to rank ``k mod R``)."""
+    from ..batching.plans.buckets import config_error
+    from ..batching.plans.sharding import MAX_SHARE_RANKS, check_rank
+    from ..batching.plans.windows.resume import rank_indices
+    from ..batching.tokens.pretraining import load_mixed_pretraining
+
+    if args.rank is not None and args.world_size is None:
+        raise config_error("--rank needs --world-size")
+    if args.world_size is not None:
+        check_rank(args.rank or 0, args.world_size)
+        if args.rank is None and args.world_size > MAX_SHARE_RANKS:
+            raise config_error(f"per-rank shares are listed for at most {MAX_SHARE_RANKS} ranks, got world_size "
+                               f"{args.world_size}")
+    mixture = load_mixed_pretraining(args.plan)
+    ends = mixture.blend.stream_ends()
+    report = {"plan": args.plan, "kind": "mixed pretraining sequences", "fingerprint": mixture.fingerprint,
+              "window": mixture.window, "samples": mixture.total, "windows": mixture.num_windows,
+              "seed": mixture.seed,
+              "components": [{"name": c.name, "weight": c.weight, "max_epochs": c.max_epochs,
+                              "definition": c.sequences.definition.to_dict(), "documents": c.sequences.lengths.count,
+                              "epoch_tokens": c.sequences.epoch_tokens(0), "epoch_samples": mixture.per_epoch[i],
+                              "epochs_read": c.sequences.num_epochs, "samples_read": ends[i],
+                              "fingerprint": c.sequences.fingerprint}
+                             for i, c in enumerate(mixture.components)],
+              "segments": [{"first": s.first, "windows": s.windows, "size": s.size, "quotas": list(s.quotas)}
+                           for s in mixture.blend.segments]}
+    if args.world_size is not None:
+        ranks = range(args.world_size) if args.rank is None else [args.rank]
+        report["ranks"] = [{"rank": r, "samples": len(rank_indices(0, mixture.total, r, args.world_size))}
+                           for r in ranks]
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"mixed pretraining sequences {args.plan}: {mixture.total} samples in {mixture.num_windows} windows of "
+          f"{mixture.window}, seed {mixture.seed}, fingerprint {mixture.fingerprint}")
+    for c in report["components"]:
+        cap = "no cap" if c["max_epochs"] is None else f"at most {c['max_epochs']} epoch(s)"
+        d = c["definition"]
+        print(f"  {c['name']}: weight {c['weight']}, seed {d['seed']}, {c['documents']} documents, "
+              f"{c['epoch_tokens']} tokens and {c['epoch_samples']} samples of {d['sequence_length']} + 1 an epoch "
+              f"({d['tail']} tail), {cap}; {c['samples_read']} samples read over {c['epochs_read']} epoch(s)")
+    for seg in report["segments"]:
+        print(f"  windows {seg['first']} to {seg['first'] + seg['windows'] - 1}: {seg['size']} samples, "
+              f"quotas {seg['quotas']}")
+    for row in report.get("ranks", []):
+        print(f"    rank {row['rank']}: {row['samples']} samples")
+    return 0
+
+
+def info_windowed(args) -> int:
+    """``plan info`` of a windowed plan folder (batching/plans/windows/info.py): from meta.json and the index."""
+    from ..batching.plans.windows import load_windowed_plan
+    from ..batching.plans.windows.info import report_lines, windowed_report
+
+    plan = load_windowed_plan(args.plan, lengths=windowed_lengths(args.plan))
+    report = windowed_report(plan, args.plan, world_size=args.world_size, rank=args.rank)
+    print(json.dumps(report, indent=2) if args.json else "\n".join(report_lines(report)))
+    return 0
+
+
+def verify_windowed(args) -> int:
+    """``plan verify`` of a windowed plan folder (batching/plans/windows/verify.py): ``--lengths`` names
+    the length cache whose ``.u32`` sidecar it maps, or a token source read by rows (default: what
+    meta.json's ``lengths_path`` names)."""
+    from ..batching.lengths.cache import SIDECAR_SUFFIX, sidecar_path
+    from ..batching.plans.windows.io import is_mixed_plan
+    from ..batching.plans.windows.verify import verify_mixed_plan, verify_windowed_plan
+
+    mixed = is_mixed_plan(args.plan)
+    if mixed and args.lengths is not None:
+        raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"{args.plan} is a mixed plan: it maps the sidecars its "
+                         "meta.json names (--lengths takes one cache)", operator=errors.BATCH_PLAN_OPERATOR)
+    verify = verify_mixed_plan if mixed else verify_windowed_plan
+    lengths = args.lengths
+    if mixed:
+        lengths = mixed_lengths(args.plan)
+    elif lengths is None:
+        lengths = windowed_lengths(args.plan)
+    elif names_token_source(lengths):  # a Megatron prefix or a token store: read by rows, as the build read it
+        lengths = _mapped_token_lengths(lengths)
+    elif not lengths.endswith(SIDECAR_SUFFIX):
+        lengths = sidecar_path(lengths)
+    report = verify(args.plan, windows=args.windows, seed=args.seed, lengths=lengths,
+                    expected_fingerprint=args.expected_fingerprint)
+    for check in report["checks"]:
+        print(f"ok  {check}")
+    print(f"{'mixed' if mixed else 'windowed'} plan {args.plan} verified: fingerprint {report['fingerprint']}")
+    return 0
+
+
+def verify_sequences(args) -> int:
+    """``plan verify`` of a pretraining sequences folder or a mixture of them: the tokens opened from meta.json's
+    ``tokens_path`` (each of its ``tokens_paths``)."""
+    from ..batching.plans.windows.sequences_io import is_mixed_sequences
+    from ..batching.plans.windows.verify import verify_mixed_sequences, verify_sequences
+
+    if args.lengths is not None:
+        raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"{args.plan} holds pretraining sequences: it reads the "
+                         "tokens its meta.json names (no --lengths)", operator=errors.BATCH_PLAN_OPERATOR)
+    mixed = is_mixed_sequences(args.plan)
+    verify = verify_mixed_sequences if mixed else verify_sequences
+    report = verify(args.plan, windows=args.windows, seed=args.seed, open_tokens=cut_source,
+                    expected_fingerprint=args.expected_fingerprint)
+    for check in report["checks"]:
+        print(f"ok  {check}")
+    print(f"{'mixed ' if mixed else ''}pretraining sequences {args.plan} verified: fingerprint {report['fingerprint']}")
+    return 0

@@ -7,6 +7,7 @@ most two windows."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from umlos_cuda.batching.plans.windows.cut import CutDefinition
 from umlos_cuda.batching.plans.windows.resume import WindowedRankReader
 from umlos_cuda.batching.plans.windows.sequences import PretrainingSequences
 from umlos_cuda.batching.plans.windows.sequences_io import load_sequences, save_sequences
+from umlos_cuda.batching.tokens.pretraining import load_pretraining
 from umlos_cuda.checkpoint import CheckpointStore, restore_latest
 from umlos_cuda.errors import UmlosError
 from test_batching_sequences import Tokens
@@ -143,6 +145,17 @@ def test_plan_verify_of_a_sequences_folder(tmp_path, capsys):
     assert "PLAN_FINGERPRINT_MISMATCH" in capsys.readouterr().err
     assert main(["plan", "verify", str(out), "--lengths", prefix]) != 0
     assert "no --lengths" in capsys.readouterr().err
+    opened = load_pretraining(out)
+    assert main(["plan", "info", str(out), "--json", "--world-size", "3"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["fingerprint"] == opened.fingerprint and info["definition"]["sequence_length"] == 16
+    for e, epoch in enumerate(info["epochs"]):  # the resume rule: sample k to rank k mod 3
+        assert (epoch["tokens"], epoch["samples"]) == (opened.epoch_tokens(e), opened.epoch_samples(e))
+        assert [r["samples"] for r in epoch["ranks"]] == [len(range(r, epoch["samples"], 3)) for r in range(3)]
+    assert main(["plan", "info", str(out)]) == 0
+    assert f"fingerprint {opened.fingerprint}" in capsys.readouterr().out
+    assert main(["plan", "info", str(out), "--rank", "1"]) != 0
+    assert "--rank needs --world-size" in capsys.readouterr().err
     # an index that hashes to its own fingerprint but miscounts a window: only the recount finds it
     lengths = np.random.default_rng(2).integers(0, 50, 90).astype(np.uint32)
     good = PretrainingSequences.build(CutDefinition(90, 16, window=10, seed=3, eos=7), ArrayLengths(lengths), 2)

@@ -927,12 +927,12 @@ def _sequences(change):
     return make
 
 
-def _sequences_cli(change):
-    """``plan verify`` of the pretraining sequences folder copied into ``here`` with ``change(here)`` applied."""
+def _sequences_cli(change, action: str = "verify", *extra: str):
+    """``plan ACTION`` of the pretraining sequences folder copied into ``here`` with ``change(here)`` applied."""
     def make(world, here):
         copy(world, here, "sequences")
         change(here)
-        return ("plan", "verify", str(here / "sequences"))
+        return ("plan", action, str(here / "sequences"), *extra)
     return make
 
 
@@ -1120,6 +1120,12 @@ MIXED_SEQUENCES_CASES = [
          (errors.PLAN_FINGERPRINT_MISMATCH,)),
 ]
 SEQUENCES_CASES = [
+    Case("hang/pretraining-sequences-info-fifo-meta-json",
+         _sequences_cli(lambda h: fifo(h / "sequences" / "meta.json"), "info"), (WP,), "meta.json"),
+    Case("hang/pretraining-sequences-info-sparse-index-npy",
+         _sequences_cli(lambda h: sparse(h / "sequences" / "index.npy"), "info"), (WP,), "index.npy"),
+    Case("hang/pretraining-sequences-info-world-size-2^32-1",
+         _sequences_cli(lambda h: None, "info", "--world-size", "4294967295"), (errors.BATCHING_CONFIG_INVALID,)),
     Case("hang/pretraining-sequences-verify-fifo-meta-json",
          _sequences_cli(lambda h: fifo(h / "sequences" / "meta.json")), (WP,), "meta.json"),
     Case("hang/pretraining-sequences-verify-sparse-index-npy",

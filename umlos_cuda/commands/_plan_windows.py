@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any
 
 from .. import errors
 from ..errors import UmlosError
@@ -266,18 +267,10 @@ def info_mixed(args) -> int:
     """``plan info`` of a mixed plan folder: the definition, its segments and the index's totals (no window
     planned); with ``--world-size``, each rank's microbatches under the resume rule (resume.py: global
     microbatch ``k`` to rank ``k mod R``), as for a windowed plan."""
-    from ..batching.plans.buckets import config_error
-    from ..batching.plans.sharding import MAX_SHARE_RANKS, check_rank
     from ..batching.plans.windows.io import load_mixed_plan
     from ..batching.plans.windows.resume import rank_indices
 
-    if args.rank is not None and args.world_size is None:
-        raise config_error("--rank needs --world-size")
-    if args.world_size is not None:
-        check_rank(args.rank or 0, args.world_size)
-        if args.rank is None and args.world_size > MAX_SHARE_RANKS:  # as a windowed plan's report
-            raise config_error(f"per-rank shares are listed for at most {MAX_SHARE_RANKS} ranks, got world_size "
-                               f"{args.world_size}")
+    check_rank_arguments(args)
     plan = load_mixed_plan(args.plan, lengths=mixed_lengths(args.plan))
     d = plan.definition
     pack = d.config.pack
@@ -320,18 +313,10 @@ def info_mixed_sequences(args) -> int:
     """``plan info`` of a mixture of pretraining sequences: the definition, each dataset's cut and the epochs
     of it read, the segments (from meta.json and the indices: no window merged); with ``--world-size``, each
     rank's samples under the resume rule (global sample ``k`` to rank ``k mod R``)."""
-    from ..batching.plans.buckets import config_error
-    from ..batching.plans.sharding import MAX_SHARE_RANKS, check_rank
     from ..batching.plans.windows.resume import rank_indices
     from ..batching.tokens.pretraining import load_mixed_pretraining
 
-    if args.rank is not None and args.world_size is None:
-        raise config_error("--rank needs --world-size")
-    if args.world_size is not None:
-        check_rank(args.rank or 0, args.world_size)
-        if args.rank is None and args.world_size > MAX_SHARE_RANKS:
-            raise config_error(f"per-rank shares are listed for at most {MAX_SHARE_RANKS} ranks, got world_size "
-                               f"{args.world_size}")
+    check_rank_arguments(args)
     mixture = load_mixed_pretraining(args.plan)
     ends = mixture.blend.stream_ends()
     report = {"plan": args.plan, "kind": "mixed pretraining sequences", "fingerprint": mixture.fingerprint,
@@ -365,6 +350,53 @@ def info_mixed_sequences(args) -> int:
               f"quotas {seg['quotas']}")
     for row in report.get("ranks", []):
         print(f"    rank {row['rank']}: {row['samples']} samples")
+    return 0
+
+
+def check_rank_arguments(args) -> None:
+    """``plan info``'s ``--rank`` needs ``--world-size``, a rank of it, and a list of every rank's share stops at
+    ``MAX_SHARE_RANKS`` ranks (as a whole plan's report): BATCHING_CONFIG_INVALID or INVALID_RANK before any read."""
+    from ..batching.plans.buckets import config_error
+    from ..batching.plans.sharding import MAX_SHARE_RANKS, check_rank
+
+    if args.rank is not None and args.world_size is None:
+        raise config_error("--rank needs --world-size")
+    if args.world_size is not None:
+        check_rank(args.rank or 0, args.world_size)
+        if args.rank is None and args.world_size > MAX_SHARE_RANKS:
+            raise config_error(f"per-rank shares are listed for at most {MAX_SHARE_RANKS} ranks, got world_size "
+                               f"{args.world_size}")
+
+
+def info_sequences(args) -> int:
+    """``plan info`` of pretraining sequences (``plan cut``): the definition and each epoch's tokens and samples,
+    from meta.json and the index (no window cut, no token read); with ``--world-size``, each rank's samples of
+    each epoch under the resume rule (global sample ``k`` to rank ``k mod R``)."""
+    from ..batching.plans.windows.resume import rank_indices
+    from ..batching.tokens.pretraining import load_pretraining
+
+    check_rank_arguments(args)
+    plan = load_pretraining(args.plan)
+    d = plan.definition
+    report = {"plan": args.plan, "kind": "pretraining sequences", "fingerprint": plan.fingerprint,
+              "definition": d.to_dict(), "windows": d.num_windows, "epochs": []}
+    for e in range(plan.num_epochs):
+        entry: dict[str, Any] = {"epoch": e, "tokens": plan.epoch_tokens(e), "samples": plan.epoch_samples(e)}
+        if args.world_size is not None:
+            ranks = range(args.world_size) if args.rank is None else [args.rank]
+            entry["ranks"] = [{"rank": r, "samples": len(rank_indices(0, entry["samples"], r, args.world_size))}
+                              for r in ranks]
+        report["epochs"].append(entry)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"pretraining sequences {args.plan}: {d.num_documents} documents, samples of {d.sequence_length} + 1 "
+          f"tokens ({d.tail} tail, eos {d.eos}), {d.num_windows} windows of {d.window}, {d.order} order, seed "
+          f"{d.seed}, fingerprint {plan.fingerprint}")
+    for entry in report["epochs"]:
+        print(f"  epoch {entry['epoch']}: {entry['tokens']} tokens, {entry['samples']} samples")
+        for row in entry.get("ranks", []):
+            print(f"    rank {row['rank']}: {row['samples']} samples")
     return 0
 
 

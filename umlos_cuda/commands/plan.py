@@ -16,8 +16,8 @@ import time
 from .. import errors
 from ..errors import UmlosError
 from ._args import MODE_ALIASES, add_no_verify_argument, add_pack_arguments, non_negative_int, positive_int
-from ._plan_windows import (build_mixed, build_windowed, info_mixed, info_mixed_sequences, info_windowed,
-                            names_token_source, run_cut, verify_sequences, verify_windowed)
+from ._plan_windows import (build_mixed, build_windowed, info_mixed, info_mixed_sequences, info_sequences,
+                            info_windowed, names_token_source, run_cut, verify_sequences, verify_windowed)
 
 
 def register(subparsers) -> None:
@@ -339,12 +339,14 @@ def run_info(args) -> int:
     from ..batching.plans.io import load_plan
     from ..batching.plans.sharding import check_rank, rank_shares
     from ..batching.plans.windows.io import is_mixed_plan, is_windowed_plan
-    from ..batching.plans.windows.sequences_io import is_mixed_sequences
+    from ..batching.plans.windows.sequences_io import is_mixed_sequences, is_sequences
 
     if is_mixed_plan(args.plan):
         return info_mixed(args)
     if is_mixed_sequences(args.plan):
         return info_mixed_sequences(args)
+    if is_sequences(args.plan):
+        return info_sequences(args)
     windowed = is_windowed_plan(args.plan)
     plan = None if windowed else load_plan(args.plan)
     if args.rank is not None and args.world_size is None:

@@ -64,6 +64,9 @@ class PlanBatchSampler(_SamplerBase):
             ``ValueError``) with the failure code on any invalid argument.
     """
 
+    #: What one item is, in the warnings of :meth:`state_dict`.
+    _items = "microbatches"
+
     def __init__(self, plan, rank: int | None = None, world_size: int | None = None, *,
                  epoch: int = 0, microbatch_index: int = 0) -> None:
         from ..batching.plans.plan import BatchPlan, check_cursor
@@ -229,7 +232,7 @@ class PlanBatchSampler(_SamplerBase):
         """
         epoch, index = self.epoch, self.microbatch_index
         if batches_consumed is None:
-            batches_consumed = loop_count(self._link, self._handed, "PlanBatchSampler", "microbatches",
+            batches_consumed = loop_count(self._link, self._handed, type(self).__name__, self._items,
                                           "batches_consumed")
         if batches_consumed is not None:
             epoch, index = self._after(*self._iter_start,

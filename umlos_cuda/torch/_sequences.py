@@ -64,6 +64,8 @@ class SequenceBatchSampler(PlanBatchSampler):
         epoch, sample_index: the starting cursor (default 0, 0).
     """
 
+    _items = "batches of samples"
+
     def __init__(self, sequences, batch_size: int, rank: int | None = None, world_size: int | None = None, *,
                  epoch: int = 0, sample_index: int = 0) -> None:
         try:

@@ -57,33 +57,16 @@ def _check_window(plan, epoch: int, w: int) -> None:
     where = f"epoch {epoch} window {w}"
     definition, config = plan.definition, plan.config
     arrays = plan.window(epoch, w)
-    sizes = np.diff(arrays.offsets)
-    max_len = np.asarray(arrays.max_len, dtype=np.int64)
-    padded_by = padded_rows(arrays)  # samples, or a packed plan's rows
-    padded = int((padded_by * max_len).sum())
     lengths = plan.source.take(arrays.samples)
-    got = (int(sizes.shape[0]), int(arrays.samples.shape[0]), int(arrays.skipped.shape[0]),
-           int(lengths.sum(dtype=np.uint64)), padded)
-    stored = tuple(int(v) for v in plan.index[epoch, w + 1] - plan.index[epoch, w])
-    if got != stored:
-        differ = [name for name, a, b in zip(COUNT_FIELDS, got, stored) if a != b]
-        raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"{where}: replanned, it differs from the index in {differ}")
+    _check_counts(arrays, lengths, plan.index[epoch, w + 1] - plan.index[epoch, w], where)
     rows = np.sort(window_rows(definition, epoch, w, plan.backend))
     held = np.sort(np.concatenate((arrays.samples, arrays.skipped)))
     if not np.array_equal(rows, held):
         raise plan_error(errors.PLAN_SAMPLES_INVALID, f"{where}: its microbatches and skipped samples are not the "
                                                       "rows of its positions, each once")
-    spec = config.bucket_spec
-    if arrays.skipped.size and np.any(spec.bucket_ids(plan.source.take(arrays.skipped)) >= 0):
+    if arrays.skipped.size and np.any(config.bucket_spec.bucket_ids(plan.source.take(arrays.skipped)) >= 0):
         raise plan_error(errors.PLAN_SAMPLES_INVALID, f"{where}: a skipped sample is of a bucket")
-    if np.any(spec.bucket_ids(lengths) != np.repeat(arrays.bucket_ids, sizes)):
-        raise plan_error(errors.PLAN_BUCKET_MISMATCH, f"{where}: a microbatch holds a sample of another bucket")
-    check_window_rows(arrays, lengths, config, where)
-    over = np.flatnonzero(padded_by * max_len > config.token_budget)
-    if over.size:
-        j = int(over[0])
-        raise plan_error(errors.PLAN_BUDGET_EXCEEDED, f"{where}: microbatch {j} holds {int(padded_by[j])} x "
-                                                      f"{int(max_len[j])} tokens; the budget is {config.token_budget}")
+    _check_microbatches(arrays, lengths, config, where)
     if definition.local_reads:
         plan.source.release()
 
@@ -120,26 +103,36 @@ def _check_mixed_window(plan, m: int) -> None:
     if quotas != list(definition.quotas(m)):
         raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"{where}: it holds {quotas} samples of the components; "
                                                        f"the quotas are {list(definition.quotas(m))}")
-    sizes = np.diff(arrays.offsets)
-    max_len = np.asarray(arrays.max_len, dtype=np.int64)
-    padded_by = padded_rows(arrays)  # samples, or a packed plan's rows
     window_lengths = mixed.lengths(definition.sources)
     base = m * definition.window
     lengths = window_lengths[(arrays.samples - np.uint64(base)).astype(np.int64)]
-    got = (int(sizes.shape[0]), int(arrays.samples.shape[0]), int(arrays.skipped.shape[0]),
-           int(lengths.sum(dtype=np.uint64)), int((padded_by * max_len).sum()))
-    stored = tuple(int(v) for v in plan.index[0, m + 1] - plan.index[0, m])
-    if got != stored:
-        differ = [name for name, a, b in zip(COUNT_FIELDS, got, stored) if a != b]
-        raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"{where}: replanned, it differs from the index in {differ}")
+    _check_counts(arrays, lengths, plan.index[0, m + 1] - plan.index[0, m], where)
     held = np.sort(np.concatenate((arrays.samples, arrays.skipped)))
     if not np.array_equal(held, np.arange(base, base + window_lengths.shape[0], dtype=np.uint64)):
         raise plan_error(errors.PLAN_SAMPLES_INVALID, f"{where}: its microbatches and skipped samples are not its "
                                                       "positions, each once")
-    spec = config.bucket_spec
-    if np.any(spec.bucket_ids(lengths) != np.repeat(arrays.bucket_ids, sizes)):
+    _check_microbatches(arrays, lengths, config, where)
+
+
+def _check_counts(arrays, lengths: np.ndarray, stored: np.ndarray, where: str) -> None:
+    """PLAN_NOT_REPRODUCIBLE unless a window planned again has the index's counts (:data:`COUNT_FIELDS`)."""
+    padded = int((padded_rows(arrays) * np.asarray(arrays.max_len, dtype=np.int64)).sum())
+    got = (int(arrays.offsets.shape[0]) - 1, int(arrays.samples.shape[0]), int(arrays.skipped.shape[0]),
+           int(lengths.sum(dtype=np.uint64)), padded)
+    if got != tuple(int(v) for v in stored):
+        differ = [name for name, a, b in zip(COUNT_FIELDS, got, stored) if a != int(b)]
+        raise plan_error(errors.PLAN_NOT_REPRODUCIBLE, f"{where}: replanned, it differs from the index in {differ}")
+
+
+def _check_microbatches(arrays, lengths: np.ndarray, config, where: str) -> None:
+    """A window's microbatches keep the config's rules: every sample of its microbatch's bucket
+    (PLAN_BUCKET_MISMATCH), a packed plan's rows (:mod:`.packed`), the token budget (PLAN_BUDGET_EXCEEDED)."""
+    sizes = np.diff(arrays.offsets)
+    if np.any(config.bucket_spec.bucket_ids(lengths) != np.repeat(arrays.bucket_ids, sizes)):
         raise plan_error(errors.PLAN_BUCKET_MISMATCH, f"{where}: a microbatch holds a sample of another bucket")
     check_window_rows(arrays, lengths, config, where)
+    padded_by = padded_rows(arrays)  # samples, or a packed plan's rows
+    max_len = np.asarray(arrays.max_len, dtype=np.int64)
     over = np.flatnonzero(padded_by * max_len > config.token_budget)
     if over.size:
         j = int(over[0])

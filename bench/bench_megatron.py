@@ -153,15 +153,8 @@ def megatron_build(spec: dict) -> dict:
     first = dataset[0]
     result["first_ms"] = (time.perf_counter() - start) * 1e3
     assert first["tokens"].shape[0] == spec["sequence_length"]
-    if spec["draws"]:
-        draws = np.random.default_rng(7).integers(0, len(dataset), spec["draws"]).tolist()
-        for key in ("k_ms", "k_warm_ms"):  # first touch of each sample's .bin pages, then the same k again
-            times = []
-            for k in draws:
-                start = time.perf_counter()
-                dataset[k]
-                times.append(time.perf_counter() - start)
-            result[key] = statistics.median(times) * 1e3
+    # first touch of each sample's .bin pages, then the same k again
+    result.update(_time_draws(lambda k: dataset[k], len(dataset), spec["draws"]))
     result["peak_mb"] = _peak_mb()
     result["cache_bytes"] = _folder_bytes(spec["cache"])
     return result
@@ -212,15 +205,7 @@ def windowed_plan(spec: dict) -> dict | None:
     first = plan.sample(0, 0)
     result["first_ms"] = (time.perf_counter() - start) * 1e3
     assert first["input_ids"].shape[0] == spec["sequence_length"]
-    if spec["draws"]:
-        draws = np.random.default_rng(7).integers(0, samples, spec["draws"]).tolist()
-        for key in ("k_ms", "k_warm_ms"):
-            times = []
-            for k in draws:
-                start = time.perf_counter()
-                plan.sample(0, k)
-                times.append(time.perf_counter() - start)
-            result[key] = statistics.median(times) * 1e3
+    result.update(_time_draws(lambda k: plan.sample(0, k), samples, spec["draws"]))
     result["peak_mb"] = _peak_mb()
     result["cache_bytes"] = _folder_bytes(cache)
     return result
@@ -259,15 +244,8 @@ def mixed_plan(spec: dict) -> dict | None:
     first = plan.microbatch(0)
     result["first_ms"] = (time.perf_counter() - start) * 1e3
     assert first.samples
-    if spec["draws"]:
-        draws = np.random.default_rng(7).integers(0, plan.num_microbatches, spec["draws"]).tolist()
-        for key in ("k_ms", "k_warm_ms"):  # k_warm: the same k again (its window is then the one kept)
-            times = []
-            for k in draws:
-                start = time.perf_counter()
-                plan.microbatch(k)
-                times.append(time.perf_counter() - start)
-            result[key] = statistics.median(times) * 1e3
+    # k_warm: the same k again (its window is then the one kept)
+    result.update(_time_draws(lambda k: plan.microbatch(k), plan.num_microbatches, spec["draws"]))
     result["peak_mb"] = _peak_mb()
     result["cache_bytes"] = _folder_bytes(cache)
     return result
@@ -305,17 +283,27 @@ def mixed_sequences(spec: dict) -> dict | None:
     first = mixture.sample(0)
     result["first_ms"] = (time.perf_counter() - start) * 1e3
     assert first["input_ids"].shape[0] == spec["sequence_length"]
-    if spec["draws"]:
-        draws = np.random.default_rng(7).integers(0, mixture.total, spec["draws"]).tolist()
-        for key in ("k_ms", "k_warm_ms"):  # k_warm: the same k again (its .bin pages resident)
-            times = []
-            for k in draws:
-                start = time.perf_counter()
-                mixture.sample(k)
-                times.append(time.perf_counter() - start)
-            result[key] = statistics.median(times) * 1e3
+    # k_warm: the same k again (its .bin pages resident)
+    result.update(_time_draws(lambda k: mixture.sample(k), mixture.total, spec["draws"]))
     result["peak_mb"] = _peak_mb()
     result["cache_bytes"] = _folder_bytes(cache)
+    return result
+
+
+def _time_draws(read, total: int, draws: int) -> dict:
+    """``k_ms``: the median time of ``read(k)`` over ``draws`` random ``k`` below ``total`` (seed 7, the same ``k``
+    for every engine); ``k_warm_ms``: the same ``k`` again. Nothing when ``draws`` is 0."""
+    if not draws:
+        return {}
+    ks = np.random.default_rng(7).integers(0, total, draws).tolist()
+    result = {}
+    for key in ("k_ms", "k_warm_ms"):
+        times = []
+        for k in ks:
+            start = time.perf_counter()
+            read(k)
+            times.append(time.perf_counter() - start)
+        result[key] = statistics.median(times) * 1e3
     return result
 
 

@@ -125,6 +125,15 @@ class BucketSpec:
         ids[(lengths > self.overflow_max) | (lengths < self.min_length)] = SKIPPED
         return ids
 
+    def groups(self, lengths: np.ndarray) -> tuple[int, list[tuple[int, np.ndarray]]]:
+        """The number of skipped samples of ``lengths`` and ``(bucket, its lengths in the given order)`` for each
+        bucket that holds some, in bucket order (a stable sort by bucket id: what a window's counts read)."""
+        buckets = self.bucket_ids(lengths)
+        sizes = np.bincount(buckets.astype(np.int64) + 1, minlength=self.num_buckets + 1)
+        bases = np.cumsum(sizes)  # skipped rows sort first (bucket -1), then bucket by bucket
+        grouped = np.asarray(lengths)[np.argsort(buckets, kind="stable")]  # a radix sort: each bucket keeps its order
+        return int(sizes[0]), [(k, grouped[bases[k]:bases[k + 1]]) for k in range(self.num_buckets) if sizes[k + 1]]
+
     def to_dict(self) -> dict:
         return {"edges": list(self.edges), "overflow_max": self.overflow_max, "min_length": self.min_length}
 

@@ -32,21 +32,13 @@ def count_packed(lengths: np.ndarray, config: BatchingConfig) -> tuple[int, int,
     in this order; :func:`~.window.count_lengths` makes them a ``WindowCounts``."""
     pack, per = config.pack, config.rows_per_microbatch
     assert pack is not None and per is not None  # only packed configs come here
-    spec = config.bucket_spec
-    buckets = spec.bucket_ids(lengths)
-    sizes = np.bincount(buckets.astype(np.int64) + 1, minlength=spec.num_buckets + 1)
-    bases = np.cumsum(sizes)
-    grouped = lengths[np.argsort(buckets, kind="stable")]
+    skipped, groups = config.bucket_spec.groups(lengths)
     microbatches = rows = tokens = 0
-    for k in range(spec.num_buckets):
-        if not sizes[k + 1]:
-            continue
-        bucket_lengths = grouped[bases[k]:bases[k + 1]]
+    for _, bucket_lengths in groups:
         tokens += int(bucket_lengths.sum(dtype=np.uint64))
         _, starts, _, row_sizes = pack_bucket(bucket_lengths, pack, per)
         microbatches += int(starts.shape[0])
         rows += int(row_sizes.shape[0])
-    skipped = int(sizes[0])
     return microbatches, int(lengths.shape[0]) - skipped, skipped, tokens, rows * pack.max_length
 
 

@@ -147,25 +147,18 @@ def count_lengths(lengths: np.ndarray, config: BatchingConfig) -> WindowCounts:
     if config.pack is not None:
         return WindowCounts(*count_packed(lengths, config))
     spec = config.bucket_spec
-    buckets = spec.bucket_ids(lengths)
-    sizes = np.bincount(buckets.astype(np.int64) + 1, minlength=spec.num_buckets + 1)
-    bases = np.cumsum(sizes)  # skipped rows sort first (bucket -1), then bucket by bucket
-    grouped = lengths[np.argsort(buckets, kind="stable")]  # a radix sort: each bucket keeps the order
+    skipped, groups = spec.groups(lengths)
     microbatches = padded = tokens = 0
-    for k in range(spec.num_buckets):
-        if not sizes[k + 1]:
-            continue
-        bucket_lengths = grouped[bases[k]:bases[k + 1]]
+    for k, bucket_lengths in groups:
         tokens += int(bucket_lengths.sum(dtype=np.uint64))
         if config.pad_policy is PadPolicy.PAD_TO_BUCKET:
             per = config.token_budget // int(spec.max_lengths[k])
-            microbatches += -(-int(sizes[k + 1]) // per)
-            padded += int(sizes[k + 1]) * int(spec.max_lengths[k])
+            microbatches += -(-int(bucket_lengths.shape[0]) // per)
+            padded += int(bucket_lengths.shape[0]) * int(spec.max_lengths[k])
             continue
         starts, longest = cut_bucket(bucket_lengths, k, config)
         counts = np.diff(np.append(starts, bucket_lengths.shape[0]))
         microbatches += int(starts.shape[0])
         padded += int((counts * longest.astype(np.int64)).sum())
-    skipped = int(sizes[0])
     return WindowCounts(microbatches, int(lengths.shape[0]) - skipped, skipped, tokens, padded)
 

@@ -235,6 +235,18 @@ def _(w):
               "--window", "16", *PLAN_ARGS)
 
 
+@case("plan-build-window/force-over-folder-holding-its-u32-lengths")
+def _(w):
+    """Named by its .u32 sidecar alone, the lengths are still an input the output may not hold."""
+    lengths = w.copy("lengths.jsonl")
+    hs.assert_ok(w.cli("plan", "build", "--lengths", lengths + ".u32", "--output", w.path("windowed"), "--window",
+                       "16", *PLAN_ARGS))
+    shutil.copy2(w.artifacts / "lengths.jsonl.u32", Path(w.path("windowed")) / "lengths.jsonl.u32")
+    w.refused(errors.OUTPUT_IS_INPUT, w.path("windowed"), "plan", "build", "--lengths",
+              os.path.join(w.path("windowed"), "lengths.jsonl.u32"), "--output", w.path("windowed"), "--force",
+              "--window", "16", *PLAN_ARGS)
+
+
 @case("plan-build-window/force-replaces-a-windowed-plan")
 def _(w):
     lengths = w.copy("lengths.jsonl")

@@ -183,7 +183,18 @@ def windowed_plan(spec: dict) -> dict | None:
     prefix, cache = spec["prefixes"][0], spec["cache"]
     before = _rss_mb()
     start = time.perf_counter()
-    cold = None
+    cold, command_s = None, 0.0
+    if not os.path.exists(os.path.join(cache, "meta.json")) and spec.get("cli"):  # as a user runs it
+        import contextlib
+        import io
+
+        from umlos_cuda.cli import main as command
+
+        with contextlib.redirect_stdout(io.StringIO()):
+            status = command(["plan", "cut", "--tokens", prefix, "--sequence-length", str(spec["sequence_length"]),
+                              "--window", str(spec["window"]), "--seed", "1234", "--output", cache])
+        assert status == 0, "plan cut failed"
+        command_s = time.perf_counter() - start  # the build is the command, then the folder opened as a job would
     if not os.path.exists(os.path.join(cache, "meta.json")):  # a job that starts training at once: lazy
         lazy = MappedMegatron(prefix)
         definition = CutDefinition(lazy.count, spec["sequence_length"], window=spec["window"], seed=1234)
@@ -198,7 +209,7 @@ def windowed_plan(spec: dict) -> dict | None:
         definition = CutDefinition(source.count, spec["sequence_length"], window=spec["window"], seed=1234)
         plan = PretrainingSequences.build(definition, source)
         save_sequences(plan, cache, tokens_path=prefix)
-    built = time.perf_counter() - start
+    built = command_s + time.perf_counter() - start
     samples = plan.epoch_samples(0)
     result = {"build_s": built, "samples": samples, "rss_before_mb": before, "cold_first_s": cold}
     start = time.perf_counter()
@@ -307,7 +318,8 @@ def _time_draws(read, total: int, draws: int) -> dict:
     return result
 
 
-ENGINES = {"megatron": megatron_build, "windowed": windowed_plan, "mixed": mixed_plan,
+ENGINES = {"megatron": megatron_build, "windowed": windowed_plan,
+           "plan_cut": lambda spec: windowed_plan(spec | {"cli": True}), "mixed": mixed_plan,
            "mixed_sequences": mixed_sequences}
 
 
@@ -324,7 +336,7 @@ def child(spec: dict) -> dict | None:
 def measure(engine: str, prefixes: list[str], weights, samples, args, cache: str) -> dict | None:
     spec = {"engine": engine, "prefixes": prefixes, "weights": weights, "samples": samples,
             "sequence_length": args.sequence_length, "cache": cache, "draws": 0, "window": args.window,
-            "python": args.project_python if engine in ("windowed", "mixed", "mixed_sequences") else None}
+            "python": args.project_python if engine in ("windowed", "plan_cut", "mixed", "mixed_sequences") else None}
     shutil.rmtree(cache, ignore_errors=True)
     built = child(spec)
     if built is None:
@@ -360,6 +372,9 @@ def main() -> None:
     parser.add_argument("--no-windowed", action="store_true", help="skip the one-dataset windowed plan row")
     parser.add_argument("--no-mixed-plan", action="store_true",
                         help="skip the mixed plan row (whole-document microbatches)")
+    parser.add_argument("--cli", action="store_true",
+                        help="also the windowed row through the command line (umlos-cuda plan cut, its build "
+                        "timed from the command's start to its folder written, then reopened as the windowed row)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -387,6 +402,9 @@ def main() -> None:
             if not args.no_windowed:
                 print(row("windowed plan", documents,
                           measure("windowed", prefixes[:1], None, args.samples, args, cache)), flush=True)
+            if args.cli:
+                print(row("plan cut (command line)", documents,
+                          measure("plan_cut", prefixes[:1], None, args.samples, args, cache)), flush=True)
             if not args.no_blend and not args.no_megatron:
                 print(row(f"BlendedDataset x3, {documents:,} samples", documents,
                           measure("megatron", prefixes, list(WEIGHTS), documents, args, cache)), flush=True)

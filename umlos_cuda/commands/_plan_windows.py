@@ -84,9 +84,7 @@ def run_cut(args) -> int:
     print(f"fingerprint {plan.fingerprint}")
     print(f"built in {seconds:.2f} s")
     if args.show is not None:
-        sample = plan.sample(0, args.show)
-        print(json.dumps({key: (value if isinstance(value, list) else value.tolist())
-                          for key, value in sample.items()}))
+        print(json.dumps(sample_json(plan.sample(0, args.show))))
     return 0
 
 

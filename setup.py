@@ -5,8 +5,8 @@ Everything else about the package is declared in pyproject.toml.
 
 Packages are discovered, not listed: every folder below each root that
 pyproject.toml's ``[tool.setuptools] package-dir`` maps (``umlos_cuda/``, and
-``kernels/`` and ``golden/`` shipped as ``umlos_cuda._kernels`` and
-``umlos_cuda._golden``) whose path is made of identifiers is a package, data
+``kernels/`` and ``golden/`` shipped as ``umlos_cuda/_kernels`` and
+``umlos_cuda/_golden``) whose path is made of identifiers is a package, data
 folders included (setuptools ships a folder's files only through a package).
 pyproject.toml's own discovery (``packages.find``) cannot rename folders, so
 it could not ship ``kernels/`` as ``umlos_cuda._kernels``; docs/architecture.md

@@ -14,6 +14,8 @@ import shutil
 import subprocess
 from importlib import resources
 
+from umlos_cuda.bundled import bundled_folder
+
 import numpy as np
 import pytest
 
@@ -36,7 +38,7 @@ def build_shared(source: str, output: str, include_dirs: tuple[str, ...] = (), o
     cxx = compiler()
     if cxx is None:
         pytest.skip("no host C++ compiler (g++, c++ or clang++; or set CXX) to build tests/kernel_harness")
-    with resources.as_file(resources.files("umlos_cuda._kernels")) as kernel_dir:
+    with resources.as_file(bundled_folder("kernels")) as kernel_dir:
         command = [
             cxx, "-std=c++17", optimise, "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
             f"-I{kernel_dir}", f"-I{HARNESS_DIR}", *(f"-I{d}" for d in include_dirs),

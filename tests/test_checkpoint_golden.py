@@ -5,6 +5,7 @@ byte for byte; it verifies, and it restores to the generator's state."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 from importlib import resources
@@ -15,19 +16,25 @@ import pytest
 
 import umlos_cuda as uc
 from umlos_cuda.checkpoint import restore_latest, verify_store
+from umlos_cuda.bundled import bundled_folder
 from umlos_cuda.checkpoint.summary import verify_path
-from umlos_cuda._golden import make_checkpoint_golden as generator
+
+ROOT = Path(__file__).resolve().parent.parent
+# golden/ is no package (umlos_cuda/bundled.py says why): the generator is loaded from its file.
+_spec = importlib.util.spec_from_file_location("make_checkpoint_golden", ROOT / "golden" / "make_checkpoint_golden.py")
+generator = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(generator)
 
 
 @pytest.fixture(scope="module")
 def golden_dir():
-    with resources.as_file(resources.files("umlos_cuda._golden").joinpath(generator.NAME)) as path:
+    with resources.as_file(bundled_folder("golden").joinpath(generator.NAME)) as path:
         yield str(path)
 
 
 @pytest.fixture(scope="module")
 def summary():
-    return json.loads(resources.files("umlos_cuda._golden").joinpath(generator.NAME + ".json").read_text())
+    return json.loads(bundled_folder("golden").joinpath(generator.NAME + ".json").read_text())
 
 
 def listing(root):

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from importlib import resources
 
 import pytest
 
 import oracle
 import umlos_cuda as uc
 from umlos_cuda import errors
+from umlos_cuda.bundled import bundled_folder
 from umlos_cuda.commands import _golden_vectors as golden
 from umlos_cuda.cli import main
 
@@ -27,8 +27,8 @@ def cases_by_id(document):
     return {case["id"]: case for case in document["cases"]}
 
 
-def test_packaged_file_is_found_through_importlib_resources(document):
-    resource = resources.files("umlos_cuda._golden").joinpath("nextbatch_v2.json")
+def test_packaged_file_is_found_where_the_package_looks(document):
+    resource = bundled_folder("golden").joinpath("nextbatch_v2.json")
     assert resource.is_file()
     assert json.loads(resource.read_text(encoding="utf-8")) == document
     assert document["format"] == golden.FORMAT and document["format_version"] == golden.FORMAT_VERSION
@@ -203,8 +203,8 @@ def test_oracle_reproduces_a_1e9_window(document):
 
 
 def test_pyproject_ships_golden_json_as_umlos_cuda_golden():
-    """The wheel maps golden/ to umlos_cuda._golden and includes *.json (the
-    editable install above proves the lookup; this guards the wheel's mapping)."""
+    """The wheel maps golden/ to umlos_cuda/_golden and includes *.json (the
+    checkout above proves the lookup; this guards the wheel's mapping)."""
     import os
     import tomllib
 

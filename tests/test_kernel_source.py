@@ -1,7 +1,7 @@
 """kernel_source(): one string with every header inlined, read from the installed package.
 
 CuPy's on-disk cache keys on the source string, so a header edit must change
-the string; the files must ship inside the package (``umlos_cuda._kernels``),
+the string; the files must ship inside the package (``umlos_cuda/_kernels``),
 not only sit in the checkout; the source is the shared kernels followed by each
 registered sampling mode's ``.cu`` file; and the kernel names of the ABI must
 agree between the code, the registry (``kernel_names()``) and kernels/README.md.
@@ -13,11 +13,11 @@ import fnmatch
 import os
 import re
 import tomllib
-from importlib import resources
 
 import pytest
 
 from umlos_cuda import errors, kernel_source as ks, modes
+from umlos_cuda.bundled import bundled_folder
 from umlos_cuda.errors import UmlosError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,7 +95,7 @@ def test_kernel_files_ship_in_the_package():
     patterns = config["package-data"]["umlos_cuda._kernels"]
     sources = [f for f in os.listdir(os.path.join(ROOT, "kernels")) if f.endswith((".cu", ".cuh", ".h"))]
     assert set(HEADERS) | set(ks.kernel_files()) <= set(sources)
-    package = resources.files("umlos_cuda._kernels")
+    package = bundled_folder("kernels")
     for name in sources:
         assert any(fnmatch.fnmatch(name, p) for p in patterns), f"{name} would be left out of the wheel"
         with open(os.path.join(ROOT, "kernels", name), encoding="utf-8") as handle:

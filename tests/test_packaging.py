@@ -12,12 +12,15 @@
   no warning; the wheel must hold every kernel file and every golden file,
   byte for byte. The one notice of an editable build is exactly the one the
   Makefile filters.
-* **The installed package** finds its kernels and golden files through
-  ``importlib.resources``, as the engine does.
+* **The installed package** finds its kernels and golden files where the
+  engine looks (``umlos_cuda.bundled``): in the checkout for this editable
+  install, inside the package for the wheel, unpacked and imported in a child
+  process.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -321,10 +324,12 @@ def test_editable_build_notice_is_the_one_the_makefile_filters(source_copy, tmp_
 
 
 def test_installed_package_finds_kernels_and_golden_files():
+    from umlos_cuda.bundled import bundled_folder
+
     for name in ("nextbatch_kernels.cu", "nextbatch.cuh", "philox.cuh", "platform.cuh"):
-        shipped = resources.files("umlos_cuda._kernels").joinpath(name)
+        shipped = bundled_folder("kernels").joinpath(name)
         assert shipped.read_bytes() == (ROOT / "kernels" / name).read_bytes()
-    golden = resources.files("umlos_cuda._golden")
+    golden = bundled_folder("golden")
     store = ROOT / "golden" / "checkpoint_store_v1"
     files = [p for p in store.rglob("*") if p.is_file()]
     assert len(files) >= 30
@@ -332,6 +337,40 @@ def test_installed_package_finds_kernels_and_golden_files():
         rel = path.relative_to(ROOT / "golden").as_posix()
         assert golden.joinpath(rel).read_bytes() == path.read_bytes(), rel
     assert resources.files("umlos_cuda").joinpath("manifests/demo.yaml").is_file()
+
+
+WHEEL_CHILD = """
+import hashlib, json, sys
+import umlos_cuda
+from umlos_cuda.bundled import bundled_folder
+from umlos_cuda.commands._golden_vectors import load_golden
+from umlos_cuda.kernel_source import kernel_source
+print(json.dumps({"package": umlos_cuda.__file__, "kernels": str(bundled_folder("kernels")),
+                  "golden": str(bundled_folder("golden")), "cases": len(load_golden()["cases"]),
+                  "source": hashlib.sha256(kernel_source().encode()).hexdigest()}))
+"""
+
+
+def test_the_unpacked_wheel_reads_kernels_and_golden_files_from_inside_itself(built, tmp_path):
+    """A wheel installs by unpacking: imported from there (ahead of this
+    editable install on the path), the package finds its kernels and golden
+    file in its own folder, never in this checkout."""
+    wheel, _ = built["wheel"]
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    result = subprocess.run([sys.executable, "-c", WHEEL_CHILD], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    found = json.loads(result.stdout)
+    assert found["package"] == str(tmp_path / "umlos_cuda" / "__init__.py")
+    assert found["kernels"] == str(tmp_path / "umlos_cuda" / "_kernels")
+    assert found["golden"] == str(tmp_path / "umlos_cuda" / "_golden")
+    from umlos_cuda.commands._golden_vectors import load_golden
+    from umlos_cuda.kernel_source import kernel_source
+
+    assert found["cases"] == len(load_golden()["cases"])
+    assert found["source"] == hashlib.sha256(kernel_source().encode()).hexdigest()
 
 
 @pytest.mark.parametrize("hidden", ["cryptography", "safetensors"])

@@ -1,6 +1,6 @@
 """The CUDA kernel source as one string, and what compiling it needs.
 
-``kernels/`` (shipped as the package ``umlos_cuda._kernels``) holds
+``kernels/`` (shipped inside the package as ``umlos_cuda/_kernels``; :mod:`.bundled`) holds
 ``nextbatch_kernels.cu`` (the kernels every mode shares), one ``.cu`` file per
 sampling mode that has CUDA kernels (``SamplingMode.cuda_source``), and the
 headers they include. NVRTC could find the headers through ``-I``, but CuPy's
@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import functools
 import re
-from importlib import resources
-
 from . import errors
+from .bundled import bundled_folder
 from .errors import UmlosError
 from .modes import get_mode, mode_names
 from .reference import DIVIDER_ADD, DIVIDER_POW2, DIVIDER_SHIFT_MASK, divider_params
@@ -42,8 +41,6 @@ __all__ = [
     "read_kernel_file",
 ]
 
-#: The package that holds the kernel files (``kernels/`` in the repository).
-KERNEL_PACKAGE = "umlos_cuda._kernels"
 #: The kernels every mode shares; the modes' ``.cu`` files follow it in the source.
 KERNEL_MAIN = "nextbatch_kernels.cu"
 
@@ -59,13 +56,13 @@ _PRAGMA_ONCE = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+once[ \t]*$")
 
 
 def read_kernel_file(name: str) -> str:
-    """The text of one file of ``umlos_cuda._kernels``."""
+    """The text of one file of ``kernels/``."""
     try:
-        return resources.files(KERNEL_PACKAGE).joinpath(name).read_text(encoding="utf-8")
-    except (FileNotFoundError, ModuleNotFoundError, OSError) as exc:
+        return bundled_folder("kernels").joinpath(name).read_text(encoding="utf-8")
+    except OSError as exc:  # FileNotFoundError included
         raise UmlosError(
             errors.BACKEND_UNAVAILABLE,
-            f"kernel file {name!r} is missing from {KERNEL_PACKAGE} ({exc}); reinstall umlos-cuda",
+            f"kernel file {name!r} is missing from the installed kernels/ ({exc}); reinstall umlos-cuda",
             operator=errors.BACKEND_OPERATOR,
         ) from exc
 

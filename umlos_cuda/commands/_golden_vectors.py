@@ -1,6 +1,6 @@
 """Golden traces of NextBatch_v2 (docs/spec/README.md, "The golden file"): load, recompute, compare.
 
-``golden/nextbatch_v2.json`` (shipped as ``umlos_cuda._golden``) is
+``golden/nextbatch_v2.json`` (shipped inside the package; :mod:`..bundled`) is
 self-describing: it holds the manifests it uses, and every case holds its
 inputs and the expected outputs. Verifying recomputes each case on a backend
 and compares field by field; nothing is ever regenerated here (the generator
@@ -35,20 +35,19 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
 import numpy as np
 
 from .. import checks, errors
 from ..backends import to_numpy
+from ..bundled import bundled_folder
 from ..cursor import Cursor
 from ..errors import UmlosError
 from ..files import reader
 from ..manifest.core import Manifest
 from ..nextbatch import epoch_indices, next_batch
 
-GOLDEN_PACKAGE = "umlos_cuda._golden"
 GOLDEN_NAME = "nextbatch_v2.json"
 FORMAT = "umlos-cuda/nextbatch-v2-golden"
 FORMAT_VERSION = 1
@@ -69,13 +68,13 @@ def index_bytes(indices) -> bytes:
 
 def load_golden(path: str | None = None) -> dict[str, Any]:
     """The parsed golden file: the packaged one, or ``path``."""
-    where = path or f"{GOLDEN_PACKAGE}/{GOLDEN_NAME}"
+    where = path or f"golden/{GOLDEN_NAME}"
     try:
         if path is None:
-            document = json.loads(resources.files(GOLDEN_PACKAGE).joinpath(GOLDEN_NAME).read_text(encoding="utf-8"))
+            document = json.loads(bundled_folder("golden").joinpath(GOLDEN_NAME).read_text(encoding="utf-8"))
         else:  # a file given on the command line: a regular file, bounded in size and depth
             document = reader.read_json(path, lambda message: _mismatch(f"cannot read the golden file: {message}"))
-    except (OSError, ValueError, ModuleNotFoundError) as exc:
+    except (OSError, ValueError) as exc:
         raise _mismatch(f"cannot read the golden file {where}: {exc}") from exc
     not_golden = checks.literal(f"not a NextBatch_v2 golden file (format must be {FORMAT!r})")
     checks.instance(document, "golden file", dict, fail=_mismatch, message=not_golden)

@@ -172,13 +172,13 @@ def windowed_plan(spec: dict) -> dict | None:
     the ``.bin`` right after; ``cold_first_s``: before the build, from nothing to sample 0 with a lazy plan
     (``build(..., lazy=True)``: the pair opened, one chunk of windows counted, one sample collated), what a
     job that starts training at once waits; ``k_ms`` / ``k_warm_ms``: random ``k`` (one window read each). The pair is
-    read by :class:`~umlos_cuda.batching.tokens.pretraining.MappedMegatron` (sizes and tokens
+    read by :class:`~umlos_cuda.batching.tokens.mapped.MappedMegatron` (sizes and tokens
     per row, memory-mapped), not ``MegatronDataset`` (which checks and copies every pointer). One epoch:
     ``spec["samples"]`` must be None."""
     if spec["samples"] is not None:
         raise SystemExit("the windowed row plans one epoch; run without --samples")
     from umlos_cuda.batching.plans.windows import CutDefinition, PretrainingSequences, load_sequences, save_sequences
-    from umlos_cuda.batching.tokens.pretraining import MappedMegatron
+    from umlos_cuda.batching.tokens.mapped import MappedMegatron
 
     prefix, cache = spec["prefixes"][0], spec["cache"]
     before = _rss_mb()
@@ -230,17 +230,17 @@ def mixed_plan(spec: dict) -> dict | None:
     component its own seed. The work differs: Megatron's samples are 2048-token cuts of a concatenated
     stream, its ``dataset[k]`` reads the sample's tokens; here a sample is a whole document and
     ``microbatch(k)`` is the plan's answer (which documents, of which dataset), no tokens read. Lengths come
-    from each ``.idx`` read by rows (``open_mapped``: ``MappedMegatron``, as ``plan build --mix PREFIX`` does);
+    from each ``.idx`` read by rows (``open_source``: ``MappedMegatron``, as ``plan build --mix PREFIX`` does);
     built when ``spec["cache"]`` has no folder yet, else reopened (the lengths read and hashed again)."""
     from umlos_cuda.batching.plans.config import BatchingConfig
     from umlos_cuda.batching.plans.windows import Component, MixedPlan, MixtureDefinition
     from umlos_cuda.batching.plans.windows.io import load_mixed_plan, save_mixed_plan
-    from umlos_cuda.batching.tokens.pretraining import open_mapped
+    from umlos_cuda.batching.sources import open_source
 
     cache = spec["cache"]
     before = _rss_mb()
     start = time.perf_counter()
-    lengths = [open_mapped(p) for p in spec["prefixes"]]
+    lengths = [open_source(p) for p in spec["prefixes"]]
     if os.path.exists(os.path.join(cache, "meta.json")):
         plan = load_mixed_plan(cache, lengths=lengths)
     else:
@@ -275,7 +275,7 @@ def mixed_sequences(spec: dict) -> dict | None:
     that dataset's cut read, plus its ``.bin`` pages)."""
     from umlos_cuda.batching.plans.windows import CutDefinition, SequenceMixture, load_mixed_sequences
     from umlos_cuda.batching.plans.windows import save_mixed_sequences
-    from umlos_cuda.batching.tokens.pretraining import MappedMegatron
+    from umlos_cuda.batching.tokens.mapped import MappedMegatron
 
     cache = spec["cache"]
     before = _rss_mb()

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_collate import best_of
 
 from umlos_cuda.batching.lengths.cache import LengthCache
-from umlos_cuda.batching.plans.fingerprint import sha256_array
+from umlos_cuda.hashing import sha256_array
 from umlos_cuda.batching.tokens.sharded import ShardedTokenStore, append_shards
 from umlos_cuda.batching.tokens.store import STORE_FORMAT, TokenStore
 from umlos_cuda.files.artifacts import MARKER

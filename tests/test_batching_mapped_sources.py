@@ -1,4 +1,5 @@
-"""Token sources read by rows (tokens/pretraining.py ``open_mapped``, tokens/offsets.py): the same lengths,
+"""Token sources read by rows (``umlos_cuda.batching.sources.open_source``: tokens/mapped.py, tokens/offsets.py): the
+same lengths,
 binding and fingerprints as the copying readers, the same folders from the CLI as before, and one header
 parser for both Megatron readers."""
 
@@ -18,7 +19,8 @@ from umlos_cuda import errors
 from umlos_cuda.batching.plans.windows import ArrayLengths
 from umlos_cuda.batching.tokens.megatron import MegatronDataset
 from umlos_cuda.batching.tokens.offsets import ShardedLengths, StoreLengths
-from umlos_cuda.batching.tokens.pretraining import MappedMegatron, open_mapped
+from umlos_cuda.batching.sources import open_source
+from umlos_cuda.batching.tokens.mapped import MappedMegatron
 from umlos_cuda.batching.tokens.sources import open_token_source
 from umlos_cuda.cli import main
 
@@ -47,7 +49,7 @@ def sources(tmp_path_factory) -> dict[str, str]:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_mapped_sources_read_and_bind_like_the_copying_readers(sources, kind):
-    mapped, whole = open_mapped(sources[kind]), open_token_source(sources[kind])
+    mapped, whole = open_source(sources[kind]), open_token_source(sources[kind])
     assert type(mapped) is {"megatron": MappedMegatron, "store": StoreLengths, "sharded": ShardedLengths}[kind]
     lengths = np.asarray(whole.lengths, dtype=np.uint32)
     assert mapped.count == len(whole) == lengths.shape[0]
@@ -71,7 +73,7 @@ def test_hashing_in_pieces_binds_as_one_piece(sources, monkeypatch):
     monkeypatch.setattr(store, "OFFSETS_PIECE", 7)
     for kind in ("store", "sharded"):
         whole = open_token_source(sources[kind])
-        assert open_mapped(sources[kind]).binding() == ArrayLengths(whole.lengths).binding()
+        assert open_source(sources[kind]).binding() == ArrayLengths(whole.lengths).binding()
 
 
 def test_a_token_store_opens_without_copying_its_lengths(sources):
@@ -133,9 +135,9 @@ def test_an_empty_index_is_refused_by_both_readers(tmp_path):
 ])
 def test_check_rows_refuses_in_pieces_what_opening_a_dataset_refuses(sources, tmp_path, monkeypatch, offset, data,
                                                                       mention):
-    from umlos_cuda.batching.tokens import pretraining
+    from umlos_cuda.batching.tokens import mapped
 
-    monkeypatch.setattr(pretraining, "_HASH_PIECE", 16)  # the bad row lies in a later piece
+    monkeypatch.setattr(mapped, "_HASH_PIECE", 16)  # the bad row lies in a later piece
     prefix = _copy_megatron(sources["megatron"], tmp_path)
     _patch(prefix, offset, data)
     whole = expect(errors.MEGATRON_INDEX_INVALID, MegatronDataset.open, prefix, mention=mention)
@@ -148,8 +150,11 @@ def _cli(*argv: str) -> int:
     return main(list(argv))
 
 
-def _copying(path):
-    return _Copied(open_token_source(path))
+def _copying(path, **_):
+    """What the commands opened before reading by rows: the whole source, its lengths held in memory."""
+    copied = _Copied(open_token_source(path))
+    copied.origin = path
+    return copied
 
 
 class _Copied(ArrayLengths):
@@ -182,9 +187,9 @@ def test_plan_cut_writes_the_folder_the_copying_reader_wrote(sources, tmp_path, 
     assert capsys.readouterr().out.splitlines()[-1] == shown
     _same_folders(tmp_path / "mapped", tmp_path / "copied")
     assert _cli("plan", "verify", str(tmp_path / "mapped")) == 0
-    from umlos_cuda.batching.tokens.pretraining import load_pretraining
+    from umlos_cuda.batching.plans.windows import load_sequences
 
-    reopened = load_pretraining(tmp_path / "mapped")
+    reopened = load_sequences(tmp_path / "mapped")
     assert json.loads(shown)["input_ids"] == reopened.sample(0, 3)["input_ids"].tolist()
 
 
@@ -219,9 +224,9 @@ def test_plan_build_mix_writes_the_folder_the_copying_reader_wrote(sources, tmp_
             f"{sources['megatron']}:0.2:1")
     assert _cli(*argv, "--output", str(tmp_path / "mapped")) == 0
     with monkeypatch.context() as patch:
-        from umlos_cuda.commands import _plan_windows as command
+        from umlos_cuda.batching import sources as opener
 
-        patch.setattr(command, "_mapped_token_lengths", _copying)
+        patch.setattr(opener, "open_source", _copying)
         assert _cli(*argv, "--output", str(tmp_path / "copied")) == 0
     _same_folders(tmp_path / "mapped", tmp_path / "copied")
     capsys.readouterr()
@@ -243,9 +248,9 @@ def test_plan_build_window_takes_a_token_source_as_lengths(sources, tmp_path, mo
     assert meta["lengths_path"] == os.path.abspath(sources[kind])
     assert meta["lengths"] == ArrayLengths(open_token_source(sources[kind]).lengths).binding()
     with monkeypatch.context() as patch:
-        from umlos_cuda.commands import _plan_windows as command
+        from umlos_cuda.batching import sources as opener
 
-        patch.setattr(command, "_mapped_token_lengths", _copying)
+        patch.setattr(opener, "open_source", _copying)
         assert _cli(*argv, sources[kind], "--output", str(tmp_path / "copied")) == 0
     _same_folders(out, tmp_path / "copied")
     if kind == "store":  # the store's own length cache: the same plan, another lengths_path
@@ -281,7 +286,7 @@ def test_a_windowed_plan_refuses_another_token_source(sources, tmp_path, capsys)
 def test_a_mapped_source_pickles_as_its_path(sources, kind):
     import pickle
 
-    mapped = open_mapped(sources[kind])
+    mapped = open_source(sources[kind])
     data = pickle.dumps(mapped)
     assert len(data) < 4096  # no map copied
     again = pickle.loads(data)
@@ -291,16 +296,15 @@ def test_a_mapped_source_pickles_as_its_path(sources, kind):
 
 def test_a_torch_sampler_reopens_a_windowed_plan_over_a_token_source(sources, tmp_path):
     """PlanBatchSampler and PlanCollator open a plan folder whose lengths_path is a Megatron prefix the way the
-    commands do (``recorded_lengths``); a folder over a .u32 sidecar records none."""
+    commands do: the plan reopens the source it records (``open_source``), by rows."""
     pytest.importorskip("torch")
     from umlos_cuda.batching.plans.windows import load_windowed_plan
-    from umlos_cuda.batching.tokens.pretraining import recorded_lengths
     from umlos_cuda.torch import PlanBatchSampler, PlanCollator
 
     out = tmp_path / "plan"
     assert _cli("plan", "build", "--window", "16", "--bucket-edges", "64,128", "--overflow-max", "1024",
                 "--token-budget", "2048", "--quiet", "--lengths", sources["megatron"], "--output", str(out)) == 0
-    assert isinstance(recorded_lengths(out), MappedMegatron)
+    assert isinstance(load_windowed_plan(out).source, MappedMegatron)
     held = load_windowed_plan(out, lengths=ArrayLengths(open_token_source(sources["megatron"]).lengths))
     sampler = PlanBatchSampler(str(out), rank=0, world_size=1)
     assert sampler.plan.fingerprint == held.fingerprint
@@ -310,4 +314,5 @@ def test_a_torch_sampler_reopens_a_windowed_plan_over_a_token_source(sources, tm
     assert _cli("plan", "build", "--window", "16", "--bucket-edges", "64,128", "--overflow-max", "1024",
                 "--token-budget", "2048", "--quiet", "--lengths", os.path.join(sources["store"], "lengths.jsonl"),
                 "--output", str(tmp_path / "sidecar")) == 0
-    assert recorded_lengths(tmp_path / "sidecar") is None and recorded_lengths(tmp_path / "nothing") is None
+    assert type(load_windowed_plan(tmp_path / "sidecar").source).__name__ == "MappedLengths"
+    assert PlanBatchSampler(str(tmp_path / "sidecar"), rank=0, world_size=1).plan.num_epochs == 1

@@ -24,7 +24,6 @@ from umlos_cuda.batching.plans.windows.resume import WindowedRankReader
 from umlos_cuda.batching.plans.windows.sequence_mixture import SequenceMixture
 from umlos_cuda.batching.plans.windows.sequences_io import load_mixed_sequences, save_mixed_sequences
 from umlos_cuda.batching.plans.windows.verify import verify_mixed_sequences
-from umlos_cuda.batching.tokens.pretraining import load_mixed_pretraining
 from umlos_cuda.errors import UmlosError
 from umlos_cuda.nextbatch import MODE_SEQUENTIAL, MODE_SHUFFLE
 from umlos_cuda.philox import philox_draws
@@ -254,7 +253,7 @@ def test_plan_cut_mix_info_verify_and_show(tmp_path: Path, capsys):
     assert main(["plan", "cut", "--mix", f"{web}:0.7", f"{code}:0.3:2", "--num-samples", "300", "--sequence-length",
                  "16", "--window", "16", "--eos", "0", "--output", str(out), "--show", "5"]) == 0
     printed = capsys.readouterr().out.splitlines()
-    opened = load_mixed_pretraining(out)  # the tokens reopened from tokens_paths
+    opened = load_mixed_sequences(out)  # the tokens reopened from tokens_paths
     assert printed[1] == f"fingerprint {opened.fingerprint}" and "window 0: web 11, code 5" in printed[0]
     shown, want = json.loads(printed[-1]), opened.sample(5)
     assert shown["input_ids"] == want["input_ids"].tolist() and shown["component_name"] == want["component_name"]

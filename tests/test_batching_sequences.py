@@ -17,7 +17,6 @@ from umlos_cuda.batching.plans.windows import ArrayLengths, SyntheticLengths
 from umlos_cuda.batching.plans.windows.cut import CutDefinition
 from umlos_cuda.batching.plans.windows.sequences import IGNORE_INDEX, PretrainingSequences
 from umlos_cuda.batching.plans.windows.sequences_io import load_sequences, save_sequences
-from umlos_cuda.batching.tokens.pretraining import load_pretraining
 from umlos_cuda.errors import UmlosError
 from umlos_cuda.nextbatch import MODE_SEQUENTIAL, MODE_SHUFFLE, epoch_indices
 
@@ -157,7 +156,7 @@ def test_folder_round_trip_and_refusals(tmp_path: Path):
     assert opened.fingerprint == plan.fingerprint
     assert np.array_equal(opened.sample(1, 5)["input_ids"], plan.sample(1, 5)["input_ids"])
     with pytest.raises(UmlosError) as caught:
-        load_pretraining(folder)
+        load_sequences(folder)
     assert caught.value.code == errors.PLAN_LENGTHS_MISMATCH  # no tokens_path recorded
     with pytest.raises(UmlosError) as caught:
         load_sequences(folder, lengths=ArrayLengths(np.arange(1, 60) % 17 + 2))
@@ -218,7 +217,7 @@ def test_collated_from_a_token_store_and_megatron(tmp_path: Path, kind: str):
     source = open_token_source(path)
     definition = CutDefinition(len(source), 32, window=7, seed=5, eos=2, tail="pad")
     save_sequences(PretrainingSequences.build(definition, source, 2), tmp_path / "seq", tokens_path=path)
-    opened = load_pretraining(tmp_path / "seq")  # the tokens reopened from tokens_path
+    opened = load_sequences(tmp_path / "seq")  # the tokens reopened from tokens_path
     for epoch in range(2):
         want = _plain_ids(definition, source, epoch)
         got = [int(t) for e, _, s in opened.iter_from(epoch) if e == epoch for t in s["input_ids"]]
@@ -233,7 +232,7 @@ def test_plan_cut_command(tmp_path: Path, capsys):
     assert main(["plan", "cut", "--tokens", prefix, "--sequence-length", "16", "--window", "16", "--eos", "0",
                  "--epochs", "2", "--output", str(out), "--show", "2"]) == 0
     printed = capsys.readouterr().out.splitlines()
-    opened = load_pretraining(out)
+    opened = load_sequences(out)
     assert printed[1] == f"fingerprint {opened.fingerprint}"
     shown = json.loads(printed[-1])
     assert shown["input_ids"] == opened.sample(0, 2)["input_ids"].tolist()
@@ -259,7 +258,7 @@ def test_index_pass_in_chunks_of_windows(monkeypatch):
 
 
 def test_mapped_megatron_binds_and_reads_like_megatron_dataset(tmp_path: Path):
-    from umlos_cuda.batching.tokens.pretraining import MappedMegatron
+    from umlos_cuda.batching.tokens.mapped import MappedMegatron
     from umlos_cuda.batching.tokens.megatron import MegatronDataset
 
     prefix = write_megatron(tmp_path / "mega", random_sequences(90, seed=4, high=40))
@@ -271,7 +270,7 @@ def test_mapped_megatron_binds_and_reads_like_megatron_dataset(tmp_path: Path):
     definition = CutDefinition(90, 24, window=10, eos=3)
     built = PretrainingSequences.build(definition, mapped, 1)
     save_sequences(built, tmp_path / "seq", tokens_path=prefix)
-    reopened = load_pretraining(tmp_path / "seq")  # MegatronDataset from tokens_path: the same binding
+    reopened = load_sequences(tmp_path / "seq")  # MegatronDataset from tokens_path: the same binding
     assert reopened.fingerprint == built.fingerprint
     for k in (0, built.epoch_samples(0) - 1):
         assert built.sample(0, k)["input_ids"].tolist() == reopened.sample(0, k)["input_ids"].tolist()

@@ -21,7 +21,6 @@ from umlos_cuda.batching.plans.windows.cut import CutDefinition
 from umlos_cuda.batching.plans.windows.resume import WindowedRankReader
 from umlos_cuda.batching.plans.windows.sequences import PretrainingSequences
 from umlos_cuda.batching.plans.windows.sequences_io import load_sequences, save_sequences
-from umlos_cuda.batching.tokens.pretraining import load_pretraining
 from umlos_cuda.checkpoint import CheckpointStore, restore_latest
 from umlos_cuda.errors import UmlosError
 from test_batching_sequences import Tokens
@@ -145,7 +144,7 @@ def test_plan_verify_of_a_sequences_folder(tmp_path, capsys):
     assert "PLAN_FINGERPRINT_MISMATCH" in capsys.readouterr().err
     assert main(["plan", "verify", str(out), "--lengths", prefix]) != 0
     assert "no --lengths" in capsys.readouterr().err
-    opened = load_pretraining(out)
+    opened = load_sequences(out)
     assert main(["plan", "info", str(out), "--json", "--world-size", "3"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["fingerprint"] == opened.fingerprint and info["definition"]["sequence_length"] == 16

@@ -39,7 +39,7 @@ from umlos_cuda import errors
 from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder
 from umlos_cuda.batching.batches.fingerprint import fingerprint_plan_batches
 from umlos_cuda.batching.batches.reader import BatchReader
-from umlos_cuda.batching.plans.fingerprint import sha256_array
+from umlos_cuda.hashing import sha256_array
 from umlos_cuda.batching.tokens import adopt
 from umlos_cuda.batching.tokens.concat import ConcatenatedSource
 from umlos_cuda.batching.tokens.megatron import MegatronDataset, MegatronDatasetList

@@ -235,7 +235,7 @@ KNOWN_SYNTHETIC = [536, 1213, 1522, 423]
 
 def test_synthetic_lengths_follow_their_definition_one_row_at_a_time():
     """SplitMix64's finaliser of key + (i + 1) x golden, in Python integers, against the vectorised source."""
-    from umlos_cuda.batching.plans.windows.sources import SYNTHETIC_QUANTILES
+    from umlos_cuda.batching.lengths.sources import SYNTHETIC_QUANTILES
     from umlos_cuda.hashing import hash_canonical
 
     mask = (1 << 64) - 1

@@ -90,7 +90,7 @@ def world(tmp_path_factory) -> Path:
     save_windowed_plan(WindowedPlan.build(WindowDefinition(config, mapped.count, window=16), mapped, 2),
                        root / "windowed")
     from umlos_cuda.batching.plans.windows import CutDefinition, PretrainingSequences, save_sequences
-    from umlos_cuda.batching.tokens.pretraining import MappedMegatron
+    from umlos_cuda.batching.tokens.mapped import MappedMegatron
 
     save_sequences(PretrainingSequences.build(CutDefinition(20, 16, window=4, eos=1), MappedMegatron(root / "mega"),
                                               2), root / "sequences", tokens_path=root / "mega")
@@ -922,8 +922,8 @@ def _sequences(change):
     def make(world, here):
         copy(world, here, "sequences")
         change(here)
-        return api("from umlos_cuda.batching.tokens.pretraining import load_pretraining\n"
-                   f"guarded(lambda: load_pretraining({str(here / 'sequences')!r}).sample(0, 0))\n")
+        return api("from umlos_cuda.batching.plans.windows import load_sequences\n"
+                   f"guarded(lambda: load_sequences({str(here / 'sequences')!r}).sample(0, 0))\n")
     return make
 
 
@@ -962,8 +962,8 @@ def _mixed_sequences(change):
     def make(world, here):
         copy(world, here, "mixed-sequences")
         change(here / "mixed-sequences")
-        return api("from umlos_cuda.batching.tokens.pretraining import load_mixed_pretraining\n"
-                   f"guarded(lambda: load_mixed_pretraining({str(here / 'mixed-sequences')!r}).sample(0))\n")
+        return api("from umlos_cuda.batching.plans.windows import load_mixed_sequences\n"
+                   f"guarded(lambda: load_mixed_sequences({str(here / 'mixed-sequences')!r}).sample(0))\n")
     return make
 
 

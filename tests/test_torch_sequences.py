@@ -12,7 +12,8 @@ from token_cases import random_sequences, write_megatron
 from umlos_cuda import errors
 from umlos_cuda.batching.plans.checkpoint_kinds import PlanCursor
 from umlos_cuda.batching.plans.windows import CutDefinition, PretrainingSequences, save_sequences
-from umlos_cuda.batching.tokens.pretraining import MappedMegatron, load_pretraining
+from umlos_cuda.batching.plans.windows import load_sequences
+from umlos_cuda.batching.tokens.mapped import MappedMegatron
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
@@ -36,7 +37,7 @@ def keys_of(batches):
 
 @pytest.mark.parametrize("world_size,batch_size", [(1, 8), (3, 4), (4, 5)])
 def test_ranks_deal_out_every_sample_once_per_epoch(folder, world_size, batch_size):
-    plan = load_pretraining(folder)
+    plan = load_sequences(folder)
     samplers = [SequenceBatchSampler(plan, batch_size, rank=r, world_size=world_size) for r in range(world_size)]
     for epoch in range(2):
         lengths = [len(s) for s in samplers]
@@ -55,7 +56,7 @@ def test_ranks_deal_out_every_sample_once_per_epoch(folder, world_size, batch_si
 
 @pytest.mark.parametrize("before,after,batches", [((4, 3), (2, 5), 2), ((2, 8), (3, 1), 1), ((1, 4), (4, 4), 3)])
 def test_resume_at_another_world_size_and_batch_size(folder, before, after, batches):
-    plan = load_pretraining(folder)
+    plan = load_sequences(folder)
     (r_before, b_before), (r_after, b_after) = before, after
     samplers = [SequenceBatchSampler(plan, b_before, rank=r, world_size=r_before) for r in range(r_before)]
     iterators = [iter(s) for s in samplers]
@@ -70,7 +71,7 @@ def test_resume_at_another_world_size_and_batch_size(folder, before, after, batc
 
 
 def test_a_dataloader_with_workers_collates_the_samples_and_saves_the_cursor(folder):
-    plan = load_pretraining(folder)
+    plan = load_sequences(folder)
     sampler = SequenceBatchSampler(str(folder), 4, rank=1, world_size=2)
     loader = DataLoader(SequenceDataset(str(folder)), batch_sampler=sampler, num_workers=2)
     for step, batch in enumerate(loader):
@@ -89,7 +90,7 @@ def test_a_dataloader_with_workers_collates_the_samples_and_saves_the_cursor(fol
 
 
 def test_refusals(folder):
-    plan = load_pretraining(folder)
+    plan = load_sequences(folder)
     for bad, code in ((0, errors.BATCHING_CONFIG_INVALID), ("4", errors.BATCHING_CONFIG_INVALID)):
         with pytest.raises(SamplerArgumentError) as info:
             SequenceBatchSampler(plan, bad)
@@ -109,14 +110,14 @@ def test_refusals(folder):
 def test_a_mixture_of_sequences_through_a_dataloader(tmp_path):
     """A mixture (plan cut --mix) is one epoch of samples numbered across datasets: each batch item is
     ``mixture.sample(k)``, with the dataset it came from."""
-    from umlos_cuda.batching.tokens.pretraining import load_mixed_pretraining
+    from umlos_cuda.batching.plans.windows import load_mixed_sequences
     from umlos_cuda.cli import main
 
     web = write_megatron(tmp_path / "web", random_sequences(120, seed=2, high=50))
     code = write_megatron(tmp_path / "code", random_sequences(30, seed=3, high=50))
     assert main(["plan", "cut", "--mix", f"{web}:0.7", f"{code}:0.3:2", "--num-samples", "100", "--sequence-length",
                  "16", "--window", "16", "--eos", "0", "--output", str(tmp_path / "mix")]) == 0
-    mixture = load_mixed_pretraining(tmp_path / "mix")
+    mixture = load_mixed_sequences(tmp_path / "mix")
     sampler = SequenceBatchSampler(str(tmp_path / "mix"), 8, rank=1, world_size=3)
     loader = DataLoader(SequenceDataset(str(tmp_path / "mix")), batch_sampler=sampler, num_workers=2)
     count = len(sampler)

@@ -3,8 +3,8 @@ sequences and their mixtures), and ``info`` / ``verify`` of those folders.
 
 ``plan.py`` registers the commands and keeps the whole (non-windowed) plans; what a windowed plan,
 a mixed plan, pretraining sequences or a mixture of them needs at the command layer lives here:
-opening their inputs in bounded memory (a length cache's sidecar by ``open_length_cache``, a token
-source by rows), parsing ``--mix``, and printing their reports.
+opening their inputs in bounded memory (``umlos_cuda.batching.sources.open_source``: a length cache's
+sidecar, a token source by rows), parsing ``--mix``, and printing their reports.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from ._args import MODE_ALIASES
 
 
 def build_windowed(args, config, inputs) -> int:
-    """``plan build --window W``: a windowed plan (batching/plans/windows/) over a length cache's sidecar,
-    checked and mapped by ``open_length_cache`` in bounded memory (against the JSONL when ``--lengths`` names
-    it, against its own SHA-256 when it names the ``.u32``); the plan binds it by its count and SHA-256."""
+    """``plan build --window W``: a windowed plan (batching/plans/windows/) over any source (``open_source``: a
+    length cache's sidecar checked against the JSONL, or against its own SHA-256 when ``--lengths`` names the
+    ``.u32``; a token source by rows); the plan binds its lengths by their count and SHA-256 and records where
+    they were read."""
     from ..batching.plans.windows import WindowDefinition, WindowedPlan, save_windowed_plan
     from ..batching.plans.windows.io import WINDOWED_PLAN
-    from ..batching.plans.windows.sources import open_length_cache
+    from ..batching.sources import open_source
     from ..files.writer import check_output_folder
     from ._progress import Progress
 
@@ -34,16 +35,12 @@ def build_windowed(args, config, inputs) -> int:
     check_output_folder(args.output, WINDOWED_PLAN, force=args.force, inputs=inputs,
                         operator=errors.BATCH_PLAN_OPERATOR)
     started = time.perf_counter()
-    if names_token_source(args.lengths):  # a Megatron prefix or a token store: its lengths read by rows
-        source, lengths_path = _mapped_token_lengths(args.lengths), os.path.abspath(args.lengths)
-    else:
-        source = open_length_cache(args.lengths)
-        lengths_path = os.path.abspath(source.path)
+    source = open_source(os.path.abspath(args.lengths))
     definition = WindowDefinition(config, source.count, args.window)
     total = args.epochs * definition.num_windows
     progress = Progress(total, f"plan {args.output}", enabled=not args.quiet)
     plan = WindowedPlan.build(definition, source, args.epochs, progress=lambda done, _: progress.update(done))
-    save_windowed_plan(plan, args.output, lengths_path=lengths_path, force=args.force, inputs=inputs)
+    save_windowed_plan(plan, args.output, force=args.force, inputs=inputs)
     progress.close()
     seconds = time.perf_counter() - started
     counts = plan.epoch_counts(0)
@@ -128,15 +125,14 @@ def _cut_mixed(args) -> int:
 
 
 def cut_source(path: str):
-    """The token source ``plan cut`` reads at ``path`` (a token store, a sharded store, a Megatron prefix): one
-    opener for ``--tokens``, every ``--mix`` entry and ``plan verify``'s reopening. Read by rows
-    (:func:`_mapped_token_lengths`: nothing O(N) in memory, bound as the lengths held would be); a Megatron
-    prefix's every size and pointer checked first, in pieces, as ``MegatronDataset.open`` checks them, so
-    every document of the sequences can be read."""
-    from ..batching.tokens.pretraining import MappedMegatron
+    """The token source ``plan cut`` reads at ``path`` (a token store, a sharded store, a Megatron prefix), for
+    ``--tokens`` and every ``--mix`` entry: read by rows (``open_source``: nothing O(N) in memory, bound as the
+    lengths held would be); a Megatron prefix's every size and pointer checked first, in pieces, as
+    ``MegatronDataset.open`` checks them, so every document of the sequences can be read."""
+    from ..batching.sources import open_source
 
-    source = _mapped_token_lengths(path)
-    if isinstance(source, MappedMegatron):
+    source = open_source(path, tokens=True)
+    if hasattr(source, "check_rows"):
         source.check_rows()
     return source
 
@@ -178,13 +174,14 @@ def parse_mix(items: list[str], seed: int) -> list[tuple[str, float, int | None,
 
 def build_mixed(args, config) -> int:
     """``plan build --window W --mix A:0.7 B:0.3``: a mixed plan (batching/plans/windows/mixture.py) over
-    token sources and length caches' sidecars, each checked in bounded memory (``open_length_cache``), then
-    memory-mapped."""
-    from ..batching.lengths.cache import SIDECAR_SUFFIX, sidecar_path
+    any sources (``open_source``: token sources and length caches' sidecars, each checked in bounded memory,
+    then memory-mapped)."""
+    from ..batching.lengths.cache import sidecar_path
     from ..batching.plans.buckets import config_error
     from ..batching.plans.windows import Component, MixedPlan, MixtureDefinition
-    from ..batching.plans.windows.sources import open_length_cache
     from ..batching.plans.windows.io import MIXED_PLAN, save_mixed_plan
+    from ..batching.sources import open_source, source_kind
+    from ..batching.sources.builtin import LENGTH_CACHE
     from ..batching.plans.windows.window import check_windowed_config
     from ..files.writer import check_output_folder
     from ._progress import Progress
@@ -193,26 +190,18 @@ def build_mixed(args, config) -> int:
         raise config_error("--mix needs --window and takes no --lengths or --epochs (caps and --num-samples "
                            "decide its length); --num-samples needs --mix")
     entries = parse_mix(args.mix, args.seed)
-    inputs = [name for path, *_ in entries for name in ((path,) if names_token_source(path) or
-                                                        path.endswith(SIDECAR_SUFFIX) else (path, sidecar_path(path)))]
+    inputs = [name for path, *_ in entries for name in ((path, sidecar_path(path)) if source_kind(path) is LENGTH_CACHE
+                                                        else (path,))]
     names = mix_names([path for path, *_ in entries])
     check_windowed_config(config)  # refuses what windows do not plan, before any read
     check_output_folder(args.output, MIXED_PLAN, force=args.force, inputs=inputs, operator=errors.BATCH_PLAN_OPERATOR)
     started = time.perf_counter()
-    components = []
-    lengths_paths = []
-    for (path, weight, cap, seed), name in zip(entries, names):
-        if names_token_source(path):  # a store, a sharded store or a Megatron prefix: its lengths read by rows
-            source, lengths_path = _mapped_token_lengths(path), os.path.abspath(path)
-        else:
-            source = open_length_cache(path)
-            lengths_path = os.path.abspath(source.path)
-        components.append(Component(source, weight, seed, cap, name))
-        lengths_paths.append(lengths_path)
+    components = [Component(open_source(os.path.abspath(path)), weight, seed, cap, name)
+                  for (path, weight, cap, seed), name in zip(entries, names)]
     definition = MixtureDefinition(config, tuple(components), args.window, args.num_samples)
     progress = Progress(definition.num_windows, f"plan {args.output}", enabled=not args.quiet)
     plan = MixedPlan.build(definition, progress=lambda done, _: progress.update(done))
-    save_mixed_plan(plan, args.output, lengths_paths=lengths_paths, force=args.force, inputs=inputs)
+    save_mixed_plan(plan, args.output, force=args.force, inputs=inputs)
     progress.close()
     seconds = time.perf_counter() - started
     counts = plan.counts()
@@ -225,42 +214,6 @@ def build_mixed(args, config) -> int:
     return 0
 
 
-def names_token_source(path: str) -> bool:
-    """Whether a ``--mix`` entry names a token store or a Megatron prefix rather than a length cache."""
-    from ..batching.tokens.sources import names_token_source as names
-
-    return names(path)
-
-
-def _mapped_token_lengths(path: str):
-    """A token source's lengths (a store's offsets, a sharded store's, a Megatron dataset's ``.idx`` sizes),
-    memory-mapped and read by rows (tokens/pretraining.py ``open_mapped``: nothing O(N) in memory, bound
-    as an ``ArrayLengths`` of the same lengths); a token source too (``arrays``), for ``plan cut``. Plans
-    may not import tokens, so the command opens it."""
-    from ..batching.tokens.pretraining import open_mapped
-
-    return open_mapped(path)
-
-
-def windowed_lengths(directory: str):
-    """The lengths of a windowed plan for load/verify when its meta.json's ``lengths_path`` names a token
-    source, read by rows; None otherwise (the plans layer maps a .u32 sidecar itself)."""
-    from ..batching.tokens.pretraining import recorded_lengths
-
-    lengths = recorded_lengths(directory)
-    return None if isinstance(lengths, list) else lengths
-
-
-def mixed_lengths(directory: str):
-    """The lengths of a mixed plan's components for load/verify: each token source (a store, a sharded store,
-    a Megatron prefix) read by rows, the other entries as recorded (the plans layer maps .u32 sidecars); None
-    when meta.json names only sidecars or cannot be read (the plan's loader then reports it)."""
-    from ..batching.tokens.pretraining import recorded_lengths
-
-    lengths = recorded_lengths(directory)
-    return lengths if isinstance(lengths, list) else None
-
-
 def info_mixed(args) -> int:
     """``plan info`` of a mixed plan folder: the definition, its segments and the index's totals (no window
     planned); with ``--world-size``, each rank's microbatches under the resume rule (resume.py: global
@@ -269,7 +222,7 @@ def info_mixed(args) -> int:
     from ..batching.plans.windows.resume import rank_indices
 
     check_rank_arguments(args)
-    plan = load_mixed_plan(args.plan, lengths=mixed_lengths(args.plan))
+    plan = load_mixed_plan(args.plan)
     d = plan.definition
     pack = d.config.pack
     report = {"plan": args.plan, "fingerprint": plan.fingerprint, "config": d.config.to_dict(),
@@ -311,11 +264,11 @@ def info_mixed_sequences(args) -> int:
     """``plan info`` of a mixture of pretraining sequences: the definition, each dataset's cut and the epochs
     of it read, the segments (from meta.json and the indices: no window merged); with ``--world-size``, each
     rank's samples under the resume rule (global sample ``k`` to rank ``k mod R``)."""
+    from ..batching.plans.windows import load_mixed_sequences
     from ..batching.plans.windows.resume import rank_indices
-    from ..batching.tokens.pretraining import load_mixed_pretraining
 
     check_rank_arguments(args)
-    mixture = load_mixed_pretraining(args.plan)
+    mixture = load_mixed_sequences(args.plan)
     ends = mixture.blend.stream_ends()
     report = {"plan": args.plan, "kind": "mixed pretraining sequences", "fingerprint": mixture.fingerprint,
               "window": mixture.window, "samples": mixture.total, "windows": mixture.num_windows,
@@ -370,11 +323,11 @@ def info_sequences(args) -> int:
     """``plan info`` of pretraining sequences (``plan cut``): the definition and each epoch's tokens and samples,
     from meta.json and the index (no window cut, no token read); with ``--world-size``, each rank's samples of
     each epoch under the resume rule (global sample ``k`` to rank ``k mod R``)."""
+    from ..batching.plans.windows import load_sequences
     from ..batching.plans.windows.resume import rank_indices
-    from ..batching.tokens.pretraining import load_pretraining
 
     check_rank_arguments(args)
-    plan = load_pretraining(args.plan)
+    plan = load_sequences(args.plan)
     d = plan.definition
     report = {"plan": args.plan, "kind": "pretraining sequences", "fingerprint": plan.fingerprint,
               "definition": d.to_dict(), "windows": d.num_windows, "epochs": []}
@@ -403,17 +356,16 @@ def info_windowed(args) -> int:
     from ..batching.plans.windows import load_windowed_plan
     from ..batching.plans.windows.info import report_lines, windowed_report
 
-    plan = load_windowed_plan(args.plan, lengths=windowed_lengths(args.plan))
+    plan = load_windowed_plan(args.plan)
     report = windowed_report(plan, args.plan, world_size=args.world_size, rank=args.rank)
     print(json.dumps(report, indent=2) if args.json else "\n".join(report_lines(report)))
     return 0
 
 
 def verify_windowed(args) -> int:
-    """``plan verify`` of a windowed plan folder (batching/plans/windows/verify.py): ``--lengths`` names
-    the length cache whose ``.u32`` sidecar it maps, or a token source read by rows (default: what
+    """``plan verify`` of a windowed plan folder (batching/plans/windows/verify.py): ``--lengths`` names any
+    source (``open_source``: a length cache, its sidecar, a token source read by rows; default: what
     meta.json's ``lengths_path`` names)."""
-    from ..batching.lengths.cache import SIDECAR_SUFFIX, sidecar_path
     from ..batching.plans.windows.io import is_mixed_plan
     from ..batching.plans.windows.verify import verify_mixed_plan, verify_windowed_plan
 
@@ -422,16 +374,7 @@ def verify_windowed(args) -> int:
         raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"{args.plan} is a mixed plan: it maps the sidecars its "
                          "meta.json names (--lengths takes one cache)", operator=errors.BATCH_PLAN_OPERATOR)
     verify = verify_mixed_plan if mixed else verify_windowed_plan
-    lengths = args.lengths
-    if mixed:
-        lengths = mixed_lengths(args.plan)
-    elif lengths is None:
-        lengths = windowed_lengths(args.plan)
-    elif names_token_source(lengths):  # a Megatron prefix or a token store: read by rows, as the build read it
-        lengths = _mapped_token_lengths(lengths)
-    elif not lengths.endswith(SIDECAR_SUFFIX):
-        lengths = sidecar_path(lengths)
-    report = verify(args.plan, windows=args.windows, seed=args.seed, lengths=lengths,
+    report = verify(args.plan, windows=args.windows, seed=args.seed, lengths=args.lengths,
                     expected_fingerprint=args.expected_fingerprint)
     for check in report["checks"]:
         print(f"ok  {check}")
@@ -450,8 +393,7 @@ def verify_sequences(args) -> int:
                          "tokens its meta.json names (no --lengths)", operator=errors.BATCH_PLAN_OPERATOR)
     mixed = is_mixed_sequences(args.plan)
     verify = verify_mixed_sequences if mixed else verify_sequences
-    report = verify(args.plan, windows=args.windows, seed=args.seed, open_tokens=cut_source,
-                    expected_fingerprint=args.expected_fingerprint)
+    report = verify(args.plan, windows=args.windows, seed=args.seed, expected_fingerprint=args.expected_fingerprint)
     for check in report["checks"]:
         print(f"ok  {check}")
     print(f"{'mixed ' if mixed else ''}pretraining sequences {args.plan} verified: fingerprint {report['fingerprint']}")

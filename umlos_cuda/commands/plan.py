@@ -10,14 +10,13 @@ with the failure code on any mismatch); ``shard`` writes one plan per rank.
 from __future__ import annotations
 
 import json
-import os
 import time
 
 from .. import errors
 from ..errors import UmlosError
 from ._args import MODE_ALIASES, add_no_verify_argument, add_pack_arguments, non_negative_int, positive_int
 from ._plan_windows import (build_mixed, build_windowed, info_mixed, info_mixed_sequences, info_sequences,
-                            info_windowed, names_token_source, run_cut, verify_sequences, verify_windowed)
+                            info_windowed, run_cut, verify_sequences, verify_windowed)
 
 
 def register(subparsers) -> None:
@@ -247,6 +246,8 @@ def run_build(args) -> int:
     from ..batching.lengths.cache import sidecar_path
     from ..batching.plans.io import check_output_dir, save_plan
     from ..batching.packing.config import PackingConfig
+    from ..batching.sources import source_kind
+    from ..batching.sources.builtin import LENGTH_CACHE
     from ._progress import Progress
 
     pack = None
@@ -273,7 +274,8 @@ def run_build(args) -> int:
         return build_mixed(args, config)
     if args.lengths is None:
         raise config_error("--lengths is required (unless --mix)")
-    inputs = (args.lengths,) if names_token_source(args.lengths) else (args.lengths, sidecar_path(args.lengths))
+    inputs = (args.lengths, sidecar_path(args.lengths)) if source_kind(args.lengths) is LENGTH_CACHE \
+        else (args.lengths,)
     if args.window is not None:
         return build_windowed(args, config, inputs)
     check_output_dir(args.output, args.force, inputs)  # fail before the work
@@ -305,15 +307,17 @@ def run_build(args) -> int:
 
 
 def load_lengths(path: str, read_ids: bool = True):
-    """The length cache at ``path``, or the length cache of the token store folder ``path`` (a sharded store
-    has no single ``lengths.jsonl``: its cache is its shards', in order, under its logical dataset hash)."""
+    """The length cache at ``path``, or the length cache of the token source ``path`` (a sharded store has no
+    single ``lengths.jsonl``: its cache is its shards', in order, under its logical dataset hash; a Megatron
+    prefix's names its rows by number). A whole plan stores the ids, so the JSONL is read once, whole."""
     from ..batching.lengths.cache import LengthCache
+    from ..batching.sources import source_kind
 
-    if os.path.isdir(path):
+    if source_kind(path).tokens:
         from ..batching.tokens.sources import open_token_source
 
         return open_token_source(path).length_cache()
-    return LengthCache.load(path, read_ids=read_ids)  # a plan stores them: one read of the JSONL
+    return LengthCache.load(path, read_ids=read_ids)
 
 
 def _with_pairs(config, cache, path: str):

@@ -123,12 +123,11 @@ class PlanCollator:
                  rows: bool | None = None) -> None:
         from ..batching.plans.config import BatchingConfig
         from ..batching.plans.windows.io import load_microbatch_plan
-        from ..batching.tokens.pretraining import recorded_lengths
 
         if isinstance(plan, BatchingConfig):
             self.config = plan
         else:
-            opened = plan if hasattr(plan, "config") else load_microbatch_plan(plan, lengths=recorded_lengths(plan))
+            opened = plan if hasattr(plan, "config") else load_microbatch_plan(plan)
             self.config = opened.config
         self.pad_id = pad_id
         from ..batching.collate import collate_error, plan_separator_ids

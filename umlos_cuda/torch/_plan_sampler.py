@@ -101,13 +101,12 @@ class PlanBatchSampler(_SamplerBase):
         from ..batching.plans.plan import BatchPlan
         from ..batching.plans.windows import WindowedPlan
         from ..batching.plans.windows.io import load_microbatch_plan
-        from ..batching.tokens.pretraining import recorded_lengths
 
         if isinstance(plan, (BatchPlan, WindowedPlan)):
             return plan
         checks.instance(plan, "plan", (str, os.PathLike), fail=partial(argument_error, errors.PLAN_NOT_FOUND),
                         message="{name} must be a BatchPlan, a WindowedPlan or a plan folder, got {type}")
-        return load_microbatch_plan(plan, lengths=recorded_lengths(plan))
+        return load_microbatch_plan(plan)
 
     # -- sizes -------------------------------------------------------------
     @property

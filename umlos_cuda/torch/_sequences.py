@@ -42,15 +42,14 @@ def _open(sequences):
     PLAN_NOT_FOUND for anything else)."""
     from ..batching.plans.windows import PretrainingSequences
     from ..batching.plans.windows.sequence_mixture import SequenceMixture
-    from ..batching.plans.windows.sequences_io import is_mixed_sequences
-    from ..batching.tokens.pretraining import load_mixed_pretraining, load_pretraining
+    from ..batching.plans.windows.sequences_io import is_mixed_sequences, load_mixed_sequences, load_sequences
 
     if isinstance(sequences, (PretrainingSequences, SequenceMixture)):
         return sequences
     if not isinstance(sequences, (str, os.PathLike)):
         raise argument_error(errors.PLAN_NOT_FOUND, "sequences must be PretrainingSequences, a SequenceMixture or "
                                                     f"their folder, got {type(sequences).__name__}")
-    return load_mixed_pretraining(sequences) if is_mixed_sequences(sequences) else load_pretraining(sequences)
+    return load_mixed_sequences(sequences) if is_mixed_sequences(sequences) else load_sequences(sequences)
 
 
 class SequenceBatchSampler(PlanBatchSampler):

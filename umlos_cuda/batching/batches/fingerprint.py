@@ -220,7 +220,7 @@ def plan_batches(plan, source, *, pad_id: int = 0, separator_ids=()) -> Iterator
 def fingerprint_plan_batches(plan, source, n_batches: int = DEFAULT_N_BATCHES, *, pad_id: int = 0,
                      separator_ids=()) -> BatchFingerprint:
     """The :class:`BatchFingerprint` of a plan's first ``n_batches`` microbatches, collated from ``source``."""
-    from ..tokens.sources import check_source_matches_plan
+    from ..plans.integrity import check_source_matches_plan
 
     check_source_matches_plan(source, plan)
     batches = plan_batches(plan, source, pad_id=pad_id, separator_ids=separator_ids)

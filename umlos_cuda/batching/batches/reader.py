@@ -77,7 +77,8 @@ class BatchReader:
             raise file_error(f"{INDEX_FILE} in {self.root}: its batch fingerprint disagrees with its file digests")
         self.source = None
         if not self.layout.has_files:
-            from ..tokens.sources import check_source_matches_plan, open_token_source
+            from ..plans.integrity import check_source_matches_plan
+            from ..tokens.sources import open_token_source
 
             if store is None:
                 raise UmlosError(errors.BATCH_STORE_MISMATCH, f"{self.root} is an index-only batch folder: it holds "
@@ -193,7 +194,8 @@ class BatchReader:
         must hash to its recorded digest."""
         from ..collate import collate_microbatch
         from ..plans.integrity import check_digests
-        from ..tokens.sources import check_source_matches_plan, open_token_source, verify_source
+        from ..plans.integrity import check_source_matches_plan
+        from ..tokens.sources import open_token_source, verify_source
 
         if digests:
             folder = os.path.join(self.root, PLAN_FOLDER)

@@ -59,7 +59,8 @@ from .fingerprint import DEFAULT_N_BATCHES, BatchFingerprint, combine_digests, m
 from ..collate import collate_microbatch, plan_separator_ids
 from ..plans.plan import BatchPlan
 from ..plans.io import load_plan, save_plan_into
-from ..tokens.sources import check_source_matches_plan, open_token_source, verify_source
+from ..plans.integrity import check_source_matches_plan
+from ..tokens.sources import open_token_source, verify_source
 
 #: The fields of batches.json that say what the files are made from.
 IDENTITY = ("format", "layout", "compression", "token_dtype", "plan_fingerprint", "tokenizer_hash", "lengths_sha256",

@@ -9,5 +9,6 @@ Modules:
     workers       each chunk's encoding on one thread or N processes, results in dataset order (``--workers``)
     pairs         preference records as two rows (chosen, rejected), and caches that hold pairs
     cache         :class:`LengthCache`: the cache file, read and written
+    sources       :class:`LengthSource`: lengths by rows (a cache's ``.u32`` sidecar mapped, an array, a seeded formula)
     stats         length statistics and padding-minimising bucket edges
 """

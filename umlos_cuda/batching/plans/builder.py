@@ -23,7 +23,8 @@ from ... import checks
 from .buckets import config_error
 from .config import BatchingConfig
 from .plan import BatchPlan, BatchPlanMeta, EpochPlan
-from .fingerprint import finish_meta, sha256_array
+from ...hashing import sha256_array
+from .fingerprint import finish_meta
 from .lines import sample_ids_lines
 from .stats import epoch_stats, skipped_ids
 from .planner import build_epoch, engine_metadata, index_dtype, plan_manifest

@@ -27,9 +27,7 @@ import hashlib
 
 import numpy as np
 
-from ...hashing import cbor_canonical, hash_canonical
-
-_HASH_WINDOW = 1 << 24  # bytes per update, so memory-mapped arrays are read in pieces
+from ...hashing import cbor_canonical, hash_canonical, update_array
 
 
 def epoch_digest(epoch: int, index_base: int, index_step: int, offsets, samples, bucket_ids, max_len,
@@ -47,14 +45,8 @@ def epoch_digest(epoch: int, index_base: int, index_step: int, offsets, samples,
         arrays.append((pieces, "<u4"))
     digest.update(cbor_canonical(head))
     for array, dtype in arrays:
-        _update(digest, np.ascontiguousarray(np.asarray(array).astype(dtype, copy=False)))
+        update_array(digest, np.ascontiguousarray(np.asarray(array).astype(dtype, copy=False)))
     return digest.hexdigest()
-
-
-def _update(digest, array: np.ndarray) -> None:
-    view = array.reshape(-1).data.cast("B")
-    for start in range(0, len(view), _HASH_WINDOW):
-        digest.update(view[start:start + _HASH_WINDOW])
 
 
 def plan_fingerprint(header: dict, digests) -> str:
@@ -65,12 +57,6 @@ def epoch_plan_digest(plan) -> str:
     """:func:`epoch_digest` of an :class:`~umlos_cuda.batching.plans.plan.EpochPlan`."""
     return epoch_digest(plan.epoch, plan.index_base, plan.index_step, plan.offsets, plan.samples,
                         plan.bucket_ids, plan.max_len, plan.row_offsets, plan.pack_rows, plan.pieces)
-
-
-def sha256_array(array: np.ndarray) -> str:
-    digest = hashlib.sha256()
-    _update(digest, np.ascontiguousarray(array))
-    return digest.hexdigest()
 
 
 def finish_meta(meta, epochs):

@@ -25,6 +25,10 @@ Two levels, because they cost differently and guard different things:
   PLAN_FINGERPRINT_MISMATCH). ``plan verify`` does this and much more
   (every sample once, budgets, a rebuild).
 
+* :func:`check_source_matches_plan` runs before tokens are read for a plan's
+  microbatches (batch files, fingerprints, collation): the token source must
+  hold the samples the plan was built from (BATCH_STORE_MISMATCH).
+
 The digests live in the same folder as the arrays, so they catch a change
 to any file made without recomputing them, not a folder rewritten
 consistently by someone who can run this code: against that, compare the
@@ -37,7 +41,8 @@ import numpy as np
 
 from ... import checks, errors
 from ...errors import MAX_WORLD_SIZE, UmlosError
-from .fingerprint import epoch_plan_digest, plan_fingerprint, sha256_array
+from ...hashing import sha256_array
+from .fingerprint import epoch_plan_digest, plan_fingerprint
 from .plan import BatchPlan, plan_error
 
 #: Rows checked at a time for the range of ``samples`` (bounded temporaries on memory-mapped arrays).
@@ -172,3 +177,29 @@ def _format(message: str) -> UmlosError:
 
 def _stats(message: str) -> UmlosError:
     return plan_error(errors.PLAN_STATS_MISMATCH, message)
+
+
+def check_source_matches_plan(source, plan) -> None:
+    """BATCH_STORE_MISMATCH unless ``source`` holds the samples ``plan`` was built from."""
+    meta = plan.meta
+    where = getattr(source, "root", None) or getattr(source, "prefix", None) or type(source).__name__
+    if isinstance(where, (list, tuple)):
+        where = " + ".join(map(str, where))
+    if len(source) != meta.num_samples:
+        raise _mismatch(f"{where} holds {len(source)} samples; the plan was built from {meta.num_samples}")
+    if source.tokenizer_hash != meta.tokenizer_hash:
+        raise _mismatch(f"{where} was tokenized by {source.tokenizer_hash}; the plan names {meta.tokenizer_hash}")
+    if sha256_array(np.asarray(source.lengths, dtype="<u4")) != meta.lengths_sha256:
+        raise _mismatch(f"the lengths of {where} differ from those the plan was built from")
+    if (meta.sample_ids_sha256 is None) != bool(source.ids_are_line_numbers):
+        raise _mismatch(f"{where} names its samples {'by row number' if source.ids_are_line_numbers else 'by id'}; "
+                        f"the plan {'by row number' if meta.sample_ids_sha256 is None else 'by id'}")
+    if meta.sample_ids_sha256 is not None:
+        from .builder import sample_ids_sha256
+
+        if sample_ids_sha256(source.length_cache().sample_ids) != meta.sample_ids_sha256:
+            raise _mismatch(f"the sample ids of {where} differ from those of the plan")
+
+
+def _mismatch(message: str) -> UmlosError:
+    return UmlosError(errors.BATCH_STORE_MISMATCH, message, operator=errors.BATCHING_OPERATOR)

@@ -44,7 +44,8 @@ from ...errors import UmlosError
 from .builder import BatchPlanBuilder
 from .config import PadPolicy
 from .plan import BatchPlan, EpochPlan, plan_error
-from .fingerprint import epoch_plan_digest, plan_fingerprint, sha256_array
+from ...hashing import sha256_array
+from .fingerprint import epoch_plan_digest, plan_fingerprint
 from .io import load_plan, read_microbatches_jsonl
 from .packing import check_packs
 from .groups import check_groups, row_group_lengths

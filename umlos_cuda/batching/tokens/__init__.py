@@ -13,5 +13,7 @@ Modules:
     partition tokenize one input file as one shard (``data tokenize --sharded``)
     distributed  the same shards written by a Ray Data job (``data tokenize --engine ray``)
     concat    parts read as one token source with global rows
-    sources   open any of them as a token source
+    sources   open any of them as a token source (whole, for collation)
+    offsets   a token store's and a sharded store's lengths from their mapped offsets, by rows
+    mapped    a Megatron pair read by rows (``umlos_cuda.batching.sources`` opens plans' sources with both)
 """

@@ -282,7 +282,7 @@ def _reopen(prefix: str, tokenizer_hash: str) -> MegatronDataset:
 def read_idx_header(prefix: str) -> tuple[np.ndarray, np.dtype, int, int]:
     """The ``.idx`` of ``prefix`` mapped read-only, with its header checked: ``(index, dtype, S, D)``.
 
-    The one parser of the header (:meth:`MegatronDataset.open` and tokens/pretraining.py's
+    The one parser of the header (:meth:`MegatronDataset.open` and tokens/mapped.py's
     ``MappedMegatron`` both use it): the magic, the version, an integer dtype code, a file size that
     fits the counts exactly (with or without the sequence modes) and at least one sequence, each
     MEGATRON_INDEX_INVALID. Reads the header's 34 bytes; the arrays after it are the caller's to view."""
@@ -321,7 +321,7 @@ def _check(prefix: str, dtype: np.dtype, sizes, pointers, document_indices, bin_
 def check_rows(prefix: str, dtype: np.dtype, sizes, pointers, bin_size: int, first: int = 0) -> None:
     """MEGATRON_INDEX_INVALID unless every size is not negative and every pointer is aligned with its
     sequence inside the ``.bin``; ``sizes`` and ``pointers`` may be a piece of the index starting at
-    sequence ``first`` (tokens/pretraining.py checks a mapped index a piece at a time)."""
+    sequence ``first`` (tokens/mapped.py checks a mapped index a piece at a time)."""
     if sizes.shape[0] and int(sizes.min()) < 0:
         raise _invalid(f"{idx_path(prefix)}: sequence {first + int(np.argmin(sizes))} has a negative length")
     width = dtype.itemsize

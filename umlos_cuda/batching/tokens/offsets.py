@@ -2,7 +2,7 @@
 
 What goes in: an opened :class:`~umlos_cuda.batching.tokens.store.TokenStore` (its ``offsets.npy`` mapped,
 int64 ``[N + 1]``) or a :class:`~umlos_cuda.batching.tokens.logical.ShardedTokenStore` (each shard's,
-global rows). What comes out: a :class:`~umlos_cuda.batching.plans.windows.sources.LengthSource` whose
+global rows). What comes out: a :class:`~umlos_cuda.batching.lengths.sources.LengthSource` whose
 ``take(rows)`` is ``offsets[rows + 1] - offsets[rows]`` of the rows asked for, and which is a token
 source for pretraining sequences too (``arrays(row)`` is the store's).
 
@@ -20,7 +20,7 @@ import hashlib
 
 import numpy as np
 
-from ..plans.windows.sources import LengthSource
+from ..lengths.sources import LengthSource
 from .logical import ShardedTokenStore
 from .store import OFFSETS_PIECE, TokenStore, _invalid, release_pages
 

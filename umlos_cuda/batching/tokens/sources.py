@@ -15,9 +15,8 @@ batch files and fingerprints use:
 * ``source.verify()``: what the files can prove about themselves
   (:func:`verify_source`, run by default before batch files are derived).
 
-:func:`check_source_matches_plan` refuses a source that is not the one a
-plan was built from (BATCH_STORE_MISMATCH): another sample count, other
-lengths, another tokenizer or other sample ids.
+Whether a source is the one a plan was built from is the plan's question
+(``plans/integrity.py``, ``check_source_matches_plan``).
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import numpy as np
 
 from ... import errors
 from ...errors import UmlosError
@@ -34,7 +32,6 @@ from ...files.folder import Folder
 from .adopt import SHARDED_STORE
 from .logical import ShardedTokenStore
 from .megatron import MegatronDataset, MegatronDatasetList, idx_path
-from ..plans.fingerprint import sha256_array
 from .store import TokenStore
 
 
@@ -81,28 +78,6 @@ def open_token_source(path: Any, *, tokenizer_hash: str | None = None):
         return MegatronDataset.open(prefix, **({} if tokenizer_hash is None else {"tokenizer_hash": tokenizer_hash}))
     raise UmlosError(errors.TOKEN_STORE_NOT_FOUND, f"{path} is neither a token store folder nor the prefix of a "
                      f"Megatron dataset ({idx_path(prefix)} does not exist)", operator=errors.BATCHING_OPERATOR)
-
-
-def check_source_matches_plan(source, plan) -> None:
-    """BATCH_STORE_MISMATCH unless ``source`` holds the samples ``plan`` was built from."""
-    meta = plan.meta
-    where = getattr(source, "root", None) or getattr(source, "prefix", None) or type(source).__name__
-    if isinstance(where, (list, tuple)):
-        where = " + ".join(map(str, where))
-    if len(source) != meta.num_samples:
-        raise _mismatch(f"{where} holds {len(source)} samples; the plan was built from {meta.num_samples}")
-    if source.tokenizer_hash != meta.tokenizer_hash:
-        raise _mismatch(f"{where} was tokenized by {source.tokenizer_hash}; the plan names {meta.tokenizer_hash}")
-    if sha256_array(np.asarray(source.lengths, dtype="<u4")) != meta.lengths_sha256:
-        raise _mismatch(f"the lengths of {where} differ from those the plan was built from")
-    if (meta.sample_ids_sha256 is None) != bool(source.ids_are_line_numbers):
-        raise _mismatch(f"{where} names its samples {'by row number' if source.ids_are_line_numbers else 'by id'}; "
-                        f"the plan {'by row number' if meta.sample_ids_sha256 is None else 'by id'}")
-    if meta.sample_ids_sha256 is not None:
-        from ..plans.builder import sample_ids_sha256
-
-        if sample_ids_sha256(source.length_cache().sample_ids) != meta.sample_ids_sha256:
-            raise _mismatch(f"the sample ids of {where} differ from those of the plan")
 
 
 def verify_source(source) -> None:

@@ -32,7 +32,7 @@ from ... import checks, errors
 from ...errors import UmlosError
 from ...files.reader import read_json, read_npy
 from ..lengths.cache import LengthCache
-from ..plans.fingerprint import sha256_array
+from ...hashing import sha256_array
 from ..samples import Sample, SampleMeta
 
 #: meta.json ``format``.

@@ -53,7 +53,7 @@ from ..lengths.builder import DEFAULT_CHUNK, DatasetEncoding, input_paths, writt
 from ..lengths.cache import LengthCacheWriter
 from ..lengths.encoder import ChunkEncoder
 from ..lengths.workers import check_workers
-from ..plans.fingerprint import sha256_array
+from ...hashing import sha256_array
 from .store import LENGTHS_FILE, STORE_FORMAT, TokenStore
 from ..chat.masks import token_mask
 from ..chat.turns import ChatText
@@ -190,7 +190,7 @@ class NpyStream:
     """A one-dimensional ``.npy`` file ``name`` in ``folder`` written in pieces:
     the header, whose shape is known only at the end, is a fixed
     :data:`NPY_HEADER_BYTES` slot rewritten on close. ``sha256`` is that of
-    the array's bytes (what :func:`~umlos_cuda.batching.plans.fingerprint.sha256_array` gives)."""
+    the array's bytes (what :func:`~umlos_cuda.hashing.sha256_array` gives)."""
 
     def __init__(self, folder: Folder, name: str, dtype: np.dtype) -> None:
         self.folder = folder

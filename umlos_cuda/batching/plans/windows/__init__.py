@@ -1,7 +1,6 @@
 """Windowed plans: token-budget microbatches planned a window of the engine's order at a time.
 
 Modules:
-    sources  where the lengths come from: a length cache's ``.u32`` sidecar (memory-mapped), an array, a seeded formula
     window   the definition (config, window W, edge rule) and one window's microbatches or counts
     packed   a packed windowed plan's window counts (rows x max_length padded) and its row checks
     index    the per-window running counts, built in one streaming pass; microbatch -> window
@@ -11,7 +10,7 @@ Modules:
     verify   a folder's definition, lengths and any sample of its windows replanned and checked
     cut      concatenate-and-cut pretraining sequences: the definition, the token index, sample k's pieces
     sequences  :class:`PretrainingSequences`: random access, resume, fingerprint, collation from a token source
-    sequences_io  pretraining sequences folders: meta.json and index.npy (tokens/pretraining.py opens their tokens)
+    sequences_io  pretraining sequences folders: meta.json and index.npy (their tokens reopened by ``sources``)
     blend    the quotas per window and the stratified merge of weighted streams, shared by both mixtures below
     mixture  a weighted mixture of length sources, exact per window: which sample each position holds
     mixed    a mixture's token-budget microbatches, planned a mixed window at a time, and its index
@@ -29,7 +28,7 @@ from .plan import WindowedPlan
 from .sequences import PretrainingSequences
 from .sequence_mixture import SequenceComponent, SequenceMixture
 from .sequences_io import load_mixed_sequences, load_sequences, save_mixed_sequences, save_sequences
-from .sources import ArrayLengths, LengthSource, MappedLengths, SyntheticLengths
+from ...lengths.sources import ArrayLengths, LengthSource, MappedLengths, SyntheticLengths
 from .verify import verify_windowed_plan
 from .window import DEFAULT_WINDOW, EDGE_FLUSH, WindowDefinition, count_window, plan_window
 

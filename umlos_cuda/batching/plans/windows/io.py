@@ -9,10 +9,12 @@ Layout (docs/batching.md, "Windowed plans")::
 
 The lengths are not copied (4 bytes a sample is the one thing a windowed plan must not hold):
 meta.json binds them (count and SHA-256, or the synthetic source's seed) and names where they
-were read from (``lengths_path``: a ``.u32`` sidecar, relative to DIR's parent when it was given
-relative; not part of the fingerprint, so the plan may move with or without its lengths).
-:func:`load_windowed_plan` takes the lengths from there, or from ``lengths=`` (a path, an array or
-a :class:`~.sources.LengthSource`), and refuses lengths of another binding.
+were read from (``lengths_path``: the source's ``origin``, a ``.u32`` sidecar or a token source, or a list
+of them; relative to DIR's parent when it was given relative; not part of the fingerprint, so the plan
+may move with or without its lengths). :func:`load_windowed_plan` reopens it there
+(``umlos_cuda.batching.sources.open_source``: whatever kind it is), or takes ``lengths=`` (a path, an
+array or a :class:`~umlos_cuda.batching.lengths.sources.LengthSource`), and refuses lengths of another
+binding.
 
 Written through the output layer (files/writer.py): a hidden sibling folder filled and fsynced,
 then renamed to DIR; ``force`` replaces a windowed plan folder only. Read through the input layer
@@ -40,7 +42,8 @@ from ...packing.config import PackingConfig
 from ..plan import plan_error
 from ..planner import order_fields
 from .plan import WINDOWED_FORMAT, WindowedPlan
-from .sources import ArrayLengths, LengthSource, MappedLengths, SyntheticLengths
+from ...lengths.sources import ArrayLengths, LengthSource, SyntheticLengths
+from ...sources import open_source
 from .window import COUNT_FIELDS, WindowDefinition
 
 #: A windowed plan folder (every one carries the marker: none was written before markers).
@@ -66,10 +69,8 @@ def is_mixed_plan(directory) -> bool:
 def save_windowed_plan(plan: WindowedPlan, directory, *, lengths_path=None, force: bool = False,
                        inputs: Iterable = ()) -> str:
     """Write ``plan`` to the folder ``directory``; returns its absolute path. ``lengths_path``: where a
-    later :func:`load_windowed_plan` finds the lengths (default: the mapped sidecar's path, if any)."""
-    if lengths_path is None and isinstance(plan.source, MappedLengths):
-        lengths_path = plan.source.path
-    meta = {**plan.header(), "lengths_path": None if lengths_path is None else os.fspath(lengths_path),
+    later :func:`load_windowed_plan` finds the lengths (default: the source's ``origin``, if any)."""
+    meta = {**plan.header(), "lengths_path": recorded(plan.source, lengths_path),
             "fingerprint": plan.fingerprint, "index_digests": plan.index_digests()}
     return save_index_folder(directory, WINDOWED_PLAN, meta, plan.index, force=force, inputs=inputs)
 
@@ -102,13 +103,12 @@ def _write(folder: Folder, name: str, fill) -> None:
         fill(handle)
 
 
-def load_microbatch_plan(directory, *, lengths=None):
+def load_microbatch_plan(directory):
     """The plan of microbatches in ``directory``, whole (:func:`~..io.load_plan`) or windowed (by its marker):
-    what a batch sampler or a collator over dataset rows reads (torch/). ``lengths``: a windowed plan's
-    lengths when its folder names a token source (tokens/pretraining.py ``recorded_lengths`` opens them)."""
+    what a batch sampler or a collator over dataset rows reads (torch/)."""
     from ..io import load_plan
 
-    return load_windowed_plan(directory, lengths=lengths) if is_windowed_plan(directory) else load_plan(directory)
+    return load_windowed_plan(directory) if is_windowed_plan(directory) else load_plan(directory)
 
 
 def load_windowed_plan(directory, *, lengths=None, backend: str = "auto") -> WindowedPlan:
@@ -192,15 +192,33 @@ def _source(lengths, meta: dict, root: str, where: str) -> LengthSource:
             return SyntheticLengths(binding.get("count"), binding.get("seed"))
         except UmlosError as exc:
             raise _format(f"{where}: lengths: {exc.message}") from None
-    path = lengths if lengths is not None else meta["lengths_path"]
-    if path is None:
-        raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{where} names no lengths_path: give the lengths (a .u32 "
-                                                       "sidecar, an array) to open it")
-    checks.text(os.fspath(path), f"{where}: lengths_path", fail=_format)
-    path = os.fspath(path)
-    if lengths is None and not os.path.isabs(path):
-        path = os.path.join(os.path.dirname(os.path.abspath(root)), path)
-    return MappedLengths(path)
+    if lengths is not None:
+        return open_source(lengths, recorded=True)
+    if meta["lengths_path"] is None:
+        raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{where} names no lengths_path: give the lengths (a source's "
+                                                       "path, an array, a source) to open it")
+    return reopen(meta["lengths_path"], root, f"{where}: lengths_path")
+
+
+def recorded(source: LengthSource, given=None):
+    """What a folder records about where ``source`` was read: ``given`` (a path, or a list of paths), else the
+    source's ``origin`` (a list's: each part's); None when it has none (lengths held in memory)."""
+    if given is None:
+        origins = getattr(source, "origins", None)
+        given = origins() if callable(origins) else source.origin
+    if isinstance(given, (list, tuple)):
+        return [None if p is None else os.fspath(p) for p in given]
+    return None if given is None else os.fspath(given)
+
+
+def reopen(path, root: str, where: str, *, tokens: bool = False) -> LengthSource:
+    """The source a folder in ``root`` records at ``path`` (a path, or a non-empty list of paths: a list of
+    sources), reopened by ``open_source`` whatever its kind; a relative path is read from ``root``'s parent.
+    PLAN_FORMAT_INVALID when the record is neither."""
+    parent = os.path.dirname(os.path.abspath(root))
+    listed = path if isinstance(path, list) and path else [path]
+    resolved = [os.path.join(parent, checks.text(item, where, fail=_format)) for item in listed]
+    return open_source(resolved if isinstance(path, list) else resolved[0], tokens=tokens, recorded=True)
 
 
 def component_entry(entry, keys, where: str) -> dict:
@@ -232,11 +250,10 @@ def save_mixed_plan(plan, directory, *, lengths_paths=None, force: bool = False,
     from .plan import index_digest
 
     sources = plan.definition.sources
-    if lengths_paths is None:
-        lengths_paths = [s.path if isinstance(s, MappedLengths) else None for s in sources]
-    paths = [None if p is None else os.fspath(p) for p in lengths_paths]
-    if len(paths) != len(sources):
-        raise _format(f"lengths_paths names {len(paths)} files for {len(sources)} components")
+    paths = [recorded(s) for s in sources] if lengths_paths is None else [recorded(s, p) for s, p in
+                                                                           zip(sources, lengths_paths)]
+    if lengths_paths is not None and len(lengths_paths) != len(sources):
+        raise _format(f"lengths_paths names {len(lengths_paths)} files for {len(sources)} components")
     meta = {**plan.header(), "lengths_paths": paths, "fingerprint": plan.fingerprint,
             "index_digest": index_digest(0, plan.index[0])}
     return save_index_folder(directory, MIXED_PLAN, meta, plan.index, force=force, inputs=inputs)

@@ -51,7 +51,7 @@ from ..buckets import config_error
 from ..config import BatchingConfig
 from ..planner import engine_order, order_slice, plan_manifest
 from .blend import MIXTURE_DOMAIN, Blend, Segment, allocate, interleave_order, mixture_key_words
-from .sources import LengthSource
+from ...lengths.sources import LengthSource
 from .window import DEFAULT_WINDOW, MAX_WINDOW, check_windowed_config
 
 #: Most components one mixture may have.

@@ -45,7 +45,7 @@ from ....hashing import cbor_canonical, hash_canonical
 from ..plan import plan_error
 from ..planner import engine_order
 from .cut import CutDefinition, WindowReader, build_cut_index, count_chunks, sample_pieces
-from .sources import ArrayLengths, LengthSource
+from ...lengths.sources import ArrayLengths, LengthSource
 
 #: meta.json ``format`` of a pretraining sequences folder.
 SEQUENCES_FORMAT = "umlos_cuda.windowed_sequences/1"
@@ -58,7 +58,7 @@ _cursor = partial(plan_error, errors.PLAN_CURSOR_INVALID)
 
 def lengths_of(source) -> LengthSource:
     """A length source for ``source``: a :class:`LengthSource` as is (a
-    ``tokens/pretraining.py``'s ``MappedMegatron`` is both), else a token source's lengths."""
+    ``tokens/mapped.py``'s ``MappedMegatron`` is both), else a token source's lengths."""
     if isinstance(source, LengthSource):
         return source
     return ArrayLengths(np.asarray(source.lengths))

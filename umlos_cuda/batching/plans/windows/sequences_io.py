@@ -8,8 +8,8 @@ Layout (docs/batching.md, "Pretraining sequences")::
 
 Nothing of the documents is copied: meta.json binds their lengths (count and SHA-256, or a synthetic
 source's seed) and names where the tokens were read (``tokens_path``: a token store, a sharded store or
-a Megatron prefix; outside the fingerprint). :func:`load_sequences` opens them from there (through
-``open_tokens``: ``tokens/pretraining.py``'s ``load_pretraining`` passes it), or takes
+a Megatron prefix, or a list of them; outside the fingerprint). :func:`load_sequences` reopens them from
+there (``umlos_cuda.batching.sources.open_source``, read by rows), or takes
 ``tokens=`` (a token source) or ``lengths=`` (a length source: counts and pieces only), and refuses
 lengths of another binding (PLAN_LENGTHS_MISMATCH), an index that is not running totals from 0
 (PLAN_FORMAT_INVALID), another engine order (PLAN_NOT_REPRODUCIBLE) and a definition or index that do
@@ -25,7 +25,7 @@ a sequences folder is (:func:`_open_component`), then the mixture's header and f
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -36,10 +36,10 @@ from ....files.writer import ArtifactKind
 from ..plan import plan_error
 from ..planner import order_fields
 from .cut import CutDefinition
-from .io import _format, component_entry, is_kind, save_index_folder
+from .io import _format, component_entry, is_kind, reopen, save_index_folder
 from .sequence_mixture import MIXED_SEQUENCES_FORMAT, SequenceComponent, SequenceMixture
 from .sequences import SEQUENCES_FORMAT, PretrainingSequences, lengths_of
-from .sources import SyntheticLengths
+from ...lengths.sources import SyntheticLengths
 
 #: A pretraining sequences folder.
 SEQUENCES = ArtifactKind("pretraining sequences")
@@ -85,7 +85,10 @@ def save_mixed_sequences(mixture: SequenceMixture, directory, *, tokens_paths=No
     return save_index_folder(directory, MIXED_SEQUENCES, meta, index, force=force, inputs=inputs)
 
 
-def _absolute(path) -> str | None:
+def _absolute(path) -> str | list[str] | None:
+    """A token source's path (or a list's paths) as recorded: absolute."""
+    if isinstance(path, (list, tuple)):
+        return [os.path.abspath(os.fspath(item)) for item in path]
     return None if path is None else os.path.abspath(os.fspath(path))
 
 
@@ -120,10 +123,10 @@ def _check_running(index: np.ndarray, where: str) -> None:
 
 
 def _open_component(definition: CutDefinition, index: np.ndarray, header: dict, tokens_path, root: str, where: str,
-                    *, tokens, lengths, open_tokens, backend: str) -> PretrainingSequences:
+                    *, tokens, lengths, backend: str) -> PretrainingSequences:
     """Pretraining sequences from a parsed header (:func:`_parse_header`) and their index: the lengths or tokens
-    given, else the recorded ``tokens_path`` opened with ``open_tokens`` (a synthetic binding opens itself),
-    bound as recorded (PLAN_LENGTHS_MISMATCH) and ordered as recorded (PLAN_NOT_REPRODUCIBLE)."""
+    given, else the recorded ``tokens_path`` reopened (a synthetic binding opens itself), bound as recorded
+    (PLAN_LENGTHS_MISMATCH) and ordered as recorded (PLAN_NOT_REPRODUCIBLE)."""
     if tokens is None and lengths is None:
         binding = header["lengths"]
         if isinstance(binding, dict) and binding.get("kind") == "synthetic":
@@ -131,12 +134,8 @@ def _open_component(definition: CutDefinition, index: np.ndarray, header: dict, 
         elif tokens_path is None:
             raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{where} names no tokens_path: give tokens= or "
                                                            "lengths= to open it")
-        elif open_tokens is None:
-            raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{where}: give tokens= or lengths=, or open it with "
-                                                           "umlos_cuda.batching.tokens.pretraining.load_pretraining, "
-                                                           "which opens its tokens_path")
         else:
-            tokens = open_tokens(checks.text(tokens_path, "tokens_path", fail=_format))
+            tokens = reopen(tokens_path, root, f"{where}: tokens_path", tokens=True)
     source = lengths_of(lengths if lengths is not None else tokens)
     if source.binding() != header["lengths"]:
         raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{root}: the lengths bind as {source.binding()}; meta.json "
@@ -149,11 +148,9 @@ def _open_component(definition: CutDefinition, index: np.ndarray, header: dict, 
     return plan
 
 
-def load_sequences(directory, *, tokens=None, lengths=None, backend: str = "auto",
-                   open_tokens: Callable | None = None) -> PretrainingSequences:
-    """The pretraining sequences in ``directory`` (module docstring); ``open_tokens(path)`` opens the recorded
-    ``tokens_path`` when neither ``tokens`` nor ``lengths`` is given (the tokens layer passes its opener:
-    ``umlos_cuda.batching.tokens.pretraining.load_pretraining``)."""
+def load_sequences(directory, *, tokens=None, lengths=None, backend: str = "auto") -> PretrainingSequences:
+    """The pretraining sequences in ``directory`` (module docstring), their tokens reopened from the recorded
+    ``tokens_path`` when neither ``tokens`` nor ``lengths`` is given."""
     root = os.fspath(directory)
     meta, meta_path = _read_meta(root, "pretraining sequences")
     record = checks.record(meta, dict.fromkeys(_META_KEYS, checks.field(checks.anything)), fail=_format,
@@ -164,7 +161,7 @@ def load_sequences(directory, *, tokens=None, lengths=None, backend: str = "auto
     index = index.reshape(num_epochs, definition.num_windows + 1)
     _check_running(index, f"{root}/index.npy")
     plan = _open_component(definition, index, record, record["tokens_path"], root, meta_path, tokens=tokens,
-                           lengths=lengths, open_tokens=open_tokens, backend=backend)
+                           lengths=lengths, backend=backend)
     if plan.header() != {k: record[k] for k in plan.header()} or plan.index_digests() != record["index_digests"] \
             or plan.fingerprint != record["fingerprint"]:
         raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH, f"{root}: the definition and index hash to "
@@ -173,11 +170,9 @@ def load_sequences(directory, *, tokens=None, lengths=None, backend: str = "auto
     return plan
 
 
-def load_mixed_sequences(directory, *, tokens=None, lengths=None, backend: str = "auto",
-                         open_tokens: Callable | None = None) -> SequenceMixture:
+def load_mixed_sequences(directory, *, tokens=None, lengths=None, backend: str = "auto") -> SequenceMixture:
     """The mixture of pretraining sequences in ``directory`` (module docstring): ``tokens`` or ``lengths`` (a list,
-    one source per component), else each recorded ``tokens_paths`` entry opened with ``open_tokens``
-    (``umlos_cuda.batching.tokens.pretraining.load_mixed_pretraining`` passes it). Refuses what
+    one source per component), else each recorded ``tokens_paths`` entry reopened. Refuses what
     :func:`load_sequences` refuses, per component, and a mixture that does not hash to its fingerprint."""
     root = os.fspath(directory)
     meta, meta_path = _read_meta(root, "mixed pretraining sequences")
@@ -205,8 +200,7 @@ def load_mixed_sequences(directory, *, tokens=None, lengths=None, backend: str =
         _check_running(index, f"{root}/index.npy component {i}")
         plan = _open_component(definition, index, entry["sequences"], paths[i], root, f"{meta_path} component {i}",
                                tokens=None if tokens is None else tokens[i],
-                               lengths=None if lengths is None else lengths[i], open_tokens=open_tokens,
-                               backend=backend)
+                               lengths=None if lengths is None else lengths[i], backend=backend)
         weight = entry["weight"]
         value = weight[0] if weight[1] == 1 else weight[0] / weight[1]
         components.append(SequenceComponent(plan, value, entry["max_epochs"], entry["name"]))

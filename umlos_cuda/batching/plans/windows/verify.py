@@ -33,7 +33,7 @@ from .io import load_mixed_plan, load_windowed_plan
 from .cut import window_documents
 from .packed import check_window_rows, padded_rows
 from .sequences_io import load_mixed_sequences, load_sequences
-from .sources import MappedLengths, SyntheticLengths
+from ...lengths.sources import MappedLengths, SyntheticLengths
 from .window import COUNT_FIELDS, window_rows
 
 
@@ -141,19 +141,17 @@ def _check_microbatches(arrays, lengths: np.ndarray, config, where: str) -> None
 
 
 def verify_sequences(directory, *, windows: int | None = None, seed: int = 0, lengths=None, tokens=None,
-                     open_tokens=None, expected_fingerprint: str | None = None) -> dict:
+                     expected_fingerprint: str | None = None) -> dict:
     """The checks above for a pretraining sequences folder (docs/batching.md, "Pretraining sequences"): it
     opens (:func:`~.sequences_io.load_sequences`: definition, index, lengths' binding, engine order and
-    fingerprint agree); mapped lengths hash to their binding; each chosen window of each epoch, read again
+    fingerprint agree); mapped lengths hash to their binding, a Megatron pair's every size and pointer is
+    checked (every document can be read); each chosen window of each epoch, read again
     from the engine's order, holds distinct rows whose stream lengths are their documents' lengths (plus
     the EOS) (PLAN_SAMPLES_INVALID) and sum to the index's count (PLAN_NOT_REPRODUCIBLE)."""
-    plan = load_sequences(directory, tokens=tokens, lengths=lengths, open_tokens=open_tokens)
+    plan = load_sequences(directory, tokens=tokens, lengths=lengths)
     checks = ["opens: definition, index, lengths and fingerprint agree"]
     _expect_fingerprint(directory, plan.fingerprint, expected_fingerprint, "sequences'")
-    source = plan.lengths
-    if hasattr(source, "check_bytes"):
-        source.check_bytes()
-        checks.append("the mapped lengths hash to their binding")
+    _check_source(plan.lengths, checks)
     return _check_windows(plan, checks, windows, seed, _check_sequences_window,
                           "windows of every epoch recounted from the lengths")
 
@@ -175,22 +173,30 @@ def _check_sequences_window(plan, epoch: int, w: int) -> None:
                                                        f"tokens; the index says {stored}")
 
 
+def _check_source(source, checks: list[str], what: str = "the") -> None:
+    """What a mapped source's own bytes can prove, appended to ``checks``: a sidecar's lengths hash to their
+    binding; a Megatron pair's every size and pointer lies inside its ``.bin``."""
+    if hasattr(source, "check_bytes"):
+        source.check_bytes()
+        checks.append(f"{what} mapped lengths hash to their binding")
+    if hasattr(source, "check_rows"):
+        source.check_rows()
+        checks.append(f"{what} Megatron pair's every size and pointer lies inside its .bin")
+
+
 def verify_mixed_sequences(directory, *, windows: int | None = None, seed: int = 0, lengths=None, tokens=None,
-                           open_tokens=None, expected_fingerprint: str | None = None) -> dict:
+                           expected_fingerprint: str | None = None) -> dict:
     """The checks above for a mixture of pretraining sequences (docs/batching.md, "Mixtures of pretraining
     sequences"): it opens (:func:`~.sequences_io.load_mixed_sequences`: every component as a sequences folder
     opens, then the mixture's header and fingerprint); mapped lengths hash to their binding; each chosen mixed
     window, merged again, holds each component exactly at its quota and its stream positions ``start ..
     start + q - 1`` in order, each once, inside the epochs its index holds (PLAN_NOT_REPRODUCIBLE); and the
     chosen windows of every epoch of every component are recounted as :func:`verify_sequences` does."""
-    mixture = load_mixed_sequences(directory, tokens=tokens, lengths=lengths, open_tokens=open_tokens)
+    mixture = load_mixed_sequences(directory, tokens=tokens, lengths=lengths)
     checks = ["opens: every component's definition, index, lengths and fingerprint, and the mixture's, agree"]
     _expect_fingerprint(directory, mixture.fingerprint, expected_fingerprint, "mixture's")
-    mapped = [c.sequences.lengths for c in mixture.components if hasattr(c.sequences.lengths, "check_bytes")]
-    for source in mapped:
-        source.check_bytes()
-    if mapped:
-        checks.append(f"{len(mapped)} component(s)' mapped lengths hash to their binding")
+    for component in mixture.components:
+        _check_source(component.sequences.lengths, checks, f"{component.name}'s")
     total = mixture.num_windows
     chosen = chosen_windows(total, windows, seed)
     for m in chosen.tolist():

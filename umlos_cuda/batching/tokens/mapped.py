@@ -1,19 +1,11 @@
-"""Token sources read by rows, for plans that must stay O(window): a Megatron pair, a store's offsets, a folder's
-recorded token source.
+"""A Megatron-LM pair read by rows, for plans that must stay O(window).
 
-:func:`open_mapped` is what the commands open a ``--tokens``, ``--lengths`` or ``--mix`` token source with
-(``plan cut``, ``plan build --window``, ``plan verify``/``plan info`` reopening a recorded path):
-:class:`MappedMegatron` for a Megatron prefix, ``StoreLengths``/``ShardedLengths`` (tokens/offsets.py) for a
-token store or a sharded store. Each is a
-:class:`~umlos_cuda.batching.plans.windows.sources.LengthSource` and a token source at once, bound like an
-``ArrayLengths`` of the same lengths, so every folder is the one the copying readers wrote.
-:func:`load_pretraining` opens a pretraining sequences folder with the token source its meta.json names
-(``tokens_path``), which the plans layer below cannot open itself.
-
-:class:`MappedMegatron`: what goes in is the prefix of a pair. What comes out: a length source whose
-``take`` reads the ``.idx`` sizes of the rows asked for (memory-mapped, no copy), and a token source whose
-``arrays(row)`` is that row's tokens in the ``.bin`` (a read-only view) and a loss mask of ones, as
-:class:`~umlos_cuda.batching.tokens.megatron.MegatronDataset` gives them.
+What goes in: the prefix of a pair. What comes out: :class:`MappedMegatron`, a
+:class:`~umlos_cuda.batching.lengths.sources.LengthSource` whose ``take`` reads the ``.idx`` sizes of the rows
+asked for (memory-mapped, no copy), and a token source whose ``arrays(row)`` is that row's tokens in the
+``.bin`` (a read-only view) and a loss mask of ones, as
+:class:`~umlos_cuda.batching.tokens.megatron.MegatronDataset` gives them. ``umlos_cuda.batching.sources``
+opens a Megatron prefix as one.
 
 Why not ``MegatronDataset``: opening it checks every pointer at once and copies the sizes and the
 token bounds (about 30 bytes a sequence with the checks' temporaries: 300 MB at 10^7 sequences), which
@@ -33,19 +25,9 @@ import os
 
 import numpy as np
 
-from ... import errors
-from ...errors import UmlosError
-from ...files import reader
-from ..plans.windows.sequences import PretrainingSequences
-from ..plans.windows.sequence_mixture import SequenceMixture
-from ..plans.windows.sequences_io import load_mixed_sequences, load_sequences
-from ..plans.windows.sources import LengthSource
-from .logical import ShardedTokenStore
+from ..lengths.sources import LengthSource
 from .megatron import (HEADER_BYTES, UNKNOWN_TOKENIZER, _invalid, _map, _view, bin_path, check_rows, idx_path,
                        read_idx_header)
-from .offsets import ShardedLengths, StoreLengths
-from .sources import megatron_prefix, names_token_source, open_token_source
-from .store import TokenStore
 
 _HASH_PIECE = 1 << 20
 
@@ -125,59 +107,3 @@ class MappedMegatron(LengthSource):
 
 def _reopen(prefix: str, tokenizer_hash: str) -> MappedMegatron:
     return MappedMegatron(prefix, tokenizer_hash=tokenizer_hash)
-
-
-def open_mapped(path):
-    """The token source at ``path`` as a length source read by rows that is a token source too: a
-    :class:`MappedMegatron` for a Megatron prefix, a :class:`~.offsets.StoreLengths` for a token store
-    folder, a :class:`~.offsets.ShardedLengths` for a sharded one (nothing O(N) in memory; bound as
-    ``ArrayLengths`` of the same lengths). What ``plan cut``, ``plan build --window`` and ``--mix`` read,
-    and what a folder recording the path reopens. A list of prefixes, or a source already opened, is
-    opened by :func:`~.sources.open_token_source` (held in memory)."""
-    if isinstance(path, (str, os.PathLike)):
-        path = os.fspath(path)
-        if names_token_source(path) and not os.path.isdir(path):
-            return MappedMegatron(megatron_prefix(path))
-    source = open_token_source(path)
-    if isinstance(source, TokenStore):
-        return StoreLengths(source)
-    if isinstance(source, ShardedTokenStore):
-        return ShardedLengths(source)
-    return source
-
-
-def recorded_lengths(directory):
-    """The lengths a windowed plan folder (meta.json ``lengths_path``) or a mixed plan folder (``lengths_paths``)
-    records as token sources, opened by rows (:func:`open_mapped`): a source, or a list with a source in place
-    of each token source (the other entries as recorded, for the plans layer to map); None when the folder
-    names only ``.u32`` sidecars or its meta.json cannot be read (the plan's loader then says why). The one
-    way the commands and the torch samplers reopen them: the plans layer maps sidecars only."""
-    try:
-        meta = reader.read_json(os.path.join(os.fspath(directory), "meta.json"), _meta_error)
-    except (OSError, UmlosError):
-        return None
-    if not isinstance(meta, dict):
-        return None
-    path, paths = meta.get("lengths_path"), meta.get("lengths_paths")
-    if isinstance(path, str):
-        return open_mapped(path) if names_token_source(path) else None
-    if isinstance(paths, list) and any(isinstance(p, str) and names_token_source(p) for p in paths):
-        return [open_mapped(p) if isinstance(p, str) and names_token_source(p) else p for p in paths]
-    return None
-
-
-def _meta_error(message: str) -> UmlosError:
-    return UmlosError(errors.PLAN_FORMAT_INVALID, message, operator=errors.BATCH_PLAN_OPERATOR)
-
-
-def load_pretraining(directory, *, tokens=None, lengths=None, backend: str = "auto") -> PretrainingSequences:
-    """:func:`~umlos_cuda.batching.plans.windows.load_sequences`, the tokens opened from the folder's
-    ``tokens_path`` (:func:`open_mapped`: read by rows) when neither ``tokens`` nor ``lengths`` is given."""
-    return load_sequences(directory, tokens=tokens, lengths=lengths, backend=backend, open_tokens=open_mapped)
-
-
-def load_mixed_pretraining(directory, *, tokens=None, lengths=None, backend: str = "auto") -> SequenceMixture:
-    """:func:`~umlos_cuda.batching.plans.windows.sequences_io.load_mixed_sequences`, each component's tokens opened
-    from the folder's ``tokens_paths`` (by :func:`open_mapped`, as :func:`load_pretraining` opens one) when
-    neither ``tokens`` nor ``lengths`` is given."""
-    return load_mixed_sequences(directory, tokens=tokens, lengths=lengths, backend=backend, open_tokens=open_mapped)

@@ -46,13 +46,12 @@ import os
 
 import numpy as np
 
-from .... import checks, errors
-from ....errors import UmlosError
-from ....files import reader
-from ....hashing import hash_canonical
-from ...lengths.cache import SIDECAR_SUFFIX, LengthCache, piecewise_sha256, read_sidecar_header, sidecar_path
-from ...lengths.pairs import CHOSEN_SUFFIX
-from ..fingerprint import sha256_array
+from ... import checks, errors
+from ...errors import UmlosError
+from ...files import reader
+from ...hashing import hash_canonical, sha256_array
+from .cache import SIDECAR_SUFFIX, LengthCache, piecewise_sha256, read_sidecar_header, sidecar_path
+from .pairs import CHOSEN_SUFFIX
 
 #: Bin edges of the synthetic lengths: bin ``b`` gives lengths in ``[Q[b], Q[b + 1])`` (256 bins).
 SYNTHETIC_QUANTILES = np.asarray([
@@ -92,9 +91,14 @@ def _sidecar_error(message: str) -> UmlosError:
 
 
 class LengthSource:
-    """``count`` lengths, read by rows: the interface a windowed plan plans from."""
+    """``count`` lengths, read by rows: the interface a windowed plan plans from.
+
+    ``origin``: the path this source was opened from, as given, which a plan records to reopen it
+    (``umlos_cuda.batching.sources.open_source`` sets it; a length cache's is its sidecar; None for
+    lengths held in memory)."""
 
     count: int
+    origin: str | None = None
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         """The lengths of ``rows`` (uint32, in the order given)."""
@@ -148,6 +152,7 @@ class MappedLengths(ArrayLengths):
             raise _sidecar_error(f"{path} is {size:,} bytes; its header announces {count:,} lengths from "
                                  f"byte {offset}, {offset + 4 * count:,} bytes in all")
         self.count, self.path, self.offset = count, path, offset
+        self.origin = path
         self._sha256 = sha
         self.tokenizer_hash = header.get("tokenizer_hash")
         self._map: mmap.mmap | None = None
@@ -208,21 +213,26 @@ class SyntheticLengths(LengthSource):
                 "generator": "umlos_synthetic_lengths_v1"}
 
 
+def open_sidecar(path) -> MappedLengths:
+    """The ``.u32`` sidecar ``path`` alone, its bytes checked against their own SHA-256 and mapped: the
+    JSONL is not read (at 10^9 samples the JSONL is 100 GB; the sidecar 4 GB), so nothing about the ids
+    is known."""
+    source = MappedLengths(path)
+    source.check_bytes()
+    return source
+
+
 def open_length_cache(path) -> MappedLengths:
     """The lengths of the length cache ``path`` for a windowed plan, checked in bounded memory, then mapped.
 
     Named by its JSONL, the cache's sidecar is checked against every row of the JSONL
     (``LengthCache.load(sidecar="require")``: one streaming read, the sidecar's pages released as
     they are read, no id kept) and a cache of preference pairs is refused by its first id (windowed
-    plans do not keep pairs together yet). Named by its ``.u32`` sidecar, the plan reads those bytes
-    alone: they are checked against their own SHA-256 and the JSONL is not read (at 10^9 samples the
-    JSONL is 100 GB; the sidecar 4 GB), so nothing about the ids is known.
+    plans do not keep pairs together yet). Named by its ``.u32`` sidecar: :func:`open_sidecar`.
     """
     path = os.fspath(path)
     if path.endswith(SIDECAR_SUFFIX):
-        source = MappedLengths(path)
-        source.check_bytes()
-        return source
+        return open_sidecar(path)
     first = LengthCache.load(path, sidecar="require").first_sample_id()
     if first.endswith(CHOSEN_SUFFIX):
         raise _lengths_error(f"{path} holds preference pairs (its first id is {first!r}); windowed plans take no "

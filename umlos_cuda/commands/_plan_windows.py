@@ -1,10 +1,11 @@
-"""The windowed kinds of ``umlos-cuda plan``: ``build --window`` and ``--mix``, ``cut`` (pretraining
-sequences and their mixtures), and ``info`` / ``verify`` of those folders.
+"""The windowed builds of ``umlos-cuda plan``: ``build --window`` and ``--mix``, ``cut`` (pretraining
+sequences and their mixtures).
 
-``plan.py`` registers the commands and keeps the whole (non-windowed) plans; what a windowed plan,
-a mixed plan, pretraining sequences or a mixture of them needs at the command layer lives here:
-opening their inputs in bounded memory (``umlos_cuda.batching.sources.open_source``: a length cache's
-sidecar, a token source by rows), parsing ``--mix``, and printing their reports.
+``plan.py`` registers the commands and keeps the whole (non-windowed) plans; what building a windowed plan,
+a mixed plan, pretraining sequences or a mixture of them needs at the command layer lives here: opening
+their inputs in bounded memory (``umlos_cuda.batching.sources.open_source``: a length cache's sidecar, a
+token source by rows) and parsing ``--mix``. ``plan info`` and ``plan verify`` reach every kind through
+the plan-kind registry (``umlos_cuda.batching.plans.kinds``).
 """
 
 from __future__ import annotations
@@ -12,10 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
-
 from .. import errors
-from ..errors import UmlosError
 from ._args import MODE_ALIASES
 
 
@@ -211,190 +209,4 @@ def build_mixed(args, config) -> int:
           f"{counts['microbatches']} microbatches, {counts['skipped']} skipped")
     print(f"fingerprint {plan.fingerprint}")
     print(f"built in {seconds:.2f} s ({definition.total / max(seconds, 1e-9):,.0f} samples/s)")
-    return 0
-
-
-def info_mixed(args) -> int:
-    """``plan info`` of a mixed plan folder: the definition, its segments and the index's totals (no window
-    planned); with ``--world-size``, each rank's microbatches under the resume rule (resume.py: global
-    microbatch ``k`` to rank ``k mod R``), as for a windowed plan."""
-    from ..batching.plans.windows.io import load_mixed_plan
-    from ..batching.plans.windows.resume import rank_indices
-
-    check_rank_arguments(args)
-    plan = load_mixed_plan(args.plan)
-    d = plan.definition
-    pack = d.config.pack
-    report = {"plan": args.plan, "fingerprint": plan.fingerprint, "config": d.config.to_dict(),
-              "pack_config": None if pack is None else pack.to_dict(), "window": d.window, "samples": d.total,
-              "windows": d.num_windows,
-              "components": [{"name": c.name, "weight": c.weight, "seed": c.seed, "max_epochs": c.max_epochs,
-                              "count": c.source.count} for c in d.components],
-              "segments": [{"first": s.first, "windows": s.windows, "size": s.size, "quotas": list(s.quotas)}
-                           for s in d.segments],
-              "counts": plan.counts()}
-    if args.world_size is not None:
-        ranks = range(args.world_size) if args.rank is None else [args.rank]
-        report["ranks"] = [{"rank": r, "microbatches": len(rank_indices(0, plan.num_microbatches, r,
-                                                                        args.world_size))} for r in ranks]
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    print(f"mixed plan {args.plan}: {d.total} samples in {d.num_windows} windows of {d.window}, "
-          f"fingerprint {plan.fingerprint}")
-    if pack is not None:
-        packing = report["pack_config"]
-        print(f"  packed: {packing['mode']}, rows of {packing['max_length']} tokens, separator "
-              f"{packing['separator_len']}")
-    for c in report["components"]:
-        cap = "no cap" if c["max_epochs"] is None else f"at most {c['max_epochs']} epoch(s)"
-        print(f"  {c['name']}: weight {c['weight']}, seed {c['seed']}, {c['count']} samples, {cap}")
-    for seg in report["segments"]:
-        print(f"  windows {seg['first']} to {seg['first'] + seg['windows'] - 1}: {seg['size']} positions, "
-              f"quotas {seg['quotas']}")
-    counts = report["counts"]
-    print(f"  {counts['microbatches']} microbatches, {counts['samples']} samples, {counts['skipped']} skipped, "
-          f"{counts['tokens']} tokens, {counts['padded_tokens']} padded tokens")
-    for row in report.get("ranks", []):
-        print(f"    rank {row['rank']}: {row['microbatches']} microbatches")
-    return 0
-
-
-def info_mixed_sequences(args) -> int:
-    """``plan info`` of a mixture of pretraining sequences: the definition, each dataset's cut and the epochs
-    of it read, the segments (from meta.json and the indices: no window merged); with ``--world-size``, each
-    rank's samples under the resume rule (global sample ``k`` to rank ``k mod R``)."""
-    from ..batching.plans.windows import load_mixed_sequences
-    from ..batching.plans.windows.resume import rank_indices
-
-    check_rank_arguments(args)
-    mixture = load_mixed_sequences(args.plan)
-    ends = mixture.blend.stream_ends()
-    report = {"plan": args.plan, "kind": "mixed pretraining sequences", "fingerprint": mixture.fingerprint,
-              "window": mixture.window, "samples": mixture.total, "windows": mixture.num_windows,
-              "seed": mixture.seed,
-              "components": [{"name": c.name, "weight": c.weight, "max_epochs": c.max_epochs,
-                              "definition": c.sequences.definition.to_dict(), "documents": c.sequences.lengths.count,
-                              "epoch_tokens": c.sequences.epoch_tokens(0), "epoch_samples": mixture.per_epoch[i],
-                              "epochs_read": c.sequences.num_epochs, "samples_read": ends[i],
-                              "fingerprint": c.sequences.fingerprint}
-                             for i, c in enumerate(mixture.components)],
-              "segments": [{"first": s.first, "windows": s.windows, "size": s.size, "quotas": list(s.quotas)}
-                           for s in mixture.blend.segments]}
-    if args.world_size is not None:
-        ranks = range(args.world_size) if args.rank is None else [args.rank]
-        report["ranks"] = [{"rank": r, "samples": len(rank_indices(0, mixture.total, r, args.world_size))}
-                           for r in ranks]
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    print(f"mixed pretraining sequences {args.plan}: {mixture.total} samples in {mixture.num_windows} windows of "
-          f"{mixture.window}, seed {mixture.seed}, fingerprint {mixture.fingerprint}")
-    for c in report["components"]:
-        cap = "no cap" if c["max_epochs"] is None else f"at most {c['max_epochs']} epoch(s)"
-        d = c["definition"]
-        print(f"  {c['name']}: weight {c['weight']}, seed {d['seed']}, {c['documents']} documents, "
-              f"{c['epoch_tokens']} tokens and {c['epoch_samples']} samples of {d['sequence_length']} + 1 an epoch "
-              f"({d['tail']} tail), {cap}; {c['samples_read']} samples read over {c['epochs_read']} epoch(s)")
-    for seg in report["segments"]:
-        print(f"  windows {seg['first']} to {seg['first'] + seg['windows'] - 1}: {seg['size']} samples, "
-              f"quotas {seg['quotas']}")
-    for row in report.get("ranks", []):
-        print(f"    rank {row['rank']}: {row['samples']} samples")
-    return 0
-
-
-def check_rank_arguments(args) -> None:
-    """``plan info``'s ``--rank`` needs ``--world-size``, a rank of it, and a list of every rank's share stops at
-    ``MAX_SHARE_RANKS`` ranks (as a whole plan's report): BATCHING_CONFIG_INVALID or INVALID_RANK before any read."""
-    from ..batching.plans.buckets import config_error
-    from ..batching.plans.sharding import MAX_SHARE_RANKS, check_rank
-
-    if args.rank is not None and args.world_size is None:
-        raise config_error("--rank needs --world-size")
-    if args.world_size is not None:
-        check_rank(args.rank or 0, args.world_size)
-        if args.rank is None and args.world_size > MAX_SHARE_RANKS:
-            raise config_error(f"per-rank shares are listed for at most {MAX_SHARE_RANKS} ranks, got world_size "
-                               f"{args.world_size}")
-
-
-def info_sequences(args) -> int:
-    """``plan info`` of pretraining sequences (``plan cut``): the definition and each epoch's tokens and samples,
-    from meta.json and the index (no window cut, no token read); with ``--world-size``, each rank's samples of
-    each epoch under the resume rule (global sample ``k`` to rank ``k mod R``)."""
-    from ..batching.plans.windows import load_sequences
-    from ..batching.plans.windows.resume import rank_indices
-
-    check_rank_arguments(args)
-    plan = load_sequences(args.plan)
-    d = plan.definition
-    report = {"plan": args.plan, "kind": "pretraining sequences", "fingerprint": plan.fingerprint,
-              "definition": d.to_dict(), "windows": d.num_windows, "epochs": []}
-    for e in range(plan.num_epochs):
-        entry: dict[str, Any] = {"epoch": e, "tokens": plan.epoch_tokens(e), "samples": plan.epoch_samples(e)}
-        if args.world_size is not None:
-            ranks = range(args.world_size) if args.rank is None else [args.rank]
-            entry["ranks"] = [{"rank": r, "samples": len(rank_indices(0, entry["samples"], r, args.world_size))}
-                              for r in ranks]
-        report["epochs"].append(entry)
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    print(f"pretraining sequences {args.plan}: {d.num_documents} documents, samples of {d.sequence_length} + 1 "
-          f"tokens ({d.tail} tail, eos {d.eos}), {d.num_windows} windows of {d.window}, {d.order} order, seed "
-          f"{d.seed}, fingerprint {plan.fingerprint}")
-    for entry in report["epochs"]:
-        print(f"  epoch {entry['epoch']}: {entry['tokens']} tokens, {entry['samples']} samples")
-        for row in entry.get("ranks", []):
-            print(f"    rank {row['rank']}: {row['samples']} samples")
-    return 0
-
-
-def info_windowed(args) -> int:
-    """``plan info`` of a windowed plan folder (batching/plans/windows/info.py): from meta.json and the index."""
-    from ..batching.plans.windows import load_windowed_plan
-    from ..batching.plans.windows.info import report_lines, windowed_report
-
-    plan = load_windowed_plan(args.plan)
-    report = windowed_report(plan, args.plan, world_size=args.world_size, rank=args.rank)
-    print(json.dumps(report, indent=2) if args.json else "\n".join(report_lines(report)))
-    return 0
-
-
-def verify_windowed(args) -> int:
-    """``plan verify`` of a windowed plan folder (batching/plans/windows/verify.py): ``--lengths`` names any
-    source (``open_source``: a length cache, its sidecar, a token source read by rows; default: what
-    meta.json's ``lengths_path`` names)."""
-    from ..batching.plans.windows.io import is_mixed_plan
-    from ..batching.plans.windows.verify import verify_mixed_plan, verify_windowed_plan
-
-    mixed = is_mixed_plan(args.plan)
-    if mixed and args.lengths is not None:
-        raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"{args.plan} is a mixed plan: it maps the sidecars its "
-                         "meta.json names (--lengths takes one cache)", operator=errors.BATCH_PLAN_OPERATOR)
-    verify = verify_mixed_plan if mixed else verify_windowed_plan
-    report = verify(args.plan, windows=args.windows, seed=args.seed, lengths=args.lengths,
-                    expected_fingerprint=args.expected_fingerprint)
-    for check in report["checks"]:
-        print(f"ok  {check}")
-    print(f"{'mixed' if mixed else 'windowed'} plan {args.plan} verified: fingerprint {report['fingerprint']}")
-    return 0
-
-
-def verify_sequences(args) -> int:
-    """``plan verify`` of a pretraining sequences folder or a mixture of them: the tokens opened from meta.json's
-    ``tokens_path`` (each of its ``tokens_paths``)."""
-    from ..batching.plans.windows.sequences_io import is_mixed_sequences
-    from ..batching.plans.windows.verify import verify_mixed_sequences, verify_sequences
-
-    if args.lengths is not None:
-        raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"{args.plan} holds pretraining sequences: it reads the "
-                         "tokens its meta.json names (no --lengths)", operator=errors.BATCH_PLAN_OPERATOR)
-    mixed = is_mixed_sequences(args.plan)
-    verify = verify_mixed_sequences if mixed else verify_sequences
-    report = verify(args.plan, windows=args.windows, seed=args.seed, expected_fingerprint=args.expected_fingerprint)
-    for check in report["checks"]:
-        print(f"ok  {check}")
-    print(f"{'mixed ' if mixed else ''}pretraining sequences {args.plan} verified: fingerprint {report['fingerprint']}")
     return 0

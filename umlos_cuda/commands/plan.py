@@ -15,8 +15,7 @@ import time
 from .. import errors
 from ..errors import UmlosError
 from ._args import MODE_ALIASES, add_no_verify_argument, add_pack_arguments, non_negative_int, positive_int
-from ._plan_windows import (build_mixed, build_windowed, info_mixed, info_mixed_sequences, info_sequences,
-                            info_windowed, run_cut, verify_sequences, verify_windowed)
+from ._plan_windows import build_mixed, build_windowed, run_cut
 
 
 def register(subparsers) -> None:
@@ -201,44 +200,6 @@ def overlong_and_split(args, overflow_max: int):
     return overlong, SplitConfig(args.split_side, fraction, args.split_seed or 0)
 
 
-def overlong_line(plan) -> str:
-    """What happened to over-long samples, in words (:func:`overlong_counts`)."""
-    counted = overlong_counts(plan)
-    if plan.config.overlong is None:
-        return (f"over-long: {counted['samples']} sample(s) above overflow_max {counted['max_length']} skipped, "
-                f"{counted['tokens_lost']} tokens lost (the default; --max-length L --overlong "
-                "truncate_right|truncate_left|split keeps them)")
-    done = {"truncate_right": "truncated to their first {L} tokens", "truncate_left": "truncated to their last {L} "
-            "tokens", "split": "split into {pieces} pieces", "skip": "skipped"}[counted["policy"]]
-    return (f"over-long: {counted['samples']} sample(s) above max_length {counted['max_length']} "
-            f"{done.format(L=counted['max_length'], pieces=counted['pieces'])}, {counted['tokens_lost']} tokens lost "
-            f"({counted['policy']})")
-
-
-def overlong_counts(plan) -> dict:
-    """stats.json ``overlong`` (the same in every epoch), or for a plan without an over-long policy
-    the samples above overflow_max that its buckets skip, counted from the lengths of the rows it
-    takes (those on its split's side)."""
-    import numpy as np
-
-    from ..batching.plans.overlong import default_overlong_counts
-
-    if plan.config.overlong is not None:
-        return plan.epochs[0].stats["overlong"]
-    lengths = np.asarray(plan.lengths)
-    return default_overlong_counts(lengths if plan.units is None else lengths[plan.units.rows],
-                                   plan.config.overflow_max)
-
-
-def split_line(meta) -> str | None:
-    """The split side a plan takes and the units it plans (None for a plan of every sample)."""
-    split = meta.config.split
-    if split is None or meta.units is None:
-        return None
-    return (f"split {split.side} (validation_fraction {split.validation_fraction}, split seed {split.seed}): "
-            f"{meta.units['samples']} of {meta.num_samples} samples, {meta.units['units']} planned units")
-
-
 def run_build(args) -> int:
     from ..batching.plans.builder import BatchPlanBuilder
     from ..batching.plans.buckets import config_error
@@ -246,7 +207,8 @@ def run_build(args) -> int:
     from ..batching.lengths.cache import sidecar_path
     from ..batching.plans.io import check_output_dir, save_plan
     from ..batching.packing.config import PackingConfig
-    from ..batching.sources import source_kind
+    from ..batching.plans.kinds.whole import overlong_counts, overlong_line, packing_line, split_line
+    from ..batching.sources import length_cache, source_kind
     from ..batching.sources.builtin import LENGTH_CACHE
     from ._progress import Progress
 
@@ -280,7 +242,7 @@ def run_build(args) -> int:
         return build_windowed(args, config, inputs)
     check_output_dir(args.output, args.force, inputs)  # fail before the work
     started = time.perf_counter()
-    cache = load_lengths(args.lengths)
+    cache = length_cache(args.lengths)
     config = _with_pairs(config, cache, args.lengths)
     progress = Progress(args.epochs * 2, f"plan {args.output}", enabled=not args.quiet)
     plan = BatchPlanBuilder(cache, config).build(args.epochs, progress=lambda done, _: progress.update(done))
@@ -291,8 +253,8 @@ def run_build(args) -> int:
     stats = plan.epochs[0].stats
     print(f"plan {args.output}: {plan.num_epochs} epoch(s), {plan.total_microbatches} microbatches, "
           f"{stats['samples']} samples per epoch, {stats['skipped_samples']} skipped")
-    print(overlong_line(plan))
-    split = split_line(plan.meta)
+    print(overlong_line(overlong_counts(plan), plan.config.overlong is not None))
+    split = split_line(plan.meta.config.to_dict(), plan.meta.units, plan.meta.num_samples)
     if split is not None:
         print(split)
     print(f"padding_waste {stats['padding_waste']:.4f}, bucket_mix_drift {stats['bucket_mix_drift']:.4f} (epoch 0)")
@@ -304,20 +266,6 @@ def run_build(args) -> int:
     print(f"fingerprint {plan.fingerprint}")
     print(f"built in {seconds:.2f} s ({len(cache) * plan.num_epochs / max(seconds, 1e-9):,.0f} samples/s)")
     return 0
-
-
-def load_lengths(path: str, read_ids: bool = True):
-    """The length cache at ``path``, or the length cache of the token source ``path`` (a sharded store has no
-    single ``lengths.jsonl``: its cache is its shards', in order, under its logical dataset hash; a Megatron
-    prefix's names its rows by number). A whole plan stores the ids, so the JSONL is read once, whole."""
-    from ..batching.lengths.cache import LengthCache
-    from ..batching.sources import source_kind
-
-    if source_kind(path).tokens:
-        from ..batching.tokens.sources import open_token_source
-
-        return open_token_source(path).length_cache()
-    return LengthCache.load(path, read_ids=read_ids)
 
 
 def _with_pairs(config, cache, path: str):
@@ -340,98 +288,42 @@ def _selection(args) -> dict:
 
 
 def run_info(args) -> int:
-    from ..batching.plans.io import load_plan
-    from ..batching.plans.sharding import check_rank, rank_shares
-    from ..batching.plans.windows.io import is_mixed_plan, is_windowed_plan
-    from ..batching.plans.windows.sequences_io import is_mixed_sequences, is_sequences
+    """``plan info`` of a folder of any plan kind: its report (``--json``: the dict) from the kind's ``report``."""
+    from ..batching.plans.kinds import plan_kind_of
 
-    if is_mixed_plan(args.plan):
-        return info_mixed(args)
-    if is_mixed_sequences(args.plan):
-        return info_mixed_sequences(args)
-    if is_sequences(args.plan):
-        return info_sequences(args)
-    windowed = is_windowed_plan(args.plan)
-    plan = None if windowed else load_plan(args.plan)
-    if args.rank is not None and args.world_size is None:
-        from ..batching.plans.buckets import config_error
-
-        raise config_error("--rank needs --world-size")
-    if args.world_size is not None:
-        check_rank(args.rank or 0, args.world_size)
-    if windowed:
-        return info_windowed(args)
-    assert plan is not None
-    meta = plan.meta
-    pack = meta.config.pack
-    report = {"plan": args.plan, "fingerprint": meta.fingerprint, "config": meta.config.to_dict(),
-              "pack_config": None if pack is None else pack.to_dict(), "num_samples": meta.num_samples,
-              "shard": meta.shard, "units": meta.units, "overlong": overlong_counts(plan),
-              "epochs": []}
-    for epoch in plan.epochs:
-        stats = {k: v for k, v in epoch.stats.items() if k != "skipped"}
-        if args.world_size is not None:
-            shares = rank_shares(plan, epoch.epoch, args.world_size)
-            stats["ranks"] = shares if args.rank is None else [shares[args.rank]]
-        report["epochs"].append(stats)
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    config = meta.config
-    print(f"plan {args.plan}")
-    print(f"  fingerprint {meta.fingerprint}")
-    print(f"  {meta.num_samples} samples, {plan.num_epochs} epoch(s), budget {config.token_budget}, "
-          f"{config.pad_policy.value}, edges {list(config.bucket_edges)} + overflow {config.overflow_max}, "
-          f"seed {config.seed}, {config.stage}")
-    if config.group_size > 1:
-        print(f"  preference pairs: {meta.num_samples // config.group_size} pairs, rows 2p and 2p + 1 in one "
-              "microbatch")
-    if pack is not None:
-        print(f"  packed: {pack.mode.value}, rows of {pack.max_length} tokens, {config.rows_per_microbatch} rows per "
-              f"microbatch, separator {pack.separator_len}")
-    print("  " + overlong_line(plan))
-    split = split_line(meta)
-    if split is not None:
-        print("  " + split)
-    if meta.shard:
-        print(f"  shard {meta.shard['rank']} of {meta.shard['world_size']} (source {meta.shard['source_fingerprint']})")
-    for stats in report["epochs"]:
-        print(f"  epoch {stats['epoch']}: {stats['microbatches']} microbatches, {stats['samples']} samples, "
-              f"{stats['skipped_samples']} skipped, {stats['tokens']} tokens, padding_waste "
-              f"{stats['padding_waste']:.4f}, "
-              f"bucket_mix_drift {stats['bucket_mix_drift']:.4f}")
-        if "packing" in stats:
-            print("    " + packing_line(stats["packing"]))
-        for row in stats.get("ranks", []):
-            print(f"    rank {row['rank']}: {row['microbatches']} microbatches, {row['samples']} samples, "
-                  f"{row['tokens']} tokens, {row['padded_tokens']} padded tokens")
+    kind = plan_kind_of(args.plan)
+    report = kind.report(args.plan, world_size=args.world_size, rank=args.rank)
+    print(json.dumps(report, indent=2) if args.json else "\n".join(kind.lines(report)))
     return 0
 
 
-def packing_line(packing: dict) -> str:
-    """One line of a packed epoch's PackingMetrics (stats.json ``packing``)."""
-    return (f"packing: {packing['rows']} rows (lower bound {packing['lower_bound_rows']}), packing_efficiency "
-            f"{packing['packing_efficiency']:.4f}, {packing['segments_per_row']:.2f} segments per row")
+#: ``plan verify``'s flags, by the keyword option of a kind's ``verify`` they set.
+VERIFY_FLAGS = {"windows": "--windows", "seed": "--seed", "lengths": "--lengths", "rebuild": "--no-rebuild",
+                "expected_fingerprint": "--expected-fingerprint"}
 
 
 def run_verify(args) -> int:
-    from ..batching.plans.verify import verify_plan
-    from ..batching.plans.windows.io import is_mixed_plan, is_windowed_plan
-    from ..batching.plans.windows.sequences_io import is_mixed_sequences, is_sequences
+    """``plan verify`` of a folder of any plan kind: the kind's ``verify`` with the options given, each checked
+    against what the kind takes (BATCHING_CONFIG_INVALID, naming the flags it does take)."""
+    from ..batching.plans.kinds import plan_kind_of
 
-    if is_sequences(args.plan) or is_mixed_sequences(args.plan):
-        return verify_sequences(args)
-    if is_windowed_plan(args.plan) or is_mixed_plan(args.plan):
-        return verify_windowed(args)
+    kind = plan_kind_of(args.plan)
+    given = {"windows": args.windows, "lengths": args.lengths, "expected_fingerprint": args.expected_fingerprint,
+             "rebuild": False if args.no_rebuild else None}
     if args.windows is not None:
-        raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"--windows replans windows of a windowed plan; {args.plan} "
-                         "is a batch plan (plan verify checks all of it)", operator=errors.BATCH_PLAN_OPERATOR)
-    lengths = load_lengths(args.lengths, read_ids=False) if args.lengths else None
-    report = verify_plan(args.plan, expected_fingerprint=args.expected_fingerprint, lengths=lengths,
-                         reproduce=not args.no_rebuild)
+        given["seed"] = args.seed
+    options = {name: value for name, value in given.items() if value is not None}
+    refused = [VERIFY_FLAGS[name] for name in options if name not in kind.verify_options]
+    if refused:
+        takes = ", ".join(VERIFY_FLAGS[name] for name in VERIFY_FLAGS if name in kind.verify_options)
+        flags = " and ".join(refused)
+        raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"{args.plan} is a {kind.name} folder: {flags} "
+                         f"do{'es' if len(refused) == 1 else ''} not apply (it takes {takes})",
+                         operator=errors.BATCH_PLAN_OPERATOR)
+    report = kind.verify(args.plan, **options)
     for check in report["checks"]:
         print(f"ok  {check}")
-    print(f"plan {args.plan} verified: fingerprint {report['fingerprint']}")
+    print(f"{kind.name} {args.plan} verified: fingerprint {report['fingerprint']}")
     return 0
 
 

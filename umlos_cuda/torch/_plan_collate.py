@@ -122,12 +122,12 @@ class PlanCollator:
                  attention: str = "auto", mask_dtype: str = "bool", cu_seq_lens_dtype: Any = "int32",
                  rows: bool | None = None) -> None:
         from ..batching.plans.config import BatchingConfig
-        from ..batching.plans.windows.io import load_microbatch_plan
+        from ..batching.plans.kinds import open_row_plan
 
         if isinstance(plan, BatchingConfig):
             self.config = plan
         else:
-            opened = plan if hasattr(plan, "config") else load_microbatch_plan(plan)
+            opened = plan if hasattr(plan, "config") else open_row_plan(plan, "PlanCollator")
             self.config = opened.config
         self.pad_id = pad_id
         from ..batching.collate import collate_error, plan_separator_ids

@@ -100,13 +100,13 @@ class PlanBatchSampler(_SamplerBase):
         else: a mixed plan's microbatches hold mixture positions, not rows of one dataset)."""
         from ..batching.plans.plan import BatchPlan
         from ..batching.plans.windows import WindowedPlan
-        from ..batching.plans.windows.io import load_microbatch_plan
+        from ..batching.plans.kinds import open_row_plan
 
         if isinstance(plan, (BatchPlan, WindowedPlan)):
             return plan
         checks.instance(plan, "plan", (str, os.PathLike), fail=partial(argument_error, errors.PLAN_NOT_FOUND),
                         message="{name} must be a BatchPlan, a WindowedPlan or a plan folder, got {type}")
-        return load_microbatch_plan(plan)
+        return open_row_plan(plan, "PlanBatchSampler")
 
     # -- sizes -------------------------------------------------------------
     @property

@@ -42,14 +42,18 @@ def _open(sequences):
     PLAN_NOT_FOUND for anything else)."""
     from ..batching.plans.windows import PretrainingSequences
     from ..batching.plans.windows.sequence_mixture import SequenceMixture
-    from ..batching.plans.windows.sequences_io import is_mixed_sequences, load_mixed_sequences, load_sequences
+    from ..batching.plans.kinds import plan_kind_of
 
     if isinstance(sequences, (PretrainingSequences, SequenceMixture)):
         return sequences
     if not isinstance(sequences, (str, os.PathLike)):
         raise argument_error(errors.PLAN_NOT_FOUND, "sequences must be PretrainingSequences, a SequenceMixture or "
                                                     f"their folder, got {type(sequences).__name__}")
-    return load_mixed_sequences(sequences) if is_mixed_sequences(sequences) else load_sequences(sequences)
+    kind = plan_kind_of(sequences)
+    if kind.unit != "sample":
+        raise argument_error(errors.PLAN_NOT_FOUND, f"{os.fspath(sequences)} is a {kind.name}, not pretraining "
+                                                    "sequences or a mixture of them")
+    return kind.open(sequences)
 
 
 class SequenceBatchSampler(PlanBatchSampler):

@@ -99,6 +99,21 @@ def _shard_epoch(plan: BatchPlan, epoch: EpochPlan, rank: int, world_size: int) 
     return replace(shard, stats=stats)
 
 
+def share_ranks(world_size: int | None, rank: int | None) -> list[int]:
+    """The ranks whose share ``plan info`` lists: none without ``world_size``, else every rank of it or only
+    ``rank``. ``rank`` needs ``world_size`` and a list of every rank stops at :data:`MAX_SHARE_RANKS` ranks
+    (BATCHING_CONFIG_INVALID); a rank outside the world is INVALID_RANK. Checked before any plan is read."""
+    if rank is not None and world_size is None:
+        raise plan_error(errors.BATCHING_CONFIG_INVALID, "--rank needs --world-size")
+    if world_size is None:
+        return []
+    rank_, world_size = check_rank(rank or 0, world_size)
+    if rank is None and world_size > MAX_SHARE_RANKS:
+        raise plan_error(errors.BATCHING_CONFIG_INVALID, f"per-rank shares are listed for at most {MAX_SHARE_RANKS} "
+                                                         f"ranks, got world_size {world_size}")
+    return list(range(world_size)) if rank is None else [rank_]
+
+
 def rank_shares(plan: BatchPlan, epoch: int, world_size: int) -> list[dict]:
     """Per rank of ``world_size``: microbatches, samples, tokens and padded tokens of ``epoch``."""
     _, world_size = check_rank(0, world_size)

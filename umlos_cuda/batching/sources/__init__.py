@@ -26,13 +26,15 @@ from typing import Any
 
 from ... import errors
 from ...errors import UmlosError
+from ..lengths.cache import LengthCache
 from ..lengths.sources import LengthSource
+from ..tokens.sources import open_token_source
 from .builtin import BUILT_IN
 from .kind import SourceKind, registry_error
 from .listed import SourceList
 
-__all__ = ["SourceKind", "SourceList", "open_source", "register_source_kind", "source_kind", "source_kinds",
-           "unregister_source_kind"]
+__all__ = ["SourceKind", "SourceList", "length_cache", "open_source", "register_source_kind", "source_kind",
+           "source_kinds", "unregister_source_kind"]
 
 _added: list[SourceKind] = []
 _lock = Lock()
@@ -95,3 +97,13 @@ def open_source(path: Any, *, tokens: bool = False, recorded: bool = False) -> L
         raise UmlosError(errors.TOKEN_STORE_NOT_FOUND, f"{type(source).__name__} holds no tokens",
                          operator=errors.BATCHING_OPERATOR)
     return source
+
+
+def length_cache(path, *, read_ids: bool = True) -> LengthCache:
+    """The whole length cache of the source at ``path``, ids and all, for what needs every row at once (a whole
+    plan stores the ids): a length cache's JSONL read once, or a token source's own cache (a sharded store's
+    is its shards', in order, under its logical dataset hash; a Megatron prefix names its rows by number)."""
+    path = os.fspath(path)
+    if source_kind(path).tokens:
+        return open_token_source(path).length_cache()
+    return LengthCache.load(path, read_ids=read_ids)

@@ -35,7 +35,6 @@ import numpy as np
 from .... import checks, errors
 from ....errors import UmlosError
 from ....files import reader
-from ....files.artifacts import marked_kind
 from ....files.writer import ArtifactKind, Folder, output_folder
 from ..config import BatchingConfig
 from ...packing.config import PackingConfig
@@ -53,17 +52,6 @@ WINDOWED_PLAN = ArtifactKind("windowed plan")
 MIXED_PLAN = ArtifactKind("mixed plan")
 _META_KEYS = ("format", "config", "window", "num_epochs", "lengths", "count_fields", "sampling_mode",
               "sampler_config_hash", "manifest_hash", "lengths_path", "fingerprint", "index_digests")
-
-
-def is_windowed_plan(directory) -> bool:
-    """Whether ``directory`` is a windowed plan folder, by its marker; reads
-    a few bytes, never blocks on a FIFO, never fails (``plan verify`` asks before choosing its checks)."""
-    return is_kind(directory, WINDOWED_PLAN)
-
-
-def is_mixed_plan(directory) -> bool:
-    """Whether ``directory`` is a mixed plan folder (:func:`save_mixed_plan`), by its marker; never fails."""
-    return is_kind(directory, MIXED_PLAN)
 
 
 def save_windowed_plan(plan: WindowedPlan, directory, *, lengths_path=None, force: bool = False,
@@ -88,27 +76,9 @@ def save_index_folder(directory, kind: ArtifactKind, meta: dict, index: np.ndarr
     return os.path.abspath(os.fspath(directory))
 
 
-def is_kind(directory, kind: ArtifactKind) -> bool:
-    """Whether ``directory`` is a ``kind`` folder, by its marker; reads a few bytes, never blocks on a FIFO, never
-    fails (``plan info`` and ``plan verify`` ask before choosing their checks)."""
-    try:
-        with Folder.open(os.fspath(directory)) as folder:
-            return marked_kind(folder) == kind.name
-    except (OSError, ValueError):
-        return False
-
-
 def _write(folder: Folder, name: str, fill) -> None:
     with folder.file(name) as handle:
         fill(handle)
-
-
-def load_microbatch_plan(directory):
-    """The plan of microbatches in ``directory``, whole (:func:`~..io.load_plan`) or windowed (by its marker):
-    what a batch sampler or a collator over dataset rows reads (torch/)."""
-    from ..io import load_plan
-
-    return load_windowed_plan(directory) if is_windowed_plan(directory) else load_plan(directory)
 
 
 def load_windowed_plan(directory, *, lengths=None, backend: str = "auto") -> WindowedPlan:

@@ -36,7 +36,7 @@ from ....files.writer import ArtifactKind
 from ..plan import plan_error
 from ..planner import order_fields
 from .cut import CutDefinition
-from .io import _format, component_entry, is_kind, reopen, save_index_folder
+from .io import _format, component_entry, reopen, save_index_folder
 from .sequence_mixture import MIXED_SEQUENCES_FORMAT, SequenceComponent, SequenceMixture
 from .sequences import SEQUENCES_FORMAT, PretrainingSequences, lengths_of
 from ...lengths.sources import SyntheticLengths
@@ -52,17 +52,6 @@ _DEFINITION_KEYS = ("num_documents", "sequence_length", "window", "seed", "stage
                     "eos", "tail")
 _MIXED_KEYS = ("format", "window", "num_samples", "seed", "total", "components", "tokens_paths", "fingerprint")
 _COMPONENT_KEYS = ("name", "weight", "max_epochs", "sequences", "fingerprint")
-
-
-def is_sequences(directory) -> bool:
-    """Whether ``directory`` is a pretraining sequences folder, by its marker; never fails (``plan verify``
-    asks before choosing its checks)."""
-    return is_kind(directory, SEQUENCES)
-
-
-def is_mixed_sequences(directory) -> bool:
-    """Whether ``directory`` is a mixture of pretraining sequences folder, by its marker; never fails."""
-    return is_kind(directory, MIXED_SEQUENCES)
 
 
 def save_sequences(plan: PretrainingSequences, directory, *, tokens_path=None, force: bool = False,

@@ -1,8 +1,8 @@
-"""What ``plan info`` reports of a windowed plan: the definition and the index's counts, no window planned.
+"""The windowed plan: one dataset's engine order planned a window of W positions at a time (plans/windows/).
 
-What goes in: a :class:`~.plan.WindowedPlan` (opened from its folder: the index and the lengths'
-header, O(N / W)) and optionally a world size and a rank. What comes out: a plain dict
-(:func:`windowed_report`, ``plan info --json``) and its text lines (:func:`report_lines`).
+What goes in: a windowed plan folder (opened with its recorded source: the index and the lengths'
+header, O(N / W)) and optionally a world size and a rank. What comes out: :data:`KIND`, whose ``plan
+info`` report is a plain dict (:func:`report`, ``plan info --json``) and its text lines (:func:`lines`).
 
 Everything comes from meta.json and the index: per epoch the totals of
 :data:`~.window.COUNT_FIELDS`, the padding waste, a packed plan's rows (``padded_tokens //
@@ -15,20 +15,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from .... import errors
-from ..plan import plan_error
-from ..sharding import MAX_SHARE_RANKS
-from .plan import WindowedPlan
-from .resume import rank_indices
-from .window import COUNT_FIELDS
+from ..sharding import share_ranks
+from ..windows.io import WINDOWED_PLAN, load_windowed_plan, save_windowed_plan
+from ..windows.resume import rank_indices
+from ..windows.verify import verify_windowed_plan
+from ..windows.window import COUNT_FIELDS
+from .kind import PlanKind
 
 
-def windowed_report(plan: WindowedPlan, path: str, *, world_size: int | None = None,
-                    rank: int | None = None) -> dict:
+def report(folder, *, world_size: int | None = None, rank: int | None = None) -> dict:
     """``plan info``'s report of a windowed plan (see the module docstring)."""
+    ranks = share_ranks(world_size, rank)
+    world = world_size or 1
+    plan = load_windowed_plan(folder)
     definition, config = plan.definition, plan.config
     pack = config.pack
-    report: dict = {"plan": path, "kind": "windowed", "fingerprint": plan.fingerprint, "config": config.to_dict(),
+    report: dict = {"plan": str(folder), "kind": "windowed", "fingerprint": plan.fingerprint,
+                    "config": config.to_dict(),
                     "pack_config": None if pack is None else pack.to_dict(),
                     "window": {**definition.to_dict(), "num_windows": definition.num_windows},
                     "lengths": plan.source.binding(), "epochs": []}
@@ -40,35 +43,36 @@ def windowed_report(plan: WindowedPlan, path: str, *, world_size: int | None = N
             stats["rows"] = padded // pack.max_length
         per_window = np.diff(plan.index[epoch, :, COUNT_FIELDS.index("microbatches")])
         stats["window_microbatches"] = {"min": int(per_window.min()), "max": int(per_window.max())}
-        if world_size is not None:
-            if rank is None and world_size > MAX_SHARE_RANKS:  # as a whole plan's rank_shares
-                raise plan_error(errors.BATCHING_CONFIG_INVALID, f"per-rank shares are listed for at most "
-                                 f"{MAX_SHARE_RANKS} ranks, got world_size {world_size}")
-            ranks = range(world_size) if rank is None else [rank]
-            stats["ranks"] = [{"rank": r, "microbatches": len(rank_indices(0, stats["microbatches"], r, world_size))}
+        if ranks:
+            stats["ranks"] = [{"rank": r, "microbatches": len(rank_indices(0, stats["microbatches"], r, world))}
                               for r in ranks]
         report["epochs"].append(stats)
     return report
 
 
-def report_lines(report: dict) -> list[str]:
-    """The text of ``plan info`` for :func:`windowed_report`'s dict."""
+def lines(report: dict) -> list[str]:
+    """The text of ``plan info`` for :func:`report`'s dict."""
     config, window, pack = report["config"], report["window"], report["pack_config"]
-    lines = [f"windowed plan {report['plan']}", f"  fingerprint {report['fingerprint']}",
+    out = [f"windowed plan {report['plan']}", f"  fingerprint {report['fingerprint']}",
              f"  {window['num_samples']} samples, {len(report['epochs'])} epoch(s) of {window['num_windows']} windows "
              f"of {window['window']} (edge {window['edge']}), budget {config['token_budget']}, {config['pad_policy']}, "
              f"edges {config['bucket_edges']} + overflow {config['overflow_max']}, seed {config['seed']}, "
              f"{config['sampling_mode']}"]
     if pack is not None:
-        lines.append(f"  packed: {pack['mode']}, rows of {pack['max_length']} tokens, "
+        out.append(f"  packed: {pack['mode']}, rows of {pack['max_length']} tokens, "
                      f"{config['token_budget'] // pack['max_length']} rows per microbatch, separator "
                      f"{pack['separator_len']}")
     for stats in report["epochs"]:
         rows = f", {stats['rows']} rows" if "rows" in stats else ""
-        lines.append(f"  epoch {stats['epoch']}: {stats['microbatches']} microbatches{rows}, {stats['samples']} "
+        out.append(f"  epoch {stats['epoch']}: {stats['microbatches']} microbatches{rows}, {stats['samples']} "
                      f"samples, {stats['skipped']} skipped, {stats['tokens']} tokens, padding_waste "
                      f"{stats['padding_waste']:.4f}, {stats['window_microbatches']['min']} to "
                      f"{stats['window_microbatches']['max']} microbatches a window")
         for row in stats.get("ranks", []):
-            lines.append(f"    rank {row['rank']}: {row['microbatches']} microbatches")
-    return lines
+            out.append(f"    rank {row['rank']}: {row['microbatches']} microbatches")
+    return out
+
+
+KIND = PlanKind(WINDOWED_PLAN, order="dataset", scope="windows", unit="microbatch", rows=True, open=load_windowed_plan,
+                save=save_windowed_plan, verify=verify_windowed_plan, report=report, lines=lines,
+                verify_options=frozenset({"expected_fingerprint", "windows", "seed", "lengths"}))

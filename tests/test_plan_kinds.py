@@ -1,0 +1,130 @@
+"""The plan-kind registry (umlos_cuda/batching/plans/kinds/): every plan folder is reached through it.
+
+Each built-in kind is recognised by its folder's marker, opens with no argument but the folder, and is
+reported and verified by ``plan info`` / ``plan verify`` through its own functions; an option a kind does
+not take is refused naming the ones it does; and a toy kind (tests/toy_plan_kind.py: one module and its
+registration) is taken by ``open_plan``, ``plan info`` and ``plan verify`` like the built-in ones.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from token_cases import make_store
+
+from umlos_cuda import errors
+from umlos_cuda.batching.plans.kinds import (PlanKind, get_plan_kind, open_plan, plan_kind_of, plan_kinds,
+                                             register_plan_kind, unregister_plan_kind)
+from umlos_cuda.batching.sources import open_source
+from umlos_cuda.cli import main
+from umlos_cuda.errors import UmlosError
+
+BUDGET = ("--bucket-edges", "64,128", "--overflow-max", "1024", "--token-budget", "2048", "--quiet")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, str]:
+    """One folder of each built-in kind, over one token store."""
+    root = tmp_path_factory.mktemp("kinds")
+    store = str(make_store(root / "s", 80, seed=6).root)
+    cache = f"{store}/lengths.jsonl"
+    out = {name: str(root / name) for name in ("plan", "windowed plan", "mixed plan", "pretraining sequences",
+                                               "mixed pretraining sequences")}
+    commands = {
+        "plan": ["plan", "build", "--lengths", cache, *BUDGET],
+        "windowed plan": ["plan", "build", "--window", "16", "--lengths", store, *BUDGET],
+        "mixed plan": ["plan", "build", "--window", "16", "--mix", f"{store}:0.5", f"{cache}:0.5",
+                       "--num-samples", "100", *BUDGET],
+        "pretraining sequences": ["plan", "cut", "--tokens", store, "--sequence-length", "32", "--window", "8"],
+        "mixed pretraining sequences": ["plan", "cut", "--mix", f"{store}:0.5", f"{store}:0.5", "--num-samples", "40",
+                                        "--sequence-length", "32", "--window", "8"],
+    }
+    for name, argv in commands.items():
+        assert main([*argv, "--output", out[name]]) == 0
+    return {**out, "store": store}
+
+
+def test_the_built_in_kinds_and_their_place_in_the_model():
+    table = {k.name: (k.order, k.scope, k.unit, k.rows) for k in plan_kinds()[:5]}
+    assert table == {"plan": ("dataset", "epoch", "microbatch", True),
+                     "windowed plan": ("dataset", "windows", "microbatch", True),
+                     "mixed plan": ("mixture", "windows", "microbatch", False),
+                     "pretraining sequences": ("dataset", "windows", "sample", False),
+                     "mixed pretraining sequences": ("mixture", "windows", "sample", False)}
+
+
+@pytest.mark.parametrize("name", ["plan", "windowed plan", "mixed plan", "pretraining sequences",
+                                  "mixed pretraining sequences"])
+def test_each_kind_is_recognised_opened_reported_and_verified(folders, name, capsys):
+    kind = plan_kind_of(folders[name])
+    assert kind is get_plan_kind(name)
+    plan = open_plan(folders[name])  # the sources reopened from what the folder records
+    fingerprint = json.loads(Path(folders[name], "meta.json").read_text())["fingerprint"]
+    assert plan.fingerprint == fingerprint
+    report = kind.report(folders[name], world_size=2)
+    assert report["fingerprint"] == fingerprint and report["kind"] in (name, "windowed")
+    assert kind.lines(report)[0].startswith(name)
+    assert kind.verify(folders[name], expected_fingerprint=fingerprint)["fingerprint"] == fingerprint
+    capsys.readouterr()
+    assert main(["plan", "info", folders[name], "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fingerprint"] == fingerprint
+    assert main(["plan", "verify", folders[name]]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"{name} {folders[name]} verified: fingerprint {fingerprint}"
+
+
+@pytest.mark.parametrize("name, argv, refused", [
+    ("plan", ["--windows", "2"], "--windows and --seed"),
+    ("mixed plan", ["--lengths", "x"], "--lengths does not apply"),
+    ("pretraining sequences", ["--no-rebuild"], "--no-rebuild does not apply"),
+])
+def test_an_option_a_kind_does_not_take_is_refused_naming_those_it_takes(folders, name, argv, refused, capsys):
+    assert main(["plan", "verify", folders[name], *argv]) == 2
+    err = capsys.readouterr().err
+    assert "BATCHING_CONFIG_INVALID" in err and refused in err and f"is a {name} folder" in err
+
+
+def test_a_folder_of_another_artifact_is_not_a_plan(folders):
+    with pytest.raises(UmlosError) as info:
+        plan_kind_of(folders["store"])
+    assert info.value.code == errors.PLAN_NOT_FOUND and "is a token store, not a plan" in info.value.message
+
+
+def test_the_registry_refuses_a_name_twice_a_wrong_kind_and_a_built_in_removal():
+    whole = get_plan_kind("plan")
+    for call, args, mention in ((register_plan_kind, (whole,), "already registered"),
+                                (register_plan_kind, ("plan",), "takes a PlanKind"),
+                                (unregister_plan_kind, ("plan",), "registered at run time"),
+                                (get_plan_kind, ("nope",), "unknown plan kind")):
+        with pytest.raises(UmlosError) as info:
+            call(*args)
+        assert info.value.code == errors.INVALID_ARGUMENT and mention in info.value.message
+    with pytest.raises(UmlosError, match="scope"):
+        PlanKind(whole.artifact, order="dataset", scope="forever", unit="microbatch", rows=True, open=whole.open,
+                 save=whole.save, verify=whole.verify, report=whole.report, lines=whole.lines)
+
+
+def test_a_toy_kind_is_one_module_and_its_registration(folders, tmp_path, capsys):
+    import toy_plan_kind as toy
+
+    if toy.KIND not in plan_kinds():
+        register_plan_kind(toy.KIND)
+    try:
+        source = open_source(f"{folders['store']}/lengths.jsonl")
+        folder = toy.KIND.save(toy.ToyPlan(source, 7), tmp_path / "toy")
+        assert plan_kind_of(folder) is toy.KIND
+        plan = open_plan(folder)
+        assert plan.num_microbatches == -(-80 // 7) and plan.microbatch(11) == [77, 78, 79]
+        assert plan.tokens(0) == int(np.sum(source.take(np.arange(7))))
+        capsys.readouterr()
+        assert main(["plan", "info", folder, "--world-size", "3", "--rank", "1"]) == 0
+        assert capsys.readouterr().out.splitlines() == [f"toy plan {folder}: 12 microbatches of 7 rows",
+                                                        "  rank 1: 4 microbatches"]
+        assert main(["plan", "verify", folder]) == 0
+        assert capsys.readouterr().out.splitlines()[-1].startswith(f"toy plan {folder} verified")
+        assert main(["plan", "verify", folder, "--windows", "1"]) == 2
+        assert "it takes --expected-fingerprint" in capsys.readouterr().err
+    finally:
+        unregister_plan_kind(toy.KIND.name)

@@ -1,0 +1,126 @@
+"""Plan kinds: every kind of plan folder, by name, with what can be done with it.
+
+A plan is an order planned by a maker over a scope. The order is one dataset's engine order or a weighted
+mixture of components; the maker puts samples into token-budget microbatches (packed into rows when the
+configuration says so) or cuts documents into sequences; the scope is the whole epoch at once or windows of
+W positions. Each combination this release writes is a kind of folder:
+
+======================  ========  =======  ==========  =====  ==================
+kind (folder marker)    order     scope    unit        rows   module
+======================  ========  =======  ==========  =====  ==================
+plan                    dataset   epoch    microbatch  yes    :mod:`.whole`
+windowed plan           dataset   windows  microbatch  yes    :mod:`.windowed`
+mixed plan              mixture   windows  microbatch  no     :mod:`.mixed`
+pretraining sequences   dataset   windows  sample      no     :mod:`.sequences`
+mixed pretraining seq.  mixture   windows  sample      no     :mod:`.mixed_sequences`
+======================  ========  =======  ==========  =====  ==================
+
+("rows": every microbatch lists rows of one dataset, so a batch sampler, ``batch generate`` and ``plan
+shard`` can hand them out.) Every command, sampler and loader reaches a kind through this registry
+(:func:`plan_kind_of`, :func:`open_plan`) and never asks a folder which kind it is one ``is_*`` at a time.
+
+Modules:
+    kind             :class:`PlanKind`: where a kind sits in the model, and its open/save/verify/report
+    whole            the whole plan, and the words about over-long samples, splits and packing
+    windowed         the windowed plan
+    mixed            the mixed plan
+    sequences        pretraining sequences
+    mixed_sequences  mixed pretraining sequences
+
+Adding a kind (docs/architecture.md, "Adding a plan kind"): a module that defines its :class:`PlanKind` and calls
+:func:`register_plan_kind`; the tests register a toy kind this way.
+"""
+
+from __future__ import annotations
+
+import os
+from threading import Lock
+from typing import Any
+
+from .... import errors
+from ....files.artifacts import marked_kind
+from ....files.folder import Folder
+from ..plan import plan_error
+from . import mixed, mixed_sequences, sequences, whole, windowed
+from .kind import ORDERS, SCOPES, UNITS, VERIFY_OPTIONS, PlanKind, registry_error
+
+__all__ = ["ORDERS", "SCOPES", "UNITS", "VERIFY_OPTIONS", "PlanKind", "get_plan_kind", "open_plan", "open_row_plan",
+           "plan_kind_of", "plan_kinds", "register_plan_kind", "unregister_plan_kind"]
+
+#: The kinds of this release, in the order they are listed to users.
+BUILT_IN = (whole.KIND, windowed.KIND, mixed.KIND, sequences.KIND, mixed_sequences.KIND)
+
+_kinds: dict[str, PlanKind] = {kind.name: kind for kind in BUILT_IN}
+_lock = Lock()
+
+
+def plan_kinds() -> tuple[PlanKind, ...]:
+    """The registered kinds, built-in first."""
+    return tuple(_kinds.values())
+
+
+def get_plan_kind(name: str) -> PlanKind:
+    """The kind called ``name`` (its folders' marker), or INVALID_ARGUMENT naming the registered ones."""
+    kind = _kinds.get(name) if isinstance(name, str) else None
+    if kind is None:
+        raise registry_error(f"unknown plan kind {name!r}; the kinds are {', '.join(_kinds)}")
+    return kind
+
+
+def register_plan_kind(kind: PlanKind) -> PlanKind:
+    """Add ``kind`` to the registry and return it; INVALID_ARGUMENT when its name is taken."""
+    if not isinstance(kind, PlanKind):
+        raise registry_error(f"register_plan_kind takes a PlanKind, got {type(kind).__name__}")
+    with _lock:
+        if kind.name in _kinds:
+            raise registry_error(f"plan kind {kind.name!r} is already registered")
+        _kinds[kind.name] = kind
+    return kind
+
+
+def unregister_plan_kind(name: str) -> None:
+    """Remove the kind registered at run time as ``name`` (a built-in kind cannot be removed)."""
+    with _lock:
+        if name in _kinds and _kinds[name] not in BUILT_IN:
+            del _kinds[name]
+            return
+    raise registry_error(f"no plan kind {name!r} was registered at run time")
+
+
+def plan_kind_of(folder) -> PlanKind:
+    """The kind of the plan folder ``folder``, by its marker (a few bytes read, never through a link, never
+    blocking on a FIFO), else by a kind's signature of folders written before markers. A folder marked as
+    another artifact is PLAN_NOT_FOUND, saying what it is; anything else is taken for a whole plan, whose
+    reader then says what the folder lacks (PLAN_NOT_FOUND, PLAN_FORMAT_INVALID)."""
+    marked = None
+    try:
+        with Folder.open(os.fspath(folder)) as opened:
+            marked = marked_kind(opened)
+            if marked is None:
+                for kind in plan_kinds():
+                    if kind.artifact.signature is not None and kind.artifact.signature(opened):
+                        return kind
+    except (OSError, ValueError):
+        pass
+    if marked is None:
+        return whole.KIND
+    if marked not in _kinds:
+        raise plan_error(errors.PLAN_NOT_FOUND, f"{os.fspath(folder)} is a {marked}, not a plan (umlos-cuda info "
+                                                "says what it holds)")
+    return _kinds[marked]
+
+
+def open_plan(folder) -> Any:
+    """The plan in ``folder``, whatever its kind, its sources reopened from what it records (no other argument)."""
+    return plan_kind_of(folder).open(folder)
+
+
+def open_row_plan(folder, user: str) -> Any:
+    """The plan in ``folder`` when its microbatches list rows of one dataset (a kind with ``rows``), for ``user``
+    (what hands them out: a sampler, ``batch generate``); PLAN_NOT_FOUND naming the kinds that do otherwise."""
+    kind = plan_kind_of(folder)
+    if not kind.rows:
+        takes = ", ".join(k.name for k in plan_kinds() if k.rows)
+        raise plan_error(errors.PLAN_NOT_FOUND, f"{os.fspath(folder)} is a {kind.name}, whose {kind.unit}s are not "
+                                                f"rows of one dataset; {user} takes a {takes}")
+    return kind.open(folder)

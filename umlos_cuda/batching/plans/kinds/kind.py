@@ -1,0 +1,69 @@
+"""A kind of plan: where it sits among the options of the one plan model, and what can be done with it.
+
+What goes in: nothing (a :class:`PlanKind` is a description). What comes out: the record the registry
+(``umlos_cuda.batching.plans.kinds``) keeps for each kind, which every command, sampler and loader reads
+instead of asking a folder which kind it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .... import errors
+from ....errors import UmlosError
+from ....files.artifacts import ArtifactKind
+
+#: The orders a plan follows: one dataset's engine order, or a weighted mixture of components.
+ORDERS = ("dataset", "mixture")
+#: The scopes a plan is made over: the whole epoch at once, or windows of W positions.
+SCOPES = ("epoch", "windows")
+#: What one step of a plan hands out: a microbatch of samples, or one cut sample.
+UNITS = ("microbatch", "sample")
+#: The keyword options a kind's ``verify`` may take beyond the folder (the flags of ``plan verify``).
+VERIFY_OPTIONS = ("expected_fingerprint", "windows", "seed", "lengths", "rebuild")
+
+
+@dataclass(frozen=True)
+class PlanKind:
+    """One kind of plan folder.
+
+    ``artifact`` is its folder's marker (its name is the kind's name, what messages call it). ``order``,
+    ``scope`` and ``unit`` place it in the plan model (module docstring of the registry); ``rows``: every
+    microbatch lists rows of one dataset, so a batch sampler, ``batch generate`` and ``plan shard`` can
+    hand them out. ``open(folder)`` reads it, its sources reopened from what it records; ``save(plan,
+    folder, force=, inputs=)`` writes one; ``verify(folder, **options)`` runs its checks and returns
+    ``{"fingerprint", "checks"}`` (``options`` among :data:`VERIFY_OPTIONS`, only those in
+    ``verify_options``); ``report(folder, world_size=, rank=)`` is ``plan info``'s dict and
+    ``lines(report)`` its text. ``describe(plan)`` is one line of what an opened plan holds."""
+
+    artifact: ArtifactKind
+    order: str
+    scope: str
+    unit: str
+    rows: bool
+    open: Callable[[Any], Any]
+    save: Callable[..., str]
+    verify: Callable[..., dict]
+    report: Callable[..., dict]
+    lines: Callable[[dict], list[str]]
+    verify_options: frozenset[str] = frozenset({"expected_fingerprint"})
+
+    def __post_init__(self) -> None:
+        for value, allowed, what in ((self.order, ORDERS, "order"), (self.scope, SCOPES, "scope"),
+                                     (self.unit, UNITS, "unit")):
+            if value not in allowed:
+                raise registry_error(f"a plan kind's {what} is one of {', '.join(allowed)}, got {value!r}")
+        unknown = set(self.verify_options) - set(VERIFY_OPTIONS)
+        if unknown:
+            raise registry_error(f"unknown verify options {sorted(unknown)}; a kind takes some of {VERIFY_OPTIONS}")
+
+    @property
+    def name(self) -> str:
+        return self.artifact.name
+
+
+def registry_error(message: str) -> UmlosError:
+    """A plan kind defined or registered wrongly: a programming error (INVALID_ARGUMENT)."""
+    return UmlosError(errors.INVALID_ARGUMENT, message, operator=errors.BATCH_PLAN_OPERATOR)

@@ -75,9 +75,11 @@ def test_the_pins_were_written_by_make_lock():
 
 
 def _dry_run(target: str) -> list[str]:
-    """The pip commands ``make -n TARGET`` would run."""
+    """The pip commands ``make -n TARGET`` would run, as from a shell: without the variables of a make that runs
+    this suite (``make test-latest`` passes VENV, PIN and PIP_FLAGS down through MAKEFLAGS)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
     result = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=ROOT, capture_output=True,
-                            text=True, timeout=60)
+                            text=True, timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     return [line for line in result.stdout.splitlines() if re.search(r"\bpip install\b", line)]
 

@@ -33,7 +33,7 @@ def test_plan_info_reports_a_windowed_packed_plan_from_its_index(built, capsys, 
     monkeypatch.setattr(plan_module, "plan_window", None)  # info plans no window: calling it would fail
     assert main(["plan", "info", folder, "--json", "--world-size", "3"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["kind"] == "windowed" and report["fingerprint"] == plan.fingerprint
+    assert report["kind"] == "windowed plan" and report["fingerprint"] == plan.fingerprint
     assert report["pack_config"]["max_length"] == 2048 and report["window"]["num_windows"] == 8
     for e, stats in enumerate(report["epochs"]):
         assert stats["microbatches"] == plan.epoch_microbatches(e)

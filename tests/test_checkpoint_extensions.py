@@ -224,10 +224,10 @@ def test_a_kind_no_one_registered_is_refused_then_found_through_an_entry_point(t
     gone = register_cursor_kind(CursorKind("toy_gone", lambda v: v, lambda v, m: v))
     save_checkpoint(path, identity(), CheckpointState(1, {}, extra_cursors={"toy_gone": [1, 2]}))
     monkeypatch.delitem(extensions._KINDS, "toy_gone")
-    monkeypatch.setattr(plugins, "_loaded", False)
-    monkeypatch.setattr(plugins, "failures", [])
+    monkeypatch.setattr(plugins.ENTRY_POINTS, "_loaded", False)
+    monkeypatch.setattr(plugins.ENTRY_POINTS, "failures", [])
     broken = metadata.EntryPoint("broken", "no_such_module_anywhere", plugins.GROUP)
-    monkeypatch.setattr(plugins.metadata, "entry_points", lambda group: [broken] if group == plugins.GROUP else [])
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [broken] if group == plugins.GROUP else [])
     error = expect_code(errors.CHECKPOINT_SCHEMA_UNSUPPORTED, verify_container, path)
     assert "'toy_gone' is not registered" in error.message and plugins.GROUP in error.message
     assert "no_such_module_anywhere" in error.message  # the entry point that failed to load is named
@@ -236,11 +236,11 @@ def test_a_kind_no_one_registered_is_refused_then_found_through_an_entry_point(t
     module.write_text("from umlos_cuda.checkpoint import CursorKind, register_cursor_kind\n"
                       "register_cursor_kind(CursorKind('toy_gone', list, lambda value, manifest: tuple(value)))\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(plugins, "_loaded", False)
+    monkeypatch.setattr(plugins.ENTRY_POINTS, "_loaded", False)
     point = metadata.EntryPoint("toy", "toy_gone_plugin", plugins.GROUP)
-    monkeypatch.setattr(plugins.metadata, "entry_points", lambda group: [point] if group == plugins.GROUP else [])
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [point] if group == plugins.GROUP else [])
     assert restore_checkpoint(path).extra_cursors == {"toy_gone": (1, 2)}  # decoded by the plugin's kind
-    assert plugins.failures == [] and extensions._KINDS["toy_gone"] is not gone
+    assert plugins.ENTRY_POINTS.failures == [] and extensions._KINDS["toy_gone"] is not gone
 
 
 def test_a_1_1_container_cannot_hold_cursor_kinds(tmp_path):

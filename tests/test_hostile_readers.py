@@ -1502,6 +1502,79 @@ def _zstd_frame_lies_about_its_size(world, here):
     return ("batch", "check", str(here / "batches-zstd"))
 
 
+# ------------------------------------------------------------------ umlos-cuda info / verify (any artifact)
+A = errors.ARTIFACT_UNKNOWN
+
+
+def _artifact_fifo(world, here):
+    fifo(here / "x")
+    return ("info", str(here / "x"))
+
+
+def _marker_only(text: str):
+    def make(world, here):
+        (here / "thing").mkdir()
+        (here / "thing" / "umlos-artifact.json").write_text(text)
+        return ("verify", str(here / "thing"))
+    return make
+
+
+def _artifact_plan_fifo_meta(world, here):
+    copy(world, here, "plan")
+    fifo(here / "plan" / "meta.json")
+    return ("info", str(here / "plan"))
+
+
+def _artifact_sparse_cache(world, here):
+    copy(world, here, "lengths.jsonl")
+    sparse(here / "lengths.jsonl")
+    return ("verify", str(here / "lengths.jsonl"))
+
+
+def _artifact_megatron_fifo_idx(world, here):
+    copy(world, here, "mega")
+    fifo(here / "mega.idx")
+    return ("info", str(here / "mega"))
+
+
+def _artifact_gym_fifo_log(world, here):
+    from umlos_cuda.streams.window.log import GYM_RUN
+
+    copy(world, here, "run")
+    (here / "run" / "umlos-artifact.json").write_bytes(GYM_RUN.marker_bytes())  # as `gym run` marks its folder
+    fifo(here / "run" / "windows.jsonl")
+    return ("verify", str(here / "run"))
+
+
+def _artifact_shards_fifo_index(world, here):
+    from umlos_cuda.batching.plans.io import load_plan, save_shards
+
+    save_shards(load_plan(world / "plan"), 2, here / "shards")
+    fifo(here / "shards" / "shards.json")
+    return ("verify", str(here / "shards"))
+
+
+def _artifact_store_fifo_offsets(world, here):
+    copy(world, here, "store")
+    fifo(here / "store" / "offsets.npy")
+    return ("verify", str(here / "store"))
+
+
+ARTIFACT_CASES = [
+    Case("hang/info-fifo-path", _artifact_fifo, (A,), "x"),
+    Case("hang/info-plan-fifo-meta-json", _artifact_plan_fifo_meta, (P, errors.PLAN_NOT_FOUND), "meta.json"),
+    Case("hang/info-megatron-fifo-idx", _artifact_megatron_fifo_idx, (errors.MEGATRON_INDEX_INVALID,), "mega.idx"),
+    Case("hang/verify-sparse-length-cache", _artifact_sparse_cache,
+         (errors.LENGTHS_INVALID, errors.LENGTHS_SIDECAR_MISMATCH), "lengths.jsonl"),
+    Case("hang/verify-gym-run-fifo-log", _artifact_gym_fifo_log, (errors.WINDOW_LOG_INVALID,), "windows.jsonl"),
+    Case("hang/verify-shard-set-fifo-index", _artifact_shards_fifo_index, (P, errors.PLAN_NOT_FOUND), "shards.json"),
+    Case("hang/verify-store-fifo-offsets", _artifact_store_fifo_offsets, (S,), "offsets.npy"),
+    Case("traceback/verify-marker-of-an-unknown-kind", _marker_only(
+        '{"artifact":"nonsense","format":"umlos-cuda/artifact-v1"}'), (A,), "thing"),
+    Case("traceback/verify-deep-json-marker", _marker_only(deep_json()), (A,), "thing"),
+]
+
+
 CASES = [
     # ------------------------------------------------------------------ hang: FIFOs where a file should be
     Case("hang/plan-info-fifo-meta-json", _plan_fifo("meta.json"), (P, errors.PLAN_NOT_FOUND), "meta.json"),
@@ -1799,6 +1872,7 @@ CASES = [
 CASES += WINDOWED_CASES + SEQUENCES_CASES
 CASES += MIXED_CASES + MIXED_SEQUENCES_CASES
 CASES += TOKEN_SOURCE_CASES
+CASES += ARTIFACT_CASES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -1832,7 +1906,7 @@ def test_the_suite_covers_every_command_that_reads_a_path_or_a_host():
               "data megatron", "data lengths stats", "data lengths build", "gym replay", "gym run", "gym info",
               "gym serve", "next-batch", "next-batch-v1", "indices", "demo", "quality", "golden verify",
               "checkpoint inspect", "checkpoint verify", "checkpoint recover", "checkpoint gc", "data tokenize",
-              "batch fingerprint", "data verify", "data append", "plan cut"}
+              "batch fingerprint", "data verify", "data append", "plan cut", "info", "verify"}
     names = {case.id.split("/", 1)[1] for case in CASES}
     for command in wanted:
         assert any(name.startswith(command.replace(" ", "-") + "-") for name in names), command

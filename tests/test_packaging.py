@@ -409,6 +409,22 @@ def test_every_module_that_registers_checkpoint_kinds_is_an_entry_point():
     assert registering and registering == set(declared.values()), (registering, declared)
 
 
+def test_every_module_that_registers_artifact_kinds_is_an_entry_point():
+    """``umlos-cuda info`` and ``verify`` must know every kind in a process that imported no subsystem: the
+    registry imports the entry points of the group umlos_cuda.artifacts (umlos_cuda/artifacts.py)."""
+    from umlos_cuda import artifacts
+
+    declared = PYPROJECT["project"]["entry-points"][artifacts.GROUP]
+    registering = set()
+    for path in (ROOT / "umlos_cuda").rglob("*.py"):
+        if path == ROOT / "umlos_cuda" / "artifacts.py" or "__pycache__" in path.parts:
+            continue  # the registry itself
+        if re.search(r"\bregister_artifact\(", path.read_text(encoding="utf-8")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            registering.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    assert registering and registering == set(declared.values()), (registering, declared)
+
+
 def test_wheel_declares_the_checkpoint_entry_points(built):
     wheel, _ = built["wheel"]
     with zipfile.ZipFile(wheel) as archive:

@@ -65,7 +65,7 @@ def test_each_kind_is_recognised_opened_reported_and_verified(folders, name, cap
     fingerprint = json.loads(Path(folders[name], "meta.json").read_text())["fingerprint"]
     assert plan.fingerprint == fingerprint
     report = kind.report(folders[name], world_size=2)
-    assert report["fingerprint"] == fingerprint and report["kind"] in (name, "windowed")
+    assert report["fingerprint"] == fingerprint and report["kind"] == name
     assert kind.lines(report)[0].startswith(name)
     assert kind.verify(folders[name], expected_fingerprint=fingerprint)["fingerprint"] == fingerprint
     capsys.readouterr()
@@ -126,5 +126,7 @@ def test_a_toy_kind_is_one_module_and_its_registration(folders, tmp_path, capsys
         assert capsys.readouterr().out.splitlines()[-1].startswith(f"toy plan {folder} verified")
         assert main(["plan", "verify", folder, "--windows", "1"]) == 2
         assert "it takes --expected-fingerprint" in capsys.readouterr().err
+        assert main(["info", folder]) == 0  # registered as a plan kind, it is an artifact too
+        assert capsys.readouterr().out.startswith(f"toy plan {folder}: 12 microbatches")
     finally:
         unregister_plan_kind(toy.KIND.name)

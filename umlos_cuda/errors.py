@@ -40,6 +40,7 @@ OUTPUT_IS_INPUT = "OUTPUT_IS_INPUT"  # an output is, holds, or sits inside a pat
 INVALID_ARGUMENT = "INVALID_ARGUMENT"  # an argument outside the manifest and the R8 table is mistyped or out of range (dtype, out=, stream, device, sampler seed or epoch, UMLOS_MAX_INDICES)
 INVALID_CURSOR = "INVALID_CURSOR"  # a cursor built or read outside a NextBatch_v2 call is not {epoch, global_index} of integers in [0, 2^64 - 1]
 SAMPLER_STATE_INVALID = "SAMPLER_STATE_INVALID"  # a sampler state to load is not one this kind of sampler wrote, or was written for another order
+ARTIFACT_UNKNOWN = "ARTIFACT_UNKNOWN"  # `umlos-cuda info`/`verify` met a path that no registered artifact kind recognises, or a marker of an unknown kind
 
 #: Checkpoint containers, run commits and the trace tape (docs/checkpoint-format.md);
 #: each is documented in docs/checkpoint-format.md, "Failure codes".
@@ -177,6 +178,7 @@ BATCHING_OPERATOR = "UML_OS.Data.Batching_v1"
 PACKING_OPERATOR = "umlos_cuda.batching.packing"
 STREAMS_OPERATOR = "umlos_cuda.streams"
 QUALITY_OPERATOR = "umlos_cuda.quality"
+ARTIFACTS_OPERATOR = "umlos_cuda.artifacts"
 
 
 class UmlosError(Exception):

@@ -9,12 +9,11 @@ with the failure code on any mismatch); ``shard`` writes one plan per rank.
 
 from __future__ import annotations
 
-import json
 import time
 
 from .. import errors
-from ..errors import UmlosError
 from ._args import MODE_ALIASES, add_no_verify_argument, add_pack_arguments, non_negative_int, positive_int
+from ._artifacts import VERIFY_FLAGS, check_options, given_options, print_report, print_verified
 from ._plan_windows import build_mixed, build_windowed, run_cut
 
 
@@ -292,14 +291,8 @@ def run_info(args) -> int:
     from ..batching.plans.kinds import plan_kind_of
 
     kind = plan_kind_of(args.plan)
-    report = kind.report(args.plan, world_size=args.world_size, rank=args.rank)
-    print(json.dumps(report, indent=2) if args.json else "\n".join(kind.lines(report)))
+    print_report(kind.report(args.plan, world_size=args.world_size, rank=args.rank), kind.lines, args.json)
     return 0
-
-
-#: ``plan verify``'s flags, by the keyword option of a kind's ``verify`` they set.
-VERIFY_FLAGS = {"windows": "--windows", "seed": "--seed", "lengths": "--lengths", "rebuild": "--no-rebuild",
-                "expected_fingerprint": "--expected-fingerprint"}
 
 
 def run_verify(args) -> int:
@@ -308,22 +301,9 @@ def run_verify(args) -> int:
     from ..batching.plans.kinds import plan_kind_of
 
     kind = plan_kind_of(args.plan)
-    given = {"windows": args.windows, "lengths": args.lengths, "expected_fingerprint": args.expected_fingerprint,
-             "rebuild": False if args.no_rebuild else None}
-    if args.windows is not None:
-        given["seed"] = args.seed
-    options = {name: value for name, value in given.items() if value is not None}
-    refused = [VERIFY_FLAGS[name] for name in options if name not in kind.verify_options]
-    if refused:
-        takes = ", ".join(VERIFY_FLAGS[name] for name in VERIFY_FLAGS if name in kind.verify_options)
-        flags = " and ".join(refused)
-        raise UmlosError(errors.BATCHING_CONFIG_INVALID, f"{args.plan} is a {kind.name} folder: {flags} "
-                         f"do{'es' if len(refused) == 1 else ''} not apply (it takes {takes})",
-                         operator=errors.BATCH_PLAN_OPERATOR)
-    report = kind.verify(args.plan, **options)
-    for check in report["checks"]:
-        print(f"ok  {check}")
-    print(f"{kind.name} {args.plan} verified: fingerprint {report['fingerprint']}")
+    options = given_options(args, VERIFY_FLAGS)
+    check_options(args.plan, kind.name, options, kind.verify_options, VERIFY_FLAGS, errors.BATCH_PLAN_OPERATOR)
+    print_verified(kind.name, args.plan, kind.verify(args.plan, **options))
     return 0
 
 

@@ -26,6 +26,10 @@ Modules:
     mixed            the mixed plan
     sequences        pretraining sequences
     mixed_sequences  mixed pretraining sequences
+    shard_set        a plan shard set (``plan shard``): an artifact of plans, not a plan kind
+
+Importing this package registers every kind, and the shard set, as an artifact (``umlos_cuda.artifacts``:
+``umlos-cuda info`` and ``verify``); a kind registered at run time becomes one too.
 
 Adding a kind (docs/architecture.md, "Adding a plan kind"): a module that defines its :class:`PlanKind` and calls
 :func:`register_plan_kind`; the tests register a toy kind this way.
@@ -38,10 +42,11 @@ from threading import Lock
 from typing import Any
 
 from .... import errors
+from ....artifacts import Artifact, register_artifact, unregister_artifact
 from ....files.artifacts import marked_kind
 from ....files.folder import Folder
 from ..plan import plan_error
-from . import mixed, mixed_sequences, sequences, whole, windowed
+from . import mixed, mixed_sequences, sequences, shard_set, whole, windowed
 from .kind import ORDERS, SCOPES, UNITS, VERIFY_OPTIONS, PlanKind, registry_error
 
 __all__ = ["ORDERS", "SCOPES", "UNITS", "VERIFY_OPTIONS", "PlanKind", "get_plan_kind", "open_plan", "open_row_plan",
@@ -52,6 +57,18 @@ BUILT_IN = (whole.KIND, windowed.KIND, mixed.KIND, sequences.KIND, mixed_sequenc
 
 _kinds: dict[str, PlanKind] = {kind.name: kind for kind in BUILT_IN}
 _lock = Lock()
+
+
+def as_artifact(kind: PlanKind) -> Artifact:
+    """``kind`` as an artifact of ``umlos-cuda info`` and ``verify``: the same functions, its folder's marker."""
+    return Artifact(kind.name, open=kind.open, verify=kind.verify, report=kind.report, lines=kind.lines,
+                    folder=kind.artifact, info_options=frozenset({"world_size", "rank"}),
+                    verify_options=kind.verify_options)
+
+
+for _kind in BUILT_IN:
+    register_artifact(as_artifact(_kind), replace=True)
+register_artifact(shard_set.ARTIFACT, replace=True)
 
 
 def plan_kinds() -> tuple[PlanKind, ...]:
@@ -75,6 +92,7 @@ def register_plan_kind(kind: PlanKind) -> PlanKind:
         if kind.name in _kinds:
             raise registry_error(f"plan kind {kind.name!r} is already registered")
         _kinds[kind.name] = kind
+    register_artifact(as_artifact(kind), replace=True)
     return kind
 
 
@@ -83,6 +101,7 @@ def unregister_plan_kind(name: str) -> None:
     with _lock:
         if name in _kinds and _kinds[name] not in BUILT_IN:
             del _kinds[name]
+            unregister_artifact(name)
             return
     raise registry_error(f"no plan kind {name!r} was registered at run time")
 

@@ -30,7 +30,7 @@ def report(folder, *, world_size: int | None = None, rank: int | None = None) ->
     plan = load_windowed_plan(folder)
     definition, config = plan.definition, plan.config
     pack = config.pack
-    report: dict = {"plan": str(folder), "kind": "windowed", "fingerprint": plan.fingerprint,
+    report: dict = {"plan": str(folder), "kind": WINDOWED_PLAN.name, "fingerprint": plan.fingerprint,
                     "config": config.to_dict(),
                     "pack_config": None if pack is None else pack.to_dict(),
                     "window": {**definition.to_dict(), "num_windows": definition.num_windows},

@@ -1,0 +1,80 @@
+"""What ``umlos-cuda info``, ``umlos-cuda verify`` and the kind-specific ``plan info``/``plan verify`` share: the
+flags of the keyword options an artifact's report and verify take, the refusal of a flag a kind does not take
+(naming those it does), and the printed result.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .. import errors
+from ..errors import UmlosError
+
+#: ``verify``'s flags, by the keyword option of an artifact's ``verify`` they set.
+VERIFY_FLAGS = {"windows": "--windows", "seed": "--seed", "lengths": "--lengths", "rebuild": "--no-rebuild",
+                "store": "--store", "expected_fingerprint": "--expected-fingerprint"}
+#: ``info``'s flags, by the keyword option of an artifact's ``report`` they set.
+INFO_FLAGS = {"world_size": "--world-size", "rank": "--rank"}
+
+
+def add_verify_arguments(parser, *, store: bool = True) -> None:
+    """The flags of every verify option (``store``: with ``--store``, which only ``umlos-cuda verify`` takes)."""
+    from ._args import non_negative_int, positive_int
+
+    parser.add_argument("--expected-fingerprint", metavar="F", help="the fingerprint it must have")
+    parser.add_argument("--lengths", metavar="SOURCE",
+                        help="a plan: also check against these lengths (a length cache, its .u32, a token source)")
+    parser.add_argument("--no-rebuild", action="store_true", help="a whole plan: skip the rebuild check")
+    parser.add_argument("--windows", metavar="N", type=positive_int("--windows"),
+                        help="a windowed, mixed plan or pretraining sequences folder: replan (recount) N windows "
+                        "of each epoch, chosen at random (default: all)")
+    parser.add_argument("--seed", metavar="S", type=non_negative_int("--seed"), default=0,
+                        help="with --windows: the seed that chooses the windows (default 0)")
+    if store:
+        parser.add_argument("--store", metavar="SOURCE", help="a batch folder: compare every file with what this "
+                            "token source collates (the index layout needs it)")
+
+
+def add_info_arguments(parser) -> None:
+    from ._args import non_negative_int, positive_int
+
+    parser.add_argument("--rank", type=non_negative_int("rank"), metavar="R", help="with --world-size: only this rank")
+    parser.add_argument("--world-size", type=positive_int("world size"), metavar="W",
+                        help="a plan: print each rank's share")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def given_options(args, flags: dict[str, str]) -> dict:
+    """The options the command line set (a flag left at its default sets none; ``--seed`` only with
+    ``--windows``, ``--no-rebuild`` sets ``rebuild=False``)."""
+    given = {"windows": getattr(args, "windows", None), "lengths": getattr(args, "lengths", None),
+             "store": getattr(args, "store", None), "expected_fingerprint": getattr(args, "expected_fingerprint", None),
+             "rebuild": False if getattr(args, "no_rebuild", False) else None,
+             "world_size": getattr(args, "world_size", None), "rank": getattr(args, "rank", None)}
+    if given["windows"] is not None:
+        given["seed"] = args.seed
+    return {name: value for name, value in given.items() if value is not None and name in flags}
+
+
+def check_options(path: str, kind: str, options: dict, accepted, flags: dict[str, str], operator: str) -> None:
+    """BATCHING_CONFIG_INVALID (INVALID_ARGUMENT outside the batching kinds) naming the flags a ``kind`` does not
+    take among those given, and the ones it does."""
+    refused = [flags[name] for name in options if name not in accepted]
+    if not refused:
+        return
+    takes = ", ".join(flags[name] for name in flags if name in accepted) or "no option"
+    code = errors.BATCHING_CONFIG_INVALID if operator in (errors.BATCH_PLAN_OPERATOR, errors.BATCHING_OPERATOR) \
+        else errors.INVALID_ARGUMENT
+    raise UmlosError(code, f"{path} is a {kind} folder: {' and '.join(refused)} "
+                     f"do{'es' if len(refused) == 1 else ''} not apply (it takes {takes})", operator=operator)
+
+
+def print_report(report: dict, lines, as_json: bool) -> None:
+    print(json.dumps(report, indent=2) if as_json else "\n".join(lines(report)))
+
+
+def print_verified(kind: str, path: str, report: dict) -> None:
+    for check in report["checks"]:
+        print(f"ok  {check}")
+    fingerprint = report.get("fingerprint")
+    print(f"{kind} {path} verified" + ("" if fingerprint is None else f": fingerprint {fingerprint}"))

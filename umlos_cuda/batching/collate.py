@@ -50,6 +50,7 @@ from .. import checks, errors
 from ..errors import UmlosError
 from .plans.config import PadPolicy
 from .presets import IGNORE_INDEX, PAD_SEGMENT, apply_preset
+from .packing.rows import pack_rows
 
 #: The arrays of a collated batch, in the order files and fingerprints list them.
 FIELDS = ("input_ids", "labels", "loss_mask", "attention_mask", "segment_ids", "position_ids")
@@ -276,7 +277,6 @@ def _collate_microbatch(source: Any, microbatch: Any, pad_id: int, separator_ids
     pairs = sample_arrays(source, microbatch)
     if packed is None:
         return collate_arrays([p[0] for p in pairs], [p[1] for p in pairs], width, pad_id=pad_id, max_len=width)
-    from .packing.rows import pack_rows
 
     ids, arrays = iter(microbatch.samples), iter(pairs)
     rows = [[dict(zip(("input_ids", "loss_mask"), next(arrays)), sample_id=next(ids)) for _ in row.tolist()]

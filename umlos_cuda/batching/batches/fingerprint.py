@@ -36,6 +36,9 @@ import numpy as np
 from ... import checks, errors
 from ...files.atomic import atomic_output
 from ...errors import UmlosError
+from ..collate import collate_microbatch, plan_separator_ids
+from ..plans.integrity import check_source_matches_plan
+from ...files.reader import read_json
 
 FINGERPRINT_FORMAT = "umlos_cuda.batch_fingerprint/1"
 DEFAULT_N_BATCHES = 100
@@ -126,8 +129,6 @@ class BatchFingerprint:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> BatchFingerprint:
-        from ...files.reader import read_json
-
         try:
             data = read_json(path, _invalid)
         except FileNotFoundError:
@@ -210,7 +211,6 @@ def _check_expected(expected: Any) -> None:
 def plan_batches(plan, source, *, pad_id: int = 0, separator_ids=()) -> Iterator[tuple[int, int, Any]]:
     """``(epoch, index, CollatedBatch)`` of a plan, in training order from
     epoch 0, collated from ``source`` (a token store or Megatron dataset)."""
-    from ..collate import collate_microbatch, plan_separator_ids
 
     separator_ids = plan_separator_ids(plan, separator_ids)
     for epoch, index, microbatch in plan.iter_from(0, 0):
@@ -220,7 +220,6 @@ def plan_batches(plan, source, *, pad_id: int = 0, separator_ids=()) -> Iterator
 def fingerprint_plan_batches(plan, source, n_batches: int = DEFAULT_N_BATCHES, *, pad_id: int = 0,
                      separator_ids=()) -> BatchFingerprint:
     """The :class:`BatchFingerprint` of a plan's first ``n_batches`` microbatches, collated from ``source``."""
-    from ..plans.integrity import check_source_matches_plan
 
     check_source_matches_plan(source, plan)
     batches = plan_batches(plan, source, pad_id=pad_id, separator_ids=separator_ids)

@@ -35,6 +35,11 @@ from ...files import reader
 from ..plans.plan import BatchPlan, plan_error
 from ..plans.io import load_plan
 from ..plans.sharding import shard_plan
+from ..plans.integrity import check_source_matches_plan
+from ..tokens.sources import open_token_source
+from ..collate import collate_microbatch
+from ..plans.integrity import check_digests
+from ..tokens.sources import verify_source
 
 
 class BatchReader:
@@ -77,9 +82,6 @@ class BatchReader:
             raise file_error(f"{INDEX_FILE} in {self.root}: its batch fingerprint disagrees with its file digests")
         self.source = None
         if not self.layout.has_files:
-            from ..plans.integrity import check_source_matches_plan
-            from ..tokens.sources import open_token_source
-
             if store is None:
                 raise UmlosError(errors.BATCH_STORE_MISMATCH, f"{self.root} is an index-only batch folder: it holds "
                                  "no batch files, and its microbatches are collated from the token store they were "
@@ -123,7 +125,6 @@ class BatchReader:
 
     def _collate(self, epoch: int, index: int, local: int) -> dict[str, np.ndarray]:
         """An index-only folder's microbatch: collated from the store, checked against its recorded digest."""
-        from ..collate import collate_microbatch
 
         microbatch = self.plan.microbatch(epoch, local)
         batch = collate_microbatch(self.source, microbatch, pad_id=self.pad_id,
@@ -192,10 +193,6 @@ class BatchReader:
         as a file that disagrees with it). An index-only folder has no files:
         every microbatch is collated from ``store`` (or the reader's own) and
         must hash to its recorded digest."""
-        from ..collate import collate_microbatch
-        from ..plans.integrity import check_digests
-        from ..plans.integrity import check_source_matches_plan
-        from ..tokens.sources import open_token_source, verify_source
 
         if digests:
             folder = os.path.join(self.root, PLAN_FOLDER)

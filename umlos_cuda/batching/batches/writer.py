@@ -61,6 +61,7 @@ from ..plans.plan import BatchPlan
 from ..plans.io import load_plan, save_plan_into
 from ..plans.integrity import check_source_matches_plan
 from ..tokens.sources import open_token_source, verify_source
+from .reader import read_index
 
 #: The fields of batches.json that say what the files are made from.
 IDENTITY = ("format", "layout", "compression", "token_dtype", "plan_fingerprint", "tokenizer_hash", "lengths_sha256",
@@ -255,8 +256,6 @@ def write_batches(plan, output_dir, store, **kwargs) -> BatchWriteReport:
 
 
 def _read_identity(path: str) -> dict:
-    from .reader import read_index
-
     return _view(read_index(path, require_complete=False))
 
 

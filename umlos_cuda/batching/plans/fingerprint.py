@@ -28,6 +28,7 @@ import hashlib
 import numpy as np
 
 from ...hashing import cbor_canonical, hash_canonical, update_array
+from dataclasses import replace
 
 
 def epoch_digest(epoch: int, index_base: int, index_step: int, offsets, samples, bucket_ids, max_len,
@@ -61,7 +62,6 @@ def epoch_plan_digest(plan) -> str:
 
 def finish_meta(meta, epochs):
     """``meta`` with its epoch digests and fingerprint computed from ``epochs``."""
-    from dataclasses import replace
 
     digests = tuple(epoch_plan_digest(e) for e in epochs)
     return replace(meta, epoch_digests=digests, fingerprint=plan_fingerprint(meta.header(), digests))

@@ -44,6 +44,7 @@ from ...errors import MAX_WORLD_SIZE, UmlosError
 from ...hashing import sha256_array
 from .fingerprint import epoch_plan_digest, plan_fingerprint
 from .plan import BatchPlan, plan_error
+from .builder import sample_ids_sha256
 
 #: Rows checked at a time for the range of ``samples`` (bounded temporaries on memory-mapped arrays).
 _WINDOW = 1 << 22
@@ -151,7 +152,6 @@ def check_units(plan: BatchPlan, folder: str) -> None:
 
 def check_digests(plan: BatchPlan, folder: str) -> None:
     """The plan's content hashes to what ``meta.json`` records (see the module docstring)."""
-    from .builder import sample_ids_sha256
 
     meta = plan.meta
     skip = "the plan changed after it was written: rebuild it, or pass --no-verify to use it as it is"
@@ -194,11 +194,9 @@ def check_source_matches_plan(source, plan) -> None:
     if (meta.sample_ids_sha256 is None) != bool(source.ids_are_line_numbers):
         raise _mismatch(f"{where} names its samples {'by row number' if source.ids_are_line_numbers else 'by id'}; "
                         f"the plan {'by row number' if meta.sample_ids_sha256 is None else 'by id'}")
-    if meta.sample_ids_sha256 is not None:
-        from .builder import sample_ids_sha256
-
-        if sample_ids_sha256(source.length_cache().sample_ids) != meta.sample_ids_sha256:
-            raise _mismatch(f"the sample ids of {where} differ from those of the plan")
+    if meta.sample_ids_sha256 is not None and \
+            sample_ids_sha256(source.length_cache().sample_ids) != meta.sample_ids_sha256:
+        raise _mismatch(f"the sample ids of {where} differ from those of the plan")
 
 
 def _mismatch(message: str) -> UmlosError:

@@ -54,6 +54,7 @@ from .integrity import check_digests, check_shard_field, check_structure, check_
 from .plan import PLAN_FORMAT, BatchPlan, BatchPlanMeta, EpochPlan, plan_error
 from ..packing.config import PackingConfig
 from .sharding import shard_plan
+from .sharding import check_shard_count
 
 JSONL_MODES = ("auto", "always", "never")
 #: ``jsonl="auto"`` writes microbatches.jsonl up to this many sample entries (all epochs).
@@ -116,7 +117,6 @@ def save_shards(plan: BatchPlan, world_size: int, directory, *, jsonl: str = "au
                 inputs: Iterable = ()) -> list[dict]:
     """Write ``directory/rank_<r>`` (the shard of rank ``r``) for every rank and
     ``directory/shards.json``, all in one atomic step; returns one row per rank."""
-    from .sharding import check_shard_count
 
     world_size = check_shard_count(world_size)
     rows = []

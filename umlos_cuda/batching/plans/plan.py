@@ -28,6 +28,7 @@ from ... import checks, errors
 from ...errors import UmlosError
 from ..lengths.plain_ids import PlainIds
 from .config import BatchingConfig
+from .units import plan_units
 
 if TYPE_CHECKING:
     from .units import Units
@@ -237,8 +238,6 @@ class BatchPlan:
     def units(self) -> Units | None:
         """The :class:`~.units.Units` the plan orders (None: the rows, whole), computed once."""
         if self._units is None and (self.config.split is not None or self.config.overlong is not None):
-            from .units import plan_units
-
             self._units = plan_units(self.lengths, self.sample_ids, self.config)
         return self._units
 

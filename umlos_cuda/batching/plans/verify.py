@@ -51,6 +51,7 @@ from .packing import check_packs
 from .groups import check_groups, row_group_lengths
 from .sharding import shard_plan
 from .stats import epoch_stats
+from .builder import sample_ids_sha256
 
 
 def verify_plan(directory, *, expected_fingerprint: str | None = None, lengths=None,
@@ -106,12 +107,9 @@ def _check_bindings(plan: BatchPlan, lengths) -> None:
     meta = plan.meta
     if sha256_array(np.asarray(plan.lengths)) != meta.lengths_sha256:
         raise plan_error(errors.PLAN_LENGTHS_MISMATCH, "lengths.npy does not hash to meta.json's lengths_sha256")
-    if plan.sample_ids is not None:
-        from .builder import sample_ids_sha256
-
-        if sample_ids_sha256(plan.sample_ids) != meta.sample_ids_sha256:
-            raise plan_error(errors.PLAN_LENGTHS_MISMATCH,
-                             "sample_ids.jsonl does not hash to meta.json's sample_ids_sha256")
+    if plan.sample_ids is not None and sample_ids_sha256(plan.sample_ids) != meta.sample_ids_sha256:
+        raise plan_error(errors.PLAN_LENGTHS_MISMATCH,
+                         "sample_ids.jsonl does not hash to meta.json's sample_ids_sha256")
     if lengths is None:
         return
     given = np.asarray(lengths.lengths, dtype="<u4")

@@ -38,6 +38,9 @@ from .index import shard_name
 from .logical import ShardedTokenStore
 from .store import TokenStore
 from .writer import tokenize_dataset
+from ...files.writer import check_output_folder
+from ..lengths.builder import input_paths
+from ..records.source import dataset_paths
 
 
 def tokenize_shard(dataset: Any, index: int, tokenizer: Any, output: str | os.PathLike[str], *,
@@ -96,9 +99,6 @@ def check_sharded_output(output, dataset: Any, format: str | None, tokenizer: An
     with ``append`` it must be a sharded store; else OUTPUT_EXISTS unless ``force`` replaces one, and it may
     not be one of the inputs (the dataset's files, the tokenizer, the chat template). Every path that writes
     shards (``tokenize_sharded``, the Ray job) checks this one way."""
-    from ...files.writer import check_output_folder
-    from ..lengths.builder import input_paths
-    from ..records.source import dataset_paths
 
     root = os.path.abspath(os.fspath(output))
     if append:

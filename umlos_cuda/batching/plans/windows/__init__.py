@@ -19,21 +19,28 @@ Modules:
 docs/batching.md, "Windowed plans", is the normative definition.
 """
 
-from .cut import CutDefinition
-from .index import build_index, locate
-from .io import load_windowed_plan, save_windowed_plan
-from .mixed import MixedPlan
-from .mixture import Component, MixtureDefinition
-from .plan import WindowedPlan
-from .sequences import PretrainingSequences
-from .sequence_mixture import SequenceComponent, SequenceMixture
-from .sequences_io import load_mixed_sequences, load_sequences, save_mixed_sequences, save_sequences
-from ...lengths.sources import ArrayLengths, LengthSource, MappedLengths, SyntheticLengths
-from .verify import verify_windowed_plan
-from .window import DEFAULT_WINDOW, EDGE_FLUSH, WindowDefinition, count_window, plan_window
+from typing import TYPE_CHECKING
+
+from ....reexports import lazy
+
+if TYPE_CHECKING:  # the re-exports, imported on first use (umlos_cuda/reexports.py)
+    from .cut import CutDefinition
+    from .index import build_index, locate
+    from .io import load_windowed_plan, save_windowed_plan
+    from .mixed import MixedPlan
+    from .mixture import Component, MixtureDefinition
+    from .plan import WindowedPlan
+    from .sequences import PretrainingSequences
+    from .sequence_mixture import SequenceComponent, SequenceMixture
+    from .sequences_io import load_mixed_sequences, load_sequences, save_mixed_sequences, save_sequences
+    from ...lengths.sources import ArrayLengths, LengthSource, MappedLengths, SyntheticLengths
+    from .verify import verify_windowed_plan
+    from .window import DEFAULT_WINDOW, EDGE_FLUSH, WindowDefinition, count_window, plan_window
 
 __all__ = ["DEFAULT_WINDOW", "EDGE_FLUSH", "ArrayLengths", "Component", "CutDefinition", "LengthSource",
            "MappedLengths", "MixedPlan", "MixtureDefinition", "PretrainingSequences", "SequenceComponent",
            "SequenceMixture", "SyntheticLengths", "WindowDefinition", "WindowedPlan", "build_index", "count_window",
            "load_mixed_sequences", "load_sequences", "load_windowed_plan", "locate", "plan_window",
            "save_mixed_sequences", "save_sequences", "save_windowed_plan", "verify_windowed_plan"]
+
+__getattr__, __dir__ = lazy(__name__, __file__)

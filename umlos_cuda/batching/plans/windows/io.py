@@ -44,6 +44,9 @@ from .plan import WINDOWED_FORMAT, WindowedPlan
 from ...lengths.sources import ArrayLengths, LengthSource, SyntheticLengths
 from ...sources import open_source
 from .window import COUNT_FIELDS, WindowDefinition
+from .plan import index_digest
+from .mixed import MIXED_FORMAT, MixedPlan
+from .mixture import Component, MixtureDefinition
 
 #: A windowed plan folder (every one carries the marker: none was written before markers).
 WINDOWED_PLAN = ArtifactKind("windowed plan")
@@ -217,7 +220,6 @@ def save_mixed_plan(plan, directory, *, lengths_paths=None, force: bool = False,
     """Write the :class:`~.mixed.MixedPlan` ``plan`` to ``directory`` (the layout of a windowed plan folder,
     marker ``mixed plan``); ``lengths_paths``: where each component's lengths are found (default: each
     mapped sidecar's path, None for the others)."""
-    from .plan import index_digest
 
     sources = plan.definition.sources
     paths = [recorded(s) for s in sources] if lengths_paths is None else [recorded(s, p) for s, p in
@@ -234,8 +236,6 @@ def load_mixed_plan(directory, *, lengths=None, backend: str = "auto"):
     a path, an array or a source) or meta.json's ``lengths_paths``, bound as recorded, and the definition
     and index hashing to the fingerprint (PLAN_NOT_FOUND, PLAN_FORMAT_INVALID, PLAN_LENGTHS_MISMATCH,
     PLAN_FINGERPRINT_MISMATCH). O(N / W): no window planned."""
-    from .mixed import MIXED_FORMAT, MixedPlan
-    from .mixture import Component, MixtureDefinition
 
     root = os.fspath(directory)
     meta_path = os.path.join(root, "meta.json")

@@ -118,7 +118,7 @@ def test_other_failures(workspace, capsys):
     assert status == 2 and err.startswith(f"error {errors.TOKENIZER_INVALID}:")
     status, _, err = run(capsys, *base, "--tokenizer", workspace / "tokenizer.json", "--prompt-field", "prompt",
                          "--response-field", "response")
-    assert status == 2 and err.startswith(f"error {errors.TOKENIZER_INVALID}:") and "--eos-token" in err
+    assert status == 2 and err.startswith(f"error {errors.TOKENIZER_INVALID}:") and "--eos '</s>'" in err
     status, _, err = run(capsys, "data", "lengths", "stats", workspace / "none.jsonl")
     assert status == 2 and err.startswith(f"error {errors.LENGTHS_INVALID}:")
     (workspace / "rows.jsonl").write_text('{"sample_id": "a", "tokenizer_hash": "h", "length": -4}\n')

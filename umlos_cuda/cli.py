@@ -24,6 +24,8 @@ import threading
 from collections.abc import Iterator
 
 from . import __version__, commands
+from .commands._args import Parser
+from .commands._config import expand_config
 from .errors import UmlosError
 
 EXIT_UMLOS_ERROR = 2
@@ -46,9 +48,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     the only one imported: ``umlos-cuda plan build`` starts without importing what the other
     commands use). What it parses, and its usage and error lines, are the same: the top-level
     usage names ``COMMAND``, not the list of commands."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="umlos-cuda",
         description="Reproducible, world-size-independent sample order for ML data loaders (NextBatch_v2).",
+        epilog="Every command takes --config FILE: its flags from a YAML or JSON file (docs/cli.md).",
     )
     parser.add_argument("--version", action="version", version=f"umlos-cuda {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -65,6 +68,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if any(item == "--config" or item.startswith("--config=") for item in argv):
+        try:
+            argv = expand_config(argv)  # the file's flags, where --config stands (commands/_config.py)
+        except UmlosError as exc:
+            print(f"error {exc.code}: {exc.message}", file=sys.stderr)
+            return EXIT_UMLOS_ERROR
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

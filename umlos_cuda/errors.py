@@ -179,6 +179,7 @@ PACKING_OPERATOR = "umlos_cuda.batching.packing"
 STREAMS_OPERATOR = "umlos_cuda.streams"
 QUALITY_OPERATOR = "umlos_cuda.quality"
 ARTIFACTS_OPERATOR = "umlos_cuda.artifacts"
+CLI_OPERATOR = "umlos_cuda.cli"
 
 
 class UmlosError(Exception):

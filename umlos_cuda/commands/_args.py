@@ -1,12 +1,48 @@
-"""Argument types shared by the commands: integers checked where they are
-parsed, so ``--rank -1`` says what is wrong in the user's words (argparse
-prints usage and exits with status 2) instead of a failure code about the
-manifest."""
+"""What every command's arguments share: one spelling per concept, old spellings hidden, and argument
+types checked where they are parsed.
+
+One vocabulary (docs/cli.md): ``--source`` names what a command reads lengths or tokens from, ``--output``
+what it writes, ``--order`` the engine's order, ``--eos`` the end-of-sequence token, ``--window`` a window's
+size, ``--quiet`` no progress line. A renamed flag keeps its old spelling for a release as a hidden alias of
+the same action (:func:`add_option`): it parses as before and the help shows only the new one
+(:class:`Parser`, the parser class of every command). Integers are checked where they are parsed, so
+``--rank -1`` says what is wrong in the user's words (argparse prints usage and exits with status 2)
+instead of a failure code about the manifest.
+"""
 
 from __future__ import annotations
 
 import argparse
+import copy
 from collections.abc import Callable
+
+
+class HidingFormatter(argparse.HelpFormatter):
+    """A help formatter that leaves out the old spellings :func:`add_option` marks on an action."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        hidden = getattr(action, "old_spellings", ())
+        if hidden:
+            action = copy.copy(action)
+            action.option_strings = [text for text in action.option_strings if text not in hidden]
+        return super()._format_action_invocation(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """The parser class of every command and subcommand (its subparsers are of this class too)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HidingFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def add_option(parser: argparse.ArgumentParser, *spellings: str, old: tuple[str, ...] = (),
+               **kwargs) -> argparse.Action:
+    """``parser.add_argument(*spellings, **kwargs)`` that also parses each ``old`` spelling (a renamed flag, kept
+    for a release), which the help does not show."""
+    action = parser.add_argument(*spellings, *old, **kwargs)
+    action.old_spellings = frozenset(old)  # type: ignore[attr-defined]  # read by HidingFormatter
+    return action
 
 
 def non_negative_int(what: str) -> Callable[[str], int]:
@@ -62,3 +98,34 @@ MODE_ALIASES = {
     "sequential": "SEQUENTIAL_V1",
     "streaming": "STREAMING_SHUFFLE_BLOCK_AFFINE_V1",
 }
+
+
+def add_order_argument(parser: argparse.ArgumentParser) -> None:
+    """``--order ORDER`` of a plan: ``shuffle`` (default), ``sequential``, ``streaming``, a shuffle's mode
+    (``block_affine``, ``feistel``, ``block_feistel``), ``KIND:MODE`` (``streaming:feistel``) or the engine's mode
+    string; the former ``--sampling-mode KIND`` still parses (hidden), ``--order MODE`` then naming the mode."""
+    from ..modes import mode_names
+
+    parser.add_argument("--order", default=None, metavar="ORDER",
+                        help=f"the engine order: {', '.join(MODE_ALIASES)}, a shuffle's mode ({', '.join(mode_names())}"
+                        "), or KIND:MODE such as streaming:feistel (default shuffle, block_affine; "
+                        "docs/sampling-modes.md)")
+    parser.add_argument("--sampling-mode", default=None, help=argparse.SUPPRESS)  # before --order took both
+
+
+def resolve_order(args: argparse.Namespace) -> tuple[str, str]:
+    """``(stage, mode)`` of :func:`add_order_argument`'s flags: the engine's mode string and the sampling mode."""
+    from ..modes import DEFAULT_MODE, mode_names
+
+    kind, mode = args.sampling_mode, DEFAULT_MODE
+    spec = args.order
+    if spec is not None:
+        head, _, tail = spec.partition(":")
+        if tail:
+            kind, mode = kind or head, tail
+        elif head in mode_names():
+            mode = head
+        else:
+            kind = kind or head
+    kind = kind or "shuffle"
+    return MODE_ALIASES.get(kind, kind), mode

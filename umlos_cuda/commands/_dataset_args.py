@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._args import positive_int
+from ._args import add_option, positive_int
 
 
 def add_dataset_arguments(parser, *, output_metavar: str, output_help: str, verb: str, force_help: str,
@@ -52,9 +52,9 @@ def add_dataset_arguments(parser, *, output_metavar: str, output_help: str, verb
     parser.add_argument("--chat-template", metavar="FILE",
                         help="with --messages-field: render with this Jinja template instead of the tokenizer's own")
     parser.add_argument("--id-field", default="id", metavar="F", help="the field holding the sample id (default: id)")
-    parser.add_argument("--eos-token", metavar="TOKEN",
-                        help="the end-of-sequence token's text, for --prompt-field when the tokenizer directory "
-                        "names none (a bare tokenizer.json never does)")
+    add_option(parser, "--eos", old=("--eos-token",), dest="eos_token", metavar="TOKEN",
+               help="the end-of-sequence token's text, for --prompt-field when the tokenizer directory names none "
+               "(a bare tokenizer.json never does)")
     parser.add_argument("--chunk-size", type=positive_int("chunk size"), default=4096, metavar="N",
                         help="records encoded together (default 4096)")
     parser.add_argument("--workers", type=positive_int("workers"), metavar="N",

@@ -14,12 +14,12 @@ import json
 import os
 import time
 from .. import errors
-from ._args import MODE_ALIASES
+from ._args import resolve_order
 
 
 def build_windowed(args, config, inputs) -> int:
     """``plan build --window W``: a windowed plan (batching/plans/windows/) over any source (``open_source``: a
-    length cache's sidecar checked against the JSONL, or against its own SHA-256 when ``--lengths`` names the
+    length cache's sidecar checked against the JSONL, or against its own SHA-256 when ``--source`` names the
     ``.u32``; a token source by rows); the plan binds its lengths by their count and SHA-256 and records where
     they were read."""
     from ..batching.plans.windows import WindowDefinition, WindowedPlan, save_windowed_plan
@@ -55,22 +55,25 @@ def run_cut(args) -> int:
     from ..batching.plans.windows import CutDefinition, PretrainingSequences, save_sequences
     from ..batching.plans.windows.sequences_io import SEQUENCES
     from ..files.writer import check_output_folder
+    from ._progress import Progress
 
     if args.mix is not None or args.num_samples is not None:
         return _cut_mixed(args)
     if args.tokens is None:
         from ..batching.plans.buckets import config_error
 
-        raise config_error("--tokens is required (unless --mix)")
+        raise config_error("--source is required (unless --mix)")
     check_output_folder(args.output, SEQUENCES, force=args.force, inputs=(args.tokens,),
                         operator=errors.BATCH_PLAN_OPERATOR)
     started = time.perf_counter()
     source = cut_source(args.tokens)
-    definition = CutDefinition(len(source), args.sequence_length, args.window, args.seed,
-                               MODE_ALIASES.get(args.sampling_mode, args.sampling_mode), args.order, args.block_size,
-                               args.eos, args.tail)
-    plan = PretrainingSequences.build(definition, source, args.epochs)
+    definition = CutDefinition(len(source), args.sequence_length, args.window, args.seed, *resolve_order(args),
+                               args.block_size, args.eos, args.tail)
+    progress = Progress(args.epochs * definition.num_windows, f"cut {args.output}", enabled=not args.quiet)
+    plan = PretrainingSequences.build(definition, source, args.epochs,
+                                      progress=lambda done, _: progress.update(done))
     save_sequences(plan, args.output, tokens_path=args.tokens, force=args.force)
+    progress.close()
     seconds = time.perf_counter() - started
     print(f"pretraining sequences {args.output}: {plan.num_epochs} epoch(s) of {definition.num_documents} "
           f"documents, {plan.epoch_tokens(0)} tokens and {plan.epoch_samples(0)} samples of "
@@ -85,7 +88,7 @@ def run_cut(args) -> int:
 
 def _cut_mixed(args) -> int:
     """``plan cut --mix A:0.7 B:0.3 --num-samples N``: a mixture of pretraining sequences
-    (batching/plans/windows/sequence_mixture.py), each dataset cut as ``plan cut --tokens`` cuts it (with its own
+    (batching/plans/windows/sequence_mixture.py), each dataset cut as ``plan cut --source`` cuts it (with its own
     seed), blended per window of ``--window`` samples (its cuts use windows of ``--window`` documents too)."""
     from ..batching.plans.buckets import config_error
     from ..batching.plans.windows import CutDefinition, SequenceMixture, save_mixed_sequences
@@ -93,18 +96,18 @@ def _cut_mixed(args) -> int:
     from ..files.writer import check_output_folder
 
     if args.mix is None or args.tokens is not None or args.epochs != 1:
-        raise config_error("--mix takes no --tokens or --epochs (caps and --num-samples decide its length); "
+        raise config_error("--mix takes no --source or --epochs (caps and --num-samples decide its length); "
                            "--num-samples needs --mix")
     entries = parse_mix(args.mix, args.seed)
     paths = [path for path, *_ in entries]
     check_output_folder(args.output, MIXED_SEQUENCES, force=args.force, inputs=paths,
                         operator=errors.BATCH_PLAN_OPERATOR)
     started = time.perf_counter()
-    stage = MODE_ALIASES.get(args.sampling_mode, args.sampling_mode)
+    stage, order = resolve_order(args)
     parts = []
     for (path, weight, cap, seed), name in zip(entries, mix_names(paths)):
         source = cut_source(path)
-        definition = CutDefinition(len(source), args.sequence_length, args.window, seed, stage, args.order,
+        definition = CutDefinition(len(source), args.sequence_length, args.window, seed, stage, order,
                                    args.block_size, args.eos, args.tail)
         parts.append((definition, source, weight, cap, name))
     mixture = SequenceMixture.build(parts, args.window, args.num_samples, args.seed)
@@ -124,7 +127,7 @@ def _cut_mixed(args) -> int:
 
 def cut_source(path: str):
     """The token source ``plan cut`` reads at ``path`` (a token store, a sharded store, a Megatron prefix), for
-    ``--tokens`` and every ``--mix`` entry: read by rows (``open_source``: nothing O(N) in memory, bound as the
+    ``--source`` and every ``--mix`` entry: read by rows (``open_source``: nothing O(N) in memory, bound as the
     lengths held would be); a Megatron prefix's every size and pointer checked first, in pieces, as
     ``MegatronDataset.open`` checks them, so every document of the sequences can be read."""
     from ..batching.sources import open_source
@@ -185,7 +188,7 @@ def build_mixed(args, config) -> int:
     from ._progress import Progress
 
     if args.mix is None or args.window is None or args.lengths is not None or args.epochs != 1:
-        raise config_error("--mix needs --window and takes no --lengths or --epochs (caps and --num-samples "
+        raise config_error("--mix needs --window and takes no --source or --epochs (caps and --num-samples "
                            "decide its length); --num-samples needs --mix")
     entries = parse_mix(args.mix, args.seed)
     inputs = [name for path, *_ in entries for name in ((path, sidecar_path(path)) if source_kind(path) is LENGTH_CACHE

@@ -1,4 +1,4 @@
-"""``--sampling-mode``: run a command's manifest under another train order.
+"""``--order`` (formerly ``--sampling-mode``): run a command's manifest under another train order.
 
 The manifest's ``data.sampling_mode`` (docs/manifest.md) is where a run's
 order is named, and it is part of ``manifest_hash``. The option therefore does
@@ -12,6 +12,7 @@ manifest's own check).
 from __future__ import annotations
 
 from ..manifest.core import Manifest
+from ._args import add_option
 from ..modes import DEFAULT_MODE, mode_names
 
 HELP = (f"the train order: {', '.join(mode_names())} (default: the manifest's data.sampling_mode, else {DEFAULT_MODE}; "
@@ -19,7 +20,8 @@ HELP = (f"the train order: {', '.join(mode_names())} (default: the manifest's da
 
 
 def add_sampling_mode_argument(parser) -> None:
-    parser.add_argument("--sampling-mode", default=None, metavar="MODE", help=HELP)
+    add_option(parser, "--order", old=("--sampling-mode",), dest="sampling_mode", default=None, metavar="MODE",
+               help=HELP)
 
 
 def with_sampling_mode(manifest: Manifest, mode: str | None) -> Manifest:

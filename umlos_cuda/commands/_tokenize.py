@@ -71,7 +71,7 @@ def register_actions(actions) -> None:
         "megatron", help="write the length cache of a Megatron-LM indexed dataset (.idx sizes)",
         description="Read PREFIX.idx and PREFIX.bin (Megatron-LM's MMapIndexedDataset format), check them, and write "
         "the length cache of their sequences (ids: row numbers), from which `plan build` makes a plan and "
-        "`batch generate --store PREFIX` collates batches.",
+        "`batch generate --source PREFIX` collates batches.",
     )
     megatron.add_argument("prefix", metavar="PREFIX", nargs="+",
                           help="the dataset's path prefix (PREFIX.idx, PREFIX.bin); several prefixes are one dataset, "

@@ -17,7 +17,7 @@ import argparse
 import os
 import time
 
-from ._args import add_no_verify_argument, non_negative_int, positive_int
+from ._args import add_no_verify_argument, add_option, non_negative_int, positive_int
 
 
 def register(subparsers) -> None:
@@ -55,17 +55,17 @@ def register(subparsers) -> None:
     check = actions.add_parser(
         "check", help="verify every batch file of a finished folder",
         description="Check every file against its plan microbatch (epoch, index, sample ids, bucket, pad length), "
-        "the consistency of its arrays and the digest batches.json records; with --store, also that its bytes are "
+        "the consistency of its arrays and the digest batches.json records; with --source, also that its bytes are "
         "exactly a fresh collation's. Exit 2 with the failure code at the first file that fails.",
     )
     check.add_argument("batches", metavar="DIR")
-    check.add_argument("--store", metavar="STORE", nargs="+", action=StoreSource,
-                       help="also compare with the token store (or Megatron prefixes); needed for an index-only "
-                       "folder")
+    add_option(check, "--source", old=("--store",), dest="store", metavar="SOURCE", nargs="+", action=StoreSource,
+               help="also compare with this token source (a token store, sharded or not, or Megatron prefixes); "
+               "needed for an index-only folder")
     check.add_argument("--rank", type=non_negative_int("rank"), metavar="R",
                        help="with --world-size: only this rank's files")
     check.add_argument("--world-size", type=positive_int("world size"), metavar="W")
-    add_no_verify_argument(check, reads="the folder's plan and the --store")
+    add_no_verify_argument(check, reads="the folder's plan and the --source")
     check.set_defaults(func=run_check)
 
     fingerprint = actions.add_parser(
@@ -87,7 +87,7 @@ def register(subparsers) -> None:
         description="Recompute the content fingerprint of the plan's first N microbatches from the store and compare "
         "it with --expected-fingerprint: a hex digest, or a file saved by `batch fingerprint --output` (then N is "
         "the file's, and a mismatch names the first microbatch that differs). With --batches DIR instead of --plan "
-        "and --store, the microbatches are those the batch files decode to, in any layout. Exit 2 with "
+        "and --source, the microbatches are those the batch files decode to, in any layout. Exit 2 with "
         "BATCH_FINGERPRINT_MISMATCH on a mismatch.",
     )
     _plan_and_store(verify, batches=True)
@@ -100,7 +100,7 @@ def register(subparsers) -> None:
 
 
 class StoreSource(argparse.Action):
-    """``--store A`` gives the path ``A``; ``--store A B`` the list (Megatron prefixes read as one)."""
+    """``--source A`` gives the path ``A``; ``--source A B`` the list (Megatron prefixes read as one)."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         setattr(namespace, self.dest, values[0] if len(values) == 1 else list(values))
@@ -108,14 +108,14 @@ class StoreSource(argparse.Action):
 
 def _plan_and_store(parser, *, batches: bool = False) -> None:
     parser.add_argument("--plan", required=not batches, metavar="DIR", help="a plan folder (plan build)")
-    parser.add_argument("--store", required=not batches, metavar="STORE", nargs="+", action=StoreSource,
-                        help="the token store folder (data tokenize, sharded or not) or a Megatron dataset prefix "
-                        "(PREFIX.idx/.bin); several prefixes are one dataset, in the order given")
+    add_option(parser, "--source", old=("--store",), dest="store", required=not batches, metavar="SOURCE", nargs="+",
+               action=StoreSource, help="the token source: a token store folder (data tokenize, sharded or not) or a "
+               "Megatron dataset prefix (PREFIX.idx/.bin); several prefixes are one dataset, in the order given")
     if batches:
         parser.add_argument("--batches", metavar="DIR",
-                            help="instead of --plan and --store: a batch folder (batch generate), any layout; its "
+                            help="instead of --plan and --source: a batch folder (batch generate), any layout; its "
                             "files are read and their arrays hashed (an index-only folder's are collated from "
-                            "--store and checked against its recorded digests)")
+                            "--source and checked against its recorded digests)")
     parser.add_argument("--separator-ids", default="", metavar="ID,...",
                         help="for a plan packed with --pack-separator-len N: the N token ids between a row's samples")
 
@@ -209,7 +209,7 @@ def _fingerprint(args, n_batches: int):
 
     from_files = args.batches is not None and args.plan is None
     if not from_files and (args.batches is not None or args.plan is None or args.store is None):
-        raise config_error("give --plan and --store, or --batches (with --store for an index-only folder)")
+        raise config_error("give --plan and --source, or --batches (with --source for an index-only folder)")
     if from_files:
         from ..batching.batches.reader import BatchReader
 

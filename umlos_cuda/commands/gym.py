@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-from ._args import add_pack_arguments, non_negative_int, positive_int
+from ._args import add_option, add_pack_arguments, non_negative_int, positive_int
 
 
 def register(subparsers) -> None:
@@ -57,16 +57,18 @@ def register(subparsers) -> None:
     run.add_argument("--output-mode", choices=("episode", "steps"), default="episode",
                      help="one sample per episode (default) or per command")
     run.add_argument("--tokenizer", required=True, metavar="PATH", help="tokenizer.json or a model directory")
-    run.add_argument("--eos-token", metavar="TEXT", help="the end-of-sequence token (a bare tokenizer.json names none)")
+    add_option(run, "--eos", old=("--eos-token",), dest="eos_token", metavar="TEXT",
+               help="the end-of-sequence token (a bare tokenizer.json names none)")
     run.add_argument("--buffer-size", required=True, type=positive_int("buffer size"), metavar="B")
     run.add_argument("--eviction", choices=("fifo", "lowest_priority", "reservoir"), default="fifo")
-    run.add_argument("--window-mbs", required=True, type=positive_int("window microbatches"), metavar="K",
-                     help="microbatches per window")
+    add_option(run, "--window", old=("--window-mbs",), dest="window_mbs", required=True,
+               type=positive_int("window microbatches"), metavar="K", help="microbatches per window")
     run.add_argument("--window-every", type=positive_int("window every"), default=10, metavar="E",
                      help="build a window after every E episodes (default 10), and after the last")
     run.add_argument("--policy-yaml", metavar="POLICY.yaml", help="sampling policies (docs/streams.md)")
-    run.add_argument("--samples-per-window", type=positive_int("samples per window"), metavar="N",
-                     help="draws per window with --policy-yaml (default: the buffer's size)")
+    add_option(run, "--window-samples", old=("--samples-per-window",), dest="samples_per_window",
+               type=positive_int("samples per window"), metavar="N",
+               help="draws per window with --policy-yaml (default: the buffer's size)")
     run.add_argument("--token-budget", type=positive_int("token budget"), default=16384, metavar="T")
     run.add_argument("--bucket-edges", default="256,512,1024,2048", metavar="E1,E2,...")
     run.add_argument("--overflow-max", type=positive_int("overflow max"), default=4096, metavar="L")

@@ -28,6 +28,7 @@ def run_info(args) -> int:
 
     artifact = artifact_of(args.path)
     options = given_options(args, INFO_FLAGS)
-    check_options(args.path, artifact.name, options, artifact.info_options, INFO_FLAGS, errors.ARTIFACTS_OPERATOR)
+    options = check_options(args.path, artifact.name, options, artifact.info_options, INFO_FLAGS,
+                            errors.ARTIFACTS_OPERATOR)
     print_report(artifact.report(args.path, **options), artifact.lines, args.json)
     return 0

@@ -23,7 +23,7 @@ from ..manifest.core import Manifest
 from ..nextbatch import STAGES, epoch_indices, epoch_window, next_batch
 from ..presets import PRESETS
 from ._progress import Progress
-from ._args import non_negative_int, positive_int
+from ._args import add_option, non_negative_int, positive_int
 from ._sampling_mode import add_sampling_mode_argument, with_sampling_mode
 
 #: Positions computed per step of ``indices`` (128 MiB of uint64).
@@ -41,7 +41,7 @@ def register(subparsers) -> None:
         "next-batch",
         help="one NextBatch_v2 call: this rank's micro-batch and the next cursor",
         description="Compute this rank's next micro-batch of sample indices and the cursor after it. "
-        "Prints a summary, or one JSON object (--json), or writes the indices to a .npy file (--out).",
+        "Prints a summary, or one JSON object (--json), or writes the indices to a .npy file (--output).",
     )
     nb.add_argument("manifest", help="manifest file (YAML or JSON)")
     nb.add_argument("--dataset", required=True, help="dataset key in the manifest's datasets")
@@ -62,9 +62,9 @@ def register(subparsers) -> None:
     add_sampling_mode_argument(nb)
     output = nb.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print one JSON object: indices, cursor, metadata")
-    output.add_argument("--out", metavar="F.npy",
-                        help="write the indices to a .npy file (a new file, or an existing one with --force)")
-    nb.add_argument("--force", action="store_true", help="with --out: replace an existing regular file")
+    add_option(output, "--output", old=("--out",), dest="out", metavar="F.npy",
+               help="write the indices to a .npy file (a new file, or an existing one with --force)")
+    nb.add_argument("--force", action="store_true", help="with --output: replace an existing regular file")
     nb.set_defaults(func=run_next_batch)
 
     ix = subparsers.add_parser(
@@ -83,8 +83,8 @@ def register(subparsers) -> None:
                     help="number of positions (default: to the end of the epoch)")
     ix.add_argument("--backend", default="auto", choices=BACKEND_NAMES, help=BACKEND_HELP)
     add_sampling_mode_argument(ix)
-    ix.add_argument("--out", metavar="F.npy", required=True,
-                    help="the .npy file to write (a new file, or an existing one with --force)")
+    add_option(ix, "--output", old=("--out",), dest="out", metavar="F.npy", required=True,
+               help="the .npy file to write (a new file, or an existing one with --force)")
     ix.add_argument("--force", action="store_true", help="replace an existing regular file")
     ix.add_argument("--quiet", action="store_true", help="no progress line")
     ix.set_defaults(func=run_indices)
@@ -92,7 +92,7 @@ def register(subparsers) -> None:
 
 def run_next_batch(args) -> int:
     if args.out:
-        check_output_path(args.out, args.force, inputs=(args.manifest,))  # refuse a bad --out before computing
+        check_output_path(args.out, args.force, inputs=(args.manifest,))  # refuse a bad --output before computing
     manifest = with_sampling_mode(Manifest.load(args.manifest), args.sampling_mode)
     batch = next_batch(
         manifest,

@@ -1,7 +1,7 @@
 """``umlos-cuda next-batch-v1``: one NextBatch_v1 call (docs/spec/nextbatch-v1.md).
 
 Prints this rank's shard of an epoch's permutation, or one JSON object
-(``--json``), or writes the shard to a ``.npy`` file (``--out``), as
+(``--json``), or writes the shard to a ``.npy`` file (``--output``), as
 ``next-batch`` does for v2. The command keeps no state: ``--misc-offset O``
 runs the call as the declared operator with the ``misc`` sub-stream of the
 manifest's RNG master at offset ``O`` (as restored from a checkpoint) and
@@ -18,7 +18,7 @@ from ..backends import BACKEND_NAMES
 from ..manifest.core import Manifest
 from ..rng.nextbatch_v1 import next_batch_v1
 from ..rng.streams import STATE_FORMAT, RngStreams
-from ._args import non_negative_int, positive_int
+from ._args import add_option, non_negative_int, positive_int
 from .nextbatch import BACKEND_HELP, PREVIEW, write_npy
 
 
@@ -27,7 +27,7 @@ def register(subparsers) -> None:
         "next-batch-v1",
         help="one NextBatch_v1 call: this rank's strided shard of an epoch's permutation",
         description="Compute indices[rank::world_size] of epoch E's permutation (UML_OS.Data.NextBatch_v1). "
-        "Prints a summary, or one JSON object (--json), or writes the shard to a .npy file (--out).",
+        "Prints a summary, or one JSON object (--json), or writes the shard to a .npy file (--output).",
     )
     parser.add_argument("manifest", help="manifest file (YAML or JSON)")
     parser.add_argument("--dataset", required=True, help="dataset key in the manifest's datasets")
@@ -43,9 +43,9 @@ def register(subparsers) -> None:
     parser.add_argument("--backend", default="auto", choices=BACKEND_NAMES, help=BACKEND_HELP)
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print one JSON object: indices, misc_draw, metadata")
-    output.add_argument("--out", metavar="F.npy",
-                        help="write the shard to a .npy file (a new file, or an existing one with --force)")
-    parser.add_argument("--force", action="store_true", help="with --out: replace an existing regular file")
+    add_option(output, "--output", old=("--out",), dest="out", metavar="F.npy",
+               help="write the shard to a .npy file (a new file, or an existing one with --force)")
+    parser.add_argument("--force", action="store_true", help="with --output: replace an existing regular file")
     parser.set_defaults(func=run)
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import time
 
 from .. import errors
-from ._args import MODE_ALIASES, add_no_verify_argument, add_pack_arguments, non_negative_int, positive_int
-from ._artifacts import VERIFY_FLAGS, check_options, given_options, print_report, print_verified
+from ._args import (add_no_verify_argument, add_option, add_order_argument, add_pack_arguments, non_negative_int,
+                    positive_int, resolve_order)
+from ._artifacts import (VERIFY_FLAGS, add_verify_arguments, check_options, given_options, print_report,
+                         print_verified)
 from ._plan_windows import build_mixed, build_windowed, run_cut
 
 
@@ -26,54 +28,51 @@ def register(subparsers) -> None:
     actions = plan.add_subparsers(dest="plan_action", metavar="ACTION")
 
     build = actions.add_parser(
-        "build", help="build a plan folder from a length cache",
+        "build", help="build a plan folder from a source of lengths",
         description="Cut each epoch's engine order into token-budget microbatches per length bucket, interleave "
-        "the buckets evenly, and write the plan folder atomically.",
+        "the buckets evenly, and write the plan folder atomically. Long invocations can keep their flags in a "
+        "file: --config FILE (docs/cli.md).",
     )
-    build.add_argument("--lengths", metavar="LENGTHS.jsonl",
-                       help="a length cache (data lengths build), or a token store folder (sharded or not): its "
-                       "length cache (required unless --mix); with --window also a Megatron prefix, and a store's "
-                       "lengths are then read by rows from its offsets")
-    build.add_argument("--bucket-edges", metavar="E1,E2,...",
-                       help="ascending bucket edges, e.g. 128,256,512 (required unless --pack; with --pack default "
-                       "none: every length shares rows)")
-    build.add_argument("--overflow-max", type=positive_int("overflow max"), metavar="L",
-                       help="the longest accepted length; longer samples are skipped and listed (required unless "
-                       "--pack, which defaults it to --pack-max-len)")
-    build.add_argument("--token-budget", required=True, type=positive_int("token budget"), metavar="T",
-                       help="padded tokens per microbatch")
-    build.add_argument("--epochs", type=positive_int("epochs"), default=1, metavar="E", help="epochs (default 1)")
-    build.add_argument("--seed", type=non_negative_int("seed"), default=42, metavar="S", help="plan seed (default 42)")
-    build.add_argument("--pad-policy", choices=("pad_to_bucket", "pad_to_max"), default="pad_to_bucket",
-                       help="pad_to_bucket (predictable shapes, default) or pad_to_max (throughput)")
-    build.add_argument("--sampling-mode", default="shuffle", metavar="M",
-                       help=f"the engine order: {', '.join(MODE_ALIASES)} or the engine's mode string "
-                            "(default shuffle)")
-    build.add_argument("--order", default="block_affine", metavar="MODE",
-                       help="which shuffle a shuffled or streaming plan follows: block_affine, feistel or "
-                            "block_feistel (docs/sampling-modes.md; default block_affine)")
-    build.add_argument("--min-length", type=non_negative_int("min length"), default=1, metavar="L",
-                       help="shorter samples are skipped (default 1: empty ones)")
-    build.add_argument("--block-size", type=positive_int("block size"), default=1 << 20, metavar="B",
+    source = build.add_argument_group("what the plan reads")
+    add_option(source, "--source", old=("--lengths",), dest="lengths", metavar="SOURCE",
+               help="what the plan reads lengths from: a length cache (data lengths build) or its .u32 sidecar, a "
+               "token store (sharded or not), a Megatron prefix (docs/batching.md, Sources; required unless --mix)")
+    source.add_argument("--mix", nargs="+", metavar="SOURCE:WEIGHT[:CAP[:SEED]]",
+                        help="with --window: a weighted mixture of sources instead of --source, exact per window; "
+                        "CAP caps that dataset's epochs ('-': none), SEED its order (default --seed + 1 + its place) "
+                        "(docs/batching.md, Weighted mixtures)")
+    source.add_argument("--num-samples", type=positive_int("--num-samples"), metavar="N",
+                        help="with --mix: the mixture's samples (default: until every capped dataset runs out)")
+    microbatches = build.add_argument_group("microbatches")
+    microbatches.add_argument("--token-budget", required=True, type=positive_int("token budget"), metavar="T",
+                              help="padded tokens per microbatch")
+    microbatches.add_argument("--bucket-edges", metavar="E1,E2,...",
+                              help="ascending bucket edges, e.g. 128,256,512 (required unless --pack; with --pack "
+                              "default none: every length shares rows)")
+    microbatches.add_argument("--overflow-max", type=positive_int("overflow max"), metavar="L",
+                              help="the longest accepted length; longer samples are skipped and listed (required "
+                              "unless --pack, which defaults it to --pack-max-len)")
+    microbatches.add_argument("--pad-policy", choices=("pad_to_bucket", "pad_to_max"), default="pad_to_bucket",
+                              help="pad_to_bucket (predictable shapes, default) or pad_to_max (throughput)")
+    microbatches.add_argument("--min-length", type=non_negative_int("min length"), default=1, metavar="L",
+                              help="shorter samples are skipped (default 1: empty ones)")
+    order = build.add_argument_group("order")
+    add_order_argument(order)
+    order.add_argument("--seed", type=non_negative_int("seed"), default=42, metavar="S", help="plan seed (default 42)")
+    order.add_argument("--epochs", type=positive_int("epochs"), default=1, metavar="E", help="epochs (default 1)")
+    order.add_argument("--block-size", type=positive_int("block size"), default=1 << 20, metavar="B",
                        help="the engine's sampler_block_size (default 1048576)")
-    add_pack_arguments(build, what="pack", default_max_len=2048)
-    add_overlong_arguments(build)
-    build.add_argument("--jsonl", choices=("auto", "always", "never"), default="auto",
-                       help="write microbatches.jsonl: auto (up to 10^7 sample entries), always or never")
-    build.add_argument("--window", type=positive_int("--window"), metavar="W",
-                       help="build a windowed plan instead: windows of W positions of the order, the lengths "
-                       "memory-mapped from the cache's .u32 sidecar or the token source, a per-window index on disk "
-                       "(docs/batching.md, Windowed plans; token-budget buckets only)")
-    build.add_argument("--mix", nargs="+", metavar="LENGTHS.jsonl:WEIGHT[:CAP[:SEED]]",
-                       help="with --window: a weighted mixture of length caches, token stores (sharded or not) or "
-                       "Megatron prefixes instead of --lengths, exact per "
-                       "window; CAP caps that dataset's epochs ('-': none), SEED its order (default --seed + 1 + "
-                       "its place) (docs/batching.md, Weighted mixtures)")
-    build.add_argument("--num-samples", type=positive_int("--num-samples"), metavar="N",
-                       help="with --mix: the mixture's samples (default: until every capped dataset runs out)")
-    build.add_argument("--output", required=True, metavar="DIR", help="the plan folder to create")
-    build.add_argument("--force", action="store_true", help="replace an existing plan folder")
-    build.add_argument("--quiet", action="store_true", help="no progress line")
+    order.add_argument("--window", type=positive_int("--window"), metavar="W",
+                       help="build a windowed plan instead: windows of W positions of the order, the lengths read "
+                       "by rows from the source, a per-window index on disk (docs/batching.md, Windowed plans)")
+    add_pack_arguments(build.add_argument_group("packing"), what="pack", default_max_len=2048)
+    add_overlong_arguments(build.add_argument_group("over-long samples and train/validation splits"))
+    output = build.add_argument_group("output")
+    output.add_argument("--output", required=True, metavar="DIR", help="the plan folder to create")
+    output.add_argument("--force", action="store_true", help="replace an existing plan folder")
+    output.add_argument("--jsonl", choices=("auto", "always", "never"), default="auto",
+                        help="write microbatches.jsonl: auto (up to 10^7 sample entries), always or never")
+    output.add_argument("--quiet", action="store_true", help="no progress line")
     build.set_defaults(func=run_build)
 
     cut = actions.add_parser(
@@ -82,9 +81,9 @@ def register(subparsers) -> None:
         "samples of L + 1 tokens (as Megatron-LM's GPTDataset does) and write a per-window token index "
         "(docs/batching.md, Pretraining sequences). Nothing of the documents is copied.",
     )
-    cut.add_argument("--tokens", metavar="PATH",
-                     help="a token store folder (sharded or not) or the prefix of a Megatron .idx/.bin pair "
-                     "(required unless --mix)")
+    add_option(cut, "--source", old=("--tokens",), dest="tokens", metavar="SOURCE",
+               help="a token source: a token store folder (sharded or not) or the prefix of a Megatron .idx/.bin "
+               "pair (required unless --mix)")
     cut.add_argument("--sequence-length", required=True, type=positive_int("--sequence-length"), metavar="L")
     cut.add_argument("--window", type=positive_int("--window"), default=1 << 12, metavar="W",
                      help="documents per window (default 4096)")
@@ -94,14 +93,11 @@ def register(subparsers) -> None:
                      help="drop the last partial sample of an epoch (Megatron's count, default) or pad it")
     cut.add_argument("--epochs", type=positive_int("epochs"), default=1, metavar="E", help="epochs (default 1)")
     cut.add_argument("--seed", type=non_negative_int("seed"), default=42, metavar="S", help="order seed (default 42)")
-    cut.add_argument("--sampling-mode", default="shuffle", metavar="M",
-                     help=f"the engine order: {', '.join(MODE_ALIASES)} or the engine's mode string (default shuffle)")
-    cut.add_argument("--order", default="block_affine", metavar="MODE",
-                     help="block_affine (default), feistel or block_feistel")
+    add_order_argument(cut)
     cut.add_argument("--block-size", type=positive_int("block size"), default=1 << 20, metavar="B",
                      help="the engine's sampler_block_size (default 1048576)")
     cut.add_argument("--mix", nargs="+", metavar="PATH:WEIGHT[:CAP[:SEED]]",
-                     help="instead of --tokens: a weighted mixture of token stores or Megatron prefixes, each cut "
+                     help="instead of --source: a weighted mixture of token stores or Megatron prefixes, each cut "
                      "in its own order, exact per window of --window samples; CAP caps that dataset's epochs ('-': "
                      "none), SEED its order (default --seed + 1 + its place; --seed is the mixture's) "
                      "(docs/batching.md, Mixtures of pretraining sequences)")
@@ -112,6 +108,7 @@ def register(subparsers) -> None:
     cut.add_argument("--output", required=True, metavar="DIR", help="the folder to create")
     cut.add_argument("--force", action="store_true",
                      help="replace an existing pretraining sequences folder (of the same kind)")
+    cut.add_argument("--quiet", action="store_true", help="no progress line")
     cut.set_defaults(func=run_cut)
 
     info = actions.add_parser("info", help="print a plan's counts and metrics",
@@ -129,16 +126,7 @@ def register(subparsers) -> None:
         "the configuration rebuilds the plan. Exit 2 with the failure code on any mismatch.",
     )
     verify.add_argument("plan", metavar="DIR")
-    verify.add_argument("--expected-fingerprint", metavar="F", help="the fingerprint the plan must have")
-    verify.add_argument("--lengths", metavar="LENGTHS.jsonl",
-                        help="also check against this length cache (or a token store folder's; for a windowed "
-                        "plan also a Megatron prefix)")
-    verify.add_argument("--no-rebuild", action="store_true", help="skip the rebuild check (faster on huge plans)")
-    verify.add_argument("--windows", metavar="N", type=positive_int("--windows"),
-                        help="a windowed, mixed plan or pretraining sequences folder: replan (recount) N windows "
-                        "of each epoch, chosen at random (default: all)")
-    verify.add_argument("--seed", metavar="S", type=non_negative_int("--seed"), default=0,
-                        help="a windowed plan: the seed that chooses the windows (default 0)")
+    add_verify_arguments(verify, store=False)
     verify.set_defaults(func=run_verify)
 
     shard = actions.add_parser(
@@ -225,16 +213,16 @@ def run_build(args) -> int:
         edges = tuple(int(e) for e in args.bucket_edges.split(",")) if args.bucket_edges.strip() else ()
     except ValueError:
         raise config_error(f"--bucket-edges must be comma-separated integers, got {args.bucket_edges!r}") from None
-    config = BatchingConfig(args.token_budget, edges, args.overflow_max, args.pad_policy, args.seed,
-                            stage=MODE_ALIASES.get(args.sampling_mode, args.sampling_mode),
+    stage, order = resolve_order(args)
+    config = BatchingConfig(args.token_budget, edges, args.overflow_max, args.pad_policy, args.seed, stage=stage,
                             sampler_block_size=args.block_size, min_length=args.min_length,
                             profile=(BatchingProfile.PREDICTABLE if args.pad_policy == "pad_to_bucket"
                                      else BatchingProfile.THROUGHPUT),
-                            pack=pack, order=args.order, **_selection(args))
+                            pack=pack, order=order, **_selection(args))
     if args.mix is not None or args.num_samples is not None:
         return build_mixed(args, config)
     if args.lengths is None:
-        raise config_error("--lengths is required (unless --mix)")
+        raise config_error("--source is required (unless --mix)")
     inputs = (args.lengths, sidecar_path(args.lengths)) if source_kind(args.lengths) is LENGTH_CACHE \
         else (args.lengths,)
     if args.window is not None:
@@ -302,7 +290,8 @@ def run_verify(args) -> int:
 
     kind = plan_kind_of(args.plan)
     options = given_options(args, VERIFY_FLAGS)
-    check_options(args.plan, kind.name, options, kind.verify_options, VERIFY_FLAGS, errors.BATCH_PLAN_OPERATOR)
+    options = check_options(args.plan, kind.name, options, kind.verify_options, VERIFY_FLAGS,
+                            errors.BATCH_PLAN_OPERATOR)
     print_verified(kind.name, args.plan, kind.verify(args.plan, **options))
     return 0
 

@@ -22,7 +22,7 @@ from ..quality import QualityConfig, candidates, class_sorted_labels, describe, 
 from ..quality.figure import matplotlib_missing, write_png
 from ..quality.orders import DEFAULT_BLOCK_SIZES
 from ..quality.report import DEFAULT_BATCH_SIZE, DEFAULT_BUCKETS, DEFAULT_EPOCHS
-from ._args import non_negative_int, positive_int
+from ._args import add_option, non_negative_int, positive_int
 
 DEFAULT_SAMPLES = 10_000_000
 DEFAULT_CLASSES = 100
@@ -76,10 +76,9 @@ def register(subparsers) -> None:
                         help="where the engine's orders are computed (default auto: the first of cupy, native, "
                              "numpy that has each mode's code; the bits are the same)")
     figure = parser.add_argument_group("output")
-    figure.add_argument("--out", default=DEFAULT_OUT, metavar="FILE.png",
-                        help=f"the figure to write (default {DEFAULT_OUT}; a new file, or an existing one "
-                             "with --force)")
-    figure.add_argument("--force", action="store_true", help="replace an existing --out file")
+    add_option(figure, "--output", old=("--out",), dest="out", default=DEFAULT_OUT, metavar="FILE.png",
+               help=f"the figure to write (default {DEFAULT_OUT}; a new file, or an existing one with --force)")
+    figure.add_argument("--force", action="store_true", help="replace an existing --output file")
     figure.add_argument("--no-plot", action="store_true", help="print the table only")
     figure.add_argument("--json", action="store_true", help="print the measurements as one JSON object")
     figure.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -92,7 +91,7 @@ def run(args) -> int:
     missing = None if args.no_plot else matplotlib_missing()
     plot = not args.no_plot and missing is None
     if plot:
-        check_output_path(args.out, args.force, inputs=(args.labels,))  # refuse a bad --out before the work
+        check_output_path(args.out, args.force, inputs=(args.labels,))  # refuse a bad --output before the work
     if args.labels is not None:
         labels = load_labels(args.labels)
     else:

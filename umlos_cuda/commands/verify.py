@@ -30,6 +30,7 @@ def run_verify(args) -> int:
 
     artifact = artifact_of(args.path)
     options = given_options(args, VERIFY_FLAGS)
-    check_options(args.path, artifact.name, options, artifact.verify_options, VERIFY_FLAGS, errors.ARTIFACTS_OPERATOR)
+    options = check_options(args.path, artifact.name, options, artifact.verify_options, VERIFY_FLAGS,
+                            errors.ARTIFACTS_OPERATOR)
     print_verified(artifact.name, args.path, artifact.verify(args.path, **options))
     return 0

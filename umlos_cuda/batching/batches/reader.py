@@ -85,7 +85,7 @@ class BatchReader:
             if store is None:
                 raise UmlosError(errors.BATCH_STORE_MISMATCH, f"{self.root} is an index-only batch folder: it holds "
                                  "no batch files, and its microbatches are collated from the token store they were "
-                                 "made from; give the store (store=..., --store)", operator=errors.BATCHING_OPERATOR)
+                                 "made from; give the store (store=..., --source)", operator=errors.BATCHING_OPERATOR)
             self.source = open_token_source(store, tokenizer_hash=self.plan.meta.tokenizer_hash)
             check_source_matches_plan(self.source, self.plan)
 

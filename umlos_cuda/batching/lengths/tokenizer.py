@@ -55,7 +55,7 @@ class LoadedTokenizer:
         where = self.path or "this tokenizer"
         if token is None:
             raise _invalid(f"{where} names no eos_token (tokenizer_config.json or special_tokens_map.json); "
-                           "pass the end-of-sequence token's text, e.g. --eos-token '</s>'")
+                           "pass the end-of-sequence token's text, e.g. --eos '</s>'")
         token_id = self.tokenizer.token_to_id(token)
         if token_id is None:
             raise _invalid(f"the end-of-sequence token {token!r} is not in the vocabulary of {where}")

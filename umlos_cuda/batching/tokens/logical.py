@@ -5,7 +5,7 @@ wrote (``DIR/meta.json``, the index: tokens/index.py; ``DIR/shards/NNNNN/``,
 each a classic token store, tokens/store.py; ``DIR/digests/NNNNN.npy`` and
 ``NNNNN.ids.npy``, each shard's row digests and id hashes, tokens/rows.py). What comes out: a token source
 with global rows (tokens/concat.py), so plans built from its
-``length_cache()``, collation and ``batch generate --store DIR`` work as
+``length_cache()``, collation and ``batch generate --source DIR`` work as
 with one store.
 
 Opening reads the index only. A shard is opened on first use, and then

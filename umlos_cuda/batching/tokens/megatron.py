@@ -44,7 +44,7 @@ is one bounds check and one ndarray slice (bench/bench_megatron_reader.py).
 Several prefixes (Megatron-LM's data path is a list of them) are one
 dataset: :class:`MegatronDatasetList` reads them in the order given with
 global row numbers (tokens/concat.py), so ``data megatron A B`` writes one
-length cache and ``batch generate --store A B`` collates from both.
+length cache and ``batch generate --source A B`` collates from both.
 """
 
 from __future__ import annotations

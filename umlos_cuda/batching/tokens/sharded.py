@@ -10,7 +10,7 @@ A sharded store is a folder ``DIR/``::
 One shard per input file of a multi-file dataset, rows named as in the
 whole dataset (tokens/partition.py). Rows are addressed by GLOBAL row
 number (tokens/concat.py), so a plan built from ``length_cache()``,
-collation, ``batch generate --store DIR`` and the torch datasets read it as
+collation, ``batch generate --source DIR`` and the torch datasets read it as
 one store. Shards are appended without rewriting the others, the index
 replaced last (tokens/adopt.py).
 

@@ -28,6 +28,8 @@ whose running count is at most ``k L`` (a binary search). Memory: one window's r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -141,12 +143,17 @@ def count_chunks(definition: CutDefinition, source, epoch: int, backend: str = "
         yield first, windows
 
 
-def build_cut_index(definition: CutDefinition, source, num_epochs: int, *, backend: str = "auto") -> np.ndarray:
-    """``int64 [E, K + 1]``: epoch ``e``'s stream tokens before window ``k``, in one pass (:func:`count_chunks`)."""
+def build_cut_index(definition: CutDefinition, source, num_epochs: int, *, backend: str = "auto",
+                    progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+    """``int64 [E, K + 1]``: epoch ``e``'s stream tokens before window ``k``, in one pass (:func:`count_chunks`);
+    ``progress(done, total)`` after each chunk of windows (``E x K`` in all)."""
     index = np.zeros((num_epochs, definition.num_windows + 1), dtype=np.int64)
+    total = num_epochs * definition.num_windows
     for epoch in range(num_epochs):
         for first, windows in count_chunks(definition, source, epoch, backend):
             index[epoch, first + 1:first + 1 + windows.shape[0]] = windows
+            if progress is not None:
+                progress(epoch * definition.num_windows + first + windows.shape[0], total)
         np.cumsum(index[epoch], out=index[epoch])
     return index
 

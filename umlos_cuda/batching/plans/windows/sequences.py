@@ -35,7 +35,7 @@ the number of epochs, the lengths' binding and the engine's ``sampling_mode``,
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 
 import numpy as np
@@ -90,11 +90,12 @@ class PretrainingSequences:
 
     @classmethod
     def build(cls, definition: CutDefinition, source, num_epochs: int = 1, *, backend: str = "auto",
-              lazy: bool = False) -> PretrainingSequences:
+              lazy: bool = False, progress: Callable[[int, int], None] | None = None) -> PretrainingSequences:
         """The index of epochs ``0 .. num_epochs - 1`` in one streaming pass. ``source``: a length source,
         or a token source (then its lengths, and :meth:`sample` reads its tokens). ``lazy``: count nothing
         yet; each sample counts the chunks of windows it needs, so sample 0 costs one chunk, and anything
-        that needs the whole index (``index``, the fingerprint, an epoch's count, saving) completes it."""
+        that needs the whole index (``index``, the fingerprint, an epoch's count, saving) completes it.
+        ``progress(done, total)``: windows counted so far, of ``num_epochs x K`` (not for a lazy plan)."""
         num_epochs = checks.integer(num_epochs, "num_epochs", 1, MAX_EPOCHS,
                                     fail=partial(plan_error, errors.BATCHING_CONFIG_INVALID))
         lengths = lengths_of(source)
@@ -107,7 +108,7 @@ class PretrainingSequences:
                        tokens=tokens, backend=backend)
             plan._counted = [0] * num_epochs
             return plan
-        index = build_cut_index(definition, lengths, num_epochs, backend=backend)
+        index = build_cut_index(definition, lengths, num_epochs, backend=backend, progress=progress)
         return cls(definition, lengths, index, tokens=tokens, backend=backend)
 
     @property

@@ -1560,6 +1560,13 @@ def _artifact_store_fifo_offsets(world, here):
     return ("verify", str(here / "store"))
 
 
+def _config(make_file):
+    def make(world, here):
+        make_file(here / "c.yaml")
+        return ("plan", "build", "--config", str(here / "c.yaml"), "--output", str(here / "out"))
+    return make
+
+
 ARTIFACT_CASES = [
     Case("hang/info-fifo-path", _artifact_fifo, (A,), "x"),
     Case("hang/info-plan-fifo-meta-json", _artifact_plan_fifo_meta, (P, errors.PLAN_NOT_FOUND), "meta.json"),
@@ -1572,6 +1579,10 @@ ARTIFACT_CASES = [
     Case("traceback/verify-marker-of-an-unknown-kind", _marker_only(
         '{"artifact":"nonsense","format":"umlos-cuda/artifact-v1"}'), (A,), "thing"),
     Case("traceback/verify-deep-json-marker", _marker_only(deep_json()), (A,), "thing"),
+    Case("hang/plan-build-fifo-config", _config(fifo), (errors.INVALID_ARGUMENT,), "c.yaml"),
+    Case("hang/plan-build-sparse-config", _config(sparse), (errors.INVALID_ARGUMENT,), "c.yaml"),
+    Case("traceback/plan-build-deep-yaml-config", _config(lambda p: p.write_text("a: " + deep_json())),
+         (errors.INVALID_ARGUMENT,), "c.yaml"),
 ]
 
 

@@ -193,7 +193,7 @@ def test_eos_token_id(base, tmp_path):
     assert load_tokenizer(write_model_dir(tmp_path / "e", base, {"eos_token": "</s>"})).eos_token_id() == \
         base.token_to_id("</s>")
     assert load_tokenizer(base).eos_token_id("<s>") == base.token_to_id("<s>")
-    expect(errors.TOKENIZER_INVALID, load_tokenizer(base).eos_token_id, mention="--eos-token")
+    expect(errors.TOKENIZER_INVALID, load_tokenizer(base).eos_token_id, mention="--eos ")
     expect(errors.TOKENIZER_INVALID, load_tokenizer(base).eos_token_id, "<|eot|>", mention="not in the vocabulary")
 
 

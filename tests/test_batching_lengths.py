@@ -488,7 +488,7 @@ def test_build_checks_arguments_before_reading(tmp_path, tokenizer):
     expect(errors.OUTPUT_PATH_INVALID, build_lengths, dataset, tokenizer, tmp_path / "no" / "l.jsonl")
     expect(errors.TOKENIZER_INVALID, build_lengths, dataset, tmp_path / "none", tmp_path / "m.jsonl")
     expect(errors.TOKENIZER_INVALID, build_lengths, dataset, tokenizer, tmp_path / "m.jsonl", prompt_field="p",
-           response_field="r", mention="--eos-token")
+           response_field="r", mention="--eos ")
     for fields in ({"prompt_field": "p"}, {"response_field": "r"}, {"text_field": "text", "prompt_field": "p",
                                                                      "response_field": "r"}):
         expect(errors.LENGTHS_INVALID, build_lengths, dataset, tokenizer, tmp_path / "m.jsonl", mention="together",

@@ -358,7 +358,7 @@ def test_folder_round_trip_cli_build_and_verify(tmp_path, capsys):
                        (("--mix", f"{paths[0]}:1:1"), "--mix needs --window"),
                        (("--window", "4", "--lengths", paths[0], "--num-samples", "9"), "--num-samples needs --mix"),
                        (("--window", "4", "--mix", f"{paths[0]}:1"), "needs max_epochs on every component"),
-                       ((), "--lengths is required")):
+                       ((), "--source is required")):
         assert _cli("plan", "build", *bad, *argv) == 2
         err = capsys.readouterr().err
         assert "BATCHING_CONFIG_INVALID" in err and text in err and not os.path.lexists(tmp_path / "bad")

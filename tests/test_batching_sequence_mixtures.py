@@ -269,7 +269,7 @@ def test_plan_cut_mix_info_verify_and_show(tmp_path: Path, capsys):
                  "5", "--output", str(tmp_path / "x")]) != 0
     assert errors.BATCHING_CONFIG_INVALID in capsys.readouterr().err
     assert main(["plan", "cut", "--sequence-length", "16", "--output", str(tmp_path / "x")]) != 0
-    assert "--tokens is required" in capsys.readouterr().err
+    assert "--source is required" in capsys.readouterr().err
     assert main(["plan", "cut", "--mix", f"{web}:1", "--sequence-length", "16", "--num-samples", "5", "--output",
                  str(out)]) != 0  # an existing folder is refused without --force
     assert "OUTPUT_EXISTS" in capsys.readouterr().err

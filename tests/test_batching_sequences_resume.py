@@ -143,7 +143,7 @@ def test_plan_verify_of_a_sequences_folder(tmp_path, capsys):
     assert main(["plan", "verify", str(out), "--expected-fingerprint", "0" * 64]) != 0
     assert "PLAN_FINGERPRINT_MISMATCH" in capsys.readouterr().err
     assert main(["plan", "verify", str(out), "--lengths", prefix]) != 0
-    assert "pretraining sequences folder: --lengths does not apply" in capsys.readouterr().err
+    assert "pretraining sequences folder: --source does not apply" in capsys.readouterr().err
     opened = load_sequences(out)
     assert main(["plan", "info", str(out), "--json", "--world-size", "3"]) == 0
     info = json.loads(capsys.readouterr().out)

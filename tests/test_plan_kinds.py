@@ -77,7 +77,7 @@ def test_each_kind_is_recognised_opened_reported_and_verified(folders, name, cap
 
 @pytest.mark.parametrize("name, argv, refused", [
     ("plan", ["--windows", "2"], "--windows and --seed"),
-    ("mixed plan", ["--lengths", "x"], "--lengths does not apply"),
+    ("mixed plan", ["--lengths", "x"], "--source does not apply"),
     ("pretraining sequences", ["--no-rebuild"], "--no-rebuild does not apply"),
 ])
 def test_an_option_a_kind_does_not_take_is_refused_naming_those_it_takes(folders, name, argv, refused, capsys):
@@ -103,6 +103,9 @@ def test_the_registry_refuses_a_name_twice_a_wrong_kind_and_a_built_in_removal()
         assert info.value.code == errors.INVALID_ARGUMENT and mention in info.value.message
     with pytest.raises(UmlosError, match="scope"):
         PlanKind(whole.artifact, order="dataset", scope="forever", unit="microbatch", rows=True, open=whole.open,
+                 save=whole.save, verify=whole.verify, report=whole.report, lines=whole.lines, whole=whole.whole)
+    with pytest.raises(UmlosError, match="whole"):
+        PlanKind(whole.artifact, order="dataset", scope="epoch", unit="microbatch", rows=True, open=whole.open,
                  save=whole.save, verify=whole.verify, report=whole.report, lines=whole.lines)
 
 

@@ -84,5 +84,5 @@ def lines(report: dict) -> list[str]:
             *(f"  rank {row['rank']}: {row['microbatches']} microbatches" for row in report["ranks"])]
 
 
-KIND = register_plan_kind(PlanKind(TOY, order="dataset", scope="epoch", unit="microbatch", rows=True, open=open_toy,
-                                   save=save, verify=verify, report=report, lines=lines))
+KIND = register_plan_kind(PlanKind(TOY, order="dataset", scope="epoch", unit="microbatch", rows=False,
+                                   open=open_toy, save=save, verify=verify, report=report, lines=lines))

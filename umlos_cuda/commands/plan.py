@@ -297,12 +297,16 @@ def run_verify(args) -> int:
 
 
 def run_shard(args) -> int:
-    from ..batching.plans.io import check_shards_dir, load_plan, save_shards
+    from ..batching.plans.integrity import check_digests
+    from ..batching.plans.io import PLAN, check_shards_dir, save_shards
+    from ..batching.plans.kinds import open_row_plan, plan_kind_of
     from ..batching.plans.sharding import check_shard_count
 
     check_shard_count(args.world_size)
     check_shards_dir(args.output, args.force, (args.plan,))  # fail before the work
-    plan = load_plan(args.plan, verify=not args.no_verify)
+    plan = open_row_plan(args.plan, "plan shard", whole=True)  # a windowed plan: its microbatches as a whole plan
+    if not args.no_verify and plan_kind_of(args.plan).name == PLAN.name:  # (a windowed plan checked its own)
+        check_digests(plan, args.plan)
     rows = save_shards(plan, args.world_size, args.output, jsonl=args.jsonl, force=args.force, inputs=(args.plan,))
     for row in rows:
         print(f"rank {row['rank']}: {row['microbatches']} microbatches, fingerprint {row['fingerprint']}")

@@ -58,7 +58,8 @@ from .npz import FILES_FORMAT, INDEX_FILE, PLAN_FOLDER
 from .fingerprint import DEFAULT_N_BATCHES, BatchFingerprint, combine_digests, microbatch_digest
 from ..collate import collate_microbatch, plan_separator_ids
 from ..plans.plan import BatchPlan
-from ..plans.io import load_plan, save_plan_into
+from ..plans.io import PLAN, load_plan, save_plan_into
+from ..plans.kinds import open_row_plan, plan_kind_of
 from ..plans.integrity import check_source_matches_plan
 from ..tokens.sources import open_token_source, verify_source
 from .reader import read_index
@@ -116,9 +117,13 @@ class BatchWriter:
                  n_batches: int = DEFAULT_N_BATCHES, verify: bool = True, layout: str | Layout = DEFAULT_LAYOUT,
                  compression: str | None = None) -> None:
         self.inputs = _input_paths(plan, store)
-        self.plan = plan if isinstance(plan, BatchPlan) else load_plan(plan, verify=verify)
+        if isinstance(plan, BatchPlan) or plan_kind_of(plan).name == PLAN.name:
+            self.plan = plan if isinstance(plan, BatchPlan) else load_plan(plan, verify=verify)
+            self.source = open_token_source(store, tokenizer_hash=self.plan.meta.tokenizer_hash)
+        else:  # another kind of plan of rows (a windowed plan): its microbatches as a whole plan of the store's rows
+            self.source = open_token_source(store)
+            self.plan = open_row_plan(plan, "batch generate", whole=True, lengths=self.source.length_cache())
         self.separator_ids = plan_separator_ids(self.plan, separator_ids)
-        self.source = open_token_source(store, tokenizer_hash=self.plan.meta.tokenizer_hash)
         check_source_matches_plan(self.source, self.plan)
         if verify:
             verify_source(self.source)

@@ -43,11 +43,13 @@ from ..packing.config import OversizePolicy, PackingConfig
 from .overlong import OverlongConfig
 from .splits import SplitConfig
 
+#: The largest window: a window's interleaving draws are numbered ``w 2^32 + j``, so it holds fewer than 2^32.
+MAX_WINDOW = 1 << 32
 #: The engine calls a plan's order can come from: shuffled train, sequential, streaming preset.
 PLAN_STAGES = (MODE_SHUFFLE, MODE_SEQUENTIAL, MODE_STREAMING)
 #: The keys of a stored config (:meth:`BatchingConfig.to_dict`), each optional; the constructor checks the values.
 _STORED = dict.fromkeys(("token_budget", "bucket_edges", "overflow_max", "min_length", "pad_policy", "mode", "seed",
-                         "sampling_mode", "sampler_block_size", "order", "group_size", "overlong", "split"),
+                         "sampling_mode", "sampler_block_size", "order", "group_size", "overlong", "split", "window"),
                         checks.field(checks.anything))
 
 
@@ -109,6 +111,12 @@ class BatchingConfig:
         split: None (every sample) or a :class:`~.splits.SplitConfig`: the
             plan takes one side of a train/validation split (:mod:`.splits`).
             ``overlong`` and ``split`` are in :meth:`to_dict` only when set.
+        window: the plan's scope. None (default): each epoch is planned whole. ``W``: each epoch is planned a
+            window of ``W`` positions of its order at a time, as a windowed plan plans it (docs/batching.md,
+            "Windowed plans": the same microbatches); a whole plan so made is a windowed plan's microbatches
+            held whole (``WindowedPlan.as_batch_plan``: ``plan shard``, ``batch generate``), and rebuilds
+            and verifies as any plan. In :meth:`to_dict` only when set. Windows plan token-budget buckets,
+            packed or not: no pairs, over-long policy or split yet.
     """
 
     token_budget: int = 4096
@@ -125,6 +133,7 @@ class BatchingConfig:
     group_size: int = 1
     overlong: OverlongConfig | None = None
     split: SplitConfig | None = None
+    window: int | None = None
     bucket_spec: BucketSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -163,6 +172,11 @@ class BatchingConfig:
             checks.instance(self.split, "split", SplitConfig, fail=config_error,
                             message="{name} must be None or a SplitConfig, got {type}")
         self._check_group()
+        if self.window is not None:
+            set_(self, "window", checks.integer(self.window, "window", 1, MAX_WINDOW, fail=config_error))
+            if self.group_size != 1 or self.overlong is not None or self.split is not None:
+                raise config_error("a plan made by windows takes no preference pairs, over-long policy or split yet "
+                                   "(a window plans token-budget buckets, packed or not)")
 
     def _check_group(self) -> None:
         group = checks.integer(self.group_size, "group_size", 1, 2, fail=config_error,
@@ -242,6 +256,7 @@ class BatchingConfig:
             **({} if self.group_size == 1 else {"group_size": self.group_size}),
             **({} if self.overlong is None else {"overlong": self.overlong.to_dict()}),
             **({} if self.split is None else {"split": self.split.to_dict()}),
+            **({} if self.window is None else {"window": self.window}),
         }
 
     @classmethod

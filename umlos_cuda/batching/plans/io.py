@@ -67,7 +67,7 @@ PIECE_ARRAYS = (("pieces", "<u4"),)
 _CONFIG_KEYS = ("token_budget", "bucket_edges", "overflow_max", "min_length", "pad_policy", "mode", "seed",
                 "sampling_mode", "sampler_block_size")
 #: Config keys meta.json holds only when not at their default (plans before them keep their bytes).
-_DEFAULTED_CONFIG_KEYS = ("group_size",)
+_DEFAULTED_CONFIG_KEYS = ("group_size", "window")
 
 
 # ---------------------------------------------------------------------- writing

@@ -41,7 +41,8 @@ the pairs, then lays each pair out as its two rows (:mod:`.groups`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -153,15 +154,53 @@ def order_slice(config: BatchingConfig, manifest: Manifest, n: int, epoch: int, 
 
 def build_epoch(lengths: np.ndarray, config: BatchingConfig, epoch: int, *, manifest: Manifest | None = None,
                 backend: str = "auto") -> EpochArrays:
-    """The microbatches of ``epoch`` (see the module docstring)."""
+    """The microbatches of ``epoch`` (see the module docstring); with ``config.window`` W below the sample count,
+    planned a window of W positions at a time (:func:`plan_positions`, joined: :func:`join_arrays`)."""
     n = int(lengths.shape[0])
     manifest = manifest or plan_manifest(config, n)
+    if config.window is not None and config.window < n:
+        take = lengths.__getitem__
+        return join_arrays([plan_positions(take, config, manifest, n, epoch, start, min(start + config.window, n),
+                                           start // config.window, backend)
+                            for start in range(0, n, config.window)])
     if config.group_size > 1:  # plan the pairs, then lay them out as rows
         units = build_epoch(group_lengths(lengths, config), unit_config(config), epoch, manifest=manifest,
                             backend=backend)
         return expand_epoch(units, config.group_size, index_dtype(n))
     rows, buckets = _ordered_rows_and_buckets(lengths, config, manifest, n, epoch, backend)
     return plan_ordered(lengths, rows, buckets, config, manifest, epoch)
+
+
+def plan_positions(take: Callable[[np.ndarray], np.ndarray], config: BatchingConfig, manifest: Manifest, n: int,
+                   epoch: int, start: int, stop: int, w: int, backend: str = "auto") -> EpochArrays:
+    """The microbatches of the positions ``[start, stop)`` of the epoch's order, window ``w`` of a plan made by
+    windows (docs/batching.md, "Windowed plans"): those positions' rows, their lengths (``take(rows)``), and
+    :func:`plan_ordered` on them alone, its draws numbered from ``w 2^32``; dataset rows, skipped rows ascending."""
+    rows = order_slice(config, manifest, n, epoch, start, stop - start, backend)
+    lengths = take(rows)
+    buckets = config.bucket_spec.bucket_ids(lengths)
+    local = np.arange(rows.shape[0], dtype=index_dtype(int(rows.shape[0])))
+    arrays = plan_ordered(lengths, local, buckets, config, manifest, epoch, draw_base=w << 32)
+    return replace(arrays, samples=rows[arrays.samples], skipped=np.sort(rows[arrays.skipped]))
+
+
+def join_arrays(parts: list[EpochArrays]) -> EpochArrays:
+    """Consecutive windows' microbatches as one epoch's: the bounds shifted, the skipped rows ascending."""
+    packed = parts[0].row_offsets is not None
+    return EpochArrays(
+        offsets=_joined_bounds([p.offsets for p in parts]),
+        samples=np.concatenate([p.samples for p in parts]),
+        bucket_ids=np.concatenate([p.bucket_ids for p in parts]),
+        max_len=np.concatenate([p.max_len for p in parts]),
+        skipped=np.sort(np.concatenate([p.skipped for p in parts])),
+        row_offsets=_joined_bounds([p.row_offsets for p in parts]) if packed else None,  # type: ignore[misc]
+        pack_rows=_joined_bounds([p.pack_rows for p in parts]) if packed else None)  # type: ignore[misc]
+
+
+def _joined_bounds(parts: list[np.ndarray]) -> np.ndarray:
+    """Bounds arrays ``[0, ..., end]`` of consecutive parts as one: each part shifted by the ends before it."""
+    shifts = np.cumsum([0] + [int(p[-1]) for p in parts[:-1]])
+    return np.concatenate([parts[0][:1].astype(np.int64)] + [p[1:].astype(np.int64) + s for p, s in zip(parts, shifts)])
 
 
 def plan_ordered(lengths: np.ndarray, rows: np.ndarray, buckets: np.ndarray, config: BatchingConfig,

@@ -134,12 +134,14 @@ def open_plan(folder) -> Any:
     return plan_kind_of(folder).open(folder)
 
 
-def open_row_plan(folder, user: str) -> Any:
+def open_row_plan(folder, user: str, *, whole: bool = False, lengths=None) -> Any:
     """The plan in ``folder`` when its microbatches list rows of one dataset (a kind with ``rows``), for ``user``
-    (what hands them out: a sampler, ``batch generate``); PLAN_NOT_FOUND naming the kinds that do otherwise."""
+    (what hands them out: a sampler, ``plan shard``, ``batch generate``); PLAN_NOT_FOUND naming the kinds that do
+    otherwise. ``whole``: as a whole plan (the kind's ``whole``; ``lengths``: a length cache of the same rows)."""
     kind = plan_kind_of(folder)
-    if not kind.rows:
+    if not kind.rows or kind.whole is None:
         takes = ", ".join(k.name for k in plan_kinds() if k.rows)
         raise plan_error(errors.PLAN_NOT_FOUND, f"{os.fspath(folder)} is a {kind.name}, whose {kind.unit}s are not "
                                                 f"rows of one dataset; {user} takes a {takes}")
-    return kind.open(folder)
+    plan = kind.open(folder)
+    return kind.whole(plan, lengths) if whole else plan

@@ -36,7 +36,9 @@ class PlanKind:
     folder, force=, inputs=)`` writes one; ``verify(folder, **options)`` runs its checks and returns
     ``{"fingerprint", "checks"}`` (``options`` among :data:`VERIFY_OPTIONS`, only those in
     ``verify_options``); ``report(folder, world_size=, rank=)`` is ``plan info``'s dict and
-    ``lines(report)`` its text. ``describe(plan)`` is one line of what an opened plan holds."""
+    ``lines(report)`` its text. ``whole(plan, lengths)`` (kinds with ``rows``): the same microbatches as a whole
+    plan, for ``plan shard`` and ``batch generate`` (``lengths``: a length cache of the same rows, whose ids and
+    hashes it records; None: the plan's own)."""
 
     artifact: ArtifactKind
     order: str
@@ -49,8 +51,12 @@ class PlanKind:
     report: Callable[..., dict]
     lines: Callable[[dict], list[str]]
     verify_options: frozenset[str] = frozenset({"expected_fingerprint"})
+    whole: Callable[[Any, Any], Any] | None = None
 
     def __post_init__(self) -> None:
+        if self.rows != (self.whole is not None):
+            raise registry_error(f"a plan kind whose microbatches are rows gives them as a whole plan (whole=), and "
+                                 f"only such a kind: {self.artifact.name!r}")
         for value, allowed, what in ((self.order, ORDERS, "order"), (self.scope, SCOPES, "scope"),
                                      (self.unit, UNITS, "unit")):
             if value not in allowed:

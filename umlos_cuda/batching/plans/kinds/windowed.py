@@ -17,6 +17,7 @@ import numpy as np
 
 from ..sharding import share_ranks
 from ..windows.io import WINDOWED_PLAN, load_windowed_plan, save_windowed_plan
+from ..windows.plan import WindowedPlan
 from ..windows.resume import rank_indices
 from ..windows.verify import verify_windowed_plan
 from ..windows.window import COUNT_FIELDS
@@ -75,4 +76,5 @@ def lines(report: dict) -> list[str]:
 
 KIND = PlanKind(WINDOWED_PLAN, order="dataset", scope="windows", unit="microbatch", rows=True, open=load_windowed_plan,
                 save=save_windowed_plan, verify=verify_windowed_plan, report=report, lines=lines,
-                verify_options=frozenset({"expected_fingerprint", "windows", "seed", "lengths"}))
+                verify_options=frozenset({"expected_fingerprint", "windows", "seed", "lengths"}),
+                whole=WindowedPlan.as_batch_plan)

@@ -42,7 +42,7 @@ from ....nextbatch import MODE_SHUFFLE
 from ..config import BatchingConfig
 from ..plan import plan_error
 from ..planner import order_slice, plan_manifest
-from .window import MAX_WINDOW
+from ..config import MAX_WINDOW
 
 #: Tail rules (see the module docstring).
 TAIL_DROP = "drop"

@@ -52,7 +52,8 @@ from ..config import BatchingConfig
 from ..planner import engine_order, order_slice, plan_manifest
 from .blend import MIXTURE_DOMAIN, Blend, Segment, allocate, interleave_order, mixture_key_words
 from ...lengths.sources import LengthSource
-from .window import DEFAULT_WINDOW, MAX_WINDOW, check_windowed_config
+from ..config import MAX_WINDOW
+from .window import DEFAULT_WINDOW, check_windowed_config
 
 #: Most components one mixture may have.
 MAX_COMPONENTS = 1 << 12

@@ -23,14 +23,15 @@ verify`` (:mod:`.verify`) replans windows and checks them against the index.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace as dataclass_replace
 from collections.abc import Callable, Iterator
 from functools import partial
 
 import numpy as np
 
 from .... import checks, errors
-from ....hashing import cbor_canonical, hash_canonical
-from ..planner import EpochArrays, engine_order
+from ....hashing import cbor_canonical, hash_canonical, sha256_array
+from ..planner import EpochArrays, engine_order, join_arrays
 from ..plan import MicrobatchSpec, plan_error
 from .index import build_index, locate
 from .packed import microbatch_packs
@@ -155,6 +156,38 @@ class WindowedPlan:
                     yield current, j, _spec(arrays, step, j)
                     j += 1
                 local = 0
+
+    def epoch_arrays(self, epoch: int) -> EpochArrays:
+        """Every window of ``epoch`` joined: the epoch's microbatches as one set of arrays (O(N) in memory; skipped
+        rows in ascending order), what a whole plan made by the same windows holds."""
+        e = self._epoch(epoch)
+        return join_arrays([self.window(e, w) for w in range(self.definition.num_windows)])
+
+    def as_batch_plan(self, lengths=None):
+        """The same microbatches as a whole plan (O(N)), for what writes O(N) files anyway (``plan shard``, ``batch
+        generate``): the plan of ``config.window = W`` (None when one window holds the epoch), so microbatch ``k``
+        of epoch ``e`` is the same in both and the whole plan rebuilds and verifies as any plan. ``lengths``: a
+        length cache of the same lengths whose ids and hashes it records (a token store's, to collate from it);
+        default: the source's lengths, rows named by number. PLAN_LENGTHS_MISMATCH when ``lengths`` are not this
+        plan's."""
+        from ..builder import BatchPlanBuilder
+
+        count = self.definition.num_samples
+        window = self.definition.window if self.definition.window < count else None
+        config = dataclass_replace(self.config, window=window)
+        if lengths is None:
+            lengths = np.asarray(self.source.take(np.arange(count, dtype=np.int64)), dtype=np.uint32)
+            builder = BatchPlanBuilder(lengths, config, tokenizer_hash=getattr(self.source, "tokenizer_hash", None),
+                                       backend=self.backend)
+        else:
+            builder = BatchPlanBuilder(lengths, config, backend=self.backend)
+        binding = self.source.binding()
+        expected = binding["lengths_sha256"] if binding.get("kind") == "array" else \
+            sha256_array(np.asarray(self.source.take(np.arange(count, dtype=np.int64)), dtype="<u4"))
+        if sha256_array(builder.lengths) != expected:
+            raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"the {builder.lengths.shape[0]} lengths given are not "
+                                                           f"the {count} lengths the windowed plan binds")
+        return builder.build(self.num_epochs)
 
     def _epoch(self, epoch: int) -> int:
         return checks.integer(epoch, "epoch", 0, self.num_epochs - 1, fail=_cursor,

@@ -46,7 +46,8 @@ from .blend import Blend
 from .cut import INDEX_CHUNK, CutDefinition
 from .mixture import MAX_CAP, MAX_COMPONENTS, _weight
 from .sequences import MAX_EPOCHS, PretrainingSequences, lengths_of
-from .window import DEFAULT_WINDOW, MAX_WINDOW
+from ..config import MAX_WINDOW
+from .window import DEFAULT_WINDOW
 
 #: The ``format`` of a mixture of pretraining sequences.
 MIXED_SEQUENCES_FORMAT = "umlos_cuda.mixed_sequences/1"

@@ -20,7 +20,7 @@ window. So the window with ``W >= N`` is exactly the whole-epoch planner's epoch
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,8 +28,8 @@ from .... import checks
 from ....manifest.core import Manifest
 from ..buckets import config_error
 from ....nextbatch import MODE_SEQUENTIAL
-from ..config import BatchingConfig, PadPolicy
-from ..planner import EpochArrays, cut_bucket, index_dtype, order_slice, plan_manifest, plan_ordered
+from ..config import MAX_WINDOW, BatchingConfig, PadPolicy
+from ..planner import EpochArrays, cut_bucket, order_slice, plan_manifest, plan_positions
 from .packed import count_packed
 
 #: The one edge rule: each window ends every bucket's open microbatch (see the module docstring).
@@ -38,8 +38,6 @@ EDGE_RULES = (EDGE_FLUSH,)
 #: The default window: microbatch k at random plans 2^16 positions (milliseconds); 2^16 divides the engine's
 #: default block size, so a block mode's window reads its lengths from one block.
 DEFAULT_WINDOW = 1 << 16
-#: Interleaving draws of window ``w`` are numbered ``w 2^32 + j``, so a window holds fewer than 2^32 microbatches.
-MAX_WINDOW = 1 << 32
 #: The count columns of the index, in order (:class:`WindowCounts`).
 COUNT_FIELDS = ("microbatches", "samples", "skipped", "tokens", "padded_tokens")
 
@@ -55,6 +53,8 @@ def check_windowed_config(config: BatchingConfig) -> BatchingConfig:
                                "packed or not")
     if config.group_size != 1:
         raise config_error("windowed plans take no preference pairs yet (group_size must be 1)")
+    if config.window is not None:
+        raise config_error("a windowed plan's window is its definition's (WindowDefinition.window), not the config's")
     return config
 
 
@@ -121,16 +121,14 @@ def window_rows(definition: WindowDefinition, epoch: int, w: int, backend: str =
 
 
 def plan_window(definition: WindowDefinition, source, epoch: int, w: int, backend: str = "auto") -> EpochArrays:
-    """Window ``w``'s microbatches (see the module docstring): dataset rows, skipped rows ascending."""
-    rows = window_rows(definition, epoch, w, backend)
-    lengths = source.take(rows)
-    buckets = definition.config.bucket_spec.bucket_ids(lengths)
-    local = np.arange(rows.shape[0], dtype=index_dtype(int(rows.shape[0])))
-    arrays = plan_ordered(lengths, local, buckets, definition.config, definition.manifest, epoch,
-                          draw_base=w << 32)
+    """Window ``w``'s microbatches (see the module docstring; :func:`~..planner.plan_positions`, which a whole
+    plan made by windows runs too): dataset rows, skipped rows ascending."""
+    start, stop = definition.bounds(w)
+    arrays = plan_positions(source.take, definition.config, definition.manifest, definition.num_samples, epoch,
+                            start, stop, w, backend)
     if definition.local_reads:
         source.release()
-    return replace(arrays, samples=rows[arrays.samples], skipped=np.sort(rows[arrays.skipped]))
+    return arrays
 
 
 def count_window(definition: WindowDefinition, source, epoch: int, w: int, backend: str = "auto") -> WindowCounts:

@@ -49,12 +49,6 @@ def megatron_prefix(path: str) -> str:
     return path[:-4] if path.endswith((".idx", ".bin")) else path
 
 
-def names_token_source(path: str) -> bool:
-    """Whether ``path`` is what :func:`open_token_source` opens rather than refuses: a folder (a token store,
-    sharded or not) or the prefix of an existing Megatron ``.idx`` -- not, say, a length cache."""
-    return os.path.isdir(path) or os.path.lexists(idx_path(megatron_prefix(path)))
-
-
 def open_token_source(path: Any, *, tokenizer_hash: str | None = None):
     """A :class:`TokenStore` for a folder (a :class:`ShardedTokenStore` when its marker says it is
     one), a :class:`MegatronDataset` for a prefix whose ``.idx`` exists, a

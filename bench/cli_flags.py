@@ -14,9 +14,13 @@ command only, the actions with several option strings (synonyms), and for each c
 spellings found (option strings matching the concept's pattern) with the commands that use each; ``--quiet`` also
 lists the leaf commands without it. Patterns, not lists, so that a spelling added later is found too.
 
+With ``--visible`` the census counts only what ``--help`` shows: an option hidden from the help
+(``help=SUPPRESS``) and the old spellings a renamed flag keeps as hidden aliases (an action's ``old_spellings``,
+umlos_cuda/commands/_args.py) are left out, so a rename is counted once.
+
 Usage::
 
-    PYTHONPATH=$PWD python bench/cli_flags.py [--json]
+    PYTHONPATH=$PWD python bench/cli_flags.py [--json] [--visible]
 """
 
 from __future__ import annotations
@@ -52,7 +56,17 @@ def walk(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
                 yield from walk(child, (*path, name))
 
 
-def census() -> list[dict]:
+def shown(action: argparse.Action, visible: bool) -> list[str]:
+    """The option strings of ``action`` that count: all, or (``visible``) those ``--help`` shows."""
+    if not visible:
+        return list(action.option_strings)
+    if action.help == argparse.SUPPRESS:
+        return []
+    hidden = getattr(action, "old_spellings", ())
+    return [s for s in action.option_strings if s not in hidden]
+
+
+def census(visible: bool = False) -> list[dict]:
     """One row per command: its name, aliases, options, synonyms (actions of several strings), positionals."""
     from umlos_cuda.cli import build_parser
 
@@ -63,8 +77,8 @@ def census() -> list[dict]:
                          if name != next(n for n, c in action.choices.items() if c is child))
         rows.append({
             "command": " ".join(("umlos-cuda", *path)), "leaf": not subparsers, "aliases": aliases,
-            "options": [s for a in actions for s in a.option_strings],
-            "synonyms": [list(a.option_strings) for a in actions if len(a.option_strings) > 1],
+            "options": [s for a in actions for s in shown(a, visible)],
+            "synonyms": [shown(a, visible) for a in actions if len(shown(a, visible)) > 1],
             "positionals": [a.metavar if isinstance(a.metavar, str) else a.dest
                             for a in actions if not a.option_strings],
         })
@@ -118,8 +132,9 @@ def print_report(rows: list[dict], totals: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print the rows and the summary as one JSON object")
+    parser.add_argument("--visible", action="store_true", help="count only the option strings --help shows")
     args = parser.parse_args()
-    rows = census()
+    rows = census(args.visible)
     totals = summary(rows)
     if args.json:
         json.dump({"commands": rows, "summary": totals}, sys.stdout, indent=1)

@@ -12,8 +12,15 @@ Modules:
     encode       one conversation to ids and an assistant mask (``encode_chat``)
 """
 
-from .encode import ChatSample, chat_encoder, encode_chat
-from .records import ChatRecords
-from .template import ChatTemplate, chat_template_of
+from typing import TYPE_CHECKING
+
+from ...reexports import lazy
+
+if TYPE_CHECKING:  # the re-exports, imported on first use (umlos_cuda/reexports.py)
+    from .encode import ChatSample, chat_encoder, encode_chat
+    from .records import ChatRecords
+    from .template import ChatTemplate, chat_template_of
 
 __all__ = ["ChatRecords", "ChatSample", "ChatTemplate", "chat_encoder", "chat_template_of", "encode_chat"]
+
+__getattr__, __dir__ = lazy(__name__, __file__)

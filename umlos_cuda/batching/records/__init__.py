@@ -14,8 +14,15 @@ Modules:
 This package only re-exports (docs/batching.md, "Your data: Parquet, datasets, JSONL").
 """
 
-from .chunk import Field, RecordChunk, RowIds, SkippedLines
-from .shards import FORMATS
-from .source import Records, open_records
+from typing import TYPE_CHECKING
+
+from ...reexports import lazy
+
+if TYPE_CHECKING:  # the re-exports, imported on first use (umlos_cuda/reexports.py)
+    from .chunk import Field, RecordChunk, RowIds, SkippedLines
+    from .shards import FORMATS
+    from .source import Records, open_records
 
 __all__ = ["FORMATS", "Field", "RecordChunk", "Records", "RowIds", "SkippedLines", "open_records"]
+
+__getattr__, __dir__ = lazy(__name__, __file__)

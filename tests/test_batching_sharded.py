@@ -137,7 +137,7 @@ def test_three_plus_one_equals_the_rows_adopted_as_one_shard(stores, tmp_path, c
         assert plus.sample_id(row) == one.sample_id(row)
     (plan_a, batches_a), (plan_b, batches_b) = plan_and_batches(plus), plan_and_batches(one)
     assert plan_a.fingerprint == plan_b.fingerprint and batches_a.fingerprint == batches_b.fingerprint
-    # the same through the commands: plan build --lengths DIR, batch generate --store DIR
+    # the same through the commands: plan build --source DIR, batch generate --source DIR
     out = {}
     for name, store in (("plus", plus), ("one", one)):
         assert main(["plan", "build", "--lengths", store.root, "--bucket-edges", "32,64", "--overflow-max", "128",

@@ -538,7 +538,7 @@ def user_gym_runs_on_two_ports_agree(ws, tmp_path):
 def user_docs_python_plan_is_the_cli_plan(ws, tmp_path):
     """docs/batching.md: "The same in Python" builds the plan its `plan build` command builds."""
     text = read_doc("batching.md")
-    command = re.search(r"```sh\n(umlos-cuda plan build --lengths lengths\.jsonl.*?)```", text, re.S).group(1)
+    command = re.search(r"```sh\n(umlos-cuda plan build --source lengths\.jsonl.*?)```", text, re.S).group(1)
     snippet = re.search(r"The same in Python[^\n]*\n(?:[^\n]+\n)*\n```python\n(.*?)```", text, re.S).group(1)
     from umlos_cuda.batching import LengthCache
 

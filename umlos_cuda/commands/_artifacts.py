@@ -76,12 +76,23 @@ def check_options(path: str, kind: str, options: dict, accepted, flags: dict[str
                      f"do{'es' if len(refused) == 1 else ''} not apply (it takes {takes})", operator=operator)
 
 
-def print_report(report: dict, lines, as_json: bool) -> None:
-    print(json.dumps(report, indent=2) if as_json else "\n".join(lines(report)))
+def report_kind(kind, path: str, args, accepted, operator: str) -> int:
+    """Print ``kind``'s report of ``path`` (an :class:`~umlos_cuda.artifacts.Artifact` or a plan kind: a ``name``,
+    a ``report`` and its ``lines``), as text or with ``--json`` the dict, with the options given that it takes."""
+    options = check_options(path, kind.name, given_options(args, INFO_FLAGS), accepted, INFO_FLAGS, operator)
+    report = kind.report(path, **options)
+    print(json.dumps(report, indent=2) if args.json else "\n".join(kind.lines(report)))
+    return 0
 
 
-def print_verified(kind: str, path: str, report: dict) -> None:
+def verify_kind(kind, path: str, args, operator: str) -> int:
+    """Run ``kind``'s ``verify`` on ``path`` with the options given that it takes, and print each check and the
+    fingerprint."""
+    options = check_options(path, kind.name, given_options(args, VERIFY_FLAGS), kind.verify_options, VERIFY_FLAGS,
+                            operator)
+    report = kind.verify(path, **options)
     for check in report["checks"]:
         print(f"ok  {check}")
     fingerprint = report.get("fingerprint")
-    print(f"{kind} {path} verified" + ("" if fingerprint is None else f": fingerprint {fingerprint}"))
+    print(f"{kind.name} {path} verified" + ("" if fingerprint is None else f": fingerprint {fingerprint}"))
+    return 0

@@ -7,7 +7,7 @@ their own options and words.
 
 from __future__ import annotations
 
-from ._artifacts import INFO_FLAGS, add_info_arguments, check_options, given_options, print_report
+from ._artifacts import add_info_arguments, report_kind
 
 
 def register(subparsers) -> None:
@@ -27,8 +27,4 @@ def run_info(args) -> int:
     from ..artifacts import artifact_of
 
     artifact = artifact_of(args.path)
-    options = given_options(args, INFO_FLAGS)
-    options = check_options(args.path, artifact.name, options, artifact.info_options, INFO_FLAGS,
-                            errors.ARTIFACTS_OPERATOR)
-    print_report(artifact.report(args.path, **options), artifact.lines, args.json)
-    return 0
+    return report_kind(artifact, args.path, args, artifact.info_options, errors.ARTIFACTS_OPERATOR)

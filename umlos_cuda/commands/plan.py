@@ -14,8 +14,7 @@ import time
 from .. import errors
 from ._args import (add_no_verify_argument, add_option, add_order_argument, add_pack_arguments, non_negative_int,
                     positive_int, resolve_order)
-from ._artifacts import (VERIFY_FLAGS, add_verify_arguments, check_options, given_options, print_report,
-                         print_verified)
+from ._artifacts import add_verify_arguments, report_kind, verify_kind
 from ._plan_windows import build_mixed, build_windowed, run_cut
 
 
@@ -278,9 +277,7 @@ def run_info(args) -> int:
     """``plan info`` of a folder of any plan kind: its report (``--json``: the dict) from the kind's ``report``."""
     from ..batching.plans.kinds import plan_kind_of
 
-    kind = plan_kind_of(args.plan)
-    print_report(kind.report(args.plan, world_size=args.world_size, rank=args.rank), kind.lines, args.json)
-    return 0
+    return report_kind(plan_kind_of(args.plan), args.plan, args, ("world_size", "rank"), errors.BATCH_PLAN_OPERATOR)
 
 
 def run_verify(args) -> int:
@@ -288,12 +285,7 @@ def run_verify(args) -> int:
     against what the kind takes (BATCHING_CONFIG_INVALID, naming the flags it does take)."""
     from ..batching.plans.kinds import plan_kind_of
 
-    kind = plan_kind_of(args.plan)
-    options = given_options(args, VERIFY_FLAGS)
-    options = check_options(args.plan, kind.name, options, kind.verify_options, VERIFY_FLAGS,
-                            errors.BATCH_PLAN_OPERATOR)
-    print_verified(kind.name, args.plan, kind.verify(args.plan, **options))
-    return 0
+    return verify_kind(plan_kind_of(args.plan), args.plan, args, errors.BATCH_PLAN_OPERATOR)
 
 
 def run_shard(args) -> int:

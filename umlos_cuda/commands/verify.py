@@ -8,7 +8,7 @@ for their own options and words.
 
 from __future__ import annotations
 
-from ._artifacts import VERIFY_FLAGS, add_verify_arguments, check_options, given_options, print_verified
+from ._artifacts import add_verify_arguments, verify_kind
 
 
 def register(subparsers) -> None:
@@ -21,16 +21,11 @@ def register(subparsers) -> None:
     )
     parser.add_argument("path", metavar="PATH")
     add_verify_arguments(parser)
-    parser.set_defaults(func=run_verify)
+    parser.set_defaults(func=run)
 
 
-def run_verify(args) -> int:
+def run(args) -> int:
     from .. import errors
     from ..artifacts import artifact_of
 
-    artifact = artifact_of(args.path)
-    options = given_options(args, VERIFY_FLAGS)
-    options = check_options(args.path, artifact.name, options, artifact.verify_options, VERIFY_FLAGS,
-                            errors.ARTIFACTS_OPERATOR)
-    print_verified(artifact.name, args.path, artifact.verify(args.path, **options))
-    return 0
+    return verify_kind(artifact_of(args.path), args.path, args, errors.ARTIFACTS_OPERATOR)

@@ -51,6 +51,18 @@ def split_line(config: dict, units: dict | None, num_samples: int) -> str | None
             f"{split['seed']}): {units['samples']} of {num_samples} samples, {units['units']} planned units")
 
 
+def config_words(config: dict) -> str:
+    """A configuration (:meth:`~..config.BatchingConfig.to_dict`'s) in words, as every plan report gives it."""
+    return (f"budget {config['token_budget']}, {config['pad_policy']}, edges {list(config['bucket_edges'])} + "
+            f"overflow {config['overflow_max']}, seed {config['seed']}, {config['sampling_mode']}")
+
+
+def packed_line(config: dict, pack: dict) -> str:
+    """How a packed plan packs (``pack``: :meth:`~...packing.config.PackingConfig.to_dict`'s), in words."""
+    return (f"  packed: {pack['mode']}, rows of {pack['max_length']} tokens, "
+            f"{config['token_budget'] // pack['max_length']} rows per microbatch, separator {pack['separator_len']}")
+
+
 def packing_line(packing: dict) -> str:
     """One line of a packed epoch's PackingMetrics (stats.json ``packing``)."""
     return (f"packing: {packing['rows']} rows (lower bound {packing['lower_bound_rows']}), packing_efficiency "
@@ -81,17 +93,13 @@ def lines(report: dict) -> list[str]:
     """The text of ``plan info`` for :func:`report`'s dict."""
     config, pack, shard = report["config"], report["pack_config"], report["shard"]
     out = [f"plan {report['plan']}", f"  fingerprint {report['fingerprint']}",
-           f"  {report['num_samples']} samples, {len(report['epochs'])} epoch(s), budget {config['token_budget']}, "
-           f"{config['pad_policy']}, edges {list(config['bucket_edges'])} + overflow {config['overflow_max']}, "
-           f"seed {config['seed']}, {config['sampling_mode']}"]
+           f"  {report['num_samples']} samples, {len(report['epochs'])} epoch(s), {config_words(config)}"]
     group_size = config.get("group_size", 1)
     if group_size > 1:
         out.append(f"  preference pairs: {report['num_samples'] // group_size} pairs, rows 2p and 2p + 1 in one "
                    "microbatch")
     if pack is not None:
-        per_microbatch = config["token_budget"] // pack["max_length"]
-        out.append(f"  packed: {pack['mode']}, rows of {pack['max_length']} tokens, {per_microbatch} rows per "
-                   f"microbatch, separator {pack['separator_len']}")
+        out.append(packed_line(config, pack))
     out.append("  " + overlong_line(report["overlong"], config.get("overlong") is not None))
     split = split_line(config, report["units"], report["num_samples"])
     if split is not None:

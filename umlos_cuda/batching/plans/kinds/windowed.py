@@ -22,6 +22,7 @@ from ..windows.resume import rank_indices
 from ..windows.verify import verify_windowed_plan
 from ..windows.window import COUNT_FIELDS
 from .kind import PlanKind
+from .whole import config_words, packed_line
 
 
 def report(folder, *, world_size: int | None = None, rank: int | None = None) -> dict:
@@ -55,14 +56,10 @@ def lines(report: dict) -> list[str]:
     """The text of ``plan info`` for :func:`report`'s dict."""
     config, window, pack = report["config"], report["window"], report["pack_config"]
     out = [f"windowed plan {report['plan']}", f"  fingerprint {report['fingerprint']}",
-             f"  {window['num_samples']} samples, {len(report['epochs'])} epoch(s) of {window['num_windows']} windows "
-             f"of {window['window']} (edge {window['edge']}), budget {config['token_budget']}, {config['pad_policy']}, "
-             f"edges {config['bucket_edges']} + overflow {config['overflow_max']}, seed {config['seed']}, "
-             f"{config['sampling_mode']}"]
+           f"  {window['num_samples']} samples, {len(report['epochs'])} epoch(s) of {window['num_windows']} windows "
+           f"of {window['window']} (edge {window['edge']}), {config_words(config)}"]
     if pack is not None:
-        out.append(f"  packed: {pack['mode']}, rows of {pack['max_length']} tokens, "
-                     f"{config['token_budget'] // pack['max_length']} rows per microbatch, separator "
-                     f"{pack['separator_len']}")
+        out.append(packed_line(config, pack))
     for stats in report["epochs"]:
         rows = f", {stats['rows']} rows" if "rows" in stats else ""
         out.append(f"  epoch {stats['epoch']}: {stats['microbatches']} microbatches{rows}, {stats['samples']} "

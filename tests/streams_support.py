@@ -1,6 +1,6 @@
 """Helpers of the stream tests: the real puzzle server on a free port, a
 relay that breaks one connection on purpose, fake servers that misbehave,
-and a small tokenizer.
+a small tokenizer, and a logged gym run of a mock stream (``write_mock_run``).
 
 ``puzzle_server()`` starts ``python -m umlos_cuda.streams.gym.server --port
 0`` in its own process group, waits (with a deadline, polling) for the port
@@ -201,3 +201,17 @@ def expect(code, function, *args, mention=None, **kwargs) -> UmlosError:
     if mention:
         assert mention in info.value.message, info.value.message
     return info.value
+
+
+def write_mock_run(folder) -> None:
+    """``folder/windows.jsonl``: two windows of 2 microbatches over 20 mock samples in a FIFO buffer of 16."""
+    from umlos_cuda.batching import BatchingConfig
+    from umlos_cuda.streams import MockGymStream, ReplayBuffer, RollingBatchPlanWindow
+
+    window = RollingBatchPlanWindow(ReplayBuffer(16, "fifo", seed=1), 2,
+                                    batching=BatchingConfig.throughput(2048, (128, 256, 512), 1024),
+                                    log=folder / "windows.jsonl")
+    for i, sample in enumerate(MockGymStream(20, seed=5, max_length=300)):
+        window.add(sample)
+        if i % 10 == 9:
+            window.next_window()

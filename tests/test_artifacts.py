@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import streams_support
 
 from umlos_cuda import errors
 from umlos_cuda.artifacts import artifact_of, artifacts, get_artifact
@@ -39,18 +40,9 @@ KINDS = {
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    from umlos_cuda.batching import BatchingConfig
-    from umlos_cuda.streams import MockGymStream, ReplayBuffer, RollingBatchPlanWindow
-
     root = tmp_path_factory.mktemp("artifacts") / "all"
     generator.build(str(root))
-    window = RollingBatchPlanWindow(ReplayBuffer(16, "fifo", seed=1), 2,
-                                    batching=BatchingConfig.throughput(2048, (128, 256, 512), 1024),
-                                    log=root / "run" / "windows.jsonl")
-    for i, sample in enumerate(MockGymStream(20, seed=5, max_length=300)):
-        window.add(sample)
-        if i % 10 == 9:
-            window.next_window()
+    streams_support.write_mock_run(root / "run")
     shutil.copytree(bundled_folder("golden").joinpath("checkpoint_store_v1"), root / "checkpoints")
     return root
 

@@ -60,7 +60,6 @@ def world(tmp_path_factory) -> Path:
     from umlos_cuda.batching.batches.fingerprint import fingerprint_plan_batches
     from umlos_cuda.batching.batches.writer import BatchWriter
     from umlos_cuda.batching.tokens.writer import tokenize_dataset
-    from umlos_cuda.streams import MockGymStream, ReplayBuffer, RollingBatchPlanWindow
 
     root = tmp_path_factory.mktemp("hostile-world")
     write_model_dir(root / "model", train_tokenizer(), {"eos_token": "</s>"})
@@ -106,13 +105,7 @@ def world(tmp_path_factory) -> Path:
     mixture = MixtureDefinition(config, (Component(mapped, 0.7, 1, None, "a"), Component(mapped, 0.3, 2, 2, "b")),
                                 16, 100)
     save_mixed_plan(MixedPlan.build(mixture), root / "mixed", lengths_paths=["lengths.jsonl.u32"] * 2)
-    window = RollingBatchPlanWindow(ReplayBuffer(16, "fifo", seed=1), 2,
-                                    batching=BatchingConfig.throughput(2048, (128, 256, 512), 1024),
-                                    log=root / "run" / "windows.jsonl")
-    for i, sample in enumerate(MockGymStream(20, seed=5, max_length=300)):
-        window.add(sample)
-        if i % 10 == 9:
-            window.next_window()
+    streams_support.write_mock_run(root / "run")
     (root / "policy.yaml").write_text("policies:\n  - type: novelty\n    novelty_window: 10\n")
     (root / "manifest.yaml").write_text(
         "global_batch_size: 4\ndatasets:\n  train: {id: c, version: '1', hash: 'sha256:00', cardinality: 100}\n")

@@ -1,15 +1,16 @@
-"""Which stream position each place of a weighted mixture's window holds: the quotas and the stratified merge.
+"""The one weighted mixture, generic over what it mixes: which stream position each place of a window holds.
 
-What goes in: the components' weights, how many positions each one's stream holds (None: no end,
-an uncapped component), a window size ``W``, an optional total and the mixture seed. What comes out
-(:class:`Blend`): the table of segments of identical windows, window ``m``'s quotas and where each
-stream stands when it starts (O(1) from the table), and window ``m``'s places merged
-(:meth:`Blend.merge`: component and stream position of each place, O(W)).
+What goes in: per component a :class:`Part` (its weight, how many positions one epoch of its stream
+holds, an optional cap on its epochs, a name), a window size ``W``, an optional total and the mixture
+seed. What comes out (:class:`Blend`): the table of segments of identical windows, window ``m``'s
+quotas and where each stream stands when it starts (O(1) from the table), window ``m``'s places
+merged (:meth:`Blend.merge`: component and stream position of each place, O(W)), and the component,
+its epoch and its position in that epoch at any place (:meth:`Blend.locate`, one window merged).
 
-A stream position means whatever the caller's streams hold: a sample mixture's is a row of the
-component's epoch order (:mod:`.mixture`), a mixture of pretraining sequences' is a sample of the
-component's cut (:mod:`.sequence_mixture`). Both follow the rules of docs/batching.md, "Weighted
-mixtures" (normative), kept here once:
+A stream position means whatever the components hold: a sample mixture's is a row of the component's
+epoch order (:mod:`.mixture`), a mixture of pretraining sequences' is a sample of the component's cut
+(:mod:`.sequence_mixture`); a new kind of component is a new meaning of a position, not a new mixture.
+Every mixture follows the rules of docs/batching.md, "Weighted mixtures" (normative), kept here once:
 
 * window ``m`` holds ``size_m = min(W, samples left, supply left)`` places; its **quotas** ``q_i`` are
   :func:`allocate`'s: the largest-remainder rule over the live components' weights (exact rationals),
@@ -29,7 +30,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 from fractions import Fraction
-from math import floor
+from math import floor, isfinite
 
 import numpy as np
 
@@ -38,7 +39,12 @@ from ....epoch import philox_key_words
 from ....hashing import hash_canonical
 from ....philox import philox_draws
 from ..buckets import config_error
+from ..config import MAX_WINDOW
 
+#: Most components one mixture may have.
+MAX_COMPONENTS = 1 << 12
+#: Most epochs a component's cap may be.
+MAX_CAP = 1 << 32
 #: Philox domain of the mixture's interleaving jitter ("MIX!"; the planner's is "PLAN").
 MIXTURE_DOMAIN = 0x4D495821
 
@@ -138,22 +144,78 @@ def mixture_key_words(seed: int) -> tuple[tuple[int, int], int, int]:
 
 
 @dataclass(frozen=True)
-class Blend:
-    """The blend of streams (module docstring): ``weights`` (exact), ``supplies`` (positions per stream, None:
-    no end), ``window`` (W), ``num_samples`` (None: until every stream runs out) and the mixture ``seed``."""
+class Part:
+    """What the mixture needs of one component, whatever its stream holds: its ``weight`` (> 0), how many
+    positions one epoch of its stream holds (``per_epoch``, >= 1), an optional cap on its epochs and a ``name``."""
 
+    weight: float
+    per_epoch: int
+    max_epochs: int | None = None
+    name: str = ""
+
+
+def check_weight(value, name: str) -> Fraction:
+    """A component's weight as an exact rational: a finite number > 0 (a bool is not one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not isfinite(value) or value <= 0:
+        raise config_error(f"{name} must be a finite number > 0, got {value!r}")
+    return Fraction(value)
+
+
+def _check_parts(parts: tuple[Part, ...], window: int, num_samples: int | None, seed: int) -> None:
+    """The rules every mixture's components keep, whatever they hold (one place for all of them)."""
+    checks.integer(window, "window", 1, MAX_WINDOW, fail=config_error)
+    checks.integer(seed, "seed", 0, (1 << 64) - 1, fail=config_error)
+    if not 1 <= len(parts) <= MAX_COMPONENTS:
+        raise config_error(f"a mixture takes 1 to {MAX_COMPONENTS} components, got {len(parts)}")
+    names: set[str] = set()
+    for i, part in enumerate(parts):
+        check_weight(part.weight, f"component {i} weight")
+        if part.max_epochs is not None:
+            checks.integer(part.max_epochs, f"component {i} max_epochs", 1, MAX_CAP, fail=config_error)
+        checks.integer(part.per_epoch, f"component {i} ({part.name!r}) positions per epoch", 1, None,
+                       fail=config_error, message=checks.AT_LEAST)
+        if part.name in names:
+            raise config_error(f"component names must differ; {part.name!r} is given twice")
+        names.add(part.name)
+    if num_samples is None:
+        if any(part.max_epochs is None for part in parts):
+            raise config_error("a mixture without num_samples needs max_epochs on every component")
+    else:
+        checks.integer(num_samples, "num_samples", 1, None, fail=config_error, message=checks.AT_LEAST)
+
+
+@dataclass(frozen=True)
+class Blend:
+    """The one weighted mixture (module docstring), generic over what its components hold: ``parts`` (each
+    component's weight, positions per epoch, cap and name), ``window`` (W), ``num_samples`` (None: until every
+    stream runs out) and the mixture ``seed``. A sample mixture (:mod:`.mixture`) and a mixture of pretraining
+    sequences (:mod:`.sequence_mixture`) are a blend plus what a stream position means for them."""
+
+    parts: tuple[Part, ...]
     window: int
     num_samples: int | None
-    weights: tuple[Fraction, ...]
-    supplies: tuple[int | None, ...]
     seed: int
     segments: tuple[Segment, ...] = field(init=False, repr=False, compare=False)
     total: int = field(init=False, repr=False, compare=False)
+    _merged: list = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        parts = tuple(self.parts)
+        _check_parts(parts, self.window, self.num_samples, self.seed)
+        object.__setattr__(self, "parts", parts)
         segments, total = schedule(self.window, self.num_samples, list(self.weights), list(self.supplies))
         object.__setattr__(self, "segments", segments)
         object.__setattr__(self, "total", total)
+        object.__setattr__(self, "_merged", [])
+
+    @property
+    def weights(self) -> tuple[Fraction, ...]:
+        return tuple(Fraction(part.weight) for part in self.parts)
+
+    @property
+    def supplies(self) -> tuple[int | None, ...]:
+        """Positions each stream holds (None: no end, an uncapped component)."""
+        return tuple(None if p.max_epochs is None else p.max_epochs * p.per_epoch for p in self.parts)
 
     @property
     def num_windows(self) -> int:
@@ -179,6 +241,10 @@ class Blend:
         last = self.segments[-1]
         return tuple(start + last.windows * q for start, q in zip(last.starts, last.quotas))
 
+    def epochs_read(self) -> tuple[int, ...]:
+        """How many epochs of each stream the whole mixture reads (at least one)."""
+        return tuple(max(1, -(-used // part.per_epoch)) for used, part in zip(self.stream_ends(), self.parts))
+
     def order(self, m: int) -> tuple[np.ndarray, np.ndarray]:
         """Window ``m``'s places component by component (``int32``: component ``i`` ``q_i`` times, in order)
         and the permutation that merges them (:func:`interleave_order`)."""
@@ -194,3 +260,18 @@ class Blend:
         starts = np.asarray(self.stream_starts(m), dtype=np.int64)
         positions = np.arange(component.shape[0], dtype=np.int64) - first[component] + starts[component]
         return component[order], positions[order]
+
+    def merged(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`merge`, the last window merged kept (random access within a window merges it once)."""
+        if not self._merged or self._merged[0] != m:
+            self._merged[:] = (m, *self.merge(m))
+        return self._merged[1], self._merged[2]
+
+    def locate(self, k: int, fail=config_error) -> tuple[int, int, int]:
+        """``(component, its epoch, its position in that epoch)`` at place ``k`` of the mixture: one window merged
+        (``fail``: the error a place out of range raises)."""
+        checks.integer(k, "sample", 0, self.total - 1, fail=fail)
+        component, position = self.merged(k // self.window)
+        i, t = int(component[k % self.window]), int(position[k % self.window])
+        epoch, j = divmod(t, self.parts[i].per_epoch)
+        return i, epoch, j

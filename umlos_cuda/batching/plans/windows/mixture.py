@@ -40,7 +40,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from math import isfinite
 
 import numpy as np
 
@@ -50,15 +49,10 @@ from ....nextbatch import MODE_SEQUENTIAL
 from ..buckets import config_error
 from ..config import BatchingConfig
 from ..planner import engine_order, order_slice, plan_manifest
-from .blend import MIXTURE_DOMAIN, Blend, Segment, allocate, interleave_order, mixture_key_words
+from .blend import (MAX_CAP, MAX_COMPONENTS, MIXTURE_DOMAIN, Blend, Part, Segment, allocate, interleave_order,
+                    mixture_key_words)
 from ...lengths.sources import LengthSource
-from ..config import MAX_WINDOW
 from .window import DEFAULT_WINDOW, check_windowed_config
-
-#: Most components one mixture may have.
-MAX_COMPONENTS = 1 << 12
-#: Most epochs a component's cap may be.
-MAX_CAP = 1 << 32
 
 
 @dataclass(frozen=True)
@@ -99,12 +93,6 @@ class MixedWindow:
         return out
 
 
-def _weight(value, name: str) -> Fraction:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not isfinite(value) or value <= 0:
-        raise config_error(f"{name} must be a finite number > 0, got {value!r}")
-    return Fraction(value)
-
-
 @dataclass(frozen=True)
 class MixtureDefinition:
     """A mixture (module docstring): ``config`` (order, block size, the mixture seed), ``components``,
@@ -119,38 +107,23 @@ class MixtureDefinition:
 
     def __post_init__(self) -> None:
         check_windowed_config(self.config)
-        checks.integer(self.window, "window", 1, MAX_WINDOW, fail=config_error)
         components = tuple(self.components)
         if not 1 <= len(components) <= MAX_COMPONENTS:
             raise config_error(f"a mixture takes 1 to {MAX_COMPONENTS} components, got {len(components)}")
-        names = set()
         for i, c in enumerate(components):
             if not isinstance(c, Component) or not isinstance(c.source, LengthSource):
                 raise config_error(f"component {i} must be a Component over a LengthSource")
-            _weight(c.weight, f"component {i} weight")
             checks.integer(c.seed, f"component {i} seed", 0, (1 << 64) - 1, fail=config_error)
-            if c.max_epochs is not None:
-                checks.integer(c.max_epochs, f"component {i} max_epochs", 1, MAX_CAP, fail=config_error)
             if c.source.count < 1:
                 raise config_error(f"component {i} has no samples")
-            if c.name in names:
-                raise config_error(f"component names must differ; {c.name!r} is given twice")
-            names.add(c.name)
-        if self.num_samples is None:
-            if any(c.max_epochs is None for c in components):
-                raise config_error("a mixture without num_samples needs max_epochs on every component")
-        else:
-            checks.integer(self.num_samples, "num_samples", 1, None, fail=config_error, message=checks.AT_LEAST)
         object.__setattr__(self, "components", components)
+        parts = tuple(Part(c.weight, c.source.count, c.max_epochs, c.name) for c in components)
+        object.__setattr__(self, "blend", Blend(parts, self.window, self.num_samples, self.config.seed))
         orders = []
         for c in components:
             own = replace(self.config, seed=c.seed)
             orders.append((own, plan_manifest(own, c.source.count)))
         object.__setattr__(self, "_orders", tuple(orders))
-        supplies = tuple(None if c.max_epochs is None else c.max_epochs * c.source.count for c in components)
-        object.__setattr__(self, "blend", Blend(self.window, self.num_samples,
-                                                tuple(Fraction(c.weight) for c in components), supplies,
-                                                self.config.seed))
 
     # ------------------------------------------------------------------ shape
     @property
@@ -222,7 +195,8 @@ class MixtureDefinition:
         return epochs, rows
 
     def window_of(self, m: int, backend: str = "auto") -> MixedWindow:
-        """Window ``m``'s positions: component, component epoch and row of each (module docstring)."""
+        """Window ``m``'s positions: component, component epoch and row of each (module docstring); each
+        component's ``q_i`` stream positions are read as one run of its order."""
         quotas = self.quotas(m)
         starts = self.stream_starts(m)
         size = sum(quotas)
@@ -237,11 +211,10 @@ class MixtureDefinition:
         return MixedWindow(component[order], epochs[order], rows[order])
 
     def sample(self, k: int, backend: str = "auto") -> tuple[int, int, int]:
-        """``(component, its epoch, row)`` at position ``k`` of the mixture: one window computed."""
-        checks.integer(k, "position", 0, self.total - 1, fail=config_error)
-        window = self.window_of(k // self.window, backend)
-        j = k % self.window
-        return int(window.component[j]), int(window.epoch[j]), int(window.row[j])
+        """``(component, its epoch, row)`` at position ``k`` of the mixture: the blend locates it (one window
+        merged) and the component's order gives its row."""
+        i, epoch, j = self.blend.locate(k)
+        return i, epoch, int(self.stream_rows(i, epoch * self.components[i].source.count + j, 1, backend)[1][0])
 
 
 __all__ = ["MAX_CAP", "MAX_COMPONENTS", "MIXTURE_DOMAIN", "Blend", "Component", "MixedWindow", "MixtureDefinition",

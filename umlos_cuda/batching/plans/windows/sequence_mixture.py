@@ -42,11 +42,9 @@ from .... import checks, errors
 from ....hashing import hash_canonical
 from ..buckets import config_error
 from ..plan import plan_error
-from .blend import Blend
+from .blend import MAX_COMPONENTS, Blend, Part
 from .cut import INDEX_CHUNK, CutDefinition
-from .mixture import MAX_CAP, MAX_COMPONENTS, _weight
 from .sequences import MAX_EPOCHS, PretrainingSequences, lengths_of
-from ..config import MAX_WINDOW
 from .window import DEFAULT_WINDOW
 
 #: The ``format`` of a mixture of pretraining sequences.
@@ -78,92 +76,55 @@ def epoch_tokens(definition: CutDefinition, source) -> int:
     return total + definition.extra * n
 
 
-def epochs_read(used: int, per_epoch: int) -> int:
-    """The epochs of a component whose stream the mixture reads ``used`` positions of (at least one)."""
-    return max(1, -(-used // per_epoch))
-
-
 class SequenceMixture:
     """A mixture of pretraining sequences (module docstring); :meth:`build` makes it from cut definitions and
     token sources, :func:`~.sequences_io.load_mixed_sequences` opens a saved one."""
 
     def __init__(self, components, window: int = DEFAULT_WINDOW, num_samples: int | None = None,
                  seed: int = 42) -> None:
-        checks.integer(window, "window", 1, MAX_WINDOW, fail=config_error)
-        checks.integer(seed, "seed", 0, (1 << 64) - 1, fail=config_error)
         components = tuple(components)
         if not 1 <= len(components) <= MAX_COMPONENTS:
             raise config_error(f"a mixture takes 1 to {MAX_COMPONENTS} components, got {len(components)}")
-        names: set[str] = set()
         per_epoch = []
         for i, c in enumerate(components):
             if not isinstance(c, SequenceComponent) or not isinstance(c.sequences, PretrainingSequences):
                 raise config_error(f"component {i} must be a SequenceComponent over PretrainingSequences")
-            _weight(c.weight, f"component {i} weight")
-            if c.max_epochs is not None:
-                checks.integer(c.max_epochs, f"component {i} max_epochs", 1, MAX_CAP, fail=config_error)
-            if c.name in names:
-                raise config_error(f"component names must differ; {c.name!r} is given twice")
-            names.add(c.name)
             counts = {c.sequences.epoch_samples(e) for e in range(c.sequences.num_epochs)}
             if len(counts) != 1:
                 raise config_error(f"component {i}'s epochs hold {sorted(counts)} samples; every epoch of one "
                                    "dataset holds the same")
-            if not counts.pop() >= 1:
-                raise config_error(f"component {i} ({c.name!r}) has no sample of "
-                                   f"{c.sequences.definition.sequence_length} + 1 tokens in an epoch")
-            per_epoch.append(c.sequences.epoch_samples(0))
-        if num_samples is None:
-            if any(c.max_epochs is None for c in components):
-                raise config_error("a mixture without num_samples needs max_epochs on every component")
-        else:
-            checks.integer(num_samples, "num_samples", 1, None, fail=config_error, message=checks.AT_LEAST)
+            per_epoch.append(_samples_per_epoch(i, c.name, c.sequences.definition, counts.pop()))
         self.components = components
         self.window, self.num_samples, self.seed = window, num_samples, seed
         self.per_epoch = tuple(per_epoch)
-        supplies = tuple(None if c.max_epochs is None else c.max_epochs * s for c, s in zip(components, per_epoch))
-        self.blend = Blend(window, num_samples, tuple(Fraction(c.weight) for c in components), supplies, seed)
-        for i, (c, used) in enumerate(zip(components, self.blend.stream_ends())):
-            want = epochs_read(used, per_epoch[i])
+        self.blend = Blend(tuple(Part(c.weight, s, c.max_epochs, c.name) for c, s in zip(components, per_epoch)),
+                           window, num_samples, seed)
+        for i, (c, want) in enumerate(zip(components, self.blend.epochs_read())):
             if c.sequences.num_epochs != want:
                 raise config_error(f"component {i} ({c.name!r}) holds {c.sequences.num_epochs} epoch(s); the mixture "
                                    f"reads {want}")
-        self._merged: tuple[int, np.ndarray, np.ndarray] | None = None
 
     @classmethod
     def build(cls, parts, window: int = DEFAULT_WINDOW, num_samples: int | None = None, seed: int = 42, *,
               backend: str = "auto") -> SequenceMixture:
         """From ``parts``: ``(definition, source, weight, max_epochs, name)`` each (a
         :class:`~.cut.CutDefinition` and its length or token source). Each stream's samples per epoch come
-        from its lengths' sum (no order read), the segments table from them, and then each component's index
-        is built for the epochs the mixture reads (one streaming pass an epoch)."""
+        from its lengths' sum (no order read), the blend from them, and then each component's index is built
+        for the epochs the blend reads (one streaming pass an epoch)."""
         parts = list(parts)
         if not 1 <= len(parts) <= MAX_COMPONENTS:
             raise config_error(f"a mixture takes 1 to {MAX_COMPONENTS} components, got {len(parts)}")
-        per_epoch = []
+        shares = []
         for i, (definition, source, weight, cap, name) in enumerate(parts):
             lengths = lengths_of(source)
             if lengths.count != definition.num_documents:
                 raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"component {i}: the lengths hold {lengths.count} "
                                  f"documents; the definition cuts {definition.num_documents}")
             samples = definition.samples(epoch_tokens(definition, lengths))
-            if samples < 1:
-                raise config_error(f"component {i} ({name!r}) has no sample of {definition.sequence_length} + 1 "
-                                   "tokens in an epoch")
-            _weight(weight, f"component {i} weight")
-            if cap is not None:
-                checks.integer(cap, f"component {i} max_epochs", 1, MAX_CAP, fail=config_error)
-            per_epoch.append(samples)
-        if num_samples is None and any(part[3] is None for part in parts):
-            raise config_error("a mixture without num_samples needs max_epochs on every component")
-        checks.integer(window, "window", 1, MAX_WINDOW, fail=config_error)
-        if num_samples is not None:
-            checks.integer(num_samples, "num_samples", 1, None, fail=config_error, message=checks.AT_LEAST)
-        supplies = tuple(None if part[3] is None else part[3] * s for part, s in zip(parts, per_epoch))
-        ends = Blend(window, num_samples, tuple(Fraction(part[2]) for part in parts), supplies, seed).stream_ends()
+            shares.append(Part(weight, _samples_per_epoch(i, name, definition, samples), cap, name))
+        blend = Blend(tuple(shares), window, num_samples, seed)
         components = []
-        for (definition, source, weight, cap, name), used, samples in zip(parts, ends, per_epoch):
-            epochs = epochs_read(used, samples)
+        for (definition, source, weight, cap, name), epochs in zip(parts, blend.epochs_read()):
             if epochs > MAX_EPOCHS:
                 raise config_error(f"component {name!r} would be read for {epochs} epochs; at most {MAX_EPOCHS} "
                                    "(cap it, lower its weight or the mixture's samples)")
@@ -213,20 +174,12 @@ class SequenceMixture:
 
     # ------------------------------------------------------------------ samples
     def merged(self, m: int) -> tuple[np.ndarray, np.ndarray]:
-        """Mixed window ``m``: each place's component and stream position (:meth:`~.blend.Blend.merge`; the last
-        window merged is kept)."""
-        if self._merged is None or self._merged[0] != m:
-            component, position = self.blend.merge(m)
-            self._merged = (m, component, position)
-        return self._merged[1], self._merged[2]
+        """Mixed window ``m``: each place's component and stream position (:meth:`~.blend.Blend.merged`)."""
+        return self.blend.merged(m)
 
     def locate(self, k: int) -> tuple[int, int, int]:
         """``(component, its epoch, its sample)`` at output sample ``k``: one mixed window merged."""
-        checks.integer(k, "sample", 0, self.total - 1, fail=_cursor)
-        component, position = self.merged(k // self.window)
-        i, t = int(component[k % self.window]), int(position[k % self.window])
-        epoch, j = divmod(t, self.per_epoch[i])
-        return i, epoch, j
+        return self.blend.locate(k, fail=_cursor)
 
     def pieces(self, k: int):
         """Output sample ``k``'s pieces of its component's documents (:class:`~.cut.Piece`), no token read."""
@@ -251,6 +204,14 @@ class SequenceMixture:
     def __repr__(self) -> str:
         return (f"SequenceMixture({len(self.components)} components, {self.total} samples, window {self.window}, "
                 f"{self.num_windows} windows, fingerprint={self.fingerprint})")
+
+
+def _samples_per_epoch(i: int, name: str, definition: CutDefinition, samples: int) -> int:
+    """``samples``, refused when an epoch of the component cuts no sample at all."""
+    if samples < 1:
+        raise config_error(f"component {i} ({name!r}) has no sample of {definition.sequence_length} + 1 tokens in "
+                           "an epoch")
+    return samples
 
 
 def _exact(weight) -> list[int]:

@@ -1,0 +1,98 @@
+"""One weighted mixture over any component (plans/windows/blend.py): a toy kind of component mixes with no
+new mixture code, and the sample mixture and the mixture of pretraining sequences are the same blend plus
+what a stream position means to them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_batching_mixtures import plain_quotas
+from test_batching_sequence_mixtures import _parts
+
+from umlos_cuda import errors
+from umlos_cuda.batching.plans.config import BatchingConfig
+from umlos_cuda.batching.plans.windows import ArrayLengths, Component, MixtureDefinition
+from umlos_cuda.batching.plans.windows.blend import Blend, Part
+from umlos_cuda.batching.plans.windows.sequence_mixture import SequenceMixture
+from umlos_cuda.errors import UmlosError
+
+
+class Verses:
+    """A toy kind of component: a stream of lines of a poem, one epoch the poem read forwards, the next backwards.
+    Nothing in the mixture knows it; the blend only asks how many lines one epoch holds."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+
+    def at(self, epoch: int, j: int) -> str:
+        return self.lines[j] if epoch % 2 == 0 else self.lines[-1 - j]
+
+
+def test_a_toy_component_mixes_without_new_mixture_code():
+    poems = {"sea": Verses([f"sea {i}" for i in range(5)]), "hill": Verses([f"hill {i}" for i in range(3)])}
+    blend = Blend((Part(2, 5, None, "sea"), Part(1, 3, 2, "hill")), window=6, num_samples=20, seed=9)
+    names = [part.name for part in blend.parts]
+    read = []
+    for k in range(blend.total):
+        i, epoch, j = blend.locate(k)
+        read.append(poems[names[i]].at(epoch, j))
+    hills = [line for line in read if line.startswith("hill")]
+    seas = [line for line in read if line.startswith("sea")]
+    # the capped component gives its two epochs (forwards, then backwards) and stops; the other fills the rest
+    assert hills == ["hill 0", "hill 1", "hill 2", "hill 2", "hill 1", "hill 0"]
+    assert seas == ([f"sea {i}" for i in range(5)] + [f"sea {i}" for i in reversed(range(5))]
+                    + [f"sea {i}" for i in range(4)])
+    assert len(read) == blend.total == 20
+    # every window holds each component at the largest-remainder quota of what is left
+    left = [None, 6]
+    for m in range(blend.num_windows):
+        size = min(6, 20 - 6 * m)
+        want = plain_quotas(size, [2, 1], left)
+        assert list(blend.quotas(m)) == want
+        left[1] -= want[1]
+
+
+def test_the_sample_mixture_is_the_blend_plus_each_components_order():
+    config = BatchingConfig.predictable(token_budget=512, bucket_edges=(32, 64, 128), overflow_max=256, seed=7)
+    rng = np.random.default_rng(3)
+    comps = (Component(ArrayLengths(rng.integers(1, 200, 50)), 0.7, 1, None, "a"),
+             Component(ArrayLengths(rng.integers(1, 200, 13)), 0.2, 2, 2, "b"),
+             Component(ArrayLengths(rng.integers(1, 200, 5)), 1, 3, 1, "c"))
+    definition = MixtureDefinition(config, comps, 16, 150)
+    blend = Blend(tuple(Part(c.weight, c.source.count, c.max_epochs, c.name) for c in comps), 16, 150, 7)
+    assert blend.segments == definition.segments and blend.total == definition.total
+    for k in range(definition.total):
+        window = definition.window_of(k // 16)
+        i, epoch, j = blend.locate(k)
+        assert (i, epoch) == (int(window.component[k % 16]), int(window.epoch[k % 16]))
+        assert definition.sample(k) == (i, epoch, int(window.row[k % 16]))
+        _, rows = definition.stream_rows(i, epoch * comps[i].source.count, comps[i].source.count)
+        assert rows[j] == window.row[k % 16]
+
+
+def test_the_mixture_of_sequences_is_the_blend_plus_each_components_cut():
+    mixture = SequenceMixture.build(_parts(), 10, 120, 3)
+    blend = Blend(tuple(Part(c.weight, s, c.max_epochs, c.name) for c, s in zip(mixture.components,
+                                                                                mixture.per_epoch)), 10, 120, 3)
+    assert [mixture.locate(k) for k in range(mixture.total)] == [blend.locate(k) for k in range(blend.total)]
+    assert tuple(c.sequences.num_epochs for c in mixture.components) == blend.epochs_read()
+
+
+@pytest.mark.parametrize("parts, match", [
+    ((), "1 to 4096 components"),
+    ((Part(0, 3), Part(1, 3, None, "b")), "component 0 weight must be a finite number > 0"),
+    ((Part(True, 3),), "component 0 weight must be a finite number > 0"),
+    ((Part(1, 0, 1, "x"),), "component 0 \\('x'\\) positions per epoch"),
+    ((Part(1, 3, 0),), "component 0 max_epochs"),
+    ((Part(1, 3, 1, "a"), Part(1, 3, 1, "a")), "names must differ"),
+])
+def test_every_kind_of_mixture_is_refused_by_the_same_rules(parts, match):
+    with pytest.raises(UmlosError, match=match) as caught:
+        Blend(parts, 4, 10, 0)
+    assert caught.value.code == errors.BATCHING_CONFIG_INVALID
+
+
+def test_an_endless_mixture_needs_a_total():
+    with pytest.raises(UmlosError, match="needs max_epochs on every component"):
+        Blend((Part(1, 3, None, "a"), Part(1, 3, 2, "b")), 4, None, 0)
+    assert Blend((Part(1, 3, 1, "a"), Part(1, 3, 2, "b")), 4, None, 0).total == 9

@@ -179,14 +179,19 @@ def test_fingerprint_covers_weights_seeds_caps_and_the_definition():
     assert len({base.fingerprint, *(o.fingerprint for o in others)}) == 1 + len(others)
 
 
-def test_sample_mixtures_are_unchanged_by_the_shared_blend():
-    """Pinned from main before blend.py took the quotas and the merge out of mixture.py."""
+def pinned_sample_mixture() -> MixtureDefinition:
+    """Three components, one uncapped, W = 16, 150 samples, mixture seed 7."""
     config = BatchingConfig.predictable(token_budget=512, bucket_edges=(32, 64, 128), overflow_max=256, seed=7)
     rng = np.random.default_rng(3)
     comps = (Component(ArrayLengths(rng.integers(1, 200, 50)), 0.7, 1, None, "a"),
              Component(ArrayLengths(rng.integers(1, 200, 13)), 0.2, 2, 2, "b"),
              Component(ArrayLengths(rng.integers(1, 200, 5)), 1, 3, 1, "c"))
-    definition = MixtureDefinition(config, comps, 16, 150)
+    return MixtureDefinition(config, comps, 16, 150)
+
+
+def test_sample_mixtures_are_unchanged_by_the_shared_blend():
+    """Pinned from main before blend.py took the quotas and the merge out of mixture.py."""
+    definition = pinned_sample_mixture()
     assert definition.fingerprint == "3b08f40fc2b504583b0323c19194a250b770d2dce5bae8fcd17bed3227a65ab0"
     assert MixedPlan.build(definition).fingerprint == \
         "5abfbdb240303ecffc4862ca1983d42af5ede7b761237eff741d2742f442fed5"

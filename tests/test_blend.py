@@ -4,14 +4,11 @@ what a stream position means to them."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from test_batching_mixtures import plain_quotas
-from test_batching_sequence_mixtures import _parts
+from test_batching_sequence_mixtures import _parts, pinned_sample_mixture
 
 from umlos_cuda import errors
-from umlos_cuda.batching.plans.config import BatchingConfig
-from umlos_cuda.batching.plans.windows import ArrayLengths, Component, MixtureDefinition
 from umlos_cuda.batching.plans.windows.blend import Blend, Part
 from umlos_cuda.batching.plans.windows.sequence_mixture import SequenceMixture
 from umlos_cuda.errors import UmlosError
@@ -53,12 +50,8 @@ def test_a_toy_component_mixes_without_new_mixture_code():
 
 
 def test_the_sample_mixture_is_the_blend_plus_each_components_order():
-    config = BatchingConfig.predictable(token_budget=512, bucket_edges=(32, 64, 128), overflow_max=256, seed=7)
-    rng = np.random.default_rng(3)
-    comps = (Component(ArrayLengths(rng.integers(1, 200, 50)), 0.7, 1, None, "a"),
-             Component(ArrayLengths(rng.integers(1, 200, 13)), 0.2, 2, 2, "b"),
-             Component(ArrayLengths(rng.integers(1, 200, 5)), 1, 3, 1, "c"))
-    definition = MixtureDefinition(config, comps, 16, 150)
+    definition = pinned_sample_mixture()
+    comps = definition.components
     blend = Blend(tuple(Part(c.weight, c.source.count, c.max_epochs, c.name) for c in comps), 16, 150, 7)
     assert blend.segments == definition.segments and blend.total == definition.total
     for k in range(definition.total):

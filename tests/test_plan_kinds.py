@@ -3,7 +3,8 @@
 Each built-in kind is recognised by its folder's marker, opens with no argument but the folder, and is
 reported and verified by ``plan info`` / ``plan verify`` through its own functions; an option a kind does
 not take is refused naming the ones it does; and a toy kind (tests/toy_plan_kind.py: one module and its
-registration) is taken by ``open_plan``, ``plan info`` and ``plan verify`` like the built-in ones.
+registration) is taken by ``open_plan``, ``plan info`` and ``plan verify`` like the built-in ones; and every
+kind built by the commands over every kind of source opens from its folder alone.
 """
 
 from __future__ import annotations
@@ -133,3 +134,86 @@ def test_a_toy_kind_is_one_module_and_its_registration(folders, tmp_path, capsys
         assert capsys.readouterr().out.startswith(f"toy plan {folder}: 12 microbatches")
     finally:
         unregister_plan_kind(toy.KIND.name)
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, str]:
+    """One source of each built-in kind: a token store and its length cache and sidecar (one dataset, three ways
+    in), a sharded token store and a Megatron prefix."""
+    from batching_cases import train_tokenizer, write_model_dir
+    from token_cases import random_sequences, records, write_megatron
+
+    from umlos_cuda.batching.tokens.sharded import tokenize_sharded
+
+    root = tmp_path_factory.mktemp("every-source")
+    store = str(make_store(root / "s", 80, seed=6).root)
+    write_model_dir(root / "model", train_tokenizer(), {"eos_token": "</s>"})
+    files = []
+    for i, rows in enumerate((records(70, seed=2)[:30], records(70, seed=2)[30:])):
+        files.append(str(root / f"part-{i}.jsonl"))
+        Path(files[-1]).write_text("".join(json.dumps({"prompt": r["prompt"], "response": r["response"]}) + "\n"
+                                           for r in rows), encoding="utf-8")
+    sharded = tokenize_sharded(files, root / "model", root / "sharded", prompt_field="prompt",
+                               response_field="response")
+    prefix = write_megatron(root / "meg", random_sequences(50, seed=5, high=200), np.int32)
+    return {"token store": store, "length cache": f"{store}/lengths.jsonl",
+            "length sidecar": f"{store}/lengths.jsonl.u32", "sharded token store": str(sharded.root),
+            "Megatron prefix": prefix}
+
+
+def _build_argv(kind: str, source: str, other: str) -> list[str]:
+    """The command that builds a plan of ``kind`` over ``source`` (a mixture: beside the token store ``other``)."""
+    cut = ["--sequence-length", "32", "--window", "8", "--quiet"]
+    return {"plan": ["plan", "build", "--source", source, *BUDGET],
+            "windowed plan": ["plan", "build", "--window", "16", "--source", source, *BUDGET],
+            "mixed plan": ["plan", "build", "--window", "16", "--mix", f"{source}:0.5", f"{other}:0.5",
+                           "--num-samples", "60", *BUDGET],
+            "pretraining sequences": ["plan", "cut", "--source", source, *cut],
+            "mixed pretraining sequences": ["plan", "cut", "--mix", f"{source}:0.5", f"{other}:0.5",
+                                            "--num-samples", "30", *cut]}[kind]
+
+
+KINDS = ("plan", "windowed plan", "mixed plan", "pretraining sequences", "mixed pretraining sequences")
+SOURCES = ("token store", "length cache", "length sidecar", "sharded token store", "Megatron prefix")
+
+
+@pytest.mark.parametrize("source_name", SOURCES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_open_plan_opens_every_kind_over_every_source_with_no_argument(sources, kind, source_name, tmp_path,
+                                                                       capsys):
+    """Built by the command from each kind of source, every plan opens from its folder alone and verifies; a cut
+    needs tokens, so a length-only source is refused for it, naming the kinds that hold them."""
+    out = str(tmp_path / "plan")
+    argv = [*_build_argv(kind, sources[source_name], sources["token store"]), "--output", out]
+    if kind.endswith("pretraining sequences") and source_name.startswith("length"):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "TOKEN_STORE_NOT_FOUND" in err and f"is a {source_name}, which holds no tokens" in err
+        return
+    assert main(argv) == 0
+    plan = open_plan(out)
+    assert plan_kind_of(out).name == kind
+    assert plan.fingerprint == json.loads(Path(out, "meta.json").read_text())["fingerprint"]
+    capsys.readouterr()
+    assert main(["verify", out]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"{kind} {out} verified: fingerprint {plan.fingerprint}"
+
+
+@pytest.mark.parametrize("kind", ["plan", "windowed plan"])
+def test_one_dataset_three_ways_in_is_one_plan(sources, kind, tmp_path):
+    """A token store, its length cache and the cache's sidecar hold the same rows: the same plan from each."""
+    fingerprints = set()
+    for name in ("token store", "length cache", "length sidecar"):
+        out = str(tmp_path / name.replace(" ", "-"))
+        assert main([*_build_argv(kind, sources[name], ""), "--output", out]) == 0
+        fingerprints.add(open_plan(out).fingerprint)
+    assert len(fingerprints) == 1
+
+
+def test_a_whole_plan_of_a_sidecar_without_its_cache_says_what_to_give(sources, tmp_path, capsys):
+    lone = tmp_path / "lone.jsonl.u32"
+    lone.write_bytes(Path(sources["length sidecar"]).read_bytes())
+    assert main([*_build_argv("plan", str(lone), ""), "--output", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert "LENGTHS_INVALID" in err and str(tmp_path / "lone.jsonl") in err and "--window" in err
+    assert main([*_build_argv("windowed plan", str(lone), ""), "--output", str(tmp_path / "w")]) == 0

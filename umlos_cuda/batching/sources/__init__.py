@@ -28,7 +28,6 @@ from ... import errors
 from ...errors import UmlosError
 from ..lengths.cache import LengthCache
 from ..lengths.sources import LengthSource
-from ..tokens.sources import open_token_source
 from .builtin import BUILT_IN
 from .kind import SourceKind, registry_error
 from .listed import SourceList
@@ -101,9 +100,12 @@ def open_source(path: Any, *, tokens: bool = False, recorded: bool = False) -> L
 
 def length_cache(path, *, read_ids: bool = True) -> LengthCache:
     """The whole length cache of the source at ``path``, ids and all, for what needs every row at once (a whole
-    plan stores the ids): a length cache's JSONL read once, or a token source's own cache (a sharded store's
-    is its shards', in order, under its logical dataset hash; a Megatron prefix names its rows by number)."""
+    plan stores the ids): its kind's ``whole`` (a length cache's JSONL read once, a sidecar's JSONL, a token
+    source's own cache); LENGTHS_INVALID for a kind with none, naming windowed plans, which read by rows."""
     path = os.fspath(path)
-    if source_kind(path).tokens:
-        return open_token_source(path).length_cache()
-    return LengthCache.load(path, read_ids=read_ids)
+    kind = source_kind(path)
+    if kind.whole is None:
+        raise UmlosError(errors.LENGTHS_INVALID, f"{path} is a {kind.name}, which gives no whole length cache (ids "
+                         "and tokenizer) for a whole plan: plan windows of it (--window), which read it by rows",
+                         operator=errors.BATCH_PLAN_OPERATOR)
+    return kind.whole(path, read_ids)

@@ -18,24 +18,45 @@ from __future__ import annotations
 
 import os
 
-from ..lengths.cache import SIDECAR_SUFFIX
+from ... import errors
+from ...errors import UmlosError
+from ..lengths.cache import SIDECAR_SUFFIX, LengthCache
 from ..lengths.sources import MappedLengths, open_length_cache, open_sidecar
 from ..tokens.logical import ShardedTokenStore
 from ..tokens.mapped import MappedMegatron
 from ..tokens.megatron import idx_path
 from ..tokens.offsets import ShardedLengths, StoreLengths
-from ..tokens.sources import is_sharded_store, megatron_prefix
+from ..tokens.sources import is_sharded_store, megatron_prefix, open_token_source
 from ..tokens.store import TokenStore
 from .kind import SourceKind
 
+def _token_cache(path: str, read_ids: bool) -> LengthCache:
+    """A token source's own length cache (a sharded store's is its shards', in order, under its logical dataset
+    hash; a Megatron prefix names its rows by number)."""
+    return open_token_source(path).length_cache()
+
+
+def _sidecar_cache(path: str, read_ids: bool) -> LengthCache:
+    """The length cache a sidecar mirrors: the JSONL beside it (the sidecar alone holds no ids or tokenizer)."""
+    jsonl = path[:-len(SIDECAR_SUFFIX)]
+    if not os.path.isfile(jsonl):
+        raise UmlosError(errors.LENGTHS_INVALID, f"{path} is a length sidecar, which holds lengths only; a whole plan "
+                         f"also records each row's id and the tokenizer, from the length cache it mirrors ({jsonl}), "
+                         "which is not there: give that cache, or plan windows (--window), which read the sidecar "
+                         "alone", operator=errors.BATCH_PLAN_OPERATOR)
+    return LengthCache.load(jsonl, read_ids=read_ids)
+
+
 SHARDED_STORE = SourceKind("sharded token store", is_sharded_store,
-                           lambda path: ShardedLengths(ShardedTokenStore.open(path)), tokens=True)
-TOKEN_STORE = SourceKind("token store", os.path.isdir, lambda path: StoreLengths(TokenStore.open(path)), tokens=True)
+                           lambda path: ShardedLengths(ShardedTokenStore.open(path)), tokens=True, whole=_token_cache)
+TOKEN_STORE = SourceKind("token store", os.path.isdir, lambda path: StoreLengths(TokenStore.open(path)), tokens=True,
+                         whole=_token_cache)
 MEGATRON_PREFIX = SourceKind("Megatron prefix", lambda path: os.path.lexists(idx_path(megatron_prefix(path))),
-                             lambda path: MappedMegatron(megatron_prefix(path)), tokens=True)
+                             lambda path: MappedMegatron(megatron_prefix(path)), tokens=True, whole=_token_cache)
 LENGTH_SIDECAR = SourceKind("length sidecar", lambda path: path.endswith(SIDECAR_SUFFIX), open_sidecar,
-                            reopen=MappedLengths)
-LENGTH_CACHE = SourceKind("length cache", lambda path: True, open_length_cache)
+                            reopen=MappedLengths, whole=_sidecar_cache)
+LENGTH_CACHE = SourceKind("length cache", lambda path: True, open_length_cache,
+                          whole=lambda path, read_ids: LengthCache.load(path, read_ids=read_ids))
 
 #: Tried in this order, after every kind registered at run time.
 BUILT_IN = (SHARDED_STORE, TOKEN_STORE, MEGATRON_PREFIX, LENGTH_SIDECAR, LENGTH_CACHE)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ... import errors
 from ...errors import UmlosError
+from ..lengths.cache import LengthCache
 from ..lengths.sources import LengthSource
 
 
@@ -26,13 +27,16 @@ class SourceKind:
     opens a path a plan recorded, whose binding the plan then compares with the one it holds: it may skip
     what that comparison makes redundant (a sidecar's bytes are hashed by ``plan verify``, not on every
     load). ``tokens``: its sources also answer ``arrays(row) -> (input_ids, loss_mask)`` and
-    ``tokenizer_hash``, which ``plan cut`` and collation read."""
+    ``tokenizer_hash``, which ``plan cut`` and collation read. ``whole(path, read_ids)`` (None: the kind has
+    none) reads the whole :class:`~umlos_cuda.batching.lengths.cache.LengthCache`, ids and tokenizer hash,
+    which a whole plan stores; ``read_ids=False`` may skip the ids where reading them costs a pass."""
 
     name: str
     recognise: Callable[[str], bool]
     open: Callable[[str], LengthSource]
     tokens: bool = False
     reopen: Callable[[str], LengthSource] | None = None
+    whole: Callable[[str, bool], LengthCache] | None = None
 
 
 def registry_error(message: str) -> UmlosError:

@@ -74,10 +74,16 @@ def test_the_pins_were_written_by_make_lock():
     assert "lock:" in MAKEFILE and "uv pip compile" in MAKEFILE
 
 
+#: Variables the Makefile takes from the environment (``?=``) or that a make sets on a sub-make's command line, which
+#: GNU make also exports to the recipes (so to this suite under ``make test-latest``).
+_MAKEFILE_VARIABLES = set(re.findall(r"^([A-Z_]+)\s*[?:+]?=", (ROOT / "Makefile").read_text(), re.M)) | {"PIP_FLAGS"}
+
+
 def _dry_run(target: str) -> list[str]:
     """The pip commands ``make -n TARGET`` would run, as from a shell: without the variables of a make that runs
-    this suite (``make test-latest`` passes VENV, PIN and PIP_FLAGS down through MAKEFLAGS)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    this suite (``make test-latest`` passes VENV, PIN and PIP_FLAGS down through MAKEFLAGS and the environment)."""
+    passed_down = {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", *_MAKEFILE_VARIABLES}
+    env = {k: v for k, v in os.environ.items() if k not in passed_down}
     result = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=ROOT, capture_output=True,
                             text=True, timeout=60, env=env)
     assert result.returncode == 0, result.stderr

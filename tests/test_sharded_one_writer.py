@@ -9,7 +9,8 @@ the first is held, by a pipe, at a chosen step (no sleeps: the child says
 
 * it is refused with SHARDED_STORE_LOCKED naming the store and the first's
   pid, and changes nothing, whether the first is still checking or has
-  already written its digests and moved its shard;
+  already written its digests and moved its shard; ``tokenize --append``
+  is refused before it tokenizes a file;
 * two appends released together by a barrier end with a store that
   verifies, each append either adopted (its folder moved in) or refused
   (its folder where it was);
@@ -182,6 +183,20 @@ def test_two_appends_released_together_leave_a_store_that_verifies(world, round_
     assert sorted(os.listdir(store / "digests")) == sorted(
         name for i in range(2 + len(adopted)) for name in (f"{i:05d}.npy", f"{i:05d}.ids.npy"))
     assert not (store / ".lock").exists()
+
+
+def test_tokenize_append_is_refused_before_it_tokenizes_a_file(world, template, monkeypatch):
+    from umlos_cuda.batching.tokens import partition
+
+    store = world / "store"
+    held = HeldAppend("_prepare", store, world / "a")
+    tokenized = []
+    monkeypatch.setattr(partition, "tokenize_shard", lambda *args, **kwargs: tokenized.append(args))
+    expect(errors.SHARDED_STORE_LOCKED, tokenize_sharded, [str(template / "part-3.jsonl")], template / "model", store,
+           append=True, mention=f"process {held.pid},")
+    assert tokenized == [] and not [name for name in os.listdir(world) if name.startswith(".tmp")]
+    held.go()
+    assert ShardedTokenStore.open(store).verify()["shards"] == 3
 
 
 # ====================================================================== what an append may move and remove

@@ -108,12 +108,24 @@ def append_shards(directory: str | os.PathLike[str], folders: Sequence[str | os.
     ``directory`` (module docstring); with ``create``, make the store first (OUTPUT_EXISTS if
     ``directory`` exists, unless ``force``, which replaces only a sharded token store).
     SHARDED_STORE_LOCKED when another append holds the store."""
+    with adopting(directory, create=create, force=force) as adopt:
+        return adopt(folders)
+
+
+@contextlib.contextmanager
+def adopting(directory: str | os.PathLike[str], *, create: bool = False,
+             force: bool = False) -> Iterator[Callable[[Sequence[str | os.PathLike[str]]], ShardedTokenStore]]:
+    """A function that adopts folders into ``directory`` as :func:`append_shards` does, for writers that make
+    the folders first (``tokenize --append``, the Ray job): an append takes the store's lock when the block
+    starts and holds it to its end, so a second writer is refused before the shards are tokenized, not after
+    (a creation locks its new store as it publishes it)."""
     root = os.path.abspath(os.fspath(directory))
     if create:
-        return _create(root, _paths(folders), force)
+        yield lambda folders: _create(root, _paths(folders), force)
+        return
     ShardedTokenStore.open(root)  # not a store: refused before its folder is locked (a lock file is a write)
     with _locked(root):
-        return _append(root, _paths(folders))
+        yield lambda folders: _append(root, _paths(folders))
 
 
 def _paths(folders: Sequence[str | os.PathLike[str]]) -> list[str]:

@@ -452,12 +452,18 @@ def test_an_append_killed_before_the_index_leaves_the_store_valid(work, small, t
     assert reopened.verify()["shards"] == 2 and len(reopened) == 100
     orphan = os.path.join(store.root, "shards", "00002")
     assert os.path.isdir(orphan) and not os.path.exists(staged)  # moved, never listed
+    assert os.path.isfile(os.path.join(store.root, ".lock"))  # left, unlocked: the kernel dropped the lock
+    adopt_it = f"`umlos-cuda data append {store.root} {orphan}`"
+    # the same command again: its folder is gone, and the refusal names where it went and how to adopt it
+    expect(errors.SHARDED_STORE_INVALID, append_shards, store.root, [staged], mention=adopt_it)
     tokenize_shard(files, 2, root / "model", tmp_path / "restaged", **SFT)
     expect(errors.SHARDED_STORE_INVALID, append_shards, store.root, [tmp_path / "restaged"],
-           mention="adopt it by giving")  # the orphan is never overwritten
-    assert os.path.isdir(tmp_path / "restaged")
-    adopted = append_shards(store.root, [orphan])  # adopted in place
+           mention=adopt_it)  # the orphan is never overwritten
+    assert os.path.isdir(tmp_path / "restaged") and tree(store.root).keys() >= old_tree.keys()
+    assert main(adopt_it.strip("`").split()[1:]) == 0  # the command the message gives adopts it in place
+    adopted = ShardedTokenStore.open(store.root)
     assert adopted.num_parts == 3 and adopted.verify()["samples"] == 130
+    assert not os.path.lexists(os.path.join(store.root, ".lock"))  # the killed append's lock file taken over, removed
 
 
 # ====================================================================== commands

@@ -1839,6 +1839,11 @@ CASES = [
         "data", "append", str(h / "sharded"), str(h / "staged")))[2], (errors.TOKEN_STORE_NOT_FOUND,), "staged"),
     Case("hang/data-append-sparse-sharded-meta", _sharded(lambda d: sparse(d / "meta.json", b'{"format": "'),
                                                           "append"), (SH,), "meta.json", owned=()),
+    Case("hang/data-append-lock-file-is-a-fifo", _sharded(lambda d: fifo(d / ".lock"), "append"),
+         (errors.OUTPUT_PATH_INVALID,), ".lock", owned=()),
+    Case("tamper/data-append-a-shard-the-store-lists", lambda w, h: (copy(w, h, "sharded"), (
+        "data", "append", str(h / "sharded"), str(h / "sharded" / "shards" / "00001")))[1],
+         (errors.SHARDED_STORE_MISMATCH,), "00001", owned=()),
     Case("hang/data-verify-fifo-shard-tokens", _sharded(lambda d: fifo(d / "shards" / "00000" / "tokens.npy")),
          (S,), "tokens.npy"),
     # ------------------------------------------------------------------ batch file layouts

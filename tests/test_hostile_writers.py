@@ -526,6 +526,68 @@ def _(w):
     assert os.path.isdir(staged)
 
 
+@case("append/while-another-append-holds-the-store")
+def _(w):
+    import fcntl
+
+    store, staged = w.copy("sharded"), w.copy("staged")
+    with open(os.path.join(store, ".lock"), "w") as lock:  # this test's process is the other writer
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        before = w.state()
+        outcome = w.cli("data", "append", store, staged)
+        hs.assert_refused(outcome, errors.SHARDED_STORE_LOCKED, names=store)
+        assert f"process {os.getpid()}," in outcome.stderr
+        hs.assert_untouched(before, w.state())
+
+
+@case("append/retry-after-a-killed-append-names-the-moved-shard-and-its-command")
+def _(w):
+    store, staged = w.copy("sharded"), w.copy("staged")
+    orphan = os.path.join(store, "shards", "00002")
+    os.rename(staged, orphan)  # where a SIGKILL between the move and the index leaves it
+    before = w.state()
+    outcome = w.cli("data", "append", store, staged)
+    hs.assert_refused(outcome, errors.SHARDED_STORE_INVALID, names=orphan)
+    assert f"`umlos-cuda data append {store} {orphan}`" in outcome.stderr
+    hs.assert_untouched(before, w.state())
+    hs.assert_ok(w.cli("data", "append", store, orphan))
+    hs.assert_ok(w.cli("data", "verify", store))
+
+
+@case("append/a-shard-of-another-sharded-store-is-never-moved")
+def _(w):
+    store, staged = w.copy("sharded"), w.copy("staged")
+    other = w.path("other")
+    hs.assert_ok(w.cli("data", "append", other, staged, "--create"))  # rows the store does not hold
+    w.refused(errors.SHARDED_STORE_MISMATCH, other, "data", "append", store, os.path.join(other, "shards", "00000"))
+    hs.assert_ok(w.cli("data", "verify", other))
+
+
+@case("append/lock-file-is-a-symlink-to-a-victim")
+def _(w):
+    store, staged = w.copy("sharded"), w.copy("staged")
+    os.symlink(victim(w), os.path.join(store, ".lock"))
+    w.refused(errors.OUTPUT_PATH_INVALID, ".lock", "data", "append", store, staged)
+
+
+@case("append/lock-file-is-a-hard-link-to-a-victim")
+def _(w):
+    store, staged = w.copy("sharded"), w.copy("staged")
+    os.link(victim(w), os.path.join(store, ".lock"))
+    w.refused(errors.OUTPUT_PATH_INVALID, ".lock", "data", "append", store, staged)
+
+
+@case("append/lock-file-of-a-killed-append-is-taken-over")
+def _(w):
+    store, staged = w.copy("sharded"), w.copy("staged")
+    Path(store, ".lock").write_text("999999999\n")  # a writer that is gone: nobody holds the lock
+    hs.assert_ok(w.cli("data", "append", store, staged))
+    assert not os.path.lexists(os.path.join(store, ".lock"))
+    hs.assert_ok(w.cli("data", "verify", store))
+
+
 # ---------------------------------------------------------------------- data tokenize --engine ray
 # The output is checked before Ray is imported or reached: these run without Ray and without a cluster
 # (tests/test_tokenize_ray.py runs the job itself on a local cluster).

@@ -13,8 +13,9 @@ a dataset of three files in three formats, the largest first so that it
 finishes last; a file with a bad record fails the job with the code and
 message ``tokenize_sharded`` gives, leaving no output and no staging folder.
 Without a cluster: a missing Ray is BACKEND_UNAVAILABLE naming the extra,
-and Ray's own failure (a dead worker) is DISTRIBUTED_JOB_FAILED with the
-staging folder removed. The cluster tests skip, with the reason, where Ray
+Ray's own failure (a dead worker) is DISTRIBUTED_JOB_FAILED with the
+staging folder removed, and an append into a store another writer holds is
+SHARDED_STORE_LOCKED before the job starts. The cluster tests skip, with the reason, where Ray
 is not installed (``make test`` installs the ``ray`` extra).
 """
 
@@ -194,6 +195,24 @@ def test_rays_own_failure_is_distributed_job_failed_and_removes_the_staging(monk
     assert "ActorDiedError: The actor died unexpectedly" in error.message
     assert fake.calls == ["init", "shutdown"]  # the job connected, so it disconnects
     assert sorted(os.listdir(tmp_path)) == ["data"]  # the staged shard went with its folder
+
+
+def test_an_append_is_refused_before_the_job_while_another_writer_holds_the_store(monkeypatch, tokenizer_dir,
+                                                                                 tmp_path):
+    from umlos_cuda.batching.tokens.adopt import LOCK_FILE
+    from umlos_cuda.files.folder import Folder
+    from umlos_cuda.files.lock import FolderLock
+
+    fake = DeadWorkerRay()
+    monkeypatch.setattr(distributed, "ray_module", lambda: fake)
+    paths = write_dataset(tmp_path / "data")
+    tokenize_sharded(paths[1:], tokenizer_dir, tmp_path / "store")
+    with Folder.open(str(tmp_path / "store")) as store, FolderLock.take(store, LOCK_FILE):  # the other writer
+        expect(errors.SHARDED_STORE_LOCKED, distributed.tokenize_on_ray, paths[:1], tokenizer_dir, tmp_path / "store",
+               append=True, mention=f"process {os.getpid()},")
+    assert fake.calls == []  # refused before the job connected: no file was tokenized
+    assert sorted(os.listdir(tmp_path)) == ["data", "store"]
+    assert ShardedTokenStore.open(tmp_path / "store").num_parts == 2
 
 
 def test_ray_address_goes_with_the_ray_engine(tokenizer_dir, tmp_path, capsys):

@@ -49,7 +49,9 @@ def register_actions(actions) -> None:
         description="Move the token stores STORE... (written by `data tokenize`, or by workers into a staging folder "
         "on the same file system) into the sharded token store DIR as its next shards, in the order given, and "
         "replace DIR/meta.json last. Refused: another tokenizer, token dtype, vocabulary, loss-mask rule or id kind, "
-        "and a sample id another shard holds. With --create, DIR is made (it must not exist, unless --force).",
+        "a sample id another shard holds, and a shard folder of another sharded store. One append at a time: while "
+        "another holds DIR, this one is refused at once (SHARDED_STORE_LOCKED, naming its pid). With --create, DIR is "
+        "made (it must not exist, unless --force).",
     )
     append.add_argument("directory", metavar="DIR", help="the sharded token store")
     append.add_argument("stores", nargs="+", metavar="STORE", help="token store folders to adopt (they are moved)")

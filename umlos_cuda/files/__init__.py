@@ -9,6 +9,7 @@ Modules:
     folder     a folder held open by its descriptor: nothing below it is reached through a link
     atomic     one output file, published by rename: readers see nothing or all of it
     durable    the steps every writer takes: exclusive create, full write, fsync of file and folder
+    lock       one writer at a time in a folder: a flock on a lock file inside it, removed on release
     reader     the one bounded input layer: regular files only, sizes and depths before parsing,
                capped lines, ``.npy`` and ``.npz`` headers checked against their bytes
 """

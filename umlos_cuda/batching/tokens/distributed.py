@@ -23,9 +23,11 @@ Data job"):
    index). Ray workers only write files; nothing but a few strings travels
    back.
 3. The driver collects the rows, puts them in INPUT order (never the order
-   they finished in), and adopts the staged stores in that order with
-   ``append_shards`` (one rename each, the index written last). A file that
-   holds no record has no shard, as in ``tokenize_sharded``.
+   they finished in), and adopts the staged stores in that order
+   (tokens/adopt.py: one rename each, the index written last; an append
+   holds the store's lock from before the job starts, so a second writer is
+   refused at once, not after the job). A file that holds no record has no
+   shard, as in ``tokenize_sharded``.
 
 Why the bytes do not depend on the cluster: a shard depends on its input
 file alone (tokens/partition.py: content ids, chunks never span two files),
@@ -64,8 +66,9 @@ from ...errors import UmlosError
 from ..lengths.tokenizer import LoadedTokenizer, load_tokenizer
 from ..records.chunk import SkippedLines
 from ..records.shards import resolve
+from .adopt import adopting
 from .partition import check_sharded_output, input_bytes, staging_folder
-from .sharded import ShardedTokenStore, append_shards, tokenize_shard
+from .sharded import ShardedTokenStore, tokenize_shard
 
 #: What to install when Ray is missing.
 RAY_EXTRA = "pip install 'umlos-cuda[ray]'"
@@ -121,10 +124,9 @@ def tokenize_on_ray(dataset: Any, tokenizer: Any, output: str | os.PathLike[str]
     if task_options.get("chat_template") is not None:
         task_options["chat_template"] = os.path.abspath(os.fspath(task_options["chat_template"]))
     sizes = [input_bytes(item.files) for item in inputs]
-    with staging_folder(root, "ray") as stage_path:
+    with adopting(root, create=not append, force=force) as adopt, staging_folder(root, "ray") as stage_path:
         rows = _run_job(ray, address, workers, files, stage_path, task_options, sizes, progress)
-        staged = _staged_in_order(rows, inputs, skipped)
-        return append_shards(root, staged, create=not append, force=force)
+        return adopt(_staged_in_order(rows, inputs, skipped))
 
 
 class ShardTask:

@@ -33,7 +33,7 @@ from ... import checks, errors
 from ...errors import UmlosError
 from ...files.folder import Folder
 from ..records.shards import resolve
-from .adopt import SHARDED_STORE, append_shards
+from .adopt import SHARDED_STORE, adopting
 from .index import shard_name
 from .logical import ShardedTokenStore
 from .store import TokenStore
@@ -66,13 +66,14 @@ def tokenize_sharded(dataset: Any, tokenizer: Any, output: str | os.PathLike[str
     (``force`` replaces a sharded store); with ``append``, add them as new shards of the existing
     store ``output`` (their rows get content ids, as files of a growing multi-file dataset).
     The shards are written in a hidden staging folder beside ``output``, then adopted
-    (:func:`~umlos_cuda.batching.tokens.adopt.append_shards`); the staging folder is removed."""
+    (:func:`~umlos_cuda.batching.tokens.adopt.adopting`: an append holds the store's lock from before the
+    first file is tokenized); the staging folder is removed."""
     inputs = resolve(dataset, format)
     root = check_sharded_output(output, dataset, format, tokenizer, options.get("chat_template"), append=append,
                                 force=force)
     sizes = [input_bytes(item.files) for item in inputs]
     total = max(sum(sizes), 1)
-    with staging_folder(root, "stage") as stage_path:
+    with adopting(root, create=not append, force=force) as adopt, staging_folder(root, "stage") as stage_path:
         staged: list[str] = []
         before = 0
         for index, size in enumerate(sizes):
@@ -90,7 +91,7 @@ def tokenize_sharded(dataset: Any, tokenizer: Any, output: str | os.PathLike[str
         if not staged:
             raise UmlosError(errors.DATASET_EMPTY, f"no file of {inputs[0].path} and the other inputs holds a "
                              "record", operator=errors.BATCHING_OPERATOR)
-        return append_shards(root, staged, create=not append, force=force)
+        return adopt(staged)
 
 
 def check_sharded_output(output, dataset: Any, format: str | None, tokenizer: Any, chat_template: Any, *,

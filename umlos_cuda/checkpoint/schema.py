@@ -185,8 +185,10 @@ _ANY = checks.field(checks.anything)
 def parse_version(version: Any) -> tuple[int, int]:
     checks.text(version, "checkpoint_schema_version", pattern=_VERSION_RE,
                 fail=partial(error, errors.CHECKPOINT_SCHEMA_INVALID), message="{name} {value!r} is not MAJOR.MINOR")
-    major, minor = version.split(".")
-    return int(major), int(minor)
+    fail = partial(error, errors.CHECKPOINT_SCHEMA_INVALID)
+    major, minor = (checks.integer_text(part, "checkpoint_schema_version", 0, None, fail=fail,
+                                        message="{name} {value!r} is not MAJOR.MINOR") for part in version.split("."))
+    return major, minor
 
 
 def check_version(version: Any) -> str:

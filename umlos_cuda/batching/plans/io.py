@@ -539,10 +539,11 @@ def _row_of(sample_id, lookup, n: int):
         return None
     if lookup is not None:
         return lookup.get(sample_id)
-    if not sample_id.isdigit() or (len(sample_id) > 1 and sample_id[0] == "0"):
+    try:  # the one spelling of a row number: ASCII digits, no sign, no leading zero (checks.integer_text)
+        row = checks.integer_text(sample_id, "sample id", 0, n - 1, fail=ValueError)
+    except ValueError:
         return None
-    row = int(sample_id)
-    return row if row < n else None
+    return row if str(row) == sample_id else None
 
 
 def _format(message: str) -> UmlosError:

@@ -206,6 +206,16 @@ def text(value: Any, name: str, *, fail: Fail, empty: bool = True, pattern: re.P
     return value
 
 
+def utf8_length(value: str) -> int | None:
+    """The UTF-8 length of ``value``, or None if it cannot be encoded (a lone
+    surrogate such as ``"\\ud800"``, which Python strings may hold and CBOR, files and
+    command lines cannot)."""
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
+
+
 #: What :func:`sequence` refuses although it is iterable: its items would be characters, byte values or keys.
 NOT_SEQUENCES = (str, bytes, bytearray, memoryview, Mapping)
 

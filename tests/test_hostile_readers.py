@@ -51,9 +51,15 @@ DEEP = 100_000
 # ---------------------------------------------------------------------- the artifacts copied by each case
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
-    """A model directory, a dataset, its length cache, its token store, a plan (with sample ids, binary and
-    JSONL), its batch folder in each layout (compact, npz, compact + zstd, index), a saved batch fingerprint, a
-    Megatron pair, a window log, a windowed plan and a mixed plan over the length cache's sidecar, all valid."""
+    return build_world(tmp_path_factory.mktemp("hostile-world"))
+
+
+def build_world(root: Path) -> Path:
+    """Under ``root``: a model directory, a dataset, its length cache, its token store, a plan (with sample ids,
+    binary and JSONL), its batch folder in each layout (compact, npz, compact + zstd, index), a saved batch
+    fingerprint, a Megatron pair, pretraining sequences and their mixture, a sharded store (and a staged shard),
+    a window log, a windowed plan and a mixed plan over the length cache's sidecar, all valid
+    (tests/test_hostile_values.py walks the same artifacts)."""
     from batching_cases import train_tokenizer, write_model_dir
     from token_cases import random_sequences, write_dataset, write_megatron
     from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, save_plan
@@ -61,7 +67,6 @@ def world(tmp_path_factory) -> Path:
     from umlos_cuda.batching.batches.writer import BatchWriter
     from umlos_cuda.batching.tokens.writer import tokenize_dataset
 
-    root = tmp_path_factory.mktemp("hostile-world")
     write_model_dir(root / "model", train_tokenizer(), {"eos_token": "</s>"})
     write_dataset(root / "train.jsonl", 60, seed=3)
     store = tokenize_dataset(root / "train.jsonl", root / "model", root / "store")

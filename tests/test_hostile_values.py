@@ -39,7 +39,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import streams_support
 from umlos_cuda.errors import UmlosError
 
 #: Examples per reader (two readers take twice as many): ten times as many under UMLOS_HYPOTHESIS=thorough.
@@ -124,42 +123,15 @@ def hostile_document(data, doc: Any) -> tuple:
 # ---------------------------------------------------------------------- what the readers read
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
-    """A token store and its length cache, a plan over it (binary and JSONL) and its batch folder, a windowed
-    plan, a Megatron pair and pretraining sequences over it, a sharded store, a mock gym run's window log."""
-    from batching_cases import train_tokenizer, write_model_dir
-    from token_cases import random_sequences, write_dataset, write_megatron
-    from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, save_plan
-    from umlos_cuda.batching.batches.writer import BatchWriter
-    from umlos_cuda.batching.plans.windows import (CutDefinition, MappedLengths, PretrainingSequences,
-                                                   WindowDefinition, WindowedPlan, save_sequences,
-                                                   save_windowed_plan)
-    from umlos_cuda.batching.tokens.mapped import MappedMegatron
-    from umlos_cuda.batching.tokens.sharded import tokenize_sharded
-    from umlos_cuda.batching.tokens.writer import tokenize_dataset
+    """The hostile suite's artifacts (tests/test_hostile_readers.py ``build_world``: a token store and its
+    length cache, a plan and its batch folders, a windowed plan, a Megatron pair and pretraining sequences over
+    it, a sharded store, a mock gym run's window log), and the plan kept as JSONL only (``plan-jsonl``)."""
+    from test_hostile_readers import build_world
 
-    root = tmp_path_factory.mktemp("hostile-values")
-    write_model_dir(root / "model", train_tokenizer(), {"eos_token": "</s>"})
-    write_dataset(root / "train.jsonl", 40, seed=3)
-    store = tokenize_dataset(root / "train.jsonl", root / "model", root / "store")
-    store.length_cache().write(root / "lengths.jsonl")
-    config = BatchingConfig.predictable(token_budget=512, bucket_edges=(32, 64, 128), overflow_max=256, seed=7)
-    save_plan(BatchPlanBuilder(store.length_cache(), config).build(1), root / "plan", jsonl="always")
+    root = build_world(tmp_path_factory.mktemp("hostile-values"))
     shutil.copytree(root / "plan", root / "plan-jsonl")
     for npy in (root / "plan-jsonl" / "epoch_0").glob("*.npy"):
         npy.unlink()
-    BatchWriter(root / "plan", root / "batches", root / "store", workers=1).write_all()
-    mapped = MappedLengths(root / "lengths.jsonl.u32")
-    save_windowed_plan(WindowedPlan.build(WindowDefinition(config, mapped.count, window=16), mapped, 1),
-                       root / "windowed")
-    write_megatron(root / "mega", random_sequences(20, seed=2))
-    save_sequences(PretrainingSequences.build(CutDefinition(20, 16, window=4, eos=1), MappedMegatron(root / "mega"),
-                                              1), root / "sequences", tokens_path=root / "mega")
-    parts = [str(root / f"part-{i}.jsonl") for i in range(2)]
-    for i, part in enumerate(parts):
-        write_dataset(part, 8, seed=10 + i, ids=False)
-    tokenize_sharded(parts, root / "model", root / "sharded")
-    (root / "run").mkdir()
-    streams_support.write_mock_run(root / "run")
     return root
 
 

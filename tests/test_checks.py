@@ -307,3 +307,47 @@ def test_values_in_messages_are_bounded():
     assert len(refusal(checks.number, [0] * 10**5, "w").message) < 300
     assert refusal(checks.integer, -(10**5000), "n", 0, None, message=checks.AT_LEAST).message == \
         "n must be an integer >= 0, got an integer of 16610 bits"
+
+
+#: What reads an integer out of text (the call's attribute), when int() is called on what it returns.
+_TEXT_CALLS = {"group", "groups", "split", "rsplit", "partition", "strip", "lstrip", "rstrip", "decode", "read",
+               "readline", "getenv"}
+
+
+def _reads_text(node) -> bool:
+    """Whether ``node`` is text read out of a line, a match, a file or the environment: a call of one of
+    :data:`_TEXT_CALLS` or an item of what one returns (``line.split(",")[0]``)."""
+    import ast
+
+    if isinstance(node, ast.Subscript):
+        node = node.value
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _TEXT_CALLS
+
+
+def test_no_integer_is_read_from_text_but_by_integer_text():
+    """The class is closed by construction: outside checks.py nothing in umlos_cuda/ gives argparse
+    ``type=int``, asks ``str.isdigit()``, ``isdecimal()`` or ``isnumeric()`` (which say yes to ``'²'``), calls
+    ``int(text, base)`` or calls ``int()`` on a regex group, a split item, a stripped line, a file's text or
+    an environment variable: each of those is checks.integer_text."""
+    import ast
+    from pathlib import Path
+
+    package = Path(checks.__file__).parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "checks.py" and path.parent == package:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            where = f"{path.relative_to(package.parent)}:{node.lineno}"
+            func = node.func
+            if any(k.arg == "type" and isinstance(k.value, ast.Name) and k.value.id == "int" for k in node.keywords):
+                found.append(f"{where}: type=int")
+            if isinstance(func, ast.Attribute) and func.attr in ("isdigit", "isdecimal", "isnumeric"):
+                found.append(f"{where}: str.{func.attr}()")
+            if isinstance(func, ast.Name) and func.id == "int" and (len(node.args) > 1 or node.keywords):
+                found.append(f"{where}: int(text, base)")
+            if isinstance(func, ast.Name) and func.id == "int" and node.args and _reads_text(node.args[0]):
+                found.append(f"{where}: int() of text")
+    assert found == [], "\n".join(found)

@@ -76,6 +76,12 @@ def test_integer_text_refuses_anything_but_a_sign_and_ascii_digits(text):
     assert error.message.startswith("n is no integer: ") and len(error.message) < 300
 
 
+def test_integer_or_none_is_none_for_what_integer_text_refuses():
+    assert checks.integer_or_none("42") == 42 and checks.integer_or_none("007", 0, 10) == 7
+    assert [checks.integer_or_none(text) for text in ("\u00b2", "\u0663", "-1", "9" * 5000, None)] == [None] * 5
+    assert checks.integer_or_none("11", 0, 10) is None and checks.integer_or_none("-1", None, None) == -1
+
+
 def test_integer_text_checks_the_range_with_the_second_wording():
     assert refusal(checks.integer_text, "9", "rank", 0, 7).message == "rank must be in [0, 7], got 9"
     assert refusal(checks.integer_text, "x", "rank", 0, 7).message == "rank must be an integer in [0, 7], got str 'x'"

@@ -154,6 +154,16 @@ def integer_text(text: Any, name: str, low: int | None = 0, high: int | None = U
     return integer(int(text), name, low, high, fail=fail, message=message)
 
 
+def integer_or_none(text: Any, low: int | None = 0, high: int | None = UINT64_MAX) -> int | None:
+    """The integer :func:`integer_text` reads in ``text`` when it is one in ``[low, high]``, else None: for text
+    that may well be no number (a file name, a sample id that may be a row number), where "not a number" is an
+    answer rather than a failure."""
+    try:
+        return integer_text(text, "", low, high, fail=ValueError)
+    except ValueError:
+        return None
+
+
 def integer_parser(name: str, low: int | None = 0, high: int | None = UINT64_MAX, *, fail: Fail,
                    message: Wording = IN_RANGE) -> Callable[[str], int]:
     """:func:`integer_text` with these arguments, as a function of the text alone: an argparse ``type``

@@ -539,11 +539,8 @@ def _row_of(sample_id, lookup, n: int):
         return None
     if lookup is not None:
         return lookup.get(sample_id)
-    try:  # the one spelling of a row number: ASCII digits, no sign, no leading zero (checks.integer_text)
-        row = checks.integer_text(sample_id, "sample id", 0, n - 1, fail=ValueError)
-    except ValueError:
-        return None
-    return row if str(row) == sample_id else None
+    row = checks.integer_or_none(sample_id, 0, n - 1)
+    return row if str(row) == sample_id else None  # the one spelling of a row number: no sign, no leading zero
 
 
 def _format(message: str) -> UmlosError:

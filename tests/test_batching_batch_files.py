@@ -545,6 +545,27 @@ def test_packed_plans_collate_row_by_packed_row(world, tmp_path, separators):
         expect(errors.COLLATE_INPUT_INVALID, BatchWriter, plan, tmp_path / "o", store, separator_ids=(2,))
 
 
+def test_a_separator_id_past_the_vocabulary_is_refused_before_any_batch(world, tmp_path, capsys):
+    """``--separator-ids`` takes only ids the store holds (below its vocab_size): an id past it would put a
+    token in the batches that the model's embedding does not have. The flag's text is read by the one integer
+    parser (a Unicode digit is refused there)."""
+    from umlos_cuda.cli import main
+
+    root, store, _, _ = world
+    save_plan(packed_plan(store, 1), tmp_path / "plan")
+    top = store.vocab_size
+    expect(errors.COLLATE_INPUT_INVALID, BatchWriter, tmp_path / "plan", tmp_path / "o", store, separator_ids=(top,),
+           mention=f"separator id {top} is not a token id of {store.root}")
+    expect(errors.COLLATE_INPUT_INVALID, fingerprint_plan_batches, packed_plan(store, 1), store, separator_ids=(top,),
+           mention="its vocab_size")
+    base = ["batch", "generate", "--plan", str(tmp_path / "plan"), "--source", str(root / "store"), "--quiet"]
+    for ids in (str(top), "\u00b2", "1,", "9" * 50):
+        assert main([*base, "--separator-ids", ids, "--output", str(tmp_path / "out")]) == 2
+        assert capsys.readouterr().err.startswith(f"error {errors.COLLATE_INPUT_INVALID}: ")
+    assert not (tmp_path / "out").exists()
+    assert main([*base, "--separator-ids", str(top - 1), "--output", str(tmp_path / "out")]) == 0
+
+
 def test_packed_plans_through_a_dataloader(world, tmp_path):
     from torch.utils.data import DataLoader
 

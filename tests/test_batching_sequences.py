@@ -240,6 +240,50 @@ def test_plan_cut_command(tmp_path: Path, capsys):
     assert "OUTPUT_EXISTS" in capsys.readouterr().err  # an existing folder is refused without --force
 
 
+@pytest.mark.parametrize("kind,dtype,top", [("store", None, None), ("megatron", np.uint16, 1 << 16),
+                                             ("megatron", np.int32, 1 << 31), ("megatron", np.uint8, 1 << 8)],
+                         ids=["store vocab_size", "megatron uint16", "megatron int32", "megatron uint8"])
+def test_an_eos_past_what_the_source_holds_is_refused_before_the_pass(tmp_path: Path, capsys, kind, dtype, top):
+    """``plan cut --eos`` takes only an id the source can hold: below a store's vocab_size, inside a Megatron
+    pair's dtype (the model would fail on it hours later, on a device-side assert); nothing is written."""
+    from umlos_cuda.batching.tokens.sources import open_token_source
+    from umlos_cuda.cli import main
+
+    if kind == "store":
+        path = str(tmp_path / "store")
+        top = make_store(tmp_path, 20, seed=3).vocab_size
+    else:
+        path = write_megatron(tmp_path / "mega", random_sequences(20, seed=3, vocab=200, high=40), dtype=dtype)
+    base = ["plan", "cut", "--source", path, "--sequence-length", "16", "--window", "8", "--quiet"]
+    assert main([*base, "--eos", str(top - 1), "--output", str(tmp_path / "ok")]) == 0
+    assert main([*base, "--eos", str(top), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error {errors.BATCHING_CONFIG_INVALID}: eos {top} is not a token id of {path}: its ids "
+                          f"are 0 to {top - 1}") and not (tmp_path / "out").exists()
+    with pytest.raises(UmlosError) as caught:  # the API refuses it as the command does, before the index pass
+        PretrainingSequences.build(CutDefinition(20, 16, eos=top), open_token_source(path), lazy=True)
+    assert caught.value.code == errors.BATCHING_CONFIG_INVALID
+
+
+def test_id_limits_of_every_token_source_kind(tmp_path: Path):
+    """What each source says its ids are: a store's vocab_size, a Megatron dtype, the narrowest of several
+    prefixes, a length source over a store; a caller's own source says nothing (and takes any id)."""
+    from umlos_cuda.batching.sources import open_source
+    from umlos_cuda.batching.tokens.sources import check_token_ids, id_limit, open_token_source
+
+    vocab = make_store(tmp_path, 10, seed=1).vocab_size
+    narrow = write_megatron(tmp_path / "narrow", random_sequences(5, seed=1, vocab=200), dtype=np.uint8)
+    wide = write_megatron(tmp_path / "wide", random_sequences(5, seed=2, vocab=200), dtype=np.int32)
+    assert id_limit(open_token_source(tmp_path / "store")) == (vocab, "its vocab_size")
+    assert id_limit(open_source(str(tmp_path / "store"), tokens=True)) == (vocab, "its vocab_size")
+    assert id_limit(open_token_source(wide)) == (1 << 31, "its token type int32")
+    assert id_limit(open_token_source([narrow, wide])) == (256, "its token type uint8")
+    assert id_limit(open_source([narrow, wide], tokens=True)) == (256, "its token type uint8")
+    assert id_limit(Tokens([3])) is None and check_token_ids((1 << 40,), Tokens([3]), "id", fail=ValueError)
+    with pytest.raises(ValueError, match=f"separator id 256 is not a token id of {narrow} \\+ {wide}"):
+        check_token_ids((255, 256), open_token_source([narrow, wide]), "separator id", fail=ValueError)
+
+
 def test_index_pass_in_chunks_of_windows(monkeypatch):
     from umlos_cuda.batching.plans.windows import cut
 

@@ -304,6 +304,25 @@ def test_row_number_ids_make_a_one_shard_store(work, tmp_path):
            mention="sample_ids")
 
 
+def test_a_shard_copied_over_another_and_rehashed_is_named_by_every_reader(small, tmp_path, capsys):
+    """Every hash of the index agrees (it was rewritten); the repeated sample ids give it away, and the refusal
+    names the store and both shards wherever the ids are read: a plan build, verify, a length cache."""
+    from token_cases import copy_shard_rehashed
+
+    store, _ = small
+    shutil.copytree(store.root, tmp_path / "copied")
+    copy_shard_rehashed(tmp_path / "copied", 0, 1)
+    root = str(tmp_path / "copied")
+    named = [root, os.path.join(root, "shards", "00000"), os.path.join(root, "shards", "00001")]
+    for call in (ShardedTokenStore.open(root).verify, ShardedTokenStore.open(root).length_cache):
+        error = expect(errors.SHARDED_STORE_INVALID, call, mention="the ids of the parts read as one must differ")
+        assert all(name in error.message for name in named), error.message
+    assert main(["plan", "build", "--source", root, "--bucket-edges", "64,128", "--overflow-max", "256",
+                 "--token-budget", "512", "--output", str(tmp_path / "plan"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error {errors.SHARDED_STORE_INVALID}: {root}: sample id ") and named[2] in err
+
+
 def test_a_tampered_shard_is_found(small):
     store, _ = small
     path = os.path.join(store.shard_path(1), "tokens.npy")

@@ -89,3 +89,28 @@ def test_an_endless_mixture_needs_a_total():
     with pytest.raises(UmlosError, match="needs max_epochs on every component"):
         Blend((Part(1, 3, None, "a"), Part(1, 3, 2, "b")), 4, None, 0)
     assert Blend((Part(1, 3, 1, "a"), Part(1, 3, 2, "b")), 4, None, 0).total == 9
+
+
+def test_a_total_past_what_the_components_hold_is_refused_before_any_allocation(tmp_path, capsys):
+    """``--num-samples 10^12`` over a few hundred samples reads a component for billions of epochs: every
+    mixture refuses it when the blend is made (``plan build --mix`` once allocated a 582 GiB index for it,
+    ``plan cut --mix`` refused it), and a total within 2^16 epochs of every component still mixes."""
+    import numpy as np
+
+    from umlos_cuda.batching import LengthCache
+    from umlos_cuda.batching.plans.builder import MAX_EPOCHS
+    from umlos_cuda.cli import main
+
+    with pytest.raises(UmlosError, match=r"component 'a' would be read for \d+ epochs; at most 65536") as caught:
+        Blend((Part(0.7, 300, None, "a"), Part(0.3, 300, None, "b")), 64, 10**12, 0)
+    assert caught.value.code == errors.BATCHING_CONFIG_INVALID
+    assert Blend((Part(1, 3, None, "a"),), 4, 3 * MAX_EPOCHS, 0).epochs_read() == (MAX_EPOCHS,)
+    with pytest.raises(UmlosError, match="would be read for 65537 epochs"):
+        Blend((Part(1, 3, None, "a"),), 4, 3 * MAX_EPOCHS + 1, 0)
+    lengths = tmp_path / "lengths.jsonl"
+    LengthCache.from_arrays(None, np.arange(1, 301, dtype=np.uint32) % 200 + 1, "t").write(lengths)
+    status = main(["plan", "build", "--window", "64", "--mix", f"{lengths}:0.7", f"{lengths}:0.3", "--bucket-edges",
+                   "32,64,128", "--overflow-max", "256", "--token-budget", "512", "--num-samples", str(10**12),
+                   "--output", str(tmp_path / "mixed"), "--quiet"])
+    assert status == 2 and capsys.readouterr().err.startswith(f"error {errors.BATCHING_CONFIG_INVALID}: component ")
+    assert not (tmp_path / "mixed").exists()

@@ -9,6 +9,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from umlos_cuda import checks, errors
 from umlos_cuda.errors import UINT64_MAX, UmlosError
@@ -51,6 +52,58 @@ def test_uint64_accepts_integers_and_returns_plain_ints(value):
 ], ids=["bool", "float", "text", "negative", "2^64", "5000 digits"])
 def test_uint64_refusals(value, message):
     assert refusal(checks.uint64, value, "n").message == message
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("0", 0), ("7", 7), ("007", 7), ("-3", -3), ("+5", 5), (str(UINT64_MAX), UINT64_MAX),
+    ("9" * checks.MAX_INTEGER_CHARS, 10**checks.MAX_INTEGER_CHARS - 1),
+], ids=["0", "7", "leading zeros", "negative", "plus", "2^64-1", "40 digits"])
+def test_integer_text_reads_ascii_digits(text, expected):
+    assert checks.integer_text(text, "n", None, None, fail=FAIL) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "\u00b2",  # superscript two: str.isdigit() says yes, int() raises
+    "\u0663",  # Arabic-Indic three: int() reads 3
+    "\uff17",  # fullwidth seven: int() reads 7
+    "1_000", " 7", "7 ", "7\n", "", "-", "+", "0x10", "1e3", "1.0", "nan", "inf", "\x00", "7\x00",
+    "\ud800",  # a lone surrogate
+    "9" * (checks.MAX_INTEGER_CHARS + 1), "9" * 5000,  # int() of 5000 digits raises ValueError
+    None, 7, 7.0, b"7", ["7"],
+], ids=lambda text: ascii(text)[:24])
+def test_integer_text_refuses_anything_but_a_sign_and_ascii_digits(text):
+    error = refusal(checks.integer_text, text, "n", None, None, message="{name} is no integer: {value!r}")
+    assert error.message.startswith("n is no integer: ") and len(error.message) < 300
+
+
+def test_integer_or_none_is_none_for_what_integer_text_refuses():
+    assert checks.integer_or_none("42") == 42 and checks.integer_or_none("007", 0, 10) == 7
+    assert [checks.integer_or_none(text) for text in ("\u00b2", "\u0663", "-1", "9" * 5000, None)] == [None] * 5
+    assert checks.integer_or_none("11", 0, 10) is None and checks.integer_or_none("-1", None, None) == -1
+
+
+def test_integer_text_checks_the_range_with_the_second_wording():
+    assert refusal(checks.integer_text, "9", "rank", 0, 7).message == "rank must be in [0, 7], got 9"
+    assert refusal(checks.integer_text, "x", "rank", 0, 7).message == "rank must be an integer in [0, 7], got str 'x'"
+    assert refusal(checks.integer_text, "-1", "n").message == "n must be in [0, 18446744073709551615], got -1"
+    parse = checks.integer_parser("port", 0, 65535, fail=FAIL)
+    assert parse("80") == 80 and parse.__name__ == "port"
+    assert refusal(lambda fail: parse("65536")).message == "port must be in [0, 65535], got 65536"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=60) | st.from_regex(r"[+-]?[0-9]{1,45}", fullmatch=True))
+def test_integer_text_is_int_of_ascii_text_and_refuses_the_rest(text):
+    """Whatever the text: the integer ``int()`` reads when it is a sign and at most 40 ASCII characters of
+    digits, else the caller's refusal; never another exception."""
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    ascii_integer = len(text) <= checks.MAX_INTEGER_CHARS and digits.isascii() and digits.isdigit()
+    try:
+        value = checks.integer_text(text, "n", None, None, fail=FAIL)
+    except UmlosError as error:
+        assert not ascii_integer and error.code == errors.INVALID_ARGUMENT
+    else:
+        assert ascii_integer and value == int(text)
 
 
 @pytest.mark.parametrize("wording,value,message", [
@@ -260,3 +313,47 @@ def test_values_in_messages_are_bounded():
     assert len(refusal(checks.number, [0] * 10**5, "w").message) < 300
     assert refusal(checks.integer, -(10**5000), "n", 0, None, message=checks.AT_LEAST).message == \
         "n must be an integer >= 0, got an integer of 16610 bits"
+
+
+#: What reads an integer out of text (the call's attribute), when int() is called on what it returns.
+_TEXT_CALLS = {"group", "groups", "split", "rsplit", "partition", "strip", "lstrip", "rstrip", "decode", "read",
+               "readline", "getenv"}
+
+
+def _reads_text(node) -> bool:
+    """Whether ``node`` is text read out of a line, a match, a file or the environment: a call of one of
+    :data:`_TEXT_CALLS` or an item of what one returns (``line.split(",")[0]``)."""
+    import ast
+
+    if isinstance(node, ast.Subscript):
+        node = node.value
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _TEXT_CALLS
+
+
+def test_no_integer_is_read_from_text_but_by_integer_text():
+    """The class is closed by construction: outside checks.py nothing in umlos_cuda/ gives argparse
+    ``type=int``, asks ``str.isdigit()``, ``isdecimal()`` or ``isnumeric()`` (which say yes to ``'²'``), calls
+    ``int(text, base)`` or calls ``int()`` on a regex group, a split item, a stripped line, a file's text or
+    an environment variable: each of those is checks.integer_text."""
+    import ast
+    from pathlib import Path
+
+    package = Path(checks.__file__).parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "checks.py" and path.parent == package:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            where = f"{path.relative_to(package.parent)}:{node.lineno}"
+            func = node.func
+            if any(k.arg == "type" and isinstance(k.value, ast.Name) and k.value.id == "int" for k in node.keywords):
+                found.append(f"{where}: type=int")
+            if isinstance(func, ast.Attribute) and func.attr in ("isdigit", "isdecimal", "isnumeric"):
+                found.append(f"{where}: str.{func.attr}()")
+            if isinstance(func, ast.Name) and func.id == "int" and (len(node.args) > 1 or node.keywords):
+                found.append(f"{where}: int(text, base)")
+            if isinstance(func, ast.Name) and func.id == "int" and node.args and _reads_text(node.args[0]):
+                found.append(f"{where}: int() of text")
+    assert found == [], "\n".join(found)

@@ -179,6 +179,11 @@ def test_a_batch_too_large_to_allocate_is_refused(capsys, tmp_path):
         (["--world-size", "0"], "argument --world-size: world size must be a positive integer, got '0'"),
         (["--epoch", "-3"], "argument --epoch: epoch must be a non-negative integer, got '-3'"),
         (["--global-index", "1.5"], "argument --global-index: global index must be a non-negative integer, got '1.5'"),
+        # int() reads these, or raises ValueError past 4300 digits; the one integer parser refuses them all
+        (["--rank", "\u00b2"], "argument --rank: rank must be a non-negative integer, got '\u00b2'"),
+        (["--rank", "\u0663"], "argument --rank: rank must be a non-negative integer, got '\u0663'"),
+        (["--rank", "1_0"], "argument --rank: rank must be a non-negative integer, got '1_0'"),
+        (["--epoch", "9" * 5000], "argument --epoch: epoch must be a non-negative integer, got '99999"),
         (["--stage", "test"], "argument --stage: invalid choice: 'test'"),
         (["--backend", "tpu"], "argument --backend: invalid choice: 'tpu'"),
     ],

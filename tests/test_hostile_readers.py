@@ -51,9 +51,15 @@ DEEP = 100_000
 # ---------------------------------------------------------------------- the artifacts copied by each case
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
-    """A model directory, a dataset, its length cache, its token store, a plan (with sample ids, binary and
-    JSONL), its batch folder in each layout (compact, npz, compact + zstd, index), a saved batch fingerprint, a
-    Megatron pair, a window log, a windowed plan and a mixed plan over the length cache's sidecar, all valid."""
+    return build_world(tmp_path_factory.mktemp("hostile-world"))
+
+
+def build_world(root: Path) -> Path:
+    """Under ``root``: a model directory, a dataset, its length cache, its token store, a plan (with sample ids,
+    binary and JSONL), its batch folder in each layout (compact, npz, compact + zstd, index), a saved batch
+    fingerprint, a Megatron pair, pretraining sequences and their mixture, a sharded store (and a staged shard),
+    a window log, a windowed plan and a mixed plan over the length cache's sidecar, all valid
+    (tests/test_hostile_values.py walks the same artifacts)."""
     from batching_cases import train_tokenizer, write_model_dir
     from token_cases import random_sequences, write_dataset, write_megatron
     from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, save_plan
@@ -61,7 +67,6 @@ def world(tmp_path_factory) -> Path:
     from umlos_cuda.batching.batches.writer import BatchWriter
     from umlos_cuda.batching.tokens.writer import tokenize_dataset
 
-    root = tmp_path_factory.mktemp("hostile-world")
     write_model_dir(root / "model", train_tokenizer(), {"eos_token": "</s>"})
     write_dataset(root / "train.jsonl", 60, seed=3)
     store = tokenize_dataset(root / "train.jsonl", root / "model", root / "store")
@@ -1579,6 +1584,113 @@ ARTIFACT_CASES = [
 ]
 
 
+# -- integers: every integer read from text goes through checks.integer_text; ids and counts bounded by what
+#    the data holds (issue 33, "Nothing lost, nothing trusted blindly II")
+def _cut_eos(source: str, eos: str):
+    """``plan cut --eos EOS`` over the world's ``source`` (a token store or the Megatron pair) copied into ``here``."""
+    def make(world, here):
+        copy(world, here, source)
+        return ("plan", "cut", "--source", str(here / source), "--sequence-length", "16", "--window", "4", "--eos",
+                eos, "--output", str(here / "out"), "--quiet")
+    return make
+
+
+def _vocab_size(world) -> int:
+    return json.loads((world / "store" / "meta.json").read_text())["vocab_size"]
+
+
+def _separator_past_the_vocabulary(world, here):
+    """A plan packed with one separator over the store, and ``batch generate --separator-ids VOCAB_SIZE``."""
+    from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, PackingConfig, save_plan
+    from umlos_cuda.batching.tokens.store import TokenStore
+
+    copy(world, here, "store")
+    config = BatchingConfig(1024, (), 256, "pad_to_bucket", 3, pack=PackingConfig(256, "first_fit", separator_len=1))
+    save_plan(BatchPlanBuilder(TokenStore.open(here / "store").length_cache(), config).build(1), here / "plan")
+    return ("batch", "generate", "--plan", str(here / "plan"), "--source", str(here / "store"), "--separator-ids",
+            str(_vocab_size(world)), "--output", str(here / "out"), "--quiet", "--workers", "1")
+
+
+def _mix_of_10_12_samples(world, here):
+    copy(world, here, "lengths.jsonl")
+    lengths = here / "lengths.jsonl"
+    return ("plan", "build", "--window", "16", "--mix", f"{lengths}:0.7", f"{lengths}:0.3", "--bucket-edges",
+            "32,64,128", "--overflow-max", "256", "--token-budget", "512", "--num-samples", str(10**12), "--output",
+            str(here / "out"), "--quiet")
+
+
+def _cut_mix_entry(entry: str):
+    """``plan cut --mix`` of the Megatron pair with a second entry ``PAIR:0.5:ENTRY``."""
+    def make(world, here):
+        copy(world, here, "mega")
+        return ("plan", "cut", "--mix", f"{here / 'mega'}:0.5", f"{here / 'mega'}:0.5:{entry}", "--num-samples", "10",
+                "--sequence-length", "16", "--output", str(here / "out"))
+    return make
+
+
+def _jsonl_only_plan_sample_id(sample_id: str):
+    """A plan of row-number ids (a length cache without ids) kept only as JSONL, its first sample id replaced."""
+    def make(world, here):
+        from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, LengthCache, save_plan
+
+        cache = LengthCache.from_arrays(None, np.arange(40, dtype=np.uint32) % 90 + 1, "t")
+        config = BatchingConfig.predictable(token_budget=512, bucket_edges=(32, 64, 128), overflow_max=256, seed=7)
+        save_plan(BatchPlanBuilder(cache, config).build(1), here / "plan", jsonl="always")
+        _jsonl_only_plan(world, here)
+        path = here / "plan" / "epoch_0" / "microbatches.jsonl"
+        lines = path.read_text().splitlines(keepends=True)
+        first = json.loads(lines[0])
+        first["samples"][0] = sample_id
+        lines[0] = json.dumps(first) + "\n"
+        path.write_text("".join(lines))
+        return plan_info(here)
+    return make
+
+
+def _policy(text: str):
+    return _deep_policy("policies:\n" + text)
+
+
+def _menu_greeting(number: str):
+    """A server whose menu numbers its one game ``number``; it answers game 3 as game 1 (``int()`` reads an
+    Arabic-Indic three as 3: a client that took it would go on)."""
+    line = f"\r\n  {number}) Sudoku          - Classic logic puzzle\r\n".encode()
+    return lambda: scripted({**GAME, "3 ?": GAME["1 ?"], "<greeting>": line})
+
+
+INTEGER_CASES = [
+    Case("user/plan-cut-eos-past-the-store-vocabulary", _cut_eos("store", "70000"), (errors.BATCHING_CONFIG_INVALID,),
+         "store"),
+    Case("user/plan-cut-eos-past-the-megatron-dtype", _cut_eos("mega", str(1 << 16)),
+         (errors.BATCHING_CONFIG_INVALID,), "mega"),
+    Case("user/batch-generate-separator-id-past-the-vocabulary", _separator_past_the_vocabulary,
+         (errors.COLLATE_INPUT_INVALID,), "store"),
+    Case("hang/mixed-plan-build-num-samples-10^12", _mix_of_10_12_samples, (errors.BATCHING_CONFIG_INVALID,),
+         "lengths"),
+    Case("user/plan-cut-mix-cap-arabic-indic-digit", _cut_mix_entry("\u0663"), (errors.BATCHING_CONFIG_INVALID,),
+         "mega"),
+    Case("traceback/plan-cut-mix-seed-of-5000-digits", _cut_mix_entry("1:" + "9" * 5000),
+         (errors.BATCHING_CONFIG_INVALID,), "mega"),
+    Case("traceback/plan-info-jsonl-only-sample-id-superscript-two", _jsonl_only_plan_sample_id("\u00b2"), (P,),
+         "microbatches.jsonl"),
+    Case("traceback/plan-info-jsonl-only-sample-id-arabic-indic-digit", _jsonl_only_plan_sample_id("\u0663"), (P,),
+         "microbatches.jsonl"),
+    Case("traceback/gym-run-policy-quota-edge-superscript-two",
+         _policy("  - type: length_quota\n    quotas: {'\u00b2': 1}\n"), (errors.SAMPLING_POLICY_INVALID,),
+         "policy.yaml"),
+    Case("traceback/gym-run-policy-quota-edge-2^70",
+         _policy(f"  - type: length_quota\n    quotas: {{{1 << 70}: 1}}\n"), (errors.SAMPLING_POLICY_INVALID,),
+         "policy.yaml"),
+    Case("traceback/gym-run-policy-novelty-window-10^30",
+         _policy(f"  - type: novelty\n    novelty_window: {10**30}\n"), (errors.SAMPLING_POLICY_INVALID,),
+         "policy.yaml"),
+    Case("traceback/gym-info-menu-number-of-5000-digits", _flood_info, (GP,), None, server=_menu_greeting("9" * 5000)),
+    Case("tamper/gym-info-menu-number-arabic-indic-digit", _flood_info, (GP,), None,
+         server=_menu_greeting("\u0663")),
+    Case("hang/gym-replay-header-samples-per-window-10^12",
+         _window_header(lambda h: h.__setitem__("samples_per_window", 10**12)), (W,), "windows.jsonl"),
+]
+
 CASES = [
     # ------------------------------------------------------------------ hang: FIFOs where a file should be
     Case("hang/plan-info-fifo-meta-json", _plan_fifo("meta.json"), (P, errors.PLAN_NOT_FOUND), "meta.json"),
@@ -1882,6 +1994,7 @@ CASES += WINDOWED_CASES + SEQUENCES_CASES
 CASES += MIXED_CASES + MIXED_SEQUENCES_CASES
 CASES += TOKEN_SOURCE_CASES
 CASES += ARTIFACT_CASES
+CASES += INTEGER_CASES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

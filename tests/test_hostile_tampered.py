@@ -360,6 +360,25 @@ def tamper_store_loss_mask_two(ws, tmp_path):
     hs.assert_refused(outcome, ("TOKEN_STORE_INVALID", "COLLATE_INPUT_INVALID"), names=tmp_path / "store")
 
 
+def tamper_sharded_store_shard_copied_over_another(ws, tmp_path):
+    """Shard 1 replaced by a copy of shard 0 and the index rewritten to agree (every hash checks): ``plan build``
+    refuses the repeated ids naming the store and both shards (it named neither)."""
+    from token_cases import copy_shard_rehashed
+    from umlos_cuda.batching.tokens.sharded import tokenize_sharded
+
+    lines = (ws / "train.jsonl").read_text().splitlines(keepends=True)
+    parts = [tmp_path / "part-0.jsonl", tmp_path / "part-1.jsonl"]
+    parts[0].write_text("".join(lines[:60]))
+    parts[1].write_text("".join(lines[60:]))
+    tokenize_sharded([str(p) for p in parts], ws / "model", tmp_path / "sharded")
+    copy_shard_rehashed(tmp_path / "sharded", 0, 1)
+    outcome = run_cli(tmp_path, "plan", "build", "--source", "sharded", "--bucket-edges", "4,8", "--overflow-max", "16",
+                      "--token-budget", "64", "--output", "out", "--quiet", owned=["out"])
+    hs.assert_refused(outcome, "SHARDED_STORE_INVALID", names="sharded")
+    assert os.path.join("sharded", "shards", "00000") in outcome.stderr
+    assert os.path.join("sharded", "shards", "00001") in outcome.stderr
+
+
 def tamper_store_verify_api(ws, tmp_path):
     copy(ws, tmp_path, "store")
     _out_of_vocabulary(tmp_path / "store")
@@ -830,6 +849,7 @@ CASES = [
     pytest.param(user_torchdata_set_vital_is_quiet, id="user/torchdata-set-vital-quiet"),
     pytest.param(user_progress_has_rate_and_time_left, id="user/progress-rate-and-time-left"),
     pytest.param(user_curriculum_plot_ticks, id="user/curriculum-plot-integer-ticks"),
+    pytest.param(tamper_sharded_store_shard_copied_over_another, id="tamper/plan-build-shard-copied-over-another"),
 ]
 
 

@@ -160,6 +160,16 @@ def test_windows_log_the_curriculum_metrics():
     ("policies:\n  - type: novelty\n    novelty_window: 2\n  - type: novelty\n    novelty_window: 3\n", "at most one"),
     ("policies:\n  - type: novelty\n    novelty_window: 2\n    novelty_window: 3\n", "not valid YAML"),
     ("policies: [", "not valid YAML"),
+    # integers past any size, and digits that are not ASCII (int() reads some and raises on others)
+    ("policies:\n  - type: novelty\n    novelty_window: 1000000000000000000000000000000\n", "[1, 2^26]"),
+    ("policies:\n  - type: novelty\n    novelty_window: 67108865\n", "[1, 2^26]"),
+    ("policies:\n  - type: length_quota\n    quotas: {1180591620717411303424: 1}\n", "[1, 2^32 - 1]"),
+    ("policies:\n  - type: length_quota\n    quotas: {4294967296: 1}\n", "[1, 2^32 - 1]"),
+    ("policies:\n  - type: length_quota\n    quotas: {'1180591620717411303424': 1}\n", "[1, 2^32 - 1]"),
+    ("policies:\n  - type: length_quota\n    quotas: {'\u00b2': 1}\n", "quota edge '\u00b2'"),
+    ("policies:\n  - type: length_quota\n    quotas: {'\u0663': 1}\n", "quota edge '\u0663'"),
+    ("policies:\n  - type: length_quota\n    quotas: {'0128': 1}\n", "quota edge '0128'"),
+    ("policies:\n  - type: length_quota\n    quotas: {128: 1, '128': 1}\n", "quota edge 128 is given twice"),
 ])
 def test_policy_files_are_validated_strictly(text, mention):
     expect(errors.SAMPLING_POLICY_INVALID, policies_from_yaml, text, mention=mention)
@@ -170,6 +180,26 @@ def test_load_policies_reads_a_file(tmp_path):
     path.write_text(FOUR_POLICIES)
     assert len(load_policies(path).policies) == 4
     expect(errors.SAMPLING_POLICY_INVALID, load_policies, tmp_path / "missing.yaml", mention="cannot read")
+
+
+def test_a_window_logs_quota_edge_of_5000_digits_is_refused_before_int_reads_it():
+    from umlos_cuda.streams import policies_from_data
+
+    data = {"policies": [{"type": "length_quota", "quotas": {"9" * 5000: 1}}]}
+    expect(errors.SAMPLING_POLICY_INVALID, policies_from_data, data, "windows.jsonl",
+           mention="is not a positive integer")
+
+
+def test_a_window_log_header_asking_for_more_draws_than_a_buffer_holds_is_refused():
+    """A header's ``samples_per_window`` sizes one allocation of draws: 10^12 is refused when the builder is
+    made from the header, before anything is drawn (it allocated until MemoryError); 2^26 still builds."""
+    from umlos_cuda.streams.window.rolling import RollingBatchPlanWindow
+
+    header = RollingBatchPlanWindow(ReplayBuffer(8), 4, samples_per_window=4).header()
+    for asked in (10**12, (1 << 26) + 1):
+        expect(errors.WINDOW_LOG_INVALID, RollingBatchPlanWindow.from_header, {**header, "samples_per_window": asked},
+               mention="samples_per_window must be an integer in [1, 67108864]")
+    assert RollingBatchPlanWindow.from_header({**header, "samples_per_window": 1 << 26}).samples_per_window == 1 << 26
 
 
 def test_a_policy_with_nothing_drawable_is_refused():

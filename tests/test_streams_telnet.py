@@ -123,3 +123,13 @@ def test_a_broken_connection_loses_and_repeats_no_sample(tmp_path, mode, after):
     assert [s.episode_id for s in samples] == [s.episode_id for s in reference]  # none lost, none repeated
     assert [s.seq for s in samples] == list(range(6))
     assert [s.digest for s in samples] == [s.digest for s in reference]  # the same puzzles, moves and tokens
+
+
+@pytest.mark.parametrize("number", ["9" * 5000, "\u0663", "4294967296"], ids=["5000 digits", "Arabic-Indic 3", "2^32"])
+def test_a_menu_number_the_one_parser_refuses_is_the_servers_protocol_error(number):
+    """A menu line's number is read by checks.integer_text: 5000 digits tripped int()'s limit as a traceback,
+    an Arabic-Indic digit read as 3; each is GYM_PROTOCOL_ERROR, and a plain menu still parses."""
+    from umlos_cuda.streams.gym.telnet_client import parse_menu
+
+    assert [g.number for g in parse_menu(["  1) Sudoku - numbers", " 12) Lights Out - toggles"])] == [1, 12]
+    expect(errors.GYM_PROTOCOL_ERROR, parse_menu, [f"  {number}) Sudoku - numbers"], mention="numbered")

@@ -88,3 +88,28 @@ def write_megatron(prefix, sequences, dtype=np.uint16, document_ends=None, modes
 def random_sequences(count: int, seed: int = 0, vocab: int = 500, low: int = 1, high: int = 300) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(vocab) for _ in range(rng.randint(low, high))] for _ in range(count)]
+
+
+def copy_shard_rehashed(root, source: int, target: int) -> None:
+    """Replace shard ``target`` of the sharded store at ``root`` by a copy of shard ``source`` and rewrite its
+    index to agree (the shard's entry, the counts, the dataset hash over the row digests): the store's own
+    hashes all check, and only the repeated sample ids tell that one shard is there twice."""
+    import shutil
+
+    from umlos_cuda.batching.tokens.rows import logical_hash
+
+    with open(f"{root}/meta.json", encoding="utf-8") as handle:
+        meta = json.load(handle)
+    names = [entry["name"] for entry in meta["shards"]]
+    shutil.rmtree(f"{root}/shards/{names[target]}")
+    shutil.copytree(f"{root}/shards/{names[source]}", f"{root}/shards/{names[target]}")
+    for suffix in (".npy", ".ids.npy"):
+        shutil.copyfile(f"{root}/digests/{names[source]}{suffix}", f"{root}/digests/{names[target]}{suffix}")
+    meta["shards"][target] = {**meta["shards"][source], "name": names[target]}
+    meta["num_samples"] = sum(entry["num_samples"] for entry in meta["shards"])
+    meta["num_tokens"] = sum(entry["num_tokens"] for entry in meta["shards"])
+    digests = [np.load(f"{root}/digests/{name}.npy") for name in names]
+    meta["dataset_hash"] = logical_hash(digests, meta["num_samples"], meta["tokenizer_hash"], meta["loss_mask"],
+                                        meta["sample_ids"])
+    with open(f"{root}/meta.json", "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(meta, indent=2) + "\n")

@@ -1,6 +1,6 @@
-"""Checks of values that come from callers, files and servers: integers,
-ranges, finite numbers, text, names from a fixed set, typed (and sized)
-values, and records of named fields.
+"""Checks of values that come from callers, files and servers: integers (and
+integers written as text), ranges, finite numbers, text, names from a fixed
+set, typed (and sized) values, and records of named fields.
 
 Why one module: these rules are easy to get subtly wrong when each reader
 and constructor writes them by hand. ``True`` is an ``int`` in Python
@@ -8,8 +8,13 @@ and constructor writes them by hand. ``True`` is an ``int`` in Python
 number 1); NumPy integers are not ``int`` although users pass them naturally;
 ``math.isfinite(10**400)`` raises OverflowError and ``str()`` of a 5000-digit
 integer raises ValueError, so a message that echoes the value can itself
-crash; and a record read from a file must name its unknown and missing keys.
-Here each rule is written once.
+crash; a record read from a file must name its unknown and missing keys; and
+text is not an integer because ``int()`` takes it: ``int()`` reads ``'٣'``
+(an Arabic-Indic three), ``'1_000'`` and ``' 7 '``, ``str.isdigit()`` accepts
+``'²'``, which ``int()`` refuses, and ``int()`` of 5000 digits raises
+ValueError. Every integer read from text (a flag, an environment variable, a
+field of a line, a file name, a server's line) goes through
+:func:`integer_text`. Here each rule is written once.
 
 Each caller keeps its own failure and its own words. ``fail`` is a function
 from a message to the :class:`~umlos_cuda.errors.UmlosError` the caller
@@ -126,6 +131,50 @@ def integer(value: Any, name: str, low: int | None = 0, high: int | None = UINT6
     return number
 
 
+#: The longest text :func:`integer_text` reads: a sign and 39 digits, every integer of up to 128 bits. A longer
+#: text is refused before ``int()`` sees it (``int()`` is quadratic in the digits and raises past 4300 of them).
+MAX_INTEGER_CHARS = 40
+#: What an integer written as text is: an optional sign and ASCII digits, nothing around them.
+_INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
+
+
+def integer_text(text: Any, name: str, low: int | None = 0, high: int | None = UINT64_MAX, *, fail: Fail,
+                 message: Wording = IN_RANGE) -> int:
+    """The integer written in ``text``, in ``[low, high]`` (None: no bound on that side), else ``fail``.
+
+    The one parser of integers written as text (module docstring): ``text`` must be a ``str`` of an
+    optional sign and ASCII digits, at most :data:`MAX_INTEGER_CHARS` characters (checked before
+    ``int()`` is called), else ``fail`` with the first wording (``{value}``: the text, bounded); then
+    the range, as :func:`integer` checks it, with the second. Leading zeros are read (``"007"`` is 7):
+    a caller whose text must be the one spelling of its number compares ``str(value)`` with it.
+    """
+    if not isinstance(text, str) or len(text) > MAX_INTEGER_CHARS or not _INTEGER_TEXT.fullmatch(text):
+        raise fail(_words(message, 0).format(name=name, value=_Shown(text), type=type(text).__name__, low=low,
+                                             high=high))
+    return integer(int(text), name, low, high, fail=fail, message=message)
+
+
+def integer_or_none(text: Any, low: int | None = 0, high: int | None = UINT64_MAX) -> int | None:
+    """The integer :func:`integer_text` reads in ``text`` when it is one in ``[low, high]``, else None: for text
+    that may well be no number (a file name, a sample id that may be a row number), where "not a number" is an
+    answer rather than a failure."""
+    try:
+        return integer_text(text, "", low, high, fail=ValueError)
+    except ValueError:
+        return None
+
+
+def integer_parser(name: str, low: int | None = 0, high: int | None = UINT64_MAX, *, fail: Fail,
+                   message: Wording = IN_RANGE) -> Callable[[str], int]:
+    """:func:`integer_text` with these arguments, as a function of the text alone: an argparse ``type``
+    (``fail=argparse.ArgumentTypeError``: a usage error that says what was wrong), a field's reader."""
+    def parse(text: str) -> int:
+        return integer_text(text, name, low, high, fail=fail, message=message)
+
+    parse.__name__ = name  # argparse names the type in some messages
+    return parse
+
+
 def uint64(value: Any, name: str, *, fail: Fail) -> int:
     """``value`` as an ``int`` in ``[0, 2^64 - 1]``, else ``fail`` with the :data:`UINT64` wording."""
     return integer(value, name, 0, UINT64_MAX, fail=fail, message=UINT64)
@@ -165,6 +214,16 @@ def text(value: Any, name: str, *, fail: Fail, empty: bool = True, pattern: re.P
             or (pattern is not None and not pattern.fullmatch(value)):
         raise fail(message.format(name=name, value=_Shown(value), type=type(value).__name__))
     return value
+
+
+def utf8_length(value: str) -> int | None:
+    """The UTF-8 length of ``value``, or None if it cannot be encoded (a lone
+    surrogate such as ``"\\ud800"``, which Python strings may hold and CBOR, files and
+    command lines cannot)."""
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
 
 
 #: What :func:`sequence` refuses although it is iterable: its items would be characters, byte values or keys.

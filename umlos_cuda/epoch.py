@@ -14,7 +14,7 @@ import os
 from collections import OrderedDict
 from threading import Lock
 
-from . import errors
+from . import checks, errors
 from .errors import UmlosError
 from .hashing import hash_canonical
 from .modes import DEFAULT_MODE, Plan, get_mode
@@ -50,14 +50,9 @@ def limit_setting(name: str, default: int, *, operator: str) -> int:
     INVALID_ARGUMENT when it is not a non-negative integer: a typo in a limit
     must not pass for no limit, nor end in a bare ValueError."""
     setting = os.environ.get(name, str(default))
-    try:
-        limit = int(setting)
-    except ValueError:
-        limit = -1
-    if limit < 0:
-        raise UmlosError(errors.INVALID_ARGUMENT, f"{name} must be a non-negative integer, got {setting!r}",
-                         operator=operator)
-    return limit
+    return checks.integer_text(setting, name, 0, None,
+                               fail=lambda message: UmlosError(errors.INVALID_ARGUMENT, message, operator=operator),
+                               message=checks.literal(f"{name} must be a non-negative integer, got {setting[:200]!r}"))
 
 
 def check_plan_budget(blocks: int, n: int, block_size: int) -> None:

@@ -45,11 +45,9 @@ def env_int(name: str, *, operator: str) -> int | None:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return None
-    try:
-        return int(raw.strip())
-    except ValueError:
-        raise UmlosError(errors.INVALID_RANK, f"environment variable {name}={raw!r} is not an integer",
-                         operator=operator) from None
+    return checks.integer_text(raw.strip(), name, None, None,
+                               fail=lambda message: UmlosError(errors.INVALID_RANK, message, operator=operator),
+                               message="environment variable {name}={value!r} is not an integer")
 
 
 #: PyTorch's DistributedSampler's words for a rank or world size outside its interval.

@@ -304,10 +304,12 @@ def sample_arrays(source: Any, microbatch: Any) -> list[tuple[np.ndarray, np.nda
     return pairs
 
 
-def plan_separator_ids(plan: Any, separator_ids: Sequence[int] | None) -> tuple[int, ...]:
+def plan_separator_ids(plan: Any, separator_ids: Sequence[int] | None, source: Any = None) -> tuple[int, ...]:
     """The separator ids to collate ``plan``'s packed rows with: exactly its
     ``separator_len`` of them (none for a plan that does not pack or packs
-    without separators); COLLATE_INPUT_INVALID otherwise."""
+    without separators), each one ``source`` can hold when it is given
+    (``tokens.sources.check_token_ids``: below its vocabulary or inside its
+    token type); COLLATE_INPUT_INVALID otherwise."""
     pack = getattr(plan.config, "pack", None)
     wanted = 0 if pack is None else int(pack.separator_len)
     ids = tuple(separator_ids or ())
@@ -319,4 +321,9 @@ def plan_separator_ids(plan: Any, separator_ids: Sequence[int] | None) -> tuple[
 
     if len(ids) != wanted:
         raise refused("")
-    return tuple(checks.integer(t, "a separator id", 0, _INT32_MAX, fail=refused) for t in ids)
+    ids = tuple(checks.integer(t, "a separator id", 0, _INT32_MAX, fail=refused) for t in ids)
+    if source is not None:
+        from .tokens.sources import check_token_ids
+
+        check_token_ids(ids, source, "separator id", fail=collate_error)
+    return ids

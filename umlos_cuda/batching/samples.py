@@ -189,7 +189,10 @@ class PreferenceSample:
 def _int_tuple(values: Any, what: str) -> tuple[int, ...]:
     """``values`` as a tuple of Python ints; bools, floats and text are refused."""
     checks.sequence(values, what, fail=_invalid, message="{name} must be a sequence of integers, got {type}")
-    array = np.asarray(values)
+    try:
+        array = np.asarray(values)
+    except (ValueError, TypeError):  # ragged nesting ([1, [2, 3]]): NumPy refuses to make an array of it
+        array = np.empty((0, 0))
     mixed_bools = not isinstance(values, np.ndarray) and any(type(v) is bool for v in values)  # NumPy casts them
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu") or mixed_bools:
         kinds = sorted({type(v).__name__ for v in (values.tolist() if isinstance(values, np.ndarray) else values)})

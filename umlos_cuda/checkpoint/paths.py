@@ -108,10 +108,9 @@ def parse_entry_path(path: object) -> PathInfo:
 
 
 def _bounded(text: str, path: str) -> int:
-    value = int(text)
-    if value > UINT32_MAX:
-        raise _invalid(f"entry path {path!r}: rank and shard numbers are at most {UINT32_MAX}")
-    return value
+    return checks.integer_text(text, "rank and shard numbers", 0, UINT32_MAX, fail=_invalid,
+                               message=checks.literal(f"entry path {path!r}: rank and shard numbers are at most "
+                                                      f"{UINT32_MAX}"))
 
 
 def _invalid(message: str) -> UmlosError:

@@ -209,7 +209,9 @@ def read_commits(store_dir: str, marker: Mapping[str, Any]) -> list[CommitRecord
     for name in list_folder(os.path.join(store_dir, "commits")):
         match = _COMMIT_FILE.match(name)
         if match:
-            seqs.append(int(match.group(1)))
+            seqs.append(checks.integer_text(match.group(1), "commit", 1, None,
+                                            fail=partial(error, errors.CHECKPOINT_CHAIN_MISMATCH),
+                                            message=checks.literal(f"{name!r} is not a commit certificate name")))
     seqs.sort()
     if seqs != list(range(1, len(seqs) + 1)):
         raise error(errors.CHECKPOINT_CHAIN_MISMATCH,

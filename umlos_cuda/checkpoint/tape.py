@@ -77,7 +77,8 @@ def parse_segment_name(path: Any, code: str = errors.TRACE_FORMAT_INVALID) -> in
     match = _SEGMENT_RE.match(path) if isinstance(path, str) else None
     if not match:
         raise error(code, f"{path!r} is not a tape segment path (trace/segment=<k>.tape)", operator=TAPE)
-    return int(match.group(1))
+    return checks.integer_text(match.group(1), "segment", 1, None, fail=partial(error, code, operator=TAPE),
+                               message=checks.literal(f"{path!r} is not a tape segment path (trace/segment=<k>.tape)"))
 
 
 # -- record schemas ----------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .. import checks, errors
+from ..errors import UINT64_MAX
 from . import limits
 from .codes import SERIALIZE, error
 from .schema import utf8_length
@@ -108,9 +109,10 @@ def _object(pairs: list) -> dict:
 
 
 def _unsigned(text: str) -> int:
-    if text.startswith("-"):
+    if text.startswith("-"):  # -0 too
         raise ValueError(f"number {text} is negative")
-    return int(text)
+    return checks.integer_text(text, "number", 0, UINT64_MAX, fail=ValueError,
+                               message="number {value} is not an unsigned integer of at most 64 bits")
 
 
 def _not_an_integer(text: str):

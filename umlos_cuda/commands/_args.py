@@ -16,6 +16,11 @@ import argparse
 import copy
 from collections.abc import Callable
 
+from .. import checks
+
+#: The most integers a comma-separated flag holds (bucket edges, separator ids): far more than any use.
+MAX_LIST_ITEMS = 1 << 16
+
 
 class HidingFormatter(argparse.HelpFormatter):
     """A help formatter that leaves out the old spellings :func:`add_option` marks on an action."""
@@ -55,18 +60,42 @@ def positive_int(what: str) -> Callable[[str], int]:
     return _integer(what, 1, "a positive integer")
 
 
-def _integer(what: str, lowest: int, kind: str) -> Callable[[str], int]:
+def any_int(what: str) -> Callable[[str], int]:
+    """An argparse ``type`` accepting any integer, for a value whose range the command checks itself (with its
+    own failure code); ``what`` names the value in the error."""
+    return _integer(what, None, "an integer")
+
+
+def _integer(what: str, lowest: int | None, kind: str) -> Callable[[str], int]:
+    """The one integer flag parser: the text read by ``checks.integer_text`` (ASCII digits only, at most 40
+    characters, checked before ``int()``), at least ``lowest``, failing as argparse's usage error in the user's
+    words. Past 40 characters is past any count; below that, an upper bound is the command's (its own code)."""
     def parse(text: str) -> int:
-        try:
-            value = int(text, 10)
-        except ValueError:
-            value = None
-        if value is None or value < lowest:
+        value = checks.integer_text(text, what, None, None, fail=argparse.ArgumentTypeError,
+                                    message=f"{{name}} must be {kind}, got {{value!r}}")
+        if lowest is not None and value < lowest:
             raise argparse.ArgumentTypeError(f"{what} must be {kind}, got {text!r}")
         return value
 
     parse.__name__ = kind  # argparse names the type in some messages
     return parse
+
+
+def integer_list(text: str, what: str, low: int | None, high: int | None, *, fail: checks.Fail,
+                 max_items: int = MAX_LIST_ITEMS) -> tuple[int, ...]:
+    """The integers of a comma-separated flag (``--bucket-edges 128,256``, ``--separator-ids 1,2``), each read
+    by ``checks.integer_text`` in ``[low, high]`` (None: the caller checks that side), at most ``max_items``
+    of them (counted before any is read); blank text is no integers. ``fail``: the command's own failure (its
+    code), with a message that names ``what`` and shows the text."""
+    if not text.strip():
+        return ()
+    items = text.split(",", max_items)
+    if len(items) > max_items:
+        raise fail(f"{what} takes at most {max_items} comma-separated integers")
+    bounds = f" in [{low}, {high}]" if low is not None and high is not None else ""
+    shown = repr(text) if len(text) <= checks.SHOWN_CHARS else repr(text[:checks.SHOWN_CHARS]) + "..."
+    words = checks.literal(f"{what} must be comma-separated integers{bounds}, got {shown}")
+    return tuple(checks.integer_text(item.strip(), what, low, high, fail=fail, message=words) for item in items)
 
 
 def add_pack_arguments(parser: argparse.ArgumentParser, *, what: str, default_max_len: int) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import errors
+from .. import checks, errors
 from ..errors import UmlosError
 
 #: What a configuration file may weigh and hold.
@@ -73,14 +73,23 @@ def _flag(name: str, value: Any, where: str) -> list[str]:
     if value is None or value is False:
         return []
     if value is True:
-        return [f"--{name}"]
+        return [_argument(f"--{name}", where)]
     if isinstance(value, list):
         if not all(_scalar(item) for item in value):
             raise _invalid(f"--config {where}: a list holds numbers and strings only")
-        return [f"--{name}", *map(_text, value)] if value else []
+        return [_argument(f"--{name}", where), *(_argument(_text(item), where) for item in value)] if value else []
     if not _scalar(value):
         raise _invalid(f"--config {where}: a value is a number, a string, true, false, null or a list of them")
-    return [f"--{name}", _text(value)]
+    return [_argument(f"--{name}", where), _argument(_text(value), where)]
+
+
+def _argument(text: str, where: str) -> str:
+    """``text`` if a command line could hold it: no NUL byte, no lone surrogate (YAML's ``"\\ud800"``), which
+    no operating system passes in argv; INVALID_ARGUMENT naming the key otherwise."""
+    if "\x00" in text or checks.utf8_length(text) is None:
+        raise _invalid(f"--config {where!a}: a flag or value holds a NUL byte or a lone surrogate, which no "
+                       "command line can")
+    return text
 
 
 def _scalar(value: Any) -> bool:

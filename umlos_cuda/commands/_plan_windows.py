@@ -155,20 +155,27 @@ def mix_names(paths: list[str]) -> list[str]:
 
 def parse_mix(items: list[str], seed: int) -> list[tuple[str, float, int | None, int]]:
     """``--mix`` entries ``PATH:WEIGHT[:CAP[:SEED]]`` as ``(path, weight, cap, seed)`` (a path holding ':' is
-    not taken); BATCHING_CONFIG_INVALID for anything else."""
+    not taken); CAP and SEED are read by ``checks.integer_text`` (ASCII digits, a cap in [1, 2^32], a seed in
+    [0, 2^64 - 1]); BATCHING_CONFIG_INVALID for anything else."""
+    from .. import checks
     from ..batching.plans.buckets import config_error
+    from ..batching.plans.windows.blend import MAX_CAP
 
     parsed = []
     for place, item in enumerate(items):
         path, *numbers = item.split(":")
+        words = checks.literal(f"--mix takes LENGTHS.jsonl:WEIGHT[:CAP[:SEED]] (a CAP in [1, {MAX_CAP}] or '-', a "
+                               f"SEED in [0, 2^64 - 1]), got {item[:checks.SHOWN_CHARS]!r}")
         if not path or not 1 <= len(numbers) <= 3:
-            raise config_error(f"--mix takes LENGTHS.jsonl:WEIGHT[:CAP[:SEED]], got {item!r}")
+            raise config_error(words)
         try:
             weight = float(numbers[0])
-            cap = None if len(numbers) < 2 or numbers[1] == "-" else int(numbers[1])
-            own = (seed + 1 + place) % (1 << 64) if len(numbers) < 3 else int(numbers[2])
         except ValueError:
-            raise config_error(f"--mix takes LENGTHS.jsonl:WEIGHT[:CAP[:SEED]], got {item!r}") from None
+            raise config_error(words) from None
+        cap = None if len(numbers) < 2 or numbers[1] == "-" else \
+            checks.integer_text(numbers[1], "CAP", 1, MAX_CAP, fail=config_error, message=words)
+        own = (seed + 1 + place) % (1 << 64) if len(numbers) < 3 else \
+            checks.integer_text(numbers[2], "SEED", fail=config_error, message=words)
         parsed.append((path, weight, cap, own))
     return parsed
 

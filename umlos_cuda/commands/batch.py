@@ -17,7 +17,7 @@ import argparse
 import os
 import time
 
-from ._args import add_no_verify_argument, add_option, non_negative_int, positive_int
+from ._args import add_no_verify_argument, add_option, integer_list, non_negative_int, positive_int
 
 
 def register(subparsers) -> None:
@@ -123,10 +123,7 @@ def _plan_and_store(parser, *, batches: bool = False) -> None:
 def _separator_ids(args) -> tuple[int, ...]:
     from ..batching.collate import collate_error
 
-    try:
-        return tuple(int(t) for t in args.separator_ids.split(",")) if args.separator_ids.strip() else ()
-    except ValueError:
-        raise collate_error(f"--separator-ids must be comma-separated integers, got {args.separator_ids!r}") from None
+    return integer_list(args.separator_ids, "--separator-ids", 0, (1 << 31) - 1, fail=collate_error)
 
 
 def run_generate(args) -> int:

@@ -20,6 +20,7 @@ import json
 
 from ..checkpoint import summary
 from ..checkpoint.commit import recover_store
+from ._args import any_int
 
 
 def register(subparsers) -> None:
@@ -40,7 +41,7 @@ def register(subparsers) -> None:
     verify.add_argument("--expect-head", metavar="HASH",
                         help="a store only: it must still hold the commit with this head hash (64 hex digits, "
                              "printed by verify and at commit time); CHECKPOINT_STALE otherwise")
-    verify.add_argument("--min-commit", metavar="N", type=int,
+    verify.add_argument("--min-commit", metavar="N", type=any_int("--min-commit"),
                         help="a store only: it must hold at least N commits; CHECKPOINT_STALE otherwise")
     verify.add_argument("--json", action="store_true", help="print one JSON object")
     verify.set_defaults(func=run_verify)
@@ -49,7 +50,7 @@ def register(subparsers) -> None:
     recover.set_defaults(func=run_recover)
     gc = actions.add_parser("gc", help="keep the newest K checkpoints of a store, remove the older containers")
     gc.add_argument("path", help="a store folder")
-    gc.add_argument("--keep-last", metavar="K", type=int, required=True,
+    gc.add_argument("--keep-last", metavar="K", type=any_int("--keep-last"), required=True,
                     help="how many of the newest checkpoints to keep (at least 1: the newest is always kept)")
     gc.add_argument("--lock-timeout", metavar="S", type=float, default=0.0,
                     help="seconds to wait while a writer holds the store (default 0: CHECKPOINT_LOCKED at once)")

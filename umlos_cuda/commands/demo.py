@@ -24,6 +24,7 @@ from ..cursor import Cursor
 from ..errors import UmlosError
 from ..manifest.core import Manifest
 from ..nextbatch import epoch_indices, next_batch
+from ._args import any_int
 from ._progress import Progress
 from ._sampling_mode import add_sampling_mode_argument, with_sampling_mode
 
@@ -59,10 +60,10 @@ def register(subparsers) -> None:
     )
     demo.add_argument("--manifest", default=None, help="manifest file (default: the bundled demo.yaml)")
     demo.add_argument("--dataset", default="train")
-    demo.add_argument("--world-size", type=int, default=8)
-    demo.add_argument("--batches", type=int, default=64, help="global batches to stream (default 64)")
-    demo.add_argument("--epoch", type=int, default=0)
-    demo.add_argument("--global-index", type=int, default=0, help="cursor position to start from")
+    demo.add_argument("--world-size", type=any_int("world size"), default=8)
+    demo.add_argument("--batches", type=any_int("batches"), default=64, help="global batches to stream (default 64)")
+    demo.add_argument("--epoch", type=any_int("epoch"), default=0)
+    demo.add_argument("--global-index", type=any_int("global index"), default=0, help="cursor position to start from")
     demo.add_argument("--backend", default="auto", choices=("auto",) + AUTO_ORDER)
     add_sampling_mode_argument(demo)
     demo.add_argument(
@@ -70,8 +71,10 @@ def register(subparsers) -> None:
         default=None,
         help="also write a checkpoint store here every --every-k steps, crash, restore, and check the continuation",
     )
-    demo.add_argument("--steps", type=int, default=48, help="training steps of the checkpoint part (default 48)")
-    demo.add_argument("--every-k", type=int, default=8, help="checkpoint interval of the checkpoint part (default 8)")
+    demo.add_argument("--steps", type=any_int("steps"), default=48,
+                      help="training steps of the checkpoint part (default 48)")
+    demo.add_argument("--every-k", type=any_int("every k"), default=8,
+                      help="checkpoint interval of the checkpoint part (default 8)")
     demo.add_argument("--quiet", action="store_true", help="no progress line")
     demo.set_defaults(func=run)
 

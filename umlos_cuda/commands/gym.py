@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-from ._args import add_option, add_pack_arguments, non_negative_int, positive_int
+from ._args import add_option, add_pack_arguments, integer_list, non_negative_int, positive_int
 
 
 def register(subparsers) -> None:
@@ -137,11 +137,8 @@ def run_run(args) -> int:
     inputs = (args.tokenizer, args.policy_yaml, args.manifest)
     output = check_output_folder(args.output, GYM_RUN, force=args.force, inputs=inputs,
                                  operator=errors.STREAMS_OPERATOR)  # fail before connecting
-    try:
-        edges = tuple(int(e) for e in args.bucket_edges.split(","))
-    except ValueError:
-        raise failure(errors.GYM_CONFIG_INVALID, f"--bucket-edges must be comma-separated integers, "
-                                                 f"got {args.bucket_edges!r}") from None
+    edges = integer_list(args.bucket_edges, "--bucket-edges", None, None,  # the config checks them
+                         fail=lambda message: failure(errors.GYM_CONFIG_INVALID, message))
     pack = (PackingConfig(max_length=args.pack_max_len, mode=args.pack_mode, separator_len=args.pack_separator_len)
             if args.pack else None)
     batching = BatchingConfig.throughput(args.token_budget, edges, args.overflow_max, pack=pack)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 
 from .. import errors
-from ._args import (add_no_verify_argument, add_option, add_order_argument, add_pack_arguments, non_negative_int,
-                    positive_int, resolve_order)
+from ._args import (add_no_verify_argument, add_option, add_order_argument, add_pack_arguments, integer_list,
+                    non_negative_int, positive_int, resolve_order)
 from ._artifacts import add_verify_arguments, report_kind, verify_kind
 from ._plan_windows import build_mixed, build_windowed, run_cut
 
@@ -208,10 +208,7 @@ def run_build(args) -> int:
     for value, flag in ((args.bucket_edges, "--bucket-edges"), (args.overflow_max, "--overflow-max")):
         if value is None:
             raise config_error(f"{flag} is required (unless --pack)")
-    try:
-        edges = tuple(int(e) for e in args.bucket_edges.split(",")) if args.bucket_edges.strip() else ()
-    except ValueError:
-        raise config_error(f"--bucket-edges must be comma-separated integers, got {args.bucket_edges!r}") from None
+    edges = integer_list(args.bucket_edges, "--bucket-edges", None, None, fail=config_error)  # the config checks them
     stage, order = resolve_order(args)
     config = BatchingConfig(args.token_budget, edges, args.overflow_max, args.pad_policy, args.seed, stage=stage,
                             sampler_block_size=args.block_size, min_length=args.min_length,

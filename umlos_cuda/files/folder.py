@@ -20,6 +20,7 @@ turns it into a failure code naming the path.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import shutil
@@ -51,7 +52,10 @@ class Folder:
         """Open the folder ``path``; ``follow=True`` accepts a link at its name
         (for a parent the user named, never for one a command creates)."""
         flags = _FOLDER & ~os.O_NOFOLLOW if follow else _FOLDER
-        return cls(os.open(path, flags), os.path.abspath(path))
+        try:
+            return cls(os.open(path, flags), os.path.abspath(path))
+        except ValueError:  # a NUL byte or a lone surrogate: every caller handles OSError, which this is
+            raise OSError(errno.EINVAL, "a path holds no NUL byte and no lone surrogate", path) from None
 
     def __enter__(self) -> Folder:
         return self

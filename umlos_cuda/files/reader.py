@@ -97,6 +97,8 @@ def open_regular(path: str | os.PathLike[str], error: ErrorFactory) -> BinaryIO:
         raise
     except OSError as exc:
         raise error(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError:  # a NUL byte or a lone surrogate (a path read from a file or a --config): no path at all
+        raise error(f"cannot read {path!r}: a path holds no NUL byte and no lone surrogate") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

@@ -70,7 +70,11 @@ class StreamSample:
         checked = checks.record({name: getattr(self, name) for name in _CHECKS}, _CHECKS, fail=_invalid)
         for name in ("seq", "reward", "priority"):  # as int and float (NumPy scalars would not encode)
             object.__setattr__(self, name, checked[name])
-        object.__setattr__(self, "digest", hashlib.sha256(canonical_json(self.to_dict())).hexdigest())
+        try:
+            encoded = canonical_json(self.to_dict())
+        except UnicodeEncodeError:  # a lone surrogate (JSON's "\\ud800"): text no log line or digest can hold
+            raise _invalid("a stream sample's text fields must be UTF-8 text, without lone surrogates") from None
+        object.__setattr__(self, "digest", hashlib.sha256(encoded).hexdigest())
 
     @property
     def sample_id(self) -> str:

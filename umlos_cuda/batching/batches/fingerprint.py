@@ -212,7 +212,7 @@ def plan_batches(plan, source, *, pad_id: int = 0, separator_ids=()) -> Iterator
     """``(epoch, index, CollatedBatch)`` of a plan, in training order from
     epoch 0, collated from ``source`` (a token store or Megatron dataset)."""
 
-    separator_ids = plan_separator_ids(plan, separator_ids)
+    separator_ids = plan_separator_ids(plan, separator_ids, source)
     for epoch, index, microbatch in plan.iter_from(0, 0):
         yield epoch, index, collate_microbatch(source, microbatch, pad_id=pad_id, separator_ids=separator_ids)
 

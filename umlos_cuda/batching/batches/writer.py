@@ -123,7 +123,7 @@ class BatchWriter:
         else:  # another kind of plan of rows (a windowed plan): its microbatches as a whole plan of the store's rows
             self.source = open_token_source(store)
             self.plan = open_row_plan(plan, "batch generate", whole=True, lengths=self.source.length_cache())
-        self.separator_ids = plan_separator_ids(self.plan, separator_ids)
+        self.separator_ids = plan_separator_ids(self.plan, separator_ids, self.source)
         check_source_matches_plan(self.source, self.plan)
         if verify:
             verify_source(self.source)

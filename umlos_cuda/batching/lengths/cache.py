@@ -668,14 +668,22 @@ def _check_hash(value, what: str) -> None:
 
 
 def _check_unique(ids: list[str] | PlainIds, what: str) -> None:
+    repeat = first_repeat(ids)
+    if repeat is not None:
+        sample_id, first, second = repeat
+        raise _invalid(f"{what}: {sample_id!r} appears at #{first} and #{second}; ids are unique")
+
+
+def first_repeat(ids: list[str] | PlainIds) -> tuple[str, int, int] | None:
+    """The first id of ``ids`` that repeats an earlier one, with both positions; None when all differ."""
     if ids.distinct() if isinstance(ids, PlainIds) else len(set(ids)) == len(ids):
-        return
-    ids = list(ids)
+        return None
     seen: dict[str, int] = {}
     for position, sample_id in enumerate(ids):
         if sample_id in seen:
-            raise _invalid(f"{what}: {sample_id!r} appears at #{seen[sample_id]} and #{position}; ids are unique")
+            return sample_id, seen[sample_id], position
         seen[sample_id] = position
+    return None  # pragma: no cover - the sizes above said there is a repeat
 
 
 def _require_file(path: str) -> None:

@@ -539,10 +539,8 @@ def _row_of(sample_id, lookup, n: int):
         return None
     if lookup is not None:
         return lookup.get(sample_id)
-    if not sample_id.isdigit() or (len(sample_id) > 1 and sample_id[0] == "0"):
-        return None
-    row = int(sample_id)
-    return row if row < n else None
+    row = checks.integer_or_none(sample_id, 0, n - 1)
+    return row if str(row) == sample_id else None  # the one spelling of a row number: no sign, no leading zero
 
 
 def _format(message: str) -> UmlosError:

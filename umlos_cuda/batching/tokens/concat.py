@@ -23,7 +23,7 @@ import numpy as np
 
 from ... import checks
 from ...errors import UmlosError
-from ..lengths.cache import LengthCache
+from ..lengths.cache import LengthCache, first_repeat
 from ..samples import Sample, SampleMeta
 
 
@@ -101,9 +101,27 @@ class ConcatenatedSource:
             ids = None
             if not self.ids_are_line_numbers:
                 ids = [sample_id for i in range(self.num_parts) for sample_id in self.part(i).length_cache().sample_ids]
+                self._check_distinct(ids)
             self._cache = LengthCache.from_arrays(ids, self.lengths, self.tokenizer_hash,
                                                   dataset_hash=self.dataset_hash)
         return self._cache
+
+    def _check_distinct(self, ids: list[str]) -> None:
+        """``fail`` naming the source and the parts of the first id held twice (a part added twice, a copied
+        shard), instead of a length cache's message of positions that names neither."""
+        repeat = first_repeat(ids)
+        if repeat is not None:
+            sample_id, first, second = repeat
+            (a, row_a), (b, row_b) = self.locate(first), self.locate(second)
+            raise self._fail(f"{self._where}: sample id {sample_id!r} is row {row_a} of {self._part_name(a)} and row "
+                             f"{row_b} of {self._part_name(b)}; the ids of the parts read as one must differ (a part "
+                             "copied or added twice?)")
+
+    def _part_name(self, index: int) -> str:
+        """Part ``index`` for a message: its folder or prefix, else its number."""
+        part = self.part(index)
+        name = getattr(part, "root", None) or getattr(part, "prefix", None)
+        return str(name) if name else f"part {index}"
 
     def input_ids(self, row: int) -> np.ndarray:
         index, local = self.locate(row)

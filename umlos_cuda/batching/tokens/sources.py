@@ -15,6 +15,10 @@ batch files and fingerprints use:
 * ``source.verify()``: what the files can prove about themselves
   (:func:`verify_source`, run by default before batch files are derived).
 
+A token id a command adds to what a source holds (``plan cut --eos``, ``batch generate
+--separator-ids``) must be one the source can hold (:func:`check_token_ids`: below its ``vocab_size``,
+else inside its token type), or the model fails hours later on a device-side assert.
+
 Whether a source is the one a plan was built from is the plan's question
 (``plans/integrity.py``, ``check_source_matches_plan``).
 """
@@ -22,8 +26,10 @@ Whether a source is the one a plan was built from is the plan's question
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 
 from ... import errors
 from ...errors import UmlosError
@@ -72,6 +78,59 @@ def open_token_source(path: Any, *, tokenizer_hash: str | None = None):
         return MegatronDataset.open(prefix, **({} if tokenizer_hash is None else {"tokenizer_hash": tokenizer_hash}))
     raise UmlosError(errors.TOKEN_STORE_NOT_FOUND, f"{path} is neither a token store folder nor the prefix of a "
                      f"Megatron dataset ({idx_path(prefix)} does not exist)", operator=errors.BATCHING_OPERATOR)
+
+
+def id_limit(source: Any) -> tuple[int, str] | None:
+    """How many token ids ``source`` can hold (they are ``0 .. limit - 1``) and what says so: a store's
+    ``vocab_size`` (its meta.json), else its token type (a store's ``token_dtype``, a Megatron pair's
+    ``.idx`` dtype); None when the source says neither (a caller's own source). A length source over a
+    store answers for its store, several sources (a list of them, Megatron prefixes read as one) for the
+    narrowest of them."""
+    parts = getattr(source, "parts", None) or getattr(source, "datasets", None)
+    if isinstance(parts, list):
+        limits = [id_limit(part) for part in parts]
+        known = [limit for limit in limits if limit is not None]
+        return min(known, key=lambda limit: limit[0]) if known and len(known) == len(limits) else None
+    target = getattr(source, "store", source)
+    vocab = getattr(target, "vocab_size", None)
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0:
+        return vocab, "its vocab_size"
+    meta = getattr(target, "meta", None)
+    dtype = getattr(target, "dtype", None)
+    if isinstance(meta, dict) and isinstance(meta.get("token_dtype"), str):
+        dtype = np.dtype(meta["token_dtype"])
+    if isinstance(dtype, np.dtype) and dtype.kind in "iu":
+        return int(np.iinfo(dtype).max) + 1, f"its token type {dtype.name}"
+    return None
+
+
+def check_token_ids(ids: Iterable[int], source: Any, what: str, *, fail: Callable[[str], Exception]) -> tuple[int, ...]:
+    """``ids`` (already integers) if ``source`` can hold each (:func:`id_limit`), else ``fail`` naming
+    ``what`` (the flag), the id, the source and its limit. A source that states no limit takes any id."""
+    ids = tuple(ids)
+    limit = id_limit(source)
+    if limit is None:
+        return ids
+    top, reason = limit
+    for token in ids:
+        if not 0 <= token < top:
+            raise fail(f"{what} {token} is not a token id of {source_name(source)}: its ids are 0 to {top - 1} "
+                       f"({reason}); give an id of the tokenizer that wrote it")
+    return ids
+
+
+def source_name(source: Any) -> str:
+    """Where ``source`` was opened from, for a message: its ``origin``, root folder or prefix(es)."""
+    for name in ("origin", "root", "prefix"):
+        value = getattr(source, name, None)
+        if isinstance(value, (str, os.PathLike)):
+            return os.fspath(value)
+        if isinstance(value, list) and value:
+            return " + ".join(map(str, value))
+    parts = getattr(source, "parts", None)
+    if isinstance(parts, list) and parts:
+        return " + ".join(source_name(part) for part in parts)
+    return "the token source"
 
 
 def verify_source(source) -> None:

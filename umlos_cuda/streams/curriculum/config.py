@@ -89,7 +89,7 @@ def _policy(entry: Any, where: str):
                               fail=lambda message: _invalid(f"{where} {message}"),
                               unknown="has unknown key {unknown}; its keys: {fields}", missing="lacks {missing}")
     if kind == "length_quota" and isinstance(arguments["quotas"], dict):
-        arguments["quotas"] = {_edge(k, where): v for k, v in arguments["quotas"].items()}
+        arguments["quotas"] = _edges(arguments["quotas"], where)
     try:
         return cls(**arguments)
     except errors.UmlosError as exc:
@@ -100,12 +100,25 @@ def _policy(entry: Any, where: str):
 _ANY = checks.field(checks.anything)
 
 
-def _edge(key: Any, where: str) -> int:
-    if isinstance(key, str) and key.isdigit():
-        return int(key)
-    if checks.is_integer(key, strict=True):
-        return key
-    raise _invalid(f"{where} quota edge {key!r} is not a positive integer")
+def _edges(quotas: dict, where: str) -> dict[int, Any]:
+    """A length quota's edges as integers: an integer, or its text (window logs store them as JSON keys),
+    read by ``checks.integer_text`` in its one spelling (``"0128"`` is not 128); two keys of one edge
+    (``128`` and ``"128"``) are refused, not merged. The policy checks their range."""
+    edges: dict[int, Any] = {}
+    for key, value in quotas.items():
+        edge = key if checks.is_integer(key, strict=True) else _edge_text(key, where)
+        if edge in edges:
+            raise _invalid(f"{where} quota edge {edge} is given twice")
+        edges[edge] = value
+    return edges
+
+
+def _edge_text(key: Any, where: str) -> int:
+    message = f"{where} quota edge {repr(key)[:200]} is not a positive integer"
+    edge = checks.integer_text(key, "quota edge", None, None, fail=_invalid, message=checks.literal(message))
+    if str(edge) != key:
+        raise _invalid(message)
+    return edge
 
 
 def _invalid(message: str):

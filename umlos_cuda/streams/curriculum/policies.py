@@ -39,8 +39,12 @@ import numpy as np
 from ... import checks, errors
 from ..buffer.rng import BufferRng
 from ..failures import failure
-from ..buffer.replay_buffer import inverse_cdf
+from ..buffer.replay_buffer import MAX_SIZE, inverse_cdf
 from ..buffer.snapshot import BufferSnapshot
+from ...errors import UINT32_MAX
+
+#: The most draws a novelty policy remembers (kept in memory, and in its state): the largest buffer's size.
+MAX_NOVELTY_WINDOW = MAX_SIZE
 
 
 @runtime_checkable
@@ -120,9 +124,9 @@ class LengthQuotaPolicy:
 
     def __init__(self, quotas: Mapping[int, float]) -> None:
         shares = _shares(quotas, "length_quota quotas")
-        for edge in shares:
-            checks.integer(edge, "length_quota quotas", 1, None, strict=True, fail=_invalid,
-                           message="{name} are keyed by positive integer lengths, got {value!r}")
+        for edge in shares:  # a sample's length is at most 2^32 - 1: a longer edge is no length
+            checks.integer(edge, "length_quota quotas", 1, UINT32_MAX, strict=True, fail=_invalid,
+                           message="{name} are keyed by integer lengths in [1, 2^32 - 1], got {value!r}")
         self.edges = np.array(sorted(shares), dtype=np.int64)
         self.quotas = {int(e): shares[int(e)] for e in self.edges}
 
@@ -142,8 +146,9 @@ class NoveltyPolicy:
     type = "novelty"
 
     def __init__(self, novelty_window: int = 1000) -> None:
-        self.novelty_window = checks.integer(novelty_window, "novelty_window", 1, None, fail=_invalid,
-                                             message=checks.POSITIVE)
+        self.novelty_window = checks.integer(novelty_window, "novelty_window", 1, MAX_NOVELTY_WINDOW, fail=_invalid,
+                                             message="{name} must be an integer in [1, 2^26] (the draws "
+                                             "remembered: at most as many as the largest buffer holds), got {value!r}")
         self.recent: deque[int] = deque(maxlen=novelty_window)
 
     def reweight(self, snapshot: BufferSnapshot, weights: np.ndarray) -> np.ndarray:

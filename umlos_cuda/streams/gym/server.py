@@ -86,7 +86,9 @@ async def serve(host: str, port: int, port_file: str | None = None, log_level: s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m umlos_cuda.streams.gym.server", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0: a free port chosen by the system")
+    port = checks.integer_parser("--port", None, None, fail=argparse.ArgumentTypeError,
+                                 message="{name} must be an integer, got {value!r}")  # serve() checks its range
+    parser.add_argument("--port", type=port, default=0, help="0: a free port chosen by the system")
     parser.add_argument("--port-file", help="write 'HOST PORT' here once listening")
     parser.add_argument("--log-level", default="WARNING", help="the server's logging level (default WARNING)")
     args = parser.parse_args(argv)

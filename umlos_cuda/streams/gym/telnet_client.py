@@ -36,6 +36,7 @@ from functools import partial
 from typing import Any
 
 from ... import checks, errors
+from ...errors import UINT32_MAX
 from ...files.reader import loads_json
 from ..failures import failure
 from .telnet_wire import TelnetLines
@@ -247,7 +248,11 @@ def parse_menu(lines: list[str]) -> tuple[GameInfo, ...]:
     for line in lines:
         match = _MENU_LINE.match(line)
         if match:
-            games.append(GameInfo(int(match.group(1)), match.group(2).strip(), match.group(3).strip()))
+            number = checks.integer_text(match.group(1), "a menu number", 0, UINT32_MAX,
+                                         fail=partial(failure, errors.GYM_PROTOCOL_ERROR),
+                                         message="the server's menu lists a game numbered {value!r}, not an "
+                                         "integer in [{low}, {high}] in ASCII digits")
+            games.append(GameInfo(number, match.group(2).strip(), match.group(3).strip()))
     if not games:
         raise failure(errors.GYM_PROTOCOL_ERROR, f"the server's greeting lists no game: {lines[:5]}")
     return tuple(games)

@@ -43,13 +43,14 @@ from typing import Any
 import numpy as np
 
 from ... import checks, errors
+from ...errors import UINT64_MAX
 from ...batching import BatchingConfig, BatchPlan, BatchPlanBuilder
 from ...batching.packing.config import PackingConfig
 from ..buffer.rng import BufferRng
 from ..curriculum.metrics import window_metrics
 from ..failures import failure
 from ..curriculum.config import policies_from_data
-from ..buffer.replay_buffer import ReplayBuffer, check_state
+from ..buffer.replay_buffer import MAX_SIZE, ReplayBuffer, check_state
 from ..curriculum.policies import ComposedPolicy
 from ..buffer.snapshot import BufferSnapshot
 from ..types import StreamSample, canonical_json
@@ -91,7 +92,8 @@ class RollingBatchPlanWindow:
         pack: a :class:`~umlos_cuda.batching.packing.config.PackingConfig` to build packed plans (it replaces
             ``batching.pack``; the configuration's checks apply: ``overflow_max <= max_length <= token_budget``).
         policy: a :class:`~..curriculum.policies.ComposedPolicy`, or None (every sample once).
-        samples_per_window: draws per window with a policy (default: the snapshot's size).
+        samples_per_window: draws per window with a policy (default: the snapshot's size), at most 2^26 (the
+            largest buffer's size: the draws are allocated at once).
         log: a path for a new window log, a :class:`~.log.WindowLog`, or None.
         tokenizer_hash: recorded in the plans (``tokenizer_fingerprint`` of the stream's tokenizer).
     """
@@ -102,10 +104,12 @@ class RollingBatchPlanWindow:
                  tokenizer_hash: str = "unknown") -> None:
         if not isinstance(buffer, ReplayBuffer):
             raise failure(errors.REPLAY_BUFFER_INVALID, f"buffer must be a ReplayBuffer, got {type(buffer).__name__}")
-        for value, name in ((window_microbatches, "window_microbatches"), (samples_per_window, "samples_per_window")):
+        # bounded before anything is drawn: a window's draws are allocated (and planned) at once
+        for value, name, high in ((window_microbatches, "window_microbatches", UINT64_MAX),
+                                  (samples_per_window, "samples_per_window", MAX_SIZE)):
             if value is not None:
-                checks.integer(value, name, 1, None, fail=partial(failure, errors.REPLAY_BUFFER_INVALID),
-                               message=checks.POSITIVE, strict=True)
+                checks.integer(value, name, 1, high, fail=partial(failure, errors.REPLAY_BUFFER_INVALID), strict=True,
+                               message=(checks.POSITIVE, "{name} must be an integer in [1, {high}], got {value}"))
         if policy is not None and not isinstance(policy, ComposedPolicy):
             raise failure(errors.SAMPLING_POLICY_INVALID,
                           "policy must be a ComposedPolicy (load_policies, policies_from_data)")

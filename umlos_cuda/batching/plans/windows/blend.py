@@ -21,6 +21,9 @@ Every mixture follows the rules of docs/batching.md, "Weighted mixtures" (normat
   ``m 2^32 + t`` (``t`` its place in the window's component-by-component list) under the mixture seed;
   a stable sort orders them (ties by component), so each component's positions stay in stream order.
 
+* no stream is read for more than ``MAX_EPOCHS`` (2^16) epochs: a total far past what the components
+  hold is refused when the blend is made, before anything sized by the total is allocated.
+
 The quotas change only when a capped component runs out, so a mixture is at most ``2 D + 1`` segments
 (``D`` components), computed when the blend is made.
 """
@@ -39,6 +42,7 @@ from ....epoch import philox_key_words
 from ....hashing import hash_canonical
 from ....philox import philox_draws
 from ..buckets import config_error
+from ..builder import MAX_EPOCHS
 from ..config import MAX_WINDOW
 
 #: Most components one mixture may have.
@@ -207,6 +211,10 @@ class Blend:
         object.__setattr__(self, "segments", segments)
         object.__setattr__(self, "total", total)
         object.__setattr__(self, "_merged", [])
+        for part, epochs in zip(parts, self.epochs_read()):  # before anything sized by the total is allocated
+            if epochs > MAX_EPOCHS:
+                raise config_error(f"component {part.name!r} would be read for {epochs} epochs; at most {MAX_EPOCHS} "
+                                   "(cap it, lower its weight or the mixture's samples)")
 
     @property
     def weights(self) -> tuple[Fraction, ...]:

@@ -44,7 +44,7 @@ from ..buckets import config_error
 from ..plan import plan_error
 from .blend import MAX_COMPONENTS, Blend, Part
 from .cut import INDEX_CHUNK, CutDefinition
-from .sequences import MAX_EPOCHS, PretrainingSequences, lengths_of
+from .sequences import PretrainingSequences, lengths_of
 from .window import DEFAULT_WINDOW
 
 #: The ``format`` of a mixture of pretraining sequences.
@@ -125,9 +125,6 @@ class SequenceMixture:
         blend = Blend(tuple(shares), window, num_samples, seed)
         components = []
         for (definition, source, weight, cap, name), epochs in zip(parts, blend.epochs_read()):
-            if epochs > MAX_EPOCHS:
-                raise config_error(f"component {name!r} would be read for {epochs} epochs; at most {MAX_EPOCHS} "
-                                   "(cap it, lower its weight or the mixture's samples)")
             components.append(SequenceComponent(PretrainingSequences.build(definition, source, epochs,
                                                                            backend=backend), weight, cap, name))
         return cls(components, window, num_samples, seed)

@@ -46,6 +46,7 @@ from ..plan import plan_error
 from ..planner import engine_order
 from .cut import CutDefinition, WindowReader, build_cut_index, count_chunks, sample_pieces
 from ...lengths.sources import ArrayLengths, LengthSource
+from ...tokens.sources import check_token_ids
 
 #: meta.json ``format`` of a pretraining sequences folder.
 SEQUENCES_FORMAT = "umlos_cuda.windowed_sequences/1"
@@ -83,6 +84,7 @@ class PretrainingSequences:
         # windows of each epoch whose running counts are final (all of them, but in a lazy plan)
         self._counted = [definition.num_windows] * int(index.shape[0])
         self._passes: dict[int, Iterator] = {}
+        _check_eos(definition, tokens)
         self.tokens = tokens
         self.backend = backend
         self.engine = engine or _engine(definition)
@@ -103,6 +105,7 @@ class PretrainingSequences:
             raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"the lengths hold {lengths.count} documents; the "
                                                            f"definition cuts {definition.num_documents}")
         tokens = source if hasattr(source, "arrays") else None
+        _check_eos(definition, tokens)  # before the pass
         if lazy:
             plan = cls(definition, lengths, np.zeros((num_epochs, definition.num_windows + 1), dtype=np.int64),
                        tokens=tokens, backend=backend)
@@ -207,6 +210,13 @@ class PretrainingSequences:
         d = self.definition
         return (f"PretrainingSequences({self.num_epochs} epochs of {d.num_documents} documents, sequence length "
                 f"{d.sequence_length}, window {d.window}, fingerprint={self.fingerprint})")
+
+
+def _check_eos(definition: CutDefinition, tokens) -> None:
+    """BATCHING_CONFIG_INVALID when the token source cannot hold the definition's EOS (past its vocabulary or
+    its token type): the model would fail on it hours later, on a device-side assert."""
+    if tokens is not None and definition.eos is not None:
+        check_token_ids((definition.eos,), tokens, "eos", fail=partial(plan_error, errors.BATCHING_CONFIG_INVALID))
 
 
 def collate_pieces(pieces, source, definition: CutDefinition) -> dict:

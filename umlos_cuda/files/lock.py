@@ -34,6 +34,7 @@ import errno
 import os
 import stat
 
+from .. import checks
 from .durable import write_all
 from .folder import Folder
 
@@ -148,4 +149,4 @@ def _holder(folder: Folder, name: str) -> int | None:
     """The pid the holder wrote into the lock file (None before it has written it, or for other content)."""
     data = folder.read(name, PID_BYTES)
     text = data.decode("ascii", "replace").strip() if data else ""
-    return int(text) if text.isdigit() else None
+    return checks.integer_or_none(text, 1, None)

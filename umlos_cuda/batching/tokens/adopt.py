@@ -81,7 +81,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ... import errors
+from ... import checks, errors
 from ...errors import UmlosError
 from ...files.artifacts import identify
 from ...files.atomic import write_failed
@@ -225,7 +225,8 @@ def _refuse_unlisted(old: ShardedTokenStore, paths: list[str]) -> None:
 
 
 def _is_shard_name(name: str) -> bool:
-    return name.isascii() and name.isdigit() and name == shard_name(int(name))
+    number = checks.integer_or_none(name)
+    return number is not None and name == shard_name(number)
 
 
 def _unlisted(root: str, names: list[str]) -> UmlosError:

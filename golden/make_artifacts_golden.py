@@ -86,6 +86,11 @@ DERIVED_FILES = {"half-a.jsonl": (0, 150), "part-0.jsonl": (0, 100), "part-1.jso
                  "part-2.jsonl": (200, 300)}
 #: What an absolute path of the output folder reads as in the listing (windowed kinds record their sources).
 ROOT_PLACEHOLDER = b"$ROOT"
+#: meta.json keys written since the release, each appended last (so the file without it is the release's bytes):
+#: file -> keys. Issue 33: pretraining sequences record their token source's hashes, to refuse a store
+#: re-tokenized in place with equal lengths.
+ADDED_SINCE_RELEASE = {"sequences/meta.json": ("tokens_identity",),
+                       "mixed-sequences/meta.json": ("tokens_identities",)}
 
 
 def write_inputs(folder: str) -> None:
@@ -134,9 +139,20 @@ def build(out: str, inputs: str = INPUTS) -> dict[str, str]:
     return listing(out)
 
 
+def without_added_keys(data: bytes, keys: tuple[str, ...]) -> bytes:
+    """A meta.json (indented ASCII JSON, as every windowed folder writes it) without ``keys``, which must be its last
+    ones: the bytes the release wrote when today's code adds nothing else."""
+    meta = json.loads(data)
+    names = list(meta)
+    if names[len(names) - len(keys):] != list(keys):
+        raise SystemExit(f"the keys added since the release, {list(keys)}, are not the last of {names}")
+    return (json.dumps({name: meta[name] for name in names[:len(names) - len(keys)]}, indent=2) + "\n").encode("ascii")
+
+
 def listing(folder: str) -> dict[str, str]:
     """Every file below ``folder`` but the inputs: relative path -> SHA-256 of its bytes, with
-    ``folder``'s absolute path read as :data:`ROOT_PLACEHOLDER`."""
+    ``folder``'s absolute path read as :data:`ROOT_PLACEHOLDER` and the keys of :data:`ADDED_SINCE_RELEASE` left
+    out."""
     roots = sorted({os.path.abspath(folder).encode(), os.path.realpath(folder).encode()}, key=len, reverse=True)
     found = {}
     for directory, subdirs, names in os.walk(folder):
@@ -148,6 +164,8 @@ def listing(folder: str) -> dict[str, str]:
                 continue
             with open(path, "rb") as handle:
                 data = handle.read()
+            if relative in ADDED_SINCE_RELEASE:
+                data = without_added_keys(data, ADDED_SINCE_RELEASE[relative])
             for root in roots:
                 data = data.replace(root, ROOT_PLACEHOLDER)
             found[relative] = hashlib.sha256(data).hexdigest()

@@ -1,4 +1,5 @@
-"""Every folder kind, byte for byte as release 308cbf1 wrote it (golden/make_artifacts_golden.py).
+"""Every folder kind, byte for byte as release 308cbf1 wrote it (golden/make_artifacts_golden.py), but for the
+meta.json keys added since, each named with its issue in ADDED_SINCE_RELEASE and left out of the comparison.
 
 The listing in golden/artifacts_308cbf1/artifacts.json was written with the
 code of that release; here today's code runs the same commands on the same
@@ -34,8 +35,16 @@ KINDS = {
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> dict[str, str]:
-    return generator.build(str(tmp_path_factory.mktemp("release") / "artifacts"))
+def folder(tmp_path_factory) -> str:
+    """The commands run by today's code."""
+    out = str(tmp_path_factory.mktemp("release") / "artifacts")
+    generator.build(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(folder) -> dict[str, str]:
+    return generator.listing(folder)
 
 
 def test_the_pin_was_written_by_the_release_with_todays_commands():
@@ -50,6 +59,14 @@ def test_the_pin_covers_each_kind(kind):
     assert files, f"{kind}: nothing pinned at {where}"
     if where.endswith("/"):  # every folder this project writes carries its marker
         assert where + "umlos-artifact.json" in files
+
+
+def test_the_additions_since_the_release_are_written(folder):
+    """What the listing leaves out of a file (ADDED_SINCE_RELEASE) is there, last: nothing else may differ."""
+    for name, keys in generator.ADDED_SINCE_RELEASE.items():
+        meta = json.loads(Path(folder, name).read_text(encoding="ascii"))
+        assert list(meta)[-len(keys):] == list(keys), name
+        assert all(meta[key] for key in keys), name
 
 
 def test_every_file_is_byte_identical_to_the_release(built):

@@ -337,3 +337,55 @@ def test_a_lazy_plan_counts_only_the_chunks_a_sample_needs(monkeypatch):
     whole = PretrainingSequences.build(definition, lengths)
     assert lazy.pieces(0, 1000) == whole.pieces(0, 1000) and lazy._counted[0] < definition.num_windows
     assert np.array_equal(lazy.index, whole.index) and lazy.epoch_samples(0) == whole.epoch_samples(0)
+
+
+def _swapped_vocabulary(model: Path, out: Path) -> Path:
+    """Another tokenizer that gives every text the same number of tokens: ``model``'s, with the ids of two
+    frequent byte-level tokens swapped (so the store's lengths stay, its token ids do not)."""
+    data = json.loads((model / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = data["model"]["vocab"]
+    a, b = "e", "t"
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    out.mkdir()
+    (out / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    for name in ("tokenizer_config.json",):
+        if (model / name).exists():
+            (out / name).write_bytes((model / name).read_bytes())
+    return out
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["sequences", "mixed sequences"])
+def test_a_store_tokenized_again_in_place_is_refused_naming_what_changed(tmp_path: Path, capsys, mixed):
+    """The lengths bind the documents, the recorded identity their tokens: a store re-tokenized in place by a
+    tokenizer of equal lengths is refused when the folder reopens it, naming the hashes that differ."""
+    from umlos_cuda.batching.plans.kinds import open_plan
+    from umlos_cuda.batching.tokens.store import TokenStore
+    from umlos_cuda.batching.tokens.writer import tokenize_dataset
+    from umlos_cuda.cli import main
+
+    make_store(tmp_path, 60, seed=4)
+    store = tmp_path / "store"
+    before = TokenStore.open(store)
+    out = tmp_path / "seq"
+    cut = ["--mix", f"{store}:1", "--num-samples", "20"] if mixed else ["--source", str(store)]
+    assert main(["plan", "cut", *cut, "--sequence-length", "32", "--window", "8", "--eos", "2", "--quiet",
+                 "--output", str(out)]) == 0
+    key = "tokens_identities" if mixed else "tokens_identity"
+    recorded = json.loads((out / "meta.json").read_text())[key]
+    assert (recorded[0] if mixed else recorded)["tokens_sha256"] == before.meta["tokens_sha256"]
+    fingerprint = open_plan(out).fingerprint
+    other = _swapped_vocabulary(tmp_path / "model", tmp_path / "other-model")
+    tokenize_dataset(tmp_path / "train.jsonl", other, store, prompt_field="prompt", response_field="response",
+                     force=True)
+    after = TokenStore.open(store)
+    assert np.array_equal(after.lengths, before.lengths)  # what the fingerprint binds is unchanged
+    assert not np.array_equal(np.asarray(after.tokens), np.asarray(before.tokens))
+    with pytest.raises(UmlosError) as caught:
+        open_plan(out)
+    assert caught.value.code == errors.BATCH_STORE_MISMATCH
+    assert "tokens_sha256" in caught.value.message and "tokenizer_hash" in caught.value.message
+    capsys.readouterr()
+    assert main(["verify", str(out)]) != 0 and "BATCH_STORE_MISMATCH" in capsys.readouterr().err
+    tokenize_dataset(tmp_path / "train.jsonl", tmp_path / "model", store, prompt_field="prompt",
+                     response_field="response", force=True)
+    assert open_plan(out).fingerprint == fingerprint  # the same tokens again: it opens as it was cut

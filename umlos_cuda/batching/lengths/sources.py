@@ -111,6 +111,12 @@ class LengthSource:
     def release(self) -> None:
         """Drop whatever reading a window left resident (nothing, by default)."""
 
+    def identity(self) -> dict | None:
+        """The hashes a token source keeps of its tokens and tokenizer, read from its own metadata (no pass over
+        the tokens), which an artifact cut from it records and compares when it reopens it: the lengths' binding
+        cannot tell a store re-tokenized in place with equal lengths. None: lengths alone have none."""
+        return None
+
 
 class ArrayLengths(LengthSource):
     """Lengths held in memory (uint32); bound by the SHA-256 of their bytes, as whole-epoch plans are."""

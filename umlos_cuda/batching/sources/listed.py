@@ -75,6 +75,11 @@ class SourceList(LengthSource):
         for part in self.parts:
             part.release()
 
+    def identity(self) -> dict | None:
+        """Each part's identity, in order (None when no part has one)."""
+        parts = [part.identity() for part in self.parts]
+        return None if all(part is None for part in parts) else {"parts": parts}
+
     def arrays(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         """Global row ``row``'s tokens and loss mask, from its part (token sources only)."""
         part = int(self._locate(np.asarray([row]))[0])

@@ -91,6 +91,11 @@ class ShardedTokenStore(ConcatenatedSource):
     def sample_ids(self) -> list[str]:
         return self.length_cache().sample_ids
 
+    def identity(self) -> dict:
+        """The tokenizer and the logical dataset hash (over every row's digest of tokens and mask, checked by
+        ``data verify``): what an artifact cut from this store records to know it again."""
+        return {"tokenizer_hash": self.tokenizer_hash, "dataset_hash": self.dataset_hash}
+
     def arrays(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         """``(input_ids, loss_mask)`` of global row ``row`` (read-only views): what collation reads.
 

@@ -76,6 +76,9 @@ class StoreLengths(LengthSource):
         """Row ``row``'s tokens and loss mask (the store's read-only views)."""
         return self.store.arrays(row)
 
+    def identity(self) -> dict:
+        return self.store.identity()
+
 
 class ShardedLengths(LengthSource):
     """The lengths of a sharded store's global rows, each shard's from its mapped offsets (module docstring);
@@ -118,3 +121,6 @@ class ShardedLengths(LengthSource):
     def arrays(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         """Global row ``row``'s tokens and loss mask (the sharded store's read-only views)."""
         return self.store.arrays(row)
+
+    def identity(self) -> dict:
+        return self.store.identity()

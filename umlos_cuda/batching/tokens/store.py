@@ -119,6 +119,13 @@ class TokenStore:
     def dataset_hash(self) -> str | None:
         return self.meta["dataset_hash"]
 
+    def identity(self) -> dict:
+        """The tokenizer and the SHA-256 of the tokens and loss mask, as meta.json records them (checked against
+        the arrays by ``data verify``): what an artifact cut from this store records to know it again
+        (:meth:`~..lengths.sources.LengthSource.identity`)."""
+        return {"tokenizer_hash": self.tokenizer_hash, "tokens_sha256": self.meta["tokens_sha256"],
+                "loss_mask_sha256": self.meta["loss_mask_sha256"]}
+
     def length_cache(self) -> LengthCache:
         """The store's length cache (``DIR/lengths.jsonl``): build a plan from it."""
         if self._cache is None:

@@ -59,6 +59,9 @@ def save_sequences(plan: PretrainingSequences, directory, *, tokens_path=None, f
     """Write ``plan`` to the folder ``directory``; returns its absolute path."""
     meta = {**plan.header(), "tokens_path": _absolute(tokens_path), "fingerprint": plan.fingerprint,
             "index_digests": plan.index_digests()}
+    identity = _identity(plan)
+    if identity is not None:  # last, and only when the source keeps hashes: a folder of lengths alone is as before
+        meta["tokens_identity"] = identity
     return save_index_folder(directory, SEQUENCES, meta, plan.index, force=force, inputs=inputs)
 
 
@@ -70,8 +73,36 @@ def save_mixed_sequences(mixture: SequenceMixture, directory, *, tokens_paths=No
     if len(paths) != len(mixture.components):
         raise _format(f"tokens_paths names {len(paths)} sources for {len(mixture.components)} components")
     meta = {**mixture.header(), "tokens_paths": [_absolute(p) for p in paths], "fingerprint": mixture.fingerprint}
+    identities = [_identity(c.sequences) for c in mixture.components]
+    if any(identity is not None for identity in identities):
+        meta["tokens_identities"] = identities
     index = np.concatenate([c.sequences.index.reshape(-1) for c in mixture.components])
     return save_index_folder(directory, MIXED_SEQUENCES, meta, index, force=force, inputs=inputs)
+
+
+def _identity(plan: PretrainingSequences) -> dict | None:
+    """What the sequences' token source keeps of its tokens and tokenizer
+    (:meth:`~...lengths.sources.LengthSource.identity`), recorded so that reopening a store re-tokenized in place
+    (equal lengths, other ids) is refused."""
+    identity = getattr(plan.tokens, "identity", None)
+    return identity() if callable(identity) else None
+
+
+def _check_identity(recorded, tokens, root: str, where: str) -> None:
+    """BATCH_STORE_MISMATCH when the reopened token source is not the one the sequences were cut from: the parts of
+    its identity that differ, by name."""
+    identity = getattr(tokens, "identity", None)
+    now = identity() if callable(identity) else None
+    if recorded is None or now is None or now == recorded:
+        return
+    if not isinstance(recorded, dict) or not isinstance(now, dict):
+        differ = "its identity"
+    else:
+        differ = ", ".join(f"{key} {now.get(key)!r} (recorded {recorded.get(key)!r})"
+                           for key in sorted(set(recorded) | set(now)) if recorded.get(key) != now.get(key))
+    raise plan_error(errors.BATCH_STORE_MISMATCH, f"{where}: the token source {getattr(tokens, 'origin', None) or ''} "
+                     f"is not the one these sequences were cut from: {differ}; give that source, or cut again "
+                     f"(umlos-cuda plan cut) from this one ({root})")
 
 
 def _absolute(path) -> str | list[str] | None:
@@ -112,10 +143,11 @@ def _check_running(index: np.ndarray, where: str) -> None:
 
 
 def _open_component(definition: CutDefinition, index: np.ndarray, header: dict, tokens_path, root: str, where: str,
-                    *, tokens, lengths, backend: str) -> PretrainingSequences:
+                    *, tokens, lengths, backend: str, identity=None) -> PretrainingSequences:
     """Pretraining sequences from a parsed header (:func:`_parse_header`) and their index: the lengths or tokens
     given, else the recorded ``tokens_path`` reopened (a synthetic binding opens itself), bound as recorded
-    (PLAN_LENGTHS_MISMATCH) and ordered as recorded (PLAN_NOT_REPRODUCIBLE)."""
+    (PLAN_LENGTHS_MISMATCH), the same tokens as recorded (``identity``; BATCH_STORE_MISMATCH) and ordered as
+    recorded (PLAN_NOT_REPRODUCIBLE)."""
     if tokens is None and lengths is None:
         binding = header["lengths"]
         if isinstance(binding, dict) and binding.get("kind") == "synthetic":
@@ -129,6 +161,7 @@ def _open_component(definition: CutDefinition, index: np.ndarray, header: dict, 
     if source.binding() != header["lengths"]:
         raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{root}: the lengths bind as {source.binding()}; meta.json "
                                                        f"records {header['lengths']}")
+    _check_identity(identity, tokens, root, where)
     plan = PretrainingSequences(definition, source, index, tokens=tokens, backend=backend)
     engine = order_fields(header)
     if plan.engine != engine:
@@ -143,14 +176,14 @@ def load_sequences(directory, *, tokens=None, lengths=None, backend: str = "auto
     root = os.fspath(directory)
     meta, meta_path = _read_meta(root, "pretraining sequences")
     record = checks.record(meta, dict.fromkeys(_META_KEYS, checks.field(checks.anything)), fail=_format,
-                           what=meta_path)
+                           optional={"tokens_identity": checks.field(checks.anything)}, what=meta_path)
     definition, num_epochs = _parse_header({k: record[k] for k in _HEADER_KEYS}, meta_path)
     shape = (num_epochs * (definition.num_windows + 1),)
     index = np.asarray(reader.read_npy(os.path.join(root, "index.npy"), "<i8", shape, False, _format))
     index = index.reshape(num_epochs, definition.num_windows + 1)
     _check_running(index, f"{root}/index.npy")
     plan = _open_component(definition, index, record, record["tokens_path"], root, meta_path, tokens=tokens,
-                           lengths=lengths, backend=backend)
+                           lengths=lengths, backend=backend, identity=record.get("tokens_identity"))
     if plan.header() != {k: record[k] for k in plan.header()} or plan.index_digests() != record["index_digests"] \
             or plan.fingerprint != record["fingerprint"]:
         raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH, f"{root}: the definition and index hash to "
@@ -166,11 +199,14 @@ def load_mixed_sequences(directory, *, tokens=None, lengths=None, backend: str =
     root = os.fspath(directory)
     meta, meta_path = _read_meta(root, "mixed pretraining sequences")
     record = checks.record(meta, dict.fromkeys(_MIXED_KEYS, checks.field(checks.anything)), fail=_format,
-                           what=meta_path)
+                           optional={"tokens_identities": checks.field(checks.anything)}, what=meta_path)
     checks.equal(record["format"], f"{meta_path} format", MIXED_SEQUENCES_FORMAT, fail=_format)
     entries, paths = record["components"], record["tokens_paths"]
-    if not isinstance(entries, list) or not isinstance(paths, list) or len(paths) != len(entries) or not entries:
-        raise _format(f"{meta_path}: components and tokens_paths must be lists of the same length, not empty")
+    identities = record.get("tokens_identities", [None] * len(paths) if isinstance(paths, list) else None)
+    if not isinstance(entries, list) or not isinstance(paths, list) or not isinstance(identities, list) \
+            or not len(paths) == len(identities) == len(entries) or not entries:
+        raise _format(f"{meta_path}: components, tokens_paths and tokens_identities must be lists of the same "
+                      "length, not empty")
     for given, name in ((tokens, "tokens"), (lengths, "lengths")):
         if given is not None and len(given) != len(entries):
             raise plan_error(errors.PLAN_LENGTHS_MISMATCH, f"{root}: {len(given)} {name} given for {len(entries)} "
@@ -189,7 +225,8 @@ def load_mixed_sequences(directory, *, tokens=None, lengths=None, backend: str =
         _check_running(index, f"{root}/index.npy component {i}")
         plan = _open_component(definition, index, entry["sequences"], paths[i], root, f"{meta_path} component {i}",
                                tokens=None if tokens is None else tokens[i],
-                               lengths=None if lengths is None else lengths[i], backend=backend)
+                               lengths=None if lengths is None else lengths[i], backend=backend,
+                               identity=identities[i])
         weight = entry["weight"]
         value = weight[0] if weight[1] == 1 else weight[0] / weight[1]
         components.append(SequenceComponent(plan, value, entry["max_epochs"], entry["name"]))

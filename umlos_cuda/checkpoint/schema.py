@@ -21,6 +21,7 @@ from functools import partial
 from typing import Any
 
 from .. import checks, distribution, errors
+from ..checks import utf8_length as utf8_length  # re-exported: schema.utf8_length in the state and tensor code
 from ..hashing import ZERO_HASH as ZERO_HASH  # re-exported: schema.ZERO_HASH in the container and commit code
 from ..hashing import hash_canonical
 from . import limits, merkle
@@ -199,15 +200,6 @@ def check_version(version: Any) -> str:
             f"checkpoint_schema_version {version} is not readable here (supported: {', '.join(SUPPORTED_VERSIONS)})",
         )
     return version
-
-
-def utf8_length(value: str) -> int | None:
-    """The UTF-8 length of ``value``, or None if it cannot be encoded (a lone
-    surrogate such as ``"\\ud800"``, which Python strings may hold and CBOR cannot)."""
-    try:
-        return len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        return None
 
 
 def check_text(value: Any, what: str, code: str = errors.CHECKPOINT_SCHEMA_INVALID) -> str:

@@ -1371,6 +1371,279 @@ def _zstd_not_zstd(world, here):
     return lengths_build(here, "train.jsonl.zst")
 
 
+# ---------------------------------------------------------------------- truncation and columnar rows (issue 33)
+def _tokenize(here, dataset: str, *extra: str) -> tuple:
+    return ("data", "tokenize", "--dataset", str(here / dataset), "--tokenizer", str(here / "model"),
+            "--output", str(here / "out"), "--quiet", *extra)
+
+
+def _table(world):
+    import pyarrow.json as pj
+
+    return pj.read_json(world / "train.jsonl")
+
+
+def _arrow_stream(table) -> bytes:
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=20)
+    return sink.getvalue().to_pybytes()
+
+
+def _arrow_file(table, path: Path) -> None:
+    import pyarrow as pa
+
+    with pa.ipc.new_file(path, table.schema) as writer:
+        writer.write_table(table)
+
+
+def _arrow_stream_cut(world, here):
+    """What an interrupted copy leaves: every record batch but the end-of-stream marker (8 bytes)."""
+    copy(world, here, "model")
+    (here / "train.arrow").write_bytes(_arrow_stream(_table(world))[:-8])
+    return _tokenize(here, "train.arrow")
+
+
+def _arrow_stream_cut_inside_a_batch(world, here):
+    copy(world, here, "model")
+    data = _arrow_stream(_table(world))
+    (here / "train.arrow").write_bytes(data[:len(data) // 2])
+    return lengths_build(here, "train.arrow")
+
+
+def _arrow_streams_joined(world, here):
+    copy(world, here, "model")
+    table = _table(world)
+    (here / "train.arrow").write_bytes(_arrow_stream(table.slice(0, 30)) + _arrow_stream(table.slice(30)))
+    return _tokenize(here, "train.arrow")
+
+
+def _save_to_disk(world, here) -> Path:
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.Dataset(_table(world)).save_to_disk(str(here / "data"), max_shard_size="8KB")
+    return here / "data"
+
+
+def _save_to_disk_file_cut(world, here):
+    copy(world, here, "model")
+    files = sorted(_save_to_disk(world, here).glob("data-*.arrow"))
+    files[-1].write_bytes(files[-1].read_bytes()[:-8])
+    return _tokenize(here, "data")
+
+
+def _save_to_disk_state_lost_a_file(world, here):
+    copy(world, here, "model")
+    folder = _save_to_disk(world, here)
+    edit_json(folder / "state.json", lambda state: state["_data_files"].pop(1))
+    return _tokenize(here, "data")
+
+
+def _save_to_disk_link_out(name: str):
+    def make(world, here):
+        copy(world, here, "model")
+        folder = _save_to_disk(world, here)
+        target = sorted(folder.glob("data-*.arrow"))[0] if name == "data" else folder / name
+        shutil.move(target, here / "outside")
+        os.symlink(here / "outside", target)
+        return _tokenize(here, "data")
+
+    return make
+
+
+def _zstd_written_block_by_block_cut(world, here):
+    """One frame written by a streaming exporter, a block flushed every 10 lines; cut after the second block."""
+    import zstandard
+
+    copy(world, here, "model")
+    lines = (world / "train.jsonl").read_bytes().splitlines(keepends=True)
+    out = io.BytesIO()
+    writer = zstandard.ZstdCompressor().stream_writer(out, closefd=False)
+    ends = []
+    for start in range(0, len(lines), 10):
+        writer.write(b"".join(lines[start:start + 10]))
+        writer.flush(zstandard.FLUSH_BLOCK)
+        ends.append(out.tell())
+    writer.close()
+    (here / "train.jsonl.zst").write_bytes(out.getvalue()[:ends[1]])
+    return _tokenize(here, "train.jsonl.zst")
+
+
+def _zstd_cut(keep: Callable[[int], int]):
+    def make(world, here):
+        import zstandard
+
+        copy(world, here, "model")
+        data = zstandard.ZstdCompressor().compress((world / "train.jsonl").read_bytes())
+        (here / "train.jsonl.zst").write_bytes(data[:keep(len(data))])
+        return _tokenize(here, "train.jsonl.zst")
+
+    return make
+
+
+def _gzip_cut(keep: Callable[[int], int]):
+    def make(world, here):
+        import gzip
+
+        copy(world, here, "model")
+        data = gzip.compress((world / "train.jsonl").read_bytes())
+        (here / "train.jsonl.gz").write_bytes(data[:keep(len(data))])
+        return _tokenize(here, "train.jsonl.gz")
+
+    return make
+
+
+def _parquet_value_of_200_mb(world, here):
+    """200 MB of one repeated word in a file of about 19 KB."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    copy(world, here, "model")
+    pq.write_table(pa.table({"text": ["a " * (100 << 20)]}), here / "train.parquet", compression="zstd")
+    return _tokenize(here, "train.parquet")
+
+
+def _parquet_dictionary_bomb(world, here):
+    """A million rows naming one 64 KiB dictionary value: 64 GB from a file of a few kilobytes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    copy(world, here, "model")
+    column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(1 << 20, dtype=np.int32)), pa.array(["a " * (1 << 15)]))
+    pq.write_table(pa.table({"text": column}), here / "train.parquet", compression="zstd", store_schema=False)
+    return _tokenize(here, "train.parquet")
+
+
+def _arrow_ipc_compressed_bomb(world, here):
+    """An Arrow IPC file whose buffers are zstd-compressed: 100 MB of one letter in a few kilobytes."""
+    import pyarrow as pa
+
+    copy(world, here, "model")
+    table = pa.table({"text": ["b" * (100 << 20)]})
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_file(here / "train.arrow", table.schema, options=options) as writer:
+        writer.write_table(table)
+    return _tokenize(here, "train.arrow")
+
+
+def _parquet_record_over_the_cap(*extra: str):
+    """One row of 65 MiB of letters that do not compress (under the expansion cap, over the record cap)."""
+    def make(world, here):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        copy(world, here, "model")
+        letters = np.random.default_rng(5).integers(97, 123, size=(65 << 20) + 1, dtype=np.uint8).tobytes()
+        pq.write_table(pa.table({"text": ["the fox", letters.decode(), "a lazy dog"]}), here / "train.parquet",
+                       compression="none", use_dictionary=False)
+        return _tokenize(here, "train.parquet", *extra)
+
+    return make
+
+
+def _not_utf8(values: list[bytes]):
+    import pyarrow as pa
+
+    offsets = np.cumsum([0] + [len(v) for v in values]).astype(np.int32)
+    return pa.Array.from_buffers(pa.string(), len(values), [None, pa.py_buffer(offsets.tobytes()),
+                                                             pa.py_buffer(b"".join(values))])
+
+
+def _columnar_not_utf8(suffix: str, column: str = "text", *extra: str):
+    def make(world, here):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        copy(world, here, "model")
+        bad = _not_utf8([b"r0", b"r1", b"r\xff2"] if column == "id" else [b"the fox", b"caf\xe9", b"\xed\xa0\xbd"])
+        good = pa.array(["r0", "r1", "r2"] if column == "text" else ["the fox", "a dog", "over"])
+        table = pa.table({column: bad, "id" if column == "text" else "text": good})
+        if suffix == "parquet":
+            pq.write_table(table, here / "train.parquet")
+        else:
+            _arrow_file(table, here / f"train.{suffix}")
+        return _tokenize(here, f"train.{suffix}", *extra)
+
+    return make
+
+
+def _two_columns_named_text(suffix: str):
+    def make(world, here):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        copy(world, here, "model")
+        table = pa.Table.from_arrays([pa.array(["the fox"]), pa.array(["a lazy dog"])], names=["text", "text"])
+        if suffix == "parquet":
+            pq.write_table(table, here / "train.parquet")
+        else:
+            _arrow_file(table, here / f"train.{suffix}")
+        return _tokenize(here, f"train.{suffix}")
+
+    return make
+
+
+def _pandas_category_column(world, here):
+    import pandas as pd
+
+    copy(world, here, "model")
+    pd.DataFrame({"text": pd.Categorical(["the fox", "a lazy dog", "the fox"])}).to_parquet(here / "train.parquet")
+    return _tokenize(here, "train.parquet")
+
+
+def _jsonl_lone_surrogate(*extra: str):
+    def make(world, here):
+        copy(world, here, "model")
+        (here / "train.jsonl").write_text('{"text": "the fox"}\n{"text": "a cut emoji \\ud83d"}\n'
+                                          '{"text": "a lazy dog"}\n')
+        return _tokenize(here, "train.jsonl", *extra)
+
+    return make
+
+
+TRUNCATION_AND_ROW_CASES = [
+    Case("loss/data-tokenize-arrow-stream-cut-between-record-batches", _arrow_stream_cut, (DU,), "train.arrow"),
+    Case("loss/data-lengths-build-arrow-stream-cut-inside-a-record-batch", _arrow_stream_cut_inside_a_batch, (DU,),
+         "train.arrow"),
+    Case("loss/data-tokenize-two-arrow-streams-joined", _arrow_streams_joined, (DU,), "train.arrow"),
+    Case("loss/data-tokenize-save-to-disk-file-cut-between-record-batches", _save_to_disk_file_cut, (DU,),
+         "data-0000"),
+    Case("loss/data-tokenize-save-to-disk-state-lost-a-file", _save_to_disk_state_lost_a_file, (DU,), "state.json"),
+    Case("loss/data-tokenize-zstd-written-block-by-block-cut-after-a-block", _zstd_written_block_by_block_cut, (DU,),
+         "train.jsonl.zst"),
+    Case("loss/data-tokenize-zstd-one-shot-cut-inside-its-block", _zstd_cut(lambda n: n // 2), (DU,),
+         "train.jsonl.zst"),
+    Case("loss/data-tokenize-zstd-cut-inside-its-magic", _zstd_cut(lambda n: 3), (DU,), "train.jsonl.zst"),
+    Case("loss/data-tokenize-zstd-of-no-bytes", _zstd_cut(lambda n: 0), (DU,), "train.jsonl.zst"),
+    Case("loss/data-tokenize-gzip-cut-before-its-trailer", _gzip_cut(lambda n: n - 4), (DU,), "train.jsonl.gz"),
+    Case("loss/data-tokenize-gzip-of-no-bytes", _gzip_cut(lambda n: 0), (DU,), "train.jsonl.gz"),
+    Case("hang/data-tokenize-parquet-value-of-200-mb-from-19-kb", _parquet_value_of_200_mb, (DU,), "train.parquet"),
+    Case("hang/data-tokenize-parquet-dictionary-bomb", _parquet_dictionary_bomb, (DU,), "train.parquet"),
+    Case("hang/data-tokenize-arrow-ipc-compressed-bomb", _arrow_ipc_compressed_bomb, (DU,), "train.arrow"),
+    Case("hang/data-tokenize-parquet-record-over-the-cap", _parquet_record_over_the_cap(), (D,), "row 1"),
+    Case("user/data-tokenize-parquet-record-over-the-cap-skipped", _parquet_record_over_the_cap("--skip-bad-lines"),
+         ()),
+    Case("traceback/data-tokenize-parquet-text-not-utf-8", _columnar_not_utf8("parquet"), (D,), "row 1"),
+    Case("traceback/data-tokenize-arrow-text-not-utf-8", _columnar_not_utf8("arrow"), (D,), "row 1"),
+    Case("traceback/data-tokenize-parquet-id-not-utf-8", _columnar_not_utf8("parquet", "id"), (D,), "row 2"),
+    Case("user/data-tokenize-parquet-text-not-utf-8-skipped", _columnar_not_utf8("parquet", "text",
+                                                                                   "--skip-bad-lines"), ()),
+    Case("user/data-tokenize-parquet-two-columns-named-text", _two_columns_named_text("parquet"), (D,),
+         "train.parquet"),
+    Case("user/data-tokenize-arrow-two-columns-named-text", _two_columns_named_text("arrow"), (D,), "train.arrow"),
+    Case("user/data-tokenize-parquet-pandas-category-column", _pandas_category_column, ()),
+    Case("traceback/data-tokenize-jsonl-lone-surrogate", _jsonl_lone_surrogate(), (D,), "line 2"),
+    Case("user/data-tokenize-jsonl-lone-surrogate-skipped", _jsonl_lone_surrogate("--skip-bad-lines"), ()),
+    Case("tamper/data-tokenize-save-to-disk-file-links-outside", _save_to_disk_link_out("data"), (DU,),
+         "outside"),
+    Case("tamper/data-tokenize-save-to-disk-state-links-outside", _save_to_disk_link_out("state.json"), (DU,),
+         "outside"),
+]
+
+
 # ---------------------------------------------------------------------- batch file layouts (batches/layouts.py)
 def first_batch_file(folder: Path) -> Path:
     return sorted(p for p in folder.glob("epoch_*_batch_*.npz*"))[0]
@@ -1993,6 +2266,7 @@ CASES = [
 CASES += WINDOWED_CASES + SEQUENCES_CASES
 CASES += MIXED_CASES + MIXED_SEQUENCES_CASES
 CASES += TOKEN_SOURCE_CASES
+CASES += TRUNCATION_AND_ROW_CASES
 CASES += ARTIFACT_CASES
 CASES += INTEGER_CASES
 

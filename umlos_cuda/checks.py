@@ -206,6 +206,16 @@ def number(value: Any, name: str, *, at_least: float | None = None, above: float
     return result
 
 
+def utf8_length(value: str) -> int | None:
+    """The UTF-8 length of ``value``, or None if it has none: a lone surrogate such as ``"\\ud800"`` (half of
+    a character cut in two, which JSON's escapes and Python strings can hold and UTF-8, CBOR and every
+    tokenizer cannot)."""
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
+
+
 def text(value: Any, name: str, *, fail: Fail, empty: bool = True, pattern: re.Pattern[str] | None = None,
          message: str = "{name} must be a string, got {value!r}") -> str:
     """``value`` if it is a ``str`` (a non-empty one unless ``empty``, the whole of it
@@ -214,16 +224,6 @@ def text(value: Any, name: str, *, fail: Fail, empty: bool = True, pattern: re.P
             or (pattern is not None and not pattern.fullmatch(value)):
         raise fail(message.format(name=name, value=_Shown(value), type=type(value).__name__))
     return value
-
-
-def utf8_length(value: str) -> int | None:
-    """The UTF-8 length of ``value``, or None if it cannot be encoded (a lone
-    surrogate such as ``"\\ud800"``, which Python strings may hold and CBOR, files and
-    command lines cannot)."""
-    try:
-        return len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        return None
 
 
 #: What :func:`sequence` refuses although it is iterable: its items would be characters, byte values or keys.

@@ -3,8 +3,9 @@
 Modules:
     chunk        what every reader hands on: :class:`Field`, :class:`RecordChunk`, :class:`SkippedLines`
     jsonl        JSONL records, line by line, each line checked
-    compressed   gzip and zstd JSONL decompressed as a bounded stream
-    arrow        Parquet and Arrow IPC files (and Arrow tables) through pyarrow, batch by batch
+    compressed   gzip and zstd JSONL decompressed as a bounded stream, each frame whole
+    arrow        Parquet and Arrow IPC files through pyarrow, batch by batch, each read to its end
+    columns      the rows of a columnar batch checked as JSONL lines are, then their values
     hf           a ``datasets.Dataset``, and a folder ``save_to_disk`` wrote
     shards       which files a dataset argument names, their order and format
     ids          sample ids of rows that have none (row numbers; shard content hash and row)

@@ -13,7 +13,8 @@ What goes in: nothing; this module only defines the shapes. What comes out:
   format through it;
 * :class:`RowIds`: the ids of rows that are their own row numbers, as text,
   without making a string per row until one is asked for;
-* :class:`SkippedLines`: the bad lines a JSONL read skipped (``--skip-bad-lines``).
+* :class:`SkippedLines`: the bad lines (and rows) a read skipped (``--skip-bad-lines``), and
+  :func:`skip_or_raise`, what every reader does with one.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ... import errors
 from ...errors import UmlosError
 
 #: The kinds of a field: a string, an integer (0 to 2^32 - 1, a token count) or any JSON value.
@@ -86,7 +88,8 @@ class RowIds(Sequence[str]):
 
 @dataclass
 class SkippedLines:
-    """The bad lines a read skipped (``--skip-bad-lines``): how many, and the first few with the reason."""
+    """The bad lines (a JSONL line, a row of a columnar file) a read skipped (``--skip-bad-lines``): how
+    many, and the first few with the reason."""
 
     count: int = 0
     first: list[str] = field(default_factory=list)
@@ -95,3 +98,11 @@ class SkippedLines:
         self.count += 1
         if len(self.first) < 5:
             self.first.append(error.message)
+
+
+def skip_or_raise(error: UmlosError, skipped: SkippedLines | None) -> None:
+    """Count a bad record in ``skipped``, or raise it saying how to skip such records."""
+    if skipped is None:
+        raise UmlosError(error.code, f"{error.message} (--skip-bad-lines skips such records and counts them)",
+                         operator=errors.BATCHING_OPERATOR) from None
+    skipped.add(error)

@@ -14,9 +14,12 @@ theirs). Any other line raises DATASET_RECORD_INVALID naming the line
 (1-based, as editors count): not UTF-8, not JSON, nested deeper than 64
 levels, not an object, empty, a wanted field missing or of the wrong kind
 (a string field not a string; an integer field not an integer from 0 to
-2^32 - 1; a ``messages``-like JSON field not a list of objects), an id that
-is empty or of another type; given a :class:`SkippedLines`, such lines are
-skipped and counted instead. A line over 64 MiB is refused before it is
+2^32 - 1; a ``messages``-like JSON field not a list of objects), a field
+holding a lone surrogate (an escape such as ``\\ud83d`` without its other
+half: a character cut in two, which UTF-8 and every tokenizer refuse; looked
+for only in lines that hold such an escape), an id that is empty or of
+another type; given a :class:`SkippedLines`, such lines are skipped and
+counted instead. A line over 64 MiB is refused before it is
 read whole (files/reader.py), skipped lines or not. What editors and
 exporters add is not an error: a UTF-8 byte-order mark before the first
 line, and blank lines at the end of the file (a blank line before a record
@@ -32,7 +35,9 @@ makes the line a bad line. The values before conversion stay beside them
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import Any, BinaryIO
@@ -42,7 +47,7 @@ import numpy as np
 from ... import checks, errors
 from ...errors import UINT32_MAX, UmlosError
 from ...files import reader
-from .chunk import Field, RecordChunk, SkippedLines
+from .chunk import Field, RecordChunk, SkippedLines, skip_or_raise
 
 DEFAULT_ID_FIELD = "id"
 
@@ -52,6 +57,8 @@ BOM = b"\xef\xbb\xbf"
 MAGIC = ((b"PAR1", "a Parquet file", "parquet"), (b"ARROW1", "an Arrow IPC file", "arrow"),
          (b"\xff\xff\xff\xff", "an Arrow IPC stream", "arrow"), (b"\x1f\x8b", "gzip data", "jsonl.gz"),
          (b"\x28\xb5\x2f\xfd", "zstd data", "jsonl.zst"))
+#: A JSON escape of half of a surrogate pair (U+D800 to U+DFFF): only a line holding one can hold a lone surrogate.
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class RecordProblem(ValueError):
@@ -121,15 +128,17 @@ def stream_chunks(handle: BinaryIO, path: str, fields: tuple[str | Field, ...], 
             continue
         try:
             for line in blank:
-                _bad(invalid_record(path, line, "is empty; every line holds one JSON object"), skipped)
+                skip_or_raise(invalid_record(path, line, "is empty; every line holds one JSON object"), skipped)
             blank = range(0)
             record = _record(path, number, raw)
             sample_id = _sample_id(path, number, record, id_field, row_id)
             row = [_field(path, number, record, field, c is not None) for field, c in zip(wanted, converters)]
+            if SURROGATE_ESCAPE.search(raw) is not None:
+                _refuse_lone_surrogates(path, number, wanted, row)
             done = [value if c is None else _convert(path, number, field.name, c, value)
                     for field, c, value in zip(wanted, converters, row)] if converted else row
         except UmlosError as exc:
-            _bad(exc, skipped)
+            skip_or_raise(exc, skipped)
             continue
         if not ids:
             first = number
@@ -149,14 +158,6 @@ def stream_chunks(handle: BinaryIO, path: str, fields: tuple[str | Field, ...], 
         why = "the file is empty" if number < 0 else "every line is blank or was skipped"
         raise UmlosError(errors.DATASET_EMPTY, f"dataset {path} holds no record ({why})",
                          operator=errors.BATCHING_OPERATOR)
-
-
-def _bad(error: UmlosError, skipped: SkippedLines | None) -> None:
-    """Count a bad line in ``skipped``, or raise it saying how to skip such lines."""
-    if skipped is None:
-        raise UmlosError(error.code, f"{error.message} (--skip-bad-lines skips such lines and counts them)",
-                         operator=errors.BATCHING_OPERATOR) from None
-    skipped.add(error)
 
 
 def _record(path: str, number: int, raw: bytes) -> dict:
@@ -198,6 +199,15 @@ def _field(path: str, number: int, record: dict, field: Field, converted: bool =
         return checks.integer(value, name, 0, UINT32_MAX, fail=fail,
                               message="has {name!r} = {value!r}; a token count is an integer from 0 to 4294967295")
     return check_messages(value, name, fail)
+
+
+def _refuse_lone_surrogates(path: str, number: int, fields: tuple[Field, ...], values: list[Any]) -> None:
+    for field, value in zip(fields, values):
+        text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value
+        if checks.utf8_length(text) is None:
+            half = next(c for c in text if "\ud800" <= c <= "\udfff")
+            raise invalid_record(path, number, f"has {field.name!r} holding a lone surrogate (\\u{ord(half):04x} "
+                                 "without its other half: a character cut in two), which no tokenizer encodes")
 
 
 def _convert(path: str, number: int, name: str, converter: Callable[[Any], Any], value: Any) -> Any:

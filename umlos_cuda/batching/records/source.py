@@ -29,8 +29,9 @@ from ... import errors
 from ...errors import UmlosError
 from ...files import reader
 from . import arrow, hf
-from .chunk import Field, RecordChunk, RowIds, SkippedLines
-from .compressed import open_decompressed
+from .chunk import Field, RecordChunk, RowIds, SkippedLines, skip_or_raise
+from .columns import CheckedBatch, invalid_row
+from .compressed import bomb, expansion_cap, open_decompressed
 from .fingerprint import RowDigest
 from .ids import shard_row_id
 from .jsonl import DEFAULT_ID_FIELD, RecordProblem, invalid_record, stream_chunks, unreadable
@@ -151,7 +152,7 @@ class Records:
         row_id = row_id or self._row_id(index, item)
         shard = item.path if self.sharded else None
         if item.columnar:
-            yield from self._read_columnar(item, fields, chunk_size, before, row_id, shard)
+            yield from self._read_columnar(item, fields, chunk_size, before, row_id, shard, skipped)
             return
         try:
             with reader.open_regular(item.path, unreadable) as handle:
@@ -170,7 +171,7 @@ class Records:
             raise unreadable(f"dataset {item.path} does not exist") from None
 
     def _read_columnar(self, item: Input, fields: Sequence[Field], chunk_size: int, before: int,
-                       row_id: Callable[[int], str], shard: str | None
+                       row_id: Callable[[int], str], shard: str | None, skipped: SkippedLines | None
                        ) -> Iterator[tuple[RecordChunk, Any, list[Any]]]:
         wanted = [field.name for field in fields]
         if item.format == "object":
@@ -178,8 +179,9 @@ class Records:
             columns = wanted + ([self.id_field] if with_id and self.id_field not in wanted else [])
             total = max(int(item.dataset.num_rows), 1)
             batches = hf.object_batches(item.dataset, columns, chunk_size)
-            yield from self._columnar_chunks(((item.path, b, None) for b in batches), fields, [with_id], before,
-                                             lambda rows: before + _size(item) * rows // total, row_id, shard)
+            yield from self._columnar_chunks(((item.path, b, None, None) for b in batches), fields, [with_id], before,
+                                             lambda rows: before + _size(item) * rows // total, row_id, shard,
+                                             skipped)
             return
         done = [before]
         has_id = [False]  # known once a file's schema is read, before its first batch
@@ -193,39 +195,56 @@ class Records:
                             handle, path)
                         has_id[0] = self.id_field in names
                         columns = wanted + ([self.id_field] if has_id[0] and self.id_field not in wanted else [])
+                        decoded = _Decoded(path, size)
                         for batch in batches(columns, chunk_size):
                             # a folder's rows are numbered across its files: messages name the folder and that row
                             where = item.path if item.format == "hf" else path
-                            yield where, batch, lambda handle=handle, size=size: done[0] + min(handle.tell(), size)
+                            yield where, batch, lambda handle=handle, size=size: done[0] + min(handle.tell(), size), \
+                                decoded
                         done[0] += size
                 except FileNotFoundError:
                     raise unreadable(f"dataset {path} does not exist") from None
 
-        yield from self._columnar_chunks(file_batches(), fields, has_id, before, None, row_id, shard)
+        yield from self._columnar_chunks(file_batches(), fields, has_id, before, None, row_id, shard, skipped)
 
     def _columnar_chunks(self, batches, fields: Sequence[Field], has_id: list[bool], before: int,
-                         progress: Callable[[int], int] | None, row_id: Callable[[int], str], shard: str | None
-                         ) -> Iterator[tuple[RecordChunk, Any, list[Any]]]:
+                         progress: Callable[[int], int] | None, row_id: Callable[[int], str], shard: str | None,
+                         skipped: SkippedLines | None) -> Iterator[tuple[RecordChunk, Any, list[Any]]]:
+        """The chunks of checked batches: a bad row (records/columns.py, or one a converter refuses) is
+        skipped and counted, or raised; the rows around it make chunks of their own, so that each chunk's
+        rows are consecutive and keep their numbers."""
         row = 0
-        for path, batch, consumed in batches:
+        converters = self._converters(fields)
+        for path, batch, consumed, decoded in batches:
             count = batch.num_rows
             if count == 0:
                 continue
-            found, id_array, values, arrays = arrow.batch_columns(batch, path, row, fields,
-                                                                  self.id_field if has_id[0] else None)
-            ids: Sequence[str]
-            if found is not None:
-                ids = found
-            elif row_id is str:
-                ids = id_array = RowIds(row, row + count)
-            else:
-                ids = id_array = [row_id(r) for r in range(row, row + count)]
-            converters = self._converters(fields)
-            if converters:
-                values = [self._convert_column(path, row, field, converters[field.name], column)
-                          if field.name in converters else column for field, column in zip(fields, values)]
+            checked = CheckedBatch(batch, path, row, fields, self.id_field if has_id[0] else None)
+            if decoded is not None:
+                decoded.add(checked.size)
             read = consumed() if consumed is not None else progress(row + count) if progress else before
-            yield RecordChunk(ids, values, row, read, shard), id_array, arrays
+            for start, stop, problem in _runs(count, checked.problems()):
+                if problem is not None:
+                    skip_or_raise(problem, skipped)
+                    continue
+                found, id_array, values, arrays = checked.take(start, stop)
+                ids: Sequence[str]
+                if found is not None:
+                    ids = found
+                elif row_id is str:
+                    ids = id_array = RowIds(row + start, row + stop)
+                else:
+                    ids = id_array = [row_id(r) for r in range(row + start, row + stop)]
+                refused: dict[int, UmlosError] = {}
+                if converters:
+                    values, refused = self._convert_columns(path, row + start, fields, converters, values)
+                for first, last, problem in _runs(stop - start, refused):
+                    if problem is not None:
+                        skip_or_raise(problem, skipped)
+                        continue
+                    yield (RecordChunk(_rows(ids, first, last), [_rows(v, first, last) for v in values],
+                                       row + start + first, read, shard),
+                           _rows(id_array, first, last), [_rows(a, first, last) for a in arrays])
             row += count
 
     def _converters(self, fields: Sequence[Field]) -> dict[str, Callable[[Any], Any]]:
@@ -234,16 +253,61 @@ class Records:
         return {name: c for name, c in (self.convert or {}).items() if name in names}
 
     @staticmethod
-    def _convert_column(path: str, first_row: int, field: Field, converter: Callable[[Any], Any],
-                        column: list) -> list:
+    def _convert_columns(path: str, first_row: int, fields: Sequence[Field],
+                         converters: Mapping[str, Callable[[Any], Any]], values: list[Any]
+                         ) -> tuple[list[Any], dict[int, UmlosError]]:
+        """The values with each converted field converted, and the rows (0-based here) a converter refused."""
+        refused: dict[int, UmlosError] = {}
         out = []
-        for row, value in enumerate(column, first_row):
-            try:
-                out.append(converter(value))
-            except RecordProblem as exc:
-                raise UmlosError(errors.DATASET_RECORD_INVALID, f"{path} row {row} has {field.name!r} that {exc}",
-                                 operator=errors.BATCHING_OPERATOR) from None
-        return out
+        for field, column in zip(fields, values):
+            converter = converters.get(field.name)
+            if converter is None:
+                out.append(column)
+                continue
+            converted = []
+            for offset, value in enumerate(column):
+                try:
+                    converted.append(converter(value))
+                except RecordProblem as exc:
+                    converted.append(None)
+                    refused.setdefault(offset, invalid_row(path, first_row + offset, f"has {field.name!r} that {exc}"))
+            out.append(converted)
+        return out, refused
+
+
+class _Decoded:
+    """The bytes the columns read of one file decode to, held to the expansion cap of compressed JSONL
+    (records/compressed.py): a few bytes that decode to gigabytes are a bomb, not a dataset."""
+
+    def __init__(self, path: str, size: int) -> None:
+        self.path, self.cap, self.total = path, expansion_cap(size), 0
+
+    def add(self, count: int) -> None:
+        self.total += count
+        if self.total > self.cap:
+            raise bomb(self.path, self.cap)
+
+
+def _runs(count: int, problems: Mapping[int, UmlosError]) -> Iterator[tuple[int, int, UmlosError | None]]:
+    """``(start, stop, None)`` for each run of good rows of ``range(count)`` and ``(row, row + 1, problem)``
+    for each bad one, in row order."""
+    start = 0
+    for row in sorted(problems):
+        if row > start:
+            yield start, row, None
+        yield row, row + 1, problems[row]
+        start = row + 1
+    if start < count:
+        yield start, count, None
+
+
+def _rows(values: Any, start: int, stop: int) -> Any:
+    """Rows ``start`` to ``stop - 1`` of a chunk's column (a list, a NumPy or Arrow array, :class:`RowIds`)."""
+    if values is None or (start == 0 and stop == len(values)):
+        return values
+    if isinstance(values, RowIds):
+        return RowIds(values.start + start, values.start + stop)
+    return values.slice(start, stop - start) if hasattr(values, "slice") else values[start:stop]
 
 
 def _size(item: Input) -> int:

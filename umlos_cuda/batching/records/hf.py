@@ -37,7 +37,7 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ... import errors
+from ... import checks, errors
 from ...errors import UmlosError
 from ...files import reader
 
@@ -45,7 +45,7 @@ STATE = "state.json"
 DICT = "dataset_dict.json"
 MAX_STATE_BYTES = 16 << 20
 #: How ``save_to_disk`` names its data files: the file's number and how many there are.
-DATA_FILE = re.compile(r"data-(\d{5,})-of-(\d{5,})\.arrow")
+DATA_FILE = re.compile(r"data-([0-9]{5,})-of-([0-9]{5,})\.arrow")  # ASCII digits: \d takes every script's
 
 
 def is_dataset_object(value: Any) -> bool:
@@ -112,7 +112,8 @@ def _refuse_missing_files(state_path: str, names: list[str]) -> None:
     numbered = [DATA_FILE.fullmatch(name) for name in names]
     if not all(numbered):
         return  # named otherwise (an older datasets, or by hand): nothing counts them
-    counts = {int(match.group(2)) for match in numbered if match}
+    counts = {checks.integer_text(match.group(2), f"{state_path}: a data file's count", 1, None, fail=_unreadable)
+              for match in numbered if match}
     expected = [f"data-{i:05d}-of-{max(counts):05d}.arrow" for i in range(max(counts))]
     if len(counts) != 1 or names != expected:
         missing = next((name for name in expected if name not in names), names[-1])

@@ -162,18 +162,29 @@ def test_mixed_plan_random_access_resume_and_coverage(case, data):
     plan = MixedPlan.build(definition, backend="numpy")
     full = list(plan.iter_from(0))
     assert [j for j, _ in full] == list(range(plan.num_microbatches))
-    positions = np.concatenate([spec.rows for _, spec in full] + [np.zeros(0, np.uint64)])
+    held = _microbatch_positions(plan)
+    positions = np.concatenate(held + [np.zeros(0, np.uint64)])
     counts = plan.counts()
     assert counts["samples"] == positions.shape[0] and counts["samples"] + counts["skipped"] == definition.total
     assert np.unique(positions).shape[0] == positions.shape[0]  # each position at most once
     expected, _ = plain_mixture(config, comps, window, num_samples)
-    for spec in (s for _, s in full):  # the ids are the mixture's samples at those positions
-        assert spec.samples == tuple(f"d{expected[p][0]}:{expected[p][2]}" for p in spec.rows.tolist())
+    for spec, at in zip((s for _, s in full), held):  # the mixture's samples at those positions, as rows of all
+        assert spec.samples == tuple(f"d{expected[p][0]}:{expected[p][2]}" for p in at.tolist())
+        assert spec.rows.tolist() == [int(definition.starts[expected[p][0]]) + expected[p][2] for p in at.tolist()]
     if plan.num_microbatches:
         j = data.draw(st.integers(0, plan.num_microbatches - 1))
         fresh = MixedPlan(definition, plan.index, backend="numpy")
         assert fresh.microbatch(j) == full[j][1]
         assert [s for _, s in fresh.iter_from(j)] == [s for _, s in full[j:]]
+
+
+def _microbatch_positions(plan) -> list[np.ndarray]:
+    """Each microbatch's mixture positions (``m W + local``), from the planned windows' arrays, in order."""
+    held = []
+    for m in range(plan.definition.num_windows):
+        arrays = plan.window(m).arrays
+        held += [arrays.samples[int(a):int(b)] for a, b in zip(arrays.offsets[:-1], arrays.offsets[1:])]
+    return held
 
 
 def test_same_seeds_same_order_and_fingerprint_covers_the_definition():
@@ -248,9 +259,9 @@ def test_a_mixed_packed_window_is_the_windowed_packer_on_its_samples(case):
         stored = plan.index[0, m + 1] - plan.index[0, m]
         assert int(stored[0]) == arrays.bucket_ids.shape[0]
         assert int(stored[4]) == (arrays.row_offsets.shape[0] - 1) * config.pack.max_length
-    for _, spec in plan.iter_from(0):  # the specs carry the rows, as a windowed packed plan's do
+    for (_, spec), at in zip(plan.iter_from(0), _microbatch_positions(plan)):  # packed rows, as a windowed plan's
         assert sum(spec.pack_sizes) == len(spec.samples) and sum(spec.packs, ()) == spec.samples
-        assert spec.samples == tuple(f"d{expected[p][0]}:{expected[p][2]}" for p in spec.rows.tolist())
+        assert spec.samples == tuple(f"d{expected[p][0]}:{expected[p][2]}" for p in at.tolist())
 
 
 def test_a_packed_mixed_plan_round_trips_verifies_and_hashes_its_packing(tmp_path):

@@ -52,7 +52,7 @@ def test_the_built_in_kinds_and_their_place_in_the_model():
     table = {k.name: (k.order, k.scope, k.unit, k.rows) for k in plan_kinds()[:5]}
     assert table == {"plan": ("dataset", "epoch", "microbatch", True),
                      "windowed plan": ("dataset", "windows", "microbatch", True),
-                     "mixed plan": ("mixture", "windows", "microbatch", False),
+                     "mixed plan": ("mixture", "windows", "microbatch", True),
                      "pretraining sequences": ("dataset", "windows", "sample", False),
                      "mixed pretraining sequences": ("mixture", "windows", "sample", False)}
 
@@ -105,9 +105,9 @@ def test_the_registry_refuses_a_name_twice_a_wrong_kind_and_a_built_in_removal()
     with pytest.raises(UmlosError, match="scope"):
         PlanKind(whole.artifact, order="dataset", scope="forever", unit="microbatch", rows=True, open=whole.open,
                  save=whole.save, verify=whole.verify, report=whole.report, lines=whole.lines, whole=whole.whole)
-    with pytest.raises(UmlosError, match="whole"):
-        PlanKind(whole.artifact, order="dataset", scope="epoch", unit="microbatch", rows=True, open=whole.open,
-                 save=whole.save, verify=whole.verify, report=whole.report, lines=whole.lines)
+    with pytest.raises(UmlosError, match="whole"):  # only a kind of rows can be a whole plan
+        PlanKind(whole.artifact, order="dataset", scope="epoch", unit="sample", rows=False, open=whole.open,
+                 save=whole.save, verify=whole.verify, report=whole.report, lines=whole.lines, whole=whole.whole)
 
 
 def test_a_toy_kind_is_one_module_and_its_registration(folders, tmp_path, capsys):

@@ -36,14 +36,24 @@ class TokenDataset(DatasetBase):
     ``(row, input_ids, loss_mask)`` (NumPy views of the memory-mapped files).
 
     Args:
-        store: a token store folder, a Megatron dataset prefix, or an opened source.
+        store: a token store folder, a Megatron dataset prefix, an opened source (a mixed plan's
+            ``plan.dataset()``: its components one after another), or a list of these read as one
+            dataset (rows numbered through the list).
         tokenizer_hash: for a Megatron prefix, the tokenizer hash its plan names.
     """
 
     def __init__(self, store: Any, *, tokenizer_hash: str | None = None) -> None:
+        from ..batching.lengths.sources import LengthSource
+        from ..batching.sources import open_source
         from ..batching.tokens.sources import open_token_source
 
-        self.source = open_token_source(store, tokenizer_hash=tokenizer_hash)
+        self.source: Any
+        if isinstance(store, LengthSource) and callable(getattr(store, "arrays", None)):
+            self.source = store  # a source read by rows that has tokens (a SourceList, a mapped store)
+        elif isinstance(store, (list, tuple)) and len(store) > 1:
+            self.source = open_source(list(store), tokens=True)  # one SourceList: rows numbered through the list
+        else:
+            self.source = open_token_source(store, tokenizer_hash=tokenizer_hash)
 
     def __len__(self) -> int:
         return len(self.source)

@@ -48,8 +48,10 @@ class PlanBatchSampler(_SamplerBase):
         plan: a :class:`~umlos_cuda.batching.plans.plan.BatchPlan`, a
             :class:`~umlos_cuda.batching.plans.windows.WindowedPlan` (token-budget
             or packed; each microbatch is one window planned, the last window
-            kept, so a pass plans each window once and a resume one window) or
-            either's folder. A pre-sharded plan (``umlos-cuda plan shard``) works
+            kept, so a pass plans each window once and a resume one window), a
+            :class:`~umlos_cuda.batching.plans.windows.MixedPlan` (its rows are
+            its components' one after another: index
+            ``TokenDataset(plan.dataset())``) or any one's folder. A pre-sharded plan (``umlos-cuda plan shard``) works
             at its own rank and world size only.
         rank, world_size: default: ``torch.distributed`` when initialised,
             else ``$RANK`` / ``$WORLD_SIZE``, else 0 / 1.
@@ -96,16 +98,17 @@ class PlanBatchSampler(_SamplerBase):
 
     @staticmethod
     def _open_plan(plan):
-        """The plan read: a whole or windowed plan of dataset rows, or its folder (PLAN_NOT_FOUND for anything
-        else: a mixed plan's microbatches hold mixture positions, not rows of one dataset)."""
+        """The plan read: a plan of dataset rows (whole, windowed, or mixed: its components' rows one after
+        another), or its folder (PLAN_NOT_FOUND for a kind whose microbatches are not rows)."""
         from ..batching.plans.plan import BatchPlan
-        from ..batching.plans.windows import WindowedPlan
+        from ..batching.plans.windows import MixedPlan, WindowedPlan
         from ..batching.plans.kinds import open_row_plan
 
-        if isinstance(plan, (BatchPlan, WindowedPlan)):
+        if isinstance(plan, (BatchPlan, WindowedPlan, MixedPlan)):
             return plan
         checks.instance(plan, "plan", (str, os.PathLike), fail=partial(argument_error, errors.PLAN_NOT_FOUND),
-                        message="{name} must be a BatchPlan, a WindowedPlan or a plan folder, got {type}")
+                        message="{name} must be a BatchPlan, a WindowedPlan, a MixedPlan or a plan folder, "
+                                "got {type}")
         return open_row_plan(plan, "PlanBatchSampler")
 
     # -- sizes -------------------------------------------------------------
@@ -151,14 +154,14 @@ class PlanBatchSampler(_SamplerBase):
         """Global microbatch ``index`` of ``epoch`` as a :class:`~umlos_cuda.batching.plans.plan.MicrobatchSpec`
         (rows, bucket, ``max_len``, packed rows), whole plan or windowed."""
         if self.windowed:
-            return self.plan.microbatch(epoch, index)
+            return self.plan.microbatch_at(epoch, index)
         return self.plan.microbatch(epoch, self.plan.get_epoch(epoch).local_index(index))
 
     def _generate(self, epoch: int, start: int, owner: object) -> Iterator[list[int]]:
         plan_epoch = None if self.windowed else self.plan.get_epoch(epoch)
         for step, index in enumerate(self._mine(epoch, start)):
             if plan_epoch is None:  # one window planned per window of microbatches (the plan keeps the last)
-                spec = self.plan.microbatch(epoch, index)
+                spec = self.plan.microbatch_at(epoch, index)
                 rows, bucket_id, max_len = spec.rows, spec.bucket_id, spec.max_len
             else:  # the arrays themselves: no MicrobatchSpec (its sample ids) per microbatch
                 local = plan_epoch.local_index(index)

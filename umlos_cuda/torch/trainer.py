@@ -56,6 +56,18 @@ _CLASSES: dict[type, type] = {}
 #: The longest plan_cursor.json read: the file is a few hundred bytes.
 MAX_CURSOR_BYTES = 1 << 16
 
+def _own_dataset(plan: Any) -> Any:
+    """The token dataset a plan records (a mixed plan's components); INVALID_ARGUMENT for a plan that records none."""
+    dataset = getattr(plan, "dataset", None)
+    if not callable(dataset):
+        from .. import errors
+        from ._dist import argument_error
+
+        raise argument_error(errors.INVALID_ARGUMENT, "give store=: the token store (or Megatron prefix) this plan "
+                                                      "was built from; only a mixed plan records its own")
+    return dataset()
+
+
 class PlanTrainerData:
     """The plan, its token dataset and its collator, as one Trainer data source.
 
@@ -66,14 +78,15 @@ class PlanTrainerData:
     same in a fresh and in a resumed run.
 
     Args:
-        plan: a :class:`~umlos_cuda.batching.plans.plan.BatchPlan` or a plan folder.
-        store: the token store (or Megatron prefix) the plan was built from.
+        plan: a plan of dataset rows (:class:`~umlos_cuda.torch.PlanBatchSampler` takes it) or its folder.
+        store: the token store (or Megatron prefix) the plan was built from; default (None), for a mixed plan,
+            its components' recorded token sources one after another (``plan.dataset()``).
         rank, world_size: as :class:`~umlos_cuda.torch.PlanBatchSampler`.
         tokenizer_hash: for a Megatron prefix, as :class:`~umlos_cuda.torch.TokenDataset`.
         **collator: :class:`~umlos_cuda.torch.PlanCollator`'s options (default ``preset="hf"``).
     """
 
-    def __init__(self, plan: Any, store: Any, *, rank: int | None = None, world_size: int | None = None,
+    def __init__(self, plan: Any, store: Any = None, *, rank: int | None = None, world_size: int | None = None,
                  tokenizer_hash: str | None = None, **collator: Any) -> None:
         from ._plan_collate import PackedBatchSampler, PlanCollator, TokenDataset
         from ._plan_sampler import PlanBatchSampler
@@ -81,6 +94,8 @@ class PlanTrainerData:
         self.sampler = PlanBatchSampler(plan, rank, world_size)
         self.plan = self.sampler.plan
         self._check_lockstep()
+        if store is None:
+            store = _own_dataset(self.plan)
         self.dataset = TokenDataset(store, tokenizer_hash=tokenizer_hash)
         collator.setdefault("preset", "hf")
         self.collator = PlanCollator(self.plan, **collator)

@@ -10,14 +10,16 @@ kind (folder marker)    order     scope    unit        rows   module
 ======================  ========  =======  ==========  =====  ==================
 plan                    dataset   epoch    microbatch  yes    :mod:`.whole`
 windowed plan           dataset   windows  microbatch  yes    :mod:`.windowed`
-mixed plan              mixture   windows  microbatch  no     :mod:`.mixed`
+mixed plan              mixture   windows  microbatch  yes    :mod:`.mixed`
 pretraining sequences   dataset   windows  sample      no     :mod:`.sequences`
 mixed pretraining seq.  mixture   windows  sample      no     :mod:`.mixed_sequences`
 ======================  ========  =======  ==========  =====  ==================
 
-("rows": every microbatch lists rows of one dataset, so a batch sampler, ``batch generate`` and ``plan
-shard`` can hand them out.) Every command, sampler and loader reaches a kind through this registry
-(:func:`plan_kind_of`, :func:`open_plan`) and never asks a folder which kind it is one ``is_*`` at a time.
+("rows": every microbatch lists rows of one dataset -- a mixture's dataset is its components one after another --
+so a batch sampler and a collator can hand them out; ``plan shard`` and ``batch generate`` take the kinds whose
+microbatches a whole plan can hold: whole and windowed plans.) Every command, sampler and loader reaches a kind
+through this registry (:func:`plan_kind_of`, :func:`open_plan`) and never asks a folder which kind it is one
+``is_*`` at a time.
 
 Modules:
     kind             :class:`PlanKind`: where a kind sits in the model, and its open/save/verify/report
@@ -136,12 +138,16 @@ def open_plan(folder) -> Any:
 
 def open_row_plan(folder, user: str, *, whole: bool = False, lengths=None) -> Any:
     """The plan in ``folder`` when its microbatches list rows of one dataset (a kind with ``rows``), for ``user``
-    (what hands them out: a sampler, ``plan shard``, ``batch generate``); PLAN_NOT_FOUND naming the kinds that do
-    otherwise. ``whole``: as a whole plan (the kind's ``whole``; ``lengths``: a length cache of the same rows)."""
+    (what hands them out: a sampler, a collator, ``plan shard``, ``batch generate``); PLAN_NOT_FOUND naming the kinds
+    that do otherwise. ``whole``: as a whole plan (the kind's ``whole``; ``lengths``: a length cache of the same
+    rows), for what needs one; PLAN_NOT_FOUND for a kind a whole plan cannot hold (a mixture: its rows are several
+    datasets')."""
     kind = plan_kind_of(folder)
-    if not kind.rows or kind.whole is None:
-        takes = ", ".join(k.name for k in plan_kinds() if k.rows)
-        raise plan_error(errors.PLAN_NOT_FOUND, f"{os.fspath(folder)} is a {kind.name}, whose {kind.unit}s are not "
-                                                f"rows of one dataset; {user} takes a {takes}")
+    if not kind.rows or (whole and kind.whole is None):
+        takes = " or a ".join(k.name for k in plan_kinds() if k.rows and (k.whole is not None or not whole))
+        what = f"whose {kind.unit}s are not rows of one dataset" if not kind.rows else \
+            "whose rows are several datasets', which no whole plan holds"
+        raise plan_error(errors.PLAN_NOT_FOUND, f"{os.fspath(folder)} is a {kind.name}, {what}; {user} takes a "
+                                                f"{takes}")
     plan = kind.open(folder)
-    return kind.whole(plan, lengths) if whole else plan
+    return kind.whole(plan, lengths) if whole and kind.whole is not None else plan

@@ -31,14 +31,14 @@ class PlanKind:
 
     ``artifact`` is its folder's marker (its name is the kind's name, what messages call it). ``order``,
     ``scope`` and ``unit`` place it in the plan model (module docstring of the registry); ``rows``: every
-    microbatch lists rows of one dataset, so a batch sampler, ``batch generate`` and ``plan shard`` can
-    hand them out. ``open(folder)`` reads it, its sources reopened from what it records; ``save(plan,
+    microbatch lists rows of one dataset (a mixture's: its components one after another), so a batch sampler
+    and a collator can hand them out. ``open(folder)`` reads it, its sources reopened from what it records; ``save(plan,
     folder, force=, inputs=)`` writes one; ``verify(folder, **options)`` runs its checks and returns
     ``{"fingerprint", "checks"}`` (``options`` among :data:`VERIFY_OPTIONS`, only those in
     ``verify_options``); ``report(folder, world_size=, rank=)`` is ``plan info``'s dict and
-    ``lines(report)`` its text. ``whole(plan, lengths)`` (kinds with ``rows``): the same microbatches as a whole
-    plan, for ``plan shard`` and ``batch generate`` (``lengths``: a length cache of the same rows, whose ids and
-    hashes it records; None: the plan's own)."""
+    ``lines(report)`` its text. ``whole(plan, lengths)`` (only kinds with ``rows``; None where a whole plan cannot
+    hold them): the same microbatches as a whole plan, for ``plan shard`` and ``batch generate`` (``lengths``: a
+    length cache of the same rows, whose ids and hashes it records; None: the plan's own)."""
 
     artifact: ArtifactKind
     order: str
@@ -54,9 +54,9 @@ class PlanKind:
     whole: Callable[[Any, Any], Any] | None = None
 
     def __post_init__(self) -> None:
-        if self.rows != (self.whole is not None):
-            raise registry_error(f"a plan kind whose microbatches are rows gives them as a whole plan (whole=), and "
-                                 f"only such a kind: {self.artifact.name!r}")
+        if self.whole is not None and not self.rows:
+            raise registry_error(f"only a plan kind whose microbatches are rows gives them as a whole plan (whole=): "
+                                 f"{self.artifact.name!r}")
         for value, allowed, what in ((self.order, ORDERS, "order"), (self.scope, SCOPES, "scope"),
                                      (self.unit, UNITS, "unit")):
             if value not in allowed:

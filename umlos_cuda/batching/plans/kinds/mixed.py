@@ -4,7 +4,8 @@
 What goes in: a mixed plan folder (opened with each component's recorded source). What comes out:
 :data:`KIND`, whose ``plan info`` report holds the definition, its segments and the index's totals (no window
 planned) and, with a world size, each rank's microbatches under the resume rule (global microbatch ``k`` to
-rank ``k mod R``). Its microbatches hold mixture positions, not rows of one dataset (``rows`` is False).
+rank ``k mod R``). Its microbatches hold rows of its components one after another (``rows``: a batch sampler and a
+collator take it; no whole plan holds a mixture, so ``plan shard`` and ``batch generate`` do not).
 """
 
 from __future__ import annotations
@@ -56,6 +57,6 @@ def lines(report: dict) -> list[str]:
     return out
 
 
-KIND = PlanKind(MIXED_PLAN, order="mixture", scope="windows", unit="microbatch", rows=False, open=load_mixed_plan,
+KIND = PlanKind(MIXED_PLAN, order="mixture", scope="windows", unit="microbatch", rows=True, open=load_mixed_plan,
                 save=save_mixed_plan, verify=verify_mixed_plan, report=report, lines=lines,
                 verify_options=frozenset({"expected_fingerprint", "windows", "seed"}))

@@ -12,8 +12,10 @@ the jittered interleaving with draws ``m 2^32 + j``, edge rule ``flush``), and a
 config (``config.pack``) packs it exactly as :mod:`.packed` packs a window (rows close with
 the mixed window; the index's ``padded_tokens`` are rows times ``max_length``), the
 interleaving keyed by the manifest of :func:`~..planner.plan_manifest` over the
-mixture's total. A microbatch's ``rows`` are mixture positions (``m W + local``);
-its sample ids are ``name:row``, the component's name and its dataset row.
+mixture's total. A microbatch's ``rows`` index the components read one after another
+(component ``i``'s row ``r`` is ``starts[i] + r``, :attr:`~.mixture.MixtureDefinition.starts`), the
+dataset a batch sampler hands out and :meth:`MixedPlan.dataset` opens; its sample ids are ``name:row``, the
+component's name and its row. (The plan's arrays hold mixture positions, ``m W + local``.)
 
 The fingerprint is SHA-256 of the canonical CBOR of ``["umlos_mixed_plan_v1",
 header, index_digest]``: ``header`` holds the format, the config, the mixture's
@@ -33,6 +35,7 @@ from functools import partial
 import numpy as np
 
 from .... import checks, errors
+from ....errors import UmlosError
 from ....hashing import hash_canonical
 from ..plan import MicrobatchSpec, plan_error
 from ..planner import EpochArrays, index_dtype, plan_manifest, plan_ordered
@@ -41,6 +44,7 @@ from .mixture import MixedWindow, MixtureDefinition
 from .packed import microbatch_packs
 from .plan import index_digest
 from .window import COUNT_FIELDS, count_lengths
+from ...sources.listed import SourceList
 
 #: The ``format`` of a mixed plan's header.
 MIXED_FORMAT = "umlos_cuda.mixed_plan/1"
@@ -117,6 +121,23 @@ class MixedPlan:
     def counts(self) -> dict:
         return dict(zip(COUNT_FIELDS, (int(v) for v in self.index[0, -1])))
 
+    @property
+    def config(self):
+        """The batching config (buckets, budget, packing), as every plan of rows has one."""
+        return self.definition.config
+
+    def dataset(self) -> SourceList:
+        """The dataset the microbatches' rows index: the components' token sources one after another (what a
+        ``TokenDataset`` over this plan reads); TOKEN_STORE_NOT_FOUND naming a component read from lengths only."""
+        for component in self.definition.components:
+            if not callable(getattr(component.source, "arrays", None)):
+                raise UmlosError(errors.TOKEN_STORE_NOT_FOUND, f"component {component.name!r} was planned from "
+                                 f"{component.source.origin or 'lengths in memory'}, which holds no tokens: read the "
+                                 "plan's rows from every component's token source, in component order "
+                                 "(TokenDataset([STORE, ...]))",
+                                 operator=errors.BATCHING_OPERATOR)
+        return SourceList(list(self.definition.sources))
+
     # ------------------------------------------------------------------ microbatches
     def window(self, m: int) -> MixedWindowPlan:
         """Mixed window ``m`` and its microbatches (the last one planned is kept)."""
@@ -165,10 +186,11 @@ class MixedPlan:
         positions = np.asarray(arrays.samples[int(arrays.offsets[local]):int(arrays.offsets[local + 1])])
         at = (positions - np.uint64(m * self.definition.window)).astype(np.int64)
         names = [c.name for c in self.definition.components]
-        ids = tuple(f"{names[c]}:{r}" for c, r in zip(planned.mixed.component[at].tolist(),
-                                                       planned.mixed.row[at].tolist()))
+        component, row = planned.mixed.component[at], planned.mixed.row[at]
+        ids = tuple(f"{names[c]}:{r}" for c, r in zip(component.tolist(), row.tolist()))
+        rows = row + self.definition.starts[component].astype(np.uint64)
         packs, pack_sizes = microbatch_packs(arrays, local, ids)
-        return MicrobatchSpec(j, ids, int(arrays.bucket_ids[local]), int(arrays.max_len[local]), positions, packs,
+        return MicrobatchSpec(j, ids, int(arrays.bucket_ids[local]), int(arrays.max_len[local]), rows, packs,
                               pack_sizes)
 
     def __repr__(self) -> str:

@@ -131,6 +131,12 @@ class MixtureDefinition:
         return tuple(c.source for c in self.components)
 
     @property
+    def starts(self) -> np.ndarray:
+        """``int64 [D + 1]``: where each component's rows start when the components are read one after another
+        (the dataset a mixed plan's microbatch rows index: component ``i``'s row ``r`` is ``starts[i] + r``)."""
+        return np.cumsum([0] + [c.source.count for c in self.components], dtype=np.int64)
+
+    @property
     def local_reads(self) -> bool:
         """Whether a window's rows of each component lie close together, as
         :attr:`~.window.WindowDefinition.local_reads` says for a windowed plan (a component's ``q_i``

@@ -203,16 +203,17 @@ def test_a_windowed_plan_folder_through_a_dataloader_and_the_checkpoint_cursor(t
     assert info.value.code == errors.PLAN_CURSOR_INVALID
 
 
-def test_a_mixed_plan_is_refused_its_microbatches_hold_mixture_positions():
+def test_a_mixed_plan_in_memory_is_dealt_out_as_rows_of_its_components():
+    """(tests/test_torch_mixed_plans.py takes mixed plan folders over token stores through to the Trainer.)"""
     from umlos_cuda.batching.plans.windows import ArrayLengths, Component, MixedPlan, MixtureDefinition
 
     config = BatchingConfig.throughput(4096, (128, 256, 512, 1024), 2048, seed=5)
     parts = tuple(Component(ArrayLengths(np.full(50, 100 + i, dtype=np.uint32)), 1.0, i, name=f"d{i}")
                   for i in range(2))
     mixed = MixedPlan.build(MixtureDefinition(config, parts, 16, 60))
-    with pytest.raises(SamplerArgumentError) as info:
-        PlanBatchSampler(mixed, rank=0, world_size=1)
-    assert info.value.code == errors.PLAN_NOT_FOUND and "MixedPlan" in info.value.message
+    rows = [row for batch in PlanBatchSampler(mixed, rank=0, world_size=1) for row in batch]
+    assert len(rows) == len(set(rows)) == 60 and all(0 <= row < 100 for row in rows)
+    assert sum(row >= 50 for row in rows) == 30  # the second component's rows, at its weight
 
 
 def test_torchrun_stop_at_4_ranks_resume_at_2(tmp_path):

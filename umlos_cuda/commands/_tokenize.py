@@ -21,8 +21,10 @@ from ._dataset_args import add_dataset_arguments, run_with_progress
 
 def register_actions(actions) -> None:
     tokenize = actions.add_parser(
-        "tokenize", help="encode a JSONL dataset into a token store (tokens, loss masks, offsets, lengths)",
-        description="Encode every record of a JSONL dataset with a local tokenizer and write the token store folder "
+        "tokenize", help="encode a dataset (JSONL, Parquet, Arrow, save_to_disk; text, prompt/response, chat or "
+        "preference records) into a token store",
+        description="Encode every record of a dataset (JSONL, gzip or zstd JSONL, Parquet, Arrow, a folder datasets' "
+        "save_to_disk wrote, or shards of these) with a local tokenizer and write the token store folder "
         "OUTPUT: tokens.npy, loss_mask.npy and offsets.npy (memory-mappable), lengths.jsonl and its .u32 sidecar "
         "(the length cache), meta.json. What is encoded and the sample ids are as for `data lengths build`.",
     )

@@ -21,7 +21,8 @@ def register(subparsers) -> None:
     data = subparsers.add_parser(
         "data",
         help="prepare a dataset for token-budget batching (length cache, statistics)",
-        description="Prepare a JSONL dataset for token-budget batching. 'data lengths build' writes its length "
+        description="Prepare a dataset (JSONL, gzip or zstd JSONL, Parquet, Arrow, a folder datasets' save_to_disk "
+        "wrote, or shards of these) for token-budget batching. 'data lengths build' writes its length "
         "cache; 'data lengths stats' summarises one and suggests bucket edges; 'data tokenize' writes its token "
         "store (for batch files); 'data megatron' writes the length cache of a Megatron-LM indexed dataset.",
     )
@@ -34,10 +35,11 @@ def register(subparsers) -> None:
 
     build = steps.add_parser(
         "build", help="count every record's tokens and write lengths.jsonl and lengths.jsonl.u32",
-        description="Count the tokens of every record of a JSONL dataset with a local tokenizer (a tokenizer.json "
+        description="Count the tokens of every record of a dataset (JSONL, gzip or zstd JSONL, Parquet, Arrow, a "
+        "save_to_disk folder, or shards of these) with a local tokenizer (a tokenizer.json "
         "file or a directory holding one; nothing is downloaded) and write the length cache: OUTPUT (JSONL rows "
         "sample_id, tokenizer_hash, length, in dataset order) and OUTPUT.u32 (the same lengths as uint32, for "
-        "fast loading). A record's sample_id is its id field, else its 0-based line number.",
+        "fast loading). A record's sample_id is its id field, else its 0-based row number.",
     )
     add_dataset_arguments(build, output_metavar="LENGTHS.jsonl", output_help="the cache to write", verb="count",
                           force_help="replace existing output files", required_tokenizer=False)

@@ -10,7 +10,9 @@
 * :class:`PlanBatchSampler` with :class:`TokenDataset` and :class:`PlanCollator`
   (and :class:`PackedBatchSampler` for a packed plan): plan microbatches from a
   token store, collated to int32 tensors, or to the tensors a ``transformers``
-  model takes (``preset="hf"`` or ``"padding_free"``; docs/batching.md).
+  model takes (``preset="hf"`` or ``"padding_free"``; docs/batching.md); a plan
+  that truncates or splits samples hands out :class:`PlanKey` keys, which
+  carry the token range the collator cuts.
 * :class:`SequenceBatchSampler` with :class:`SequenceDataset`: pretraining sequences
   (``umlos-cuda plan cut``) by batches of samples, their cursor the plan cursor.
 * :func:`run_distributed`: the entry point of a torchrun script; it ends every
@@ -39,6 +41,7 @@ from ._nextbatch_sampler import NextBatchSampler
 from ._order import sampler_manifest
 from ._padding import MaskedDataset, Padding
 from ._plan_collate import PackedBatchSampler, PlanCollator, TokenDataset
+from ._plan_keys import PlanItem, PlanKey
 from ._plan_sampler import PlanBatchSampler
 from ._sequences import SequenceBatchSampler, SequenceDataset
 
@@ -54,6 +57,8 @@ __all__ = [
     "Padding",
     "PlanBatchSampler",
     "PlanCollator",
+    "PlanItem",
+    "PlanKey",
     "SamplerArgumentError",
     "SamplerTypeError",
     "SequenceBatchSampler",

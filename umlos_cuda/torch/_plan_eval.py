@@ -14,8 +14,10 @@ microbatches, since a collective inside the evaluation (the Trainer's
 gather of the losses) waits for every rank. When ``W`` does not divide
 ``M``, the ranks without a microbatch in the last step take masked
 padding, as :class:`~umlos_cuda.torch.DistributedEvalSampler` does: the
-keys of the epoch's first microbatch as :class:`~umlos_cuda.torch.Padding`
-(so the tensors have the shapes of a real microbatch), every label set
+keys of the rank's first microbatch (the epoch's first for a rank that has
+none) as :class:`~umlos_cuda.torch.Padding` (so the tensors have the
+shapes of a real microbatch, and a pre-sharded plan is read at its own
+rank only), every label set
 to -100 and every loss mask to 0, and the batch marked
 ``batch[EVAL_PADDING] = True`` (False on every real one), for the loop to
 leave its loss out (the Trainer integration makes it NaN, which the
@@ -73,12 +75,12 @@ class PlanEvalData:
         return self.microbatches % self.world_size != 0
 
     def __iter__(self) -> Iterator[list]:
-        taken = 0
+        taken, first = 0, None
         for keys in self._pass(self.rank, self.world_size):
-            taken += 1
+            taken, first = taken + 1, keys if first is None else first
             yield keys
-        if taken < len(self):
-            fill = next(iter(self._pass(0, 1)))
+        if taken < len(self):  # this rank's first microbatch, or the epoch's when it has none (W > M)
+            fill = first if first is not None else next(iter(self._pass(0, 1)))
             for _ in range(len(self) - taken):
                 yield [Padding(key) for key in fill]
 

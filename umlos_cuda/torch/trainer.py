@@ -62,7 +62,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ._plan_eval import EVAL_PADDING, PlanEvalData
+from ._plan_eval import EVAL_PADDING, PlanEvalData, check_eval_layout
 
 __all__ = ["CURSOR_FILE", "EVAL_PADDING", "PlanEvalData", "PlanTrainerData", "plan_trainer_class"]
 
@@ -278,8 +278,6 @@ class _PlanTrainerMixin(_TrainerMethods):
     def get_eval_dataloader(self, eval_dataset: Any = None):
         """A :class:`PlanEvalData` (as ``eval_dataset``, one of a dict of them, or given to ``evaluate``) is
         evaluated over its plan's microbatches; any other eval dataset as the base class does."""
-        from ._plan_eval import check_eval_layout
-
         data = self.eval_dataset[eval_dataset] if isinstance(eval_dataset, str) else (
             eval_dataset if eval_dataset is not None else self.eval_dataset)
         if not isinstance(data, PlanEvalData):
@@ -293,8 +291,6 @@ class _PlanTrainerMixin(_TrainerMethods):
         leaves out of ``eval_loss`` (``logging_nan_inf_filter``). ``average_tokens_across_devices`` is off for
         it: that divides each rank's loss sum by the tokens of every rank's microbatch in the step, so the value
         would depend on which microbatches share a step, which is the world size."""
-        from ._plan_eval import EVAL_PADDING
-
         if EVAL_PADDING not in inputs:
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
         padding = inputs.pop(EVAL_PADDING)
@@ -382,7 +378,7 @@ def _warn_token_counts(trainer: Any, collator: Any) -> None:
     if collator.options.get("attention") != "4d" or collator.options["preset"].value != "hf":
         return
     counted = [name for name, counts in (
-        ("TRL's num_tokens", hasattr(trainer, "_total_train_tokens")),
+        ("TRL's num_tokens", hasattr(trainer, "_total_train_tokens")),  # SFTTrainer's running count
         ("num_input_tokens_seen", trainer.args.include_num_input_tokens_seen == "non_padding")) if counts]
     if counted:
         import warnings

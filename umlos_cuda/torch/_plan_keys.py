@@ -56,7 +56,8 @@ def plan_keys(rows: np.ndarray, spans: np.ndarray | None) -> list:
     """The keys of one microbatch: its rows as ints, or one :class:`PlanKey` per sample when ``spans`` are given."""
     if spans is None:
         return np.asarray(rows).tolist()
-    return [PlanKey(row, start, stop) for row, (start, stop) in zip(np.asarray(rows).tolist(), spans.tolist())]
+    spans = np.asarray(spans)
+    return list(map(PlanKey, np.asarray(rows).tolist(), spans[:, 0].tolist(), spans[:, 1].tolist()))
 
 
 def with_pack(key: Any, pack: int) -> Any:

@@ -364,15 +364,23 @@ def test_plan_build_refuses(tmp_path, capsys, cache, extra, status, mention):
     assert not os.path.exists(tmp_path / "p")
 
 
-def test_dataloader_collator_refuses_token_ranges():
-    """PlanCollator's items are whole rows: a plan that truncates or splits is refused, not cut wrongly."""
-    from umlos_cuda.torch._plan_collate import PlanCollator
+def test_dataloader_collator_refuses_whole_rows_of_a_plan_that_cuts():
+    """A plan that truncates or splits takes token ranges: PlanCollator cuts the ranges its items carry
+    (tests/test_torch_plan_ranges.py) and refuses a whole row, which it could only collate uncut."""
+    pytest.importorskip("torch")
+    from umlos_cuda.torch import PlanCollator, PlanItem
 
+    tokens = Tokens(build(None).lengths)
+    row = int(np.argmax(tokens.lengths))
     for policy in ("truncate_right", "truncate_left", "split"):
-        error = expect(errors.COLLATE_INPUT_INVALID, PlanCollator, build(policy).config)
-        assert f"over-long policy {policy}" in error.message and "collate_microbatch" in error.message
-    PlanCollator(build("skip").config)  # whole samples: the DataLoader path collates them as they are
-    PlanCollator(build(None).config)
+        collator = PlanCollator(build(policy).config)
+        error = expect(errors.COLLATE_INPUT_INVALID, collator, [(row, *tokens.arrays(row))])
+        assert f"over-long policy {policy}" in error.message and "PlanKey" in error.message
+        cut = collator([PlanItem(row, *tokens.arrays(row), span=(3, 9))])
+        assert cut["input_ids"][0, :6].tolist() == list(range(1000 * row + 3, 1000 * row + 9))
+    for policy in ("skip", None):  # whole samples: the DataLoader path collates them as they are
+        whole = PlanCollator(build(policy).config)([(row, *tokens.arrays(row))])
+        assert int(whole["attention_mask"].sum()) == int(tokens.lengths[row])
 
 
 @pytest.mark.parametrize("policy, packed", [("truncate_left", False), ("split", True), ("split", False)])

@@ -132,3 +132,51 @@ def test_a_mixture_of_sequences_through_a_dataloader(tmp_path):
     with pytest.raises(errors.UmlosError) as info:
         SequenceDataset(str(tmp_path / "mix"))[(1, 0)]
     assert info.value.code == errors.PLAN_CURSOR_INVALID
+    # under hf, only what model(**batch) takes: the component index is not handed to the model
+    assert sorted(SequenceDataset(str(tmp_path / "mix"), preset="hf")[(0, 5)]) == ["input_ids", "labels",
+                                                                                  "position_ids"]
+
+
+def test_hf_labels_move_right_where_the_loss_mask_keeps_them():
+    from umlos_cuda.torch._sequences import hf_labels
+
+    labels = np.array([11, 12, 13, 14, -100, -100])  # the next token of each position; a padded tail of 2
+    mask = np.array([0, 1, 1, 0, 0, 0], dtype=np.uint8)  # 11 and 14 are not trained on (a prompt, say)
+    assert hf_labels(labels, mask).tolist() == [-100, -100, 12, 13, -100, -100]
+
+
+def test_the_hf_preset_is_what_a_transformers_model_shifts_once(folder):
+    """``SequenceDataset(preset="hf")`` gives the loss of the shifted convention (``cross_entropy(logits,
+    labels)`` where the loss mask is 1), position ``L - 1`` aside; handing the shifted labels to the model as
+    ``labels=`` (what the docs once said) gives the loss of the token after next: the model shifts them again."""
+    transformers = pytest.importorskip("transformers")
+    plan = load_sequences(folder)
+    keys = [(1, k) for k in (0, 3, 7)] + [(1, plan.epoch_samples(1) - 1)]
+    hf = torch.utils.data.default_collate([SequenceDataset(str(folder), preset="hf")[key] for key in keys])
+    shifted = torch.utils.data.default_collate([SequenceDataset(str(folder))[key] for key in keys])
+    assert sorted(hf) == ["input_ids", "labels", "position_ids"] and all(v.dtype == torch.int64 for v in hf.values())
+    assert torch.equal(hf["input_ids"], shifted["input_ids"]) and torch.equal(hf["position_ids"],
+                                                                              shifted["position_ids"])
+    trained = torch.where(shifted["loss_mask"] == 1, shifted["labels"], -100)
+    assert (hf["labels"][:, 0] == -100).all() and torch.equal(hf["labels"][:, 1:], trained[:, :-1])
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=int(hf["input_ids"].max()) + 1, attn_implementation="sdpa", use_cache=False)).double().eval()
+    with torch.no_grad():
+        logits = model(input_ids=hf["input_ids"], position_ids=hf["position_ids"]).logits
+        loss = model(**hf).loss
+        double = model(input_ids=shifted["input_ids"], labels=shifted["labels"],
+                       position_ids=shifted["position_ids"]).loss
+    def cross(targets):  # transformers takes the loss over float32 logits
+        return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten())
+
+    assert torch.isclose(loss, cross(trained[:, :-1]), rtol=1e-6)
+    assert torch.isclose(double, cross(shifted["labels"][:, 1:]), rtol=1e-6)
+    assert not torch.isclose(double, loss, rtol=1e-4)
+
+
+def test_a_preset_without_a_per_sample_form_is_refused(folder):
+    with pytest.raises(errors.UmlosError) as info:
+        SequenceDataset(str(folder), preset="padding_free")
+    assert info.value.code == errors.COLLATE_INPUT_INVALID and "shifted, hf" in info.value.message

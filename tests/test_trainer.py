@@ -74,7 +74,8 @@ def test_a_run_killed_with_sigkill_resumes_with_the_same_microbatches_and_bit_id
     assert (cursor["epoch"], cursor["microbatch_index"]) == (2, 0)  # 20 steps x 2 microbatches = epochs 0 and 1
     resumed = run_child(plans, "resumed", output_dir=str(out), resume=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert json.loads(resumed.stdout.splitlines()[-1]) == {"global_step": MAX_STEPS, "cursor": [3, 20]}
+    assert json.loads(resumed.stdout.splitlines()[-1]) == {"global_step": MAX_STEPS, "cursor": [3, 20], "epoch": 1.0,
+                                                           "evaluated": [], "num_tokens": None}
 
     want, before, after = (records(plans / f"{name}.jsonl") for name in ("whole", "killed", "resumed"))
     assert len(want) == 2 * MAX_STEPS and len({line["inputs"] for line in want}) > 40
@@ -87,16 +88,22 @@ def test_a_run_stopped_mid_epoch_of_a_packed_plan_resumes_exactly(plans):
     (40 microbatches: 15 + 15 + 10) stands inside epoch 2."""
     kwargs = {"store": str(plans / "store"), "plan": str(plans / "packed")}
     whole = train(**kwargs, output_dir=str(plans / "p-whole"), record=str(plans / "p-whole.jsonl"))
-    assert whole == {"global_step": MAX_STEPS, "cursor": [5, 7]}  # 80 of 87 microbatches
+    assert whole == {"global_step": MAX_STEPS, "cursor": [5, 7], "epoch": 80 / 87, "evaluated": [],
+                     "num_tokens": None}  # 80 of 87 microbatches
     train(**kwargs, output_dir=str(plans / "p-cut"), record=str(plans / "p-cut.jsonl"), stop_at=20)
     with open(plans / "p-cut" / "checkpoint-20" / CURSOR_FILE, encoding="utf-8") as handle:
         cursor = json.load(handle)
     assert (cursor["epoch"], cursor["microbatch_index"]) == (2, 10)
-    train(**kwargs, output_dir=str(plans / "p-cut"), record=str(plans / "p-resumed.jsonl"),
-          resume=str(plans / "p-cut" / "checkpoint-20"))
+    resumed = train(**kwargs, output_dir=str(plans / "p-cut"), record=str(plans / "p-resumed.jsonl"),
+                    resume=str(plans / "p-cut" / "checkpoint-20"))
     want = records(plans / "p-whole.jsonl")
     assert records(plans / "p-cut.jsonl") == want[:40]
-    assert records(plans / "p-resumed.jsonl") == from_step(want, 20)
+    assert records(plans / "p-resumed.jsonl") == from_step(want, 20)  # state.epoch of every step included
+    assert resumed == whole
+    # the Trainer's own state.epoch counts the batches of this run only (its skip is off): 40 of 87 after the resume
+    own = train(**kwargs, output_dir=str(plans / "p-cut"), record=str(plans / "p-own.jsonl"),
+                resume=str(plans / "p-cut" / "checkpoint-20"), trainer_epoch=True)
+    assert own["epoch"] == 40 / 87 and own["cursor"] == whole["cursor"]
     # with the Trainer's own skip on as well, the 40 microbatches after the cursor would be skipped too
     train(**kwargs, output_dir=str(plans / "p-twice"), record=str(plans / "p-twice.jsonl"),
           resume=str(plans / "p-cut" / "checkpoint-20"), trainer_skips=True)
@@ -131,10 +138,33 @@ def test_sft_trainer_trains_on_a_packed_plan_padding_free(plans):
     plan's microbatches in the ``padding_free`` form, every one in the plan's order."""
     pytest.importorskip("trl")
     record = plans / "s-packed.jsonl"
-    assert train(str(plans / "store"), str(plans / "packed"), str(plans / "s-packed"), str(record),
-                 base="SFTTrainer", preset="padding_free") == {"global_step": MAX_STEPS, "cursor": [5, 7]}
+    ran = train(str(plans / "store"), str(plans / "packed"), str(plans / "s-packed"), str(record), base="SFTTrainer",
+                preset="padding_free")
+    assert (ran["global_step"], ran["cursor"], ran["epoch"]) == (MAX_STEPS, [5, 7], 80 / 87)
     want = plan_digests(plans / "packed", plans / "store", "padding_free")[:2 * MAX_STEPS]
     assert [line["inputs"] for line in records(record)] == want
+    # TRL counts num_tokens as position_ids.size(1) without an attention mask: every token trained on, exactly
+    assert ran["num_tokens"] == plan_tokens(plans / "packed", plans / "store", 2 * MAX_STEPS)
+
+
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
+def test_sft_trainer_counts_a_4d_mask_as_token_pairs_and_is_warned(plans):
+    """TRL's num_tokens is attention_mask.sum(): the hf preset's 4-D mask of a packed plan sums the pairs of tokens
+    that attend to each other, far more than the tokens (the issue's "100x"); the data source warns."""
+    pytest.importorskip("trl")
+    with pytest.warns(UserWarning, match="TRL's num_tokens will be counted as attention_mask.sum"):
+        ran = train(str(plans / "store"), str(plans / "packed"), str(plans / "s-4d"), str(plans / "s-4d.jsonl"),
+                    base="SFTTrainer", preset="hf")
+    assert ran["num_tokens"] > 10 * plan_tokens(plans / "packed", plans / "store", 2 * MAX_STEPS)
+
+
+def plan_tokens(plan, store, microbatches: int) -> int:
+    """The tokens (padding excluded) of the plan's first ``microbatches`` microbatches."""
+    from umlos_cuda.batching import TokenStore, collate_microbatch, load_plan
+
+    opened, source = load_plan(plan), TokenStore.open(store)
+    every = (mb for epoch in range(opened.num_epochs) for mb in opened.iter_epoch(epoch))
+    return sum(collate_microbatch(source, next(every)).num_tokens for _ in range(microbatches))
 
 
 def plan_digests(plan, store, preset: str) -> list[str]:

@@ -35,9 +35,15 @@ def digest(inputs: dict) -> str:
 
 def train(store: str, plan: str, output_dir: str, record: str, *, resume: str | bool | None = None,
           stop_at: int | None = None, kill_at: int | None = None, base: str = "Trainer",
-          preset: str = "hf", workers: int = 0, trainer_skips: bool = False) -> dict:
+          preset: str = "hf", workers: int = 0, trainer_skips: bool = False, trainer_epoch: bool = False,
+          eval_plan: str | None = None) -> dict:
     """Train the tiny model; ``stop_at`` ends the run cleanly after that step (as a job's time limit would);
-    ``trainer_skips`` turns the Trainer's own skip of trained batches back on (to show what it would do)."""
+    ``trainer_skips`` turns the Trainer's own skip of trained batches back on, ``trainer_epoch`` its own
+    ``state.epoch`` (to show what they would do); ``eval_plan`` is evaluated every ``SAVE_STEPS`` steps.
+
+    Returns the last global step, the cursor, ``state.epoch``, the ``[step, eval_loss hex]`` of each
+    evaluation in the Trainer's history (a resumed run's includes those before its checkpoint) and the last
+    ``num_tokens`` TRL's SFTTrainer logged (None under the Trainer)."""
     import torch
     import transformers
 
@@ -46,7 +52,12 @@ def train(store: str, plan: str, output_dir: str, record: str, *, resume: str | 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     transformers.logging.set_verbosity_error()
+    from umlos_cuda.torch.trainer import PlanEvalData
+
     data = PlanTrainerData(plan, store, rank=0, world_size=1, preset=preset)
+    evaluation = {} if eval_plan is None else {
+        "eval_dataset": PlanEvalData(eval_plan, store, rank=0, world_size=1, preset=preset)}
+    schedule = {} if eval_plan is None else {"eval_strategy": "steps", "eval_steps": SAVE_STEPS}
     vocab = max(int(data.dataset.source.arrays(r)[0].max()) for r in range(len(data.dataset))) + 1
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
@@ -58,20 +69,22 @@ def train(store: str, plan: str, output_dir: str, record: str, *, resume: str | 
 
         base_class = trl.SFTTrainer
         args = trl.SFTConfig(dataset_kwargs={"skip_prepare_dataset": True}, bf16=False, gradient_checkpointing=False,
-                             **_arguments(output_dir))
+                             **_arguments(output_dir), **schedule)
         # SFTTrainer accepts only a datasets.Dataset; the plan replaces it, so a one-row stand-in suffices
         extra = {"train_dataset": datasets.Dataset.from_dict({"input_ids": [[0]]}),
                  "processing_class": transformers.AutoTokenizer.from_pretrained(os.path.join(store, "..", "model"))}
     else:
         base_class = transformers.Trainer
-        args = transformers.TrainingArguments(**_arguments(output_dir), dataloader_num_workers=workers)
+        args = transformers.TrainingArguments(**_arguments(output_dir), dataloader_num_workers=workers, **schedule)
         extra = {}
 
     class Recording(plan_trainer_class(base_class)):
         def training_step(self, model, inputs, num_items_in_batch=None):
             taken = digest(inputs)  # before the step, which may add keys (SFTTrainer: use_cache)
             loss = super().training_step(model, inputs, num_items_in_batch)
-            line = {"step": self.state.global_step + 1, "loss": float(loss).hex(), "inputs": taken}
+            # the epoch the step starts from: a resumed run's must be the uninterrupted run's
+            line = {"step": self.state.global_step + 1, "loss": float(loss).hex(), "inputs": taken,
+                    "epoch": self.state.epoch}
             handle.write(json.dumps(line) + "\n")
             handle.flush()
             return loss
@@ -84,11 +97,19 @@ def train(store: str, plan: str, output_dir: str, record: str, *, resume: str | 
                 control.should_training_stop = True
 
     with open(record, "a", encoding="utf-8") as handle:
-        trainer = Recording(model=model, args=args, plan_data=data, callbacks=[Stop()], **extra)
+        trainer = Recording(model=model, args=args, plan_data=data, callbacks=[Stop()], **extra, **evaluation)
         if trainer_skips:
             trainer.args.ignore_data_skip = False
+        if trainer_epoch:
+            trainer.callback_handler.callbacks = [callback for callback in trainer.callback_handler.callbacks
+                                                  if type(callback).__name__ != "EpochCallback"]
         trainer.train(resume_from_checkpoint=resume)
-    return {"global_step": trainer.state.global_step, "cursor": list(data.cursor())}
+    # a resumed run's history holds the evaluations before its checkpoint too
+    evaluated = [[line["step"], float(line["eval_loss"]).hex()] for line in trainer.state.log_history
+                 if "eval_loss" in line]
+    counted = [line["num_tokens"] for line in trainer.state.log_history if "num_tokens" in line]  # TRL's count
+    return {"global_step": trainer.state.global_step, "cursor": list(data.cursor()), "epoch": trainer.state.epoch,
+            "evaluated": evaluated, "num_tokens": counted[-1] if counted else None}
 
 
 def _arguments(output_dir: str) -> dict:

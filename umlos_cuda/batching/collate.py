@@ -296,12 +296,20 @@ def sample_arrays(source: Any, microbatch: Any) -> list[tuple[np.ndarray, np.nda
     if spans is None:
         return [source.arrays(row) for row in rows]
     pairs = []
-    for row, (start, stop) in zip(rows, np.asarray(spans).tolist()):
+    for row, span in zip(rows, np.asarray(spans).tolist()):
         ids, mask = source.arrays(row)
-        if stop > len(ids):
-            raise collate_error(f"row {row} holds {len(ids)} tokens; the plan takes tokens [{start}, {stop})")
-        pairs.append((ids[start:stop], mask[start:stop]))
+        pairs.append(take_span(ids, mask, row, span))
     return pairs
+
+
+def take_span(input_ids: np.ndarray, loss_mask: np.ndarray, row: int,
+              span: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``(input_ids, loss_mask)`` of dataset row ``row`` cut to the token range ``span = (start, stop)`` a plan
+    gives it (views, no copy): the one cut of collation, batch files and the PyTorch collator."""
+    start, stop = span
+    if stop > len(input_ids):
+        raise collate_error(f"row {row} holds {len(input_ids)} tokens; the plan takes tokens [{start}, {stop})")
+    return input_ids[start:stop], loss_mask[start:stop]
 
 
 def plan_separator_ids(plan: Any, separator_ids: Sequence[int] | None, source: Any = None) -> tuple[int, ...]:

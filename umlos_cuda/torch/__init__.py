@@ -10,7 +10,12 @@
 * :class:`PlanBatchSampler` with :class:`TokenDataset` and :class:`PlanCollator`
   (and :class:`PackedBatchSampler` for a packed plan): plan microbatches from a
   token store, collated to int32 tensors, or to the tensors a ``transformers``
-  model takes (``preset="hf"`` or ``"padding_free"``; docs/batching.md).
+  model takes (``preset="hf"`` or ``"padding_free"``; docs/batching.md); a plan
+  that truncates or splits samples hands out :class:`PlanKey` keys, which
+  carry the token range the collator cuts.
+* :class:`PlanEvalData`: one evaluation over a plan (a validation plan), every
+  microbatch of an epoch once, the same at every world size, masked padding
+  for a rank left without one in the last step.
 * :class:`SequenceBatchSampler` with :class:`SequenceDataset`: pretraining sequences
   (``umlos-cuda plan cut``) by batches of samples, their cursor the plan cursor.
 * :func:`run_distributed`: the entry point of a torchrun script; it ends every
@@ -39,6 +44,8 @@ from ._nextbatch_sampler import NextBatchSampler
 from ._order import sampler_manifest
 from ._padding import MaskedDataset, Padding
 from ._plan_collate import PackedBatchSampler, PlanCollator, TokenDataset
+from ._plan_eval import PlanEvalData
+from ._plan_keys import PlanItem, PlanKey
 from ._plan_sampler import PlanBatchSampler
 from ._sequences import SequenceBatchSampler, SequenceDataset
 
@@ -54,6 +61,9 @@ __all__ = [
     "Padding",
     "PlanBatchSampler",
     "PlanCollator",
+    "PlanEvalData",
+    "PlanItem",
+    "PlanKey",
     "SamplerArgumentError",
     "SamplerTypeError",
     "SequenceBatchSampler",

@@ -16,10 +16,11 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Padding:
-    """A padded slot of a micro-batch. ``fill`` is a real index whose sample is
-    read in its place and masked out."""
+    """A padded slot of a micro-batch. ``fill`` is a real key (an index, or a
+    plan's key: :class:`~umlos_cuda.torch.PlanEvalData`) whose sample is read
+    in its place and masked out."""
 
-    fill: int
+    fill: Any
 
 
 class MaskedDataset:

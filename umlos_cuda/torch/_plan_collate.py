@@ -19,7 +19,11 @@ A packed plan's rows cannot be told from the samples alone, so
 pairs, ``k`` the packed row of the sample within its microbatch; the
 collator lays each packed row out with
 :func:`~umlos_cuda.batching.packing.rows.pack_rows` and pads it to the
-plan's row length.
+plan's row length. A plan whose over-long policy cuts samples hands out
+:class:`~umlos_cuda.torch.PlanKey` keys, and the collator cuts each row to
+the key's token range (``_plan_keys.py``). A plan of preference pairs is
+collated as its rows (chosen, rejected alternating), or with
+``pairs=True`` as ``chosen_*`` and ``rejected_*`` tensors.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ._plan_keys import PlanItem, PlanKey, as_item, takes_ranges, with_pack
 from ._sampler_base import DatasetBase
 
 
@@ -60,7 +65,12 @@ class TokenDataset(DatasetBase):
 
     def __getitem__(self, key) -> tuple:
         """``(row, input_ids, loss_mask)``; for a ``(row, k)`` key (a packed
-        plan, :class:`PackedBatchSampler`), ``(row, input_ids, loss_mask, k)``."""
+        plan, :class:`PackedBatchSampler`), ``(row, input_ids, loss_mask, k)``;
+        for a :class:`~umlos_cuda.torch.PlanKey` (a plan that cuts samples), a
+        :class:`~umlos_cuda.torch.PlanItem`: the whole row and the range to cut."""
+        if isinstance(key, PlanKey):
+            ids, mask = self.source.arrays(int(key.row))
+            return PlanItem(int(key.row), ids, mask, key.pack, (int(key.start), int(key.stop)))
         if isinstance(key, tuple):
             row, k = key
             return (*self[row], int(k))
@@ -71,7 +81,8 @@ class TokenDataset(DatasetBase):
 class PackedBatchSampler:
     """``batch_sampler`` for a packed plan: the microbatches of a
     :class:`~umlos_cuda.torch.PlanBatchSampler` as ``(row, k)`` pairs, ``k``
-    the packed row each sample belongs to. ``state_dict``,
+    the packed row each sample belongs to (a plan that cuts samples: its
+    :class:`~umlos_cuda.torch.PlanKey` keys with ``pack = k``). ``state_dict``,
     ``load_state_dict``, ``set_epoch`` and ``len()`` are the wrapped
     sampler's (``sampler``)."""
 
@@ -83,7 +94,7 @@ class PackedBatchSampler:
             last = self.sampler.last_microbatch
             sizes = self.sampler.microbatch(last["epoch"], last["index"]).pack_sizes
             packs = np.repeat(np.arange(len(sizes)), sizes) if sizes is not None else np.arange(len(rows))
-            yield list(zip(rows, packs.tolist()))
+            yield [with_pack(key, k) for key, k in zip(rows, packs.tolist())]
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -125,12 +136,22 @@ class PlanCollator:
     ``plan``: a :class:`~umlos_cuda.batching.plans.plan.BatchPlan`, a windowed
     plan, either's folder or a :class:`~umlos_cuda.batching.plans.config.BatchingConfig`. For
     a packed plan, items carry their packed row (:class:`PackedBatchSampler`)
-    and ``separator_ids`` are the plan's separator tokens.
+    and ``separator_ids`` are the plan's separator tokens. For a plan whose
+    over-long policy cuts samples, items carry the token range the plan takes
+    (:class:`~umlos_cuda.torch.PlanKey` keys, which ``PlanBatchSampler`` hands
+    out) and the collator cuts it as ``collate_microbatch`` does; a whole row
+    of such a plan is refused, never collated uncut.
+
+    ``pairs=True`` (a plan of preference pairs, ``group_size`` 2, not packed):
+    the preset's tensors of each side, ``chosen_<name>`` and
+    ``rejected_<name>``, pair ``i`` in row ``i`` of both, one width
+    (:func:`~umlos_cuda.batching.preference.split_pairs` of the collated
+    microbatch; ``collate_preference_microbatch`` for ``shifted``).
     """
 
     def __init__(self, plan: Any, *, pad_id: int = 0, separator_ids=(), preset: str = "shifted", dtype: Any = None,
                  attention: str = "auto", mask_dtype: str = "bool", cu_seq_lens_dtype: Any = "int32",
-                 rows: bool | None = None) -> None:
+                 rows: bool | None = None, pairs: bool = False) -> None:
         from ..batching.plans.config import BatchingConfig
         from ..batching.plans.kinds import open_row_plan
 
@@ -142,13 +163,8 @@ class PlanCollator:
         self.pad_id = pad_id
         from ..batching.collate import collate_error, plan_separator_ids
 
-        overlong = self.config.overlong
-        if overlong is not None and overlong.policy.value != "skip":
-            # the items are whole dataset rows; the plan wants token ranges of them (MicrobatchSpec.spans)
-            raise collate_error(f"this plan takes token ranges of its samples (over-long policy "
-                                f"{overlong.policy.value}, max_length {overlong.max_length}), and a DataLoader over "
-                                "TokenDataset hands out whole rows: collate it with collate_microbatch or write its "
-                                "batch files (umlos-cuda batch generate)")
+        #: The over-long policy when it cuts samples (then every item carries its token range), else None.
+        self.cut = self.config.overlong if takes_ranges(self.config) else None
         self.separator_ids = plan_separator_ids(self, separator_ids)
         from ..batching.presets import CollationPreset, check_preset
 
@@ -160,6 +176,14 @@ class PlanCollator:
         self.options = check_preset(preset, dtype=dtype, attention=attention, mask_dtype=mask_dtype,
                                     cu_seq_lens_dtype=cu_seq_lens_dtype)
         self.rows = self.options["preset"] is CollationPreset.SHIFTED if rows is None else bool(rows)
+        self.pairs = bool(pairs)
+        if self.pairs and getattr(self.config, "group_size", 1) != 2:
+            raise collate_error("pairs=True takes a plan of preference pairs (group_size 2, built from a length cache "
+                                "of pairs); this plan's microbatches are single rows")
+        if self.pairs and self.config.pack is not None:
+            raise collate_error("a packed plan of pairs keeps each pair inside one packed row (segments 2k and "
+                                "2k + 1), so it has no row per side: collate it without pairs=True and read its "
+                                "segments")
 
     def width(self, longest: int) -> int:
         """The pad length of a microbatch whose longest sample has ``longest`` tokens."""
@@ -177,32 +201,67 @@ class PlanCollator:
         from ..batching.collate import collate_arrays
         from ..batching.presets import apply_preset
 
-        rows = [item[0] for item in items]
+        parts = self._items(items)
         if self.config.pack is not None:
-            batch = self._packed(items, self.config.pack.max_length)
+            batch = self._packed(parts, self.config.pack.max_length)
         else:
-            ids = [item[1] for item in items]
-            masks = [item[2] for item in items]
+            ids = [part.input_ids for part in parts]
+            masks = [part.loss_mask for part in parts]
             batch = collate_arrays(ids, masks, self.width(max(len(row) for row in ids)), pad_id=self.pad_id)
-        arrays = apply_preset(batch, **self.options)
+        if self.pairs:
+            from ..batching.preference import SIDES, split_pairs
+
+            sides = split_pairs(batch)
+            arrays = {f"{side}_{name}": value for side in SIDES
+                      for name, value in apply_preset(getattr(sides, side), **self.options).items()}
+        else:
+            arrays = apply_preset(batch, **self.options)
         tensors = {name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
                    for name, value in arrays.items()}
         if self.rows:
-            tensors["rows"] = torch.tensor(rows, dtype=torch.int64)
+            tensors["rows"] = torch.tensor([part.row for part in parts], dtype=torch.int64)
         return tensors
 
-    def _packed(self, items: list, width: int):
+    def _items(self, items: list) -> list[PlanItem]:
+        """The items as :class:`PlanItem`, each cut to its token range; COLLATE_INPUT_INVALID for an item that is
+        no :class:`TokenDataset` item, a whole row of a plan that cuts samples, or rows that are not pairs."""
+        from ..batching.collate import collate_error, take_span
+
+        parts = []
+        for index, item in enumerate(items):
+            part = as_item(item)
+            if part is None:
+                raise collate_error(f"item {index} is {type(item).__name__}; PlanCollator takes TokenDataset items "
+                                    "(row, input_ids, loss_mask[, packed row])")
+            if part.span is not None:
+                ids, mask = take_span(part.input_ids, part.loss_mask, part.row, part.span)
+                part = part._replace(input_ids=ids, loss_mask=mask)
+            elif self.cut is not None:
+                raise collate_error(f"row {part.row} came whole, and this plan takes a token range of each sample "
+                                    f"(over-long policy {self.cut.policy.value}, max_length {self.cut.max_length}): "
+                                    "index the TokenDataset with PlanBatchSampler's keys (PlanKey), which carry the "
+                                    "range")
+            parts.append(part)
+        if self.pairs:
+            rows = [part.row for part in parts]
+            if len(rows) % 2 or any(rows[k] % 2 or rows[k + 1] != rows[k] + 1 for k in range(0, len(rows) - 1, 2)):
+                raise collate_error(f"a microbatch of pairs holds rows 2p, 2p + 1 side by side (chosen, rejected); "
+                                    f"these items hold rows {rows[:8]}{' ...' if len(rows) > 8 else ''}: batch them "
+                                    "with PlanBatchSampler over the plan of pairs")
+        return parts
+
+    def _packed(self, parts: list[PlanItem], width: int):
         from ..batching.collate import collate_arrays, collate_error
         from ..batching.packing.rows import pack_rows
 
-        if any(len(item) != 4 for item in items):
+        if any(part.pack is None for part in parts):
             raise collate_error("a packed plan's items carry their packed row: wrap the sampler in "
                                 "PackedBatchSampler and index a TokenDataset")
         grouped: list[list[dict]] = []
-        for row, ids, mask, k in items:
-            if k == len(grouped):
+        for part in parts:
+            if part.pack == len(grouped):
                 grouped.append([])
-            grouped[-1].append({"sample_id": str(row), "input_ids": ids, "loss_mask": mask})
+            grouped[-1].append({"sample_id": str(part.row), "input_ids": part.input_ids, "loss_mask": part.loss_mask})
         built = pack_rows(grouped, self.separator_ids, max_length=width)
         return collate_arrays([r.input_ids for r in built], [r.loss_mask for r in built], width, pad_id=self.pad_id,
                               max_len=width, segment_ids=[r.segment_ids for r in built],

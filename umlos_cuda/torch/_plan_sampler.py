@@ -34,6 +34,7 @@ from typing import Any
 from .. import checks, errors
 from ..errors import UmlosError
 from ._dist import argument_error, as_argument_error, require_uint64, resolve_world, state_of
+from ._plan_keys import plan_keys, takes_ranges
 from ._prefetch import LoaderLink, link_for, loop_count
 from ._sampler_base import SamplerBase as _SamplerBase
 
@@ -57,7 +58,12 @@ class PlanBatchSampler(_SamplerBase):
             else ``$RANK`` / ``$WORLD_SIZE``, else 0 / 1.
         epoch, microbatch_index: the starting cursor (default 0, 0).
 
-    Items are lists of Python ints: the dataset rows of one microbatch.
+    Items are lists of Python ints, the dataset rows of one microbatch; for a
+    plan whose over-long policy cuts samples (truncation or ``split``), lists
+    of :class:`~umlos_cuda.torch.PlanKey` ``(row, start, stop)``, the token
+    range of each sample the plan takes (``_plan_keys.py``), which
+    :class:`~umlos_cuda.torch.TokenDataset` and
+    :class:`~umlos_cuda.torch.PlanCollator` cut as ``collate_microbatch`` does.
     :attr:`last_microbatch` describes the last one yielded (epoch, global
     index, bucket id, ``max_len``) for a collate step in the same process.
 
@@ -139,7 +145,7 @@ class PlanBatchSampler(_SamplerBase):
         return range(first, self._epoch_length(epoch), self.world_size)
 
     # -- iteration -----------------------------------------------------------
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list]:
         self._iter_start = (self.epoch, self.microbatch_index)
         self._owner = owner = object()
         self._handed, self._link = 0, None
@@ -157,23 +163,26 @@ class PlanBatchSampler(_SamplerBase):
             return self.plan.microbatch_at(epoch, index)
         return self.plan.microbatch(epoch, self.plan.get_epoch(epoch).local_index(index))
 
-    def _generate(self, epoch: int, start: int, owner: object) -> Iterator[list[int]]:
+    def _generate(self, epoch: int, start: int, owner: object) -> Iterator[list]:
         plan_epoch = None if self.windowed else self.plan.get_epoch(epoch)
+        ranges = takes_ranges(self.plan.config)  # keys carry each sample's token range (_plan_keys.py)
         for step, index in enumerate(self._mine(epoch, start)):
             if plan_epoch is None:  # one window planned per window of microbatches (the plan keeps the last)
                 spec = self.plan.microbatch_at(epoch, index)
                 rows, bucket_id, max_len = spec.rows, spec.bucket_id, spec.max_len
+                spans = spec.spans if ranges else None
             else:  # the arrays themselves: no MicrobatchSpec (its sample ids) per microbatch
                 local = plan_epoch.local_index(index)
                 rows = plan_epoch.rows(local)
                 bucket_id, max_len = int(plan_epoch.bucket_ids[local]), int(plan_epoch.max_len[local])
+                spans = self.plan.entry_spans(plan_epoch, local) if ranges else None
             if self._owner is owner:
                 self.epoch, self.microbatch_index = self._after(epoch, start, step + 1)
                 self._handed = step + 1
                 if step == 0:
                     self._link = self._loader_link()
             self.last_microbatch = {"epoch": epoch, "index": index, "bucket_id": bucket_id, "max_len": max_len}
-            yield rows.tolist()
+            yield plan_keys(rows, spans)
         if self._owner is owner:  # a rank without a microbatch in the last step ends the epoch too
             self.epoch, self.microbatch_index = self._after(epoch, start, self.steps_from(epoch, start))
 

@@ -7,7 +7,9 @@ sequences") or a mixture of them (``plan cut --mix``), as a folder or a
 a batch size, a rank and a world size. What comes out: :class:`SequenceBatchSampler`, a
 ``batch_sampler`` whose items are lists of ``(epoch, k)`` keys, and :class:`SequenceDataset`,
 whose item ``(epoch, k)`` is sample ``k`` of that epoch as tensors (``input_ids``, ``labels``,
-``loss_mask``, ``position_ids``, ``segment_ids``), collated from the token source by the plan.
+``loss_mask``, ``position_ids``, ``segment_ids``), collated from the token source by the plan, its
+``labels`` shifted; with ``preset="hf"``, what a ``transformers`` causal LM takes as ``model(**batch)``
+(``input_ids``, unshifted ``labels``, ``position_ids``), which shifts the labels once itself.
 
 The sampler is :class:`~umlos_cuda.torch.PlanBatchSampler` with the sample as the unit of the
 cursor (the resume rule of windows/resume.py): from cursor ``c``, rank ``r`` of ``R`` takes the
@@ -27,6 +29,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from .. import checks, errors
 from ..errors import UmlosError
 from ._dist import argument_error, as_argument_error
@@ -35,6 +39,8 @@ from ._sampler_base import DatasetBase
 
 #: The arrays of a sample the dataset hands out (``documents``, a list of rows, is left out: it does not stack).
 TENSORS = ("input_ids", "labels", "loss_mask", "position_ids", "segment_ids")
+#: The conventions a sample is handed out in (:class:`SequenceDataset`).
+PRESETS = ("shifted", "hf")
 
 
 def _open(sequences):
@@ -112,21 +118,36 @@ class SequenceBatchSampler(PlanBatchSampler):
 
 
 class SequenceDataset(DatasetBase):
-    """Map-style dataset of pretraining sequences: item ``(epoch, k)`` is sample ``k`` of ``epoch``, a dict of
-    int64/uint8/int32 tensors (:data:`TENSORS`), collated from ``tokens`` (default: the plan's token source).
-    Over a mixture (one epoch) a sample also holds ``component``, the index of the dataset it came from."""
+    """Map-style dataset of pretraining sequences: item ``(epoch, k)`` is sample ``k`` of ``epoch`` as a dict of
+    tensors, collated from ``tokens`` (default: the plan's token source), in the convention ``preset`` names:
 
-    def __init__(self, sequences, *, tokens=None) -> None:
+    * ``shifted`` (default): int64/uint8/int32 tensors (:data:`TENSORS`), ``labels[t]`` the token that position
+      ``t`` predicts (the next one), to be weighted by ``loss_mask``; a loop computes
+      ``cross_entropy(logits, labels)`` itself, with no further shift. Over a mixture (one epoch) a sample also
+      holds ``component``, the index of the dataset it came from.
+    * ``hf``: what a ``transformers`` causal LM takes as ``model(**batch)``, which shifts its ``labels`` once
+      itself: ``input_ids``, ``labels`` and ``position_ids``, int64 ``[L]``, the labels unshifted
+      (:func:`hf_labels`). There is no ``attention_mask``: ``transformers`` finds the sample's documents from the
+      restarting ``position_ids`` (the forward must run without a cache, ``use_cache=False``). A model shifting
+      ``L`` labels trains ``L - 1`` predictions: the last one (the next sample's first token) is not trained,
+      as in ``transformers``' own grouped-text recipe.
+    """
+
+    def __init__(self, sequences, *, tokens=None, preset: str = "shifted") -> None:
+        from ..batching.presets import preset_error
+
         self._given = sequences
         self._tokens = tokens
         self._plan = _open(sequences)
+        self.preset = checks.choice(preset, "preset", PRESETS, fail=preset_error)
 
     def __getstate__(self) -> dict:
         opened = not isinstance(self._given, (str, os.PathLike))
-        return {"given": self._given, "tokens": self._tokens, "plan": self._plan if opened else None}
+        return {"given": self._given, "tokens": self._tokens, "plan": self._plan if opened else None,
+                "preset": self.preset}
 
     def __setstate__(self, state: dict) -> None:
-        self._given, self._tokens = state["given"], state["tokens"]
+        self._given, self._tokens, self.preset = state["given"], state["tokens"], state["preset"]
         self._plan = state["plan"] if state["plan"] is not None else _open(self._given)
 
     @property
@@ -141,10 +162,26 @@ class SequenceDataset(DatasetBase):
         import torch
 
         epoch, k = key
-        if hasattr(self._plan, "components"):  # a mixture: one epoch, its samples numbered across datasets
+        mixture = hasattr(self._plan, "components")  # one epoch, its samples numbered across datasets
+        if mixture:
             self._plan.epoch_microbatches(int(epoch))  # PLAN_CURSOR_INVALID unless epoch 0
             sample = self._plan.sample(int(k), self._tokens)
-            return {**{name: torch.from_numpy(sample[name]) for name in TENSORS},
-                    "component": torch.tensor(sample["component"])}
-        sample = self._plan.sample(int(epoch), int(k), self._tokens)
-        return {name: torch.from_numpy(sample[name]) for name in TENSORS}
+        else:
+            sample = self._plan.sample(int(epoch), int(k), self._tokens)
+        if self.preset == "hf":
+            return {"input_ids": torch.from_numpy(sample["input_ids"]),
+                    "labels": torch.from_numpy(hf_labels(sample["labels"], sample["loss_mask"])),
+                    "position_ids": torch.from_numpy(sample["position_ids"])}
+        tensors = {name: torch.from_numpy(sample[name]) for name in TENSORS}
+        if mixture:
+            tensors["component"] = torch.tensor(sample["component"])
+        return tensors
+
+
+def hf_labels(labels: np.ndarray, loss_mask: np.ndarray) -> np.ndarray:
+    """The ``hf`` labels of a sample's shifted ``labels`` and ``loss_mask``: moved one position right, -100 at
+    position 0 and wherever the shifted label is not trained on (loss mask 0, or -100 already), so that a model
+    which shifts them gets ``labels[t]`` at position ``t`` exactly where the loss mask keeps it."""
+    from ..batching.presets import IGNORE_INDEX, unshifted_labels
+
+    return unshifted_labels(np.where(np.asarray(loss_mask) != 0, labels, IGNORE_INDEX))

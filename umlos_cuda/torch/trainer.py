@@ -36,6 +36,22 @@ skipped microbatch; the cursor is exact at any epoch length and O(1).
 The cursor counts the microbatches the Trainer trained on
 (``training_step`` calls), not those the sampler handed out, so
 ``dataloader_num_workers`` (whose workers fetch ahead) changes nothing.
+``state.epoch`` is the cursor's place in the plan (:meth:`PlanTrainerData.progress`):
+the Trainer's own value counts the batches of the current run only (its
+skip is off), so after a resume it would leave out every microbatch
+trained before.
+
+**Evaluation.** ``eval_dataset=PlanEvalData(validation_plan, store)`` (or a
+dict of them, or one given to ``evaluate``) is evaluated over that plan's
+microbatches (``_plan_eval.py``): one epoch, every microbatch once, rank
+``r`` of ``W`` the global microbatches ``i % W == r``, from the first at
+every evaluation, so the microbatches and the gathered losses, in global
+order, are the same at every world size; the Trainer's own evaluation loop
+runs on them (``eval_loss`` is its mean of the microbatches' losses,
+``compute_metrics`` works as usual). A rank without a microbatch in the
+last step evaluates masked padding whose loss is NaN, left out by the
+Trainer's ``logging_nan_inf_filter`` (required then).
+
 ``transformers`` is imported only when a class is built.
 """
 
@@ -45,6 +61,10 @@ import json
 import os
 from collections.abc import Iterator
 from typing import Any
+
+from ._plan_eval import EVAL_PADDING, PlanEvalData, check_eval_layout
+
+__all__ = ["CURSOR_FILE", "EVAL_PADDING", "PlanEvalData", "PlanTrainerData", "plan_trainer_class"]
 
 #: The cursor's file in a Trainer checkpoint folder.
 CURSOR_FILE = "plan_cursor.json"
@@ -155,6 +175,13 @@ class PlanTrainerData:
                 return epoch, self.plan.epoch_microbatches(epoch)
             epoch, index = epoch + 1, 0
 
+    def progress(self) -> float:
+        """The share of this rank's microbatches of the whole plan trained on, the cursor's place in the plan: the
+        Trainer's ``state.epoch`` (one Trainer epoch is the whole plan), after a resume too."""
+        epoch, index = self.cursor()
+        done = sum(self._mine(e, 0) for e in range(epoch)) + self._mine(epoch, 0) - self._mine(epoch, index)
+        return done / len(self)
+
     def state_dict(self) -> dict[str, Any]:
         """The cursor of :meth:`cursor` in :meth:`PlanBatchSampler.state_dict`'s format."""
         epoch, index = self.cursor()
@@ -207,7 +234,8 @@ class PlanTrainerData:
 
 def plan_trainer_class(base: type | None = None) -> type:
     """A subclass of ``base`` (default ``transformers.Trainer``; ``trl.SFTTrainer`` works too) that takes
-    ``plan_data=PlanTrainerData(...)`` and trains on it, the cursor in its checkpoints (module docstring)."""
+    ``plan_data=PlanTrainerData(...)`` and trains on it, the cursor in its checkpoints, and evaluates a
+    :class:`PlanEvalData` given as ``eval_dataset`` (module docstring)."""
     if base is None:
         from transformers import Trainer
 
@@ -240,9 +268,15 @@ class _PlanTrainerMixin(_TrainerMethods):
                                  "for more microbatches per optimizer step")
         self.plan_data = plan_data
         self.args.ignore_data_skip = True  # the restored cursor stands after the trained microbatches already
-        self.add_callback(_cursor_callback()(plan_data))
+        cursor, epoch = _callbacks()
+        self.add_callback(cursor(plan_data))
+        # first, so that every callback's on_step_end, the log and the checkpoint see the corrected epoch
+        self.callback_handler.callbacks.insert(0, epoch(plan_data))
+        _warn_token_counts(self, plan_data.collator)
 
-    def get_train_dataloader(self):
+    def _plan_loader(self, dataset: Any, batch_sampler: Any, collate_fn: Any):
+        """A ``DataLoader`` over a plan's microbatches with the Trainer's loader arguments (not prepared by
+        ``accelerate``: the batch sampler is this rank's share already)."""
         from torch.utils.data import DataLoader
 
         args = self.args
@@ -250,8 +284,42 @@ class _PlanTrainerMixin(_TrainerMethods):
         options = {"prefetch_factor": args.dataloader_prefetch_factor,
                    "persistent_workers": args.dataloader_persistent_workers,
                    "multiprocessing_context": args.dataloader_multiprocessing_context} if workers else {}
-        return DataLoader(self.plan_data.dataset, batch_sampler=self.plan_data, collate_fn=self.plan_data.collator,
-                          num_workers=workers, pin_memory=args.dataloader_pin_memory, **options)
+        return DataLoader(dataset, batch_sampler=batch_sampler, collate_fn=collate_fn, num_workers=workers,
+                          pin_memory=args.dataloader_pin_memory, **options)
+
+    def get_train_dataloader(self):
+        return self._plan_loader(self.plan_data.dataset, self.plan_data, self.plan_data.collator)
+
+    def get_eval_dataloader(self, eval_dataset: Any = None):
+        """A :class:`PlanEvalData` (as ``eval_dataset``, one of a dict of them, or given to ``evaluate``) is
+        evaluated over its plan's microbatches; any other eval dataset as the base class does."""
+        data = self.eval_dataset[eval_dataset] if isinstance(eval_dataset, str) else (
+            eval_dataset if eval_dataset is not None else self.eval_dataset)
+        if not isinstance(data, PlanEvalData):
+            return super().get_eval_dataloader(eval_dataset)
+        check_eval_layout(data, self.args.logging_nan_inf_filter)
+        return self._plan_loader(data.dataset, data, data.collate_fn)
+
+    def prediction_step(self, model: Any, inputs: dict, prediction_loss_only: bool, ignore_keys: Any = None):
+        """The base class's. On a :class:`PlanEvalData` batch (it holds the padding mark, taken out here) the
+        loss is the microbatch's own mean over its trained tokens, and NaN for a padding step, which the Trainer
+        leaves out of ``eval_loss`` (``logging_nan_inf_filter``). ``average_tokens_across_devices`` is off for
+        it: that divides each rank's loss sum by the tokens of every rank's microbatch in the step, so the value
+        would depend on which microbatches share a step, which is the world size."""
+        if EVAL_PADDING not in inputs:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+        padding = inputs.pop(EVAL_PADDING)
+        averaging, self.args.average_tokens_across_devices = self.args.average_tokens_across_devices, False
+        try:
+            loss, logits, labels = super().prediction_step(model, inputs, prediction_loss_only,
+                                                           ignore_keys=ignore_keys)
+        finally:
+            self.args.average_tokens_across_devices = averaging
+        if padding and loss is not None:
+            import torch
+
+            loss = torch.full_like(loss, float("nan"))
+        return loss, logits, labels
 
     def training_step(self, *args: Any, **kwargs: Any):
         loss = super().training_step(*args, **kwargs)
@@ -270,11 +338,11 @@ class _PlanTrainerMixin(_TrainerMethods):
         return super().train(resume_from_checkpoint or None, *args, **kwargs)
 
 
-def _cursor_callback() -> type:
-    """The ``TrainerCallback`` that writes the cursor into each checkpoint folder (built on first use, so that
-    importing this module does not import ``transformers``)."""
-    global _CursorCallback
-    if _CursorCallback is None:
+def _callbacks() -> tuple[type, type]:
+    """The ``TrainerCallback`` classes (built on first use, so that importing this module does not import
+    ``transformers``): one writes the cursor into each checkpoint folder, one sets ``state.epoch``."""
+    global _classes
+    if _classes is None:
         from transformers import TrainerCallback
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -299,8 +367,38 @@ def _cursor_callback() -> type:
             def on_save(self, args, state, control, **kwargs):  # a save decided after the step's end
                 self._write(args, state)
 
-        _CursorCallback = CursorCallback
-    return _CursorCallback
+        class EpochCallback(TrainerCallback):
+            """``state.epoch`` from the cursor. The Trainer sets it to ``epoch + (step + 1) / steps_in_epoch``
+            with ``step`` counted from this run's first batch, since its own skip is off
+            (``ignore_data_skip``): after a resume that leaves out every microbatch trained before it."""
+
+            def __init__(self, data: PlanTrainerData) -> None:
+                self.data = data
+
+            def on_step_end(self, args, state, control, **kwargs):
+                state.epoch = self.data.progress()
+
+        _classes = (CursorCallback, EpochCallback)
+    return _classes
 
 
-_CursorCallback: type | None = None
+_classes: tuple[type, type] | None = None
+
+
+def _warn_token_counts(trainer: Any, collator: Any) -> None:
+    """Warn when the Trainer would count tokens by summing a 4-D attention mask: TRL's ``SFTTrainer`` logs
+    ``num_tokens`` as ``attention_mask.sum()``, the Trainer ``num_input_tokens_seen`` too under
+    ``include_num_input_tokens_seen="non_padding"``; a ``[rows, 1, width, width]`` mask sums the pairs of tokens
+    that attend to each other (about ``width / 2`` per token), not the tokens."""
+    if collator.options.get("attention") != "4d" or collator.options["preset"].value != "hf":
+        return
+    counted = [name for name, counts in (
+        ("TRL's num_tokens", hasattr(trainer, "_total_train_tokens")),  # SFTTrainer's running count
+        ("num_input_tokens_seen", trainer.args.include_num_input_tokens_seen == "non_padding")) if counts]
+    if counted:
+        import warnings
+
+        warnings.warn(f"{' and '.join(counted)} will be counted as attention_mask.sum(), and the hf preset's 4-D "
+                      "mask (a packed plan) sums token pairs, not tokens: the count would be about width / 2 times "
+                      "too high. Give PlanTrainerData preset='padding_free' (no attention_mask: the tokens are "
+                      "counted as position_ids.size(1), exactly)", UserWarning, stacklevel=3)

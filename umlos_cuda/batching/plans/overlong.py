@@ -76,6 +76,11 @@ class OverlongConfig:
                                                               fail=config_error))
         object.__setattr__(self, "policy", OverlongPolicy.parse(self.policy))
 
+    @property
+    def cuts(self) -> bool:
+        """True when the plan takes token ranges of samples (a truncation or ``split``), not whole samples."""
+        return self.policy is not OverlongPolicy.SKIP
+
     def to_dict(self) -> dict:
         return {"max_length": self.max_length, "policy": self.policy.value}
 

@@ -252,6 +252,19 @@ class BatchPlan:
         pieces = None if epoch.pieces is None else np.asarray(epoch.pieces[start:stop])
         return units.index(samples, pieces), units.lengths
 
+    def entry_spans(self, epoch: EpochPlan, j: int) -> np.ndarray | None:
+        """The token range ``[start, stop)`` (int64 ``[count, 2]``) of each sample of local microbatch ``j`` of
+        ``epoch`` under the plan's over-long policy (:attr:`MicrobatchSpec.spans`); None without a policy."""
+        table = self.units
+        if table is None or self.config.overlong is None:
+            return None
+        units, _ = self.unit_index(epoch, int(epoch.offsets[j]), int(epoch.offsets[j + 1]))
+        if units.size and int(units.min()) < 0:
+            raise plan_error(errors.PLAN_SAMPLES_INVALID,
+                             f"epoch {epoch.epoch} microbatch {j}: entry {int(np.argmin(units))} is no sample or "
+                             "piece of the plan's configuration")
+        return np.stack((table.starts[units], table.stops[units]), axis=1)
+
     def __repr__(self) -> str:
         shard = f", shard {self.meta.shard['rank']}/{self.meta.shard['world_size']}" if self.meta.shard else ""
         return (f"BatchPlan({self.num_epochs} epochs, {self.total_microbatches} microbatches, "
@@ -302,15 +315,7 @@ class BatchPlan:
         rows = plan.rows(j)
         ids = self._ids(rows)
         pieces = plan.entry_pieces(j)
-        spans = None
-        table = self.units
-        if table is not None and self.config.overlong is not None:
-            units, _ = self.unit_index(plan, int(plan.offsets[j]), int(plan.offsets[j + 1]))
-            if units.size and int(units.min()) < 0:
-                raise plan_error(errors.PLAN_SAMPLES_INVALID,
-                                 f"epoch {epoch} microbatch {j}: entry {int(np.argmin(units))} is no sample or piece "
-                                 "of the plan's configuration")
-            spans = np.stack((table.starts[units], table.stops[units]), axis=1)
+        spans = self.entry_spans(plan, j)
         packs = sizes = None
         if plan.pack_rows is not None:
             assert plan.row_offsets is not None  # a packed epoch has both

@@ -1,13 +1,14 @@
 """How much work one chat render may do, so that a hostile template cannot hang a command.
 
 What goes in: a render in progress. What comes out: nothing, or
-:class:`RenderLimitExceeded` once the render goes past a limit.
+:class:`RenderLimitExceeded` once the render goes past a limit; and
+:func:`render_budget`, the CPU, memory and wall-clock budget a render worker
+gives each record (umlos_cuda/batching/lengths/budget.py).
 
 Jinja's sandbox keeps a template away from Python's internals but not from
 the CPU: ``range`` is capped at 100,000 items, yet two nested loops over it
 run 10^10 times, and ``10 ** 10 ** 9`` is one expression that computes for
-minutes. A time limit would make a record pass on one machine and fail on
-another, so the limits count work instead, the same everywhere:
+minutes. The limits here count work, the same on every machine:
 
 * :data:`MAX_RENDER_STEPS` lines of template code executed per render
   (every loop iteration executes at least one; a real chat template takes a
@@ -19,12 +20,14 @@ another, so the limits count work instead, the same everywhere:
   :data:`MAX_POWER_BITS` bits, are refused before they are computed.
 
 Python's own recursion limit stops a macro that calls itself. A render that
-goes past a limit fails its record like a template that raises. What these
-limits leave open is memory grown by other means within the step limit (a
-string doubled with ``~`` or ``replace`` thirty times is a gigabyte): Jinja's
-sandbox does not bound memory, so untrusted templates run under a memory
-limit (``ulimit -v``), where the allocation fails with ``MemoryError`` and the
-record fails with it.
+goes past a limit fails its record with CHAT_RENDER_BUDGET_EXCEEDED. What
+these counts cannot see is work done inside one C call (``==`` between two
+shared lists doubled 40 times, ``tojson`` or ``pprint`` of a shared structure
+of 2^40 leaves, an integer squared 40 times, a string doubled with ``~``
+until it fills memory): for that,
+``data tokenize`` and ``data lengths build`` render in worker processes
+under :func:`render_budget` (CPU seconds and wall-clock seconds per record,
+memory per worker), which the kernel enforces inside C code too.
 """
 
 from __future__ import annotations
@@ -34,18 +37,37 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ... import errors
+from ...epoch import limit_setting
+from ..lengths.budget import Budget
+
 #: Lines of template code one render may execute.
 MAX_RENDER_STEPS = 5_000_000
 #: Characters one render may write (a dataset line is at most 64 MiB; its text rendered once is less).
 MAX_RENDERED_CHARS = 64 << 20
 #: Bits of an integer ``a ** b`` may produce.
 MAX_POWER_BITS = 1 << 16
+#: The render budget's defaults: CPU seconds and wall-clock seconds one record's render may take in a
+#: render worker, and the MiB a render worker may grow by; the environment variables that change them.
+DEFAULT_CPU_S, DEFAULT_WALL_S, DEFAULT_MEMORY_MIB = 10, 60, 4096
+CPU_SETTING, WALL_SETTING, MEMORY_SETTING = ("UMLOS_CHAT_RENDER_CPU_S", "UMLOS_CHAT_RENDER_WALL_S",
+                                             "UMLOS_CHAT_RENDER_MEMORY_MIB")
 #: The file name Jinja compiles a template string under: the frames the step counter watches.
 TEMPLATE_FILENAME = "<template>"
 
 
 class RenderLimitExceeded(Exception):
     """A render went past one of this module's limits."""
+
+
+def render_budget() -> Budget:
+    """The budget of a render worker: :data:`DEFAULT_CPU_S`, :data:`DEFAULT_WALL_S` and
+    :data:`DEFAULT_MEMORY_MIB`, or the environment's settings (0: no limit); INVALID_ARGUMENT for a
+    setting that is not a non-negative integer."""
+    return Budget(limit_setting(CPU_SETTING, DEFAULT_CPU_S, operator=errors.BATCHING_OPERATOR),
+                  limit_setting(MEMORY_SETTING, DEFAULT_MEMORY_MIB, operator=errors.BATCHING_OPERATOR),
+                  limit_setting(WALL_SETTING, DEFAULT_WALL_S, operator=errors.BATCHING_OPERATOR),
+                  CPU_SETTING, MEMORY_SETTING, WALL_SETTING)
 
 
 @contextmanager

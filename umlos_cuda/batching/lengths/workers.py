@@ -202,9 +202,9 @@ class _Pool:
         index = self._sent % self._size
         if index == len(self._processes):
             self._start(index)
-        # The worker needs the values, where the lines are and how many rows: not the ids.
+        # The worker needs the values, where the lines are and how many rows: not the ids nor the places.
         task: tuple[int, RecordChunk, dict[int, str]] = \
-            (self._sent, replace(chunk, sample_ids=RowIds(0, len(chunk.sample_ids)), raw=None), {})
+            (self._sent, replace(chunk, sample_ids=RowIds(0, len(chunk.sample_ids)), read=None), {})
         self._in_flight[index].append(task)
         with contextlib.suppress(OSError):  # the worker is gone; result() says how
             self._pipes[index].send(task)

@@ -265,6 +265,9 @@ def test_template_failures_are_documented(models, tmp_path):
            chat_template=tmp_path / "missing.jinja", mention="does not exist")
 
 
+SQUARED = "{% set ns = namespace(x=3) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}{{ ns.x }}"
+
+
 @pytest.mark.parametrize("template, mention", [
     ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "steps"),
     ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
@@ -272,6 +275,29 @@ def test_template_failures_are_documented(models, tmp_path):
     ("{{ 2 ** 1000000000 }}", "bits"),
     ("{% set ns = namespace(s='x' * 1000000) %}{% for i in range(100) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
      "joins"),
+    # one step of template code, hours of work in C or in a filter: refused before it runs (chat/guards.py)
+    (SQUARED, "multiplies integers of 51,937 and 51,937 bits"),
+    ("{{ (2 ** 30000) * (2 ** 30000) * (2 ** 30000) }}", "multiplies integers of 60,001 and 30,001 bits"),
+    ("{{ [1]|slice(1000000000)|list|length }}", "asks |slice for 1,000,000,000"),
+    ("{{ [1]|batch(1000000000, 0)|list|length }}", "asks |batch for 1,000,000,000"),
+    ("{{ ('x ' * 30000000)|wordwrap(1)|length }}", "60,000,000 characters at width 1"),
+    ("{{ 'x'|center(1000000000000) }}", "asks |center for"),
+    ("{{ 'a\nb'|indent(1000000000) }}", "|indent would write"),
+    ("{{ messages|tojson(indent=1000000000) }}", "tojson's indent"),
+    ("{{ messages|tojson(indent='x' * 100000) }}", "tojson's indent"),
+    ("{{ '%1000000000d' % 1 }}", "'%1000000000'"),
+    ("{{ '%*d' % (1000000000, 1) }}", "'%*'"),
+    ("{{ '%.1000000000f'|format(1.5) }}", "'%.1000000000'"),
+    ("{{ '{:>1000000000}'.format(1) }}", "'>1000000000'"),
+    ("{{ '{:{w}}'.format(1, w=1000000000) }}", "comes from the arguments"),
+    ("{{ '{a:>1000000000}'.format_map({'a': 1}) }}", "'>1000000000'"),
+    ("{{ strftime_now('%1000000000Y') }}", "'%1000000000'"),
+    ("{{ 1|round(1000000000, 'floor') }}", "asks |round for"),
+    ("{{ ('ab' * 1000)|replace('', 'x' * 100000) }}", "|replace would write"),
+    ("{{ 'x'.ljust(10000000000) }}", "str.ljust"),
+    ("{{ 'x'.zfill(10000000000) }}", "str.zfill"),
+    ("{{ ('\\t' * 1000).expandtabs(1000000000) }}", "str.expandtabs"),
+    ("{{ ('ab' * 1000).replace('', 'x' * 100000) }}", "str.replace"),
 ])
 def test_runaway_templates_stop_at_the_render_limits(models, tmp_path, template, mention):
     (tmp_path / "t.jinja").write_text(template)
@@ -279,6 +305,51 @@ def test_runaway_templates_stop_at_the_render_limits(models, tmp_path, template,
     expect(errors.CHAT_RENDER_BUDGET_EXCEEDED, encode_chat, folder, CONVERSATIONS[0],
            chat_template=tmp_path / "t.jinja", mention=mention)
     assert MAX_RENDER_STEPS < 100000 * 100000
+
+
+@pytest.mark.parametrize("template, expected", [
+    ("{{ (3 * 4) ~ '|' ~ (2 ** 10) ~ '|' ~ ((2 ** 30) * (2 ** 30)) }}", "12|1024|1152921504606846976"),
+    ("{{ [1, 2, 3]|slice(2)|list }}|{{ [1, 2, 3]|batch(2, 0)|list }}", "[[1, 2], [3]]|[[1, 2], [3, 0]]"),
+    ("{{ 'aa bb cc'|wordwrap(5) }}|{{ 'ab'|center(6) }}|{{ 'a\nb'|indent(2) }}", "aa bb\ncc|  ab  |a\n  b"),
+    ("{{ {'a': [1]}|tojson(indent=2) }}", '{\n  "a": [\n    1\n  ]\n}'),
+    ("{{ '%5d|%-3s|%.2f' % (7, 'x', 1.005) }}|{{ '%03d'|format(7) }}|{{ '{:>4}'.format('x') }}",
+     "    7|x  |1.00|007|   x"),
+    ("{{ 3.14159|round(2) }}|{{ 'a-b'|replace('-', '+') }}|{{ 'x'.ljust(3) }}|", "3.14|a+b|x  |"),
+])
+def test_the_guards_leave_what_a_template_needs_as_transformers_renders_it(models, tmp_path, template, expected):
+    """The capped filters, methods and operators render what they render in transformers below their caps."""
+    folder, hf = models["chatml"]
+    (tmp_path / "t.jinja").write_text(template)
+    assert encode_chat(folder, CONVERSATIONS[0], chat_template=tmp_path / "t.jinja").text == expected
+    assert hf.apply_chat_template(CONVERSATIONS[0], chat_template=template, tokenize=False) == expected
+
+
+def test_lipsum_is_not_a_global(models, tmp_path):
+    """One ``lipsum`` call writes what it is asked for (a million paragraphs): chat templates do not get it."""
+    (tmp_path / "t.jinja").write_text("{{ lipsum(1000000, false, 100000, 100001) }}")
+    folder, _ = models["chatml"]
+    expect(errors.DATASET_RECORD_INVALID, encode_chat, folder, CONVERSATIONS[0], chat_template=tmp_path / "t.jinja",
+           mention="'lipsum' is undefined")
+
+
+def test_a_template_over_a_mebibyte_is_refused_wherever_it_comes_from(models, tmp_path):
+    """``chat_template.jinja``, ``tokenizer_config.json``'s ``chat_template`` and ``--chat-template``: each is
+    refused over 1 MiB before Jinja compiles it (a 28 MB template compiles for minutes)."""
+    folder, _ = models["chatml"]
+    big = "{{ messages[0]['content'] }}" + " " * (1 << 20)
+    jinja_file = tmp_path / "jinja"
+    shutil.copytree(folder, jinja_file)
+    (jinja_file / "chat_template.jinja").write_text(big)
+    config = tmp_path / "config"
+    shutil.copytree(folder, config)
+    data = json.loads((config / "tokenizer_config.json").read_text())
+    (config / "tokenizer_config.json").write_text(json.dumps({**data, "chat_template": big}))
+    (tmp_path / "t.jinja").write_text(big)
+    for model, option in ((jinja_file, None), (config, None), (folder, tmp_path / "t.jinja")):
+        expect(errors.CHAT_TEMPLATE_INVALID, encode_chat, model, CONVERSATIONS[0], chat_template=option,
+               mention="1,048,576")
+    (jinja_file / "chat_template.jinja").write_text(big[:1 << 20])  # at the cap: taken
+    assert encode_chat(jinja_file, CONVERSATIONS[0]).text.startswith(CONVERSATIONS[0][0]["content"])
 
 
 def test_a_template_that_rewrites_earlier_turns_needs_markers(models, tmp_path):

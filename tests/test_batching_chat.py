@@ -265,6 +265,9 @@ def test_template_failures_are_documented(models, tmp_path):
            chat_template=tmp_path / "missing.jinja", mention="does not exist")
 
 
+SQUARED = "{% set ns = namespace(x=3) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}{{ ns.x }}"
+
+
 @pytest.mark.parametrize("template, mention", [
     ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "steps"),
     ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
@@ -272,13 +275,81 @@ def test_template_failures_are_documented(models, tmp_path):
     ("{{ 2 ** 1000000000 }}", "bits"),
     ("{% set ns = namespace(s='x' * 1000000) %}{% for i in range(100) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
      "joins"),
+    # one step of template code, hours of work in C or in a filter: refused before it runs (chat/guards.py)
+    (SQUARED, "multiplies integers of 51,937 and 51,937 bits"),
+    ("{{ (2 ** 30000) * (2 ** 30000) * (2 ** 30000) }}", "multiplies integers of 60,001 and 30,001 bits"),
+    ("{{ [1]|slice(1000000000)|list|length }}", "asks |slice for 1,000,000,000"),
+    ("{{ [1]|batch(1000000000, 0)|list|length }}", "asks |batch for 1,000,000,000"),
+    ("{{ ('x ' * 30000000)|wordwrap(1)|length }}", "60,000,000 characters at width 1"),
+    ("{{ 'x'|center(1000000000000) }}", "asks |center for"),
+    ("{{ 'a\nb'|indent(1000000000) }}", "|indent would write"),
+    ("{{ messages|tojson(indent=1000000000) }}", "tojson's indent"),
+    ("{{ messages|tojson(indent='x' * 100000) }}", "tojson's indent"),
+    ("{{ '%1000000000d' % 1 }}", "'%1000000000'"),
+    ("{{ '%*d' % (1000000000, 1) }}", "'%*'"),
+    ("{{ '%.1000000000f'|format(1.5) }}", "'%.1000000000'"),
+    ("{{ '{:>1000000000}'.format(1) }}", "'>1000000000'"),
+    ("{{ '{:{w}}'.format(1, w=1000000000) }}", "comes from the arguments"),
+    ("{{ '{a:>1000000000}'.format_map({'a': 1}) }}", "'>1000000000'"),
+    ("{{ strftime_now('%1000000000Y') }}", "'%1000000000'"),
+    ("{{ 1|round(1000000000, 'floor') }}", "asks |round for"),
+    ("{{ ('ab' * 1000)|replace('', 'x' * 100000) }}", "|replace would write"),
+    ("{{ 'x'.ljust(10000000000) }}", "str.ljust"),
+    ("{{ 'x'.zfill(10000000000) }}", "str.zfill"),
+    ("{{ ('\\t' * 1000).expandtabs(1000000000) }}", "str.expandtabs"),
+    ("{{ ('ab' * 1000).replace('', 'x' * 100000) }}", "str.replace"),
 ])
 def test_runaway_templates_stop_at_the_render_limits(models, tmp_path, template, mention):
     (tmp_path / "t.jinja").write_text(template)
     folder, _ = models["chatml"]
-    expect(errors.DATASET_RECORD_INVALID, encode_chat, folder, CONVERSATIONS[0], chat_template=tmp_path / "t.jinja",
-           mention=mention)
+    expect(errors.CHAT_RENDER_BUDGET_EXCEEDED, encode_chat, folder, CONVERSATIONS[0],
+           chat_template=tmp_path / "t.jinja", mention=mention)
     assert MAX_RENDER_STEPS < 100000 * 100000
+
+
+@pytest.mark.parametrize("template, expected", [
+    ("{{ (3 * 4) ~ '|' ~ (2 ** 10) ~ '|' ~ ((2 ** 30) * (2 ** 30)) }}", "12|1024|1152921504606846976"),
+    ("{{ [1, 2, 3]|slice(2)|list }}|{{ [1, 2, 3]|batch(2, 0)|list }}", "[[1, 2], [3]]|[[1, 2], [3, 0]]"),
+    ("{{ 'aa bb cc'|wordwrap(5) }}|{{ 'ab'|center(6) }}|{{ 'a\nb'|indent(2) }}", "aa bb\ncc|  ab  |a\n  b"),
+    ("{{ {'a': [1]}|tojson(indent=2) }}", '{\n  "a": [\n    1\n  ]\n}'),
+    ("{{ '%5d|%-3s|%.2f' % (7, 'x', 1.005) }}|{{ '%03d'|format(7) }}|{{ '{:>4}'.format('x') }}",
+     "    7|x  |1.00|007|   x"),
+    ("{{ 3.14159|round(2) }}|{{ 'a-b'|replace('-', '+') }}|{{ 'x'.ljust(3) }}|", "3.14|a+b|x  |"),
+])
+def test_the_guards_leave_what_a_template_needs_as_transformers_renders_it(models, tmp_path, template, expected):
+    """The capped filters, methods and operators render what they render in transformers below their caps."""
+    folder, hf = models["chatml"]
+    (tmp_path / "t.jinja").write_text(template)
+    assert encode_chat(folder, CONVERSATIONS[0], chat_template=tmp_path / "t.jinja").text == expected
+    assert hf.apply_chat_template(CONVERSATIONS[0], chat_template=template, tokenize=False) == expected
+
+
+def test_lipsum_is_not_a_global(models, tmp_path):
+    """One ``lipsum`` call writes what it is asked for (a million paragraphs): chat templates do not get it."""
+    (tmp_path / "t.jinja").write_text("{{ lipsum(1000000, false, 100000, 100001) }}")
+    folder, _ = models["chatml"]
+    expect(errors.DATASET_RECORD_INVALID, encode_chat, folder, CONVERSATIONS[0], chat_template=tmp_path / "t.jinja",
+           mention="'lipsum' is undefined")
+
+
+def test_a_template_over_a_mebibyte_is_refused_wherever_it_comes_from(models, tmp_path):
+    """``chat_template.jinja``, ``tokenizer_config.json``'s ``chat_template`` and ``--chat-template``: each is
+    refused over 1 MiB before Jinja compiles it (a 28 MB template compiles for minutes)."""
+    folder, _ = models["chatml"]
+    big = "{{ messages[0]['content'] }}" + " " * (1 << 20)
+    jinja_file = tmp_path / "jinja"
+    shutil.copytree(folder, jinja_file)
+    (jinja_file / "chat_template.jinja").write_text(big)
+    config = tmp_path / "config"
+    shutil.copytree(folder, config)
+    data = json.loads((config / "tokenizer_config.json").read_text())
+    (config / "tokenizer_config.json").write_text(json.dumps({**data, "chat_template": big}))
+    (tmp_path / "t.jinja").write_text(big)
+    for model, option in ((jinja_file, None), (config, None), (folder, tmp_path / "t.jinja")):
+        expect(errors.CHAT_TEMPLATE_INVALID, encode_chat, model, CONVERSATIONS[0], chat_template=option,
+               mention="1,048,576")
+    (jinja_file / "chat_template.jinja").write_text(big[:1 << 20])  # at the cap: taken
+    assert encode_chat(jinja_file, CONVERSATIONS[0]).text.startswith(CONVERSATIONS[0][0]["content"])
 
 
 def test_a_template_that_rewrites_earlier_turns_needs_markers(models, tmp_path):
@@ -343,6 +414,135 @@ def test_bad_chat_records_name_their_line_or_are_skipped_alike(models, tmp_path)
     kept = [r["id"] for i, r in enumerate(rows) if i not in (2, 5)]
     assert cache.sample_ids == store.length_cache().sample_ids == kept
     assert np.array_equal(cache.lengths, store.lengths)
+
+
+#: ChatML that refuses an unknown role, and spends hours in one C call on a message "boom": two lists doubled
+#: 40 times, 40 steps of template code, compared with == (2^40 leaves): only the render budget stops it.
+BOOM = ("{% set ns = namespace(a=[0], b=[0]) %}{% for m in messages %}"
+        "{% if m['role'] not in ['system', 'user', 'assistant'] %}{{ raise_exception('unknown role ' + m['role']) }}"
+        "{% endif %}{% if m['content'] == 'boom' %}{% for i in range(40) %}{% set ns.a = [ns.a, ns.a] %}"
+        "{% set ns.b = [ns.b, ns.b] %}{% endfor %}{{ ns.a == ns.b }}{% endif %}"
+        "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}")
+
+
+def boom_lines(kinds: str) -> list[str]:
+    """One JSONL line per letter: ``o`` a conversation that renders, ``b`` one that spends hours (BOOM), ``t`` one
+    the template refuses (role tool), ``s`` messages that are a string, ``j`` a line that is not JSON, ``_`` blank."""
+    made = {"o": lambda i: {"id": f"c{i}", "messages": CONVERSATIONS[i % len(CONVERSATIONS)]},
+            "b": lambda i: {"id": f"c{i}", "messages": [{"role": "user", "content": "boom"}]},
+            "t": lambda i: {"id": f"c{i}", "messages": [{"role": "tool", "content": "x"}]},
+            "s": lambda i: {"id": f"c{i}", "messages": "not a list"}}
+    return [json.dumps(made[kind](i)) if kind in made else "{not json" if kind == "j" else ""
+            for i, kind in enumerate(kinds)]
+
+
+@pytest.fixture
+def small_budget(monkeypatch):
+    monkeypatch.setenv("UMLOS_CHAT_RENDER_CPU_S", "1")
+    monkeypatch.setenv("UMLOS_CHAT_RENDER_WALL_S", "20")
+    monkeypatch.setenv("UMLOS_CHAT_RENDER_MEMORY_MIB", "512")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_record_past_the_render_budget_fails_naming_its_line_and_the_limit(models, tmp_path, small_budget,
+                                                                              workers):
+    """The worker rendering line 3 ends at 1 CPU second; the command fails there with the budget's code, the
+    setting that raises it and how to skip such lines, whatever the number of workers; nothing is written."""
+    folder, _ = models["chatml"]
+    (tmp_path / "boom.jinja").write_text(BOOM)
+    (tmp_path / "chat.jsonl").write_text("\n".join(boom_lines("oobooooo")) + "\n")
+    for build, out in ((tokenize_dataset, "s"), (build_lengths, "l.jsonl")):
+        error = expect(errors.CHAT_RENDER_BUDGET_EXCEEDED, build, tmp_path / "chat.jsonl", folder, tmp_path / out,
+                       messages_field="messages", chat_template=tmp_path / "boom.jinja", workers=workers,
+                       chunk_size=2)
+        assert error.message == (f"{tmp_path / 'chat.jsonl'} line 3 has 'messages' that does not render with "
+                                 f"{tmp_path / 'boom.jinja'}: it used more than 1 CPU seconds "
+                                 "(UMLOS_CHAT_RENDER_CPU_S=1) (--skip-bad-lines skips such records and counts them)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["boom.jinja", "chat.jsonl"]
+
+
+def test_records_past_the_budget_are_skipped_like_lines_the_reader_refuses(models, tmp_path, small_budget):
+    """With --skip-bad-lines, a record past the budget and one the template refuses are skipped as a line that is
+    not JSON is: the store (ids, tokens, dataset fingerprint) is the same byte for byte."""
+    folder, _ = models["chatml"]
+    (tmp_path / "boom.jinja").write_text(BOOM)
+    (tmp_path / "boom.jsonl").write_text("\n".join(boom_lines("obootob")) + "\n")
+    (tmp_path / "json.jsonl").write_text("\n".join(boom_lines("ojoojoj")) + "\n")
+    stores = {}
+    for name in ("boom", "json"):
+        skipped = SkippedLines()
+        tokenize_dataset(tmp_path / f"{name}.jsonl", folder, tmp_path / f"store-{name}", messages_field="messages",
+                         chat_template=tmp_path / "boom.jinja", skipped=skipped, workers=2, chunk_size=3)
+        assert skipped.count == 3
+        stores[name] = {p.name: p.read_bytes() for p in (tmp_path / f"store-{name}").iterdir()}
+    assert stores["boom"] == stores["json"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_bad_lines_are_skipped_and_raised_in_line_order_whoever_finds_them(models, tmp_path, small_budget, workers):
+    """The reader refuses some lines as it reads them, the workers others after: the first error and the first
+    five skipped lines are still in line order, within a chunk and across chunks."""
+    folder, _ = models["chatml"]
+    (tmp_path / "boom.jinja").write_text(BOOM)
+    path = tmp_path / "chat.jsonl"
+    path.write_text("\n".join(boom_lines("otjob_osojtoo")) + "\n")
+    skipped = SkippedLines()
+    tokenize_dataset(path, folder, tmp_path / "s", messages_field="messages", chat_template=tmp_path / "boom.jinja",
+                     skipped=skipped, workers=workers, chunk_size=4)
+    assert skipped.count == 7
+    assert [message.split(" has ")[0].split(" is ")[0] for message in skipped.first] == \
+        [f"{path} line {n}" for n in (2, 3, 5, 6, 8)]
+    assert "not JSON" in skipped.first[1] and "CPU seconds" in skipped.first[2] and "is empty" in skipped.first[3]
+    for kinds, line, code in (("otj", 2, errors.DATASET_RECORD_INVALID), ("obj", 2, errors.CHAT_RENDER_BUDGET_EXCEEDED),
+                              ("oooooj_bt", 6, errors.DATASET_RECORD_INVALID), ("oooooob", 7, None)):
+        path.write_text("\n".join(boom_lines(kinds)) + "\n")
+        want = errors.CHAT_RENDER_BUDGET_EXCEEDED if code is None else code
+        error = expect(want, tokenize_dataset, path, folder, tmp_path / "s2", messages_field="messages",
+                       chat_template=tmp_path / "boom.jinja", workers=workers, chunk_size=4)
+        assert error.message.startswith(f"{path} line {line} "), (kinds, error.message)
+
+
+def test_a_parquet_row_past_the_budget_is_named_by_its_row_and_skipped_keeping_the_row_numbers(models, tmp_path,
+                                                                                            small_budget):
+    """A Parquet row the template cannot render fails naming its row, or is skipped like any bad row; the rows
+    after it keep their numbers as ids (an input without an id column)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder, _ = models["chatml"]
+    (tmp_path / "boom.jinja").write_text(BOOM)
+    rows = [json.loads(line) for line in boom_lines("oobo")]
+    pq.write_table(pa.table({"messages": [r["messages"] for r in rows]}), tmp_path / "chat.parquet")
+    expect(errors.CHAT_RENDER_BUDGET_EXCEEDED, tokenize_dataset, tmp_path / "chat.parquet", folder, tmp_path / "s",
+           messages_field="messages", chat_template=tmp_path / "boom.jinja",
+           mention=f"{tmp_path / 'chat.parquet'} row 2 has 'messages' that does not render")
+    skipped = SkippedLines()
+    store = tokenize_dataset(tmp_path / "chat.parquet", folder, tmp_path / "s", messages_field="messages",
+                             chat_template=tmp_path / "boom.jinja", skipped=skipped)
+    assert skipped.count == 1 and "row 2 has 'messages'" in skipped.first[0]
+    assert store.length_cache().sample_ids == ["0", "1", "3"]
+
+
+def test_a_shard_whose_ids_hang_on_its_content_keeps_the_records_that_render(models, tmp_path, small_budget):
+    """Rows without ids in a sharded dataset are named by their shard's content (records/ids.py), which takes the
+    rows kept: a record the template refuses is left out of it as a line that is not JSON is."""
+    folder, _ = models["chatml"]
+    (tmp_path / "boom.jinja").write_text(BOOM)
+    stores = {}
+    for name, kinds in (("refused", "otoob"), ("not-json", "ojooj")):
+        parts = []
+        for shard, shard_kinds in enumerate((kinds, "oooo")):
+            part = tmp_path / f"{name}-{shard}.jsonl"
+            lines = [json.dumps({"messages": json.loads(line)["messages"]}) if line.startswith("{\"") else line
+                     for line in boom_lines(shard_kinds)]
+            part.write_text("\n".join(lines) + "\n")
+            parts.append(str(part))
+        store = tokenize_dataset(parts, folder, tmp_path / f"store-{name}", messages_field="messages",
+                                 chat_template=tmp_path / "boom.jinja", skipped=SkippedLines())
+        stores[name] = ({p.name: p.read_bytes() for p in (tmp_path / f"store-{name}").iterdir()},
+                        store.length_cache().sample_ids)
+    assert stores["refused"] == stores["not-json"]
+    assert len(stores["refused"][1]) == 7 and all(":" in sample_id for sample_id in stores["refused"][1])
 
 
 def test_messages_field_is_exclusive_and_chat_template_needs_it(models, tmp_path, capsys):

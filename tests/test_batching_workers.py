@@ -29,6 +29,7 @@ from token_cases import records
 from umlos_cuda import errors
 from umlos_cuda.batching import build_lengths
 from umlos_cuda.batching.lengths import workers as workers_module
+from umlos_cuda.batching.lengths.budget import Budget
 from umlos_cuda.batching.lengths.workers import available_cores, in_order
 from umlos_cuda.batching.records.chunk import RecordChunk
 from umlos_cuda.batching.tokens.writer import tokenize_dataset
@@ -155,6 +156,50 @@ def test_a_worker_that_dies_is_a_documented_error_naming_its_lines():
     assert info.value.code == errors.TOKENIZER_INVALID
     assert info.value.message.startswith("the worker process encoding lines 9-12 ended without a result (killed by "
                                          "SIGKILL)"), info.value.message
+
+
+def value_chunks(values: list[str], size: int):
+    for start in range(0, len(values), size):
+        part = values[start:start + size]
+        yield RecordChunk([str(i) for i in range(start, start + len(part))], [part], start, start + len(part))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_budgeted_item_past_its_cpu_seconds_is_given_up_and_the_rest_done(workers):
+    """Untrusted work (lengths/budget.py): a row that spins inside one C call ends its worker at the CPU budget;
+    the pool gives that row up with the reason and runs the chunk again on a new worker, which skips it. Every
+    other row, in its chunk and in the chunks the dead worker held, is done once, in order."""
+    values = [f"v{i}" for i in range(14)]
+    work = worker_cases.budgeted(burn={"v2", "v9"})
+    got = [pair for _chunk, result in in_order(work, value_chunks(values, 4), workers,
+                                                budget=Budget(cpu_s=1, memory_mib=0, wall_s=0, cpu_setting="CPU"))
+           for pair in result]
+    assert [value for value, _ in got] == values
+    given_up = {value: outcome for value, outcome in got if outcome != "ok"}
+    assert given_up == dict.fromkeys(("v2", "v9"), "it used more than 1 CPU seconds (CPU=1)")
+
+
+def test_a_budgeted_item_past_its_wall_clock_seconds_is_given_up():
+    """A row that makes no progress (asleep: no CPU time) has its worker killed by the parent at the wall-clock
+    budget; a row that asks for more memory than the budget fails inside its item, and the worker goes on."""
+    values = [f"v{i}" for i in range(6)]
+    work = worker_cases.budgeted(sleep={"v1"}, allocate={"v4"})
+    budget = Budget(cpu_s=0, memory_mib=256, wall_s=1, wall_setting="WALL")
+    got = [pair for _chunk, result in in_order(work, value_chunks(values, 3), 1, budget=budget) for pair in result]
+    assert got == [("v0", "ok"), ("v1", "it ran for more than 1 seconds by the clock (WALL=1)"), ("v2", "ok"),
+                   ("v3", "ok"), ("v4", "MemoryError"), ("v5", "ok")]
+
+
+def test_a_budgeted_worker_that_dies_outside_an_item_names_its_lines():
+    """Outside an item (no row of untrusted work in progress) a death is the worker's, as without a budget."""
+    with pytest.raises(UmlosError) as info:
+        list(in_order(worker_cases.die_on_line(4), value_chunks([f"v{i}" for i in range(8)], 4), 1,
+                      lambda chunk: f"lines {chunk.first_line + 1}-{chunk.first_line + 4}",
+                      budget=Budget(cpu_s=5, memory_mib=100, wall_s=5)))
+    assert info.value.code == errors.TOKENIZER_INVALID
+    assert info.value.message.startswith("the worker process encoding lines 5-8 ended without a result (killed by "
+                                         "SIGKILL)"), info.value.message
+    assert "its memory budget (memory_mib=100) was too small" in info.value.message
 
 
 def test_the_number_of_workers_is_checked():

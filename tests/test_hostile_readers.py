@@ -130,6 +130,7 @@ class Case:
     server: Callable | None = None  # a handler for a hostile 127.0.0.1 server, port passed as {port}
     wall_s: float = WALL_S
     owned: tuple[str, ...] = field(default=("out",))
+    env: dict[str, str] = field(default_factory=dict)  # set for the child (a small render budget)
 
 
 def copy(world: Path, here: Path, *names: str) -> None:
@@ -310,6 +311,7 @@ P, B, S, T = errors.PLAN_FORMAT_INVALID, errors.BATCH_FILE_INVALID, errors.TOKEN
 L, LS = errors.LENGTHS_INVALID, errors.LENGTHS_SIDECAR_MISMATCH
 M, W = errors.MEGATRON_INDEX_INVALID, errors.WINDOW_LOG_INVALID
 D, G, GP = errors.DATASET_RECORD_INVALID, errors.GYM_CONFIG_INVALID, errors.GYM_PROTOCOL_ERROR
+RB = errors.CHAT_RENDER_BUDGET_EXCEEDED
 
 
 def _plan_fifo(name: str):
@@ -406,6 +408,48 @@ def _chat(template: str | None, command: str = "tokenize", messages=None, templa
         verb = ("data", "tokenize") if command == "tokenize" else ("data", "lengths", "build")
         return (*verb, "--dataset", str(here / "chat.jsonl"), "--tokenizer", str(here / "model"), "--output",
                 str(here / "out"), "--messages-field", "messages", "--quiet", *extra)
+    return make
+
+
+#: The render budget the chat cases run under (umlos_cuda/batching/chat/limits.py): one CPU second a record, ten
+#: by the clock, 256 MiB a worker; each case is bounded by it, not by the harness's limits.
+RENDER_BUDGET = {"UMLOS_CHAT_RENDER_CPU_S": "1", "UMLOS_CHAT_RENDER_WALL_S": "10",
+                 "UMLOS_CHAT_RENDER_MEMORY_MIB": "256"}
+#: Shared lists doubled 40 times in 40 steps of template code: 2^40 leaves, walked in C by ==, tojson, pprint...
+SHARED = ("{% set ns = namespace(a=[0], b=[0]) %}{% for i in range(40) %}{% set ns.a = [ns.a, ns.a] %}"
+          "{% set ns.b = [ns.b, ns.b] %}{% endfor %}")
+#: A template of 28 MB (its tags are what Jinja's compiler spends time on).
+HUGE_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}" + "{{ 'x' }}" * (28_000_000 // 9)
+
+
+def _budgeted(template: str, command: str = "tokenize") -> Case:
+    """A chat case whose template runs past the render budget on the record (CHAT_RENDER_BUDGET_EXCEEDED naming
+    chat.jsonl), inside the small budget of the tests."""
+    return Case(f"hang/data-{'tokenize' if command == 'tokenize' else 'lengths-build'}-chat-template-"
+                f"{_slug(template)}", _chat(template, command), (RB,), "chat.jsonl", env=RENDER_BUDGET)
+
+
+def _slug(template: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in template.replace(SHARED, "shared-"))[:60].strip("-")
+
+
+def _huge_template(where: str):
+    """A model whose chat template is :data:`HUGE_TEMPLATE`, in ``chat_template.jinja``, in
+    ``tokenizer_config.json`` or in a ``--chat-template`` file."""
+    def make(world, here):
+        copy(world, here, "model")
+        extra: tuple[str, ...] = ()
+        if where == "jinja":
+            (here / "model" / "chat_template.jinja").write_text(HUGE_TEMPLATE)
+        elif where == "config":
+            edit_json(here / "model" / "tokenizer_config.json",
+                      lambda c: c.__setitem__("chat_template", HUGE_TEMPLATE))
+        else:
+            (here / "t.jinja").write_text(HUGE_TEMPLATE)
+            extra = ("--chat-template", str(here / "t.jinja"))
+        (here / "chat.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+        return ("data", "tokenize", "--dataset", str(here / "chat.jsonl"), "--tokenizer", str(here / "model"),
+                "--output", str(here / "out"), "--messages-field", "messages", "--quiet", *extra)
     return make
 
 
@@ -1991,14 +2035,49 @@ CASES = [
     Case("hang/data-lengths-build-fifo-tokenizer-json", _bare_tokenizer_fifo, (T,), "tokenizer.json"),
     # chat templates run as sandboxed Jinja with counted steps (umlos_cuda/batching/chat/limits.py)
     Case("hang/data-tokenize-chat-template-nested-loops", _chat(
-        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"), (D,), "chat.jsonl"),
-    Case("hang/data-lengths-build-chat-template-huge-power", _chat("{{ 2 ** 4000000000 }}", "lengths"), (D,),
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"), (RB,), "chat.jsonl"),
+    Case("hang/data-lengths-build-chat-template-huge-power", _chat("{{ 2 ** 4000000000 }}", "lengths"), (RB,),
          "chat.jsonl"),
     Case("hang/data-tokenize-chat-template-recursive-macro", _chat(
-        "{% macro f(n) %}{{ f(n ~ 'x') }}{% endmacro %}{{ f('') }}"), (D,), "chat.jsonl"),
-    Case("hang/data-tokenize-chat-template-doubling-string", _chat(  # past the memory limit: MemoryError
-        "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"), (D,),
-        "chat.jsonl"),
+        "{% macro f(n) %}{{ f(n ~ 'x') }}{% endmacro %}{{ f('') }}"), (RB,), "chat.jsonl"),
+    Case("hang/data-tokenize-chat-template-doubling-string", _chat(  # past the memory budget: MemoryError
+        "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"), (RB,),
+        "chat.jsonl", env=RENDER_BUDGET),
+    # ... and in worker processes under a CPU, memory and wall-clock budget, for the work no count sees: one step of
+    # template code that computes for hours in C or in a filter (the attack of 2026-12-06 and more of each class)
+    Case("traceback/data-tokenize-chat-template-lipsum", _chat("{{ lipsum(1000000, false, 100000, 100001) }}"), (D,),
+         "chat.jsonl", env=RENDER_BUDGET),
+    _budgeted(SHARED + "{{ ns.a == ns.b }}"),
+    _budgeted(SHARED + "{{ ns.a != ns.b }}", "lengths"),
+    _budgeted(SHARED + "{{ ns.a|tojson }}"),
+    _budgeted(SHARED + "{{ ns.a|pprint }}"),
+    _budgeted(SHARED + "{{ ns.a }}"),
+    _budgeted(SHARED + "{{ ns.a|string|length }}", "lengths"),
+    _budgeted(SHARED + "{{ [ns.a, ns.b]|sort|length }}"),
+    _budgeted("{% set ns = namespace(x=3) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}"),
+    _budgeted("{{ (2 ** 65000) * (2 ** 65000) }}", "lengths"),
+    _budgeted("{{ ('x ' * 30000000)|wordwrap(1)|length }}"),
+    _budgeted("{{ [1]|slice(1000000000)|list|length }}"),
+    _budgeted("{{ [1]|batch(1000000000, 0)|list|length }}", "lengths"),
+    _budgeted("{{ 'x'|center(1000000000000) }}"),
+    _budgeted("{{ 'a\\nb'|indent(1000000000) }}"),
+    _budgeted("{{ messages|tojson(indent=1000000000) }}"),
+    _budgeted("{{ '%1000000000d' % 1 }}"),
+    _budgeted("{{ '%.1000000000f'|format(1) }}", "lengths"),
+    _budgeted("{{ '{:>1000000000}'.format(1) }}"),
+    _budgeted("{{ strftime_now('%1000000000Y') }}"),
+    _budgeted("{{ 1|round(1000000000, 'floor') }}"),
+    _budgeted("{{ 'x'.ljust(10000000000) }}"),
+    _budgeted("{{ ('x' * 60000000)|replace('x', 'xx')|length }}"),
+    _budgeted("{{ ('ab' * 1000).replace('', 'x' * 100000)|length }}", "lengths"),
+    Case("traceback/data-tokenize-chat-render-budget-setting-not-a-number", _chat("{{ messages[0].content }}"),
+         (errors.INVALID_ARGUMENT,), "UMLOS_CHAT_RENDER_CPU_S", env={"UMLOS_CHAT_RENDER_CPU_S": "ten"}),
+    Case("hang/data-tokenize-huge-chat-template-jinja", _huge_template("jinja"), (errors.CHAT_TEMPLATE_INVALID,),
+         "model", env=RENDER_BUDGET),
+    Case("hang/data-tokenize-huge-chat-template-in-config", _huge_template("config"),
+         (errors.CHAT_TEMPLATE_INVALID,), "model", env=RENDER_BUDGET),
+    Case("hang/data-tokenize-huge-chat-template-option", _huge_template("option"), (errors.CHAT_TEMPLATE_INVALID,),
+         "t.jinja", env=RENDER_BUDGET),
     Case("hang/data-tokenize-fifo-chat-template-option", _chat(None, template_file=_fifo_at("t.jinja")),
          (errors.CHAT_TEMPLATE_INVALID,), "t.jinja"),
     Case("traceback/data-tokenize-chat-template-raises", _chat("{{ raise_exception('no system role here') }}"),
@@ -2281,10 +2360,11 @@ def test_hostile_input_is_refused_in_bounds(case: Case, world, tmp_path):
         if server is not None:
             argv = tuple(a.replace("{port}", str(server.port)) for a in argv)
         before = hs.tree_state(tmp_path)
+        env = {**os.environ, **case.env}
         if argv[0] == "python":
-            outcome = hs.python(argv[1], cwd=here, wall_s=case.wall_s)
+            outcome = hs.python(argv[1], cwd=here, wall_s=case.wall_s, env=env)
         else:
-            outcome = hs.cli(*argv, cwd=here, wall_s=case.wall_s)
+            outcome = hs.cli(*argv, cwd=here, wall_s=case.wall_s, env=env)
         after = hs.tree_state(tmp_path)
     finally:
         if server is not None:

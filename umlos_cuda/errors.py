@@ -79,6 +79,7 @@ SAMPLE_INVALID = "SAMPLE_INVALID"  # a Sample, SampleMeta or PreferenceSample fi
 TOKENIZER_INVALID = "TOKENIZER_INVALID"  # no tokenizer at the path, one the tokenizers library cannot load or run, or no EOS token
 DATASET_UNREADABLE = "DATASET_UNREADABLE"  # the dataset is missing, not a regular file, not of its format (not gzip/zstd), truncated (no footer, no end-of-stream marker, a zstd frame without its last block), a compression bomb, a glob matches nothing, or a read failed
 CHAT_TEMPLATE_INVALID = "CHAT_TEMPLATE_INVALID"  # no chat template to render messages with, or one Jinja cannot compile
+CHAT_RENDER_BUDGET_EXCEEDED = "CHAT_RENDER_BUDGET_EXCEEDED"  # a chat template went past the render budget on a record (steps, characters, an operation's size, CPU seconds, memory, wall clock)
 DATASET_RECORD_INVALID = "DATASET_RECORD_INVALID"  # a JSONL line or a row is not a record (not UTF-8, a lone surrogate, over 64 MiB), lacks a field, has one of the wrong type or repeats an id; two columns of one name
 DATASET_EMPTY = "DATASET_EMPTY"  # the dataset holds no record
 LENGTHS_INVALID = "LENGTHS_INVALID"  # a length cache is missing, empty or malformed (row, id, tokenizer hash, length)

@@ -41,8 +41,9 @@ def add_dataset_arguments(parser, *, output_metavar: str, output_help: str, verb
                       "end-of-sequence token (docs/batching.md, 'Prompt and response records')")
     what.add_argument("--messages-field", metavar="F",
                       help=f"{verb} the chat records of field F (a list of {{role, content}} messages) rendered with "
-                      "the tokenizer's chat template; the token store's loss mask is 1 on the assistant turns "
-                      "(docs/batching.md, 'Chat records')")
+                      "the tokenizer's chat template, in the workers, under the render budget "
+                      "(UMLOS_CHAT_RENDER_CPU_S, _WALL_S, _MEMORY_MIB); the token store's loss mask is 1 on the "
+                      "assistant turns (docs/batching.md, 'Chat records')")
     parser.add_argument("--response-field", metavar="R", help="the response field, with --prompt-field")
     parser.add_argument("--chosen-field", metavar="C",
                         help=f"with --prompt-field and --rejected-field: preference records, two rows each ({verb} "

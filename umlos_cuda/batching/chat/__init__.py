@@ -2,13 +2,14 @@
 
 Modules:
     environment  the Jinja environment, as transformers builds it (sandbox, ``{% generation %}``, globals)
-    limits       how much work one render may do (steps, characters, ``*`` and ``**``)
+    limits       how much work one render may do (steps, characters, ``*`` and ``**``; the worker's budget)
+    guards       caps on the arguments that size a filter's or a ``str`` method's work
     template     which template renders a tokenizer's conversations, and its variables
     messages     check a messages value and shape it as transformers hands it to a template
     render       render one conversation: the text and its generation spans
     turns        the assistant spans: the template's markers, or the generation-prompt difference
     masks        token masks from character spans, as transformers' ``assistant_masks``
-    records      the converter the dataset reader applies to a messages field
+    chunks       a chunk of records rendered in a worker, then encoded there (``ChatWork``)
     encode       one conversation to ids and an assistant mask (``encode_chat``)
 """
 
@@ -18,9 +19,9 @@ from ...reexports import lazy
 
 if TYPE_CHECKING:  # the re-exports, imported on first use (umlos_cuda/reexports.py)
     from .encode import ChatSample, chat_encoder, encode_chat
-    from .records import ChatRecords
+    from .chunks import ChatRender
     from .template import ChatTemplate, chat_template_of
 
-__all__ = ["ChatRecords", "ChatSample", "ChatTemplate", "chat_encoder", "chat_template_of", "encode_chat"]
+__all__ = ["ChatRender", "ChatSample", "ChatTemplate", "chat_encoder", "chat_template_of", "encode_chat"]
 
 __getattr__, __dir__ = lazy(__name__, __file__)

@@ -20,10 +20,16 @@ there:
   filter as transformers defines it (``json.dumps`` with ``ensure_ascii=False``
   and no HTML escaping, with ``indent``, ``separators`` and ``sort_keys``).
 
-Two things differ, neither in what a template renders: ``*``, ``**`` and
-``+`` go through :meth:`ChatEnvironment.call_binop`, which refuses a result over the
-render limit before computing it (umlos_cuda/batching/chat/limits.py), and
-templates compiled here are cached per source (at most 16).
+What differs is what a template may spend, never what it renders: ``*``,
+``**``, ``+`` and ``%`` go through :meth:`ChatEnvironment.call_binop`, which
+refuses a result over the render limits before computing it
+(umlos_cuda/batching/chat/limits.py); the filters and ``str`` methods whose
+arguments size their work are checked first (umlos_cuda/batching/chat/guards.py:
+``slice``, ``batch``, ``wordwrap``, ``center``, ``indent``, ``format``,
+``round``, ``replace``, ``tojson``'s indent, ``str.format`` widths,
+``strftime_now``'s); the global ``lipsum`` is gone (one call writes what it
+is asked for: a million paragraphs); and templates compiled here are cached
+per source (at most 16).
 """
 
 from __future__ import annotations
@@ -44,7 +50,8 @@ import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .limits import check_binop
+from .guards import check_call, check_format, check_json_indent, guarded_filters
+from .limits import check_binop, check_printf
 
 #: How transformers tells a template with generation markers (``render_jinja_template``).
 GENERATION_TAG = re.compile(r"\{\%-?\s*generation\s*-?\%\}")
@@ -72,13 +79,24 @@ class GenerationBlock(jinja2.ext.Extension):
 
 
 class ChatEnvironment(ImmutableSandboxedEnvironment):
-    """transformers' sandbox, whose ``*``, ``**`` and ``+`` are checked against the render limit first."""
+    """transformers' sandbox, whose ``*``, ``**``, ``+`` and ``%``, and calls of ``str`` methods that size
+    their result, are checked against the render limits first."""
 
-    intercepted_binops = frozenset(("*", "**", "+"))
+    intercepted_binops = frozenset(("*", "**", "+", "%"))
 
     def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
         check_binop(operator, left, right)
         return super().call_binop(context, operator, left, right)
+
+    def call(__self, __context, __obj, *args, **kwargs):  # Jinja's parameter names: no keyword collides
+        check_call(__obj, args, kwargs)
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def wrap_str_format(self, value: Any):  # Jinja >= 3.1.5 sandboxes str.format where it is looked up
+        if isinstance(getattr(value, "__self__", None), str) and getattr(value, "__name__", "") in ("format",
+                                                                                                  "format_map"):
+            check_format(value.__self__)
+        return super().wrap_str_format(value)
 
 
 def _raise_exception(message):
@@ -86,10 +104,12 @@ def _raise_exception(message):
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    check_json_indent(indent)
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _strftime_now(format):
+    check_printf(str(format))
     return datetime.now().strftime(format)
 
 
@@ -130,7 +150,9 @@ def compile_template(source: str) -> jinja2.Template:
     """The template compiled in its own environment (raises Jinja's errors as they are)."""
     environment = ChatEnvironment(trim_blocks=True, lstrip_blocks=True,
                                   extensions=[GenerationBlock, jinja2.ext.loopcontrols])
+    environment.filters.update(guarded_filters(environment.filters))
     environment.filters["tojson"] = _tojson
+    del environment.globals["lipsum"]
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = _strftime_now
     environment.globals["dict"] = _TemplateDict()

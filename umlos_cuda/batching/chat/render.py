@@ -7,7 +7,8 @@ tokenize=False)`` gives, and the ``(start, end)`` character spans of its
 ``{% generation %}`` blocks (what transformers turns into
 ``return_assistant_tokens_mask``); or :class:`RenderFailed` with the
 template's own message (``raise_exception``, an undefined value, a sandbox
-refusal, a render limit of umlos_cuda/batching/chat/limits.py).
+refusal) or the limit it went past (:attr:`RenderFailed.limit`: a render
+limit of umlos_cuda/batching/chat/limits.py, memory, Python's recursion limit).
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .environment import generation_spans
-from .limits import check_length, counted_steps
+from .limits import RenderLimitExceeded, check_length, counted_steps
 from .template import ChatTemplate
 
 
 class RenderFailed(ValueError):
-    """The template raised, or went past a render limit, on this conversation."""
+    """The template raised, or went past a render limit (``limit``), on this conversation."""
+
+    def __init__(self, message: str, *, limit: bool = False) -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,8 @@ def render(template: ChatTemplate, messages: list[dict], *, add_generation_promp
                 check_length(state[0])
             spans = tuple(state[1])
     except Exception as exc:  # what a template raises (RecursionError, MemoryError too) is the record's failure
-        raise RenderFailed(f"{type(exc).__name__}: {_one_line(exc)}") from exc
+        limit = isinstance(exc, (RenderLimitExceeded, MemoryError, RecursionError))
+        raise RenderFailed(f"{type(exc).__name__}: {_one_line(exc)}", limit=limit) from exc
     return Rendered("".join(pieces), spans)
 
 

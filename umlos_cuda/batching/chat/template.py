@@ -30,7 +30,9 @@ from .environment import GENERATION_TAG, compile_template
 
 #: The special tokens transformers passes to a template (``SPECIAL_TOKENS_ATTRIBUTES``; not the additional ones).
 TEMPLATE_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-#: The largest template file read with ``--chat-template``.
+#: The largest template compiled, wherever it comes from (``--chat-template``, ``chat_template.jinja``,
+#: ``tokenizer_config.json``, ``additional_chat_templates/``): real ones are kilobytes, and Jinja takes
+#: seconds to compile a megabyte of tags (a 28 MB one was still compiling after 40 s).
 MAX_TEMPLATE_BYTES = 1 << 20
 
 
@@ -65,6 +67,10 @@ def chat_template_of(tokenizer: Any, override: str | os.PathLike[str] | None = N
             raise invalid(f"the chat template {where} does not exist") from None
     else:
         source, where = _own_template(loaded)
+        size = len(source.encode("utf-8", "surrogatepass"))
+        if size > MAX_TEMPLATE_BYTES:
+            raise invalid(f"{where} is {size:,} bytes, over the {MAX_TEMPLATE_BYTES:,} a chat template may have; "
+                          "pass a smaller one with --chat-template FILE")
     try:
         compile_template(source)
     except Exception as exc:  # jinja2.TemplateSyntaxError, or a template too deep for the parser

@@ -57,7 +57,7 @@ def assistant_spans(template: ChatTemplate, messages: list[dict], *, add_generat
             after = render(template, messages[:index + 1]).text
         except RenderFailed as exc:
             raise RenderFailed(f"cannot render the conversation up to assistant message {index}, which the "
-                               f"template has no {{% generation %}} markers to mark: {exc}") from exc
+                               f"template has no {{% generation %}} markers to mark: {exc}", limit=exc.limit) from exc
         if not (after.startswith(before) and whole.text.startswith(after)):
             raise RenderFailed(f"the template renders the conversation before assistant message {index} differently "
                                "from the start of the whole conversation, so that turn cannot be found without "

@@ -26,6 +26,16 @@ DATASET_RECORD_INVALID naming both records, and nothing is written). The
 dataset's fingerprint (records/fingerprint.py) is computed in this thread
 from the values read, and every output byte is the same whatever the number
 of workers and the chunk size.
+
+Chat records are rendered by the workers that encode them
+(umlos_cuda/batching/chat/chunks.py ``ChatWork``), in processes under the
+render budget (umlos_cuda/batching/chat/limits.py ``render_budget``; one
+worker is then one process too), because a chat template is code that came
+with the model. The reader hands their messages on unchecked, and each chunk
+comes back with the records that did not render, which the reader names,
+raises or skips in line order before the fingerprint and the ids take the
+rest (records/source.py ``Records.accept``): the same records, lines and
+first error as if this thread had rendered them.
 """
 
 from __future__ import annotations
@@ -49,10 +59,13 @@ from .cache import LengthCache, LengthCacheWriter, check_length_cache_output
 from ..templates import sft_length
 from .tokenizer import load_tokenizer
 from .encoder import ChunkEncoder
+from .budget import Budget
 from .workers import check_workers, in_order
 from .pairs import pair_rows
+from ..chat.chunks import ChatRender, ChatWork
 from ..chat.encode import chat_encoder
-from ..chat.records import ChatRecords
+from ..chat.limits import render_budget
+from ..chat.template import chat_template_of
 
 DEFAULT_CHUNK = 4096
 T = TypeVar("T")
@@ -124,7 +137,8 @@ class DatasetEncoding:
         self.skipped = skipped
         self.total_bytes = self.records.total_bytes
         self._id_hashes: list[np.ndarray] = []
-        self.chat: ChatRecords | None = None
+        self.chat: ChatRender | None = None
+        self.budget: Budget | None = None
         self.encoder: Any = None  # a tokenizers.Tokenizer; None for a --length-field build without one
         self.loaded: Any = None
         self.eos_id: int | None = None
@@ -134,14 +148,17 @@ class DatasetEncoding:
             return
         self.loaded = load_tokenizer(tokenizer)
         self.eos_id = self.loaded.eos_token_id(eos_token) if self.appended else None  # the template appends it
-        # A chat record renders its messages as it is read (a bad one is a bad line) and is encoded as
-        # apply_chat_template encodes it: no special tokens added, no padding, no truncation.
-        self.chat = None if messages_field is None else ChatRecords(self.loaded, chat_template)
-        if self.chat is not None and chat_template is not None:  # the fingerprint names the template used
-            self.loaded = replace(self.loaded, chat_template=self.chat.template.source)
+        # A chat record is rendered by the workers (a bad one is a bad line, checked later by the reader) and
+        # encoded as apply_chat_template encodes it: no special tokens added, no padding, no truncation.
+        if messages_field is not None:
+            template = chat_template_of(self.loaded, chat_template)
+            self.chat = ChatRender(template, first_failure_only=skipped is None)
+            self.budget = render_budget()
+            if chat_template is not None:  # the fingerprint names the template used
+                self.loaded = replace(self.loaded, chat_template=template.source)
+            self.records.checked_later = messages_field
+            self.records.screen = self._screen
         self.tokenizer_hash = tokenizer_fingerprint(self.loaded)
-        if self.chat is not None and messages_field is not None:
-            self.records.convert = {messages_field: self.chat}
         self.encoder = self.loaded.tokenizer if self.chat is None else chat_encoder(self.loaded)
         if self.encoder.padding is not None:  # padding would make a length depend on its chunk
             from tokenizers import Tokenizer
@@ -184,17 +201,46 @@ class DatasetEncoding:
         ``workers`` workers (umlos_cuda/batching/lengths/workers.py: a thread
         for 1, processes for more, to which ``work`` must pickle) while this
         thread reads and checks the next chunks. A ``--length-field`` build
-        encodes nothing and takes no worker."""
+        encodes nothing and takes no worker. Chat records are rendered
+        first, in the workers, under the render budget (module docstring)."""
+        if self.chat is not None:
+            return self._rendered(work, chunk_size, workers)
         return in_order(work, self._chunks(chunk_size), 1 if self.length_field is not None else workers,
                         self.chunk_encoder.lines)
 
     def _chunks(self, chunk_size: int) -> Iterator[RecordChunk]:
         """The chunks in order, their ids' hashes kept (to refuse a repeated id), pairs split into rows."""
         for chunk in self.records.chunks(chunk_size):
-            if not isinstance(chunk.sample_ids, RowIds):  # the records' ids (row numbers never repeat)
-                self._id_hashes.append(np.fromiter(map(hash, chunk.sample_ids), dtype=np.int64,
-                                                   count=len(chunk.sample_ids)))
+            self._keep_ids(chunk)
             yield pair_rows(chunk) if self.pairs else chunk
+
+    def _keep_ids(self, chunk: RecordChunk) -> None:
+        if not isinstance(chunk.sample_ids, RowIds):  # the records' ids (row numbers never repeat)
+            self._id_hashes.append(np.fromiter(map(hash, chunk.sample_ids), dtype=np.int64,
+                                               count=len(chunk.sample_ids)))
+
+    def _rendered(self, work: Callable[[RecordChunk], T], chunk_size: int, workers: int
+                  ) -> Generator[tuple[RecordChunk, T], None, None]:
+        """:meth:`stream` of chat records: each chunk rendered then encoded by a budgeted worker, its records
+        that did not render handed back to the reader, which raises or skips them in line order."""
+        assert self.chat is not None
+        results = in_order(ChatWork(self.chat, work), self.records.chunks(chunk_size), workers,
+                           self.chunk_encoder.lines, self.budget)
+        with closing(results):
+            for chunk, (result, refused) in results:
+                kept = self.records.accept(chunk, refused)
+                self._keep_ids(kept)
+                yield kept, result
+        self.records.accepted_all()
+
+    def _screen(self, chunks: Iterator[RecordChunk]) -> Iterator[tuple[RecordChunk, list]]:
+        """Which records of ``chunks`` render (each chunk and its failures, in order), in one budgeted worker:
+        what the reader asks of a shard whose rows' ids hang on the records it keeps."""
+        assert self.chat is not None
+        work = ChatWork(replace(self.chat, first_failure_only=False))
+        with closing(in_order(work, chunks, 1, self.chunk_encoder.lines, self.budget)) as results:
+            for chunk, (_none, refused) in results:
+                yield chunk, refused
 
     def finish(self, ids_are_line_numbers: bool) -> str:
         """After the stream: refuse repeated ids (DATASET_RECORD_INVALID naming
@@ -271,7 +317,7 @@ def input_paths(*given: Any) -> tuple[str | os.PathLike[str], ...]:
 def _mode(text_field, prompt_field, response_field, messages_field=None) -> tuple[tuple[str, ...], str, int]:
     """The fields to read, how they become the encoded text (a mode of
     :class:`~umlos_cuda.batching.lengths.encoder.ChunkEncoder`), and the tokens appended after it."""
-    if messages_field is not None:  # its values are ChatText, rendered as read (the converter of Records)
+    if messages_field is not None:  # its values are rendered by the workers (ChatWork), then encoded as text
         if text_field is not None or prompt_field is not None or response_field is not None:
             raise UmlosError(errors.LENGTHS_INVALID, "a messages field is counted alone; got also "
                              f"text_field={text_field!r}, prompt_field={prompt_field!r}, "

@@ -4,15 +4,15 @@ What goes in: a ``tokenizers.Tokenizer`` (padding already off), how a
 chunk's values become the encoded text (``mode``: ``"text"``, one string
 field; ``"template"``, prompt/response rows put through the instruction
 template, preference pairs included once split into rows; ``"chat"``,
-records the reader rendered with the chat template), the tokens appended
+records the worker rendered with the chat template just before,
+umlos_cuda/batching/chat/chunks.py), the tokens appended
 after the text (the template's end-of-sequence token) and the dataset's name
 for messages. What comes out: each record's token count (:meth:`lengths`),
 or the encodings the token store writer turns into ids and masks
 (umlos_cuda/batching/tokens/writer.py ``encode_chunk``).
 
 Why a class of its own: :class:`~umlos_cuda.batching.lengths.builder.DatasetEncoding`
-also holds the open dataset, its fingerprint and the chat template
-(a compiled Jinja template, which does not pickle); this object pickles (the
+also holds the open dataset and its fingerprint; this object pickles (the
 tokenizer pickles as its JSON), so ``--workers`` sends it once to each
 worker process (umlos_cuda/batching/lengths/workers.py), and the same
 methods run there as in this process: the bytes written do not depend on
@@ -65,7 +65,7 @@ class ChunkEncoder:
 
     def texts(self, chunk: RecordChunk) -> list[str]:
         """The text each record of ``chunk`` is encoded from."""
-        if self.mode == "chat":  # its values are ChatText, rendered as read (the converter of Records)
+        if self.mode == "chat":  # its values are ChatText, rendered by the worker first (chat/chunks.py ChatWork)
             return [chat.text for chat in chunk.values[0]]
         if self.mode == "template":
             return list(map(sft_text, *chunk.values))

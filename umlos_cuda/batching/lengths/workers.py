@@ -31,6 +31,19 @@ ignore SIGINT, which a terminal sends to the whole process group), SIGTERM
 terminate and reap every worker before the exception goes on, so the output
 layer removes its hidden folder and no process stays behind. A worker whose
 parent dies without that (SIGKILL) exits when its pipe closes.
+
+Untrusted work (the render of a chat template) runs with a
+:class:`~umlos_cuda.batching.lengths.budget.Budget`: always in processes,
+one worker included (one process then, which may encode on every core), and
+never in this process; ``work`` then takes the chunk and the items given up
+(``work(chunk, given_up)``, offset to reason) and enters each item with
+``budget.item`` (umlos_cuda/batching/lengths/budget.py). A worker that ends
+inside an item (past its CPU seconds, killed here past its wall-clock
+seconds, crashed) is replaced: the item is given up with the reason, and its
+task and the others it held are sent again, in order, to the new worker,
+which skips that item; the first items are run again, and the result is the
+one a worker that never failed would give. A worker that ends outside an
+item fails as above.
 """
 
 from __future__ import annotations
@@ -53,6 +66,7 @@ from typing import Any, TypeVar
 from ... import checks, errors
 from ...errors import UmlosError
 from ..records.chunk import RecordChunk, RowIds
+from .budget import Budget, Progress, Watch, begin_task, enter_worker, exit_status
 
 T = TypeVar("T")
 
@@ -79,16 +93,18 @@ def check_workers(workers: Any) -> int:
                                   "got {value!r}")
 
 
-def in_order(work: Callable[[RecordChunk], T], chunks: Iterable[RecordChunk], workers: int = 1,
-             lines: Callable[[RecordChunk], str] | None = None) -> Generator[tuple[RecordChunk, T], None, None]:
+def in_order(work: Callable[..., T], chunks: Iterable[RecordChunk], workers: int = 1,
+             lines: Callable[[RecordChunk], str] | None = None, budget: Budget | None = None
+             ) -> Generator[tuple[RecordChunk, T], None, None]:
     """``(chunk, work(chunk))`` for each chunk, in order, with ``workers`` encoding (see the module
-    docstring); ``lines(chunk)`` names a chunk's records in the message of a worker that died."""
+    docstring); ``lines(chunk)`` names a chunk's records in the message of a worker that died. With a
+    ``budget``, ``work(chunk, given_up)`` runs in worker processes only, under that budget."""
     workers = check_workers(workers)
     items = _read_failure_last(chunks)
-    if workers == 1:
+    if workers == 1 and budget is None:
         yield from _threaded(work, items)
     else:
-        yield from _processes(work, items, workers, lines or (lambda chunk: "a chunk"))
+        yield from _processes(work, items, workers, lines or (lambda chunk: "a chunk"), budget)
 
 
 class _ReadFailed:
@@ -122,19 +138,23 @@ def _threaded(work, items: Iterator[RecordChunk | _ReadFailed]):
             yield pending[0], pending[1].result()
 
 
-def _processes(work, items: Iterator[RecordChunk | _ReadFailed], workers: int, lines):
-    first = next(items, None)
-    second = None if first is None or isinstance(first, _ReadFailed) else next(items, None)
-    if first is None or isinstance(first, _ReadFailed) or second is None or isinstance(second, _ReadFailed):
-        for item in (first, second):  # at most one chunk: encoded here, no process started
-            if isinstance(item, _ReadFailed):
-                raise item.error
-            if item is not None:
+def _processes(work, items: Iterator[RecordChunk | _ReadFailed], workers: int, lines, budget: Budget | None):
+    head: list[RecordChunk | _ReadFailed] = []
+    if budget is None:  # at most one chunk: encoded here, no process started (never untrusted work)
+        while len(head) < 2 and not (head and isinstance(head[-1], _ReadFailed)):
+            item = next(items, None)
+            if item is None:
+                break
+            head.append(item)
+        if len(head) < 2 or isinstance(head[-1], _ReadFailed):
+            for item in head:
+                if isinstance(item, _ReadFailed):
+                    raise item.error
                 yield item, work(item)
-        return
-    with _Pool(work, workers, lines) as pool:
+            return
+    with _Pool(work, workers, lines, budget) as pool:
         pending: deque[RecordChunk] = deque()
-        for item in chain((first, second), items):
+        for item in chain(head, items):
             if isinstance(item, _ReadFailed):
                 while pending:
                     chunk = pending.popleft()
@@ -150,16 +170,28 @@ def _processes(work, items: Iterator[RecordChunk | _ReadFailed], workers: int, l
             yield chunk, pool.result(chunk)
 
 
-class _Pool:
-    """N spawned worker processes, each with its own pipe; chunk ``i`` to worker ``i mod N``."""
+class _Ended(Exception):
+    """The worker awaited ended (or was killed as stalled) before sending a result."""
 
-    def __init__(self, work, workers: int, lines) -> None:
+    def __init__(self, stalled: bool = False) -> None:
+        super().__init__()
+        self.stalled = stalled
+
+
+class _Pool:
+    """N spawned worker processes, each with its own pipe; chunk ``i`` to worker ``i mod N``. Each worker's
+    tasks not yet answered are kept (number, task, items given up) to send again to its replacement."""
+
+    def __init__(self, work, workers: int, lines, budget: Budget | None = None) -> None:
         self._context = multiprocessing.get_context("spawn")
         self._work = work
         self._size = workers
         self._lines = lines
+        self._budget = budget
         self._processes: list[Any] = []
         self._pipes: list[Any] = []
+        self._progress: list[Progress | None] = []
+        self._in_flight: list[deque[tuple[int, RecordChunk, dict[int, str]]]] = []
         self._sent = 0
         self._received = 0
 
@@ -169,9 +201,11 @@ class _Pool:
     def submit(self, chunk: RecordChunk) -> None:
         index = self._sent % self._size
         if index == len(self._processes):
-            self._start()
-        # The worker needs the values, where the lines are and how many rows: not the ids.
-        task = replace(chunk, sample_ids=RowIds(0, len(chunk.sample_ids)), raw=None)
+            self._start(index)
+        # The worker needs the values, where the lines are and how many rows: not the ids nor the places.
+        task: tuple[int, RecordChunk, dict[int, str]] = \
+            (self._sent, replace(chunk, sample_ids=RowIds(0, len(chunk.sample_ids)), read=None), {})
+        self._in_flight[index].append(task)
         with contextlib.suppress(OSError):  # the worker is gone; result() says how
             self._pipes[index].send(task)
         self._sent += 1
@@ -179,31 +213,74 @@ class _Pool:
     def result(self, chunk: RecordChunk):
         """The result of the oldest chunk not yet returned (``chunk``)."""
         index = self._received % self._size
+        while True:
+            try:
+                ok, payload = self._receive(index)
+                break
+            except _Ended as ended:
+                self._replace_or_raise(index, chunk, ended)
+        self._in_flight[index].popleft()
         self._received += 1
-        try:
-            ok, payload = self._pipes[index].recv()
-        except (EOFError, OSError):
-            process = self._processes[index]
-            process.join(STOP_S)
-            raise UmlosError(errors.TOKENIZER_INVALID, f"the worker process encoding {self._lines(chunk)} ended "
-                             f"without a result ({_exit_status(process.exitcode)}); the tokenizer crashed or the "
-                             "machine ran out of memory (fewer --workers or a smaller --chunk-size use less)",
-                             operator=errors.BATCHING_OPERATOR) from None
         if ok:
             return payload
         raise _rebuilt(payload)
 
-    def _start(self) -> None:
+    def _receive(self, index: int):
+        """The next message of worker ``index``; with a wall-clock budget, its item in progress watched."""
+        pipe = self._pipes[index]
+        try:
+            progress = self._progress[index]
+            if self._budget is not None and self._budget.wall_s > 0 and progress is not None:
+                watch = Watch(progress)
+                while not pipe.poll(min(1.0, self._budget.wall_s / 4)):
+                    if watch.stalled(self._budget.wall_s):
+                        self._processes[index].kill()
+                        self._processes[index].join()
+                        raise _Ended(stalled=True)
+            return pipe.recv()
+        except (EOFError, OSError):
+            self._processes[index].join(STOP_S)
+            raise _Ended() from None
+
+    def _replace_or_raise(self, index: int, chunk: RecordChunk, ended: _Ended) -> None:
+        """Worker ``index`` ended awaiting ``chunk``: inside an item of a budgeted task, give the item up and
+        start a new worker with the same tasks; else TOKENIZER_INVALID naming the chunk's lines."""
+        process = self._processes[index]
+        number, _task, given_up = self._in_flight[index][0]
+        progress = self._progress[index]
+        task_now, item_now = progress.now() if progress is not None else (-1, -1)
+        if self._budget is None or task_now != number or item_now < 0:
+            more = "" if self._budget is None else \
+                f", or its memory budget ({self._budget.memory_setting}={self._budget.memory_mib}) was too small"
+            raise UmlosError(errors.TOKENIZER_INVALID, f"the worker process encoding {self._lines(chunk)} ended "
+                             f"without a result ({exit_status(process.exitcode)}); the tokenizer crashed or the "
+                             f"machine ran out of memory (fewer --workers or a smaller --chunk-size use less{more})",
+                             operator=errors.BATCHING_OPERATOR) from None
+        given_up[item_now] = self._budget.reason(process.exitcode, stalled=ended.stalled)
+        self._pipes[index].close()
+        self._start(index)
+        for task in self._in_flight[index]:
+            with contextlib.suppress(OSError):  # gone again: the next result() says how
+                self._pipes[index].send(task)
+
+    def _start(self, index: int) -> None:
         ours, theirs = self._context.Pipe()
-        process = self._context.Process(target=serve, args=(theirs, self._work), daemon=True,
-                                        name=f"umlos-encode-{len(self._processes)}")
+        progress = Progress(self._context) if self._budget is not None else None
+        process = self._context.Process(target=serve, daemon=True, name=f"umlos-encode-{index}",
+                                        args=(theirs, self._work, self._budget,
+                                              None if progress is None else progress.shared, self._size > 1))
         with _sigint_ignored_by_children():
             try:
                 process.start()
             finally:
                 theirs.close()
-        self._processes.append(process)
-        self._pipes.append(ours)
+        if index == len(self._processes):
+            self._processes.append(process)
+            self._pipes.append(ours)
+            self._progress.append(progress)
+            self._in_flight.append(deque())
+        else:
+            self._processes[index], self._pipes[index], self._progress[index] = process, ours, progress
 
     def __exit__(self, kind, value, trace) -> None:
         try:
@@ -247,12 +324,14 @@ def _sigint_ignored_by_children() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
-def serve(pipe, work) -> None:
-    """A worker's life: ``work`` each chunk received, send ``(True, result)`` or ``(False, error)``, until
-    None or the pipe's end. A thread receives while the main thread encodes and sends, so neither side
-    ever waits on a pipe the other is not reading."""
+def serve(pipe, work, budget: Budget | None = None, progress: Any = None, one_core: bool = True) -> None:
+    """A worker's life: ``work`` each task received (``work(chunk, given_up)`` under a ``budget``, whose
+    ``progress`` array it keeps), send ``(True, result)`` or ``(False, error)``, until None or the pipe's
+    end. A thread receives while the main thread encodes and sends, so neither side ever waits on a pipe
+    the other is not reading."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (ignored from the start)
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core a worker: N workers for N cores
+    if one_core:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core a worker: N workers for N cores
     tasks: queue.SimpleQueue = queue.SimpleQueue()
 
     def receive() -> None:
@@ -266,9 +345,13 @@ def serve(pipe, work) -> None:
             tasks.put(None)
 
     threading.Thread(target=receive, name="umlos-receive", daemon=True).start()
+    if budget is not None:  # after the thread started: its stack is part of what the worker holds at start
+        enter_worker(budget, progress)
     while (task := tasks.get()) is not None:
+        number, chunk, given_up = task
+        begin_task(number)
         try:
-            message = (True, work(task))
+            message = (True, work(chunk, given_up) if budget is not None else work(chunk))
         except BaseException as exc:  # every failure goes back to the parent, which raises it
             message = (False, _portable(exc))
         try:
@@ -299,17 +382,6 @@ def _rebuilt(payload: tuple[str, Any]) -> BaseException:
     if kind == "pickled":
         return value
     return RuntimeError(f"an encoding worker failed:\n{value}")
-
-
-def _exit_status(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 def _invalid_argument(message: str) -> UmlosError:

@@ -14,14 +14,18 @@ What goes in: nothing; this module only defines the shapes. What comes out:
 * :class:`RowIds`: the ids of rows that are their own row numbers, as text,
   without making a string per row until one is asked for;
 * :class:`SkippedLines`: the bad lines (and rows) a read skipped (``--skip-bad-lines``), and
-  :func:`skip_or_raise`, what every reader does with one.
+  :func:`skip_or_raise`, what every reader does with one;
+* :class:`ReadRows` and :class:`RowFailure`: where a chunk's rows were read, and a row its
+  consumer refused after the read (a chat record the workers could not render:
+  records/source.py ``Records.accept``).
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ... import errors
 from ...errors import UmlosError
@@ -59,7 +63,42 @@ class RecordChunk:
     first_line: int  # 0-based line (JSONL) or row number of the chunk's first record, within its file
     bytes_read: int  # bytes of the input consumed so far (all files before this one included)
     shard: str | None = None
-    raw: list[Any] | None = None  # the values as read, where a converter changed them (records/jsonl.py)
+    read: ReadRows | None = None  # where the rows were read, for a consumer that checks them later
+
+
+@dataclass(frozen=True)
+class ReadRows:
+    """Where a chunk's rows were read, for rows refused after the read (records/source.py ``Records.accept``).
+
+    ``path``: the file or folder a message names; ``input``: its index among the dataset's inputs;
+    ``columnar``: rows of a Parquet, Arrow or ``datasets`` input (named by row, not by line); ``lines``:
+    each row's 0-based JSONL line or row number; ``ids`` and ``columns``: what the dataset fingerprint
+    takes of the rows (records/fingerprint.py)."""
+
+    path: str
+    input: int
+    columnar: bool
+    lines: Sequence[int]
+    ids: Any
+    columns: list[Any]
+
+    def place(self, offset: int) -> str:
+        """``PATH line N`` (1-based, as editors count) or ``PATH row N`` (0-based): row ``offset`` in messages."""
+        number = self.lines[offset]
+        return f"{self.path} row {number}" if self.columnar else f"{self.path} line {number + 1}"
+
+    def at(self, offset: int) -> tuple[int, int]:
+        """Row ``offset``'s place in dataset order: (input, line)."""
+        return self.input, self.lines[offset]
+
+
+class RowFailure(NamedTuple):
+    """Row ``offset`` of a chunk, refused after the read with ``code``: ``problem`` says what is wrong
+    with its field (``has 'messages' that PROBLEM``)."""
+
+    offset: int
+    code: str
+    problem: str
 
 
 class RowIds(Sequence[str]):
@@ -93,16 +132,29 @@ class SkippedLines:
 
     count: int = 0
     first: list[str] = field(default_factory=list)
+    _places: list[tuple[float, ...]] = field(default_factory=list, repr=False, compare=False)
 
-    def add(self, error: UmlosError) -> None:
+    def add(self, error: UmlosError, at: tuple[int, int] | None = None) -> None:
+        """Count a skipped line; keep its message if it is among the first five in dataset order (``at``:
+        its input and line; lines read ahead of an earlier one refused later still list after it)."""
         self.count += 1
-        if len(self.first) < 5:
-            self.first.append(error.message)
+        self._places += [(float("inf"),)] * (len(self.first) - len(self._places))  # messages added as they are
+        place = (float("inf"),) if at is None else at
+        index = bisect.bisect_right(self._places, place)
+        if index < MAX_FIRST:
+            self._places.insert(index, place)
+            self.first.insert(index, error.message)
+            del self._places[MAX_FIRST:], self.first[MAX_FIRST:]
 
 
-def skip_or_raise(error: UmlosError, skipped: SkippedLines | None) -> None:
-    """Count a bad record in ``skipped``, or raise it saying how to skip such records."""
+#: The skipped lines whose messages are kept.
+MAX_FIRST = 5
+
+
+def skip_or_raise(error: UmlosError, skipped: SkippedLines | None, at: tuple[int, int] | None = None) -> None:
+    """Count a bad record in ``skipped`` (``at``: its input and line or row, for the order of the first
+    five), or raise it saying how to skip such records."""
     if skipped is None:
         raise UmlosError(error.code, f"{error.message} (--skip-bad-lines skips such records and counts them)",
                          operator=errors.BATCHING_OPERATOR) from None
-    skipped.add(error)
+    skipped.add(error, at)

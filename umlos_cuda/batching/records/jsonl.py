@@ -26,11 +26,14 @@ line, and blank lines at the end of the file (a blank line before a record
 still is). A first line that is not UTF-8 and starts like a Parquet, Arrow,
 gzip or zstd file says so, and how to read it.
 
-``convert`` maps a field to a function of its JSON value, any type: the
-chunk holds what it returns (a chat record's messages rendered,
-umlos_cuda/batching/chat/records.py), and a :class:`RecordProblem` it raises
-makes the line a bad line. The values before conversion stay beside them
-(``RecordChunk.raw``) for the dataset fingerprint.
+``unchecked`` names fields whose values the reader hands on as they are,
+any JSON type, for the consumer to check (a chat record's messages, which
+the workers render: umlos_cuda/batching/chat/chunks.py). Each chunk then
+carries where its rows were read (``RecordChunk.read``: each row's line), so
+that a row the consumer refuses later is named, skipped or raised in line
+order (records/source.py ``Records.accept``); and a bad line that raises
+hands on the rows before it first, as a chunk of their own, so that a row
+among them the consumer refuses is raised before it, as it comes first.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, BinaryIO
 
@@ -47,7 +50,7 @@ import numpy as np
 from ... import checks, errors
 from ...errors import UINT32_MAX, UmlosError
 from ...files import reader
-from .chunk import Field, RecordChunk, SkippedLines, skip_or_raise
+from .chunk import Field, ReadRows, RecordChunk, SkippedLines, skip_or_raise
 
 DEFAULT_ID_FIELD = "id"
 
@@ -61,10 +64,6 @@ MAGIC = ((b"PAR1", "a Parquet file", "parquet"), (b"ARROW1", "an Arrow IPC file"
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-class RecordProblem(ValueError):
-    """Raised by a field converter: the record's field is not what the converter takes (the message says why)."""
-
-
 def require_dataset_file(path: str | os.PathLike[str]) -> str:
     """``path`` as a string when it is an existing regular file; else DATASET_UNREADABLE."""
     path = os.fspath(path)
@@ -76,7 +75,7 @@ def require_dataset_file(path: str | os.PathLike[str]) -> str:
 
 def read_chunks(path: str | os.PathLike[str], fields: tuple[str | Field, ...], *, id_field: str = DEFAULT_ID_FIELD,
                 chunk_size: int = 1024, digest: Any = None, skipped: SkippedLines | None = None,
-                convert: Mapping[str, Callable[[Any], Any]] | None = None) -> Iterator[RecordChunk]:
+                unchecked: frozenset[str] = frozenset()) -> Iterator[RecordChunk]:
     """Yield the records of the JSONL file ``path`` in chunks of ``chunk_size``; every byte
     read also goes to ``digest.update`` when a digest is given. A bad line
     raises DATASET_RECORD_INVALID, or is counted in ``skipped`` when given."""
@@ -84,7 +83,7 @@ def read_chunks(path: str | os.PathLike[str], fields: tuple[str | Field, ...], *
     try:
         with reader.open_regular(path, unreadable) as handle:
             yield from stream_chunks(handle, path, fields, id_field=id_field, chunk_size=chunk_size, digest=digest,
-                                     skipped=skipped, consumed=lambda: handle.tell(), convert=convert)
+                                     skipped=skipped, consumed=lambda: handle.tell(), unchecked=unchecked)
     except FileNotFoundError:
         raise unreadable(f"dataset {path} does not exist") from None
 
@@ -93,17 +92,18 @@ def stream_chunks(handle: BinaryIO, path: str, fields: tuple[str | Field, ...], 
                   chunk_size: int = 1024, digest: Any = None, skipped: SkippedLines | None = None,
                   row_id: Callable[[int], str] = str, consumed: Callable[[], int] | None = None,
                   shard: str | None = None, bytes_before: int = 0, empty_ok: bool = False,
-                  convert: Mapping[str, Callable[[Any], Any]] | None = None) -> Iterator[RecordChunk]:
+                  unchecked: frozenset[str] = frozenset(), input_index: int = 0) -> Iterator[RecordChunk]:
     """:func:`read_chunks` of an open stream (a plain or decompressed file): ``consumed()``
     says how many bytes of the file itself were read (for progress; default: the lines' bytes);
     a record without an id gets ``row_id(line)``. With ``empty_ok``, a stream with no record
-    yields nothing instead of raising DATASET_EMPTY (a shard may be empty; the dataset may not)."""
+    yields nothing instead of raising DATASET_EMPTY (a shard may be empty; the dataset may not).
+    ``unchecked`` fields are handed on as read, with each chunk's :class:`ReadRows` (``input_index``:
+    this file's place among the dataset's inputs), for the consumer to check."""
     wanted = tuple(f if isinstance(f, Field) else Field(f) for f in fields)
-    converters = [None if convert is None else convert.get(field.name) for field in wanted]
-    converted = any(c is not None for c in converters)
+    later = [field.name in unchecked for field in wanted]
     ids: list[str] = []
     values: list[list] = [[] for _ in wanted]
-    raw_values: list[list] = [[] for _ in wanted]
+    lines: list[int] = []
     first = 0
     lines_bytes = 0
     number = -1
@@ -114,44 +114,48 @@ def stream_chunks(handle: BinaryIO, path: str, fields: tuple[str | Field, ...], 
         done = consumed() if consumed is not None else lines_bytes
         out = [np.asarray(column, dtype=np.int64) if field.kind == "integer" else column
                for field, column in zip(wanted, values)]
-        as_read = [r if c is not None else v for r, c, v in zip(raw_values, converters, out)] if converted else None
-        return RecordChunk(ids, out, first, bytes_before + done, shard, as_read)
+        read = ReadRows(path, input_index, False, lines, ids, out) if unchecked else None
+        return RecordChunk(ids, out, first, bytes_before + done, shard, read)
 
-    for number, raw in reader.lines_of(handle, path, unreadable, line_error=_line_error):
-        lines_bytes += len(raw)
-        if digest is not None:
-            digest.update(raw)
-        if number == 0 and raw.startswith(BOM):
-            raw = raw[len(BOM):]
-        if not raw.strip():
-            blank = range(blank.start if blank else number, number + 1)
-            continue
-        try:
-            for line in blank:
-                skip_or_raise(invalid_record(path, line, "is empty; every line holds one JSON object"), skipped)
+    try:
+        for number, raw in reader.lines_of(handle, path, unreadable, line_error=_line_error):
+            lines_bytes += len(raw)
+            if digest is not None:
+                digest.update(raw)
+            if number == 0 and raw.startswith(BOM):
+                raw = raw[len(BOM):]
+            if not raw.strip():
+                blank = range(blank.start if blank else number, number + 1)
+                continue
+            for line in blank:  # outside the try below: its message says how to skip once
+                skip_or_raise(invalid_record(path, line, "is empty; every line holds one JSON object"), skipped,
+                         (input_index, line))
             blank = range(0)
-            record = _record(path, number, raw)
-            sample_id = _sample_id(path, number, record, id_field, row_id)
-            row = [_field(path, number, record, field, c is not None) for field, c in zip(wanted, converters)]
-            if SURROGATE_ESCAPE.search(raw) is not None:
-                _refuse_lone_surrogates(path, number, wanted, row)
-            done = [value if c is None else _convert(path, number, field.name, c, value)
-                    for field, c, value in zip(wanted, converters, row)] if converted else row
-        except UmlosError as exc:
-            skip_or_raise(exc, skipped)
-            continue
-        if not ids:
-            first = number
-        ids.append(sample_id)
-        for column, value in zip(values, done):
-            column.append(value)
-        if converted:
-            for column, value in zip(raw_values, row):
+            try:
+                record = _record(path, number, raw)
+                sample_id = _sample_id(path, number, record, id_field, row_id)
+                row = [_field(path, number, record, field, checked_later)
+                       for field, checked_later in zip(wanted, later)]
+                if SURROGATE_ESCAPE.search(raw) is not None:
+                    _refuse_lone_surrogates(path, number, wanted, row)
+            except UmlosError as exc:
+                skip_or_raise(exc, skipped, (input_index, number))
+                continue
+            if not ids:
+                first = number
+            ids.append(sample_id)
+            for column, value in zip(values, row):
                 column.append(value)
-        records += 1
-        if len(ids) == chunk_size:
+            if unchecked:
+                lines.append(number)
+            records += 1
+            if len(ids) == chunk_size:
+                yield chunk()
+                ids, values, lines = [], [[] for _ in wanted], []
+    except UmlosError:
+        if unchecked and ids:  # the rows before the bad line first: one the consumer refuses comes before it
             yield chunk()
-            ids, values, raw_values = [], [[] for _ in wanted], [[] for _ in wanted]
+        raise
     if ids:
         yield chunk()
     if records == 0 and not empty_ok:
@@ -182,15 +186,15 @@ def _sample_id(path: str, number: int, record: dict, id_field: str, row_id: Call
                        message="has {name!r} = {value!r}; an id is a non-empty string or an integer")
 
 
-def _field(path: str, number: int, record: dict, field: Field, converted: bool = False) -> Any:
-    """The field's value, checked for its kind (a field a converter takes is the converter's to check)."""
+def _field(path: str, number: int, record: dict, field: Field, unchecked: bool = False) -> Any:
+    """The field's value, checked for its kind (a field checked later is the consumer's to check)."""
     name = field.name
     try:
         value = record[name]
     except KeyError:
         keys = ", ".join(sorted(map(str, record))[:8]) or "none"
         raise invalid_record(path, number, f"lacks the field {name!r} (its fields: {keys})") from None
-    if converted:
+    if unchecked:
         return value
     fail = partial(invalid_record, path, number)
     if field.kind == "string":
@@ -208,13 +212,6 @@ def _refuse_lone_surrogates(path: str, number: int, fields: tuple[Field, ...], v
             half = next(c for c in text if "\ud800" <= c <= "\udfff")
             raise invalid_record(path, number, f"has {field.name!r} holding a lone surrogate (\\u{ord(half):04x} "
                                  "without its other half: a character cut in two), which no tokenizer encodes")
-
-
-def _convert(path: str, number: int, name: str, converter: Callable[[Any], Any], value: Any) -> Any:
-    try:
-        return converter(value)
-    except RecordProblem as exc:
-        raise invalid_record(path, number, f"has {name!r} that {exc}") from None
 
 
 def check_messages(value: Any, name: str, fail: Callable[[str], UmlosError]) -> list:

@@ -14,6 +14,16 @@ stream: JSONL line by line (records/jsonl.py), gzip and zstd JSONL through
 a bounded decompressor (records/compressed.py), Parquet and Arrow IPC batch
 by batch with the wanted columns only (records/arrow.py). Rows without an
 id get one by records/ids.py's rules.
+
+A field can be *checked later*, by the consumer of the chunks (chat records,
+rendered by the workers that encode them: umlos_cuda/batching/lengths/builder.py).
+Its values are handed on as read, and the consumer gives every chunk back to
+:meth:`Records.accept` in dataset order with the rows it refuses: those are
+raised or skipped (``--skip-bad-lines``) in line order, among the lines the
+reader itself refused, and the dataset fingerprint takes the rows kept, so
+the fingerprint, the skipped lines and the first error are those of a read
+that refused the rows itself. A shard whose rows' ids hang on its content
+(records/ids.py) gets its rows checked by :attr:`Records.screen` for that.
 """
 
 from __future__ import annotations
@@ -29,12 +39,12 @@ from ... import errors
 from ...errors import UmlosError
 from ...files import reader
 from . import arrow, hf
-from .chunk import Field, RecordChunk, RowIds, SkippedLines, skip_or_raise
-from .columns import CheckedBatch, invalid_row
+from .chunk import Field, ReadRows, RecordChunk, RowFailure, RowIds, SkippedLines, skip_or_raise
+from .columns import CheckedBatch
 from .compressed import bomb, expansion_cap, open_decompressed
 from .fingerprint import RowDigest
 from .ids import shard_row_id
-from .jsonl import DEFAULT_ID_FIELD, RecordProblem, invalid_record, stream_chunks, unreadable
+from .jsonl import DEFAULT_ID_FIELD, invalid_record, stream_chunks, unreadable
 from .shards import Input, resolve
 
 DEFAULT_CHUNK = 4096
@@ -63,9 +73,14 @@ class Records:
         self.total_bytes = sum(_size(item) for item in self.inputs)
         self._content: dict[int, str] = {}
         self._digest: RowDigest | None = None
-        #: Field name -> converter of its values (a chat record's messages rendered); a
-        #: ``RecordProblem`` it raises makes the record a bad one (records/jsonl.py).
-        self.convert: Mapping[str, Callable[[Any], Any]] | None = None
+        self._accepting: RowDigest | None = None  # the fingerprint being fed by accept()
+        self._accepted = 0
+        #: The field the consumer checks (see the module docstring), and how the rows of a chunk of it are
+        #: checked where this reader needs to know which are kept (``screen(chunks)`` yields each chunk and
+        #: its refused rows, in order: the content hash of a shard whose ids hang on it).
+        self.checked_later: str | None = None
+        self.screen: Callable[[Iterator[RecordChunk]], Iterator[tuple[RecordChunk, Sequence[RowFailure]]]] | None \
+            = None
 
     def chunks(self, chunk_size: int = DEFAULT_CHUNK, *, fields: Sequence[Field] | None = None,
                digest: bool = True) -> Iterator[RecordChunk]:
@@ -74,12 +89,14 @@ class Records:
         ``fields`` reads other fields than those opened (``()``: ids only)."""
         fields = self.fields if fields is None else tuple(fields)
         row_digest = RowDigest(fields) if digest else None
+        later = self._checks_later(fields)
         if digest:
             self._digest = None
+            self._accepting, self._accepted = (row_digest, 0) if later else (None, 0)
         before, rows = 0, 0
         for index, item in enumerate(self.inputs):
             for chunk, ids, columns in self._read(index, item, fields, chunk_size, before, self.skipped):
-                if row_digest is not None:
+                if row_digest is not None and not later:
                     row_digest.add(ids, columns, len(chunk.sample_ids))
                 rows += len(chunk.sample_ids)
                 yield chunk
@@ -87,7 +104,46 @@ class Records:
         if rows == 0:
             raise UmlosError(errors.DATASET_EMPTY, f"dataset {self.name} holds no record",
                              operator=errors.BATCHING_OPERATOR)
-        self._digest = row_digest
+        if not later:
+            self._digest = row_digest
+
+    def accept(self, chunk: RecordChunk, refused: Sequence[RowFailure] = ()) -> RecordChunk:
+        """A chunk of :meth:`chunks` back from the consumer of a field checked later, in dataset order,
+        with the rows it refused: each raised (the failure's code, naming its line or row) or, with
+        ``skipped``, skipped and counted, in row order; the rows kept feed the dataset fingerprint and come
+        back as a chunk."""
+        if chunk.read is None or self._accepting is None:
+            raise RuntimeError("accept() takes the chunks of chunks() over a field checked later")
+        kept = self._kept(chunk, refused, self.skipped)
+        assert kept.read is not None
+        self._accepting.add(kept.read.ids, kept.read.columns, len(kept.sample_ids))
+        self._accepted += len(kept.sample_ids)
+        return kept
+
+    def _kept(self, chunk: RecordChunk, refused: Sequence[RowFailure], skipped: SkippedLines | None
+              ) -> RecordChunk:
+        """Each refused row raised or skipped into ``skipped``, in row order; the chunk of the rows kept."""
+        read = chunk.read
+        if not refused or read is None:
+            return chunk
+        for failure in sorted(refused):
+            error = UmlosError(failure.code, f"{read.place(failure.offset)} has {self.checked_later!r} that "
+                               f"{failure.problem}", operator=errors.BATCHING_OPERATOR)
+            skip_or_raise(error, skipped, read.at(failure.offset))
+        return _without(chunk, {failure.offset for failure in refused})
+
+    def accepted_all(self) -> None:
+        """After the last chunk was accepted: DATASET_EMPTY when every row was refused; the fingerprint is then
+        that of the rows kept."""
+        if self._accepted == 0:
+            single = len(self.inputs) == 1 and not self.inputs[0].columnar and not self.sharded
+            raise UmlosError(errors.DATASET_EMPTY, f"dataset {self.name} holds no record"
+                             + (" (every line is blank or was skipped)" if single else ""),
+                             operator=errors.BATCHING_OPERATOR)
+        self._digest, self._accepting = self._accepting, None
+
+    def _checks_later(self, fields: Sequence[Field]) -> bool:
+        return self.checked_later is not None and any(field.name == self.checked_later for field in fields)
 
     def fingerprint(self, tokenizer_hash: str) -> str:
         """The dataset fingerprint of the rows the last full :meth:`chunks` read."""
@@ -136,14 +192,26 @@ class Records:
 
         def derived(row: int) -> str:
             if index not in self._content:
-                digest = RowDigest(self.fields, ids=False)
-                for chunk, _ids, columns in self._read(index, item, self.fields, DEFAULT_CHUNK, 0, SkippedLines(),
-                                                      row_id=str):
-                    digest.add(None, columns, len(chunk.sample_ids))
-                self._content[index] = digest.content_hash()
+                self._content[index] = self._content_hash(index, item)
             return shard_row_id(self._content[index], row)
 
         return derived
+
+    def _content_hash(self, index: int, item: Input) -> str:
+        """The content hash of input ``index``: the rows a read that skips bad lines keeps (records/ids.py)."""
+        digest = RowDigest(self.fields, ids=False)
+        read = self._read(index, item, self.fields, DEFAULT_CHUNK, 0, SkippedLines(), row_id=str)
+        if not self._checks_later(self.fields):
+            for chunk, _ids, columns in read:
+                digest.add(None, columns, len(chunk.sample_ids))
+            return digest.content_hash()
+        if self.screen is None:
+            raise RuntimeError(f"rows of {self.checked_later!r} are checked later, and no screen checks them")
+        for chunk, refused in self.screen(chunk for chunk, _ids, _columns in read):
+            kept = self._kept(chunk, refused, SkippedLines())
+            assert kept.read is not None
+            digest.add(None, kept.read.columns, len(kept.sample_ids))
+        return digest.content_hash()
 
     def _read(self, index: int, item: Input, fields: Sequence[Field], chunk_size: int, before: int,
               skipped: SkippedLines | None, row_id: Callable[[int], str] | None = None
@@ -152,7 +220,7 @@ class Records:
         row_id = row_id or self._row_id(index, item)
         shard = item.path if self.sharded else None
         if item.columnar:
-            yield from self._read_columnar(item, fields, chunk_size, before, row_id, shard, skipped)
+            yield from self._read_columnar(index, item, fields, chunk_size, before, row_id, shard, skipped)
             return
         try:
             with reader.open_regular(item.path, unreadable) as handle:
@@ -161,16 +229,18 @@ class Records:
                 if item.format != "jsonl":
                     stream = open_decompressed(handle, item.path, "gzip" if item.format == "jsonl.gz" else "zstd",
                                                size)
+                later = frozenset((self.checked_later,)) if self.checked_later and self._checks_later(fields) \
+                    else frozenset()
                 for chunk in stream_chunks(stream, item.path, tuple(fields), id_field=self.id_field,
                                            chunk_size=chunk_size, skipped=skipped, row_id=row_id,
                                            consumed=lambda: min(handle.tell(), size), shard=shard,
-                                           bytes_before=before, empty_ok=self.sharded,
-                                           convert=self._converters(fields)):
-                    yield chunk, chunk.sample_ids, chunk.values if chunk.raw is None else chunk.raw
+                                           bytes_before=before, empty_ok=self.sharded, unchecked=later,
+                                           input_index=index):
+                    yield chunk, chunk.sample_ids, chunk.values
         except FileNotFoundError:
             raise unreadable(f"dataset {item.path} does not exist") from None
 
-    def _read_columnar(self, item: Input, fields: Sequence[Field], chunk_size: int, before: int,
+    def _read_columnar(self, index: int, item: Input, fields: Sequence[Field], chunk_size: int, before: int,
                        row_id: Callable[[int], str], shard: str | None, skipped: SkippedLines | None
                        ) -> Iterator[tuple[RecordChunk, Any, list[Any]]]:
         wanted = [field.name for field in fields]
@@ -179,7 +249,8 @@ class Records:
             columns = wanted + ([self.id_field] if with_id and self.id_field not in wanted else [])
             total = max(int(item.dataset.num_rows), 1)
             batches = hf.object_batches(item.dataset, columns, chunk_size)
-            yield from self._columnar_chunks(((item.path, b, None, None) for b in batches), fields, [with_id], before,
+            yield from self._columnar_chunks(index, ((item.path, b, None, None) for b in batches), fields, [with_id],
+                                             before,
                                              lambda rows: before + _size(item) * rows // total, row_id, shard,
                                              skipped)
             return
@@ -205,16 +276,16 @@ class Records:
                 except FileNotFoundError:
                     raise unreadable(f"dataset {path} does not exist") from None
 
-        yield from self._columnar_chunks(file_batches(), fields, has_id, before, None, row_id, shard, skipped)
+        yield from self._columnar_chunks(index, file_batches(), fields, has_id, before, None, row_id, shard, skipped)
 
-    def _columnar_chunks(self, batches, fields: Sequence[Field], has_id: list[bool], before: int,
+    def _columnar_chunks(self, index: int, batches, fields: Sequence[Field], has_id: list[bool], before: int,
                          progress: Callable[[int], int] | None, row_id: Callable[[int], str], shard: str | None,
                          skipped: SkippedLines | None) -> Iterator[tuple[RecordChunk, Any, list[Any]]]:
-        """The chunks of checked batches: a bad row (records/columns.py, or one a converter refuses) is
-        skipped and counted, or raised; the rows around it make chunks of their own, so that each chunk's
-        rows are consecutive and keep their numbers."""
+        """The chunks of checked batches: a bad row (records/columns.py) is skipped and counted, or raised;
+        the rows around it make chunks of their own, so that each chunk's rows are consecutive and keep
+        their numbers."""
         row = 0
-        converters = self._converters(fields)
+        later = self._checks_later(fields)
         for path, batch, consumed, decoded in batches:
             count = batch.num_rows
             if count == 0:
@@ -225,7 +296,7 @@ class Records:
             read = consumed() if consumed is not None else progress(row + count) if progress else before
             for start, stop, problem in _runs(count, checked.problems()):
                 if problem is not None:
-                    skip_or_raise(problem, skipped)
+                    skip_or_raise(problem, skipped, (index, row + start))
                     continue
                 found, id_array, values, arrays = checked.take(start, stop)
                 ids: Sequence[str]
@@ -235,44 +306,10 @@ class Records:
                     ids = id_array = RowIds(row + start, row + stop)
                 else:
                     ids = id_array = [row_id(r) for r in range(row + start, row + stop)]
-                refused: dict[int, UmlosError] = {}
-                if converters:
-                    values, refused = self._convert_columns(path, row + start, fields, converters, values)
-                for first, last, problem in _runs(stop - start, refused):
-                    if problem is not None:
-                        skip_or_raise(problem, skipped)
-                        continue
-                    yield (RecordChunk(_rows(ids, first, last), [_rows(v, first, last) for v in values],
-                                       row + start + first, read, shard),
-                           _rows(id_array, first, last), [_rows(a, first, last) for a in arrays])
+                rows = ReadRows(path, index, True, range(row + start, row + stop), id_array, arrays) if later \
+                    else None
+                yield RecordChunk(ids, values, row + start, read, shard, rows), id_array, arrays
             row += count
-
-    def _converters(self, fields: Sequence[Field]) -> dict[str, Callable[[Any], Any]]:
-        """The converters of the fields read (none for a read of ids only)."""
-        names = {field.name for field in fields}
-        return {name: c for name, c in (self.convert or {}).items() if name in names}
-
-    @staticmethod
-    def _convert_columns(path: str, first_row: int, fields: Sequence[Field],
-                         converters: Mapping[str, Callable[[Any], Any]], values: list[Any]
-                         ) -> tuple[list[Any], dict[int, UmlosError]]:
-        """The values with each converted field converted, and the rows (0-based here) a converter refused."""
-        refused: dict[int, UmlosError] = {}
-        out = []
-        for field, column in zip(fields, values):
-            converter = converters.get(field.name)
-            if converter is None:
-                out.append(column)
-                continue
-            converted = []
-            for offset, value in enumerate(column):
-                try:
-                    converted.append(converter(value))
-                except RecordProblem as exc:
-                    converted.append(None)
-                    refused.setdefault(offset, invalid_row(path, first_row + offset, f"has {field.name!r} that {exc}"))
-            out.append(converted)
-        return out, refused
 
 
 class _Decoded:
@@ -301,13 +338,28 @@ def _runs(count: int, problems: Mapping[int, UmlosError]) -> Iterator[tuple[int,
         yield start, count, None
 
 
-def _rows(values: Any, start: int, stop: int) -> Any:
-    """Rows ``start`` to ``stop - 1`` of a chunk's column (a list, a NumPy or Arrow array, :class:`RowIds`)."""
-    if values is None or (start == 0 and stop == len(values)):
-        return values
-    if isinstance(values, RowIds):
-        return RowIds(values.start + start, values.start + stop)
-    return values.slice(start, stop - start) if hasattr(values, "slice") else values[start:stop]
+def _without(chunk: RecordChunk, refused: set[int]) -> RecordChunk:
+    """A chunk without the rows at ``refused``: its ids (row numbers as text, where they were
+    :class:`RowIds`: the rows kept keep their numbers), values, places and what the fingerprint takes."""
+    read = chunk.read
+    assert read is not None
+    keep = [offset for offset in range(len(chunk.sample_ids)) if offset not in refused]
+    ids = [chunk.sample_ids[offset] for offset in keep]
+    values = [_taken(column, keep) for column in chunk.values]
+    lines = [read.lines[offset] for offset in keep]
+    digest_ids = ids if read.ids is chunk.sample_ids or isinstance(read.ids, RowIds) else _taken(read.ids, keep)
+    columns = values if read.columns is chunk.values else [_taken(column, keep) for column in read.columns]
+    return RecordChunk(ids, values, lines[0] if lines else chunk.first_line, chunk.bytes_read, chunk.shard,
+                       ReadRows(read.path, read.input, read.columnar, lines, digest_ids, columns))
+
+
+def _taken(values: Any, keep: list[int]) -> Any:
+    """The rows ``keep`` of a column: a list, a NumPy array or an Arrow array."""
+    if isinstance(values, np.ndarray):
+        return values[keep]
+    if hasattr(values, "take"):  # an Arrow array
+        return values.take(keep)
+    return [values[offset] for offset in keep]
 
 
 def _size(item: Input) -> int:

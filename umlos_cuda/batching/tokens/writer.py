@@ -151,7 +151,7 @@ def encode_chunk(source: ChunkEncoder, chunk: RecordChunk, token_dtype: np.dtype
     total = int(encoded.sum())
     ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=total)
     if source.is_chat:  # the assistant spans of each record (umlos_cuda/batching/chat/masks.py)
-        rendered = cast(list[ChatText], chunk.values[0])  # the reader rendered each record (DatasetEncoding)
+        rendered = cast(list[ChatText], chunk.values[0])  # the worker rendered each record first (ChatWork)
         masks = [token_mask(e.offsets, chat.spans) for e, chat in zip(encodings, rendered)]
         mask = np.concatenate(masks) if masks else np.zeros(0, dtype=np.uint8)
         return encoded, _as_tokens(ids, token_dtype, vocab_size), mask

@@ -298,7 +298,9 @@ def write_chats(path, rows):
 
 
 def chat_rows():
-    return [{"id": f"c{i}", "messages": CONVERSATIONS[i % len(CONVERSATIONS)]} for i in range(9)]
+    """Records of the conversations with an assistant turn (one without has nothing to train on: refused)."""
+    trained = [messages for messages in CONVERSATIONS if any(m["role"] == "assistant" for m in messages)]
+    return [{"id": f"c{i}", "messages": trained[i % len(trained)]} for i in range(9)]
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -345,6 +347,35 @@ def test_bad_chat_records_name_their_line_or_are_skipped_alike(models, tmp_path)
     assert np.array_equal(cache.lengths, store.lengths)
 
 
+@pytest.mark.parametrize("family", ["chatml", "generation"])
+def test_records_with_nothing_to_train_on_are_refused_or_counted(models, family, tmp_path, capsys):
+    """No assistant turn, or a role the template does not mark ("bot"): an all-zero loss mask, which was
+    trained on silently as nothing; now a bad record, refused or skipped and counted alike in both files."""
+    folder, _ = models[family]
+    rows = chat_rows()
+    rows[1] = {"id": "c1", "messages": CONVERSATIONS[0]}  # only a user turn
+    rows[4] = {"id": "c4", "messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "hello"}]}
+    write_chats(tmp_path / "chat.jsonl", rows)
+    error = expect(errors.DATASET_RECORD_INVALID, tokenize_dataset, tmp_path / "chat.jsonl", folder, tmp_path / "s",
+                   messages_field="messages", mention="line 2 has 'messages' that has no assistant turn to train on "
+                                                      "(its roles: 'user')")
+    assert "rename the role, or drop the record" in error.message
+    assert main(["data", "tokenize", "--dataset", str(tmp_path / "chat.jsonl"), "--tokenizer", str(folder),
+                 "--output", str(tmp_path / "store"), "--messages-field", "messages", "--skip-bad-lines"]) == 0
+    captured = capsys.readouterr()
+    said = captured.out + captured.err
+    assert "skipped 2 bad lines" in said and "(its roles: 'user')" in said
+    # a role the template does not mark: trained on as nothing (ChatML), or refused by the template itself
+    assert "(its roles: 'user', 'bot')" in said if family == "chatml" else "unknown role bot" in said
+    skipped = SkippedLines()
+    cache = build_lengths(tmp_path / "chat.jsonl", folder, tmp_path / "l.jsonl", messages_field="messages",
+                          skipped=skipped)
+    store = TokenStore.open(tmp_path / "store")
+    assert skipped.count == 2 and cache.sample_ids == store.length_cache().sample_ids == \
+        [r["id"] for i, r in enumerate(rows) if i not in (1, 4)]
+    assert all(store.arrays(row)[1].any() for row in range(len(store)))  # every record kept trains on something
+
+
 def test_messages_field_is_exclusive_and_chat_template_needs_it(models, tmp_path, capsys):
     folder, _ = models["chatml"]
     write_chats(tmp_path / "chat.jsonl", chat_rows())
@@ -367,7 +398,7 @@ def test_chat_template_option_overrides_the_tokenizers(models, tmp_path):
     store = tokenize_dataset(tmp_path / "chat.jsonl", folder, tmp_path / "s", messages_field="messages",
                              chat_template=tmp_path / "llama.jinja")
     expected = hf.apply_chat_template(CONVERSATIONS[1], chat_template=LLAMA3)["input_ids"]
-    assert store.arrays(1)[0].tolist() == expected
+    assert store.arrays(0)[0].tolist() == expected  # row 0: the first conversation with an assistant turn
     # the store names the template it was rendered with: the tokenizer with that file as its chat_template.jinja
     shutil.copytree(folder, tmp_path / "with-llama")
     (tmp_path / "with-llama" / "chat_template.jinja").write_text(LLAMA3)
@@ -380,5 +411,7 @@ def test_named_template_files_are_fingerprinted(models, tmp_path):
     before = tokenizer_fingerprint(tmp_path / "m")
     (tmp_path / "m" / "additional_chat_templates").mkdir()
     (tmp_path / "m" / "additional_chat_templates" / "default.jinja").write_text(CHATML)
+    assert tokenizer_fingerprint(tmp_path / "m") == before  # the same one template, spelled as a named one
+    (tmp_path / "m" / "additional_chat_templates" / "tools.jinja").write_text(LLAMA3)
     assert tokenizer_fingerprint(tmp_path / "m") != before
     assert encode_chat(tmp_path / "m", CONVERSATIONS[1]).text == encode_chat(folder, CONVERSATIONS[1]).text

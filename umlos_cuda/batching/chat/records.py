@@ -4,7 +4,10 @@ What goes in: a tokenizer, optionally a template file that overrides its
 own, and then each record's messages value. What comes out: for each record
 a :class:`~.turns.ChatText` (the text the tokenizer encodes, and the spans
 its loss is taken on), or :class:`~..records.jsonl.RecordProblem` saying
-why the record is not a conversation this template renders.
+why the record is not a conversation this template renders, or that it has
+nothing to train on: no assistant turn (only ``user`` messages, or a role the
+template does not mark, such as ``"bot"``), whose loss mask would be all zeros
+and which would otherwise be trained on silently as nothing.
 
 :class:`ChatRecords` is the converter the JSONL reader applies to the field
 (``read_chunks(..., convert=...)``), so a bad record fails with its line
@@ -39,6 +42,12 @@ class ChatRecords:
         except MessagesInvalid as exc:
             raise RecordProblem(str(exc)) from None
         try:
-            return assistant_spans(self.template, messages, add_generation_prompt=self.add_generation_prompt)
+            chat = assistant_spans(self.template, messages, add_generation_prompt=self.add_generation_prompt)
         except RenderFailed as exc:
             raise RecordProblem(f"does not render with {self.template.where}: {exc}") from None
+        if not self.add_generation_prompt and not any(end > start for start, end in chat.spans):
+            roles = ", ".join(dict.fromkeys(repr(message["role"]) for message in messages))
+            raise RecordProblem(f"has no assistant turn to train on (its roles: {roles}): its loss mask would be all "
+                                "zeros; the loss is taken on the messages of role 'assistant' (or the template's "
+                                "{% generation %} blocks): rename the role, or drop the record")
+        return chat

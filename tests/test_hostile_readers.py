@@ -1644,6 +1644,44 @@ TRUNCATION_AND_ROW_CASES = [
 ]
 
 
+# ---------------------------------------------------------------------- silent acceptances (issue 34)
+def _id_field_missing(suffix: str):
+    """``--id-field uid`` over rows without it: numbered by row before, without a word."""
+    def make(world, here):
+        copy(world, here, "model", "train.jsonl")
+        if suffix == "parquet":
+            _parquet(world, here)
+        return _tokenize(here, f"train.{suffix}", "--id-field", "uid")
+    return make
+
+
+CHATML = ("{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '</s>' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+
+
+def _chat_without_an_assistant_turn(*extra: str):
+    """A user-only record and a "bot" one beside one that trains: all-zero loss masks trained on as nothing."""
+    def make(world, here):
+        copy(world, here, "model")
+        edit_json(here / "model" / "tokenizer_config.json", lambda c: c.__setitem__("chat_template", CHATML))
+        records = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+                   [{"role": "user", "content": "hi"}], [{"role": "user", "content": "hi"}, {"role": "bot",
+                                                                                            "content": "yo"}]]
+        (here / "chat.jsonl").write_text("".join(json.dumps({"messages": m}) + "\n" for m in records))
+        return _tokenize(here, "chat.jsonl", "--messages-field", "messages", *extra)
+    return make
+
+
+SILENT_ACCEPTANCE_CASES = [
+    Case("user/data-tokenize-jsonl-id-field-missing", _id_field_missing("jsonl"), (D,), "train.jsonl"),
+    Case("user/data-tokenize-parquet-id-field-missing", _id_field_missing("parquet"), (D,), "train.parquet"),
+    Case("user/data-tokenize-chat-record-without-an-assistant-turn", _chat_without_an_assistant_turn(), (D,),
+         "chat.jsonl"),
+    Case("user/data-tokenize-chat-records-without-an-assistant-turn-skipped",
+         _chat_without_an_assistant_turn("--skip-bad-lines"), ()),
+]
+
+
 # ---------------------------------------------------------------------- batch file layouts (batches/layouts.py)
 def first_batch_file(folder: Path) -> Path:
     return sorted(p for p in folder.glob("epoch_*_batch_*.npz*"))[0]
@@ -2267,6 +2305,7 @@ CASES += WINDOWED_CASES + SEQUENCES_CASES
 CASES += MIXED_CASES + MIXED_SEQUENCES_CASES
 CASES += TOKEN_SOURCE_CASES
 CASES += TRUNCATION_AND_ROW_CASES
+CASES += SILENT_ACCEPTANCE_CASES
 CASES += ARTIFACT_CASES
 CASES += INTEGER_CASES
 

@@ -1672,7 +1672,40 @@ def _chat_without_an_assistant_turn(*extra: str):
     return make
 
 
+def _plan_cut_length_cache_of_a_store(*fifos: str):
+    """``plan cut --source store/lengths.jsonl``: the message names the store's folder, read from its marker
+    (or its meta.json), which ``fifos`` replace with FIFOs: read without blocking, or not at all."""
+    def make(world, here):
+        copy(world, here, "store")
+        for name in fifos:
+            fifo(here / "store" / name)
+        return ("plan", "cut", "--source", str(here / "store" / "lengths.jsonl"), "--sequence-length", "16",
+                "--output", str(here / "out"))
+    return make
+
+
+def _append_onto_a_classic_store(*fifos: str):
+    """``data tokenize --append`` naming a classic token store (its marker, its meta.json FIFOs with ``fifos``)."""
+    def make(world, here):
+        copy(world, here, "store", "model", "train.jsonl")
+        for name in fifos:
+            fifo(here / "store" / name)
+        return ("data", "tokenize", "--dataset", str(here / "train.jsonl"), "--tokenizer", str(here / "model"),
+                "--output", str(here / "store"), "--quiet", "--append")
+    return make
+
+
 SILENT_ACCEPTANCE_CASES = [
+    Case("user/data-tokenize-append-onto-a-classic-store", _append_onto_a_classic_store(),
+         (errors.SHARDED_STORE_INVALID,), "is a token store, not a sharded one"),
+    Case("hang/data-tokenize-append-onto-a-store-fifo-marker-and-meta",
+         _append_onto_a_classic_store("umlos-artifact.json", "meta.json"), (SH, errors.TOKEN_STORE_NOT_FOUND),
+         "meta.json"),
+    Case("user/plan-cut-length-cache-of-a-store", _plan_cut_length_cache_of_a_store(),
+         (errors.TOKEN_STORE_NOT_FOUND,), "give the folder"),
+    Case("hang/plan-cut-length-cache-of-a-store-fifo-marker-and-meta",
+         _plan_cut_length_cache_of_a_store("umlos-artifact.json", "meta.json"), (errors.TOKEN_STORE_NOT_FOUND,),
+         "lengths.jsonl"),
     Case("user/data-tokenize-jsonl-id-field-missing", _id_field_missing("jsonl"), (D,), "train.jsonl"),
     Case("user/data-tokenize-parquet-id-field-missing", _id_field_missing("parquet"), (D,), "train.parquet"),
     Case("user/data-tokenize-chat-record-without-an-assistant-turn", _chat_without_an_assistant_turn(), (D,),

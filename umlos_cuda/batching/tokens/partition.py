@@ -39,7 +39,7 @@ from .logical import ShardedTokenStore
 from .store import TokenStore
 from .writer import STORE, tokenize_dataset
 from ...files.artifacts import identify
-from ...files.writer import check_output_folder
+from ...files.writer import check_output_folder, remove_stale_temps, temp_folder
 from ..lengths.builder import input_paths
 from ..records.source import dataset_paths
 
@@ -144,16 +144,12 @@ def _refuse_a_classic_store(root: str) -> None:
 @contextlib.contextmanager
 def staging_folder(root: str, label: str) -> Iterator[str]:
     """A new hidden folder beside the store ``root`` (``.tmp-NAME-LABEL-...``, on its file system, so adopting
-    a shard is a rename), removed with whatever is left in it when the block ends, however it ends."""
-    parent_path = os.path.dirname(root)
-    with Folder.open(parent_path, follow=True) as parent:
-        stage_name, stage = parent.mkdir_temp(f".tmp-{os.path.basename(root)}-{label}-")
-        stage.close()
-        try:
-            yield os.path.join(parent_path, stage_name)
-        finally:
-            with contextlib.suppress(OSError):
-                parent.remove(stage_name)
+    a shard is a rename), marked and locked as a temp of a sharded store's write (the temps of a killed run
+    beside the store are removed first, :func:`~umlos_cuda.files.writer.remove_stale_temps`), removed with
+    whatever is left in it when the block ends, however it ends."""
+    remove_stale_temps(root, SHARDED_STORE, errors.BATCHING_OPERATOR)  # what a killed run staged beside it
+    with temp_folder(root, label, SHARDED_STORE, errors.BATCHING_OPERATOR) as path:
+        yield path
 
 
 def _offset(progress: Callable[[int, int], None], before: int, total: int) -> Callable[[int, int], None]:

@@ -108,6 +108,14 @@ def _by_name(template: Any) -> Any:
     return template
 
 
+#: What a message about two tokenizer fingerprints adds: what differs, and how to see which part.
+DIFFERENT_TOKENIZER = ("two tokenizers that give different ids (their vocabulary, merges, normalizer, pre-tokenizer, "
+                       "post-processor, added or special tokens, truncation or chat template; a re-save with "
+                       "save_pretrained alone changes none of these); tokenizer_parts(A) and tokenizer_parts(B) of "
+                       "umlos_cuda.batching.lengths.fingerprints name the part two tokenizer folders differ in "
+                       "(docs/batching.md, Fingerprints)")
+
+
 def tokenizer_parts(tokenizer: Any) -> dict[str, str]:
     """Each part of :func:`canonical_tokenizer` (the model, the normalizer, ..., the chat template)
     hashed alone: SHA-256 hex by part name, to say which part two tokenizers differ in."""

@@ -206,7 +206,7 @@ def train(args: argparse.Namespace) -> None:
     store_dir, plan_dir = prepare_data(args)
     store, plan = TokenStore.open(store_dir), load_plan(plan_dir)
     sampler = PlanBatchSampler(plan)  # rank and world size from the process group
-    loader = DataLoader(TokenDataset(store_dir), batch_sampler=sampler,
+    loader = DataLoader(TokenDataset(store_dir, plan=plan), batch_sampler=sampler,
                         collate_fn=PlanCollator(plan, preset="shifted", dtype="int64"))
     model = build_model(int(store.meta["vocab_size"]), args.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)

@@ -22,7 +22,10 @@ store ``OUT/checkpoints`` (docs/checkpoint-format.md): the model's tensors,
 AdamW's state, torch's RNG state, the run's configuration, and the plan
 cursor as the cursor kind ``plan`` (``PlanCursor``), all in one signed,
 atomic commit. ``--resume`` restores the latest one and continues; the plan
-cursor puts the sampler at the first microbatch not trained on.
+cursor puts the sampler at the first microbatch not trained on. A run stopped
+before its first checkpoint starts again from step 0, saying so; ``--resume``
+where no run was started (no ``OUT/checkpoints``: a wrong ``--out``) is
+refused (INVALID_ARGUMENT), not taken for a new run.
 
 What it writes into ``OUT`` (a folder with the marker ``tiny LM run``):
 
@@ -224,6 +227,10 @@ def train(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
+    checkpoints = os.path.join(args.out, "checkpoints")
+    if args.resume and not os.path.isdir(checkpoints):  # before anything is made there: a wrong --out, say
+        raise fail(f"--resume: {args.out} holds no run to resume (no checkpoint store {checkpoints}): drop --resume "
+                   "to start a run there, or give the --out of the run to continue")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     run_folder = open_in_place(args.out, RUN, foreign=lambda path, found: fail(
         f"{path} holds a {found or 'folder of something else'}, not a tiny LM run: choose another --out"))
@@ -241,7 +248,7 @@ def _train(args: argparse.Namespace, run_folder) -> dict:
     plan, store = load_plan(plan_path), TokenStore.open(store_path)
     config = run_config(args, plan, store)
     sampler = PlanBatchSampler(plan, rank=0, world_size=1)
-    loader = DataLoader(TokenDataset(store_path), batch_sampler=PackedBatchSampler(sampler),
+    loader = DataLoader(TokenDataset(store_path, plan=plan), batch_sampler=PackedBatchSampler(sampler),
                         collate_fn=PlanCollator(plan, preset="hf"), num_workers=0)
     identity = RunIdentity(TENANT, RUN_ID, plan_manifest(plan.config, plan.meta.num_samples))
     timing: dict = {"data_s": [], "model_s": [], "commit_s": [], "cursor_capture_s": [], "cursor_restore_s": None}
@@ -270,7 +277,10 @@ def _train(args: argparse.Namespace, run_folder) -> dict:
             ckpt.start_run("train", world_size=1)
         trace = read_trace(args.out, step) if args.resume else []
         resumed_from = step
-        print(f"{'resumed at' if args.resume else 'starting at'} step {step}, plan cursor "
+        if args.resume and restored is None:  # the run stopped before its first checkpoint: nothing to restore
+            print(f"--resume: {checkpoints} holds no committed checkpoint yet (the first is due at step "
+                  f"{args.checkpoint_every}): starting again from step 0", flush=True)
+        print(f"{'resumed at' if restored is not None else 'starting at'} step {step}, plan cursor "
               f"({sampler.epoch}, {sampler.microbatch_index}), {plan.num_epochs} epochs of "
               f"{[len(plan.epochs[e]) for e in range(plan.num_epochs)]} microbatches", flush=True)
 

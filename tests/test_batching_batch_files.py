@@ -298,7 +298,8 @@ def test_a_store_that_is_not_the_plans_is_refused(world, tmp_path):
     cases = [
         (BatchPlanBuilder(lengths[:100], CONFIG, tokenizer_hash=store.tokenizer_hash, sample_ids=ids[:100]),
          "holds 240 samples"),
-        (BatchPlanBuilder(lengths, CONFIG, tokenizer_hash="other", sample_ids=ids), "tokenized by"),
+        (BatchPlanBuilder(lengths, CONFIG, tokenizer_hash="other", sample_ids=ids),
+         f"tokenized by the tokenizer of fingerprint {store.tokenizer_hash}; the plan's lengths were counted by other"),
         (BatchPlanBuilder(lengths + 1, CONFIG, tokenizer_hash=store.tokenizer_hash, sample_ids=ids), "lengths"),
         (BatchPlanBuilder(lengths, CONFIG, tokenizer_hash=store.tokenizer_hash), "by id"),
         (BatchPlanBuilder(lengths, CONFIG, tokenizer_hash=store.tokenizer_hash, sample_ids=[i + "x" for i in ids]),
@@ -307,6 +308,9 @@ def test_a_store_that_is_not_the_plans_is_refused(world, tmp_path):
     for builder, mention in cases:
         expect(errors.BATCH_STORE_MISMATCH, BatchWriter, builder.build(1), tmp_path / "o", store, mention=mention)
     assert not (tmp_path / "o").exists()
+    # the tokenizer message says what the two hashes are and how to find the part that differs
+    error = expect(errors.BATCH_STORE_MISMATCH, BatchWriter, cases[1][0].build(1), tmp_path / "o", store)
+    assert "tokenizer_parts(A) and tokenizer_parts(B)" in error.message and "Tokenize the data again" in error.message
 
 
 def test_output_folder_rules(world, tmp_path):

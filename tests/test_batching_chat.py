@@ -369,7 +369,9 @@ def write_chats(path, rows):
 
 
 def chat_rows():
-    return [{"id": f"c{i}", "messages": CONVERSATIONS[i % len(CONVERSATIONS)]} for i in range(9)]
+    """Records of the conversations with an assistant turn (one without has nothing to train on: refused)."""
+    trained = [messages for messages in CONVERSATIONS if any(m["role"] == "assistant" for m in messages)]
+    return [{"id": f"c{i}", "messages": trained[i % len(trained)]} for i in range(9)]
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -428,7 +430,8 @@ BOOM = ("{% set ns = namespace(a=[0], b=[0]) %}{% for m in messages %}"
 def boom_lines(kinds: str) -> list[str]:
     """One JSONL line per letter: ``o`` a conversation that renders, ``b`` one that spends hours (BOOM), ``t`` one
     the template refuses (role tool), ``s`` messages that are a string, ``j`` a line that is not JSON, ``_`` blank."""
-    made = {"o": lambda i: {"id": f"c{i}", "messages": CONVERSATIONS[i % len(CONVERSATIONS)]},
+    trained = CONVERSATIONS[1:]  # each with an assistant turn: one without is a bad record of its own
+    made = {"o": lambda i: {"id": f"c{i}", "messages": trained[i % len(trained)]},
             "b": lambda i: {"id": f"c{i}", "messages": [{"role": "user", "content": "boom"}]},
             "t": lambda i: {"id": f"c{i}", "messages": [{"role": "tool", "content": "x"}]},
             "s": lambda i: {"id": f"c{i}", "messages": "not a list"}}
@@ -545,6 +548,35 @@ def test_a_shard_whose_ids_hang_on_its_content_keeps_the_records_that_render(mod
     assert len(stores["refused"][1]) == 7 and all(":" in sample_id for sample_id in stores["refused"][1])
 
 
+@pytest.mark.parametrize("family", ["chatml", "generation"])
+def test_records_with_nothing_to_train_on_are_refused_or_counted(models, family, tmp_path, capsys):
+    """No assistant turn, or a role the template does not mark ("bot"): an all-zero loss mask, which was
+    trained on silently as nothing; now a bad record, refused or skipped and counted alike in both files."""
+    folder, _ = models[family]
+    rows = chat_rows()
+    rows[1] = {"id": "c1", "messages": CONVERSATIONS[0]}  # only a user turn
+    rows[4] = {"id": "c4", "messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "hello"}]}
+    write_chats(tmp_path / "chat.jsonl", rows)
+    error = expect(errors.DATASET_RECORD_INVALID, tokenize_dataset, tmp_path / "chat.jsonl", folder, tmp_path / "s",
+                   messages_field="messages", mention="line 2 has 'messages' that has no assistant turn to train on "
+                                                      "(its roles: 'user')")
+    assert "rename the role, or drop the record" in error.message
+    assert main(["data", "tokenize", "--dataset", str(tmp_path / "chat.jsonl"), "--tokenizer", str(folder),
+                 "--output", str(tmp_path / "store"), "--messages-field", "messages", "--skip-bad-lines"]) == 0
+    captured = capsys.readouterr()
+    said = captured.out + captured.err
+    assert "skipped 2 bad lines" in said and "(its roles: 'user')" in said
+    # a role the template does not mark: trained on as nothing (ChatML), or refused by the template itself
+    assert "(its roles: 'user', 'bot')" in said if family == "chatml" else "unknown role bot" in said
+    skipped = SkippedLines()
+    cache = build_lengths(tmp_path / "chat.jsonl", folder, tmp_path / "l.jsonl", messages_field="messages",
+                          skipped=skipped)
+    store = TokenStore.open(tmp_path / "store")
+    assert skipped.count == 2 and cache.sample_ids == store.length_cache().sample_ids == \
+        [r["id"] for i, r in enumerate(rows) if i not in (1, 4)]
+    assert all(store.arrays(row)[1].any() for row in range(len(store)))  # every record kept trains on something
+
+
 def test_messages_field_is_exclusive_and_chat_template_needs_it(models, tmp_path, capsys):
     folder, _ = models["chatml"]
     write_chats(tmp_path / "chat.jsonl", chat_rows())
@@ -567,7 +599,7 @@ def test_chat_template_option_overrides_the_tokenizers(models, tmp_path):
     store = tokenize_dataset(tmp_path / "chat.jsonl", folder, tmp_path / "s", messages_field="messages",
                              chat_template=tmp_path / "llama.jinja")
     expected = hf.apply_chat_template(CONVERSATIONS[1], chat_template=LLAMA3)["input_ids"]
-    assert store.arrays(1)[0].tolist() == expected
+    assert store.arrays(0)[0].tolist() == expected  # row 0: the first conversation with an assistant turn
     # the store names the template it was rendered with: the tokenizer with that file as its chat_template.jinja
     shutil.copytree(folder, tmp_path / "with-llama")
     (tmp_path / "with-llama" / "chat_template.jinja").write_text(LLAMA3)
@@ -580,5 +612,7 @@ def test_named_template_files_are_fingerprinted(models, tmp_path):
     before = tokenizer_fingerprint(tmp_path / "m")
     (tmp_path / "m" / "additional_chat_templates").mkdir()
     (tmp_path / "m" / "additional_chat_templates" / "default.jinja").write_text(CHATML)
+    assert tokenizer_fingerprint(tmp_path / "m") == before  # the same one template, spelled as a named one
+    (tmp_path / "m" / "additional_chat_templates" / "tools.jinja").write_text(LLAMA3)
     assert tokenizer_fingerprint(tmp_path / "m") != before
     assert encode_chat(tmp_path / "m", CONVERSATIONS[1]).text == encode_chat(folder, CONVERSATIONS[1]).text

@@ -286,6 +286,25 @@ def test_a_plan_microbatch_collates_like_its_samples(planned):
            mention="microbatch")  # the store and microbatch are named, as for every collation failure
 
 
+def test_a_token_dataset_given_its_plan_refuses_another_datasets_store(planned, tmp_path):
+    """Another dataset's store of the same row count was indexed by the plan without a word; batch generate
+    refused the same pair (BATCH_STORE_MISMATCH): now TokenDataset(store, plan=...) refuses it too."""
+    from umlos_cuda.batching.plans.windows import ArrayLengths, WindowDefinition, WindowedPlan
+    from umlos_cuda.torch import TokenDataset
+
+    root, store, plans = planned
+    other = make_store(tmp_path, len(store), seed=10)
+    assert len(other) == len(store) and other.tokenizer_hash == store.tokenizer_hash
+    windowed = WindowedPlan.build(WindowDefinition(plans["predictable"].config, len(store), 64),
+                                  ArrayLengths(store.lengths), 1)
+    for plan in (plans["predictable"], root / "plan-predictable", windowed):
+        assert len(TokenDataset(root / "store", plan=plan)) == len(store)
+        expect(errors.BATCH_STORE_MISMATCH, TokenDataset, tmp_path / "store", plan=plan, mention="lengths of")
+    assert len(TokenDataset(tmp_path / "store")) == len(store)  # without its plan, nothing to check against
+    expect(errors.BATCH_STORE_MISMATCH, TokenDataset, tmp_path / "store", plan=BatchPlanBuilder(
+        store.length_cache().lengths[:100], plans["predictable"].config).build(1), mention="holds 200 samples")
+
+
 @pytest.mark.parametrize("policy, context, workers, rank, world", [
     ("predictable", "fork", 2, 0, 1),
     ("throughput", "fork", 2, 1, 2),

@@ -18,7 +18,7 @@ import pytest
 from batching_cases import expect, from_json, tokenizer_json, train_tokenizer, write_model_dir
 from umlos_cuda import errors
 from umlos_cuda.batching import dataset_fingerprint, load_tokenizer, tokenizer_fingerprint
-from umlos_cuda.batching.lengths.fingerprints import canonical_tokenizer
+from umlos_cuda.batching.lengths.fingerprints import canonical_tokenizer, tokenizer_parts
 from umlos_cuda.batching.records.fingerprint import DOMAIN as DATASET_DOMAIN
 
 
@@ -144,7 +144,9 @@ def test_chat_template_and_special_tokens_of_the_directory(base, base_hash, tmp_
     template_a = tokenizer_fingerprint(write_model_dir(tmp_path / "a", base, {"chat_template": "{{ messages }}"}))
     template_b = tokenizer_fingerprint(write_model_dir(tmp_path / "b", base, {"chat_template": "{{ message }}"}))
     named = tokenizer_fingerprint(write_model_dir(tmp_path / "n", base, {"chat_template": [
-        {"name": "default", "template": "{{ messages }}"}]}))
+        {"name": "default", "template": "{{ messages }}"}, {"name": "tools", "template": "{{ tools }}"}]}))
+    only_default = write_model_dir(tmp_path / "d", base, {"chat_template": [
+        {"name": "default", "template": "{{ messages }}"}]})
     jinja = write_model_dir(tmp_path / "j", base, {"chat_template": "{{ messages }}"}, chat_template_file="{{ x }}")
     eos = tokenizer_fingerprint(write_model_dir(tmp_path / "e", base, {"eos_token": "</s>"}))
     eos_object = write_model_dir(tmp_path / "o", base, {"eos_token": {"content": "</s>", "lstrip": False}})
@@ -153,6 +155,7 @@ def test_chat_template_and_special_tokens_of_the_directory(base, base_hash, tmp_
     found = [template_a, template_b, named, tokenizer_fingerprint(jinja), eos, other_eos]
     assert len(set(found + [base_hash])) == len(found) + 1
     assert tokenizer_fingerprint(eos_object) == eos  # the two spellings of a special token
+    assert tokenizer_fingerprint(only_default) == template_a  # what save_pretrained writes of it: the template
     assert load_tokenizer(jinja).chat_template == "{{ x }}"  # the .jinja file wins, as in transformers
     # special_tokens_map.json is read when tokenizer_config.json does not name the token
     mapped = write_model_dir(tmp_path / "m", base)
@@ -165,6 +168,112 @@ def test_canonical_form_lists_what_is_hashed(base):
     assert set(form) == {"model", "normalizer", "pre_tokenizer", "post_processor", "added_tokens", "truncation",
                          "padding", "chat_template", "special_tokens", "fingerprint_version"}
     assert all(isinstance(merge, list) for merge in form["model"]["merges"])
+
+
+# --------------------------------------------------------------- what save_pretrained rewrites
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+GENERATION = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% generation %}{{ m['content'] }}"
+              "{% endgeneration %}<|im_end|>\n{% endfor %}")
+
+
+def _chatml_tokenizer(base_json):
+    """The base tokenizer with ChatML's tokens added as plain (not special) tokens, as ``add_tokens`` adds them."""
+    def change(data):
+        for token in ("<|im_start|>", "<|im_end|>", "<tool>"):
+            data["added_tokens"].append({"id": len(data["model"]["vocab"]) + len(data["added_tokens"]) - 3,
+                                         "content": token, "single_word": False, "lstrip": False, "rstrip": False,
+                                         "normalized": True, "special": False})
+    return variant(base_json, change)
+
+
+def _resaved(folder, out):
+    transformers = pytest.importorskip("transformers")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    tokenizer.save_pretrained(str(out))
+    return tokenizer, out
+
+
+SAVED_CONFIGS = {
+    "roles and one template": {"eos_token": "<|im_end|>", "pad_token": "</s>", "unk_token": "<unk>",
+                               "chat_template": CHATML},
+    "additional special tokens": {"eos_token": "<|im_end|>", "additional_special_tokens": ["<tool>"],
+                                  "chat_template": CHATML},
+    "named templates": {"eos_token": "<|im_end|>", "chat_template": [{"name": "default", "template": CHATML},
+                                                                     {"name": "generation", "template": GENERATION}]},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAVED_CONFIGS))
+def test_a_save_pretrained_round_trip_keeps_it(base_json, tmp_path, name):
+    """transformers 5 writes a bare TemplateProcessing, marks the role tokens special, renames
+    additional_special_tokens and moves templates into .jinja files: no id changes, nor the fingerprint."""
+    raw = write_model_dir(tmp_path / "raw", _chatml_tokenizer(base_json), SAVED_CONFIGS[name])
+    tokenizer, saved = _resaved(raw, tmp_path / "saved")
+    again = _resaved(saved, tmp_path / "again")[0]
+    text = "<|im_start|>user\nthe quick fox<|im_end|> <tool>"
+    assert tokenizer(text)["input_ids"] == again(text)["input_ids"]  # every id equal
+    assert json.loads((saved / "tokenizer.json").read_text())["post_processor"]["type"] == "TemplateProcessing"
+    assert tokenizer_fingerprint(saved) == tokenizer_fingerprint(raw)
+    assert tokenizer_fingerprint(tmp_path / "again") == tokenizer_fingerprint(raw)
+
+
+def test_padding_a_call_left_behind_is_not_hashed(base_json, tmp_path):
+    """transformers 5 saves the padding of the last call into tokenizer.json; every encoder here drops it."""
+    raw = write_model_dir(tmp_path / "raw", _chatml_tokenizer(base_json), {"eos_token": "<|im_end|>",
+                                                                           "pad_token": "</s>"})
+    tokenizer = _resaved(raw, tmp_path / "saved")[0]
+    tokenizer(["the fox", "the quick brown fox jumps"], padding=True)
+    tokenizer.save_pretrained(str(tmp_path / "padded"))
+    assert json.loads((tmp_path / "padded" / "tokenizer.json").read_text())["padding"] is not None
+    assert tokenizer_fingerprint(tmp_path / "padded") == tokenizer_fingerprint(raw)
+
+
+def test_a_save_that_adds_a_token_changes_it(base_json, tmp_path):
+    """An eos_token missing from the vocabulary is added by save_pretrained: a new id, a new fingerprint."""
+    raw = write_model_dir(tmp_path / "raw", _chatml_tokenizer(base_json), {"eos_token": "<|eot|>"})
+    _resaved(raw, tmp_path / "saved")
+    assert tokenizer_fingerprint(tmp_path / "saved") != tokenizer_fingerprint(raw)
+    assert [part for part, digest in tokenizer_parts(tmp_path / "saved").items()
+            if tokenizer_parts(raw)[part] != digest] == ["added_tokens"]
+
+
+def test_what_is_written_in_one_form(base_json, base_hash, tmp_path):
+    bare = {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {}}
+    assert tokenizer_fingerprint(variant(base_json, lambda d: d.update(post_processor=bare))) == base_hash
+    adding = copy.deepcopy(bare)
+    adding["single"] = [{"SpecialToken": {"id": "<s>", "type_id": 0}}, *bare["single"]]
+    adding["special_tokens"] = {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}
+    assert tokenizer_fingerprint(variant(base_json, lambda d: d.update(post_processor=adding))) != base_hash
+    padding = {"strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
+               "pad_type_id": 0, "pad_token": "<unk>"}
+    assert tokenizer_fingerprint(variant(base_json, lambda d: d.update(padding=padding))) == base_hash
+    # the special flag counts, unless a role names the token (save_pretrained then sets it)
+    eos = tokenizer_fingerprint(write_model_dir(tmp_path / "eos", from_json(base_json), {"eos_token": "</s>"}))
+    unspecial = variant(base_json, _unspecial)
+    assert tokenizer_fingerprint(unspecial) != base_hash
+    assert tokenizer_fingerprint(write_model_dir(tmp_path / "u", unspecial, {"eos_token": "<unk>"})) == \
+        tokenizer_fingerprint(write_model_dir(tmp_path / "s", from_json(base_json), {"eos_token": "<unk>"}))
+    # additional special tokens under either name
+    older = write_model_dir(tmp_path / "older", from_json(base_json), {"eos_token": "</s>",
+                                                                      "additional_special_tokens": ["<s>"]})
+    newer = write_model_dir(tmp_path / "newer", from_json(base_json), {"eos_token": "</s>",
+                                                                      "extra_special_tokens": ["<s>"]})
+    assert tokenizer_fingerprint(older) == tokenizer_fingerprint(newer) != eos
+    assert load_tokenizer(newer).special_tokens["additional_special_tokens"] == ["<s>"]
+    named = write_model_dir(tmp_path / "named", from_json(base_json), {"extra_special_tokens": {"image_token": "<s>"}})
+    assert load_tokenizer(named).special_tokens == {"extra_special_tokens": {"image_token": "<s>"}}
+    assert tokenizer_fingerprint(named) != base_hash
+
+
+def test_parts_name_what_differs(base_json, base_hash, tmp_path):
+    base = tokenizer_parts(from_json(base_json))
+    assert set(base) == set(canonical_tokenizer(from_json(base_json))) - {"fingerprint_version"}
+    templated = tokenizer_parts(write_model_dir(tmp_path / "t", from_json(base_json), {"chat_template": CHATML}))
+    assert [part for part in base if base[part] != templated[part]] == ["chat_template"]
+    swapped = tokenizer_parts(variant(base_json, _swap_two_tokens))
+    assert [part for part in base if base[part] != swapped[part]] == ["model"]
 
 
 # --------------------------------------------------------------- tokenizer errors

@@ -27,6 +27,7 @@ from umlos_cuda import errors
 from umlos_cuda.batching import LengthCache, SampleMeta, build_lengths, dataset_fingerprint, sft_sample
 from umlos_cuda.batching.lengths import stats as length_stats, cache as lengths_module
 from umlos_cuda.batching.lengths.cache import LengthCacheWriter, read_sidecar_header, sidecar_path
+from umlos_cuda.batching.records import SkippedLines
 from umlos_cuda.batching.templates import sft_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -373,8 +374,12 @@ def test_build_ids(tmp_path, tokenizer):
                                                      {"id": 17, "text": "gravity"}, {"key": "k", "text": "café"}])
     cache = build_lengths(dataset, tokenizer, tmp_path / "l.jsonl")
     assert cache.sample_ids == ["alpha", "1", "17", "3"] and not cache.ids_are_line_numbers
-    other = build_lengths(dataset, tokenizer, tmp_path / "k.jsonl", id_field="key")
-    assert other.sample_ids == ["0", "1", "2", "k"]
+    # a named id field must be in every record: line 1 lacks 'key' (before, rows were numbered without a word)
+    expect(errors.DATASET_RECORD_INVALID, build_lengths, dataset, tokenizer, tmp_path / "k.jsonl", id_field="key",
+           mention="line 1 lacks the id field 'key'")
+    skipped = SkippedLines()
+    other = build_lengths(dataset, tokenizer, tmp_path / "k.jsonl", id_field="key", skipped=skipped)
+    assert other.sample_ids == ["k"] and skipped.count == 3
 
 
 def test_build_with_a_text_field_and_a_tokenizer_directory(tmp_path, tokenizer, model_dir):

@@ -364,6 +364,22 @@ def test_plan_build_refuses(tmp_path, capsys, cache, extra, status, mention):
     assert not os.path.exists(tmp_path / "p")
 
 
+@pytest.mark.parametrize("extra, flag, drop", [
+    (["--bucket-edges", "128,512", "--max-length", "512"], "--max-length 512", "drop 512 from --bucket-edges"),
+    (["--bucket-edges", "128,256,512", "--max-length", "256"], "--max-length 256", "drop 256, 512 from"),
+    (["--bucket-edges", "128,512", "--pack", "--pack-max-len", "512"], "--pack-max-len 512", "drop 512 from"),
+])
+def test_a_default_overflow_max_names_the_option_that_set_it(tmp_path, capsys, cache, extra, flag, drop):
+    """--max-length 512 with 512 as the last edge blamed overflow_max, which the user never set."""
+    args = ["plan", "build", "--lengths", cache[0], "--token-budget", "4096", "--output", str(tmp_path / "p"),
+            "--quiet", *extra]
+    assert main(args) == 2
+    said = capsys.readouterr().err
+    assert f"error BATCHING_CONFIG_INVALID: {flag} is also the longest accepted length (--overflow-max)" in said
+    assert drop in said and "overflow_max must exceed" not in said and not os.path.exists(tmp_path / "p")
+    assert main(args[:-len(extra)] + ["--bucket-edges", "128", *extra[2:]]) == 0  # what the message says to do
+
+
 def test_dataloader_collator_refuses_whole_rows_of_a_plan_that_cuts():
     """A plan that truncates or splits takes token ranges: PlanCollator cuts the ranges its items carry
     (tests/test_torch_plan_ranges.py) and refuses a whole row, which it could only collate uncut."""

@@ -309,6 +309,33 @@ def test_columnar_values_are_checked(kind, model, tmp_path):
                mention=mention)
 
 
+@pytest.mark.parametrize("kind", FORMATS)
+def test_a_named_id_field_that_is_missing_is_refused(kind, rows, model, tmp_path):
+    """--id-field uid on rows without 'uid' named them by row number before, without a word."""
+    dataset = write(rows[:20], tmp_path / kind, kind)
+    error = expect(errors.DATASET_RECORD_INVALID, build_lengths, dataset, model, tmp_path / "a.jsonl", id_field="uid",
+                   mention="'uid'")
+    assert "--id-field names the field holding each record's id" in error.message
+    assert "leave --id-field out to number the records" in error.message
+    keyed = write([{**row, "uid": f"u{i}"} for i, row in enumerate(rows[:20])], tmp_path / f"{kind}-uid", kind)
+    assert build_lengths(keyed, model, tmp_path / "b.jsonl", id_field="uid").sample_ids == [f"u{i}" for i in range(20)]
+    # the default id field may be missing: its rows are numbered, as documented
+    plain = write([{"text": row["text"]} for row in rows[:20]], tmp_path / f"{kind}-plain", kind)
+    assert build_lengths(plain, model, tmp_path / "c.jsonl").ids_are_line_numbers
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+def test_a_missing_field_names_the_options_data_tokenize_takes(kind, model, tmp_path):
+    chats = [{"id": f"c{i}", "messages": [{"role": "user", "content": "hi"},
+                                         {"role": "assistant", "content": f"hello {i}"}]} for i in range(4)]
+    dataset = write(chats, tmp_path / kind, kind)
+    error = expect(errors.DATASET_RECORD_INVALID, tokenize_dataset, dataset, model, tmp_path / "store",
+                   mention="lacks the ")
+    assert "--messages-field" in error.message and "'messages' holds conversations: --messages-field messages" \
+        in error.message
+    assert "for data lengths build, a token count with --length-field" in error.message
+
+
 def test_unreadable_inputs_name_the_path_and_what_to_do(model, tmp_path):
     (tmp_path / "x.parquet").write_bytes(b"PAR1 not really")
     expect(errors.DATASET_UNREADABLE, build_lengths, tmp_path / "x.parquet", model, tmp_path / "a.jsonl",

@@ -35,6 +35,7 @@ datasets.disable_progress_bars()
 from umlos_cuda.batching import build_lengths, dataset_fingerprint  # noqa: E402
 from umlos_cuda.batching.records import Field, Records, SkippedLines  # noqa: E402
 from umlos_cuda.batching.records import columns  # noqa: E402
+from umlos_cuda.batching.tokens.store import TokenStore  # noqa: E402
 
 ROWS = [{"id": f"r{i:02d}", "text": f"the fox {i} jumps over a lazy dog"} for i in range(40)]
 TEXT = (Field("text"),)
@@ -302,3 +303,25 @@ def test_the_command_counts_skipped_rows_as_it_counts_skipped_lines(tmp_path, mo
     assert main([*argv, "--output", str(tmp_path / "store"), "--skip-bad-lines"]) == 0
     out = capsys.readouterr().out
     assert "2 samples" in out and "skipped 2 bad lines" in out and "row 3 has 'text'" in out
+
+
+def test_skip_bad_lines_skips_the_rows_of_a_datasets_folder_and_object(tmp_path, model, capsys):
+    """Issue 34 said --skip-bad-lines skipped JSONL lines only; rows of a save_to_disk folder (read by the
+    command) and of a datasets.Dataset (read by the API) are skipped and counted alike."""
+    from umlos_cuda.batching.tokens.writer import tokenize_dataset
+    from umlos_cuda.cli import main
+
+    rows = [{"id": f"r{i}", "text": None if i in (2, 5) else f"the fox {i}"} for i in range(8)]
+    dataset = datasets.Dataset.from_list(rows)
+    dataset.save_to_disk(str(tmp_path / "ds"), max_shard_size="1KB")
+    argv = ["data", "tokenize", "--dataset", str(tmp_path / "ds"), "--tokenizer", str(model), "--quiet"]
+    assert main([*argv, "--output", str(tmp_path / "refused")]) == 2
+    assert "row 2 has 'text' null" in capsys.readouterr().err
+    assert main([*argv, "--output", str(tmp_path / "folder"), "--skip-bad-lines"]) == 0
+    said = capsys.readouterr().out
+    assert "skipped 2 bad lines" in said and "6 samples" in said
+    skipped = SkippedLines()
+    store = tokenize_dataset(dataset, model, tmp_path / "object", skipped=skipped)
+    kept = [row["id"] for row in rows if row["text"] is not None]
+    assert skipped.count == 2 and store.length_cache().sample_ids == kept
+    assert TokenStore.open(tmp_path / "folder").length_cache().sample_ids == kept

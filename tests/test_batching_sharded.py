@@ -99,6 +99,34 @@ def stores(work):
     return plus, at_once, one
 
 
+def test_append_onto_a_classic_store_says_what_to_do_instead(work, tmp_path, capsys):
+    """--append onto a classic store said only that its format was another one."""
+    root, rows, files = work
+    numbered = str(tmp_path / "numbered")
+    assert main(["data", "tokenize", "--dataset", files[0], "--tokenizer", str(root / "model"), "--output", numbered,
+                 "--quiet", *("--prompt-field", "prompt", "--response-field", "response")]) == 0
+    extra = ["--tokenizer", str(root / "model"), "--quiet", "--prompt-field", "prompt", "--response-field", "response"]
+    assert main(["data", "tokenize", "--dataset", files[1], "--output", numbered, "--append", *extra]) == 2
+    said = capsys.readouterr().err
+    assert "error SHARDED_STORE_INVALID:" in said and "is a token store, not a sharded one" in said
+    assert "named by row number" in said and "in a new folder (--sharded" in said  # it takes no second shard
+    with_ids = write_jsonl(tmp_path / "ids.jsonl", rows[:40], ids=True)
+    named = str(tmp_path / "named")
+    assert main(["data", "tokenize", "--dataset", with_ids, "--output", named, *extra]) == 0
+    capsys.readouterr()
+    more = write_jsonl(tmp_path / "more.jsonl", rows[40:60], ids=True)
+    assert main(["data", "tokenize", "--dataset", more, "--output", named, "--append", *extra]) == 2
+    said = capsys.readouterr().err
+    command = f"umlos-cuda data append --create NEW {named}"
+    assert command in said and "then --append the new files to NEW" in said
+    # what it says works: the store becomes the first shard, the new file is appended
+    assert main(["data", "append", "--create", str(tmp_path / "NEW"), named]) == 0
+    assert main(["data", "tokenize", "--dataset", more, "--output", str(tmp_path / "NEW"), "--append", *extra]) == 0
+    assert len(ShardedTokenStore.open(tmp_path / "NEW")) == 60
+    expect(errors.SHARDED_STORE_INVALID, tokenize_sharded, more, root / "model", tmp_path / "numbered", append=True,
+           mention="is a token store, not a sharded one", **SFT)
+
+
 def plan_and_batches(source):
     plan = BatchPlanBuilder(source.length_cache(), CONFIG).build(2)
     return plan, fingerprint_plan_batches(plan, source, 50)

@@ -74,13 +74,16 @@ def test_build_then_stats(workspace, tokenizer, capsys):
 
 
 def test_build_prompt_response_and_options(workspace, tokenizer, capsys):
-    code, _, err = run(capsys, "data", "lengths", "build", "--dataset", workspace / "train.jsonl",
-                         "--tokenizer", workspace / "tokenizer.json", "--output", workspace / "sft.jsonl",
-                         "--prompt-field", "prompt", "--response-field", "response", "--eos-token", "</s>",
-                         "--id-field", "none", "--chunk-size", "33", "--quiet")
+    argv = ["data", "lengths", "build", "--dataset", workspace / "train.jsonl", "--tokenizer",
+            workspace / "tokenizer.json", "--output", workspace / "sft.jsonl", "--prompt-field", "prompt",
+            "--response-field", "response", "--eos-token", "</s>", "--chunk-size", "33", "--quiet"]
+    # an --id-field the records lack is refused (it named the rows by number before, without a word)
+    code, _, err = run(capsys, *argv, "--id-field", "none")
+    assert code == 2 and "line 1 lacks the id field 'none'" in err and not (workspace / "sft.jsonl").exists()
+    code, _, err = run(capsys, *argv)
     assert code == 0 and err == "", err
     cache = LengthCache.load(workspace / "sft.jsonl")
-    assert cache.ids_are_line_numbers and cache.sample_ids[:2] == ["0", "1"]
+    assert not cache.ids_are_line_numbers and cache.sample_ids[:2] == ["train_00000", "train_00001"]
     texts = corpus(500, seed=11)
     expected = [len(tokenizer.encode(f"### Instruction:\n{t[:10]}\n\n### Response:\n{t[10:]}")) + 1 for t in texts]
     assert cache.lengths.tolist() == expected

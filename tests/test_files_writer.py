@@ -21,7 +21,9 @@ from umlos_cuda.files import artifacts, atomic
 from umlos_cuda.files.artifacts import MARKER, ArtifactKind, FileKind
 from umlos_cuda.files.folder import Folder
 from umlos_cuda.files.inputs import refuse_inputs
-from umlos_cuda.files.writer import check_output_folder, open_in_place, output_folder
+from umlos_cuda.files.lock import try_hold_folder
+from umlos_cuda.files.writer import (check_output_folder, open_in_place, output_folder, remove_stale_temps,
+                                     temp_folder)
 
 PLAN = ArtifactKind("plan", lambda folder: artifacts.json_field(folder, "meta.json", "format") == "old-plan")
 STORE = ArtifactKind("token store")
@@ -282,3 +284,25 @@ def test_a_pending_file_is_published_only_when_asked(tmp_path):
     discarded = atomic.PendingFile(tmp_path / "other.bin")
     discarded.discard()
     assert os.listdir(tmp_path) == ["out.bin"]
+
+
+# ---------------------------------------------------------------------- temps: marked, held, reaped when stale
+def test_a_temp_is_marked_and_held_while_written_and_only_a_stale_one_is_removed(tmp_path):
+    with output_folder(tmp_path / "out", PLAN), temp_folder(tmp_path / "out", "stage", PLAN) as stage:
+        temps = hidden(tmp_path)
+        assert len(temps) == 2 and os.path.basename(stage) in temps
+        for name in temps:
+            with Folder.open(str(tmp_path / name)) as temp:
+                assert artifacts.marked_kind(temp) == "plan"
+                assert try_hold_folder(temp) is None  # its writer holds it
+        assert remove_stale_temps(tmp_path / "out", PLAN) == []  # live: kept
+        assert hidden(tmp_path) == temps
+    assert hidden(tmp_path) == [] and (tmp_path / "out").is_dir()
+    # what a SIGKILL leaves: a marked temp no process holds (made here by hand, as the writer makes them)
+    for name, kind in ((".tmp-out-0123abcd", "plan"), (".tmp-out-stage-4567abcd", "plan"),
+                       (".tmp-out-89abcdef", "token store"), (".tmp-outx-feedbeef", "plan")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / MARKER).write_bytes(ArtifactKind(kind).marker_bytes())
+    removed = remove_stale_temps(tmp_path / "out", PLAN)
+    assert sorted(map(os.path.basename, removed)) == [".tmp-out-0123abcd", ".tmp-out-stage-4567abcd"]
+    assert hidden(tmp_path) == [".tmp-out-89abcdef", ".tmp-outx-feedbeef"]  # another kind; another output

@@ -1688,6 +1688,77 @@ TRUNCATION_AND_ROW_CASES = [
 ]
 
 
+# ---------------------------------------------------------------------- silent acceptances (issue 34)
+def _id_field_missing(suffix: str):
+    """``--id-field uid`` over rows without it: numbered by row before, without a word."""
+    def make(world, here):
+        copy(world, here, "model", "train.jsonl")
+        if suffix == "parquet":
+            _parquet(world, here)
+        return _tokenize(here, f"train.{suffix}", "--id-field", "uid")
+    return make
+
+
+CHATML = ("{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '</s>' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+
+
+def _chat_without_an_assistant_turn(*extra: str):
+    """A user-only record and a "bot" one beside one that trains: all-zero loss masks trained on as nothing."""
+    def make(world, here):
+        copy(world, here, "model")
+        edit_json(here / "model" / "tokenizer_config.json", lambda c: c.__setitem__("chat_template", CHATML))
+        records = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+                   [{"role": "user", "content": "hi"}], [{"role": "user", "content": "hi"}, {"role": "bot",
+                                                                                            "content": "yo"}]]
+        (here / "chat.jsonl").write_text("".join(json.dumps({"messages": m}) + "\n" for m in records))
+        return _tokenize(here, "chat.jsonl", "--messages-field", "messages", *extra)
+    return make
+
+
+def _plan_cut_length_cache_of_a_store(*fifos: str):
+    """``plan cut --source store/lengths.jsonl``: the message names the store's folder, read from its marker
+    (or its meta.json), which ``fifos`` replace with FIFOs: read without blocking, or not at all."""
+    def make(world, here):
+        copy(world, here, "store")
+        for name in fifos:
+            fifo(here / "store" / name)
+        return ("plan", "cut", "--source", str(here / "store" / "lengths.jsonl"), "--sequence-length", "16",
+                "--output", str(here / "out"))
+    return make
+
+
+def _append_onto_a_classic_store(*fifos: str):
+    """``data tokenize --append`` naming a classic token store (its marker, its meta.json FIFOs with ``fifos``)."""
+    def make(world, here):
+        copy(world, here, "store", "model", "train.jsonl")
+        for name in fifos:
+            fifo(here / "store" / name)
+        return ("data", "tokenize", "--dataset", str(here / "train.jsonl"), "--tokenizer", str(here / "model"),
+                "--output", str(here / "store"), "--quiet", "--append")
+    return make
+
+
+SILENT_ACCEPTANCE_CASES = [
+    Case("user/data-tokenize-append-onto-a-classic-store", _append_onto_a_classic_store(),
+         (errors.SHARDED_STORE_INVALID,), "is a token store, not a sharded one"),
+    Case("hang/data-tokenize-append-onto-a-store-fifo-marker-and-meta",
+         _append_onto_a_classic_store("umlos-artifact.json", "meta.json"), (SH, errors.TOKEN_STORE_NOT_FOUND),
+         "meta.json"),
+    Case("user/plan-cut-length-cache-of-a-store", _plan_cut_length_cache_of_a_store(),
+         (errors.TOKEN_STORE_NOT_FOUND,), "give the folder"),
+    Case("hang/plan-cut-length-cache-of-a-store-fifo-marker-and-meta",
+         _plan_cut_length_cache_of_a_store("umlos-artifact.json", "meta.json"), (errors.TOKEN_STORE_NOT_FOUND,),
+         "lengths.jsonl"),
+    Case("user/data-tokenize-jsonl-id-field-missing", _id_field_missing("jsonl"), (D,), "train.jsonl"),
+    Case("user/data-tokenize-parquet-id-field-missing", _id_field_missing("parquet"), (D,), "train.parquet"),
+    Case("user/data-tokenize-chat-record-without-an-assistant-turn", _chat_without_an_assistant_turn(), (D,),
+         "chat.jsonl"),
+    Case("user/data-tokenize-chat-records-without-an-assistant-turn-skipped",
+         _chat_without_an_assistant_turn("--skip-bad-lines"), ()),
+]
+
+
 # ---------------------------------------------------------------------- batch file layouts (batches/layouts.py)
 def first_batch_file(folder: Path) -> Path:
     return sorted(p for p in folder.glob("epoch_*_batch_*.npz*"))[0]
@@ -2346,6 +2417,7 @@ CASES += WINDOWED_CASES + SEQUENCES_CASES
 CASES += MIXED_CASES + MIXED_SEQUENCES_CASES
 CASES += TOKEN_SOURCE_CASES
 CASES += TRUNCATION_AND_ROW_CASES
+CASES += SILENT_ACCEPTANCE_CASES
 CASES += ARTIFACT_CASES
 CASES += INTEGER_CASES
 

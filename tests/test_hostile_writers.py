@@ -431,6 +431,93 @@ def _(w):
     assert_modes(w.path("store"), 0o027)
 
 
+# ---------------------------------------------------------------------- temps a killed data tokenize left
+KILLED_TOKENIZE = ("import os, signal, sys\n"
+                   "from umlos_cuda.batching.tokens.{module} import {function}\n"
+                   "def die(done, total):\n"
+                   "    os.kill(os.getpid(), signal.SIGKILL)  # inside the write, after its first chunk\n"
+                   "{function}({dataset}, sys.argv[1], sys.argv[2], progress=die)\n")
+
+
+def killed_tokenize(w, output: str, sharded: bool = False) -> list[str]:
+    """``data tokenize`` (``--sharded``) SIGKILLed inside its write: the hidden temps it leaves beside ``output``."""
+    code = KILLED_TOKENIZE.format(module="partition" if sharded else "writer",
+                                  function="tokenize_sharded" if sharded else "tokenize_dataset",
+                                  dataset="['part-0.jsonl', 'part-1.jsonl']" if sharded else "'ds.jsonl'")
+    for name in ("part-0.jsonl", "part-1.jsonl") if sharded else ("ds.jsonl",):
+        w.copy(name)
+    died = hs.python(code, w.copy("model"), output, cwd=w.root)
+    assert died.returncode == -9, died.describe()
+    return leftovers(w.path("."))
+
+
+@case("tokenize/reaps-the-temp-a-sigkill-left")
+def _(w):
+    left = killed_tokenize(w, w.path("store"))
+    assert len(left) == 1 and left[0].startswith(".tmp-store-"), left
+    hs.assert_ok(w.cli(*tokenize(w, w.path("store"))))
+    assert leftovers(w.path(".")) == [] and os.path.exists(w.path("store/meta.json"))
+
+
+@case("tokenize-sharded/reaps-the-staging-folder-a-sigkill-left")
+def _(w):
+    left = killed_tokenize(w, w.path("sharded"), sharded=True)
+    assert len(left) == 1 and left[0].startswith(".tmp-sharded-stage-"), left
+    hs.assert_ok(w.cli(*sharded(w, w.path("sharded"))))
+    assert leftovers(w.path(".")) == [] and os.path.exists(w.path("sharded/meta.json"))
+
+
+def planted_temps(w) -> list[str]:
+    """Beside the output ``store``: names a temp of a store write could have, none of them a stale one of it."""
+    store_marker = '{"artifact":"token store","format":"umlos-cuda/artifact-v1"}\n'
+    os.symlink(w.copy("store", "elsewhere"), w.path(".tmp-store-0123abcd"))  # a link: never followed, never removed
+    os.makedirs(w.path(".tmp-store-4567abcd"))  # the temp of a plan write
+    Path(w.path(".tmp-store-4567abcd/umlos-artifact.json")).write_text(
+        '{"artifact":"plan","format":"umlos-cuda/artifact-v1"}\n')
+    os.makedirs(w.path(".tmp-store-89abcdef"))  # a marker that is a FIFO: not read, not removed
+    os.mkfifo(w.path(".tmp-store-89abcdef/umlos-artifact.json"))
+    os.makedirs(w.path(".tmp-store-feedbeef"))  # no marker: not provably a temp of this kind
+    os.makedirs(w.path(".tmp-storex-0badc0de"))  # a temp of another output (storex)
+    Path(w.path(".tmp-storex-0badc0de/umlos-artifact.json")).write_text(store_marker)
+    return leftovers(w.path("."))
+
+
+@case("tokenize/keeps-temps-that-are-not-its-stale-ones")
+def _(w):
+    planted = planted_temps(w)
+    args = tokenize(w, w.path("store"))
+    before = w.state()
+    hs.assert_ok(w.cli(*args))
+    hs.assert_untouched(before, w.state(), owned=["store"])
+    assert leftovers(w.path(".")) == planted
+
+
+@case("tokenize/keeps-the-temp-a-live-writer-holds")
+def _(w):
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom umlos_cuda.batching.tokens.writer import STORE\n"
+            "from umlos_cuda.files.writer import output_folder\n"
+            "with output_folder(sys.argv[1], STORE) as folder:\n"
+            "    print('writing', flush=True)\n"
+            "    sys.stdin.read()  # until the test closes stdin\n"
+            "    raise SystemExit(0)  # an error: the temp is removed, nothing published\n")
+    writer = subprocess.Popen([sys.executable, "-c", code, w.path("store")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=w.root)
+    try:
+        assert writer.stdout.readline() == "writing\n"
+        held = leftovers(w.path("."))
+        assert len(held) == 1, held
+        hs.assert_ok(w.cli(*tokenize(w, w.path("other"))))  # another output: its temps are not these
+        hs.assert_ok(w.cli(*tokenize(w, w.path("store"))))  # this output, written while the other writer lives
+        assert leftovers(w.path(".")) == held  # the live writer's temp is left alone
+    finally:
+        writer.stdin.close()
+        writer.wait(timeout=60)
+    assert leftovers(w.path(".")) == []
+
+
 # ---------------------------------------------------------------------- data tokenize --sharded, data append
 def sharded(w, output, *extra):
     for name in ("part-0.jsonl", "part-1.jsonl"):
@@ -479,7 +566,7 @@ def _(w):
 @case("tokenize-append/into-a-token-store")
 def _(w):
     store = w.copy("store")
-    w.refused(errors.SHARDED_STORE_INVALID, "meta.json", *sharded(w, store, "--append"))
+    w.refused(errors.SHARDED_STORE_INVALID, store, *sharded(w, store, "--append"))  # saying how to grow it
 
 
 @case("append/create-force-over-a-token-store")
@@ -612,7 +699,7 @@ def _(w):
 @case("tokenize-ray/append-into-a-token-store")
 def _(w):
     store = w.copy("store")
-    w.refused(errors.SHARDED_STORE_INVALID, "meta.json", *sharded(w, store, "--append", "--engine", "ray"))
+    w.refused(errors.SHARDED_STORE_INVALID, store, *sharded(w, store, "--append", "--engine", "ray"))
 
 
 # ---------------------------------------------------------------------- data lengths build

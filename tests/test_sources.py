@@ -71,6 +71,11 @@ def test_a_source_already_opened_is_returned_and_tokens_are_asked_for_by_kind(in
     assert open_source(inputs["store"], tokens=True).arrays(0)[0].size > 0
     error = expect(errors.TOKEN_STORE_NOT_FOUND, open_source, inputs["cache"], tokens=True, mention="length cache")
     assert "token store" in error.message and "Megatron prefix" in error.message
+    # plan cut --tokens st/lengths.jsonl did not say what to give instead: the store's folder
+    folder = inputs["store"]
+    for inside in (inputs["cache"], inputs["sidecar"]):
+        error = expect(errors.TOKEN_STORE_NOT_FOUND, open_source, inside, tokens=True)
+        assert error.message.endswith(f"; it is a file of the token store {folder}: give the folder, {folder}")
 
 
 def test_a_list_opens_as_one_source_with_global_rows(inputs):

@@ -210,6 +210,15 @@ def test_a_world_size_that_leaves_a_rank_without_a_microbatch_is_refused(plans):
         PlanTrainerData(plans / "packed", plans / "store", rank=0, world_size=2)
     assert caught.value.code == errors.INVALID_ARGUMENT
     assert "epoch 0 of the plan has 15 microbatches" in caught.value.message
+    assert "(umlos-cuda plan info shows them)" in caught.value.message  # a command that exists
+
+
+def test_another_datasets_store_of_the_same_row_count_is_refused(plans, tmp_path):
+    """It trained on the other store's rows without a word; batch generate refused the same pair."""
+    make_store(tmp_path, 60, seed=4)
+    with pytest.raises(UmlosError) as caught:
+        PlanTrainerData(plans / "padded", tmp_path / "store", rank=0, world_size=1)
+    assert caught.value.code == errors.BATCH_STORE_MISMATCH and "lengths of" in caught.value.message
 
 
 def test_a_checkpoint_without_a_cursor_or_of_another_plan_is_refused(plans, tmp_path):

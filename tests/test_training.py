@@ -106,3 +106,21 @@ def test_a_resume_with_another_configuration_is_refused(runs):
 def test_a_second_fresh_run_into_a_run_folder_is_refused(runs):
     result = run("--out", str(runs["whole"]), *SMALL)
     assert result.returncode == 2 and "pass --resume" in result.stderr, result.stderr[-2000:]
+
+
+def test_a_resume_where_no_run_was_started_is_refused(tmp_path):
+    """It started a new run at step 0 and said "resumed at step 0"; now nothing is made there."""
+    result = run("--out", str(tmp_path / "typo"), *SMALL, "--resume")
+    assert result.returncode == 2 and "holds no run to resume" in result.stderr, result.stderr[-2000:]
+    assert "drop --resume to start a run there" in result.stderr and not (tmp_path / "typo").exists()
+
+
+def test_a_resume_before_the_first_checkpoint_starts_again_saying_so(tmp_path):
+    out = str(tmp_path / "early")
+    small = ["--steps", "4", "--checkpoint-every", "3", "--records", "100", "--epochs", "1"]
+    died = run("--out", out, *small, "--kill-at-step", "2")
+    assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
+    resumed = ok(run("--out", out, *small, "--resume"))
+    assert "holds no committed checkpoint yet (the first is due at step 3): starting again from step 0" in \
+        resumed.stdout and "starting at step 0," in resumed.stdout
+    assert [line["step"] for line in trace(out)] == [1, 2, 3, 4]

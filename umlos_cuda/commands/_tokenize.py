@@ -129,9 +129,9 @@ def run_tokenize_sharded(args, parser) -> int:
         parser.error("--append adds shards and replaces nothing; --force goes with a new store")
     before = None
     if args.append:
-        from ..batching.tokens.logical import ShardedTokenStore
+        from ..batching.tokens.partition import open_for_append
 
-        before = ShardedTokenStore.open(args.output)
+        before = open_for_append(args.output)
     store, elapsed = run_with_progress(args, parser, f"tokenize {args.output}", build)
     added = store.num_parts - (before.num_parts if before is not None else 0)
     rows = len(store) - (len(before) if before is not None else 0)

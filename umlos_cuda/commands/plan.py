@@ -10,6 +10,7 @@ with the failure code on any mismatch); ``shard`` writes one plan per rank.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from .. import errors
 from ._args import (add_no_verify_argument, add_option, add_order_argument, add_pack_arguments, integer_list,
@@ -199,16 +200,19 @@ def run_build(args) -> int:
     from ._progress import Progress
 
     pack = None
+    overflow_from = "--overflow-max"  # the option that set overflow_max, for the messages
     if args.pack:
         pack = PackingConfig(max_length=args.pack_max_len, mode=args.pack_mode, separator_len=args.pack_separator_len)
         args.bucket_edges = "" if args.bucket_edges is None else args.bucket_edges
-        args.overflow_max = args.pack_max_len if args.overflow_max is None else args.overflow_max
+        if args.overflow_max is None:
+            args.overflow_max, overflow_from = args.pack_max_len, "--pack-max-len"
     if args.overflow_max is None and args.max_length is not None:
-        args.overflow_max = args.max_length
+        args.overflow_max, overflow_from = args.max_length, "--max-length"
     for value, flag in ((args.bucket_edges, "--bucket-edges"), (args.overflow_max, "--overflow-max")):
         if value is None:
             raise config_error(f"{flag} is required (unless --pack)")
     edges = integer_list(args.bucket_edges, "--bucket-edges", None, None, fail=config_error)  # the config checks them
+    _check_last_edge(edges, args.overflow_max, overflow_from)
     stage, order = resolve_order(args)
     config = BatchingConfig(args.token_budget, edges, args.overflow_max, args.pad_policy, args.seed, stage=stage,
                             sampler_block_size=args.block_size, min_length=args.min_length,
@@ -249,6 +253,21 @@ def run_build(args) -> int:
     print(f"fingerprint {plan.fingerprint}")
     print(f"built in {seconds:.2f} s ({len(cache) * plan.num_epochs / max(seconds, 1e-9):,.0f} samples/s)")
     return 0
+
+
+def _check_last_edge(edges: Sequence[int], overflow_max: int, flag: str) -> None:
+    """Refuse, naming the option the user gave, an ``overflow_max`` that another option set (``--max-length``,
+    ``--pack-max-len``) and that does not exceed the last bucket edge; BucketSpec's own message would blame
+    ``overflow_max``, which the user never set."""
+    from ..batching.plans.buckets import config_error
+
+    if flag == "--overflow-max" or not edges or overflow_max > edges[-1]:
+        return
+    at_or_above = [edge for edge in edges if edge >= overflow_max]
+    raise config_error(f"{flag} {overflow_max} is also the longest accepted length (--overflow-max), which must "
+                       f"exceed the last bucket edge {edges[-1]}: the lengths above the last edge, up to it, make the "
+                       f"last bucket; drop {', '.join(map(str, at_or_above))} from --bucket-edges, or give "
+                       "--overflow-max above the last edge")
 
 
 def _with_pairs(config, cache, path: str):

@@ -25,6 +25,12 @@ truncated.
 ``flock`` is advisory and local: it excludes the writers of one machine (and
 of an NFS client that maps it to byte-range locks); writers on several hosts
 of a network file system need one writer host per folder.
+
+A temp folder a writer fills (``.tmp-NAME-...``, files/writer.py) is locked
+itself, on its own descriptor (:func:`hold_folder`), from before its marker is
+written until it is published or removed: no file is added to it, and the
+lock says whether a live process still owns it (:func:`try_hold_folder`), so
+one left by a killed writer can be told from one being written.
 """
 
 from __future__ import annotations
@@ -150,3 +156,37 @@ def _holder(folder: Folder, name: str) -> int | None:
     data = folder.read(name, PID_BYTES)
     text = data.decode("ascii", "replace").strip() if data else ""
     return checks.integer_or_none(text, 1, None)
+
+
+def hold_folder(folder: Folder) -> int:
+    """An exclusive ``flock`` on ``folder`` itself, held by a new descriptor of it (returned; the lock lasts until
+    that descriptor is closed, whatever becomes of ``folder``'s, and dies with the process). It waits while
+    another holds it: only :func:`try_hold_folder`'s brief look can. -1 where there is no ``flock``."""
+    if fcntl is None:  # pragma: no cover
+        return -1
+    fd = os.dup(folder.fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def try_hold_folder(folder: Folder) -> int | None:
+    """:func:`hold_folder` if no one holds ``folder`` now, else None (a live writer owns it; None too where
+    there is no ``flock``: ownership cannot be told)."""
+    if fcntl is None:  # pragma: no cover
+        return None
+    fd = os.dup(folder.fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in _BUSY:
+            return None
+        raise
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

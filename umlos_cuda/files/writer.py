@@ -24,7 +24,12 @@ The rules, each kept here once for every writer (docs/architecture.md,
 5. **A failure leaves nothing that blocks a retry or looks valid**: on any
    exception (Ctrl-C and SIGTERM included, which the CLI turns into
    exceptions) the temp folder is removed; a SIGKILL leaves only the hidden
-   temp sibling, which no reader opens and no retry collides with.
+   temp sibling, which no reader opens and no retry collides with. The
+   temp folder holds the marker of the kind being written and is locked by
+   its writer (``flock`` on the folder, files/lock.py) until it is published
+   or removed, so :func:`remove_stale_temps` can tell one a killed writer
+   left (unlocked) from one being written, and a command may remove its own
+   kind's leftovers before it writes (``data tokenize`` does).
 6. **Every failure has a code** naming the path and what to do:
    OUTPUT_PATH_INVALID, OUTPUT_EXISTS, OUTPUT_IS_INPUT, OUTPUT_WRITE_FAILED.
 
@@ -38,18 +43,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 from collections.abc import Callable, Iterable, Iterator
 
 from .. import errors
 from ..errors import UmlosError
-from .artifacts import MARKER, ArtifactKind, identify, write_marker
+from .artifacts import MARKER, ArtifactKind, identify, marked_kind, write_marker
 from .atomic import atomic_output, check_output_path
 from .folder import Folder
 from .inputs import refuse_inputs
+from .lock import hold_folder, try_hold_folder
 
 __all__ = ["ArtifactKind", "Folder", "MARKER", "atomic_output", "check_output_folder", "check_output_path",
-           "open_in_place", "output_folder", "output_member"]
+           "open_in_place", "output_folder", "output_member", "remove_stale_temps", "temp_folder"]
 
 PathLike = str | os.PathLike[str]
 
@@ -84,14 +91,13 @@ def output_member(parent: Folder, name: str, kind: ArtifactKind, *, force: bool 
     path = parent.join(name)
     _check_member(parent, name, path, kind, force, operator)
     try:
-        temp_name, temp = parent.mkdir_temp(f".tmp-{name}-")
+        temp_name, temp, hold = _locked_temp(parent, f".tmp-{name}-", kind)
     except OSError as exc:
         raise _error(errors.OUTPUT_PATH_INVALID, f"cannot create a folder in {parent.path}: {_reason(exc)}",
                      operator) from exc
     try:
         try:
             with temp:
-                write_marker(temp, kind)
                 yield temp
                 temp.sync()
             _check_member(parent, name, path, kind, force, operator)  # it may have changed while we worked
@@ -103,6 +109,94 @@ def output_member(parent: Folder, name: str, kind: ArtifactKind, *, force: bool 
         with contextlib.suppress(OSError):
             parent.remove(temp_name)
         raise
+    finally:
+        _release(hold)
+
+
+@contextlib.contextmanager
+def temp_folder(directory: PathLike, label: str, kind: ArtifactKind,
+                operator: str = errors.OUTPUT_OPERATOR) -> Iterator[str]:
+    """A new hidden folder ``.tmp-NAME-LABEL-<random>`` beside ``directory`` (NAME its name: on its file
+    system, so what is written there is moved in by a rename), marked as a temp of a ``kind`` write and
+    locked as :func:`output_member`'s, removed with whatever is left in it when the block ends, however it
+    ends; yields its path. What a writer stages before it adopts it (a sharded store's new shards)."""
+    path, parent = _open_parent(directory, kind, operator)
+    with parent:
+        try:
+            stage_name, stage, hold = _locked_temp(parent, f".tmp-{os.path.basename(path)}-{label}-", kind)
+        except OSError as exc:
+            raise _error(errors.OUTPUT_PATH_INVALID, f"cannot create a folder in {parent.path}: {_reason(exc)}",
+                         operator) from exc
+        stage.close()
+        try:
+            yield parent.join(stage_name)
+        finally:
+            with contextlib.suppress(OSError):
+                parent.remove(stage_name)
+            _release(hold)
+
+
+def remove_stale_temps(directory: PathLike, kind: ArtifactKind, operator: str = errors.OUTPUT_OPERATOR
+                       ) -> list[str]:
+    """Remove the temp folders of ``kind`` writes of ``directory`` that killed writers left beside it
+    (:func:`output_member`'s ``.tmp-NAME-<random>``, :func:`temp_folder`'s ``.tmp-NAME-LABEL-<random>``):
+    only a real folder (never a link) whose marker names ``kind`` and that no live process holds (its lock is
+    free; each is removed while this one holds it). A temp of another kind, one without a marker (written
+    before temps were marked, or its writer just starting) or one held is left alone. Returns the paths
+    removed. Names alone cannot tell ``out``'s stage temp from a temp of an output named ``out-stage``: such
+    a temp, stale and of the same kind, is removed too (nothing ever resumes from a temp). An earlier
+    version's writer did not lock its temps: do not run two versions on one output at once."""
+    path, parent = _open_parent(directory, kind, operator)
+    prefix = f".tmp-{os.path.basename(path)}"
+    removed = []
+    with parent:
+        for entry in sorted(parent.names()):
+            if not entry.startswith(prefix) or _TEMP.fullmatch(entry[len(prefix):]) is None:
+                continue
+            with contextlib.suppress(OSError):  # gone meanwhile, a link, not a folder: not ours to remove
+                if _remove_if_stale(parent, entry, kind):
+                    removed.append(parent.join(entry))
+    return removed
+
+
+#: The end of a temp folder's name after ``.tmp-NAME``: ``-<8 hex>``, or ``-LABEL-<8 hex>``.
+_TEMP = re.compile(r"-(?:[a-z]+-)?[0-9a-f]{8}")
+
+
+def _remove_if_stale(parent: Folder, entry: str, kind: ArtifactKind) -> bool:
+    with parent.sub(entry) as temp:  # O_NOFOLLOW: a link there raises, and is left alone
+        hold = try_hold_folder(temp)
+        if hold is None:
+            return False
+        try:
+            if marked_kind(temp) != kind.name:
+                return False
+            parent.remove(entry)
+            return True
+        finally:
+            _release(hold)
+
+
+def _locked_temp(parent: Folder, prefix: str, kind: ArtifactKind) -> tuple[str, Folder, int]:
+    """A new temp folder in ``parent``, locked (:func:`~umlos_cuda.files.lock.hold_folder`) before its marker
+    is written, so a marked temp is always one whose writer holds it or has died."""
+    name, temp = parent.mkdir_temp(prefix)
+    hold = -1
+    try:
+        hold = hold_folder(temp)
+        write_marker(temp, kind)
+    except BaseException:
+        temp.close()
+        with contextlib.suppress(OSError):
+            parent.remove(name)
+        _release(hold)
+        raise
+    return name, temp, hold
+
+
+def _release(hold: int) -> None:
+    if hold >= 0:
+        os.close(hold)
 
 
 def open_in_place(directory: PathLike, kind: ArtifactKind, *, inputs: Iterable[PathLike | None] = (),

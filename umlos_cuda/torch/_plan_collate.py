@@ -44,14 +44,26 @@ class TokenDataset(DatasetBase):
         store: a token store folder, a Megatron dataset prefix, an opened source (a mixed plan's
             ``plan.dataset()``: its components one after another), or a list of these read as one
             dataset (rows numbered through the list).
-        tokenizer_hash: for a Megatron prefix, the tokenizer hash its plan names.
+        tokenizer_hash: for a Megatron prefix, the tokenizer hash its plan names (default: the plan's).
+        plan: the plan whose microbatches index it (a whole or windowed plan, or its folder): the store is
+            checked once, here, to be the one the plan was built from (BATCH_STORE_MISMATCH otherwise, as
+            ``batch generate`` checks it): another dataset's store of the same row count would hand out its
+            rows without a word. :class:`~umlos_cuda.torch.PlanTrainerData` always passes its plan.
     """
 
-    def __init__(self, store: Any, *, tokenizer_hash: str | None = None) -> None:
+    def __init__(self, store: Any, *, tokenizer_hash: str | None = None, plan: Any = None) -> None:
         from ..batching.lengths.sources import LengthSource
+        from ..batching.plans.integrity import check_rows_match_plan
         from ..batching.sources import open_source
         from ..batching.tokens.sources import open_token_source
 
+        if plan is not None and not hasattr(plan, "epoch_microbatches"):
+            from ..batching.plans.kinds import open_row_plan
+
+            plan = open_row_plan(plan, "TokenDataset")
+        meta = getattr(plan, "meta", None)
+        if tokenizer_hash is None and meta is not None:  # a Megatron prefix: under the plan's, as batch generate
+            tokenizer_hash = meta.tokenizer_hash
         self.source: Any
         if isinstance(store, LengthSource) and callable(getattr(store, "arrays", None)):
             self.source = store  # a source read by rows that has tokens (a SourceList, a mapped store)
@@ -59,6 +71,8 @@ class TokenDataset(DatasetBase):
             self.source = open_source(list(store), tokens=True)  # one SourceList: rows numbered through the list
         else:
             self.source = open_token_source(store, tokenizer_hash=tokenizer_hash)
+        if plan is not None:
+            check_rows_match_plan(self.source, plan)
 
     def __len__(self) -> int:
         return len(self.source)

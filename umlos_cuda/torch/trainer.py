@@ -99,8 +99,9 @@ class PlanTrainerData:
 
     Args:
         plan: a plan of dataset rows (:class:`~umlos_cuda.torch.PlanBatchSampler` takes it) or its folder.
-        store: the token store (or Megatron prefix) the plan was built from; default (None), for a mixed plan,
-            its components' recorded token sources one after another (``plan.dataset()``).
+        store: the token store (or Megatron prefix) the plan was built from, another being refused
+            (BATCH_STORE_MISMATCH, :class:`~umlos_cuda.torch.TokenDataset`'s ``plan``); default (None), for a
+            mixed plan, its components' recorded token sources one after another (``plan.dataset()``).
         rank, world_size: as :class:`~umlos_cuda.torch.PlanBatchSampler`.
         tokenizer_hash: for a Megatron prefix, as :class:`~umlos_cuda.torch.TokenDataset`.
         **collator: :class:`~umlos_cuda.torch.PlanCollator`'s options (default ``preset="hf"``).
@@ -116,7 +117,7 @@ class PlanTrainerData:
         self._check_lockstep()
         if store is None:
             store = _own_dataset(self.plan)
-        self.dataset = TokenDataset(store, tokenizer_hash=tokenizer_hash)
+        self.dataset = TokenDataset(store, tokenizer_hash=tokenizer_hash, plan=self.plan)  # the store checked
         collator.setdefault("preset", "hf")
         self.collator = PlanCollator(self.plan, **collator)
         self._batches = PackedBatchSampler(self.sampler) if self.plan.config.pack is not None else self.sampler
@@ -141,7 +142,7 @@ class PlanTrainerData:
                                  f"epoch {epoch} of the plan has {count} microbatches, not a multiple of the "
                                  f"world size {world}: under the Trainer every rank takes one microbatch per step, "
                                  "so the ranks would go out of step at the epoch's end; run at a world size that "
-                                 "divides every epoch's microbatch count (umlos-cuda plan stats shows them), or "
+                                 "divides every epoch's microbatch count (umlos-cuda plan info shows them), or "
                                  "use a plain loop with PlanBatchSampler.steps_remaining")
 
     def __iter__(self) -> Iterator[list]:

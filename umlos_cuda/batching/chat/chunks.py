@@ -6,7 +6,10 @@ process of umlos_cuda/batching/lengths/workers.py, under the render budget of
 umlos_cuda/batching/chat/limits.py), a chunk of records whose messages
 values the reader handed on as read. What comes out: for each record that
 renders, a :class:`~.turns.ChatText` (the text the tokenizer encodes, and the
-spans its loss is taken on); for each other one a
+spans its loss is taken on); for each other one (it is not a conversation
+this template renders, or it has nothing to train on: no assistant turn, only
+``user`` messages or a role the template does not mark, such as ``"bot"``,
+whose loss mask would be all zeros) a
 :class:`~umlos_cuda.batching.records.chunk.RowFailure` saying why, which the
 reader names with its line and raises or skips (``--skip-bad-lines``) in line
 order (records/source.py ``Records.accept``), in the length cache and the
@@ -75,10 +78,17 @@ class ChatRender:
         except MessagesInvalid as exc:
             return RowFailure(offset, errors.DATASET_RECORD_INVALID, str(exc))
         try:
-            return assistant_spans(self.template, messages, add_generation_prompt=self.add_generation_prompt)
+            chat = assistant_spans(self.template, messages, add_generation_prompt=self.add_generation_prompt)
         except RenderFailed as exc:
             code = errors.CHAT_RENDER_BUDGET_EXCEEDED if exc.limit else errors.DATASET_RECORD_INVALID
             return RowFailure(offset, code, self._refusal(str(exc)))
+        if not self.add_generation_prompt and not any(end > start for start, end in chat.spans):
+            roles = ", ".join(dict.fromkeys(repr(message["role"]) for message in messages))
+            return RowFailure(offset, errors.DATASET_RECORD_INVALID,
+                              f"has no assistant turn to train on (its roles: {roles}): its loss mask would be all "
+                              "zeros; the loss is taken on the messages of role 'assistant' (or the template's "
+                              "{% generation %} blocks): rename the role, or drop the record")
+        return chat
 
     def _refusal(self, why: str) -> str:
         return f"does not render with {self.template.where}: {why}"

@@ -15,6 +15,20 @@ format version. The canonical form is the tokenizer as the installed
 space and the older ``"a b"`` spelling of merges do not matter), encoded as
 canonical CBOR (the byte rules of every other hash here, umlos_cuda/hashing.py).
 
+What transformers' ``save_pretrained`` rewrites without changing an id is
+written in one form (:func:`canonical_tokenizer`), so a folder and its re-save
+share one fingerprint: a post-processor that adds no token (the
+``TemplateProcessing`` of the bare sequences it writes where there was none)
+is no post-processor; padding is none (every encoder here drops it first: a
+length must not depend on its batch); an added token named in a special-token
+role is special (save_pretrained marks it so; the flag changes decoding, not
+ids); named templates are a dict by name (the old list of ``{name, template}``
+in tokenizer_config.json), and a dict of only ``default`` is that template
+(the one ``chat_template.jinja`` it writes). Each of these leaves a form that
+already had it unchanged, so no fingerprint recorded before changes unless
+its tokenizer had one of these spellings. ``tokenizer_parts`` digests each
+part alone, to say which part two tokenizers differ in.
+
 ``dataset_fingerprint`` is the fingerprint of the rows a length build reads
 (umlos_cuda/batching/records/fingerprint.py: SHA-256 over the tokenizer
 hash and the canonical values of the sample ids and the fields read, the
@@ -47,7 +61,10 @@ def canonical_tokenizer(tokenizer: Any) -> dict[str, Any]:
     loaded = load_tokenizer(tokenizer)
     data = json.loads(loaded.tokenizer.to_str())
     form: dict[str, Any] = {name: data.get(name) for name in ID_SECTIONS}
-    form["chat_template"] = loaded.chat_template
+    form["post_processor"] = _adding(form["post_processor"])
+    form["padding"] = None  # dropped before every encoding (lengths/builder.py, chat/encode.py)
+    form["added_tokens"] = _special_by_role(form["added_tokens"], loaded.special_tokens)
+    form["chat_template"] = _by_name(loaded.chat_template)
     form["special_tokens"] = loaded.special_tokens
     form["fingerprint_version"] = TOKENIZER_FINGERPRINT_VERSION
     return form
@@ -56,6 +73,54 @@ def canonical_tokenizer(tokenizer: Any) -> dict[str, Any]:
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     """SHA-256 (hex) of :func:`canonical_tokenizer`."""
     return hash_canonical(canonical_tokenizer(tokenizer)).hex()
+
+
+def _adding(post_processor: Any) -> Any:
+    """``post_processor``, or None when it is a ``TemplateProcessing`` whose templates hold only the
+    sequences (``$A``, ``$B``) and no token: it adds nothing to any encoding."""
+    if not (isinstance(post_processor, dict) and post_processor.get("type") == "TemplateProcessing"):
+        return post_processor
+    pieces = [*(post_processor.get("single") or ()), *(post_processor.get("pair") or ())]
+    bare = all(isinstance(piece, dict) and set(piece) == {"Sequence"} for piece in pieces)
+    return None if bare and not post_processor.get("special_tokens") else post_processor
+
+
+def _special_by_role(added: Any, special_tokens: dict[str, Any]) -> Any:
+    """The added tokens, those named in a special-token role marked ``special``."""
+    roles: set[str] = set()
+    for value in special_tokens.values():  # a role's text, the additional list, or named tokens by name
+        roles.update(value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value])
+    if not isinstance(added, list) or not roles:
+        return added
+    return [{**token, "special": True} if isinstance(token, dict) and token.get("content") in roles else token
+            for token in added]
+
+
+def _by_name(template: Any) -> Any:
+    """A chat template in one spelling: named ones as a dict (from the list of ``{name, template}``), and a
+    dict of only ``default`` as that template. A malformed list is left as it is (the template's reader
+    refuses it)."""
+    if isinstance(template, list) and all(isinstance(item, dict) and set(item) == {"name", "template"}
+                                          for item in template):
+        template = {item["name"]: item["template"] for item in template}
+    if isinstance(template, dict) and list(template) == ["default"]:
+        return template["default"]
+    return template
+
+
+#: What a message about two tokenizer fingerprints adds: what differs, and how to see which part.
+DIFFERENT_TOKENIZER = ("two tokenizers that give different ids (their vocabulary, merges, normalizer, pre-tokenizer, "
+                       "post-processor, added or special tokens, truncation or chat template; a re-save with "
+                       "save_pretrained alone changes none of these); tokenizer_parts(A) and tokenizer_parts(B) of "
+                       "umlos_cuda.batching.lengths.fingerprints name the part two tokenizer folders differ in "
+                       "(docs/batching.md, Fingerprints)")
+
+
+def tokenizer_parts(tokenizer: Any) -> dict[str, str]:
+    """Each part of :func:`canonical_tokenizer` (the model, the normalizer, ..., the chat template)
+    hashed alone: SHA-256 hex by part name, to say which part two tokenizers differ in."""
+    return {name: hash_canonical(value).hex() for name, value in canonical_tokenizer(tokenizer).items()
+            if name != "fingerprint_version"}
 
 
 def check_tokenizer_hash(tokenizer_hash: str) -> str:

@@ -8,7 +8,8 @@ the chat template (``chat_template.jinja``, else ``chat_template`` in
 ``tokenizer_config.json``; with named templates in ``additional_chat_templates/``,
 a dict of them, ``chat_template.jinja`` as ``"default"``, as transformers reads them) and the special
 tokens named there or in
-``special_tokens_map.json`` (``eos_token`` and the like).
+``special_tokens_map.json`` (``eos_token`` and the like; the additional ones under either name
+transformers has written them, ``additional_special_tokens`` or ``extra_special_tokens``).
 
 Only the fast ``tokenizer.json`` format is read: a directory with only
 SentencePiece or vocab files raises TOKENIZER_INVALID saying so.
@@ -36,6 +37,9 @@ CHAT_TEMPLATE_DIR = "additional_chat_templates"
 #: The special-token roles of tokenizer_config.json read here.
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
                       "additional_special_tokens")
+#: transformers 5's name for ``additional_special_tokens``: its save_pretrained writes the list under this key
+#: (a dict under it names model-specific tokens, such as ``image_token``).
+EXTRA_SPECIAL_TOKENS = "extra_special_tokens"
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,8 @@ def _special_tokens(config: dict, special_map: dict) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for key in SPECIAL_TOKEN_KEYS:
         value = config.get(key, special_map.get(key))
+        if key == "additional_special_tokens":
+            value = _additional(config, special_map, value, found)
         if value is None:
             continue
         if key == "additional_special_tokens":
@@ -126,6 +132,22 @@ def _special_tokens(config: dict, special_map: dict) -> dict[str, Any]:
         else:
             found[key] = _token_text(value, key)
     return found
+
+
+def _additional(config: dict, special_map: dict, value: Any, found: dict[str, Any]) -> Any:
+    """The additional special tokens whichever transformers wrote them: a non-empty
+    ``extra_special_tokens`` list wins over ``additional_special_tokens`` (as transformers 5 reads them,
+    and its save_pretrained renames the one into the other, changing no id); a dict there (model-specific
+    tokens by name) is kept in ``found`` under its own key."""
+    extra = config.get(EXTRA_SPECIAL_TOKENS, special_map.get(EXTRA_SPECIAL_TOKENS))
+    if isinstance(extra, dict):
+        found[EXTRA_SPECIAL_TOKENS] = {name: _token_text(token, EXTRA_SPECIAL_TOKENS) for name, token in extra.items()}
+        return value
+    if extra:
+        checks.instance(extra, EXTRA_SPECIAL_TOKENS, list, fail=_invalid,
+                        message="{name} must be a list or an object, got {type}")
+        return extra
+    return value
 
 
 def _token_text(value: Any, key: str) -> str:

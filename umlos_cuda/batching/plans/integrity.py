@@ -28,6 +28,8 @@ Two levels, because they cost differently and guard different things:
 * :func:`check_source_matches_plan` runs before tokens are read for a plan's
   microbatches (batch files, fingerprints, collation): the token source must
   hold the samples the plan was built from (BATCH_STORE_MISMATCH).
+  :func:`check_rows_match_plan` is the same for any plan of rows the torch
+  datasets read (a windowed plan binds its lengths: their count and SHA-256).
 
 The digests live in the same folder as the arrays, so they catch a change
 to any file made without recomputing them, not a folder rewritten
@@ -42,6 +44,7 @@ import numpy as np
 from ... import checks, errors
 from ...errors import MAX_WORLD_SIZE, UmlosError
 from ...hashing import sha256_array
+from ..lengths.fingerprints import DIFFERENT_TOKENIZER
 from .fingerprint import epoch_plan_digest, plan_fingerprint
 from .plan import BatchPlan, plan_error
 from .builder import sample_ids_sha256
@@ -182,13 +185,13 @@ def _stats(message: str) -> UmlosError:
 def check_source_matches_plan(source, plan) -> None:
     """BATCH_STORE_MISMATCH unless ``source`` holds the samples ``plan`` was built from."""
     meta = plan.meta
-    where = getattr(source, "root", None) or getattr(source, "prefix", None) or type(source).__name__
-    if isinstance(where, (list, tuple)):
-        where = " + ".join(map(str, where))
+    where = _where(source)
     if len(source) != meta.num_samples:
         raise _mismatch(f"{where} holds {len(source)} samples; the plan was built from {meta.num_samples}")
     if source.tokenizer_hash != meta.tokenizer_hash:
-        raise _mismatch(f"{where} was tokenized by {source.tokenizer_hash}; the plan names {meta.tokenizer_hash}")
+        raise _mismatch(f"{where} was tokenized by the tokenizer of fingerprint {source.tokenizer_hash}; the plan's "
+                        f"lengths were counted by {meta.tokenizer_hash}: {DIFFERENT_TOKENIZER}. Tokenize the data "
+                        "again with the plan's tokenizer, or build the plan from this store")
     if sha256_array(np.asarray(source.lengths, dtype="<u4")) != meta.lengths_sha256:
         raise _mismatch(f"the lengths of {where} differ from those the plan was built from")
     if (meta.sample_ids_sha256 is None) != bool(source.ids_are_line_numbers):
@@ -197,6 +200,35 @@ def check_source_matches_plan(source, plan) -> None:
     if meta.sample_ids_sha256 is not None and \
             sample_ids_sha256(source.length_cache().sample_ids) != meta.sample_ids_sha256:
         raise _mismatch(f"the sample ids of {where} differ from those of the plan")
+
+
+def check_rows_match_plan(source, plan) -> None:
+    """BATCH_STORE_MISMATCH unless ``source`` holds the rows ``plan`` hands out: a whole plan's
+    :func:`check_source_matches_plan`; a windowed plan (which records only its lengths) the count and the
+    SHA-256 of its lengths, from their binding (or from every length, for lengths bound otherwise). A mixed
+    plan's rows are those of its recorded components, which it reopens itself: not checked here."""
+    from .windows import WindowedPlan
+
+    if isinstance(plan, BatchPlan):
+        check_source_matches_plan(source, plan)
+        return
+    if not isinstance(plan, WindowedPlan):  # a mixed plan's rows are its components' (plans/windows/mixed.py)
+        return
+    bound = plan.source
+    count = int(plan.definition.num_samples)
+    where = _where(source)
+    if len(source) != count:
+        raise _mismatch(f"{where} holds {len(source)} samples; the plan was built from {count}")
+    binding = bound.binding()
+    expected = binding["lengths_sha256"] if binding.get("kind") == "array" else \
+        sha256_array(np.asarray(bound.take(np.arange(count, dtype=np.int64)), dtype="<u4"))
+    if sha256_array(np.asarray(source.lengths, dtype="<u4")) != expected:
+        raise _mismatch(f"the lengths of {where} differ from those the plan was built from")
+
+
+def _where(source) -> str:
+    where = getattr(source, "root", None) or getattr(source, "prefix", None) or type(source).__name__
+    return " + ".join(map(str, where)) if isinstance(where, (list, tuple)) else str(where)
 
 
 def _mismatch(message: str) -> UmlosError:

@@ -33,6 +33,7 @@ from typing import Any, BinaryIO
 from ... import errors
 from ...errors import UmlosError
 from ...files import reader
+from .chunk import missing_field_hint
 from .compressed import truncated
 
 #: How an Arrow IPC stream ends: the continuation marker and a message length of 0; before Arrow 0.15, a
@@ -67,7 +68,7 @@ def open_parquet(handle: BinaryIO, path: str) -> tuple[list[str], Any]:
         raise _broken(path, "Parquet", exc) from None
 
     def batches(columns: Sequence[str], batch_size: int) -> Iterator[Any]:
-        check_columns(path, names, columns)
+        check_columns(path, names, columns, parquet.schema_arrow)
         try:
             yield from parquet.iter_batches(batch_size=batch_size, columns=list(columns), use_threads=True)
         except (pa.ArrowException, OSError, ValueError) as exc:
@@ -89,7 +90,7 @@ def open_ipc(handle: BinaryIO, path: str) -> tuple[list[str], Any]:
         raise _broken(path, "Arrow IPC", exc, None if is_file else handle) from None
 
     def batches(columns: Sequence[str], batch_size: int) -> Iterator[Any]:
-        check_columns(path, names, columns)
+        check_columns(path, names, columns, opened.schema)
         try:
             every: Iterator[Any] = (opened.get_batch(i) for i in range(opened.num_record_batches)) if is_file \
                 else _to_the_end(opened, handle, path)
@@ -130,20 +131,42 @@ def split(batches: Iterator[Any], size: int) -> Iterator[Any]:
             yield batch.slice(start, size)
 
 
-def check_columns(path: str, names: Sequence[str], columns: Sequence[str]) -> None:
-    """DATASET_RECORD_INVALID when one of ``columns`` is not among ``names``, or is there twice."""
+def check_columns(path: str, names: Sequence[str], columns: Sequence[str], schema: Any = None) -> None:
+    """DATASET_RECORD_INVALID when one of ``columns`` is not among ``names``, or is there twice
+    (``schema``, the file's Arrow schema, lets the message name a column of conversations)."""
     missing = [name for name in columns if name not in names]
     if missing:
-        shown = ", ".join(map(repr, list(names)[:8])) or "none"
-        raise UmlosError(errors.DATASET_RECORD_INVALID, f"{path} lacks the column {missing[0]!r} (its columns: "
-                         f"{shown}); name the field with --text-field, --prompt-field/--response-field or "
-                         "--length-field", operator=errors.BATCHING_OPERATOR)
+        raise missing_column(path, names, missing[0], conversations=conversation_columns(schema))
     twice = next((name for name in columns if list(names).count(name) > 1), None)
     if twice is not None:
         at = [i for i, name in enumerate(names) if name == twice]
         raise UmlosError(errors.DATASET_RECORD_INVALID, f"{path} has {len(at)} columns named {twice!r} (columns "
                          f"{', '.join(map(str, at))}); which one holds the field would be a guess: rename or drop "
                          "the others", operator=errors.BATCHING_OPERATOR)
+
+
+def missing_column(path: str, names: Sequence[str], name: str, *, id_field: str | None = None,
+                   conversations: Sequence[str] = ()) -> UmlosError:
+    """DATASET_RECORD_INVALID: ``path`` (a file, a folder, the ``datasets.Dataset``) lacks the column ``name``;
+    the message lists its columns and what to do (records/chunk.py :func:`missing_field_hint`)."""
+    shown = ", ".join(map(repr, list(names)[:8])) or "none"
+    return UmlosError(errors.DATASET_RECORD_INVALID, f"{path} lacks the column {name!r} (its columns: {shown}); "
+                      + missing_field_hint(name, id_field, conversations), operator=errors.BATCHING_OPERATOR)
+
+
+def conversation_columns(schema: Any) -> list[str]:
+    """The columns of ``schema`` (an Arrow schema; None: none) that hold lists of messages: a list of structs
+    with a ``role`` field."""
+    if schema is None:
+        return []
+    pa = pyarrow()
+    found = []
+    for column in schema:
+        kind = column.type
+        if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_struct(kind.value_type) \
+                and kind.value_type.get_field_index("role") >= 0:
+            found.append(column.name)
+    return found
 
 
 def _broken(path: str, what: str, exc: BaseException, stream: BinaryIO | None = None) -> UmlosError:

@@ -18,6 +18,8 @@ What goes in: nothing; this module only defines the shapes. What comes out:
 * :class:`ReadRows` and :class:`RowFailure`: where a chunk's rows were read, and a row its
   consumer refused after the read (a chat record the workers could not render:
   records/source.py ``Records.accept``).
+* :func:`id_required` and :func:`missing_field_hint`: when a record must hold its id field, and what
+  every reader says when a record or a file lacks a field.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from ...errors import UmlosError
 
 #: The kinds of a field: a string, an integer (0 to 2^32 - 1, a token count) or any JSON value.
 KINDS = ("string", "integer", "json")
+#: The id field read unless another is named; a record without it is named by its row (records/ids.py).
+DEFAULT_ID_FIELD = "id"
 
 
 @dataclass(frozen=True)
@@ -158,3 +162,26 @@ def skip_or_raise(error: UmlosError, skipped: SkippedLines | None, at: tuple[int
         raise UmlosError(error.code, f"{error.message} (--skip-bad-lines skips such records and counts them)",
                          operator=errors.BATCHING_OPERATOR) from None
     skipped.add(error, at)
+
+
+def id_required(id_field: str) -> bool:
+    """Whether every record must hold ``id_field``: an id field other than the default was named
+    (``--id-field``), and a name given and not found is a mistake, not rows to number (their ids, and
+    what depends on them such as a split, would then follow the row order without a word)."""
+    return id_field != DEFAULT_ID_FIELD
+
+
+def missing_field_hint(name: str, id_field: str | None = None, conversations: Sequence[str] = ()) -> str:
+    """What to do when a record or a file lacks the field ``name``: the options that name each field
+    (those of ``data tokenize``; ``--length-field`` is ``data lengths build``'s), and
+    ``--messages-field`` with the field when one of ``conversations`` (fields holding lists of
+    messages) is there."""
+    if id_field is not None and name == id_field:
+        return (f"--id-field names the field holding each record's id, here {name!r}: name the field that holds "
+                "the ids, or leave --id-field out to number the records")
+    hint = ("name the field to read with --text-field, --prompt-field/--response-field, "
+            "--chosen-field/--rejected-field or --messages-field (and for data lengths build, a token count with "
+            "--length-field)")
+    if conversations:
+        hint += f"; {conversations[0]!r} holds conversations: --messages-field {conversations[0]}"
+    return hint

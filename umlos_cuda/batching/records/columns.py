@@ -48,7 +48,8 @@ class CheckedBatch:
     def __init__(self, batch: Any, path: str, first_row: int, fields: Sequence[Field], id_field: str | None) -> None:
         self.path, self.first_row, self.fields, self.id_field = path, first_row, tuple(fields), id_field
         self.rows = batch.num_rows
-        check_columns(path, batch.schema.names, [f.name for f in self.fields] + ([id_field] if id_field else []))
+        check_columns(path, batch.schema.names, [f.name for f in self.fields] + ([id_field] if id_field else []),
+                      batch.schema)
         self.ids = None if id_field is None else self._typed(batch, id_field, "id")
         self.columns = [self._typed(batch, field.name, field.kind) for field in self.fields]
         self.size = sum(_size_bound(array) for array in self._named_arrays())

@@ -40,6 +40,7 @@ from typing import Any
 from ... import checks, errors
 from ...errors import UmlosError
 from ...files import reader
+from .arrow import conversation_columns, missing_column
 
 STATE = "state.json"
 DICT = "dataset_dict.json"
@@ -53,13 +54,15 @@ def is_dataset_object(value: Any) -> bool:
     return hasattr(value, "with_format") and hasattr(value, "column_names") and hasattr(value, "num_rows")
 
 
-def object_batches(dataset: Any, columns: Sequence[str], batch_size: int) -> Iterator[Any]:
-    """The Arrow record batches of a ``datasets.Dataset``, ``columns`` only, in its row order."""
+def object_batches(dataset: Any, columns: Sequence[str], batch_size: int, id_field: str | None = None
+                   ) -> Iterator[Any]:
+    """The Arrow record batches of a ``datasets.Dataset``, ``columns`` only, in its row order (``id_field``:
+    the id column among them, for the message when it is missing)."""
     missing = [name for name in columns if name not in dataset.column_names]
     if missing:
-        shown = ", ".join(map(repr, dataset.column_names[:8])) or "none"
-        raise UmlosError(errors.DATASET_RECORD_INVALID, f"the datasets.Dataset lacks the column {missing[0]!r} (its "
-                         f"columns: {shown})", operator=errors.BATCHING_OPERATOR)
+        raise missing_column("the datasets.Dataset", dataset.column_names, missing[0], id_field=id_field,
+                             conversations=conversation_columns(getattr(getattr(dataset, "data", None), "schema",
+                                                                        None)))
     selected = dataset.select_columns(list(columns)).with_format("arrow")
     for table in selected.iter(batch_size=batch_size):
         yield from table.to_batches()

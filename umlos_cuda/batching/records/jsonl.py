@@ -50,9 +50,8 @@ import numpy as np
 from ... import checks, errors
 from ...errors import UINT32_MAX, UmlosError
 from ...files import reader
-from .chunk import Field, ReadRows, RecordChunk, SkippedLines, skip_or_raise
-
-DEFAULT_ID_FIELD = "id"
+from .chunk import DEFAULT_ID_FIELD as DEFAULT_ID_FIELD  # the readers' name for it since before chunk.py had it
+from .chunk import Field, ReadRows, RecordChunk, SkippedLines, id_required, missing_field_hint, skip_or_raise
 
 #: The UTF-8 byte-order mark some editors put before the first line.
 BOM = b"\xef\xbb\xbf"
@@ -178,6 +177,9 @@ def _record(path: str, number: int, raw: bytes) -> dict:
 
 def _sample_id(path: str, number: int, record: dict, id_field: str, row_id: Callable[[int], str]) -> str:
     if id_field not in record:
+        if id_required(id_field):
+            raise invalid_record(path, number, f"lacks the id field {id_field!r} (its fields: {_keys(record)}); "
+                                 + missing_field_hint(id_field, id_field))
         return row_id(number)
     value = record[id_field]
     if checks.is_integer(value, strict=True):
@@ -186,14 +188,24 @@ def _sample_id(path: str, number: int, record: dict, id_field: str, row_id: Call
                        message="has {name!r} = {value!r}; an id is a non-empty string or an integer")
 
 
+def _keys(record: dict) -> str:
+    return ", ".join(sorted(map(str, record))[:8]) or "none"
+
+
+def _is_conversation(value: Any) -> bool:
+    """Whether ``value`` looks like a list of chat messages (its first item an object with a ``role``)."""
+    return isinstance(value, list) and bool(value) and isinstance(value[0], dict) and "role" in value[0]
+
+
 def _field(path: str, number: int, record: dict, field: Field, unchecked: bool = False) -> Any:
     """The field's value, checked for its kind (a field checked later is the consumer's to check)."""
     name = field.name
     try:
         value = record[name]
     except KeyError:
-        keys = ", ".join(sorted(map(str, record))[:8]) or "none"
-        raise invalid_record(path, number, f"lacks the field {name!r} (its fields: {keys})") from None
+        conversations = [key for key, value in record.items() if _is_conversation(value)]
+        raise invalid_record(path, number, f"lacks the field {name!r} (its fields: {_keys(record)}); "
+                             + missing_field_hint(name, conversations=conversations)) from None
     if unchecked:
         return value
     fail = partial(invalid_record, path, number)

@@ -39,7 +39,7 @@ from ... import errors
 from ...errors import UmlosError
 from ...files import reader
 from . import arrow, hf
-from .chunk import Field, ReadRows, RecordChunk, RowFailure, RowIds, SkippedLines, skip_or_raise
+from .chunk import Field, ReadRows, RecordChunk, RowFailure, RowIds, SkippedLines, id_required, skip_or_raise
 from .columns import CheckedBatch
 from .compressed import bomb, expansion_cap, open_decompressed
 from .fingerprint import RowDigest
@@ -246,9 +246,10 @@ class Records:
         wanted = [field.name for field in fields]
         if item.format == "object":
             with_id = self.id_field in item.dataset.column_names
-            columns = wanted + ([self.id_field] if with_id and self.id_field not in wanted else [])
+            columns = wanted + ([self.id_field] if (with_id or id_required(self.id_field))
+                                and self.id_field not in wanted else [])
             total = max(int(item.dataset.num_rows), 1)
-            batches = hf.object_batches(item.dataset, columns, chunk_size)
+            batches = hf.object_batches(item.dataset, columns, chunk_size, self.id_field)
             yield from self._columnar_chunks(index, ((item.path, b, None, None) for b in batches), fields, [with_id],
                                              before,
                                              lambda rows: before + _size(item) * rows // total, row_id, shard,
@@ -265,6 +266,8 @@ class Records:
                         names, batches = (arrow.open_parquet if item.format == "parquet" else arrow.open_ipc)(
                             handle, path)
                         has_id[0] = self.id_field in names
+                        if not has_id[0] and id_required(self.id_field):
+                            raise arrow.missing_column(path, names, self.id_field, id_field=self.id_field)
                         columns = wanted + ([self.id_field] if has_id[0] and self.id_field not in wanted else [])
                         decoded = _Decoded(path, size)
                         for batch in batches(columns, chunk_size):

@@ -88,7 +88,7 @@ def open_source(path: Any, *, tokens: bool = False, recorded: bool = False) -> L
         if tokens and not kind.tokens:
             names = ", a ".join(k.name for k in source_kinds() if k.tokens)
             raise UmlosError(errors.TOKEN_STORE_NOT_FOUND, f"{path} is a {kind.name}, which holds no tokens: give a "
-                             f"{names}", operator=errors.BATCHING_OPERATOR)
+                             f"{names}{_holder_hint(path)}", operator=errors.BATCHING_OPERATOR)
         source = (kind.reopen if recorded and kind.reopen is not None else kind.open)(path)
         if source.origin is None:
             source.origin = path
@@ -96,6 +96,23 @@ def open_source(path: Any, *, tokens: bool = False, recorded: bool = False) -> L
         raise UmlosError(errors.TOKEN_STORE_NOT_FOUND, f"{type(source).__name__} holds no tokens",
                          operator=errors.BATCHING_OPERATOR)
     return source
+
+
+def _holder_hint(path: str) -> str:
+    """``; it is the length cache of the token store DIR: give DIR`` when ``path`` is a file inside a token
+    source's folder (``st/lengths.jsonl``, its sidecar), else nothing."""
+    from ...files.artifacts import identify
+    from ...files.folder import Folder
+    from ..tokens.adopt import SHARDED_STORE
+    from ..tokens.writer import STORE
+
+    folder = os.path.dirname(path) or "."
+    try:
+        with Folder.open(folder, follow=True) as opened:
+            holder = next((kind for kind in (STORE, SHARDED_STORE) if identify(opened, kind)[0]), None)
+    except OSError:
+        return ""
+    return "" if holder is None else f"; it is a file of the {holder.name} {folder}: give the folder, {folder}"
 
 
 def length_cache(path, *, read_ids: bool = True) -> LengthCache:

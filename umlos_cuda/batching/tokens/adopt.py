@@ -91,6 +91,7 @@ from ...files.reader import read_bytes
 from ...files.writer import ArtifactKind, check_output_folder, output_folder
 from .index import (COMMON_FIELDS, DIGESTS_FOLDER, MAX_INDEX_BYTES, SHARDS_FOLDER, digests_name, id_hashes_name,
                     index_bytes, invalid, mismatch, shard_name)
+from ..lengths.fingerprints import DIFFERENT_TOKENIZER
 from .logical import MAX_SHARD_META_BYTES, ShardedTokenStore, check_shard_folder, shard_common
 from .rows import bytes_sha256, logical_hash, row_digests
 from .store import TokenStore
@@ -305,8 +306,10 @@ def _check_together(staged: list[TokenStore], old: ShardedTokenStore | None) -> 
         found = shard_common(store)
         for name in COMMON_FIELDS:
             if found[name] != common[name]:
+                why = f" ({DIFFERENT_TOKENIZER})" if name == "tokenizer_hash" else ""
                 raise mismatch(f"{store.root} has {name} {found[name]!r}; {where} has {common[name]!r}: a sharded "
-                               "store holds the rows of one tokenizer, dtype, vocabulary, loss-mask rule and id kind")
+                               "store holds the rows of one tokenizer, dtype, vocabulary, loss-mask rule and id "
+                               f"kind{why}")
     if common["sample_ids"] == "line_numbers" and len(staged) + (old.num_parts if old is not None else 0) > 1:
         raise mismatch("the samples of " + ", ".join(s.root for s in staged) + " are named by row number; a store "
                        "named so has one shard (row numbers repeat in every shard): tokenize the files as one "

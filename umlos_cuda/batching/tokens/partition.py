@@ -37,8 +37,9 @@ from .adopt import SHARDED_STORE, adopting
 from .index import shard_name
 from .logical import ShardedTokenStore
 from .store import TokenStore
-from .writer import tokenize_dataset
-from ...files.writer import check_output_folder
+from .writer import STORE, tokenize_dataset
+from ...files.artifacts import identify
+from ...files.writer import check_output_folder, remove_stale_temps, temp_folder
 from ..lengths.builder import input_paths
 from ..records.source import dataset_paths
 
@@ -103,7 +104,7 @@ def check_sharded_output(output, dataset: Any, format: str | None, tokenizer: An
 
     root = os.path.abspath(os.fspath(output))
     if append:
-        ShardedTokenStore.open(root)  # refused at once when it is not a store
+        open_for_append(root)  # refused at once when it is not a sharded store
     else:
         check_output_folder(root, SHARDED_STORE, force=force,
                             inputs=input_paths(*dataset_paths(dataset, format), tokenizer, chat_template),
@@ -111,19 +112,44 @@ def check_sharded_output(output, dataset: Any, format: str | None, tokenizer: An
     return root
 
 
+def open_for_append(output: str | os.PathLike[str]) -> ShardedTokenStore:
+    """The sharded store ``output`` that ``--append`` adds shards to; a classic (one-file) token store there is
+    SHARDED_STORE_INVALID saying what to do instead (the sharded store's reader would only say that its
+    format is another one)."""
+    root = os.path.abspath(os.fspath(output))
+    _refuse_a_classic_store(root)
+    return ShardedTokenStore.open(root)
+
+
+def _refuse_a_classic_store(root: str) -> None:
+    try:
+        with Folder.open(root, follow=True) as folder:
+            classic = identify(folder, STORE)[0]
+    except OSError:
+        return  # not a folder here: the sharded store's reader says what it is
+    if not classic:
+        return
+    numbered = TokenStore.open(root).ids_are_line_numbers
+    instead = ("its rows are named by row number, which every shard would repeat, so it takes no second shard: "
+               "tokenize all the files again as one sharded store in a new folder (--sharded, the files as a list "
+               "or a glob)" if numbered else
+               f"make it the first shard of a sharded store, umlos-cuda data append --create NEW {root} (which "
+               "moves it there), then --append the new files to NEW; or tokenize all the files again with --sharded "
+               "into a new folder")
+    raise UmlosError(errors.SHARDED_STORE_INVALID, f"{root} is a token store, not a sharded one: --append adds files "
+                     f"only to a sharded token store (written by data tokenize --sharded). To grow it, {instead}",
+                     operator=errors.BATCHING_OPERATOR)
+
+
 @contextlib.contextmanager
 def staging_folder(root: str, label: str) -> Iterator[str]:
     """A new hidden folder beside the store ``root`` (``.tmp-NAME-LABEL-...``, on its file system, so adopting
-    a shard is a rename), removed with whatever is left in it when the block ends, however it ends."""
-    parent_path = os.path.dirname(root)
-    with Folder.open(parent_path, follow=True) as parent:
-        stage_name, stage = parent.mkdir_temp(f".tmp-{os.path.basename(root)}-{label}-")
-        stage.close()
-        try:
-            yield os.path.join(parent_path, stage_name)
-        finally:
-            with contextlib.suppress(OSError):
-                parent.remove(stage_name)
+    a shard is a rename), marked and locked as a temp of a sharded store's write (the temps of a killed run
+    beside the store are removed first, :func:`~umlos_cuda.files.writer.remove_stale_temps`), removed with
+    whatever is left in it when the block ends, however it ends."""
+    remove_stale_temps(root, SHARDED_STORE, errors.BATCHING_OPERATOR)  # what a killed run staged beside it
+    with temp_folder(root, label, SHARDED_STORE, errors.BATCHING_OPERATOR) as path:
+        yield path
 
 
 def _offset(progress: Callable[[int, int], None], before: int, total: int) -> Callable[[int, int], None]:

@@ -48,7 +48,7 @@ from ..records.chunk import RecordChunk, SkippedLines
 from ..records.jsonl import DEFAULT_ID_FIELD
 from ..records.source import dataset_paths
 from ...files.artifacts import json_field
-from ...files.writer import ArtifactKind, Folder, check_output_folder, output_folder
+from ...files.writer import ArtifactKind, Folder, check_output_folder, output_folder, remove_stale_temps
 from ..lengths.builder import DEFAULT_CHUNK, DatasetEncoding, input_paths, written_ids
 from ..lengths.cache import LengthCacheWriter
 from ..lengths.encoder import ChunkEncoder
@@ -99,6 +99,7 @@ def tokenize_dataset(dataset: Any, tokenizer: Any, output: str | os.PathLike[str
                              sharded=sharded)
     vocab = source.encoder.get_vocab_size(with_added_tokens=True)
     token_dtype = np.dtype("<u2" if vocab <= UINT16_VOCAB else "<u4")
+    remove_stale_temps(target, STORE, errors.BATCHING_OPERATOR)  # what a run killed while writing it left
     with output_folder(target, STORE, force=force, inputs=inputs, operator=errors.BATCHING_OPERATOR) as folder:
         _write_store(source, folder, token_dtype, chunk_size, progress, vocab, workers)
     return TokenStore.open(target)

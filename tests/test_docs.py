@@ -24,7 +24,9 @@ never one that existed. A path that existed and changed (a tracked file
 included) or is gone fails the document, naming it: a snippet must write only
 new paths, and documents keep their outputs under ``runs/`` (ignored by git)
 or in names of their own. Nothing else may write into the tree while the test
-runs, or its new files are taken for the document's.
+runs, or its new files are taken for the document's. What a document's blocks
+print is checked too where :data:`OUTPUT_CHECKS` says so (docs/quickstart.md:
+the validation losses of its Trainer runs).
 
 Links. Every relative link of every Markdown file in the repository resolves
 to a file or folder inside the repository (and, for ``file.md#anchor``, to a
@@ -34,6 +36,7 @@ specified from outside it.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -321,10 +324,34 @@ def documents_with_snippets() -> list[str]:
             if any(b.lang in RUNNABLE and b.skip_reason is None and b.write_to is None for b in fenced_blocks(path))]
 
 
+def quickstart_trains_with_a_validation_loss(outputs: dict[Block, str]) -> None:
+    """docs/quickstart.md's Trainer runs print the validation loss they end with: a number, and below what a
+    model that learned nothing scores (the log of the vocabulary's size, 512 ids, for a uniform guess)."""
+    losses = [float(match) for output in outputs.values()
+              for match in re.findall(r"^validation loss (\S+)$", output, flags=re.M)]
+    assert len(losses) == 2, f"docs/quickstart.md: expected the SFT and the mixture runs' validation losses: {losses}"
+    assert all(math.isfinite(loss) and 0 < loss < math.log(512) for loss in losses), losses
+
+
+#: Checks of what a document's blocks print, beyond their exit status.
+OUTPUT_CHECKS = {os.path.join("docs", "quickstart.md"): quickstart_trains_with_a_validation_loss}
+
+
 @pytest.mark.parametrize("path", documents_with_snippets())
 def test_snippets_run(path, tmp_path):
     """The runnable blocks of one document, in order, from the root, leaving the tree as it was."""
-    run_document(path, str(tmp_path))
+    outputs = run_document(path, str(tmp_path))
+    if path in OUTPUT_CHECKS:
+        OUTPUT_CHECKS[path](outputs)
+
+
+def test_the_quickstart_check_refuses_a_missing_or_chance_level_loss():
+    block = Block("docs/quickstart.md", 1, "python", "", None)
+    for printed in ("", "validation loss 1.302\n", "validation loss nan\nvalidation loss 1.4\n",
+                    "validation loss 6.5\nvalidation loss 1.4\n"):
+        with pytest.raises(AssertionError):
+            quickstart_trains_with_a_validation_loss({block: printed})
+    quickstart_trains_with_a_validation_loss({block: "validation loss 1.302\nvalidation loss 1.439\n"})
 
 
 def test_a_failing_snippet_fails(tmp_path):

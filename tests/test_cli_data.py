@@ -151,6 +151,18 @@ def test_help_and_missing_action(capsys):
     assert "data" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["data", "--help"], ["data", "tokenize", "--help"],
+                                  ["data", "lengths", "build", "--help"]])
+def test_help_says_which_formats_are_read(capsys, argv):
+    """Each help that offers to read a dataset names its formats, in the one phrase the commands share."""
+    from umlos_cuda.commands._dataset_args import DATASET_FORMATS
+
+    with pytest.raises(SystemExit):
+        main(argv)
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "Parquet" in DATASET_FORMATS and DATASET_FORMATS in printed
+
+
 def test_installed_command(workspace):
     """The console script, as a user runs it (a new process, progress in a log)."""
     result = subprocess.run([os.path.join(os.path.dirname(sys.executable), "umlos-cuda"), "data", "lengths",

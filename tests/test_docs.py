@@ -1,19 +1,32 @@
 """The documentation stands on its own: its snippets run and its links resolve.
 
 Snippets. Every fenced block of README.md and docs/**/*.md carries a language.
-``python`` and ``sh`` blocks are run, the blocks of one document in order and
-in one fresh temporary directory (which links to the repository's top-level
-folders, so ``umlos_cuda/manifests/demo.yaml`` and ``bench/...`` resolve as
-from a checkout, while whatever a snippet writes stays in the temporary
-directory). Python runs with this interpreter; sh runs with ``bash -e`` and this
-interpreter's ``bin`` folder first on ``PATH`` (where ``umlos-cuda``,
-``python`` and ``torchrun`` are). A block that cannot run here (a GPU, a
-multi-process launch, a long benchmark, a fragment of a larger program) is
-preceded by ``<!-- snippet: skip (REASON) -->``; the reason is required.
-``text``, ``json``, ``yaml``, ``diff`` and ``c`` blocks are shown, not run;
-one preceded by ``<!-- snippet: write NAME -->`` is also written to the file
-NAME of the temporary directory, for the blocks after it (a manifest that a
-later command reads, say).
+``python`` and ``sh`` blocks are run, the blocks of one document in order,
+from the repository's root, as a reader of a checkout runs them: with this
+checkout's package first on the path (``PYTHONPATH`` is the root, as an
+editable install of it gives), so ``umlos_cuda/manifests/demo.yaml`` and
+``examples/data/...`` are the files of the tree the test runs in. Python runs
+with this interpreter; sh runs with ``bash -e`` and this interpreter's ``bin``
+folder first on ``PATH`` (where ``umlos-cuda``, ``python`` and ``torchrun``
+are). A block that cannot run here (a GPU, a multi-process launch, a long
+benchmark, a fragment of a larger program) is preceded by
+``<!-- snippet: skip (REASON) -->``; the reason is required. ``text``,
+``json``, ``yaml``, ``diff`` and ``c`` blocks are shown, not run; one preceded
+by ``<!-- snippet: write NAME -->`` is also written to the file NAME (relative
+to the root; never one that was there before the document ran), for the blocks
+after it (a manifest that a later command reads, say).
+
+What a document writes does not stay in the tree: before its first block the
+test lists every path under the root (:func:`tree_state`; not inside ``.git``,
+a virtual environment or a ``__pycache__`` folder, which any import fills),
+and after its last (or its failure) removes exactly the paths that are new,
+never one that existed. A path that existed and changed (a tracked file
+included) or is gone fails the document, naming it: a snippet must write only
+new paths, and documents keep their outputs under ``runs/`` (ignored by git)
+or in names of their own. Nothing else may write into the tree while the test
+runs, or its new files are taken for the document's. What a document's blocks
+print is checked too where :data:`OUTPUT_CHECKS` says so (docs/quickstart.md:
+the validation losses of its Trainer runs).
 
 Links. Every relative link of every Markdown file in the repository resolves
 to a file or folder inside the repository (and, for ``file.md#anchor``, to a
@@ -23,8 +36,10 @@ specified from outside it.
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -208,25 +223,64 @@ def test_block_parser_reads_markers_languages_and_indented_fences():
 
 
 # ---------------------------------------------------------------- running snippets
-def session_dir(tmp_path) -> str:
-    """A directory that looks like the repository root to a snippet but keeps its writes."""
-    work = tmp_path / "work"
-    work.mkdir()
-    for name in os.listdir(ROOT):
-        if name.startswith(".") or name in IGNORED_DIRS:
-            continue
-        os.symlink(os.path.join(ROOT, name), work / name)
-    return str(work)
+#: Folders a document's run neither lists nor cleans: git's own, and Python's bytecode caches (any import writes them).
+UNWATCHED_DIRS = {".git", "__pycache__"}
+
+
+def tree_state(root: str = ROOT) -> dict[str, tuple]:
+    """Every path under ``root`` (relative), to what says it changed: ``("file", size, mtime_ns)``,
+    ``("link", target)`` or ``("dir",)``. Not walked: :data:`UNWATCHED_DIRS` and virtual environments
+    (a folder holding ``pyvenv.cfg``, such as ``.venv``), which stand as one entry."""
+    state: dict[str, tuple] = {}
+    for folder, dirs, files in os.walk(root):
+        relative = os.path.relpath(folder, root)
+        kept = []
+        for name in sorted(dirs):
+            path = os.path.normpath(os.path.join(relative, name))
+            if name in UNWATCHED_DIRS:
+                continue
+            if os.path.islink(os.path.join(folder, name)):
+                state[path] = ("link", os.readlink(os.path.join(folder, name)))
+                continue
+            state[path] = ("dir",)
+            if not os.path.exists(os.path.join(folder, name, "pyvenv.cfg")):
+                kept.append(name)
+        dirs[:] = kept
+        for name in files:
+            full, path = os.path.join(folder, name), os.path.normpath(os.path.join(relative, name))
+            info = os.lstat(full)
+            state[path] = ("link", os.readlink(full)) if os.path.islink(full) else \
+                ("file", info.st_size, info.st_mtime_ns)
+    return state
+
+
+def remove_new_paths(before: dict[str, tuple], root: str = ROOT) -> list[str]:
+    """Remove every path under ``root`` that :func:`tree_state` did not list in ``before`` (a new folder
+    whole, a link itself and never its target); return what changed or went of what existed."""
+    after = tree_state(root)
+    for path in sorted(set(after) - set(before)):
+        if os.path.dirname(path) in after and os.path.dirname(path) not in before:
+            continue  # inside a new folder, removed with it
+        full = os.path.join(root, path)
+        if after[path] == ("dir",):
+            shutil.rmtree(full)
+        else:
+            os.unlink(full)
+    problems = [f"{path}: changed" for path in sorted(set(before) & set(after)) if before[path] != after[path]
+                and before[path][0] != "dir"]
+    return problems + [f"{path}: removed" for path in sorted(set(before) - set(after))]
 
 
 def snippet_env() -> dict[str, str]:
+    """The test's environment with this interpreter's ``bin`` first on ``PATH`` and the root as ``PYTHONPATH``."""
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env.pop("PYTHONPATH", None)
+    env["PYTHONPATH"] = ROOT
     return env
 
 
-def run_block(block: Block, cwd: str, scripts: str, number: int) -> None:
+def run_block(block: Block, scripts: str, number: int) -> str:
+    """Run one block from the root; its standard output."""
     if block.lang == "python":
         script = os.path.join(scripts, f"snippet_{number}.py")
         with open(script, "w", encoding="utf-8") as handle:
@@ -234,12 +288,35 @@ def run_block(block: Block, cwd: str, scripts: str, number: int) -> None:
         command = [sys.executable, script]
     else:
         command = ["bash", "-e", "-o", "pipefail", "-c", block.code]
-    result = subprocess.run(command, cwd=cwd, env=snippet_env(), capture_output=True, text=True,
+    result = subprocess.run(command, cwd=ROOT, env=snippet_env(), capture_output=True, text=True,
                             timeout=SNIPPET_TIMEOUT_S)
     assert result.returncode == 0, (
         f"{block.where}: the {block.lang} snippet failed (exit {result.returncode})\n--- snippet\n{block.code}"
         f"--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-4000:]}"
     )
+    return result.stdout
+
+
+def run_document(path: str, scripts: str) -> dict[Block, str]:
+    """The runnable blocks of one document, in order, from the root (its write blocks written there); the
+    standard output of each. Every path they make is removed after, and a path that existed and changed or
+    went fails it (see the module docstring)."""
+    before = tree_state()
+    outputs = {}
+    try:
+        for number, block in enumerate(fenced_blocks(path)):
+            if block.write_to is not None:
+                target = os.path.normpath(block.write_to)
+                assert ".." not in block.write_to.split("/") and target not in before, (
+                    f"{block.where}: a write block writes a new file inside the tree, not {block.write_to}")
+                with open(os.path.join(ROOT, target), "w", encoding="utf-8") as handle:
+                    handle.write(block.code)
+            elif block.lang in RUNNABLE and block.skip_reason is None:
+                outputs[block] = run_block(block, scripts, number)
+    finally:
+        problems = remove_new_paths(before)
+    assert not problems, f"{path}: its snippets changed what was in the tree before it ran:\n" + "\n".join(problems)
+    return outputs
 
 
 def documents_with_snippets() -> list[str]:
@@ -247,25 +324,72 @@ def documents_with_snippets() -> list[str]:
             if any(b.lang in RUNNABLE and b.skip_reason is None and b.write_to is None for b in fenced_blocks(path))]
 
 
+def quickstart_trains_with_a_validation_loss(outputs: dict[Block, str]) -> None:
+    """docs/quickstart.md's Trainer runs print the validation loss they end with: a number, and below what a
+    model that learned nothing scores (the log of the vocabulary's size, 512 ids, for a uniform guess)."""
+    losses = [float(match) for output in outputs.values()
+              for match in re.findall(r"^validation loss (\S+)$", output, flags=re.M)]
+    assert len(losses) == 2, f"docs/quickstart.md: expected the SFT and the mixture runs' validation losses: {losses}"
+    assert all(math.isfinite(loss) and 0 < loss < math.log(512) for loss in losses), losses
+
+
+#: Checks of what a document's blocks print, beyond their exit status.
+OUTPUT_CHECKS = {os.path.join("docs", "quickstart.md"): quickstart_trains_with_a_validation_loss}
+
+
 @pytest.mark.parametrize("path", documents_with_snippets())
 def test_snippets_run(path, tmp_path):
-    """The runnable blocks of one document, in order, in one temporary directory."""
-    cwd = session_dir(tmp_path)
-    scripts = tmp_path / "scripts"
-    scripts.mkdir()
-    for number, block in enumerate(fenced_blocks(path)):
-        if block.write_to is not None:
-            assert ".." not in block.write_to.split("/"), f"{block.where}: write inside the snippet directory"
-            with open(os.path.join(cwd, block.write_to), "w", encoding="utf-8") as handle:
-                handle.write(block.code)
-        elif block.lang in RUNNABLE and block.skip_reason is None:
-            run_block(block, cwd, str(scripts), number)
+    """The runnable blocks of one document, in order, from the root, leaving the tree as it was."""
+    outputs = run_document(path, str(tmp_path))
+    if path in OUTPUT_CHECKS:
+        OUTPUT_CHECKS[path](outputs)
+
+
+def test_the_quickstart_check_refuses_a_missing_or_chance_level_loss():
+    block = Block("docs/quickstart.md", 1, "python", "", None)
+    for printed in ("", "validation loss 1.302\n", "validation loss nan\nvalidation loss 1.4\n",
+                    "validation loss 6.5\nvalidation loss 1.4\n"):
+        with pytest.raises(AssertionError):
+            quickstart_trains_with_a_validation_loss({block: printed})
+    quickstart_trains_with_a_validation_loss({block: "validation loss 1.302\nvalidation loss 1.439\n"})
 
 
 def test_a_failing_snippet_fails(tmp_path):
     block = Block("t.md", 1, "sh", "umlos-cuda next-batch umlos_cuda/manifests/demo.yaml --dataset nope\n", None)
     with pytest.raises(AssertionError, match="INVALID_DATASET_KEY"):
-        run_block(block, session_dir(tmp_path), str(tmp_path), 0)
+        run_block(block, str(tmp_path), 0)
+
+
+def test_snippets_import_this_checkout():
+    """From the root, a snippet imports the package of the tree under test (not another install of it)."""
+    code = "python -c 'import umlos_cuda; print(umlos_cuda.__file__)'\n"
+    printed = run_block(Block("t.md", 1, "sh", code, None), ROOT, 0)
+    assert printed.strip() == os.path.join(ROOT, "umlos_cuda", "__init__.py")
+
+
+def test_a_document_s_new_paths_are_removed_and_what_existed_is_kept(tmp_path):
+    root = tmp_path / "tree"
+    (root / "kept").mkdir(parents=True)
+    (root / "kept" / "old.txt").write_text("old", encoding="utf-8")
+    (root / ".venv").mkdir()
+    (root / ".venv" / "pyvenv.cfg").write_text("home = /usr\n", encoding="utf-8")
+    (tmp_path / "outside.txt").write_text("outside", encoding="utf-8")
+    before = tree_state(str(root))
+    assert sorted(before) == [".venv", "kept", os.path.join("kept", "old.txt")]
+    (root / "kept" / "new.txt").write_text("new", encoding="utf-8")
+    (root / "runs" / "deep").mkdir(parents=True)
+    (root / "runs" / "deep" / "out.bin").write_bytes(b"x")
+    (root / "link").symlink_to(tmp_path / "outside.txt")
+    (root / ".venv" / "inside-a-venv").write_text("not listed", encoding="utf-8")
+    assert remove_new_paths(before, str(root)) == []
+    assert sorted(tree_state(str(root))) == sorted(before)
+    assert (tmp_path / "outside.txt").read_text(encoding="utf-8") == "outside"  # a link's target is kept
+    assert (root / ".venv" / "inside-a-venv").exists()  # a virtual environment is not looked into
+
+    (root / "kept" / "old.txt").write_text("changed", encoding="utf-8")
+    (root / ".venv" / "pyvenv.cfg").unlink()  # no longer a venv: its files are new, and removed
+    assert remove_new_paths(before, str(root)) == [f"{os.path.join('kept', 'old.txt')}: changed"]
+    assert not (root / ".venv" / "inside-a-venv").exists()
 
 
 # ---------------------------------------------------------------- links

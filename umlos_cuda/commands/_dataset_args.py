@@ -19,15 +19,20 @@ from typing import Any
 
 from ._args import add_option, positive_int
 
+#: What ``data lengths build`` and ``data tokenize`` read, in the words of every help text that says so (the
+#: formats of umlos_cuda/batching/records/shards.py; docs/batching.md, "Your data: Parquet, datasets, JSONL").
+DATASET_FORMATS = "Parquet, JSONL, gzip or zstd JSONL, Arrow IPC, or a datasets save_to_disk folder; one file or shards"
+
 
 def add_dataset_arguments(parser, *, output_metavar: str, output_help: str, verb: str, force_help: str,
                           required_tokenizer: bool = True) -> None:
     """The options of a command that encodes a dataset; ``verb`` says what it
     does to the text (``count``, ``encode``)."""
     parser.add_argument("--dataset", required=True, nargs="+", metavar="DATA",
-                        help="the dataset: a JSONL file (.jsonl, .jsonl.gz, .jsonl.zst), a Parquet or Arrow file, a "
-                        "folder datasets' save_to_disk wrote, or several shards (paths or quoted globs such as "
-                        "'train-*.parquet', read in the order given, each glob's matches sorted)")
+                        help="the dataset: a Parquet file (.parquet, .pq), a JSONL file (.jsonl, .jsonl.gz, "
+                        ".jsonl.zst), an Arrow IPC file (.arrow, .feather, .ipc), a folder datasets' save_to_disk "
+                        "wrote, or several shards (paths or quoted globs such as 'train-*.parquet', read in the "
+                        "order given, each glob's matches sorted)")
     parser.add_argument("--format", metavar="FORMAT",
                         help="read the dataset as this format whatever its suffix: jsonl, jsonl.gz, jsonl.zst, "
                         "parquet, arrow or hf (a save_to_disk folder)")

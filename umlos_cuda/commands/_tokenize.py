@@ -1,6 +1,6 @@
 """``umlos-cuda data tokenize``, ``data append``, ``data verify``, ``data megatron`` and ``data megatron-export``.
 
-``tokenize`` encodes a JSONL dataset once into a token store folder (flat
+``tokenize`` encodes a dataset (any format of umlos_cuda/batching/records/) once into a token store folder (flat
 memory-mapped tokens, loss masks and offsets, and the length cache as a
 by-product; docs/batching.md, "Token store"). ``megatron`` writes the
 length cache of an existing Megatron-LM indexed dataset from its ``.idx``
@@ -16,15 +16,15 @@ checks any token source against its own digests. All are actions of the
 
 from __future__ import annotations
 
-from ._dataset_args import add_dataset_arguments, run_with_progress
+from ._dataset_args import DATASET_FORMATS, add_dataset_arguments, run_with_progress
 
 
 def register_actions(actions) -> None:
     tokenize = actions.add_parser(
-        "tokenize", help="encode a dataset (JSONL, Parquet, Arrow, save_to_disk; text, prompt/response, chat or "
-        "preference records) into a token store",
-        description="Encode every record of a dataset (JSONL, gzip or zstd JSONL, Parquet, Arrow, a folder datasets' "
-        "save_to_disk wrote, or shards of these) with a local tokenizer and write the token store folder "
+        "tokenize", help=f"encode a dataset's text, prompt/response, chat or preference records into a token store "
+        f"({DATASET_FORMATS})",
+        description=f"Encode every record of a dataset ({DATASET_FORMATS}) with a local tokenizer and write the token "
+        "store folder "
         "OUTPUT: tokens.npy, loss_mask.npy and offsets.npy (memory-mappable), lengths.jsonl and its .u32 sidecar "
         "(the length cache), meta.json. What is encoded and the sample ids are as for `data lengths build`.",
     )

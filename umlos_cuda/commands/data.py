@@ -1,4 +1,4 @@
-"""``umlos-cuda data lengths build|stats``: the length cache of a JSONL dataset.
+"""``umlos-cuda data lengths build|stats``: the length cache of a dataset (any format of umlos_cuda/batching/records/).
 
 ``build`` counts every record's tokens with a local Hugging Face tokenizer
 and writes ``lengths.jsonl`` (one ``{"sample_id", "tokenizer_hash",
@@ -14,15 +14,15 @@ import json
 from typing import Any
 
 from ._args import positive_int
-from ._dataset_args import add_dataset_arguments, run_with_progress
+from ._dataset_args import DATASET_FORMATS, add_dataset_arguments, run_with_progress
 
 
 def register(subparsers) -> None:
     data = subparsers.add_parser(
         "data",
-        help="prepare a dataset for token-budget batching (length cache, statistics)",
-        description="Prepare a dataset (JSONL, gzip or zstd JSONL, Parquet, Arrow, a folder datasets' save_to_disk "
-        "wrote, or shards of these) for token-budget batching. 'data lengths build' writes its length "
+        help=f"prepare a dataset ({DATASET_FORMATS}) for token-budget batching: token stores, length caches",
+        description=f"Prepare a dataset ({DATASET_FORMATS}) for token-budget batching. 'data lengths build' writes "
+        "its length "
         "cache; 'data lengths stats' summarises one and suggests bucket edges; 'data tokenize' writes its token "
         "store (for batch files); 'data megatron' writes the length cache of a Megatron-LM indexed dataset.",
     )
@@ -35,8 +35,8 @@ def register(subparsers) -> None:
 
     build = steps.add_parser(
         "build", help="count every record's tokens and write lengths.jsonl and lengths.jsonl.u32",
-        description="Count the tokens of every record of a dataset (JSONL, gzip or zstd JSONL, Parquet, Arrow, a "
-        "save_to_disk folder, or shards of these) with a local tokenizer (a tokenizer.json "
+        description=f"Count the tokens of every record of a dataset ({DATASET_FORMATS}) with a local tokenizer (a "
+        "tokenizer.json "
         "file or a directory holding one; nothing is downloaded) and write the length cache: OUTPUT (JSONL rows "
         "sample_id, tokenizer_hash, length, in dataset order) and OUTPUT.u32 (the same lengths as uint32, for "
         "fast loading). A record's sample_id is its id field, else its 0-based row number.",

@@ -2,7 +2,7 @@
 
 Modules:
     store     :class:`TokenStore`: a tokenized dataset as flat, memory-mapped arrays
-    writer    write a token store from a JSONL dataset (``umlos-cuda data tokenize``)
+    writer    write a token store from a dataset of any format records/ reads (``umlos-cuda data tokenize``)
     megatron  read a Megatron-LM indexed dataset (``.idx`` + ``.bin``), or several as one
     export    write a token store as a Megatron-LM pair
     sharded   sharded token stores: the public names (from logical, index, adopt, partition)

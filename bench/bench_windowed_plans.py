@@ -24,6 +24,8 @@ in one streaming read, the bounded path a cache named by its JSONL takes.
 interpreter per size: the folder opened once, then ``--draws`` steps drawn at random from the run at world size
 ``W``, each explained for every rank (``W`` microbatches: one or two windows planned, every row's sample, range
 and tokens); the median and the largest time, and the machine's load average (``os.getloadavg``) before and after.
+It also times what a training loop adds per step to record it on the checkpoint store's tape: ``step_record``
+(the digest of the drawn steps' rows) and its append to a temporary store's tape, committed, in microseconds.
 
 ``--compare`` (at the smallest N) also builds the whole-epoch plan of the same lengths
 (``build_epoch``) to count what the flush edge rule costs: microbatches and padded tokens.
@@ -174,15 +176,46 @@ def child_explain(spec: dict) -> dict:
     opened = time.perf_counter() - started
     world = spec["explain"]
     steps = total_steps(explainer.plan, world)
-    times, rows = [], 0
+    times, rows, drawn = [], 0, []
     for step in np.random.default_rng(4).integers(0, steps, spec["draws"]).tolist():
         tick = time.perf_counter()
         report = explainer.explain(step, world_size=world)
         times.append(time.perf_counter() - tick)
         rows += sum(len(unit["rows"]) for rank in report["steps"][0]["ranks"] for unit in rank["units"])
+        drawn.append(report["steps"][0])
     return {"open_ms": opened * 1e3, "steps": steps, "median_ms": statistics.median(times) * 1e3,
             "max_ms": max(times) * 1e3, "rows_per_step": rows / len(times), "load_before": load_before,
-            "load_after": os.getloadavg(), "peak_mb": peak_mb()}
+            "load_after": os.getloadavg(), "peak_mb": peak_mb(), **step_records(explainer.plan.fingerprint, drawn)}
+
+
+def step_records(fingerprint: str, drawn: list[dict], repeat: int = 20) -> dict:
+    """What a training loop adds per step to record it on the tape: ``step_record`` (the digest of the step's units,
+    the rows each rank trained) of each drawn step, and its append to a checkpoint store's tape, committed (a
+    temporary store in this folder's temp dir), in microseconds per step."""
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+    from test_checkpoint_support import DATASET, KEY, identity
+
+    from umlos_cuda.batching.plans.checkpoint_kinds import PlanCursor  # noqa: F401  (registers plan.step)
+    from umlos_cuda.batching.plans.explain import step_record, unit_rows
+    from umlos_cuda.checkpoint import CheckpointStore
+
+    steps = [(step["epoch"], [(unit["index"], unit_rows(unit)) for rank in step["ranks"] for unit in rank["units"]])
+             for step in drawn]
+    tick = time.perf_counter()
+    records = [step_record(t, fingerprint, epoch, units) for t in range(repeat) for epoch, units in steps]
+    made = (time.perf_counter() - tick) / len(records)
+    folder = tempfile.mkdtemp(prefix="bench-tape-")
+    try:
+        with CheckpointStore.open(os.path.join(folder, "store"), identity(), KEY) as store:
+            store.start_run(DATASET, world_size=1, task_type="training")
+            tick = time.perf_counter()
+            for record in records:
+                store.tape.append(record)
+            store.commit()
+            appended = (time.perf_counter() - tick) / len(records)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"record_us": made * 1e6, "append_us": appended * 1e6, "records": len(records)}
 
 
 def child_verify(spec: dict) -> dict:
@@ -347,7 +380,8 @@ def main() -> None:
             load = f"{told['load_before'][0]:.1f} / {told['load_after'][0]:.1f}"
             explain_rows.append(f"| {n:,} | {args.explain} | {told['steps']:,} | {told['open_ms']:.1f} | "
                                 f"{told['rows_per_step']:.0f} | {told['median_ms']:.1f} | {told['max_ms']:.1f} | "
-                                f"{load} | {told['peak_mb']:.0f} |")
+                                f"{load} | {told['peak_mb']:.0f} | {told['record_us']:.0f} | "
+                                f"{told['append_us']:.0f} |")
         if args.cli:
             cli_plan = os.path.join(folder, f"cli_plan_{n}")
             cli = child(base | {"kind": "cli", "argv": cli_build_argv(lengths, cli_plan, base)})
@@ -377,8 +411,8 @@ def main() -> None:
         print(f"\nplan explain, a fresh interpreter each: the folder opened once, {args.draws} random steps, every "
               "rank of each")
         print("| samples | world size | steps | open ms | rows a step | explain ms, median | largest | "
-              "load average 1 min (before / after) | peak RSS MB |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+              "load average 1 min (before / after) | peak RSS MB | step record us | tape append us |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
         print("\n".join(explain_rows), flush=True)
     if cli_rows:
         print("\ncommand line, a fresh interpreter each: `plan build --window` (check, map, index, write), "

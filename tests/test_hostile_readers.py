@@ -2433,7 +2433,39 @@ def _explain_with_store(change, source: str = "store"):
     return make
 
 
+def _tape_of_steps(change):
+    """``plan explain --check-tape`` of a checkpoint store whose tape records two steps of the windowed plan
+    (copied into ``here`` with its length cache), ``change(here)`` applied to the store."""
+    def make(world, here):
+        from test_checkpoint_support import DATASET, KEY, identity
+
+        from umlos_cuda.batching.plans.explain import StepExplainer, step_record, unit_rows
+        from umlos_cuda.checkpoint import CheckpointStore
+
+        copy(world, here, "windowed", "lengths.jsonl")
+        explainer = StepExplainer.open(here / "windowed")
+        with CheckpointStore.open(here / "store", identity(), KEY) as store:
+            store.start_run(DATASET, world_size=1, task_type="training")
+            for t in (1, 2):
+                store.tape.append(step_record(t, explainer.plan.fingerprint, 0,
+                                              [(t - 1, unit_rows(explainer.unit(0, t - 1)))]))
+            store.commit()
+        change(here / "store")
+        return ("plan", "explain", str(here / "windowed"), "--check-tape", str(here / "store"))
+    return make
+
+
 EXPLAIN_CASES = [
+    Case("hang/plan-explain-check-tape-fifo-segment", _tape_of_steps(lambda d: fifo(d / "trace" / "segment=1.tape")),
+         (errors.CHECKPOINT_UNEXPECTED_FILE,), "segment=1.tape"),
+    Case("traceback/plan-explain-check-tape-truncated-segment",
+         _tape_of_steps(lambda d: (d / "trace" / "segment=1.tape").write_bytes(
+             (d / "trace" / "segment=1.tape").read_bytes()[:-7])),
+         (errors.TRACE_TRUNCATED,), "segment=1.tape"),
+    Case("user/plan-explain-check-tape-of-a-plan-folder", _tape_of_steps(lambda d: shutil.rmtree(d) or
+                                                                          shutil.copytree(d.parent / "windowed", d)),
+         (errors.CHECKPOINT_NOT_FOUND,), "store"),
+    Case("user/plan-explain-check-tape-in-a-fresh-process", _tape_of_steps(lambda d: None), ()),
     Case("hang/plan-explain-fifo-meta-json", _explain("windowed", lambda h: fifo(h / "windowed" / "meta.json"),
                                                       "--step", "0"), (WP,), "meta.json"),
     Case("hang/plan-explain-sparse-index-npy", _explain("windowed", lambda h: sparse(h / "windowed" / "index.npy"),

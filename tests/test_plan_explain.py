@@ -290,3 +290,97 @@ def test_a_toy_kind_explains_itself_through_its_record(built, tmp_path, capsys):
         assert "plan explain takes a plan, a windowed plan" in caught.value.message
     finally:
         unregister_plan_kind(toy.KIND.name)
+
+
+# ---------------------------------------------------------------------- a run's steps on the checkpoint store's tape
+def _lockstep(folder: str, world_size: int, cursor: tuple[int, int], steps: int):
+    """``steps`` lockstep steps of ``world_size`` samplers from ``cursor``: ``(epoch, [(index, rows), ...])`` each,
+    the rows each rank's sampler handed out (what ``PlanCollator`` puts in ``rows``), and the cursor after."""
+    samplers = [PlanBatchSampler(folder, rank=r, world_size=world_size, epoch=cursor[0], microbatch_index=cursor[1])
+                for r in range(world_size)]
+    passes = [iter(s) for s in samplers]
+    out = []
+    for _ in range(steps):
+        epoch = samplers[0].epoch
+        units = []
+        for sampler, handed in zip(samplers, passes):
+            rows = next(handed, None)
+            if rows is not None:
+                units.append((sampler.last_microbatch["index"], rows))
+        if not units:  # the epoch is done: the next one's pass, or the plan is done
+            plan = samplers[0].plan
+            if samplers[0].epoch == plan.num_epochs - 1 and \
+                    samplers[0].microbatch_index == plan.epoch_microbatches(plan.num_epochs - 1):
+                break
+            passes = [iter(s) for s in samplers]
+            continue
+        out.append((epoch, units))
+    return out, (samplers[0].epoch, samplers[0].microbatch_index)
+
+
+def _record(store_dir: str, fingerprint: str, steps, *, first_t: int = 1, commit: bool = True) -> None:
+    """Append ``steps`` to the store's tape as ``plan.step`` records (a new store: its run header first)."""
+    from test_checkpoint_support import DATASET, KEY, identity
+
+    from umlos_cuda.batching.plans.explain import step_record
+    from umlos_cuda.checkpoint import CheckpointStore
+
+    with CheckpointStore.open(store_dir, identity(), KEY) as store:
+        if store.tape.event_count == 0:
+            store.start_run(DATASET, world_size=3, task_type="training")
+        for t, (epoch, units) in enumerate(steps, start=first_t):
+            store.tape.append(step_record(t, fingerprint, epoch, units))
+        if commit:
+            store.commit()
+
+
+def test_a_run_killed_and_resumed_at_another_world_size_checks_against_its_plan(built, tmp_path, capsys):
+    """Steps at 3 ranks, 4 of them committed and 2 lost to a crash, then resumed at 2 ranks from the committed
+    cursor to the plan's end: the committed tape holds every microbatch of both epochs once, its plan's rows."""
+    from umlos_cuda.batching.plans.explain import check_tape
+
+    folder, store = built["windowed"], str(tmp_path / "store")
+    plan = open_plan(folder)
+    done, cursor = _lockstep(folder, 3, (0, 0), 4)
+    lost, _ = _lockstep(folder, 3, cursor, 2)
+    _record(store, plan.fingerprint, done)
+    _record(store, plan.fingerprint, lost, first_t=5, commit=False)  # closed uncommitted: gone, as after a crash
+    rest, end = _lockstep(folder, 2, cursor, 10 ** 4)
+    _record(store, plan.fingerprint, rest, first_t=5)
+    assert end == (1, plan.epoch_microbatches(1))
+    report = check_tape(store, StepExplainer.open(folder))
+    assert report["units"] == sum(plan.epoch_microbatches(e) for e in range(2))
+    assert report["steps"] == 4 + len(rest) and report["last"] == {"t": 4 + len(rest), "epoch": 1,
+                                                                   "cursor": plan.epoch_microbatches(1)}
+    capsys.readouterr()
+    assert main(["plan", "explain", folder, "--check-tape", store]) == 0
+    assert capsys.readouterr().out.startswith(f"tape {store}: {report['steps']} steps (t 1 to {report['steps']}), "
+                                              f"{report['units']} microbatches from epoch 0 unit 0 to epoch 1 unit")
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda steps: [(e, [(i, rows[::-1] if k == 0 and n == 2 else rows) for k, (i, rows) in enumerate(units)])
+                    for n, (e, units) in enumerate(steps)], "trained other rows than the plan gives"),
+    (lambda steps: steps[:2] + steps[3:], "skipped or repeated"),
+    (lambda steps: steps[:3] + steps[2:], "skipped or repeated"),
+    (lambda steps: [], "holds no plan.step record"),
+])
+def test_a_tape_that_differs_from_its_plan_is_refused_naming_the_step(built, tmp_path, change, words, capsys):
+    folder, store = built["windowed"], str(tmp_path / "store")
+    steps, _ = _lockstep(folder, 3, (0, 0), 5)
+    assert len(steps[2][1][0][1]) > 1  # the step whose first rows the first case reverses has several
+    _record(store, open_plan(folder).fingerprint, change(steps))
+    assert main(["plan", "explain", folder, "--check-tape", store]) == 2
+    err = capsys.readouterr().err
+    assert "error PLAN_TAPE_MISMATCH:" in err and words in err
+
+
+def test_a_tape_of_another_plan_is_refused(built, tmp_path, capsys):
+    store = str(tmp_path / "store")
+    steps, _ = _lockstep(built["windowed"], 1, (0, 0), 2)
+    _record(store, open_plan(built["windowed"]).fingerprint, steps)
+    assert main(["plan", "explain", built["windowed packed"], "--check-tape", store]) == 2
+    err = capsys.readouterr().err
+    assert "PLAN_TAPE_MISMATCH" in err and "was trained on plan" in err
+    assert main(["plan", "explain", built["windowed"], "--check-tape", store, "--step", "0"]) == 2
+    assert "--step does not apply" in capsys.readouterr().err

@@ -153,8 +153,9 @@ def register(subparsers) -> None:
         "(docs/batching.md, Explaining a step).",
     )
     explain.add_argument("plan", metavar="DIR")
-    explain.add_argument("--step", required=True, type=integer_pair("--step", optional_second=True), metavar="K[:N]",
-                         help="the step K (0: the first step from --start), or the steps K to N - 1")
+    explain.add_argument("--step", type=integer_pair("--step", optional_second=True), metavar="K[:N]",
+                         help="the step K (0: the first step from --start), or the steps K to N - 1 (required "
+                         "unless --check-tape)")
     explain.add_argument("--world-size", type=positive_int("world size"), default=1, metavar="W",
                          help="the run's ranks (default 1)")
     explain.add_argument("--rank", type=non_negative_int("rank"), metavar="R",
@@ -167,6 +168,9 @@ def register(subparsers) -> None:
     explain.add_argument("--source", nargs="+", metavar="SOURCE",
                          help="the token source to count loss tokens from, for a plan that records none (a whole "
                          "plan; a windowed plan over lengths); a mixed plan: one per component")
+    explain.add_argument("--check-tape", metavar="STORE",
+                         help="instead of --step: check every step the checkpoint store's tape records (plan.step "
+                         "records) against the plan: its rows, none skipped or repeated")
     explain.add_argument("--json", action="store_true", help="print JSON (docs/batching.md, Explaining a step)")
     explain.set_defaults(func=run_explain)
     plan.set_defaults(func=lambda args: (plan.print_help(), 1)[1])
@@ -337,10 +341,14 @@ def run_explain(args) -> int:
     from ..batching.plans.explain import StepExplainer, lines
     from ..batching.plans.kinds import plan_kind_of
 
+    from ..batching.plans.buckets import config_error
+
+    if args.check_tape is not None:
+        return _check_tape(args)
+    if args.step is None:
+        raise config_error("plan explain needs --step K[:N] (or --check-tape STORE)")
     step, stop = args.step
     if stop is not None and stop <= step:
-        from ..batching.plans.buckets import config_error
-
         raise config_error(f"--step {step}:{stop} holds no step: K:N means the steps K to N - 1 (N > K)")
     tokens = None
     if args.source is not None:
@@ -350,6 +358,29 @@ def run_explain(args) -> int:
         step, count=1 if stop is None else stop - step, rank=args.rank, world_size=args.world_size,
         batch_size=args.batch_size, start=args.start)
     print(json.dumps(report, indent=2) if args.json else "\n".join(lines(report)))
+    return 0
+
+
+def _check_tape(args) -> int:
+    """``plan explain --check-tape STORE``: every ``plan.step`` record of the store's tape against the plan."""
+    from ..batching.plans.buckets import config_error
+    from ..batching.plans.explain import StepExplainer, check_tape
+
+    given = [flag for flag, value in (("--step", args.step), ("--rank", args.rank), ("--source", args.source))
+             if value is not None]
+    if given:
+        raise config_error(f"--check-tape checks every step the tape records, at the world sizes the run had: "
+                           f"{' and '.join(given)} do{'es' if len(given) == 1 else ''} not apply")
+    explainer = StepExplainer.open(args.plan)
+    report = check_tape(args.check_tape, explainer)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    first, last = report["first"], report["last"]
+    units = {"microbatch": "microbatches", "sample": "samples"}[explainer.kind.unit]
+    print(f"tape {args.check_tape}: {report['steps']} steps (t {first['t']} to {last['t']}), {report['units']} "
+          f"{units} from epoch {first['epoch']} unit {first['cursor']} to epoch {last['epoch']} unit "
+          f"{last['cursor']}: each step the plan's rows, none skipped or repeated (plan {explainer.plan.fingerprint})")
     return 0
 
 

@@ -384,3 +384,14 @@ def test_a_tape_of_another_plan_is_refused(built, tmp_path, capsys):
     assert "PLAN_TAPE_MISMATCH" in err and "was trained on plan" in err
     assert main(["plan", "explain", built["windowed"], "--check-tape", store, "--step", "0"]) == 2
     assert "--step does not apply" in capsys.readouterr().err
+
+
+def test_a_run_from_the_plan_s_end_has_no_step(built):
+    plan = open_plan(built["windowed"])
+    end = (1, plan.epoch_microbatches(1))
+    with pytest.raises(UmlosError) as caught:
+        explain(built["windowed"], 0, start=end)
+    assert caught.value.code == errors.PLAN_CURSOR_INVALID and "the run has no step" in caught.value.message
+    with pytest.raises(UmlosError) as caught:
+        explain(StepExplainer.open(built["windowed"]), 0, tokens=built["a"])
+    assert caught.value.code == errors.BATCHING_CONFIG_INVALID

@@ -91,7 +91,9 @@ class StepExplainer:
 def explain(plan: Any, step: int, *, count: int = 1, rank: int | None = None, world_size: int = 1,
             batch_size: int = 1, start: tuple[int, int] = (0, 0), tokens: Any = None) -> dict:
     """:meth:`StepExplainer.explain` of ``plan``: a folder of any plan kind, or a :class:`StepExplainer`
-    (opened once, for many steps)."""
+    (opened once, for many steps, with its ``tokens``: BATCHING_CONFIG_INVALID when given here too)."""
+    if isinstance(plan, StepExplainer) and tokens is not None:
+        raise _config("an opened StepExplainer has its token source: give tokens to StepExplainer.open")
     explainer = plan if isinstance(plan, StepExplainer) else StepExplainer.open(plan, tokens=tokens)
     return explainer.explain(step, count=count, rank=rank, world_size=world_size, batch_size=batch_size,
                              start=start)

@@ -85,6 +85,6 @@ def locate_steps(plan: Any, step: int, count: int, world_size: int, batch_size: 
         passed += steps
         if len(out) == count:
             return out
+    has = f"{passed} step(s), 0 to {passed - 1}" if passed else "no step (the cursor is at the plan's end)"
     raise _cursor(f"step {step + len(out)} is past the plan's end: from cursor {start[0]}:{start[1]} at world size "
-                  f"{world_size}" + (f" and batch size {batch_size}" if batch_size > 1 else "") +
-                  f" the run has {passed} step(s), 0 to {passed - 1}")
+                  f"{world_size}" + (f" and batch size {batch_size}" if batch_size > 1 else "") + f" the run has {has}")

@@ -21,7 +21,8 @@ def lines(report: dict) -> list[str]:
     batch = f", {report['batch_size']} {report['unit']}s a rank a step" if report["batch_size"] > 1 else ""
     start = report["start"]
     resumed = "" if (start["epoch"], start["index"]) == (0, 0) else f", from cursor {start['epoch']}:{start['index']}"
-    out = [f"{report['kind']} {report['plan'] or ''} (fingerprint {report['fingerprint']}){edited}".replace("  ", " "),
+    name = report["kind"] if report["plan"] is None else f"{report['kind']} {report['plan']}"
+    out = [f"{name} (fingerprint {report['fingerprint']}){edited}",
            f"  world size {report['world_size']}{batch}{resumed}: {report['run_steps']} steps"]
     tags: dict[str | None, str] = {}
     for step in report["steps"]:

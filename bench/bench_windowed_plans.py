@@ -20,6 +20,13 @@ against their own SHA-256, then mapped) and ``plan verify --windows 8``, with th
 ids) of those sizes and times ``plan build --window`` over the JSONL: the sidecar checked against every row
 in one streaming read, the bounded path a cache named by its JSONL takes.
 
+``--explain W`` also times ``plan explain`` (``StepExplainer``, docs/batching.md "Explaining a step") in a fresh
+interpreter per size: the folder opened once, then ``--draws`` steps drawn at random from the run at world size
+``W``, each explained for every rank (``W`` microbatches: one or two windows planned, every row's sample, range
+and tokens); the median and the largest time, and the machine's load average (``os.getloadavg``) before and after.
+It also times what a training loop adds per step to record it on the checkpoint store's tape: ``step_record``
+(the digest of the drawn steps' rows) and its append to a temporary store's tape, committed, in microseconds.
+
 ``--compare`` (at the smallest N) also builds the whole-epoch plan of the same lengths
 (``build_epoch``) to count what the flush edge rule costs: microbatches and padded tokens.
 ``--synthetic 10000000000`` plans windows of a 10^10-sample epoch straight from the seeded
@@ -32,7 +39,7 @@ order's parallel map, which runs on the calling thread whatever the variable (do
 
     python bench/bench_windowed_plans.py [--samples 10000000,100000000] [--window 65536]
         [--folder DIR] [--order block_affine] [--compare] [--synthetic 10000000000] [--cli]
-        [--jsonl 10000000]
+        [--jsonl 10000000] [--explain 8]
 """
 
 from __future__ import annotations
@@ -156,6 +163,61 @@ def child_open(spec: dict) -> dict:
             "k_max_ms": max(times) * 1e3, "rss_before_mb": before, "peak_mb": peak_mb()}
 
 
+def child_explain(spec: dict) -> dict:
+    """``plan explain`` of ``--draws`` random steps at world size ``spec["explain"]``, the folder opened once."""
+    import numpy as np
+
+    import umlos_cuda.batching.plans.kinds  # noqa: F401  (the registry's imports, out of the open's time)
+    from umlos_cuda.batching.plans.explain import StepExplainer, total_steps
+
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    explainer = StepExplainer.open(spec["plan"])
+    opened = time.perf_counter() - started
+    world = spec["explain"]
+    steps = total_steps(explainer.plan, world)
+    times, rows, drawn = [], 0, []
+    for step in np.random.default_rng(4).integers(0, steps, spec["draws"]).tolist():
+        tick = time.perf_counter()
+        report = explainer.explain(step, world_size=world)
+        times.append(time.perf_counter() - tick)
+        rows += sum(len(unit["rows"]) for rank in report["steps"][0]["ranks"] for unit in rank["units"])
+        drawn.append(report["steps"][0])
+    return {"open_ms": opened * 1e3, "steps": steps, "median_ms": statistics.median(times) * 1e3,
+            "max_ms": max(times) * 1e3, "rows_per_step": rows / len(times), "load_before": load_before,
+            "load_after": os.getloadavg(), "peak_mb": peak_mb(), **step_records(explainer.plan.fingerprint, drawn)}
+
+
+def step_records(fingerprint: str, drawn: list[dict], repeat: int = 20) -> dict:
+    """What a training loop adds per step to record it on the tape: ``step_record`` (the digest of the step's units,
+    the rows each rank trained) of each drawn step, and its append to a checkpoint store's tape, committed (a
+    temporary store in this folder's temp dir), in microseconds per step."""
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+    from test_checkpoint_support import DATASET, KEY, identity
+
+    from umlos_cuda.batching.plans.checkpoint_kinds import PlanCursor  # noqa: F401  (registers plan.step)
+    from umlos_cuda.batching.plans.explain import step_record, unit_rows
+    from umlos_cuda.checkpoint import CheckpointStore
+
+    steps = [(step["epoch"], [(unit["index"], unit_rows(unit)) for rank in step["ranks"] for unit in rank["units"]])
+             for step in drawn]
+    tick = time.perf_counter()
+    records = [step_record(t, fingerprint, epoch, units) for t in range(repeat) for epoch, units in steps]
+    made = (time.perf_counter() - tick) / len(records)
+    folder = tempfile.mkdtemp(prefix="bench-tape-")
+    try:
+        with CheckpointStore.open(os.path.join(folder, "store"), identity(), KEY) as store:
+            store.start_run(DATASET, world_size=1, task_type="training")
+            tick = time.perf_counter()
+            for record in records:
+                store.tape.append(record)
+            store.commit()
+            appended = (time.perf_counter() - tick) / len(records)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"record_us": made * 1e6, "append_us": appended * 1e6, "records": len(records)}
+
+
 def child_verify(spec: dict) -> dict:
     from umlos_cuda.batching.plans.windows import verify_windowed_plan
 
@@ -253,7 +315,7 @@ def microbatches_printed(out: str) -> int:
 
 
 CHILDREN = {"build": child_build, "open": child_open, "verify": child_verify, "compare": child_compare,
-            "synthetic": child_synthetic, "cli": child_cli}
+            "synthetic": child_synthetic, "cli": child_cli, "explain": child_explain}
 
 
 def child(spec: dict) -> dict:
@@ -281,6 +343,8 @@ def main() -> None:
                         help="OMP_NUM_THREADS of the children (default 1; 0: leave it as it is)")
     parser.add_argument("--cli", action="store_true", help="also time the command line over each sidecar")
     parser.add_argument("--jsonl", default="", help="sizes of JSONL length caches to time plan build --window on")
+    parser.add_argument("--explain", type=int, default=0, metavar="W",
+                        help="also time plan explain of --draws random steps at world size W")
     parser.add_argument("--child", default=None)
     args = parser.parse_args()
     if args.child:
@@ -297,6 +361,7 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     sizes = [int(s) for s in args.samples.split(",") if s]
     cli_rows: list[str] = []
+    explain_rows: list[str] = []
     for n in sizes:
         lengths = os.path.join(folder, f"lengths_{n}.jsonl.u32")
         written = write_sidecar(lengths, n, 5) if not os.path.exists(lengths) else 0.0
@@ -310,6 +375,13 @@ def main() -> None:
               f"{opened['first_ms']:.1f} | {opened['k_ms']:.2f}, {opened['k_max_ms']:.1f} | "
               f"{checked['verify_s']:.2f} ({checked['peak_mb']:.0f}) |", flush=True)
         print(f"<!-- {n}: {json.dumps({'build': built, 'open': opened, 'verify': checked})} -->", flush=True)
+        if args.explain:
+            told = child(spec | {"kind": "explain", "explain": args.explain})
+            load = f"{told['load_before'][0]:.1f} / {told['load_after'][0]:.1f}"
+            explain_rows.append(f"| {n:,} | {args.explain} | {told['steps']:,} | {told['open_ms']:.1f} | "
+                                f"{told['rows_per_step']:.0f} | {told['median_ms']:.1f} | {told['max_ms']:.1f} | "
+                                f"{load} | {told['peak_mb']:.0f} | {told['record_us']:.0f} | "
+                                f"{told['append_us']:.0f} |")
         if args.cli:
             cli_plan = os.path.join(folder, f"cli_plan_{n}")
             cli = child(base | {"kind": "cli", "argv": cli_build_argv(lengths, cli_plan, base)})
@@ -335,6 +407,13 @@ def main() -> None:
         if not args.folder:
             os.unlink(cache)
             os.unlink(cache + ".u32")
+    if explain_rows:
+        print(f"\nplan explain, a fresh interpreter each: the folder opened once, {args.draws} random steps, every "
+              "rank of each")
+        print("| samples | world size | steps | open ms | rows a step | explain ms, median | largest | "
+              "load average 1 min (before / after) | peak RSS MB | step record us | tape append us |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+        print("\n".join(explain_rows), flush=True)
     if cli_rows:
         print("\ncommand line, a fresh interpreter each: `plan build --window` (check, map, index, write), "
               "`plan verify --windows 8`")

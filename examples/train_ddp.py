@@ -37,7 +37,15 @@ What it does (docs/training.md, "torchrun"):
   microbatch losses, summed in global index order), ``microbatches`` (the
   global indices consumed), ``losses`` (each one's loss, ``repr``) and
   ``digests`` (each one's batch digest, ``microbatch_digest`` of its
-  ``input_ids`` and ``loss_mask``, the bytes batch fingerprints hash).
+  ``input_ids`` and ``loss_mask``, the bytes batch fingerprints hash). It
+  also appends a ``plan.step`` record per step to the checkpoint store's tape
+  (``step_record``: the plan, the epoch, the step's first global microbatch,
+  their count and a digest of each one's dataset rows, the collator's
+  ``rows``), committed with the next checkpoint, so that
+  ``umlos-cuda plan explain WORKDIR/plan --check-tape WORKDIR/checkpoints``
+  checks afterwards that the run trained every microbatch of its plan once,
+  each the plan's rows, across the kill and the resume (docs/batching.md,
+  "Explaining a step").
 * ``--kill-at-step N``: in step N, after the backward pass and before the
   optimizer step and the trace line, rank 0 sends SIGKILL to every other
   rank, to the torchrun agent and to itself: the whole job dies at once,
@@ -66,6 +74,7 @@ from torch.utils.data import DataLoader
 import umlos_cuda as uc
 from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, TokenStore, load_plan, save_plan, tokenize_dataset
 from umlos_cuda.batching.batches.fingerprint import microbatch_digest
+from umlos_cuda.batching.plans.explain import step_record
 from umlos_cuda.batching.plans.checkpoint_kinds import PlanCursor  # importing it registers the "plan" cursor kind
 from umlos_cuda.checkpoint import CheckpointState, CheckpointStore, RunIdentity
 from umlos_cuda.torch import PlanBatchSampler, PlanCollator, TokenDataset, run_distributed
@@ -268,7 +277,7 @@ def train(args: argparse.Namespace) -> None:
                     loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())  # -100: no loss
                     (loss * scale).backward()
                 digest = microbatch_digest(batch["input_ids"].numpy(), batch["loss_mask"].numpy())
-                records.append((index, loss.item(), digest))
+                records.append((index, loss.item(), digest, batch["rows"].tolist()))
             if not mine:  # no microbatch for this rank in the epoch's short last step: join the all-reduce
                 logits = model(input_ids=torch.zeros(1, 1, dtype=torch.int64)).logits
                 (logits.sum() * 0.0).backward()
@@ -280,12 +289,15 @@ def train(args: argparse.Namespace) -> None:
             optimizer.zero_grad(set_to_none=True)
             if rank == 0:
                 done = sorted(r for part in gathered for r in part)
-                mean = sum(loss for _, loss, _ in done) / len(done)
+                mean = sum(loss for _, loss, _, _ in done) / len(done)
                 with open(trace_path, "a", encoding="utf-8") as trace:  # on disk before the next step
                     trace.write(json.dumps({"step": t, "epoch": epoch, "loss": repr(mean),
-                                            "microbatches": [i for i, _, _ in done],
-                                            "losses": [repr(loss) for _, loss, _ in done],
-                                            "digests": [d for _, _, d in done]}) + "\n")
+                                            "microbatches": [i for i, _, _, _ in done],
+                                            "losses": [repr(loss) for _, loss, _, _ in done],
+                                            "digests": [d for _, _, d, _ in done]}) + "\n")
+                # what the step trained, on the tape: committed with the next checkpoint, checked against the plan
+                checkpoints.tape.append(step_record(t, sampler.fingerprint, epoch,
+                                                    [(i, rows) for i, _, _, rows in done]))
                 last = epoch == plan.num_epochs - 1 and start + g >= length
                 if t % args.checkpoint_every == 0 or last:
                     after = cursor_after(plan, epoch, start, g)

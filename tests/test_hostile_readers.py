@@ -2413,7 +2413,86 @@ CASES = [
 ]
 
 
-CASES += WINDOWED_CASES + SEQUENCES_CASES
+def _explain(folder: str, change, *extra: str):
+    """``plan explain`` of the world's ``folder`` copied into ``here`` (with the length cache and its sidecar,
+    which the mixed plan records), ``change(here)`` applied."""
+    def make(world, here):
+        copy(world, here, folder, "lengths.jsonl")
+        change(here)
+        return ("plan", "explain", str(here / folder), *extra)
+    return make
+
+
+def _explain_with_store(change, source: str = "store"):
+    """``plan explain`` of the whole plan with ``--source`` (the world's token store, or ``source``) copied into
+    ``here``, ``change(here)`` applied."""
+    def make(world, here):
+        copy(world, here, "plan", source)
+        change(here)
+        return ("plan", "explain", str(here / "plan"), "--step", "0", "--source", str(here / source))
+    return make
+
+
+def _tape_of_steps(change):
+    """``plan explain --check-tape`` of a checkpoint store whose tape records two steps of the windowed plan
+    (copied into ``here`` with its length cache), ``change(here)`` applied to the store."""
+    def make(world, here):
+        from test_checkpoint_support import DATASET, KEY, identity
+
+        from umlos_cuda.batching.plans.explain import StepExplainer, step_record, unit_rows
+        from umlos_cuda.checkpoint import CheckpointStore
+
+        copy(world, here, "windowed", "lengths.jsonl")
+        explainer = StepExplainer.open(here / "windowed")
+        with CheckpointStore.open(here / "store", identity(), KEY) as store:
+            store.start_run(DATASET, world_size=1, task_type="training")
+            for t in (1, 2):
+                store.tape.append(step_record(t, explainer.plan.fingerprint, 0,
+                                              [(t - 1, unit_rows(explainer.unit(0, t - 1)))]))
+            store.commit()
+        change(here / "store")
+        return ("plan", "explain", str(here / "windowed"), "--check-tape", str(here / "store"))
+    return make
+
+
+EXPLAIN_CASES = [
+    Case("hang/plan-explain-check-tape-fifo-segment", _tape_of_steps(lambda d: fifo(d / "trace" / "segment=1.tape")),
+         (errors.CHECKPOINT_UNEXPECTED_FILE,), "segment=1.tape"),
+    Case("traceback/plan-explain-check-tape-truncated-segment",
+         _tape_of_steps(lambda d: (d / "trace" / "segment=1.tape").write_bytes(
+             (d / "trace" / "segment=1.tape").read_bytes()[:-7])),
+         (errors.TRACE_TRUNCATED,), "segment=1.tape"),
+    Case("user/plan-explain-check-tape-of-a-plan-folder", _tape_of_steps(lambda d: shutil.rmtree(d) or
+                                                                          shutil.copytree(d.parent / "windowed", d)),
+         (errors.CHECKPOINT_NOT_FOUND,), "store"),
+    Case("user/plan-explain-check-tape-in-a-fresh-process", _tape_of_steps(lambda d: None), ()),
+    Case("hang/plan-explain-fifo-meta-json", _explain("windowed", lambda h: fifo(h / "windowed" / "meta.json"),
+                                                      "--step", "0"), (WP,), "meta.json"),
+    Case("hang/plan-explain-sparse-index-npy", _explain("windowed", lambda h: sparse(h / "windowed" / "index.npy"),
+                                                        "--step", "0"), (WP,), "index.npy"),
+    Case("hang/plan-explain-mixed-plan-fifo-lengths-sidecar",
+         _explain("mixed", lambda h: fifo(h / "lengths.jsonl.u32"), "--step", "0"), (LS,), "lengths.jsonl.u32"),
+    Case("hang/plan-explain-sequences-fifo-index-npy",
+         _explain("sequences", lambda h: fifo(h / "sequences" / "index.npy"), "--step", "0"), (WP,), "index.npy"),
+    Case("hang/plan-explain-fifo-store-tokens", _explain_with_store(lambda h: fifo(h / "store" / "tokens.npy")), (S,),
+         "tokens.npy"),
+    Case("user/plan-explain-source-of-another-dataset", _explain_with_store(lambda h: None, "mega"),
+         (errors.BATCH_STORE_MISMATCH,)),
+    Case("hang/plan-explain-world-size-2^32-1-every-rank",
+         _explain("windowed", lambda h: None, "--step", "0", "--world-size", "4294967295"),
+         (errors.BATCHING_CONFIG_INVALID,)),
+    Case("hang/plan-explain-world-size-2^32-1-one-rank",
+         _explain("windowed", lambda h: None, "--step", "0", "--world-size", "4294967295", "--rank", "7"), ()),
+    Case("hang/plan-explain-a-billion-steps", _explain("windowed", lambda h: None, "--step", "0:1000000000"),
+         (errors.BATCHING_CONFIG_INVALID,)),
+    Case("traceback/plan-explain-step-of-40-digits", _explain("sequences", lambda h: None, "--step", "9" * 40),
+         (errors.PLAN_CURSOR_INVALID,)),
+    Case("traceback/plan-explain-start-past-the-plan", _explain("mixed", lambda h: None, "--step", "0",
+                                                                "--start", "1:0"), (errors.PLAN_CURSOR_INVALID,)),
+]
+
+
+CASES += WINDOWED_CASES + SEQUENCES_CASES + EXPLAIN_CASES
 CASES += MIXED_CASES + MIXED_SEQUENCES_CASES
 CASES += TOKEN_SOURCE_CASES
 CASES += TRUNCATION_AND_ROW_CASES
@@ -2454,7 +2533,7 @@ def test_the_suite_covers_every_command_that_reads_a_path_or_a_host():
               "data megatron", "data lengths stats", "data lengths build", "gym replay", "gym run", "gym info",
               "gym serve", "next-batch", "next-batch-v1", "indices", "demo", "quality", "golden verify",
               "checkpoint inspect", "checkpoint verify", "checkpoint recover", "checkpoint gc", "data tokenize",
-              "batch fingerprint", "data verify", "data append", "plan cut", "info", "verify"}
+              "batch fingerprint", "data verify", "data append", "plan cut", "info", "verify", "plan explain"}
     names = {case.id.split("/", 1)[1] for case in CASES}
     for command in wanted:
         assert any(name.startswith(command.replace(" ", "-") + "-") for name in names), command

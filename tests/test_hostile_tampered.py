@@ -227,6 +227,14 @@ def tamper_plan_offsets_not_monotone_info(ws, tmp_path):
     hs.assert_refused(run_cli(tmp_path, "plan", "info", "plan"), "PLAN_FORMAT_INVALID", names=tmp_path / "plan")
 
 
+def tamper_plan_offsets_not_monotone_explain(ws, tmp_path):
+    """``plan explain`` reads a plan as every load does: a microbatch of -k rows is refused, never described."""
+    copy(ws, tmp_path, "plan")
+    _bump_middle_offset(tmp_path / "plan")
+    hs.assert_refused(run_cli(tmp_path, "plan", "explain", "plan", "--step", "0", "--world-size", "2"),
+                      "PLAN_FORMAT_INVALID", names=tmp_path / "plan")
+
+
 def tamper_plan_offsets_not_monotone_sampler(ws, tmp_path):
     copy(ws, tmp_path, "plan")
     _bump_middle_offset(tmp_path / "plan")
@@ -805,6 +813,7 @@ CASES = [
     pytest.param(tamper_plan_lengths, id="tamper/plan-lengths-edited"),
     pytest.param(tamper_plan_sample_ids, id="tamper/plan-sample-ids-swapped"),
     pytest.param(tamper_plan_offsets_not_monotone_info, id="tamper/plan-offsets-not-monotone-info"),
+    pytest.param(tamper_plan_offsets_not_monotone_explain, id="tamper/plan-offsets-not-monotone-explain"),
     pytest.param(tamper_plan_offsets_not_monotone_sampler, id="tamper/plan-offsets-not-monotone-sampler"),
     pytest.param(tamper_plan_row_out_of_range, id="tamper/plan-row-out-of-range"),
     pytest.param(tamper_plan_stats_make_len_lie, id="tamper/plan-stats-make-len-lie"),

@@ -4,7 +4,7 @@ Each built-in kind is recognised by its folder's marker, opens with no argument 
 reported and verified by ``plan info`` / ``plan verify`` through its own functions; an option a kind does
 not take is refused naming the ones it does; and a toy kind (tests/toy_plan_kind.py: one module and its
 registration) is taken by ``open_plan``, ``plan info`` and ``plan verify`` like the built-in ones; and every
-kind built by the commands over every kind of source opens from its folder alone.
+kind built by the commands over every kind of source opens, and is explained at a step, from its folder alone.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pytest
 from token_cases import make_store
 
 from umlos_cuda import errors
+from umlos_cuda.batching.plans.explain import explain
 from umlos_cuda.batching.plans.kinds import (PlanKind, get_plan_kind, open_plan, plan_kind_of, plan_kinds,
                                              register_plan_kind, unregister_plan_kind)
 from umlos_cuda.batching.sources import open_source
@@ -194,6 +195,10 @@ def test_open_plan_opens_every_kind_over_every_source_with_no_argument(sources, 
     plan = open_plan(out)
     assert plan_kind_of(out).name == kind
     assert plan.fingerprint == json.loads(Path(out, "meta.json").read_text())["fingerprint"]
+    unit = explain(out, 0)["steps"][0]["ranks"][0]["units"][0]  # plan explain, from the folder alone
+    assert unit["rows"] and unit["tokens"] == sum(row["tokens"] for row in unit["rows"]) > 0
+    if kind != "mixed plan":  # loss tokens where the plan records tokens (a whole plan records no source)
+        assert (unit["loss_tokens"] is not None) == (kind != "plan" and not source_name.startswith("length"))
     capsys.readouterr()
     assert main(["verify", out]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"{kind} {out} verified: fingerprint {plan.fingerprint}"

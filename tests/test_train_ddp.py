@@ -2,7 +2,9 @@
 mid-step and resumed from the engine's checkpoint store repeats the uninterrupted run's loss
 trace byte for byte and consumes the same microbatches; resumed on 1 rank it consumes the
 identical global microbatch sequence (two microbatches per step, accumulated) and its losses
-stay within a stated bound of the 2-rank run's (measured: equal, see docs/training.md).
+stay within a stated bound of the 2-rank run's (measured: equal, see docs/training.md); each run's
+checkpoint store's tape records every step of the plan once, each the plan's rows (``plan.step``
+records, ``plan explain --check-tape``).
 
 One module-scoped fixture runs the five launches (uninterrupted; killed; resumed on 2 ranks;
 resumed on 1 rank from a copy of the killed run's folder) and the tests read their folders.
@@ -123,6 +125,18 @@ def test_a_run_killed_mid_step_and_resumed_on_2_ranks_repeats_the_trace_byte_for
     assert f"resumed at step {RESUME_FROM}, plan cursor 0:60, on 2 rank(s)" in runs["resume2"]
     with open(runs["full"] / "trace.jsonl", "rb") as a, open(runs["killed"] / "trace.jsonl", "rb") as b:
         assert a.read() == b.read()  # losses (repr), microbatch indices and digests, every step
+
+
+@pytest.mark.parametrize("run", ["full", "killed", "one"])
+def test_each_run_s_tape_checks_against_its_plan(runs, run):
+    """Every step of the plan on the store's tape once (the killed run's uncommitted steps gone, the resumed ones
+    recorded at their world size), each the plan's rows: ``plan explain --check-tape``."""
+    from umlos_cuda.batching.plans.explain import StepExplainer, check_tape
+
+    report = check_tape(str(runs[run] / "checkpoints"), StepExplainer.open(runs[run] / "plan"))
+    assert (report["steps"], report["units"]) == (STEPS, 2 * MICROBATCHES)
+    assert report["first"] == {"t": 1, "epoch": 0, "cursor": 0}
+    assert report["last"] == {"t": STEPS, "epoch": 1, "cursor": MICROBATCHES}
 
 
 def test_a_resume_on_1_rank_consumes_the_same_global_microbatches_and_stays_within_the_bound(runs):

@@ -2,8 +2,9 @@
 
 A toy plan cuts one dataset, in row order, into microbatches of ``size`` rows; its folder holds the
 marker and ``plan.json`` (the size, the source's binding and where it was read, the fingerprint). The kind
-is this module and its one registration line; ``plan info``, ``plan verify``, ``umlos-cuda info`` and
-``open_plan`` reach it through the registry (tests/test_plan_kinds.py).
+is this module and its one registration line; ``plan info``, ``plan verify``, ``umlos-cuda info``,
+``open_plan`` and ``plan explain`` reach it through the registry (tests/test_plan_kinds.py,
+tests/test_plan_explain.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import numpy as np
 
 from umlos_cuda import errors
+from umlos_cuda.batching.plans.explain.rows import row_record, unit_record
 from umlos_cuda.batching.plans.kinds import PlanKind, register_plan_kind
 from umlos_cuda.batching.plans.plan import plan_error
 from umlos_cuda.batching.plans.sharding import share_ranks
@@ -40,6 +42,20 @@ class ToyPlan:
 
     def tokens(self, k: int) -> int:
         return int(self.source.take(np.asarray(self.microbatch(k))).sum())
+
+    # the resume rule's interface (one epoch), which ``plan explain`` steps by
+    num_epochs = 1
+
+    def epoch_microbatches(self, epoch: int) -> int:
+        return self.num_microbatches
+
+
+def explain(plan: ToyPlan, epoch: int, k: int, tokens=None) -> dict:
+    """Microbatch ``k`` row by row, whole samples, read from the toy's one source."""
+    rows = plan.microbatch(k)
+    return unit_record(k, [row_record(sample=str(r), row=r, source=plan.source.origin, document=r, start=0,
+                                      stop=int(plan.source.take(np.asarray([r]))[0])) for r in rows],
+                       bucket_id=None, max_len=None, window=None)
 
 
 def save(plan: ToyPlan, folder, *, force: bool = False, inputs=()) -> str:
@@ -85,4 +101,5 @@ def lines(report: dict) -> list[str]:
 
 
 KIND = register_plan_kind(PlanKind(TOY, order="dataset", scope="epoch", unit="microbatch", rows=False,
-                                   open=open_toy, save=save, verify=verify, report=report, lines=lines))
+                                   open=open_toy, save=save, verify=verify, report=report, lines=lines,
+                                   explain=explain))

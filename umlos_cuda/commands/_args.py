@@ -98,6 +98,21 @@ def integer_list(text: str, what: str, low: int | None, high: int | None, *, fai
     return tuple(checks.integer_text(item.strip(), what, low, high, fail=fail, message=words) for item in items)
 
 
+def integer_pair(what: str, *, optional_second: bool = False) -> Callable[[str], tuple[int, int | None]]:
+    """An argparse ``type`` for ``A:B`` (two non-negative integers, each read as :func:`non_negative_int` reads
+    one), or ``A`` alone when ``optional_second`` (then ``(A, None)``); ``what`` names the value in the error."""
+    one = non_negative_int(what)
+
+    def parse(text: str) -> tuple[int, int | None]:
+        head, colon, tail = text.partition(":")
+        if not colon and not optional_second:
+            raise argparse.ArgumentTypeError(f"{what} must be two non-negative integers A:B, got {text!r}")
+        return one(head), one(tail) if colon else None
+
+    parse.__name__ = "A:B"
+    return parse
+
+
 def add_pack_arguments(parser: argparse.ArgumentParser, *, what: str, default_max_len: int) -> None:
     """``--pack``, ``--pack-mode``, ``--pack-max-len`` and ``--pack-separator-len``
     (a :class:`~umlos_cuda.batching.packing.config.PackingConfig`), one spelling

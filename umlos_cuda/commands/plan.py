@@ -1,20 +1,23 @@
-"""``umlos-cuda plan build|info|verify|shard``: token-budget batch plans.
+"""``umlos-cuda plan build|cut|info|verify|shard|explain``: token-budget batch plans.
 
 ``build`` reads a length cache and writes a plan folder (JSON and JSONL files
 plus a memory-mapped binary form, docs/batching.md "Plan files"); ``info``
 prints its counts, metrics and, with ``--world-size``, each rank's share;
 ``verify`` recomputes the fingerprint and checks every invariant (exit 2
-with the failure code on any mismatch); ``shard`` writes one plan per rank.
+with the failure code on any mismatch); ``shard`` writes one plan per rank;
+``explain`` prints what each rank trains on at a step of a run (docs/batching.md,
+"Explaining a step").
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 
 from .. import errors
 from ._args import (add_no_verify_argument, add_option, add_order_argument, add_pack_arguments, integer_list,
-                    non_negative_int, positive_int, resolve_order)
+                    integer_pair, non_negative_int, positive_int, resolve_order)
 from ._artifacts import add_verify_arguments, report_kind, verify_kind
 from ._plan_windows import build_mixed, build_windowed, run_cut
 
@@ -141,6 +144,35 @@ def register(subparsers) -> None:
     shard.add_argument("--force", action="store_true", help="replace an existing shard set at OUT (nothing else)")
     add_no_verify_argument(shard, reads="the plan")
     shard.set_defaults(func=run_shard)
+
+    explain = actions.add_parser(
+        "explain", help="print what each rank trains on at a step of a run",
+        description="For a global step K (or the steps K to N - 1) of a run over the plan at --world-size ranks, "
+        "print each rank's microbatches (or samples): sample ids, the component and source of each, the document "
+        "and its token range, tokens and loss tokens, from the plan and its recorded sources alone "
+        "(docs/batching.md, Explaining a step).",
+    )
+    explain.add_argument("plan", metavar="DIR")
+    explain.add_argument("--step", type=integer_pair("--step", optional_second=True), metavar="K[:N]",
+                         help="the step K (0: the first step from --start), or the steps K to N - 1 (required "
+                         "unless --check-tape)")
+    explain.add_argument("--world-size", type=positive_int("world size"), default=1, metavar="W",
+                         help="the run's ranks (default 1)")
+    explain.add_argument("--rank", type=non_negative_int("rank"), metavar="R",
+                         help="only this rank (default: every rank)")
+    explain.add_argument("--batch-size", type=positive_int("--batch-size"), default=1, metavar="B",
+                         help="pretraining sequences: the samples one rank takes a step (SequenceBatchSampler's "
+                         "batch_size; default 1); a plan of microbatches takes one a step")
+    explain.add_argument("--start", type=integer_pair("--start"), default=(0, 0), metavar="EPOCH:INDEX",
+                         help="the plan cursor the run started or resumed from (default 0:0)")
+    explain.add_argument("--source", nargs="+", metavar="SOURCE",
+                         help="the token source to count loss tokens from, for a plan that records none (a whole "
+                         "plan; a windowed plan over lengths); a mixed plan: one per component")
+    explain.add_argument("--check-tape", metavar="STORE",
+                         help="instead of --step: check every step the checkpoint store's tape records (plan.step "
+                         "records) against the plan: its rows, none skipped or repeated")
+    explain.add_argument("--json", action="store_true", help="print JSON (docs/batching.md, Explaining a step)")
+    explain.set_defaults(func=run_explain)
     plan.set_defaults(func=lambda args: (plan.print_help(), 1)[1])
 
 
@@ -302,6 +334,54 @@ def run_verify(args) -> int:
     from ..batching.plans.kinds import plan_kind_of
 
     return verify_kind(plan_kind_of(args.plan), args.plan, args, errors.BATCH_PLAN_OPERATOR)
+
+
+def run_explain(args) -> int:
+    """``plan explain`` of a folder of any plan kind whose kind explains it: the steps asked for, as text or JSON."""
+    from ..batching.plans.explain import StepExplainer, lines
+    from ..batching.plans.kinds import plan_kind_of
+
+    from ..batching.plans.buckets import config_error
+
+    if args.check_tape is not None:
+        return _check_tape(args)
+    if args.step is None:
+        raise config_error("plan explain needs --step K[:N] (or --check-tape STORE)")
+    step, stop = args.step
+    if stop is not None and stop <= step:
+        raise config_error(f"--step {step}:{stop} holds no step: K:N means the steps K to N - 1 (N > K)")
+    tokens = None
+    if args.source is not None:
+        tokens = args.source if plan_kind_of(args.plan).order == "mixture" or len(args.source) > 1 \
+            else args.source[0]
+    report = StepExplainer.open(args.plan, tokens=tokens).explain(
+        step, count=1 if stop is None else stop - step, rank=args.rank, world_size=args.world_size,
+        batch_size=args.batch_size, start=args.start)
+    print(json.dumps(report, indent=2) if args.json else "\n".join(lines(report)))
+    return 0
+
+
+def _check_tape(args) -> int:
+    """``plan explain --check-tape STORE``: every ``plan.step`` record of the store's tape against the plan."""
+    from ..batching.plans.buckets import config_error
+    from ..batching.plans.explain import StepExplainer, check_tape
+
+    given = [flag for flag, value in (("--step", args.step), ("--rank", args.rank), ("--source", args.source))
+             if value is not None]
+    if given:
+        raise config_error(f"--check-tape checks every step the tape records, at the world sizes the run had: "
+                           f"{' and '.join(given)} do{'es' if len(given) == 1 else ''} not apply")
+    explainer = StepExplainer.open(args.plan)
+    report = check_tape(args.check_tape, explainer)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    first, last = report["first"], report["last"]
+    units = {"microbatch": "microbatches", "sample": "samples"}[explainer.kind.unit]
+    print(f"tape {args.check_tape}: {report['steps']} steps (t {first['t']} to {last['t']}), {report['units']} "
+          f"{units} from epoch {first['epoch']} unit {first['cursor']} to epoch {last['epoch']} unit "
+          f"{last['cursor']}: each step the plan's rows, none skipped or repeated (plan {explainer.plan.fingerprint})")
+    return 0
 
 
 def run_shard(args) -> int:

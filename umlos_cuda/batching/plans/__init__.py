@@ -18,4 +18,5 @@ Modules:
     sharding          split a plan across ranks
     checkpoint_kinds  the ``plan`` cursor kind inside checkpoints
     windows/          windowed plans: a window of the order at a time, a per-window index, random access
+    explain/          ``plan explain``: what each rank trains on at a step of a run, row by row
 """

@@ -1,4 +1,4 @@
-"""The ``plan`` cursor kind: a batch plan's cursor inside checkpoints.
+"""The ``plan`` cursor kind: a batch plan's cursor inside checkpoints; the ``plan.step`` tape record.
 
 Importing this module registers it (:mod:`umlos_cuda.checkpoint.extensions`),
 so a checkpoint saves the plan cursor beside the NextBatch cursors::
@@ -10,6 +10,10 @@ so a checkpoint saves the plan cursor beside the NextBatch cursors::
 What is stored is ``{plan_fingerprint, epoch, microbatch_index}``: the cursor
 is global (the same at every world size) and bound to the plan's
 fingerprint, so a restore into a sampler over another plan is refused.
+
+It also registers the tape record type ``plan.step`` (:mod:`.explain.tape`): what
+a run trained on at each step, which ``plan explain --check-tape`` checks against
+the plan.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from functools import partial
 from typing import Any
 
 from ... import checks, errors
-from ...checkpoint.extensions import CursorKind, register_cursor_kind
+from ...checkpoint.extensions import CursorKind, register_cursor_kind, register_record_type
+from .explain.tape import STEP_FIELDS, STEP_RECORD
 from .plan import check_cursor, plan_error
 
 KIND = "plan"
@@ -86,6 +91,8 @@ class PlanCursor:
 
 register_cursor_kind(CursorKind(KIND, encode=lambda cursor: _as_cursor(cursor).to_state(), decode=PlanCursor.from_state,
                                 description="batch plan cursor (plan fingerprint, epoch, microbatch index)"))
+#: What a training loop records of each step on the tape (``plan explain --check-tape``; plans/explain/tape.py).
+register_record_type(STEP_RECORD, STEP_FIELDS)
 
 
 def _as_cursor(value) -> PlanCursor:

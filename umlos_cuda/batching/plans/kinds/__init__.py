@@ -22,7 +22,7 @@ through this registry (:func:`plan_kind_of`, :func:`open_plan`) and never asks a
 ``is_*`` at a time.
 
 Modules:
-    kind             :class:`PlanKind`: where a kind sits in the model, and its open/save/verify/report
+    kind             :class:`PlanKind`: where a kind sits in the model, and its open/save/verify/report/explain
     whole            the whole plan, and the words about over-long samples, splits and packing
     windowed         the windowed plan
     mixed            the mixed plan

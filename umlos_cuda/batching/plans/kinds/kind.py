@@ -38,7 +38,14 @@ class PlanKind:
     ``verify_options``); ``report(folder, world_size=, rank=)`` is ``plan info``'s dict and
     ``lines(report)`` its text. ``whole(plan, lengths)`` (only kinds with ``rows``; None where a whole plan cannot
     hold them): the same microbatches as a whole plan, for ``plan shard`` and ``batch generate`` (``lengths``: a
-    length cache of the same rows, whose ids and hashes it records; None: the plan's own)."""
+    length cache of the same rows, whose ids and hashes it records; None: the plan's own).
+
+    ``explain(plan, epoch, k, tokens)`` (``plan explain``; None: a kind it cannot explain) is unit ``k`` of
+    ``epoch`` (a microbatch, or a sample of a kind whose unit is one) as the dict of
+    :func:`~..explain.rows.unit_record`: what that unit trains on, row by row, from the plan and its recorded
+    sources (``tokens``: a token source given instead, for loss tokens; a mixture's: one per component).
+    ``origin(plan)`` (None: ``{"parent": None, "edits": []}``) is where the plan comes from, which
+    ``plan explain`` prints: a plan derived from another names its parent's fingerprint and the edits."""
 
     artifact: ArtifactKind
     order: str
@@ -52,6 +59,8 @@ class PlanKind:
     lines: Callable[[dict], list[str]]
     verify_options: frozenset[str] = frozenset({"expected_fingerprint"})
     whole: Callable[[Any, Any], Any] | None = None
+    explain: Callable[[Any, int, int, Any], dict] | None = None
+    origin: Callable[[Any], dict] | None = None
 
     def __post_init__(self) -> None:
         if self.whole is not None and not self.rows:

@@ -10,8 +10,13 @@ collator take it; no whole plan holds a mixture, so ``plan shard`` and ``batch g
 
 from __future__ import annotations
 
+import numpy as np
+
+from ..explain.rows import component_sources, microbatch_unit
 from ..sharding import share_ranks
+from ..windows.index import locate
 from ..windows.io import MIXED_PLAN, load_mixed_plan, save_mixed_plan
+from ..windows.mixture import MixedWindow
 from ..windows.resume import rank_indices
 from ..windows.verify import verify_mixed_plan
 from .kind import PlanKind
@@ -57,6 +62,25 @@ def lines(report: dict) -> list[str]:
     return out
 
 
+def explain_unit(plan, epoch: int, k: int, tokens=None) -> dict:
+    """Microbatch ``k`` of the mixture, row by row (``plan explain``): each sample's component, that component's
+    epoch and its row there, read from the mixed window that planned it; loss tokens from ``tokens`` (one source
+    per component), else each component's source when it holds tokens."""
+    spec = plan.microbatch_at(epoch, k)
+    m, local = locate(plan.index, 0, k)
+    planned = plan.window(m)  # the window the microbatch came from (kept: not planned again)
+    offsets = planned.arrays.offsets
+    at = (np.asarray(planned.arrays.samples[int(offsets[local]):int(offsets[local + 1])], dtype=np.uint64)
+          - np.uint64(m * plan.definition.window)).astype(np.int64)
+    mixed = MixedWindow(planned.mixed.component[at], planned.mixed.epoch[at], planned.mixed.row[at])
+    definition = plan.definition
+    sources = list(definition.sources) if tokens is None else component_sources(tokens, definition.sources)
+    names = [c.name for c in definition.components]
+    return microbatch_unit(spec, mixed.lengths(definition.sources), [sources[c] for c in mixed.component.tolist()],
+                           components=[names[c] for c in mixed.component.tolist()],
+                           component_epochs=mixed.epoch.tolist(), documents=mixed.row.astype(np.int64), window=m)
+
+
 KIND = PlanKind(MIXED_PLAN, order="mixture", scope="windows", unit="microbatch", rows=True, open=load_mixed_plan,
                 save=save_mixed_plan, verify=verify_mixed_plan, report=report, lines=lines,
-                verify_options=frozenset({"expected_fingerprint", "windows", "seed"}))
+                verify_options=frozenset({"expected_fingerprint", "windows", "seed"}), explain=explain_unit)

@@ -9,6 +9,7 @@ each rank's samples under the resume rule (global sample ``k`` to rank ``k mod R
 
 from __future__ import annotations
 
+from ..explain.rows import pieces_unit
 from ..sharding import share_ranks
 from ..windows.resume import rank_indices
 from ..windows.sequences_io import MIXED_SEQUENCES, load_mixed_sequences, save_mixed_sequences
@@ -53,6 +54,21 @@ def lines(report: dict) -> list[str]:
     return out
 
 
+def explain_unit(mixture, epoch: int, k: int, tokens=None) -> dict:
+    """Sample ``k`` of the mixture, a row per piece of a document of its component (``plan explain``), ids
+    ``name:row``, loss tokens from the component's token source (``tokens`` is None: the explainer gives cut plans
+    no other)."""
+    mixture.epoch_microbatches(epoch)  # PLAN_CURSOR_INVALID unless epoch 0
+    i, component_epoch, j = mixture.locate(k)
+    component = mixture.components[i]
+    sequences = component.sequences
+    pieces = sequences.pieces(component_epoch, j)
+    return pieces_unit(k, pieces, sequences.lengths if sequences.tokens is None else sequences.tokens,
+                       ids=[f"{component.name}:{piece.row}" for piece in pieces], component=component.name,
+                       component_epoch=component_epoch)
+
+
 KIND = PlanKind(MIXED_SEQUENCES, order="mixture", scope="windows", unit="sample", rows=False,
                 open=load_mixed_sequences, save=save_mixed_sequences, verify=verify_mixed_sequences, report=report,
-                lines=lines, verify_options=frozenset({"expected_fingerprint", "windows", "seed"}))
+                lines=lines, verify_options=frozenset({"expected_fingerprint", "windows", "seed"}),
+                explain=explain_unit)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..explain.rows import pieces_unit
 from ..sharding import share_ranks
 from ..windows.resume import rank_indices
 from ..windows.sequences_io import SEQUENCES, load_sequences, save_sequences
@@ -47,6 +48,12 @@ def lines(report: dict) -> list[str]:
     return out
 
 
+def explain_unit(plan, epoch: int, k: int, tokens=None) -> dict:
+    """Sample ``k`` of ``epoch``, a row per piece of a document (``plan explain``), loss tokens from the token
+    source it was cut from (``tokens`` is None: the explainer gives cut plans no other)."""
+    return pieces_unit(k, plan.pieces(epoch, k), plan.lengths if plan.tokens is None else plan.tokens)
+
+
 KIND = PlanKind(SEQUENCES, order="dataset", scope="windows", unit="sample", rows=False, open=load_sequences,
                 save=save_sequences, verify=verify_sequences, report=report, lines=lines,
-                verify_options=frozenset({"expected_fingerprint", "windows", "seed"}))
+                verify_options=frozenset({"expected_fingerprint", "windows", "seed"}), explain=explain_unit)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from .... import errors
 from ...sources import length_cache
+from ..explain.rows import microbatch_unit
 from ..io import PLAN, load_plan, save_plan
 from ..overlong import default_overlong_counts
+from ..plan import plan_error
 from ..sharding import rank_shares, share_ranks
 from ..verify import verify_plan
 from .kind import PlanKind
@@ -124,6 +127,21 @@ def verify(folder, *, expected_fingerprint: str | None = None, lengths=None, reb
     return verify_plan(folder, expected_fingerprint=expected_fingerprint, lengths=given, reproduce=rebuild)
 
 
+def explain_unit(plan, epoch: int, k: int, tokens=None) -> dict:
+    """Global microbatch ``k`` of ``epoch``, row by row (``plan explain``): each sample's token range is its span
+    under the over-long policy, else the whole sample; a whole plan records no token source, so its loss tokens
+    need ``tokens``. A shard holds only its rank's microbatches (INVALID_RANK for another's)."""
+    plan_epoch = plan.get_epoch(epoch)
+    local = plan_epoch.local_index(k)
+    if local is None or local >= len(plan_epoch):
+        shard = plan.meta.shard or {"rank": 0, "world_size": 1}
+        raise plan_error(errors.INVALID_RANK, f"microbatch {k} of epoch {epoch} is not in this plan, shard "
+                                              f"{shard['rank']} of {shard['world_size']}: explain a shard at its own "
+                                              "rank and world size, or the full plan")
+    spec = plan.microbatch(epoch, local)
+    return microbatch_unit(spec, np.asarray(plan.lengths)[spec.rows], tokens)
+
+
 def _whole(plan, lengths=None):
     """A whole plan is its own whole plan (``lengths``, given by a caller that has them, add nothing)."""
     return plan
@@ -131,4 +149,5 @@ def _whole(plan, lengths=None):
 
 KIND = PlanKind(PLAN, order="dataset", scope="epoch", unit="microbatch", rows=True, open=load_plan, save=save_plan,
                 verify=verify, report=report, lines=lines,
-                verify_options=frozenset({"expected_fingerprint", "lengths", "rebuild"}), whole=_whole)
+                verify_options=frozenset({"expected_fingerprint", "lengths", "rebuild"}), whole=_whole,
+                explain=explain_unit)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..explain.rows import microbatch_unit
 from ..sharding import share_ranks
+from ..windows.index import locate
 from ..windows.io import WINDOWED_PLAN, load_windowed_plan, save_windowed_plan
 from ..windows.plan import WindowedPlan
 from ..windows.resume import rank_indices
@@ -71,7 +73,15 @@ def lines(report: dict) -> list[str]:
     return out
 
 
+def explain_unit(plan: WindowedPlan, epoch: int, k: int, tokens=None) -> dict:
+    """Global microbatch ``k`` of ``epoch``, row by row (``plan explain``): one window planned; loss tokens from
+    ``tokens``, else from the recorded source when it holds tokens."""
+    spec = plan.microbatch_at(epoch, k)
+    return microbatch_unit(spec, plan.source.take(spec.rows), plan.source if tokens is None else tokens,
+                           window=locate(plan.index, epoch, k)[0])
+
+
 KIND = PlanKind(WINDOWED_PLAN, order="dataset", scope="windows", unit="microbatch", rows=True, open=load_windowed_plan,
                 save=save_windowed_plan, verify=verify_windowed_plan, report=report, lines=lines,
                 verify_options=frozenset({"expected_fingerprint", "windows", "seed", "lengths"}),
-                whole=WindowedPlan.as_batch_plan)
+                whole=WindowedPlan.as_batch_plan, explain=explain_unit)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..sharding import share_ranks
-from ..windows.io import WINDOWED_PLAN, load_windowed_plan, save_windowed_plan
+from ..windows.io import WINDOWED_PLAN, load_windowed_plan, save_windowed_plan, save_windowed_plan_into
 from ..windows.plan import WindowedPlan
 from ..windows.resume import rank_indices
 from ..windows.verify import verify_windowed_plan
@@ -74,4 +74,4 @@ def lines(report: dict) -> list[str]:
 KIND = PlanKind(WINDOWED_PLAN, order="dataset", scope="windows", unit="microbatch", rows=True, open=load_windowed_plan,
                 save=save_windowed_plan, verify=verify_windowed_plan, report=report, lines=lines,
                 verify_options=frozenset({"expected_fingerprint", "windows", "seed", "lengths"}),
-                whole=WindowedPlan.as_batch_plan)
+                whole=WindowedPlan.as_batch_plan, plan_type=WindowedPlan, save_into=save_windowed_plan_into)

@@ -32,7 +32,7 @@ import numpy as np
 from .... import checks, errors
 from ....hashing import cbor_canonical, hash_canonical, sha256_array
 from ..planner import EpochArrays, engine_order, join_arrays
-from ..plan import MicrobatchSpec, plan_error
+from ..plan import MicrobatchSpec, RowPart, plan_error
 from .index import build_index, locate
 from .packed import microbatch_packs
 from .window import COUNT_FIELDS, WindowDefinition, plan_window
@@ -107,6 +107,19 @@ class WindowedPlan:
     # ------------------------------------------------------------------ counts
     def epoch_microbatches(self, epoch: int) -> int:
         return int(self.index[self._epoch(epoch), -1, 0])
+
+    def epoch_indices(self, epoch: int) -> range:
+        """The global indices of ``epoch``'s microbatches, in order (every one: a windowed plan is never a shard)."""
+        return range(self.epoch_microbatches(epoch))
+
+    @property
+    def source_fingerprint(self) -> str:
+        """The plan's own fingerprint (a windowed plan is never a shard)."""
+        return self.fingerprint
+
+    def row_parts(self) -> tuple[RowPart, ...]:
+        """The one dataset the rows index: the lengths the plan binds (:class:`~..plan.RowPart`)."""
+        return (RowPart("", self.source.binding(), self.source, getattr(self.source, "tokenizer_hash", None)),)
 
     def epoch_counts(self, epoch: int) -> dict:
         """The epoch's totals (:data:`~.window.COUNT_FIELDS`)."""

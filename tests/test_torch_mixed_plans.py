@@ -148,6 +148,7 @@ def test_batch_generate_writes_what_the_torch_path_collates(mixed, tmp_path, cap
     assert [(s["name"], s["path"], s["lengths"]) for s in index["sources"]] == \
         [(part.name, store, part.binding) for part, store in zip(plan.row_parts(), stores)]
     assert all(s["identity"]["tokens_sha256"] for s in index["sources"])
+    assert index["token_dtype"] == ("<u2" if layout == "compact" else None)  # both stores' vocabularies fit 16 bits
     assert plan_kind_of(out / "plan").name == "mixed plan" and open_plan(out / "plan").fingerprint == plan.fingerprint
     reader = BatchReader(out, store=stores if layout == "index" else None)
     assert len(reader) == plan.num_microbatches and reader.plan_fingerprint == plan.fingerprint

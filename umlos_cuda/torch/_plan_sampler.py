@@ -121,7 +121,7 @@ class PlanBatchSampler(_SamplerBase):
     @property
     def fingerprint(self) -> str:
         """The full plan's fingerprint (a shard names its source's)."""
-        return self.plan.source_fingerprint
+        return self.plan.fingerprint if self.windowed else self.plan.meta.source_fingerprint
 
     def _epoch_length(self, epoch: int) -> int:
         return self.plan.epoch_microbatches(epoch)

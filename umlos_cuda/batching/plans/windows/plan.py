@@ -177,12 +177,12 @@ class WindowedPlan:
         return join_arrays([self.window(e, w) for w in range(self.definition.num_windows)])
 
     def as_batch_plan(self, lengths=None):
-        """The same microbatches as a whole plan (O(N)), for what writes O(N) files anyway (``plan shard``, ``batch
-        generate``): the plan of ``config.window = W`` (None when one window holds the epoch), so microbatch ``k``
-        of epoch ``e`` is the same in both and the whole plan rebuilds and verifies as any plan. ``lengths``: a
-        length cache of the same lengths whose ids and hashes it records (a token store's, to collate from it);
-        default: the source's lengths, rows named by number. PLAN_LENGTHS_MISMATCH when ``lengths`` are not this
-        plan's."""
+        """The same microbatches as a whole plan (O(N)), for what writes O(N) files anyway (``plan shard``; ``batch
+        generate`` writes a windowed plan's microbatches as they are): the plan of ``config.window = W`` (None
+        when one window holds the epoch), so microbatch ``k`` of epoch ``e`` is the same in both and the whole plan
+        rebuilds and verifies as any plan. ``lengths``: a length cache of the same lengths whose ids and hashes it
+        records (a token store's, to collate from it); default: the source's lengths, rows named by number.
+        PLAN_LENGTHS_MISMATCH when ``lengths`` are not this plan's."""
         from ..builder import BatchPlanBuilder
 
         count = self.definition.num_samples

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from token_cases import make_store, random_sequences, write_megatron
+from token_cases import make_store, random_sequences, swapped_vocabulary, write_megatron
 
 from umlos_cuda import errors
 from umlos_cuda.batching.plans.windows import ArrayLengths, SyntheticLengths
@@ -339,21 +339,6 @@ def test_a_lazy_plan_counts_only_the_chunks_a_sample_needs(monkeypatch):
     assert np.array_equal(lazy.index, whole.index) and lazy.epoch_samples(0) == whole.epoch_samples(0)
 
 
-def _swapped_vocabulary(model: Path, out: Path) -> Path:
-    """Another tokenizer that gives every text the same number of tokens: ``model``'s, with the ids of two
-    frequent byte-level tokens swapped (so the store's lengths stay, its token ids do not)."""
-    data = json.loads((model / "tokenizer.json").read_text(encoding="utf-8"))
-    vocab = data["model"]["vocab"]
-    a, b = "e", "t"
-    vocab[a], vocab[b] = vocab[b], vocab[a]
-    out.mkdir()
-    (out / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
-    for name in ("tokenizer_config.json",):
-        if (model / name).exists():
-            (out / name).write_bytes((model / name).read_bytes())
-    return out
-
-
 @pytest.mark.parametrize("mixed", [False, True], ids=["sequences", "mixed sequences"])
 def test_a_store_tokenized_again_in_place_is_refused_naming_what_changed(tmp_path: Path, capsys, mixed):
     """The lengths bind the documents, the recorded identity their tokens: a store re-tokenized in place by a
@@ -374,7 +359,7 @@ def test_a_store_tokenized_again_in_place_is_refused_naming_what_changed(tmp_pat
     recorded = json.loads((out / "meta.json").read_text())[key]
     assert (recorded[0] if mixed else recorded)["tokens_sha256"] == before.meta["tokens_sha256"]
     fingerprint = open_plan(out).fingerprint
-    other = _swapped_vocabulary(tmp_path / "model", tmp_path / "other-model")
+    other = swapped_vocabulary(tmp_path / "model", tmp_path / "other-model")
     tokenize_dataset(tmp_path / "train.jsonl", other, store, prompt_field="prompt", response_field="response",
                      force=True)
     after = TokenStore.open(store)

@@ -56,9 +56,10 @@ def world(tmp_path_factory) -> Path:
 
 def build_world(root: Path) -> Path:
     """Under ``root``: a model directory, a dataset, its length cache, its token store, a plan (with sample ids,
-    binary and JSONL), its batch folder in each layout (compact, npz, compact + zstd, index), a saved batch
-    fingerprint, a Megatron pair, pretraining sequences and their mixture, a sharded store (and a staged shard),
-    a window log, a windowed plan and a mixed plan over the length cache's sidecar, all valid
+    binary and JSONL), its batch folder in each layout (compact, npz, compact + zstd, index), the batch folder
+    of a mixed plan of two components over the store (batches-mixed: format 3), a saved batch fingerprint, a
+    Megatron pair, pretraining sequences and their mixture, a sharded store (and a staged shard), a window log,
+    a windowed plan and a mixed plan over the length cache's sidecar, all valid
     (tests/test_hostile_values.py walks the same artifacts)."""
     from batching_cases import train_tokenizer, write_model_dir
     from token_cases import random_sequences, write_dataset, write_megatron
@@ -110,6 +111,12 @@ def build_world(root: Path) -> Path:
     mixture = MixtureDefinition(config, (Component(mapped, 0.7, 1, None, "a"), Component(mapped, 0.3, 2, 2, "b")),
                                 16, 100)
     save_mixed_plan(MixedPlan.build(mixture), root / "mixed", lengths_paths=["lengths.jsonl.u32"] * 2)
+    from umlos_cuda.batching.sources import open_source
+
+    tokens = [open_source(str(root / "store"), tokens=True) for _ in range(2)]
+    over_store = MixtureDefinition(config, (Component(tokens[0], 0.7, 1, None, "a"),
+                                            Component(tokens[1], 0.3, 2, 2, "b")), 16, 100)
+    BatchWriter(MixedPlan.build(over_store), root / "batches-mixed", [root / "store"] * 2, workers=1).write_all()
     streams_support.write_mock_run(root / "run")
     (root / "policy.yaml").write_text("policies:\n  - type: novelty\n    novelty_window: 10\n")
     (root / "manifest.yaml").write_text(
@@ -1247,6 +1254,53 @@ def _mixed_cli(action: str, change):
         change(here)
         return ("plan", action, str(here / "mixed"))
     return make
+
+
+def _mixed_batches(change: Callable[[Path], None], *argv: str):
+    """The batch folder of the mixed plan over the token store copied into ``here`` with the store (its plan copy
+    pointed at that store), ``change(here)`` applied, then ``batch check`` run on it with ``argv``."""
+    def make(world, here):
+        copy(world, here, "batches-mixed", "store")
+        edit_json(here / "batches-mixed" / "plan" / "meta.json",
+                  lambda m: m.__setitem__("lengths_paths", [str(here / "store")] * 2))
+        change(here)
+        return ("batch", "check", str(here / "batches-mixed"), *argv)
+    return make
+
+
+def _mixed_index(change: Callable[[dict], None], *argv: str):
+    return _mixed_batches(lambda h: edit_json(h / "batches-mixed" / "batches.json", change), *argv)
+
+
+MIXED_BATCH_CASES = [
+    Case("hang/batch-check-mixed-fifo-plan-meta-json", _mixed_batches(lambda h: fifo(h / "batches-mixed" / "plan" /
+                                                                                     "meta.json")),
+         (WP,), "meta.json"),
+    Case("hang/batch-check-mixed-fifo-plan-index-npy", _mixed_batches(lambda h: fifo(h / "batches-mixed" / "plan" /
+                                                                                     "index.npy")),
+         (WP,), "index.npy"),
+    Case("hang/batch-check-mixed-fifo-component-store-offsets",
+         _mixed_batches(lambda h: (h / "store" / "offsets.npy").unlink() or fifo(h / "store" / "offsets.npy")),
+         (S,), "offsets.npy"),
+    Case("traceback/batch-check-mixed-plan-kind-number", _mixed_index(lambda d: d.__setitem__("plan_kind", 5)),
+         (B,), "batches.json"),
+    Case("traceback/batch-check-mixed-plan-kind-of-another-copy",
+         _mixed_index(lambda d: d.__setitem__("plan_kind", "windowed plan")), (B,), "batches-mixed/plan"),
+    Case("traceback/batch-check-mixed-sources-string", _mixed_index(lambda d: d.__setitem__("sources", "x")), (B,),
+         "batches.json"),
+    Case("traceback/batch-check-mixed-source-lengths-string",
+         _mixed_index(lambda d: d["sources"][0].__setitem__("lengths", "x")), (B,), "batches.json"),
+    Case("traceback/batch-check-mixed-source-without-identity",
+         _mixed_index(lambda d: d["sources"][1].pop("identity")), (B,), "batches.json"),
+    Case("traceback/batch-check-mixed-source-identity-list",
+         _mixed_index(lambda d: d["sources"][1].__setitem__("identity", [1])), (B,), "batches.json"),
+    Case("traceback/batch-check-mixed-one-source-for-two-components",
+         lambda world, here: _mixed_index(lambda d: d.__setitem__("sources", d["sources"][:1]), "--source",
+                                          str(here / "store"), str(here / "store"))(world, here),
+         (B,), "batches-mixed"),
+    Case("traceback/batch-check-mixed-layout-npz-with-a-token-type",
+         _mixed_index(lambda d: d.update(layout="npz", token_dtype="<u2")), (B,), "batches.json"),
+]
 
 
 MIXED_CASES = [
@@ -2493,7 +2547,7 @@ EXPLAIN_CASES = [
 
 
 CASES += WINDOWED_CASES + SEQUENCES_CASES + EXPLAIN_CASES
-CASES += MIXED_CASES + MIXED_SEQUENCES_CASES
+CASES += MIXED_CASES + MIXED_SEQUENCES_CASES + MIXED_BATCH_CASES
 CASES += TOKEN_SOURCE_CASES
 CASES += TRUNCATION_AND_ROW_CASES
 CASES += SILENT_ACCEPTANCE_CASES

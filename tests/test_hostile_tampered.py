@@ -63,7 +63,8 @@ def _dataset(path, count: int = 120) -> None:
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
     """model/ (11 tokens), train.jsonl, store/, plan/ (from the store's cache), batches/, megatron prefixes,
-    split-plan/ (the store's train side, samples split into pieces of 8 tokens)."""
+    split-plan/ (the store's train side, samples split into pieces of 8 tokens), batches-mixed/ (a mixed plan of
+    two components over the store, components 'a' and 'b')."""
     from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, LengthCache, save_plan, shard_plan
     from umlos_cuda.batching.batches.writer import write_batches
     from umlos_cuda.batching.tokens.writer import tokenize_dataset
@@ -84,6 +85,13 @@ def ws(tmp_path_factory):
     pieces = BatchingConfig.predictable(64, (4,), 8, seed=7, overlong=OverlongConfig(8, "split"),
                                         split=SplitConfig("train", 0.25, 1))
     save_plan(BatchPlanBuilder(cache, pieces).build(1), root / "split-plan")
+    from umlos_cuda.batching.plans.windows import Component, MixedPlan, MixtureDefinition
+    from umlos_cuda.batching.sources import open_source
+
+    parts = [Component(open_source(str(root / "store"), tokens=True), 0.5, seed, None, name)
+             for seed, name in ((1, "a"), (2, "b"))]
+    mixed = MixedPlan.build(MixtureDefinition(config, tuple(parts), 16, 80))
+    write_batches(mixed, root / "batches-mixed", [root / "store"] * 2, workers=1)
     for dtype in (np.int8, np.int16, np.int32):
         name = np.dtype(dtype).name
         prefix = root / f"mega_{name}"
@@ -355,6 +363,37 @@ def tamper_store_out_of_vocabulary_check(ws, tmp_path):
     _out_of_vocabulary(tmp_path / "store")
     outcome = run_cli(tmp_path, "batch", "check", "batches", "--store", "store")
     hs.assert_refused(outcome, "TOKEN_STORE_INVALID", names=tmp_path / "store")
+
+
+def _mixed_check_with_tampered_b(ws, tmp_path, tamper) -> hs.Outcome:
+    """``batch check`` of the mixed plan's batch folder with component 'b''s store a copy tampered by ``tamper``."""
+    copy(ws, tmp_path, "batches-mixed")
+    shutil.copytree(ws / "store", tmp_path / "store-b")
+    tamper(tmp_path / "store-b")
+    return run_cli(tmp_path, "batch", "check", "batches-mixed", "--source", ws / "store", "store-b")
+
+
+def _retokenized(store) -> None:
+    """Token ids 2 and 3 swapped everywhere and the digests rehashed: the same lengths, a valid store, other ids."""
+    tokens = np.load(store / "tokens.npy")
+    save_npy(store / "tokens.npy", np.where(tokens == 2, 3, np.where(tokens == 3, 2, tokens)).astype(tokens.dtype))
+    rehash_store(store)
+
+
+def tamper_mixed_component_store_retokenized(ws, tmp_path):
+    outcome = _mixed_check_with_tampered_b(ws, tmp_path, _retokenized)
+    hs.assert_refused(outcome, "BATCH_STORE_MISMATCH", names=tmp_path / "store-b")
+    assert "component 1 ('b')" in outcome.stderr and "tokens_sha256" in outcome.stderr
+
+
+def tamper_mixed_component_store_token_flipped(ws, tmp_path):
+    def flip(store):
+        tokens = np.load(store / "tokens.npy")
+        tokens[3] = (int(tokens[3]) + 1) % 11
+        save_npy(store / "tokens.npy", tokens)
+
+    outcome = _mixed_check_with_tampered_b(ws, tmp_path, flip)
+    hs.assert_refused(outcome, "TOKEN_STORE_INVALID", names=tmp_path / "store-b" / "tokens.npy")
 
 
 def tamper_store_loss_mask_two(ws, tmp_path):
@@ -826,6 +865,9 @@ CASES = [
     pytest.param(tamper_store_out_of_vocabulary_generate, id="tamper/store-out-of-vocabulary-generate"),
     pytest.param(tamper_store_out_of_vocabulary_check, id="tamper/store-out-of-vocabulary-check"),
     pytest.param(tamper_store_loss_mask_two, id="tamper/store-loss-mask-two"),
+    pytest.param(tamper_mixed_component_store_retokenized, id="tamper/batch-check-mixed-component-store-retokenized"),
+    pytest.param(tamper_mixed_component_store_token_flipped,
+                 id="tamper/batch-check-mixed-component-store-token-changed"),
     pytest.param(tamper_store_verify_api, id="tamper/store-verify-out-of-vocabulary"),
     pytest.param(tamper_sidecar_forged_lengths_require, id="tamper/sidecar-forged-lengths-require"),
     pytest.param(tamper_sidecar_forged_lengths_plan_build, id="tamper/sidecar-forged-lengths-plan-build"),

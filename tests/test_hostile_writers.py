@@ -44,7 +44,8 @@ def case(name: str):
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory) -> Path:
-    """model/, ds.jsonl, lengths.jsonl (+ .u32), plan/, store/, batches/, mega.idx/.bin: each of its kind."""
+    """model/, ds.jsonl, lengths.jsonl (+ .u32), plan/, store/, batches/, mega.idx/.bin, mixed/ (a mixed plan of two
+    components over the store): each of its kind."""
     from umlos_cuda import cli
     from umlos_cuda.batching.batches.writer import write_batches
     from umlos_cuda.batching.lengths.builder import build_lengths
@@ -59,6 +60,8 @@ def artifacts(tmp_path_factory) -> Path:
                      *PLAN_ARGS]) == 0
     tokenize_dataset(root / "ds.jsonl", root / "model", root / "store")
     write_batches(str(root / "plan"), root / "batches", str(root / "store"), workers=1)
+    assert cli.main(["plan", "build", "--window", "16", "--mix", f"{root / 'store'}:0.5", f"{root / 'store'}:0.5",
+                     "--num-samples", "60", "--output", str(root / "mixed"), *PLAN_ARGS]) == 0
     write_megatron(root / "mega", random_sequences(12, seed=3))
     from umlos_cuda.batching.tokens.sharded import tokenize_shard, tokenize_sharded
 
@@ -858,6 +861,39 @@ def _(w):
 def _(w):
     other = w.copy("plan", "other")
     w.refused((errors.BATCH_OUTPUT_MISMATCH, errors.OUTPUT_PATH_INVALID), other, *generate(w, other, "--force"))
+
+
+def generate_mixed(w, output, *extra, second: str = "store"):
+    """``batch generate`` of the mixed plan, its components read from ``store`` and ``second``."""
+    plan = w.path("mixed") if os.path.exists(w.path("mixed")) else w.copy("mixed")
+    stores = [w.path(name) if os.path.exists(w.path(name)) else w.copy("store", name) for name in ("store", second)]
+    return ("batch", "generate", "--plan", plan, "--source", *stores, "--output", output, "--workers", "1",
+            "--quiet", *extra)
+
+
+@case("batch/mixed-output-inside-a-component-store")
+def _(w):
+    inside = os.path.join(w.copy("store", "store-b"), "batches")
+    w.refused(errors.OUTPUT_IS_INPUT, inside, *generate_mixed(w, inside, second="store-b"))
+
+
+@case("batch/mixed-force-with-a-symlinked-plan-copy")
+def _(w):
+    hs.assert_ok(w.cli(*generate_mixed(w, w.path("out"))))
+    shutil.rmtree(w.path("out/plan"))
+    os.symlink(w.copy("mixed", "precious-plan"), w.path("out/plan"))
+    w.refused((errors.BATCH_OUTPUT_MISMATCH, errors.OUTPUT_PATH_INVALID), "plan",
+              *generate_mixed(w, w.path("out"), "--force"))
+
+
+@case("batch/mixed-resumed-over-its-own-folder")
+def _(w):
+    hs.assert_ok(w.cli(*generate_mixed(w, w.path("out"))))
+    before = w.state()
+    outcome = w.cli(*generate_mixed(w, w.path("out")))
+    hs.assert_ok(outcome)
+    assert "(0 written, 12 kept, 0 rewritten)" in outcome.stdout  # every file kept, verified byte for byte
+    hs.assert_untouched(before, w.state(), owned=["out/batches.json"])
 
 
 @case("batch/umask-027")

@@ -1,5 +1,6 @@
 """Every plan kind whose microbatches are rows of one dataset is taken where rows are handed out: a windowed plan
-as a whole plan (``as_batch_plan``) for ``plan shard`` and ``batch generate``, the same microbatches in order."""
+as a whole plan (``as_batch_plan``) for ``plan shard``, the same microbatches in order; ``batch generate`` writes a
+windowed plan's microbatches as they are, the folder keeping the windowed plan itself (no whole plan built)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ import numpy as np
 import pytest
 from token_cases import make_store
 
-from umlos_cuda.batching.lengths.cache import LengthCache
+from umlos_cuda.batching.batches.reader import BatchReader
+from umlos_cuda.batching.collate import FIELDS, collate_microbatch
 from umlos_cuda.batching.lengths.sources import ArrayLengths
 from umlos_cuda.batching.plans.builder import BatchPlanBuilder
 from umlos_cuda.batching.packing.config import PackingConfig
 from umlos_cuda.batching.plans.config import BatchingConfig
 from umlos_cuda.batching.plans.io import load_plan
-from umlos_cuda.batching.plans.kinds import open_row_plan
-from umlos_cuda.batching.plans.verify import verify_plan
+from umlos_cuda.batching.plans.kinds import plan_kind_of
 from umlos_cuda.batching.plans.windows import WindowDefinition, WindowedPlan, load_windowed_plan
 from umlos_cuda.cli import main
 from umlos_cuda.errors import UmlosError
@@ -70,16 +71,30 @@ def test_plan_shard_and_batch_generate_take_a_windowed_plan(tmp_path, capsys):
     for epoch in range(2):
         merged = sorted(m for shard in shards for m in rows_of(shard, epoch))
         assert merged == rows_of(windowed, epoch)
-    assert main(["batch", "generate", "--plan", str(folder), "--source", root, "--output", str(tmp_path / "batches"),
-                 "--workers", "1", "--quiet"]) == 0
-    assert main(["batch", "check", str(tmp_path / "batches"), "--source", root]) == 0
-    copied = load_plan(tmp_path / "batches" / "plan")  # the batch folder keeps the whole plan it wrote
-    assert rows_of(copied, 1) == rows_of(windowed, 1)
-    cache = LengthCache.load(f"{root}/lengths.jsonl")
-    assert copied.fingerprint == open_row_plan(folder, "test", whole=True, lengths=cache).fingerprint
-    assert verify_plan(tmp_path / "batches" / "plan")["fingerprint"] == copied.fingerprint
     shards_index = json.loads((tmp_path / "shards" / "shards.json").read_text())
     assert shards_index["source_fingerprint"] == windowed.as_batch_plan().fingerprint
+    out = tmp_path / "batches"
+    assert main(["batch", "generate", "--plan", str(folder), "--source", root, "--output", str(out),
+                 "--workers", "1", "--quiet"]) == 0
+    assert main(["batch", "check", str(out), "--source", root]) == 0
+    assert plan_kind_of(out / "plan").name == "windowed plan"  # the windowed plan itself, its lengths the store's
+    assert json.loads((out / "plan" / "meta.json").read_text())["lengths_path"] == root
+    index = json.loads((out / "batches.json").read_text())
+    assert (index["format"], index["plan_kind"], index["plan_fingerprint"]) == \
+        ("umlos_cuda.batch_files/3", "windowed plan", windowed.fingerprint)
+    assert [(s["name"], s["path"], s["lengths"]) for s in index["sources"]] == [("", root, windowed.source.binding())]
+    reader = BatchReader(out)
+    assert len(reader) == sum(windowed.epoch_microbatches(e) for e in range(2))
+    for epoch in range(2):
+        files = list(reader.iter_epoch(epoch))
+        assert [(int(f["index"]), tuple(f["rows"].tolist()), int(f["bucket_id"]), int(f["max_len"])) for f in files] \
+            == rows_of(windowed, epoch)
+        for f in files:  # every file holds what collation of the windowed plan's microbatch gives
+            batch = collate_microbatch(store, windowed.microbatch(epoch, int(f["index"])))
+            assert all(np.array_equal(f[name], getattr(batch, name)) for name in FIELDS)
+    rank = reader.shard(1, 2)
+    assert [int(f["index"]) for f in rank.iter_epoch(1)] == list(range(1, windowed.epoch_microbatches(1), 2))
+    assert rank.verify(root)["files"] == len(rank)
 
 
 def test_a_kind_whose_microbatches_are_not_rows_is_refused(tmp_path):

@@ -2,20 +2,30 @@
 after another, so ``PlanBatchSampler``, ``TokenDataset(plan.dataset())``, ``PlanCollator`` and the Trainer take it
 as they take a plan of one dataset -- every sample the tokens of the component row its id names, the same global
 sequence at any world size, a resume exact, and a Trainer run stopped and resumed bit-identical to one that was not.
+``batch generate`` writes it as batch files (one token store per component) that hold exactly what the torch path
+collates, and ``batch check`` refuses a component's store that is not the one the files were collated from, naming
+the component.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from token_cases import make_store  # noqa: E402
+from token_cases import make_store, swapped_vocabulary  # noqa: E402
 
 from umlos_cuda import errors  # noqa: E402
-from umlos_cuda.batching.plans.kinds import open_plan  # noqa: E402
+from umlos_cuda.batching.batches.fingerprint import fingerprint_plan_batches  # noqa: E402
+from umlos_cuda.batching.batches.reader import BatchReader  # noqa: E402
+from umlos_cuda.batching.collate import CollatedBatch  # noqa: E402
+from umlos_cuda.batching.plans.kinds import open_plan, plan_kind_of  # noqa: E402
+from umlos_cuda.batching.plans.rows import open_row_source  # noqa: E402
+from umlos_cuda.batching.presets import apply_preset  # noqa: E402
+from umlos_cuda.batching.tokens.writer import tokenize_dataset  # noqa: E402
 from umlos_cuda.batching.tokens.store import TokenStore  # noqa: E402
 from umlos_cuda.cli import main  # noqa: E402
 from umlos_cuda.errors import UmlosError  # noqa: E402
@@ -111,10 +121,94 @@ def test_a_mixture_planned_from_lengths_names_what_it_lacks(mixed):
     assert np.array_equal(same[60][1], TokenStore.open(mixed["stores"]["b"]).arrays(0)[0])
 
 
-def test_plan_shard_and_batch_generate_say_why_not_a_mixture(mixed, tmp_path, capsys):
+def test_plan_shard_says_why_not_a_mixture(mixed, tmp_path, capsys):
     assert main(["plan", "shard", mixed["plan"], "--world-size", "2", "--output", str(tmp_path / "s")]) == 2
     err = capsys.readouterr().err
     assert "PLAN_NOT_FOUND" in err and "several datasets'" in err and "windowed plan" in err
+
+
+def _generate(mixed, out, *extra) -> None:
+    stores = [mixed["stores"]["a"], mixed["stores"]["b"]]
+    assert main(["batch", "generate", "--plan", mixed["plan"], "--source", *stores, "--output", str(out),
+                 "--workers", "2", "--quiet", *extra]) == 0
+
+
+@pytest.mark.parametrize("layout", ["compact", "npz", "index"])
+def test_batch_generate_writes_what_the_torch_path_collates(mixed, tmp_path, capsys, layout):
+    """Each microbatch of the mixture, as ``PlanBatchSampler`` + ``TokenDataset(plan.dataset())`` + ``PlanCollator``
+    give it, is exactly what the batch folder's reader hands out (the same tensors under the collator's preset,
+    the same rows and ids); the folder names its plan's kind and each component's token source, and keeps the
+    mixed plan, which reopens its lengths from those stores."""
+    plan = open_plan(mixed["plan"])
+    out = tmp_path / "batches"
+    _generate(mixed, out, "--layout", layout)
+    stores = [mixed["stores"]["a"], mixed["stores"]["b"]]
+    index = json.loads((out / "batches.json").read_text())
+    assert (index["format"], index["plan_kind"], index["layout"]) == ("umlos_cuda.batch_files/3", "mixed plan", layout)
+    assert [(s["name"], s["path"], s["lengths"]) for s in index["sources"]] == \
+        [(part.name, store, part.binding) for part, store in zip(plan.row_parts(), stores)]
+    assert all(s["identity"]["tokens_sha256"] for s in index["sources"])
+    assert index["token_dtype"] == ("<u2" if layout == "compact" else None)  # both stores' vocabularies fit 16 bits
+    assert plan_kind_of(out / "plan").name == "mixed plan" and open_plan(out / "plan").fingerprint == plan.fingerprint
+    reader = BatchReader(out, store=stores if layout == "index" else None)
+    assert len(reader) == plan.num_microbatches and reader.plan_fingerprint == plan.fingerprint
+    collator = PlanCollator(plan)
+    loader = torch.utils.data.DataLoader(TokenDataset(plan.dataset()), batch_sampler=PlanBatchSampler(plan, 0, 1),
+                                         collate_fn=collator)
+    seen = 0
+    for (index_, spec), batch, files in zip(plan.iter_from(0), loader, reader.iter_epoch(0)):
+        assert int(files["index"]) == index_ and files["sample_ids"].tolist() == list(spec.samples)
+        assert files["rows"].tolist() == batch["rows"].tolist() == spec.rows.tolist()
+        tensors = apply_preset(CollatedBatch.from_dict(files), **collator.options)
+        assert sorted(tensors) == sorted(name for name in batch if name != "rows")
+        for name, value in tensors.items():
+            assert np.array_equal(value, batch[name].numpy()), name
+        seen += 1
+    assert seen == plan.num_microbatches > 10
+    assert reader.fingerprint == fingerprint_plan_batches(plan, open_row_source(plan, stores))
+    capsys.readouterr()
+    assert main(["batch", "check", str(out), "--source", *stores]) == 0
+    assert f"match plan {plan.fingerprint} and the token store" in capsys.readouterr().out
+    assert main(["batch", "fingerprint", "--plan", mixed["plan"], "--source", *stores]) == 0
+    assert f"batch fingerprint {reader.fingerprint.fingerprint}" in capsys.readouterr().out
+    _generate(mixed, out, "--layout", layout)  # a second run of the same job keeps the folder
+    assert BatchReader(out, store=stores if layout == "index" else None).fingerprint == reader.fingerprint
+
+
+def test_a_component_store_that_is_not_the_one_is_refused_by_name(mixed, tmp_path, capsys):
+    """At generation, stores given in the wrong order or too few are refused before anything is written; at a
+    check, a component's store tokenized again in place (the same lengths, other ids) is named, component and
+    hashes, while the files themselves still read without a store."""
+    a, b = mixed["stores"]["a"], mixed["stores"]["b"]
+    capsys.readouterr()
+    for stores, mention in (([b, a], "component 0 ('store0') of the plan: " + b),
+                            ([a], "give one token source for each")):
+        assert main(["batch", "generate", "--plan", mixed["plan"], "--source", *stores, "--output",
+                     str(tmp_path / "wrong"), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert "BATCH_STORE_MISMATCH" in err and mention in err, err
+    assert not (tmp_path / "wrong").exists()
+    root = mixed["root"]
+    shutil.copytree(root / "b", tmp_path / "b")
+    copy = str(tmp_path / "b" / "store")
+    out = tmp_path / "batches"
+    assert main(["batch", "generate", "--plan", mixed["plan"], "--source", a, copy, "--output", str(out),
+                 "--quiet"]) == 0
+    recorded = json.loads((out / "batches.json").read_text())["sources"][1]
+    assert recorded["path"] == copy and json.loads((out / "plan" / "meta.json").read_text())["lengths_paths"] == \
+        [a, copy]  # the copy of the plan reopens its lengths from the stores its files came from
+    other = swapped_vocabulary(tmp_path / "b" / "model", tmp_path / "other-model")
+    tokenize_dataset(tmp_path / "b" / "train.jsonl", other, copy, prompt_field="prompt", response_field="response",
+                     force=True)
+    capsys.readouterr()
+    assert main(["batch", "check", str(out), "--source", a, copy]) == 2
+    err = capsys.readouterr().err
+    assert "BATCH_STORE_MISMATCH" in err and f"component 1 ('store1')'s token source {copy} is not the one" in err
+    assert "tokens_sha256" in err and "tokenizer_hash" in err
+    assert main(["batch", "check", str(out)]) == 0  # without a store: the files against their plan and digests
+    with pytest.raises(UmlosError) as caught:
+        BatchReader(out).verify([a, copy])
+    assert caught.value.code == errors.BATCH_STORE_MISMATCH and copy in caught.value.message
 
 
 @pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")

@@ -1,7 +1,8 @@
 """Helpers of the token store, collation and batch file tests.
 
 ``write_dataset`` writes a JSONL dataset of deterministic records with a
-text field and a prompt/response pair, ``make_store`` its token store; ``write_megatron`` writes a
+text field and a prompt/response pair, ``make_store`` its token store, ``swapped_vocabulary`` a tokenizer that
+gives it the same lengths and other ids (to tokenize a store again in place); ``write_megatron`` writes a
 Megatron-LM indexed dataset exactly as Megatron-LM's ``_IndexWriter`` and
 ``IndexedDatasetBuilder`` lay it out (megatron/core/datasets/indexed_dataset.py:
 ``MMIDIDX\\x00\\x00``, version 1, the dtype code, the sequence and document
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import random
 import struct
+from pathlib import Path
 
 import numpy as np
 
@@ -54,6 +56,21 @@ def make_store(root, count: int, seed: int):
     write_dataset(root / "train.jsonl", count, seed=seed)
     return tokenize_dataset(root / "train.jsonl", root / "model", root / "store", prompt_field="prompt",
                             response_field="response")
+
+
+def swapped_vocabulary(model: Path, out: Path) -> Path:
+    """Another tokenizer that gives every text the same number of tokens: ``model``'s, with the ids of two
+    frequent byte-level tokens swapped (so the store's lengths stay, its token ids do not)."""
+    data = json.loads((model / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = data["model"]["vocab"]
+    a, b = "e", "t"
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    out.mkdir()
+    (out / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    for name in ("tokenizer_config.json",):
+        if (model / name).exists():
+            (out / name).write_bytes((model / name).read_bytes())
+    return out
 
 
 def write_megatron(prefix, sequences, dtype=np.uint16, document_ends=None, modes=None) -> str:

@@ -30,8 +30,9 @@ def register(subparsers) -> None:
 
     generate = actions.add_parser(
         "generate", help="write one batch file per microbatch of a plan",
-        description="Collate every microbatch of every epoch of the plan from the token store (a folder written by "
-        "`data tokenize`, or the prefix of a Megatron .idx/.bin pair) and write OUTPUT/epoch_<e>_batch_<i>.npz "
+        description="Collate every microbatch of every epoch of the plan (whole, windowed or mixed) from the token "
+        "store (a folder written by `data tokenize`, or the prefix of a Megatron .idx/.bin pair; for a mixed plan, "
+        "one per component, in the plan's order) and write OUTPUT/epoch_<e>_batch_<i>.npz "
         "(.npz.zst with --compress zstd), "
         "each atomically, with OUTPUT/plan and OUTPUT/batches.json. Run it again after a crash: finished files are "
         "kept when they are byte-identical to what it would write, the rest is written.",
@@ -60,8 +61,8 @@ def register(subparsers) -> None:
     )
     check.add_argument("batches", metavar="DIR")
     add_option(check, "--source", old=("--store",), dest="store", metavar="SOURCE", nargs="+", action=StoreSource,
-               help="also compare with this token source (a token store, sharded or not, or Megatron prefixes); "
-               "needed for an index-only folder")
+               help="also compare with this token source (a token store, sharded or not, or Megatron prefixes; for "
+               "a mixed plan, one per component, in the plan's order); needed for an index-only folder")
     check.add_argument("--rank", type=non_negative_int("rank"), metavar="R",
                        help="with --world-size: only this rank's files")
     check.add_argument("--world-size", type=positive_int("world size"), metavar="W")
@@ -110,7 +111,8 @@ def _plan_and_store(parser, *, batches: bool = False) -> None:
     parser.add_argument("--plan", required=not batches, metavar="DIR", help="a plan folder (plan build)")
     add_option(parser, "--source", old=("--store",), dest="store", required=not batches, metavar="SOURCE", nargs="+",
                action=StoreSource, help="the token source: a token store folder (data tokenize, sharded or not) or a "
-               "Megatron dataset prefix (PREFIX.idx/.bin); several prefixes are one dataset, in the order given")
+               "Megatron dataset prefix (PREFIX.idx/.bin); several prefixes are one dataset, in the order given, "
+               "except for a mixed plan, which takes one token source per component, in the plan's order")
     if batches:
         parser.add_argument("--batches", metavar="DIR",
                             help="instead of --plan and --source: a batch folder (batch generate), any layout; its "
@@ -134,7 +136,7 @@ def run_generate(args) -> int:
     writer = BatchWriter(args.plan, args.output, args.store, workers=args.workers, force=args.force,
                          separator_ids=_separator_ids(args), verify=not args.no_verify, layout=args.layout,
                          compression=args.compress)
-    progress = Progress(writer.plan.total_microbatches, f"batches {args.output}", enabled=not args.quiet)
+    progress = Progress(writer.total_microbatches, f"batches {args.output}", enabled=not args.quiet)
     try:
         report = writer.write_all(lambda done, _: progress.update(done))
     finally:
@@ -211,12 +213,13 @@ def _fingerprint(args, n_batches: int):
         from ..batching.batches.reader import BatchReader
 
         return BatchReader(args.batches, store=args.store).content_fingerprint(n_batches)
-    from ..batching.plans.io import load_plan
-    from ..batching.tokens.sources import open_token_source, verify_source
+    from ..batching.plans.kinds import open_row_plan
+    from ..batching.plans.rows import open_row_source
+    from ..batching.tokens.sources import verify_source
 
     check = not getattr(args, "no_verify", True)  # batch verify compares content itself: it names the microbatch
-    plan = load_plan(args.plan, verify=check)
-    source = open_token_source(args.store, tokenizer_hash=plan.meta.tokenizer_hash)
+    plan = open_row_plan(args.plan, f"batch {args.batch_action}", verify=check)
+    source = open_row_source(plan, args.store, check=False)  # fingerprint_plan_batches checks it against the plan
     if check:
         verify_source(source)
     return fingerprint_plan_batches(plan, source, n_batches, separator_ids=_separator_ids(args))

@@ -158,10 +158,8 @@ class PlanBatchSampler(_SamplerBase):
 
     def microbatch(self, epoch: int, index: int):
         """Global microbatch ``index`` of ``epoch`` as a :class:`~umlos_cuda.batching.plans.plan.MicrobatchSpec`
-        (rows, bucket, ``max_len``, packed rows), whole plan or windowed."""
-        if self.windowed:
-            return self.plan.microbatch_at(epoch, index)
-        return self.plan.microbatch(epoch, self.plan.get_epoch(epoch).local_index(index))
+        (rows, bucket, ``max_len``, packed rows), whole plan, windowed or mixed."""
+        return self.plan.microbatch_at(epoch, index)
 
     def _generate(self, epoch: int, start: int, owner: object) -> Iterator[list]:
         plan_epoch = None if self.windowed else self.plan.get_epoch(epoch)

@@ -47,7 +47,12 @@ def token_dtype_for(source: Any, separator_ids=()) -> str:
     """``<u2`` when every token id the source can hold fits 16 bits (its ``vocab_size``, else the
     unsigned type of its token array: a token store's ``tokens``, a Megatron dataset's ``dtype``),
     and so do the separator ids; ``<u4`` otherwise, or when the source does not say (a caller's own
-    source: the larger type is always right)."""
+    source: the larger type is always right). Several sources read as one (a mixture's components) fit when
+    each does; a length source over a store answers for its store."""
+    parts = getattr(source, "parts", None)
+    if isinstance(parts, list):
+        return "<u2" if all(token_dtype_for(part, separator_ids) == "<u2" for part in parts) else "<u4"
+    source = getattr(source, "store", source)
     vocab = getattr(source, "vocab_size", None)
     if not isinstance(vocab, int):
         vocab = None

@@ -37,7 +37,8 @@ from ... import checks, errors
 from ...files.atomic import atomic_output
 from ...errors import UmlosError
 from ..collate import collate_microbatch, plan_separator_ids
-from ..plans.integrity import check_source_matches_plan
+from ..plans.integrity import check_rows_match_plan
+from ..plans.rows import iter_microbatches
 from ...files.reader import read_json
 
 FINGERPRINT_FORMAT = "umlos_cuda.batch_fingerprint/1"
@@ -209,19 +210,21 @@ def _check_expected(expected: Any) -> None:
 
 
 def plan_batches(plan, source, *, pad_id: int = 0, separator_ids=()) -> Iterator[tuple[int, int, Any]]:
-    """``(epoch, index, CollatedBatch)`` of a plan, in training order from
-    epoch 0, collated from ``source`` (a token store or Megatron dataset)."""
+    """``(epoch, index, CollatedBatch)`` of a plan of rows (any kind: plans/rows.py), in training order from
+    epoch 0, collated from ``source`` (a token store or Megatron dataset; a mixture's components as one)."""
 
     separator_ids = plan_separator_ids(plan, separator_ids, source)
-    for epoch, index, microbatch in plan.iter_from(0, 0):
-        yield epoch, index, collate_microbatch(source, microbatch, pad_id=pad_id, separator_ids=separator_ids)
+    for epoch, microbatch in iter_microbatches(plan):
+        yield epoch, microbatch.index, collate_microbatch(source, microbatch, pad_id=pad_id,
+                                                          separator_ids=separator_ids)
 
 
 def fingerprint_plan_batches(plan, source, n_batches: int = DEFAULT_N_BATCHES, *, pad_id: int = 0,
                      separator_ids=()) -> BatchFingerprint:
-    """The :class:`BatchFingerprint` of a plan's first ``n_batches`` microbatches, collated from ``source``."""
+    """The :class:`BatchFingerprint` of a plan's first ``n_batches`` microbatches, collated from ``source``
+    (checked to hold the plan's rows: plans/integrity.py)."""
 
-    check_source_matches_plan(source, plan)
+    check_rows_match_plan(source, plan)
     batches = plan_batches(plan, source, pad_id=pad_id, separator_ids=separator_ids)
     items = list(islice(batches, _check_n(n_batches)))
     return batch_fingerprint((b for _, _, b in items), n_batches, positions=[(e, i) for e, i, _ in items],

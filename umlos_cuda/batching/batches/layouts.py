@@ -15,7 +15,9 @@ whatever the layout: the six int32 arrays of collation and the plan's
 is exactly as before (format ``umlos_cuda.batch_files/1``, no layout field),
 any other's has format ``umlos_cuda.batch_files/2`` and the fields
 ``layout``, ``compression`` and ``token_dtype`` (:meth:`Layout.identity`),
-so a reader that predates them refuses it instead of misreading it.
+so a reader that predates them refuses it instead of misreading it. A folder
+whose plan is not a whole plan has format ``umlos_cuda.batch_files/3``
+(provenance.py) and the three fields whatever its layout, ``npz`` included.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ...errors import UmlosError
 from ...files import reader
 from . import compact
 from .fingerprint import microbatch_digest
+from .provenance import FILES_FORMAT_V3
 from .npz import (FILES_FORMAT, MEMBERS, batch_file_name, check_batch_file, file_arrays, file_error, npz_bytes,
                   plan_members, row_sizes)
 from ..collate import CollatedBatch
@@ -86,12 +89,13 @@ class Layout:
         if data.get("format") == FILES_FORMAT:
             return cls("npz")
         name, compression, dtype = data.get("layout"), data.get("compression"), data.get("token_dtype")
+        bare = name in (("index", "npz") if data.get("format") == FILES_FORMAT_V3 else ("index",))
         known = (name == "compact" and compression in (None, "zstd") and dtype in compact.TOKEN_DTYPES) or \
-            (name == "index" and compression is None and dtype is None)
+            (bare and compression is None and dtype is None)
         if not known:
             raise file_error(f"{path}: layout {name!r}, compression {compression!r}, token_dtype {dtype!r} is no "
                              f"batch file layout (compact with compression null or 'zstd' and token_dtype one of "
-                             f"{', '.join(compact.TOKEN_DTYPES)}; index with both null)")
+                             f"{', '.join(compact.TOKEN_DTYPES)}; index, or npz in format 3, with both null)")
         return cls(str(name), compression, dtype)
 
     @property
@@ -103,11 +107,15 @@ class Layout:
         return ".npz.zst" if self.compression == "zstd" else ".npz"
 
     def identity(self) -> dict:
-        """The fields batches.json records (and a resumed run compares): none beyond the format for ``npz``."""
+        """The fields batches.json records (and a resumed run compares) for a whole plan's folder: none beyond
+        the format for ``npz``."""
         if self.name == "npz":
             return {"format": FILES_FORMAT}
-        return {"format": FILES_FORMAT_V2, "layout": self.name, "compression": self.compression,
-                "token_dtype": self.token_dtype}
+        return {"format": FILES_FORMAT_V2, **self.fields()}
+
+    def fields(self) -> dict:
+        """``layout``, ``compression`` and ``token_dtype``: what a format-2 or format-3 batches.json records."""
+        return {"layout": self.name, "compression": self.compression, "token_dtype": self.token_dtype}
 
     def file_name(self, epoch: int, index: int) -> str:
         return batch_file_name(epoch, index, self.suffix)

@@ -1,11 +1,13 @@
 """Write a plan's microbatches as batch files (``umlos-cuda batch generate``).
 
-What goes in: a batch plan, the token source it was built from (a token
-store or a Megatron dataset; BATCH_STORE_MISMATCH otherwise) and an output
-folder, and the layout of the files (layouts.py: ``compact`` by default,
-``npz`` for the six int32 arrays; zstd optional). What comes out: the folder
-of umlos_cuda/batching/batches/npz.py, one file per microbatch of every
-epoch, and a report of what was done.
+What goes in: a plan of any kind whose microbatches are dataset rows (plans/rows.py: a whole plan or a shard
+of one, a windowed plan, a mixed plan; a kind's ``save_into`` writes its copy), the token source its rows are
+read from (a token store or a Megatron dataset; a mixture's: one per component, in order; BATCH_STORE_MISMATCH,
+naming the component, when one is not the plan's) and an output folder, and the layout of the files (layouts.py:
+``compact`` by default, ``npz`` for the six int32 arrays; zstd optional). What comes out: the folder of
+umlos_cuda/batching/batches/npz.py, one file per microbatch of every epoch, and a report of what was done. The
+folder holds a copy of the plan in its own kind (``plan/``); for a kind other than the whole plan, batches.json
+also names that kind and each token source with its identity (provenance.py, format 3).
 
 A packed plan's microbatches are collated row by packed row
 (:func:`~umlos_cuda.batching.collate.collate_microbatch`).
@@ -23,17 +25,17 @@ umask. Before anything is removed or written, every name of this project's
 in it must be what the writer makes (regular files, a real plan folder):
 a link or a FIFO there is refused, nothing deleted.
 
-Atomic per file, resumable: each file is written to a hidden temp name,
-fsynced and renamed, so a crash or a kill leaves only finished files (and
-temp files, removed on the next run). ``batches.json`` is written first,
-marked unfinished, with what the files are made from (plan fingerprint,
-tokenizer, lengths, pad and separator ids); a later run into the same folder checks that it
-is the same job (BATCH_OUTPUT_MISMATCH otherwise, unless ``force``, which
-starts over), keeps every finished file whose bytes are exactly those it
-would write (the files are deterministic, so this verifies each one
-completely), rewrites any other, and writes the missing ones. The last step
-marks ``batches.json`` finished, with every file's digest and the batch
-fingerprint of the first microbatches; only then does a
+Atomic per file, resumable: each file is written to a hidden temp name, fsynced
+and renamed, so a crash or a kill leaves only finished files (and temp files,
+removed on the next run). ``batches.json`` is written first, marked unfinished,
+with what the files are made from (plan fingerprint, tokenizer and lengths, or
+the plan's kind and its token sources; pad and separator ids); a later run into
+the same folder checks that it is the same job (BATCH_OUTPUT_MISMATCH
+otherwise, unless ``force``, which starts over), keeps every finished file
+whose bytes are exactly those it would write (the files are deterministic, so
+this verifies each one completely), rewrites any other, and writes the missing
+ones. The last step marks ``batches.json`` finished, with every file's digest
+and the batch fingerprint of the first microbatches; only then does a
 :class:`~umlos_cuda.batching.batches.reader.BatchReader` open the folder.
 """
 
@@ -56,17 +58,17 @@ from ...files.writer import ArtifactKind, Folder, open_in_place
 from .layouts import DEFAULT_LAYOUT, FILES_FORMAT_V2, Layout
 from .npz import FILES_FORMAT, INDEX_FILE, PLAN_FOLDER
 from .fingerprint import DEFAULT_N_BATCHES, BatchFingerprint, combine_digests, microbatch_digest
+from .provenance import FILES_FORMAT_V3, IMPLIED_KIND, job_view, source_parts, source_path, source_records
 from ..collate import collate_microbatch, plan_separator_ids
-from ..plans.plan import BatchPlan
-from ..plans.io import PLAN, load_plan, save_plan_into
-from ..plans.kinds import open_row_plan, plan_kind_of
-from ..plans.integrity import check_source_matches_plan
-from ..tokens.sources import open_token_source, verify_source
+from ..plans.kinds import PlanKind, kind_of_plan, open_row_plan, plan_kind_of, plan_kinds
+from ..plans.plan import plan_error
+from ..plans.rows import RowPlan, iter_microbatches, open_row_source
+from ..tokens.sources import verify_source
 from .reader import read_index
 
 #: The fields of batches.json that say what the files are made from.
-IDENTITY = ("format", "layout", "compression", "token_dtype", "plan_fingerprint", "tokenizer_hash", "lengths_sha256",
-            "pad_id", "separator_ids")
+IDENTITY = ("format", "layout", "compression", "token_dtype", "plan_kind", "plan_fingerprint", "tokenizer_hash",
+            "lengths_sha256", "sources", "pad_id", "separator_ids")
 _OUR_FILES = re.compile(r"^(\.tmp-[0-9a-f]{8}-)?epoch_\d+_batch_\d+\.npz(\.zst)?$")
 #: The index's temp file, which a run killed while writing it leaves behind.
 _INDEX_TEMP = re.compile(r"^\.tmp-[0-9a-f]{8}-batches\.json$")
@@ -74,7 +76,8 @@ _INDEX_TEMP = re.compile(r"^\.tmp-[0-9a-f]{8}-batches\.json$")
 _PLAN_TEMP = re.compile(rf"^\.(tmp|old)-{PLAN_FOLDER}-[0-9a-f]{{8}}$")
 #: The artifact kind; a folder written before markers is known by its batches.json's format.
 BATCH_FOLDER = ArtifactKind("batch folder", lambda folder: json_field(folder, INDEX_FILE, "format") in (FILES_FORMAT,
-                                                                                           FILES_FORMAT_V2))
+                                                                                           FILES_FORMAT_V2,
+                                                                                           FILES_FORMAT_V3))
 
 
 @dataclass(frozen=True)
@@ -94,16 +97,18 @@ class BatchWriter:
     """``BatchWriter(plan, output_dir, store).write_all()``.
 
     Args:
-        plan: a :class:`BatchPlan` or a plan folder.
+        plan: a plan of rows (a :class:`~..plans.plan.BatchPlan`, a windowed or a mixed plan, or a plan of a kind
+            registered with ``save_into``) or its folder.
         output_dir: the batch folder (created; its parent must exist).
-        store: the token source: a token store, a Megatron dataset, or a path to one.
+        store: the token source: a token store, a Megatron dataset, or a path to one; for a mixed plan, one per
+            component, in the plan's order (a list).
         pad_id: the token id at padding.
         separator_ids: for a plan packed with separators, the token ids put
             between a row's samples (exactly ``separator_len`` of them).
         workers: threads (default: the CPU count, at most 8).
         force: replace an existing batch folder of another job instead of refusing.
         n_batches: microbatches the batch fingerprint covers (default 100).
-        verify: re-hash a plan given as a folder and the token source against
+        verify: re-hash a plan given as a folder (its kind's ``digests``) and the token source against
             their recorded digests before anything is written (default; see
             :func:`~umlos_cuda.batching.tokens.sources.verify_source`).
         layout: ``"compact"`` (default), ``"npz"`` (the six int32 arrays,
@@ -112,21 +117,17 @@ class BatchWriter:
         compression: ``None`` / ``"none"`` or ``"zstd"`` (compact files only).
     """
 
-    def __init__(self, plan: BatchPlan | str | os.PathLike[str], output_dir: str | os.PathLike[str], store: Any, *,
+    def __init__(self, plan: RowPlan | str | os.PathLike[str], output_dir: str | os.PathLike[str], store: Any, *,
                  pad_id: int = 0, separator_ids=(), workers: int | None = None, force: bool = False,
                  n_batches: int = DEFAULT_N_BATCHES, verify: bool = True, layout: str | Layout = DEFAULT_LAYOUT,
                  compression: str | None = None) -> None:
         self.inputs = _input_paths(plan, store)
-        if isinstance(plan, BatchPlan) or plan_kind_of(plan).name == PLAN.name:
-            self.plan = plan if isinstance(plan, BatchPlan) else load_plan(plan, verify=verify)
-            self.source = open_token_source(store, tokenizer_hash=self.plan.meta.tokenizer_hash)
-        else:  # another kind of plan of rows (a windowed plan): its microbatches as a whole plan of the store's rows
-            self.source = open_token_source(store)
-            self.plan = open_row_plan(plan, "batch generate", whole=True, lengths=self.source.length_cache())
+        self.kind, self.plan = _open(plan, verify)
+        self.source = open_row_source(self.plan, store)
         self.separator_ids = plan_separator_ids(self.plan, separator_ids, self.source)
-        check_source_matches_plan(self.source, self.plan)
         if verify:
             verify_source(self.source)
+        self.sources = None if self.kind.name == IMPLIED_KIND else source_records(self.plan, self.source)
         self.output = os.path.abspath(os.fspath(output_dir))
         self.pad_id = pad_id
         self.workers = checks.integer(workers or min(8, os.cpu_count() or 1), "workers", 1, None,
@@ -138,11 +139,22 @@ class BatchWriter:
         self.layout = layout if isinstance(layout, Layout) else \
             Layout.choose(layout, compression, source=self.source, separator_ids=self.separator_ids)
 
+    @property
+    def total_microbatches(self) -> int:
+        """The files (microbatches) of every epoch."""
+        return sum(len(self.plan.epoch_indices(epoch)) for epoch in range(self.plan.num_epochs))
+
     def identity(self) -> dict:
-        """What the files are made from (the fields a resumed run must match)."""
-        return {**self.layout.identity(), "plan_fingerprint": self.plan.fingerprint,
-                "tokenizer_hash": self.plan.meta.tokenizer_hash, "lengths_sha256": self.plan.meta.lengths_sha256,
-                "pad_id": self.pad_id, "separator_ids": list(self.separator_ids)}
+        """What the files are made from (the fields a resumed run must match): a whole plan's fingerprint,
+        tokenizer and lengths (formats 1 and 2, as ever), or any other kind's name, fingerprint and token sources
+        (format 3, provenance.py); the pad and separator ids."""
+        ids = {"pad_id": self.pad_id, "separator_ids": list(self.separator_ids)}
+        if self.sources is None:
+            part = self.plan.row_parts()[0]
+            return {**self.layout.identity(), "plan_fingerprint": self.plan.fingerprint,
+                    "tokenizer_hash": part.tokenizer_hash, "lengths_sha256": part.binding["lengths_sha256"], **ids}
+        return {"format": FILES_FORMAT_V3, **self.layout.fields(), "plan_kind": self.kind.name,
+                "plan_fingerprint": self.plan.fingerprint, "sources": self.sources, **ids}
 
     def write_all(self, progress: Callable[[int, int], None] | None = None) -> BatchWriteReport:
         """Write (or keep, after verifying) every microbatch's file; ``progress(done, total)`` as files finish."""
@@ -150,14 +162,14 @@ class BatchWriter:
             return self._write_all(folder, progress)
 
     def _write_all(self, folder: Folder, progress) -> BatchWriteReport:
-        total = self.plan.total_microbatches
+        total = self.total_microbatches
         digests: dict[tuple[int, int], str] = {}
         counts = {"written": 0, "kept": 0, "rewritten": 0}
         window = 4 * self.workers
         with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="umlos-batches") as pool:
             pending: set = set()
             try:
-                for epoch, _, microbatch in self.plan.iter_from(0, 0):
+                for epoch, microbatch in iter_microbatches(self.plan):
                     if len(pending) >= window:
                         done, pending = wait(pending, return_when=FIRST_COMPLETED)
                         self._collect(done, digests, counts, progress, total)
@@ -196,10 +208,14 @@ class BatchWriter:
                 with folder.sub(PLAN_FOLDER) as copy:
                     finished = copy.lstat("meta.json") is not None
             if finished:
-                if load_plan(folder.join(PLAN_FOLDER)).fingerprint != self.plan.fingerprint:
-                    raise _mismatch(f"{folder.join(PLAN_FOLDER)} holds another plan than {self.plan.fingerprint}")
+                held = folder.join(PLAN_FOLDER)
+                if plan_kind_of(held) is not self.kind or \
+                        open_row_plan(held, "batch generate").fingerprint != self.plan.fingerprint:
+                    raise _mismatch(f"{held} holds another plan than {self.plan.fingerprint}")
             else:
-                save_plan_into(self.plan, folder, PLAN_FOLDER, force=plan is not None)
+                assert self.kind.save_into is not None  # _open refused a kind without one
+                self.kind.save_into(self.plan, folder, PLAN_FOLDER, force=plan is not None,
+                                    sources=[source_path(part) for part in source_parts(self.plan, self.source)])
         except OSError as exc:
             folder.close()
             raise write_failed(self.output, exc) from exc
@@ -237,15 +253,12 @@ class BatchWriter:
             progress(len(digests), total)
 
     def _finish(self, folder: Folder, digests: dict[tuple[int, int], str]) -> BatchFingerprint:
-        order = [(epoch.epoch, epoch.global_index(j)) for epoch in self.plan.epochs for j in range(len(epoch))]
-        first = order[:self.n_batches]
+        held = [(epoch, list(self.plan.epoch_indices(epoch))) for epoch in range(self.plan.num_epochs)]
+        first = [(epoch, index) for epoch, indices in held for index in indices][:self.n_batches]
         fingerprint = BatchFingerprint(combine_digests(digests[p] for p in first), self.n_batches,
                                        tuple(digests[p] for p in first), tuple(first), self.plan.fingerprint)
-        epochs = []
-        for epoch in self.plan.epochs:
-            indices = [epoch.global_index(j) for j in range(len(epoch))]
-            epochs.append({"epoch": epoch.epoch, "indices": indices,
-                           "digests": [digests[(epoch.epoch, i)] for i in indices]})
+        epochs = [{"epoch": epoch, "indices": indices, "digests": [digests[(epoch, i)] for i in indices]}
+                  for epoch, indices in held]
         try:
             _write_index(folder, {**self.identity(), "complete": True, "epochs": epochs,
                                         "batch_fingerprint": fingerprint.to_json()})
@@ -265,8 +278,24 @@ def _read_identity(path: str) -> dict:
 
 
 def _view(data: dict) -> dict:
-    """The identity fields of ``data`` (None for those an ``npz`` folder's index does not have)."""
-    return {key: data.get(key) for key in IDENTITY}
+    """The identity fields of ``data`` (None for those its format does not have), its sources without their paths."""
+    view = {key: data.get(key) for key in IDENTITY}
+    view["sources"] = job_view(view["sources"])
+    return view
+
+
+def _open(plan: Any, verify: bool) -> tuple[PlanKind, Any]:
+    """The kind of ``plan`` (a folder, or a plan opened) and the plan, opened (``verify``: its kind's ``digests``
+    re-hashed); PLAN_NOT_FOUND for a kind that is no plan of rows, or that cannot write its copy (no ``save_into``)."""
+    if isinstance(plan, (str, os.PathLike)):
+        kind, plan = plan_kind_of(plan), open_row_plan(plan, "batch generate", verify=verify)
+    else:
+        kind = kind_of_plan(plan)
+    if not kind.rows or kind.save_into is None:
+        takes = " or a ".join(k.name for k in plan_kinds() if k.save_into is not None)
+        raise plan_error(errors.PLAN_NOT_FOUND, f"a {kind.name} cannot be written as batch files (its kind has no "
+                                                f"save_into); batch generate takes a {takes}")
+    return kind, plan
 
 
 def _differences(a: dict, b: dict) -> str:

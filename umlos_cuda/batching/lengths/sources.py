@@ -118,6 +118,25 @@ class LengthSource:
         return None
 
 
+def source_identity(source) -> dict | None:
+    """``source.identity()`` (:meth:`LengthSource.identity`) for any source that has one (a token store opened
+    whole does too), None for one that has none: what an artifact cut from it records."""
+    identity = getattr(source, "identity", None)
+    return identity() if callable(identity) else None
+
+
+def identity_differences(recorded, source) -> str | None:
+    """What differs between the identity an artifact ``recorded`` of its token source and ``source``'s now, by
+    name (``tokens_sha256 'b…' (recorded 'a…')``); None when they agree or either is unknown (lengths alone)."""
+    now = source_identity(source)
+    if recorded is None or now is None or now == recorded:
+        return None
+    if not isinstance(recorded, dict) or not isinstance(now, dict):
+        return "its identity"
+    return ", ".join(f"{key} {now.get(key)!r} (recorded {recorded.get(key)!r})"
+                     for key in sorted(set(recorded) | set(now)) if recorded.get(key) != now.get(key))
+
+
 class ArrayLengths(LengthSource):
     """Lengths held in memory (uint32); bound by the SHA-256 of their bytes, as whole-epoch plans are."""
 

@@ -16,6 +16,7 @@ Modules:
     io                plan folders on disk
     verify            every invariant of a plan folder, and that it rebuilds
     sharding          split a plan across ranks
+    rows              what every plan of rows answers (whole, windowed, mixed) and the token source of its rows
     checkpoint_kinds  the ``plan`` cursor kind inside checkpoints
     windows/          windowed plans: a window of the order at a time, a per-window index, random access
     explain/          ``plan explain``: what each rank trains on at a step of a run, row by row

@@ -114,7 +114,7 @@ class BatchingConfig:
         window: the plan's scope. None (default): each epoch is planned whole. ``W``: each epoch is planned a
             window of ``W`` positions of its order at a time, as a windowed plan plans it (docs/batching.md,
             "Windowed plans": the same microbatches); a whole plan so made is a windowed plan's microbatches
-            held whole (``WindowedPlan.as_batch_plan``: ``plan shard``, ``batch generate``), and rebuilds
+            held whole (``WindowedPlan.as_batch_plan``: ``plan shard``), and rebuilds
             and verifies as any plan. In :meth:`to_dict` only when set. Windows plan token-budget buckets,
             packed or not: no pairs, over-long policy or split yet.
     """

@@ -204,26 +204,74 @@ def check_source_matches_plan(source, plan) -> None:
 
 def check_rows_match_plan(source, plan) -> None:
     """BATCH_STORE_MISMATCH unless ``source`` holds the rows ``plan`` hands out: a whole plan's
-    :func:`check_source_matches_plan`; a windowed plan (which records only its lengths) the count and the
-    SHA-256 of its lengths, from their binding (or from every length, for lengths bound otherwise). A mixed
-    plan's rows are those of its recorded components, which it reopens itself: not checked here."""
-    from .windows import WindowedPlan
-
+    :func:`check_source_matches_plan`; any other plan of rows, each of its parts (``plan.row_parts()``: its one
+    dataset, or a mixture's components one after another) in turn: its count, the SHA-256 of its lengths (from
+    their binding, or from every length for lengths bound otherwise) and, where both name one, its tokenizer.
+    A mixture's message names the component that differs, and its own source when ``source`` is a list of them
+    (a ``SourceList``, one part per component: :func:`check_parts_match_plan`)."""
     if isinstance(plan, BatchPlan):
         check_source_matches_plan(source, plan)
         return
-    if not isinstance(plan, WindowedPlan):  # a mixed plan's rows are its components' (plans/windows/mixed.py)
-        return
-    bound = plan.source
-    count = int(plan.definition.num_samples)
+    parts = plan.row_parts()
     where = _where(source)
-    if len(source) != count:
-        raise _mismatch(f"{where} holds {len(source)} samples; the plan was built from {count}")
-    binding = bound.binding()
-    expected = binding["lengths_sha256"] if binding.get("kind") == "array" else \
-        sha256_array(np.asarray(bound.take(np.arange(count, dtype=np.int64)), dtype="<u4"))
-    if sha256_array(np.asarray(source.lengths, dtype="<u4")) != expected:
-        raise _mismatch(f"the lengths of {where} differ from those the plan was built from")
+    total = sum(part.count for part in parts)
+    if len(source) != total:
+        counts = "" if len(parts) == 1 else f" ({', '.join(f'{part.name!r} {part.count}' for part in parts)})"
+        raise _mismatch(f"{where} holds {len(source)} samples; the plan was built from {total}{counts}")
+    pieces = getattr(source, "parts", None)
+    if isinstance(pieces, list) and len(parts) > 1 and [p.count for p in pieces] == [p.count for p in parts]:
+        check_parts_match_plan(pieces, plan)
+        return
+    start = 0
+    for i, part in enumerate(parts):
+        what = where if len(parts) == 1 else \
+            f"component {i} ({part.name!r}) of the plan: rows {start} to {start + part.count - 1} of {where}"
+        _check_part(part, source, start, len(parts) == 1, what)
+        start += part.count
+
+
+def check_parts_match_plan(pieces: list, plan) -> None:
+    """BATCH_STORE_MISMATCH unless each of ``pieces`` (one source per part of ``plan``'s rows, in order: a
+    mixture's component stores) holds its part: its count, its lengths and its tokenizer, as
+    :func:`check_rows_match_plan`, the component and its source named."""
+    parts = plan.row_parts()
+    if len(pieces) != len(parts):
+        raise _mismatch(f"{len(pieces)} token sources given for the plan's {len(parts)} datasets")
+    for i, (part, piece) in enumerate(zip(parts, pieces)):
+        what = f"component {i} ({part.name!r}) of the plan: {_where(piece)}"
+        if piece.count != part.count:
+            raise _mismatch(f"{what} holds {piece.count} samples; the plan was built from {part.count}")
+        _check_part(part, piece, 0, True, what)
+
+
+def _check_part(part, held, first: int, whole: bool, what: str) -> None:
+    """One part's lengths (rows ``first ..`` of ``held``; ``whole``: all of them) and tokenizer against the plan's."""
+    tokenizer = getattr(held, "tokenizer_hash", None)
+    if part.tokenizer_hash is not None and tokenizer is not None and tokenizer != part.tokenizer_hash:
+        raise _mismatch(f"{what} was tokenized by the tokenizer of fingerprint {tokenizer}; the plan's lengths "
+                        f"were counted by {part.tokenizer_hash}: {DIFFERENT_TOKENIZER}")
+    if _lengths_sha256(held, first, part.count, whole) != _bound_sha256(part):
+        raise _mismatch(f"the lengths of {what} differ from those the plan was built from")
+
+
+def _bound_sha256(part) -> str:
+    """The SHA-256 of a part's lengths: its binding's, or hashed from its source for lengths bound otherwise."""
+    if part.binding.get("kind") == "array":
+        return part.binding["lengths_sha256"]
+    return sha256_array(np.asarray(part.source.take(np.arange(part.count, dtype=np.int64)), dtype="<u4"))
+
+
+def _lengths_sha256(source, start: int, count: int, whole: bool) -> str:
+    """The SHA-256 of rows ``start .. start + count - 1``'s lengths in ``source``: its binding's when they are all
+    of its rows (``whole``; hashed a piece at a time, cached), else from the lengths read by rows (``take``) or
+    held (``lengths``)."""
+    binding = getattr(source, "binding", None)
+    if whole and callable(binding) and binding().get("kind") == "array":
+        return binding()["lengths_sha256"]
+    take = getattr(source, "take", None)
+    lengths = take(np.arange(start, start + count, dtype=np.int64)) if callable(take) else \
+        source.lengths[start:start + count]
+    return sha256_array(np.asarray(lengths, dtype="<u4"))
 
 
 def _where(source) -> str:

@@ -85,6 +85,26 @@ class MicrobatchSpec:
 
 
 @dataclass(frozen=True)
+class RowPart:
+    """One dataset whose rows a plan's microbatches index. A plan of rows reads its parts one after another
+    (one part, or a mixture's components in order: part ``i``'s row ``r`` is the plan's row
+    ``r + sum of the earlier parts' counts``). ``name``: what sample ids show of it (empty for a plan of one
+    dataset); ``binding``: its lengths as the plan's fingerprint records them (``{"kind": "array", "count",
+    "lengths_sha256"}``, or another kind's record with its ``count``); ``source``: the lengths it was planned from
+    (None for a whole plan, which holds them); ``tokenizer_hash``: the tokenizer the plan names for it (None:
+    none). What a consumer checks a token source against (plans/integrity.py, :func:`check_rows_match_plan`)."""
+
+    name: str
+    binding: dict
+    source: Any = field(default=None, repr=False, compare=False)
+    tokenizer_hash: str | None = None
+
+    @property
+    def count(self) -> int:
+        return int(self.binding["count"])
+
+
+@dataclass(frozen=True)
 class BatchPlanMeta:
     """What a plan was built from and what it is (meta.json).
 
@@ -298,6 +318,22 @@ class BatchPlan:
         stats = self.get_epoch(epoch).stats
         return int(stats.get("global_microbatches", stats["microbatches"]))
 
+    def epoch_indices(self, epoch: int) -> range:
+        """The global indices of the microbatches of ``epoch`` this plan holds, in order (a shard: its rank's)."""
+        plan = self.get_epoch(epoch)
+        return range(plan.index_base, plan.index_base + len(plan) * plan.index_step, plan.index_step)
+
+    @property
+    def source_fingerprint(self) -> str | None:
+        """The full plan's fingerprint (a shard's source; the plan's own otherwise)."""
+        return self.meta.source_fingerprint
+
+    def row_parts(self) -> tuple[RowPart, ...]:
+        """The one dataset the rows index (:class:`RowPart`): the lengths and tokenizer meta.json binds."""
+        meta = self.meta
+        binding = {"kind": "array", "count": meta.num_samples, "lengths_sha256": meta.lengths_sha256}
+        return (RowPart("", binding, None, meta.tokenizer_hash),)
+
     # ------------------------------------------------------------------ ids
     def sample_id(self, row: int) -> str:
         return str(int(row)) if self.sample_ids is None else self.sample_ids[int(row)]
@@ -325,6 +361,16 @@ class BatchPlan:
             packs = tuple(ids[a:b] for a, b in pairwise(bounds))
         return MicrobatchSpec(plan.global_index(j), ids, int(plan.bucket_ids[j]), int(plan.max_len[j]), rows,
                               packs, sizes, spans, None if pieces is None else tuple(pieces.tolist()))
+
+    def microbatch_at(self, epoch: int, index: int) -> MicrobatchSpec:
+        """Global microbatch ``index`` of ``epoch`` (every plan of rows answers this); PLAN_CURSOR_INVALID when it is
+        not one this plan holds (a shard holds its rank's)."""
+        plan = self.get_epoch(epoch)
+        local = plan.local_index(index) if checks.is_integer(index) else None
+        if local is None or not 0 <= local < len(plan):
+            raise plan_error(errors.PLAN_CURSOR_INVALID, f"microbatch {index!r} is not one of epoch {epoch} "
+                             f"of this {'shard' if self.meta.shard else 'plan'}")
+        return self.microbatch(epoch, local)
 
     def iter_epoch(self, epoch: int) -> Iterator[MicrobatchSpec]:
         plan = self.get_epoch(epoch)

@@ -136,9 +136,15 @@ def source_name(source: Any) -> str:
 def verify_source(source) -> None:
     """Re-check what a source's own files can prove before anything is derived from it: a token store's
     digests, loss mask values and vocabulary (:meth:`TokenStore.verify`), a Megatron dataset's token
-    ids (:meth:`MegatronDataset.verify`); a source without ``verify`` (an object a caller built) is its
+    ids (:meth:`MegatronDataset.verify`); several sources read as one (a mixture's components) each in turn,
+    and a length source over a store its store; a source without ``verify`` (an object a caller built) is its
     caller's to check."""
-    check = getattr(source, "verify", None)
+    parts = getattr(source, "parts", None)
+    if isinstance(parts, list):
+        for part in parts:
+            verify_source(part)
+        return
+    check = getattr(getattr(source, "store", source), "verify", None)
     if callable(check):
         check()
 

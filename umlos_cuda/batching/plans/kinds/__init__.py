@@ -16,10 +16,10 @@ mixed pretraining seq.  mixture   windows  sample      no     :mod:`.mixed_seque
 ======================  ========  =======  ==========  =====  ==================
 
 ("rows": every microbatch lists rows of one dataset -- a mixture's dataset is its components one after another --
-so a batch sampler and a collator can hand them out; ``plan shard`` and ``batch generate`` take the kinds whose
-microbatches a whole plan can hold: whole and windowed plans.) Every command, sampler and loader reaches a kind
-through this registry (:func:`plan_kind_of`, :func:`open_plan`) and never asks a folder which kind it is one
-``is_*`` at a time.
+so a batch sampler, a collator and ``batch generate`` can hand them out, the last through the kind's
+``save_into``; ``plan shard`` takes the kinds whose microbatches a whole plan can hold: whole and windowed
+plans.) Every command, sampler and loader reaches a kind through this registry (:func:`plan_kind_of`,
+:func:`open_plan`) and never asks a folder which kind it is one ``is_*`` at a time.
 
 Modules:
     kind             :class:`PlanKind`: where a kind sits in the model, and its open/save/verify/report/explain
@@ -51,8 +51,8 @@ from ..plan import plan_error
 from . import mixed, mixed_sequences, sequences, shard_set, whole, windowed
 from .kind import ORDERS, SCOPES, UNITS, VERIFY_OPTIONS, PlanKind, registry_error
 
-__all__ = ["ORDERS", "SCOPES", "UNITS", "VERIFY_OPTIONS", "PlanKind", "get_plan_kind", "open_plan", "open_row_plan",
-           "plan_kind_of", "plan_kinds", "register_plan_kind", "unregister_plan_kind"]
+__all__ = ["ORDERS", "SCOPES", "UNITS", "VERIFY_OPTIONS", "PlanKind", "get_plan_kind", "kind_of_plan", "open_plan",
+           "open_row_plan", "plan_kind_of", "plan_kinds", "register_plan_kind", "unregister_plan_kind"]
 
 #: The kinds of this release, in the order they are listed to users.
 BUILT_IN = (whole.KIND, windowed.KIND, mixed.KIND, sequences.KIND, mixed_sequences.KIND)
@@ -136,12 +136,24 @@ def open_plan(folder) -> Any:
     return plan_kind_of(folder).open(folder)
 
 
-def open_row_plan(folder, user: str, *, whole: bool = False, lengths=None) -> Any:
+def kind_of_plan(plan) -> PlanKind:
+    """The kind of the opened plan ``plan`` (the registered kind whose ``plan_type`` it is an instance of);
+    PLAN_NOT_FOUND naming the kinds that say which plans are theirs."""
+    for kind in plan_kinds():
+        if kind.plan_type is not None and isinstance(plan, kind.plan_type):
+            return kind
+    known = ", ".join(f"{k.plan_type.__name__} ({k.name})" for k in plan_kinds() if k.plan_type is not None)
+    raise plan_error(errors.PLAN_NOT_FOUND, f"{type(plan).__name__} is no plan of a registered kind: give one of "
+                                            f"{known}, or a plan folder")
+
+
+def open_row_plan(folder, user: str, *, whole: bool = False, lengths=None, verify: bool = False) -> Any:
     """The plan in ``folder`` when its microbatches list rows of one dataset (a kind with ``rows``), for ``user``
     (what hands them out: a sampler, a collator, ``plan shard``, ``batch generate``); PLAN_NOT_FOUND naming the kinds
     that do otherwise. ``whole``: as a whole plan (the kind's ``whole``; ``lengths``: a length cache of the same
     rows), for what needs one; PLAN_NOT_FOUND for a kind a whole plan cannot hold (a mixture: its rows are several
-    datasets')."""
+    datasets'). ``verify``: also re-hash what the kind's ``open`` trusts (its ``digests``: a whole plan's arrays
+    against meta.json), as the commands that derive new artifacts from a plan do."""
     kind = plan_kind_of(folder)
     if not kind.rows or (whole and kind.whole is None):
         takes = " or a ".join(k.name for k in plan_kinds() if k.rows and (k.whole is not None or not whole))
@@ -150,4 +162,6 @@ def open_row_plan(folder, user: str, *, whole: bool = False, lengths=None) -> An
         raise plan_error(errors.PLAN_NOT_FOUND, f"{os.fspath(folder)} is a {kind.name}, {what}; {user} takes a "
                                                 f"{takes}")
     plan = kind.open(folder)
+    if verify and kind.digests is not None:
+        kind.digests(plan, os.fspath(folder))
     return kind.whole(plan, lengths) if whole and kind.whole is not None else plan

@@ -37,8 +37,16 @@ class PlanKind:
     ``{"fingerprint", "checks"}`` (``options`` among :data:`VERIFY_OPTIONS`, only those in
     ``verify_options``); ``report(folder, world_size=, rank=)`` is ``plan info``'s dict and
     ``lines(report)`` its text. ``whole(plan, lengths)`` (only kinds with ``rows``; None where a whole plan cannot
-    hold them): the same microbatches as a whole plan, for ``plan shard`` and ``batch generate`` (``lengths``: a
-    length cache of the same rows, whose ids and hashes it records; None: the plan's own).
+    hold them): the same microbatches as a whole plan, for ``plan shard`` (``lengths``: a length cache of the
+    same rows, whose ids and hashes it records; None: the plan's own).
+
+    What ``batch generate`` and ``BatchReader`` need of a kind with ``rows`` (its plans answer
+    :class:`~..rows.RowPlan`): ``plan_type``, the class of its opened plans (how :func:`kind_of_plan` knows one);
+    ``save_into(plan, parent, name, force=, sources=)``, its folder written into a folder held open (a batch
+    folder's copy of its plan; ``sources``: where its rows were read from, one path or None per part, which a
+    copy that does not hold its lengths records as where to reopen them); ``digests(plan, folder)``, the
+    re-hash of what ``open`` trusts without hashing (a whole plan's arrays; None: ``open`` hashes all it reads).
+    A kind with ``rows`` but no ``save_into`` is refused by ``batch generate``, naming those that have one.
 
     ``explain(plan, epoch, k, tokens)`` (``plan explain``; None: a kind it cannot explain) is unit ``k`` of
     ``epoch`` (a microbatch, or a sample of a kind whose unit is one) as the dict of
@@ -61,11 +69,15 @@ class PlanKind:
     whole: Callable[[Any, Any], Any] | None = None
     explain: Callable[[Any, int, int, Any], dict] | None = None
     origin: Callable[[Any], dict] | None = None
+    plan_type: type | None = None
+    save_into: Callable[..., None] | None = None
+    digests: Callable[[Any, str], None] | None = None
 
     def __post_init__(self) -> None:
-        if self.whole is not None and not self.rows:
-            raise registry_error(f"only a plan kind whose microbatches are rows gives them as a whole plan (whole=): "
-                                 f"{self.artifact.name!r}")
+        for name in ("whole", "save_into", "digests"):
+            if getattr(self, name) is not None and not self.rows:
+                raise registry_error(f"only a plan kind whose microbatches are rows takes {name}=: "
+                                     f"{self.artifact.name!r}")
         for value, allowed, what in ((self.order, ORDERS, "order"), (self.scope, SCOPES, "scope"),
                                      (self.unit, UNITS, "unit")):
             if value not in allowed:

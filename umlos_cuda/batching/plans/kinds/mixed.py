@@ -4,8 +4,8 @@
 What goes in: a mixed plan folder (opened with each component's recorded source). What comes out:
 :data:`KIND`, whose ``plan info`` report holds the definition, its segments and the index's totals (no window
 planned) and, with a world size, each rank's microbatches under the resume rule (global microbatch ``k`` to
-rank ``k mod R``). Its microbatches hold rows of its components one after another (``rows``: a batch sampler and a
-collator take it; no whole plan holds a mixture, so ``plan shard`` and ``batch generate`` do not).
+rank ``k mod R``). Its microbatches hold rows of its components one after another (``rows``: a batch sampler, a
+collator and ``batch generate`` take it; no whole plan holds a mixture, so ``plan shard`` does not).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import numpy as np
 from ..explain.rows import component_sources, microbatch_unit
 from ..sharding import share_ranks
 from ..windows.index import locate
-from ..windows.io import MIXED_PLAN, load_mixed_plan, save_mixed_plan
+from ..windows.io import MIXED_PLAN, load_mixed_plan, save_mixed_plan, save_mixed_plan_into
+from ..windows.mixed import MixedPlan
 from ..windows.mixture import MixedWindow
 from ..windows.resume import rank_indices
 from ..windows.verify import verify_mixed_plan
@@ -83,4 +84,5 @@ def explain_unit(plan, epoch: int, k: int, tokens=None) -> dict:
 
 KIND = PlanKind(MIXED_PLAN, order="mixture", scope="windows", unit="microbatch", rows=True, open=load_mixed_plan,
                 save=save_mixed_plan, verify=verify_mixed_plan, report=report, lines=lines,
-                verify_options=frozenset({"expected_fingerprint", "windows", "seed"}), explain=explain_unit)
+                verify_options=frozenset({"expected_fingerprint", "windows", "seed"}), plan_type=MixedPlan,
+                save_into=save_mixed_plan_into, explain=explain_unit)

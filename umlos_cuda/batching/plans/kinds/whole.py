@@ -12,7 +12,9 @@ import numpy as np
 from .... import errors
 from ...sources import length_cache
 from ..explain.rows import microbatch_unit
-from ..io import PLAN, load_plan, save_plan
+from ..integrity import check_digests
+from ..io import PLAN, load_plan, save_plan, save_plan_into
+from ..plan import BatchPlan
 from ..overlong import default_overlong_counts
 from ..plan import plan_error
 from ..sharding import rank_shares, share_ranks
@@ -147,7 +149,13 @@ def _whole(plan, lengths=None):
     return plan
 
 
+def _save_into(plan: BatchPlan, parent, name: str, *, force: bool = False, sources=None) -> None:
+    """:func:`~..io.save_plan_into`: a whole plan holds its lengths, so where its rows were read (``sources``) is
+    not recorded (a batch folder's copy keeps its bytes)."""
+    save_plan_into(plan, parent, name, force=force)
+
+
 KIND = PlanKind(PLAN, order="dataset", scope="epoch", unit="microbatch", rows=True, open=load_plan, save=save_plan,
                 verify=verify, report=report, lines=lines,
                 verify_options=frozenset({"expected_fingerprint", "lengths", "rebuild"}), whole=_whole,
-                explain=explain_unit)
+                plan_type=BatchPlan, save_into=_save_into, digests=check_digests, explain=explain_unit)

@@ -35,7 +35,7 @@ import numpy as np
 from .... import checks, errors
 from ....errors import UmlosError
 from ....files import reader
-from ....files.writer import ArtifactKind, Folder, output_folder
+from ....files.writer import ArtifactKind, Folder, output_folder, output_member
 from ..config import BatchingConfig
 from ...packing.config import PackingConfig
 from ..plan import plan_error
@@ -61,9 +61,24 @@ def save_windowed_plan(plan: WindowedPlan, directory, *, lengths_path=None, forc
                        inputs: Iterable = ()) -> str:
     """Write ``plan`` to the folder ``directory``; returns its absolute path. ``lengths_path``: where a
     later :func:`load_windowed_plan` finds the lengths (default: the source's ``origin``, if any)."""
-    meta = {**plan.header(), "lengths_path": recorded(plan.source, lengths_path),
-            "fingerprint": plan.fingerprint, "index_digests": plan.index_digests()}
-    return save_index_folder(directory, WINDOWED_PLAN, meta, plan.index, force=force, inputs=inputs)
+    return save_index_folder(directory, WINDOWED_PLAN, _windowed_meta(plan, recorded(plan.source, lengths_path)),
+                             plan.index, force=force, inputs=inputs)
+
+
+def save_windowed_plan_into(plan: WindowedPlan, parent: Folder, name: str, *, force: bool = False,
+                            sources=None) -> None:
+    """Write ``plan`` to the folder ``name`` inside ``parent``, a folder held open (a batch folder's copy of its
+    plan), its lengths recorded by absolute path so that the copy reopens them wherever it is read from:
+    ``sources`` (a one-item list: the token source its rows were read from, which holds the same lengths) or
+    the plan's own record."""
+    path = sources[0] if sources is not None and sources[0] is not None else recorded(plan.source)
+    write_index_member(parent, name, WINDOWED_PLAN, _windowed_meta(plan, absolute_paths(path)), plan.index,
+                       force=force)
+
+
+def _windowed_meta(plan: WindowedPlan, lengths_path) -> dict:
+    return {**plan.header(), "lengths_path": lengths_path, "fingerprint": plan.fingerprint,
+            "index_digests": plan.index_digests()}
 
 
 def save_index_folder(directory, kind: ArtifactKind, meta: dict, index: np.ndarray, *, force: bool = False,
@@ -73,10 +88,22 @@ def save_index_folder(directory, kind: ArtifactKind, meta: dict, index: np.ndarr
     through the output layer (files/writer.py: written aside, published in one step, marker ``kind``).
     Returns the folder's absolute path."""
     with output_folder(directory, kind, force=force, inputs=inputs, operator=errors.BATCH_PLAN_OPERATOR) as folder:
-        _write(folder, "index.npy", lambda handle: np.save(handle, np.ascontiguousarray(index, "<i8").reshape(-1),
-                                                           allow_pickle=False))
-        _write(folder, "meta.json", lambda handle: handle.write((json.dumps(meta, indent=2) + "\n").encode("ascii")))
+        _fill_index_folder(folder, meta, index)
     return os.path.abspath(os.fspath(directory))
+
+
+def write_index_member(parent: Folder, name: str, kind: ArtifactKind, meta: dict, index: np.ndarray, *,
+                       force: bool = False) -> None:
+    """:func:`save_index_folder` into the folder ``name`` inside ``parent``, held open (files/writer.py
+    ``output_member``: a batch folder's copy of its plan)."""
+    with output_member(parent, name, kind, force=force, operator=errors.BATCH_PLAN_OPERATOR) as folder:
+        _fill_index_folder(folder, meta, index)
+
+
+def _fill_index_folder(folder: Folder, meta: dict, index: np.ndarray) -> None:
+    _write(folder, "index.npy", lambda handle: np.save(handle, np.ascontiguousarray(index, "<i8").reshape(-1),
+                                                       allow_pickle=False))
+    _write(folder, "meta.json", lambda handle: handle.write((json.dumps(meta, indent=2) + "\n").encode("ascii")))
 
 
 def _write(folder: Folder, name: str, fill) -> None:
@@ -184,6 +211,14 @@ def recorded(source: LengthSource, given=None):
     return None if given is None else os.fspath(given)
 
 
+def absolute_paths(path) -> str | list[str | None] | None:
+    """A source's recorded path (or a list's paths) made absolute, for a folder that may be read from elsewhere
+    (None stays None: lengths held in memory)."""
+    if isinstance(path, (list, tuple)):
+        return [None if item is None else os.path.abspath(os.fspath(item)) for item in path]
+    return None if path is None else os.path.abspath(os.fspath(path))
+
+
 def reopen(path, root: str, where: str, *, tokens: bool = False) -> LengthSource:
     """The source a folder in ``root`` records at ``path`` (a path, or a non-empty list of paths: a list of
     sources), reopened by ``open_source`` whatever its kind; a relative path is read from ``root``'s parent.
@@ -221,14 +256,29 @@ def save_mixed_plan(plan, directory, *, lengths_paths=None, force: bool = False,
     marker ``mixed plan``); ``lengths_paths``: where each component's lengths are found (default: each
     mapped sidecar's path, None for the others)."""
 
+    return save_index_folder(directory, MIXED_PLAN, _mixed_meta(plan, lengths_paths), plan.index, force=force,
+                             inputs=inputs)
+
+
+def save_mixed_plan_into(plan, parent: Folder, name: str, *, force: bool = False, sources=None) -> None:
+    """Write the mixed plan ``plan`` to the folder ``name`` inside ``parent``, a folder held open (a batch folder's
+    copy of its plan), each component's lengths recorded by absolute path so that the copy reopens them wherever
+    it is read from: ``sources`` (one per component: the token source its rows were read from, which holds the
+    same lengths; None for one: the plan's own record) or the plan's own records."""
+    given = [None] * len(plan.definition.sources) if sources is None else list(sources)
+    paths = [absolute_paths(path if path is not None else recorded(source))
+             for source, path in zip(plan.definition.sources, given)]
+    write_index_member(parent, name, MIXED_PLAN, _mixed_meta(plan, paths), plan.index, force=force)
+
+
+def _mixed_meta(plan, lengths_paths) -> dict:
     sources = plan.definition.sources
     paths = [recorded(s) for s in sources] if lengths_paths is None else [recorded(s, p) for s, p in
                                                                            zip(sources, lengths_paths)]
     if lengths_paths is not None and len(lengths_paths) != len(sources):
         raise _format(f"lengths_paths names {len(lengths_paths)} files for {len(sources)} components")
-    meta = {**plan.header(), "lengths_paths": paths, "fingerprint": plan.fingerprint,
+    return {**plan.header(), "lengths_paths": paths, "fingerprint": plan.fingerprint,
             "index_digest": index_digest(0, plan.index[0])}
-    return save_index_folder(directory, MIXED_PLAN, meta, plan.index, force=force, inputs=inputs)
 
 
 def load_mixed_plan(directory, *, lengths=None, backend: str = "auto"):

@@ -37,7 +37,7 @@ import numpy as np
 from .... import checks, errors
 from ....errors import UmlosError
 from ....hashing import hash_canonical
-from ..plan import MicrobatchSpec, plan_error
+from ..plan import MicrobatchSpec, RowPart, plan_error
 from ..planner import EpochArrays, index_dtype, plan_manifest, plan_ordered
 from .index import locate
 from .mixture import MixedWindow, MixtureDefinition
@@ -117,6 +117,22 @@ class MixedPlan:
         """The mixture's microbatches; ``epoch`` must be 0 (:class:`~.resume.ResumablePlan`)."""
         _epoch(epoch)
         return self.num_microbatches
+
+    def epoch_indices(self, epoch: int) -> range:
+        """The global indices of the microbatches of the one epoch 0, in order."""
+        _epoch(epoch)
+        return range(self.num_microbatches)
+
+    @property
+    def source_fingerprint(self) -> str:
+        """The plan's own fingerprint (a mixed plan is never a shard)."""
+        return self.fingerprint
+
+    def row_parts(self) -> tuple[RowPart, ...]:
+        """The components, in order, each a dataset whose rows the plan's rows index after the earlier ones'
+        (:class:`~..plan.RowPart`: its name, the lengths it binds, its tokenizer)."""
+        return tuple(RowPart(c.name, c.source.binding(), c.source, getattr(c.source, "tokenizer_hash", None))
+                     for c in self.definition.components)
 
     def counts(self) -> dict:
         return dict(zip(COUNT_FIELDS, (int(v) for v in self.index[0, -1])))

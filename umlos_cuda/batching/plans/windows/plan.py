@@ -32,7 +32,7 @@ import numpy as np
 from .... import checks, errors
 from ....hashing import cbor_canonical, hash_canonical, sha256_array
 from ..planner import EpochArrays, engine_order, join_arrays
-from ..plan import MicrobatchSpec, plan_error
+from ..plan import MicrobatchSpec, RowPart, plan_error
 from .index import build_index, locate
 from .packed import microbatch_packs
 from .window import COUNT_FIELDS, WindowDefinition, plan_window
@@ -108,6 +108,19 @@ class WindowedPlan:
     def epoch_microbatches(self, epoch: int) -> int:
         return int(self.index[self._epoch(epoch), -1, 0])
 
+    def epoch_indices(self, epoch: int) -> range:
+        """The global indices of ``epoch``'s microbatches, in order (every one: a windowed plan is never a shard)."""
+        return range(self.epoch_microbatches(epoch))
+
+    @property
+    def source_fingerprint(self) -> str:
+        """The plan's own fingerprint (a windowed plan is never a shard)."""
+        return self.fingerprint
+
+    def row_parts(self) -> tuple[RowPart, ...]:
+        """The one dataset the rows index: the lengths the plan binds (:class:`~..plan.RowPart`)."""
+        return (RowPart("", self.source.binding(), self.source, getattr(self.source, "tokenizer_hash", None)),)
+
     def epoch_counts(self, epoch: int) -> dict:
         """The epoch's totals (:data:`~.window.COUNT_FIELDS`)."""
         return dict(zip(COUNT_FIELDS, (int(v) for v in self.index[self._epoch(epoch), -1])))
@@ -164,12 +177,12 @@ class WindowedPlan:
         return join_arrays([self.window(e, w) for w in range(self.definition.num_windows)])
 
     def as_batch_plan(self, lengths=None):
-        """The same microbatches as a whole plan (O(N)), for what writes O(N) files anyway (``plan shard``, ``batch
-        generate``): the plan of ``config.window = W`` (None when one window holds the epoch), so microbatch ``k``
-        of epoch ``e`` is the same in both and the whole plan rebuilds and verifies as any plan. ``lengths``: a
-        length cache of the same lengths whose ids and hashes it records (a token store's, to collate from it);
-        default: the source's lengths, rows named by number. PLAN_LENGTHS_MISMATCH when ``lengths`` are not this
-        plan's."""
+        """The same microbatches as a whole plan (O(N)), for what writes O(N) files anyway (``plan shard``; ``batch
+        generate`` writes a windowed plan's microbatches as they are): the plan of ``config.window = W`` (None
+        when one window holds the epoch), so microbatch ``k`` of epoch ``e`` is the same in both and the whole plan
+        rebuilds and verifies as any plan. ``lengths``: a length cache of the same lengths whose ids and hashes it
+        records (a token store's, to collate from it); default: the source's lengths, rows named by number.
+        PLAN_LENGTHS_MISMATCH when ``lengths`` are not this plan's."""
         from ..builder import BatchPlanBuilder
 
         count = self.definition.num_samples

@@ -33,10 +33,11 @@ from .... import checks, errors
 from ....errors import UmlosError
 from ....files import reader
 from ....files.writer import ArtifactKind
+from ...lengths.sources import identity_differences, source_identity
 from ..plan import plan_error
 from ..planner import order_fields
 from .cut import CutDefinition
-from .io import _format, component_entry, reopen, save_index_folder
+from .io import _format, absolute_paths, component_entry, reopen, save_index_folder
 from .sequence_mixture import MIXED_SEQUENCES_FORMAT, SequenceComponent, SequenceMixture
 from .sequences import SEQUENCES_FORMAT, PretrainingSequences, lengths_of
 from ...lengths.sources import SyntheticLengths
@@ -57,7 +58,7 @@ _COMPONENT_KEYS = ("name", "weight", "max_epochs", "sequences", "fingerprint")
 def save_sequences(plan: PretrainingSequences, directory, *, tokens_path=None, force: bool = False,
                    inputs: Iterable = ()) -> str:
     """Write ``plan`` to the folder ``directory``; returns its absolute path."""
-    meta = {**plan.header(), "tokens_path": _absolute(tokens_path), "fingerprint": plan.fingerprint,
+    meta = {**plan.header(), "tokens_path": absolute_paths(tokens_path), "fingerprint": plan.fingerprint,
             "index_digests": plan.index_digests()}
     identity = _identity(plan)
     if identity is not None:  # last, and only when the source keeps hashes: a folder of lengths alone is as before
@@ -72,7 +73,7 @@ def save_mixed_sequences(mixture: SequenceMixture, directory, *, tokens_paths=No
     paths = [None] * len(mixture.components) if tokens_paths is None else list(tokens_paths)
     if len(paths) != len(mixture.components):
         raise _format(f"tokens_paths names {len(paths)} sources for {len(mixture.components)} components")
-    meta = {**mixture.header(), "tokens_paths": [_absolute(p) for p in paths], "fingerprint": mixture.fingerprint}
+    meta = {**mixture.header(), "tokens_paths": [absolute_paths(p) for p in paths], "fingerprint": mixture.fingerprint}
     identities = [_identity(c.sequences) for c in mixture.components]
     if any(identity is not None for identity in identities):
         meta["tokens_identities"] = identities
@@ -84,32 +85,18 @@ def _identity(plan: PretrainingSequences) -> dict | None:
     """What the sequences' token source keeps of its tokens and tokenizer
     (:meth:`~...lengths.sources.LengthSource.identity`), recorded so that reopening a store re-tokenized in place
     (equal lengths, other ids) is refused."""
-    identity = getattr(plan.tokens, "identity", None)
-    return identity() if callable(identity) else None
+    return source_identity(plan.tokens)
 
 
 def _check_identity(recorded, tokens, root: str, where: str) -> None:
     """BATCH_STORE_MISMATCH when the reopened token source is not the one the sequences were cut from: the parts of
     its identity that differ, by name."""
-    identity = getattr(tokens, "identity", None)
-    now = identity() if callable(identity) else None
-    if recorded is None or now is None or now == recorded:
+    differ = identity_differences(recorded, tokens)
+    if differ is None:
         return
-    if not isinstance(recorded, dict) or not isinstance(now, dict):
-        differ = "its identity"
-    else:
-        differ = ", ".join(f"{key} {now.get(key)!r} (recorded {recorded.get(key)!r})"
-                           for key in sorted(set(recorded) | set(now)) if recorded.get(key) != now.get(key))
     raise plan_error(errors.BATCH_STORE_MISMATCH, f"{where}: the token source {getattr(tokens, 'origin', None) or ''} "
                      f"is not the one these sequences were cut from: {differ}; give that source, or cut again "
                      f"(umlos-cuda plan cut) from this one ({root})")
-
-
-def _absolute(path) -> str | list[str] | None:
-    """A token source's path (or a list's paths) as recorded: absolute."""
-    if isinstance(path, (list, tuple)):
-        return [os.path.abspath(os.fspath(item)) for item in path]
-    return None if path is None else os.path.abspath(os.fspath(path))
 
 
 def _read_meta(root: str, what: str) -> tuple[dict, str]:

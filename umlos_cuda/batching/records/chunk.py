@@ -4,7 +4,8 @@ What goes in: nothing; this module only defines the shapes. What comes out:
 
 * :class:`Field`: one column to read, by its name in the data, its kind
   (``"string"``: text, prompt, response; ``"integer"``: a token count;
-  ``"json"``: any JSON value, such as a ``messages`` list) and its role (what
+  ``"json"``: any JSON value, such as a ``messages`` list; ``"boolean"``:
+  true or false, such as a KTO ``label``) and its role (what
   the column is used as; the dataset fingerprint names columns by role, so a
   renamed column holding the same values fingerprints the same);
 * :class:`RecordChunk`: consecutive rows of one input file (sample ids,
@@ -26,8 +27,8 @@ from typing import Any
 from ... import errors
 from ...errors import UmlosError
 
-#: The kinds of a field: a string, an integer (0 to 2^32 - 1, a token count) or any JSON value.
-KINDS = ("string", "integer", "json")
+#: The kinds of a field: a string, an integer (0 to 2^32 - 1, a token count), any JSON value, or true or false.
+KINDS = ("string", "integer", "json", "boolean")
 
 
 @dataclass(frozen=True)

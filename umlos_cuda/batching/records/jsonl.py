@@ -19,8 +19,11 @@ holding a lone surrogate (an escape such as ``\\ud83d`` without its other
 half: a character cut in two, which UTF-8 and every tokenizer refuse; looked
 for only in lines that hold such an escape), an id that is empty or of
 another type; given a :class:`SkippedLines`, such lines are skipped and
-counted instead. A line over 64 MiB is refused before it is
-read whole (files/reader.py), skipped lines or not. What editors and
+counted instead, and the records around them go in chunks of their own, so
+that a chunk's records are consecutive lines (``first_line + offset`` is a
+record's line, as it is a row's in records/columns.py). A line over 64 MiB
+is refused before it is read whole (files/reader.py), skipped lines or
+not. What editors and
 exporters add is not an error: a UTF-8 byte-order mark before the first
 line, and blank lines at the end of the file (a blank line before a record
 still is). A first line that is not UTF-8 and starts like a Parquet, Arrow,
@@ -62,7 +65,12 @@ SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class RecordProblem(ValueError):
-    """Raised by a field converter: the record's field is not what the converter takes (the message says why)."""
+    """Raised by a field converter: the record's field is not what the converter takes (the message says why;
+    ``code``, the failure's code: DATASET_RECORD_INVALID unless the converter names another)."""
+
+    def __init__(self, message: str, code: str = errors.DATASET_RECORD_INVALID) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def require_dataset_file(path: str | os.PathLike[str]) -> str:
@@ -106,7 +114,7 @@ def stream_chunks(handle: BinaryIO, path: str, fields: tuple[str | Field, ...], 
     raw_values: list[list] = [[] for _ in wanted]
     first = 0
     lines_bytes = 0
-    number = -1
+    number = previous = -1
     records = 0
     blank = range(0)  # blank lines not yet followed by a record, an error only if one follows (a range: flat memory)
 
@@ -140,8 +148,12 @@ def stream_chunks(handle: BinaryIO, path: str, fields: tuple[str | Field, ...], 
         except UmlosError as exc:
             skip_or_raise(exc, skipped)
             continue
+        if ids and number != previous + 1:  # lines skipped since the last record: a chunk's lines are consecutive
+            yield chunk()
+            ids, values, raw_values = [], [[] for _ in wanted], [[] for _ in wanted]
         if not ids:
             first = number
+        previous = number
         ids.append(sample_id)
         for column, value in zip(values, done):
             column.append(value)
@@ -198,6 +210,9 @@ def _field(path: str, number: int, record: dict, field: Field, converted: bool =
     if field.kind == "integer":
         return checks.integer(value, name, 0, UINT32_MAX, fail=fail,
                               message="has {name!r} = {value!r}; a token count is an integer from 0 to 4294967295")
+    if field.kind == "boolean":
+        return checks.instance(value, name, bool, fail=fail, message="has {name!r} = {value!r}; it must be true or "
+                               "false")
     return check_messages(value, name, fail)
 
 
@@ -214,7 +229,7 @@ def _convert(path: str, number: int, name: str, converter: Callable[[Any], Any],
     try:
         return converter(value)
     except RecordProblem as exc:
-        raise invalid_record(path, number, f"has {name!r} that {exc}") from None
+        raise invalid_record(path, number, f"has {name!r} that {exc}", exc.code) from None
 
 
 def check_messages(value: Any, name: str, fail: Callable[[str], UmlosError]) -> list:
@@ -230,9 +245,8 @@ def _line_error(message: str) -> UmlosError:
     return UmlosError(errors.DATASET_RECORD_INVALID, message, operator=errors.BATCHING_OPERATOR)
 
 
-def invalid_record(path: str, number: int, problem: str) -> UmlosError:
-    return UmlosError(errors.DATASET_RECORD_INVALID, f"{path} line {number + 1} {problem}",
-                      operator=errors.BATCHING_OPERATOR)
+def invalid_record(path: str, number: int, problem: str, code: str = errors.DATASET_RECORD_INVALID) -> UmlosError:
+    return UmlosError(code, f"{path} line {number + 1} {problem}", operator=errors.BATCHING_OPERATOR)
 
 
 def unreadable(message: str) -> UmlosError:

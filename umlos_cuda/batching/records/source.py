@@ -270,7 +270,8 @@ class Records:
                     converted.append(converter(value))
                 except RecordProblem as exc:
                     converted.append(None)
-                    refused.setdefault(offset, invalid_row(path, first_row + offset, f"has {field.name!r} that {exc}"))
+                    refused.setdefault(offset, invalid_row(path, first_row + offset, f"has {field.name!r} that {exc}",
+                                                           exc.code))
             out.append(converted)
         return out, refused
 

@@ -37,7 +37,7 @@ class ChatRecords:
         try:
             messages = checked_messages(value)
         except MessagesInvalid as exc:
-            raise RecordProblem(str(exc)) from None
+            raise RecordProblem(str(exc), exc.code) from None
         try:
             return assistant_spans(self.template, messages, add_generation_prompt=self.add_generation_prompt)
         except RenderFailed as exc:

@@ -4,12 +4,14 @@ Modules:
     environment  the Jinja environment, as transformers builds it (sandbox, ``{% generation %}``, globals)
     limits       how much work one render may do (steps, characters, ``*`` and ``**``)
     template     which template renders a tokenizer's conversations, and its variables
-    messages     check a messages value and shape it as transformers hands it to a template
+    messages     check a messages value (content parts included) and shape it as transformers hands it to a template
     render       render one conversation: the text and its generation spans
     turns        the assistant spans: the template's markers, or the generation-prompt difference
     masks        token masks from character spans, as transformers' ``assistant_masks``
     records      the converter the dataset reader applies to a messages field
     encode       one conversation to ids and an assistant mask (``encode_chat``)
+    preference   conversational preference records (pairs, implicit-prompt pairs, unpaired) rendered as TRL does
+    completions  where a rendered completion's tokens start (TRL's prompt length), and its loss masks
 """
 
 from typing import TYPE_CHECKING

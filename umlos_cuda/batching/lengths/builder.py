@@ -10,7 +10,10 @@ prompt, a chosen and a rejected field: a preference record, two rows
 tokenizer's chat template (umlos_cuda/batching/chat/), or an integer field
 that already holds each record's token count (``length_field``: nothing is
 tokenized; without a tokenizer the tokenizer hash is ``unknown``, as for
-``data megatron``). What comes out: ``lengths.jsonl`` and its sidecar
+``data megatron``), or preference records in TRL's other forms: implicit-prompt pairs, unpaired
+(KTO) records of a prompt, a completion and a label (lengths/preference.py), and each kind's fields
+as lists of messages rendered with the chat template (``conversational``:
+umlos_cuda/batching/chat/preference.py). What comes out: ``lengths.jsonl`` and its sidecar
 (umlos_cuda/batching/lengths/cache.py), in dataset order, and the
 :class:`~umlos_cuda.batching.lengths.cache.LengthCache`.
 
@@ -51,8 +54,13 @@ from .tokenizer import load_tokenizer
 from .encoder import ChunkEncoder
 from .workers import check_workers, in_order
 from .pairs import pair_rows
+from .preference import PreferenceKind, preference_kind
+from .unpaired import unpaired_rows
 from ..chat.encode import chat_encoder
+from ..chat.preference import PreferenceRender
 from ..chat.records import ChatRecords
+from ..chat.template import chat_template_of
+from ..records.chunk import skip_or_raise
 
 DEFAULT_CHUNK = 4096
 T = TypeVar("T")
@@ -69,7 +77,12 @@ class DatasetEncoding:
     appended after the encoded text, or ``prompt_field``, ``chosen_field``
     and ``rejected_field``: each record becomes two rows (``<id>/chosen``,
     ``<id>/rejected``) of the template, and the chunks :meth:`stream` yields
-    are of rows; or ``messages_field`` through the chat template; or
+    are of rows; or ``prompt_field``, ``completion_field`` and ``label_field``
+    (unpaired records, one row each, ``<id>/desirable`` or ``<id>/undesirable``);
+    with ``conversational``, these preference fields hold lists of messages
+    (and ``prompt_field`` may be left out for pairs: an implicit prompt),
+    rendered with the chat template as TRL renders them; or
+    ``messages_field`` through the chat template; or
     ``length_field``, a column of token counts read as they are
     (``tokenizer`` may then be None: its hash is ``unknown``).
     ``sharded=True`` names the rows of a single input as those of one shard
@@ -91,30 +104,33 @@ class DatasetEncoding:
                  skipped: SkippedLines | None = None,
                  messages_field: str | None = None, chat_template: str | os.PathLike[str] | None = None,
                  length_field: str | None = None, format: str | None = None,
-                 sharded: bool | None = None) -> None:
-        self.pairs = chosen_field is not None or rejected_field is not None
+                 sharded: bool | None = None, completion_field: str | None = None, label_field: str | None = None,
+                 conversational: bool = False) -> None:
         self.length_field = length_field
-        if length_field is not None:  # record_fields refuses any other field beside it
-            self.record_fields = record_fields(text_field, prompt_field, response_field, length_field,
-                                               chosen_field=chosen_field, rejected_field=rejected_field,
-                                               messages_field=messages_field)
+        preference = {"chosen_field": chosen_field, "rejected_field": rejected_field,
+                      "completion_field": completion_field, "label_field": label_field}
+        self.preference: PreferenceKind | None = None
+        if length_field is None:
+            self.preference = preference_kind(text_field=text_field, prompt_field=prompt_field,
+                                              response_field=response_field, messages_field=messages_field,
+                                              conversational=conversational, **preference)
+        self.pairs = self.preference is not None and self.preference.paired
+        self.record_fields = record_fields(text_field, prompt_field, response_field, length_field,
+                                           messages_field=messages_field, conversational=conversational,
+                                           **preference)  # refuses any other field beside a length field
+        if length_field is not None:
             self.fields: tuple[str, ...] = (length_field,)
             self.mode, self.appended = "text", 0
-        elif self.pairs:
-            if messages_field is not None:
-                raise UmlosError(errors.LENGTHS_INVALID, "a messages field is counted alone; got also "
-                                 f"chosen_field={chosen_field!r}, rejected_field={rejected_field!r}",
-                                 operator=errors.BATCHING_OPERATOR)
-            self.fields, self.mode, self.appended = _pair_mode(text_field, prompt_field, response_field,
-                                                               chosen_field, rejected_field)
+        elif self.preference is not None:  # read as record_fields says; pair_rows and the others make the rows
+            self.fields = tuple(field.name for field in self.record_fields)
+            self.mode, self.appended = ("completion", 0) if self.preference.conversational else \
+                ("template", sft_length(0))
         else:
             self.fields, self.mode, self.appended = _mode(text_field, prompt_field, response_field, messages_field)
-        if chat_template is not None and messages_field is None:
-            raise UmlosError(errors.LENGTHS_INVALID, "a chat template renders a messages field; give messages_field "
-                             "(--messages-field) with it", operator=errors.BATCHING_OPERATOR)
-        if length_field is None:
-            self.record_fields = record_fields(text_field, prompt_field, response_field, chosen_field=chosen_field,
-                                               rejected_field=rejected_field, messages_field=messages_field)
+        if chat_template is not None and messages_field is None and not conversational:
+            raise UmlosError(errors.LENGTHS_INVALID, "a chat template renders a messages field or conversational "
+                             "preference records; give messages_field (--messages-field) or conversational=True "
+                             "(--conversational) with it", operator=errors.BATCHING_OPERATOR)
         self.records = Records(dataset, self.record_fields, id_field=id_field, format=format, skipped=skipped,
                                sharded=sharded)
         self.dataset = self.records.name
@@ -124,7 +140,9 @@ class DatasetEncoding:
         self.skipped = skipped
         self.total_bytes = self.records.total_bytes
         self._id_hashes: list[np.ndarray] = []
+        self._rows = 0
         self.chat: ChatRecords | None = None
+        self.render: PreferenceRender | None = None
         self.encoder: Any = None  # a tokenizers.Tokenizer; None for a --length-field build without one
         self.loaded: Any = None
         self.eos_id: int | None = None
@@ -135,14 +153,18 @@ class DatasetEncoding:
         self.loaded = load_tokenizer(tokenizer)
         self.eos_id = self.loaded.eos_token_id(eos_token) if self.appended else None  # the template appends it
         # A chat record renders its messages as it is read (a bad one is a bad line) and is encoded as
-        # apply_chat_template encodes it: no special tokens added, no padding, no truncation.
+        # apply_chat_template encodes it: no special tokens added, no padding, no truncation; so are the
+        # rows of conversational preference records, rendered as they are read (chat/preference.py).
         self.chat = None if messages_field is None else ChatRecords(self.loaded, chat_template)
-        if self.chat is not None and chat_template is not None:  # the fingerprint names the template used
-            self.loaded = replace(self.loaded, chat_template=self.chat.template.source)
-        self.tokenizer_hash = tokenizer_fingerprint(self.loaded)
         if self.chat is not None and messages_field is not None:
             self.records.convert = {messages_field: self.chat}
-        self.encoder = self.loaded.tokenizer if self.chat is None else chat_encoder(self.loaded)
+        if self.preference is not None and self.preference.conversational:
+            self.render = PreferenceRender(chat_template_of(self.loaded, chat_template), self.preference, self.fields)
+        rendering = self.chat or self.render
+        if rendering is not None and chat_template is not None:  # the fingerprint names the template used
+            self.loaded = replace(self.loaded, chat_template=rendering.template.source)
+        self.tokenizer_hash = tokenizer_fingerprint(self.loaded)
+        self.encoder = self.loaded.tokenizer if rendering is None else chat_encoder(self.loaded)
         if self.encoder.padding is not None:  # padding would make a length depend on its chunk
             from tokenizers import Tokenizer
 
@@ -189,12 +211,28 @@ class DatasetEncoding:
                         self.chunk_encoder.lines)
 
     def _chunks(self, chunk_size: int) -> Iterator[RecordChunk]:
-        """The chunks in order, their ids' hashes kept (to refuse a repeated id), pairs split into rows."""
+        """The chunks in order, their ids' hashes kept (to refuse a repeated id), preference records made rows."""
         for chunk in self.records.chunks(chunk_size):
             if not isinstance(chunk.sample_ids, RowIds):  # the records' ids (row numbers never repeat)
                 self._id_hashes.append(np.fromiter(map(hash, chunk.sample_ids), dtype=np.int64,
                                                    count=len(chunk.sample_ids)))
-            yield pair_rows(chunk) if self.pairs else chunk
+            rows = self._preference_rows(chunk) if self.preference is not None else chunk
+            self._rows += len(rows.sample_ids)
+            yield rows
+        if self._rows == 0:  # every record was read, and every one refused and skipped
+            raise UmlosError(errors.DATASET_EMPTY, f"dataset {self.dataset} holds no record that renders (every one "
+                             "was skipped)", operator=errors.BATCHING_OPERATOR)
+
+    def _preference_rows(self, chunk: RecordChunk) -> RecordChunk:
+        """The rows of a chunk of preference records (lengths/preference.py); a conversational record that
+        does not render is raised or skipped (``--skip-bad-lines``) as a bad line, naming its place."""
+        if self.render is None:
+            return pair_rows(chunk) if self.pairs else unpaired_rows(chunk)
+        rendered = self.render(chunk)
+        for offset, refusal in rendered.refused:
+            skip_or_raise(UmlosError(refusal.code, f"{self.records.place(chunk, offset)} {refusal}",
+                                     operator=errors.BATCHING_OPERATOR), self.skipped)
+        return rendered.rows
 
     def finish(self, ids_are_line_numbers: bool) -> str:
         """After the stream: refuse repeated ids (DATASET_RECORD_INVALID naming
@@ -216,12 +254,17 @@ def build_lengths(dataset: Any, tokenizer: Any, output: str | os.PathLike[str], 
                   skipped: SkippedLines | None = None, chosen_field: str | None = None,
                   rejected_field: str | None = None, messages_field: str | None = None,
                   chat_template: str | os.PathLike[str] | None = None, length_field: str | None = None,
-                  format: str | None = None, workers: int = 1) -> LengthCache:
+                  format: str | None = None, workers: int = 1, completion_field: str | None = None,
+                  label_field: str | None = None, conversational: bool = False) -> LengthCache:
     """Count every record's tokens and write the length cache at ``output``.
 
     Give ``text_field`` (default ``"text"``) or both ``prompt_field`` and
     ``response_field``, or ``prompt_field``, ``chosen_field`` and
     ``rejected_field`` (two rows a record, chosen then rejected), or
+    ``prompt_field``, ``completion_field`` and ``label_field`` (unpaired
+    records, one row each), these preference fields as lists of messages
+    with ``conversational`` (then ``prompt_field`` may be left out of pairs),
+    or
     ``messages_field`` (chat records rendered with the tokenizer's chat
     template, or ``chat_template``, a Jinja file: umlos_cuda/batching/chat/),
     or ``length_field`` (an integer column of token counts, read as is;
@@ -246,7 +289,8 @@ def build_lengths(dataset: Any, tokenizer: Any, output: str | os.PathLike[str], 
                              check_outputs=lambda paths: check_length_cache_output(output, force, inputs(paths)),
                              skipped=skipped, chosen_field=chosen_field, rejected_field=rejected_field,
                              messages_field=messages_field, chat_template=chat_template, length_field=length_field,
-                             format=format)
+                             format=format, completion_field=completion_field, label_field=label_field,
+                             conversational=conversational)
     with LengthCacheWriter(output, source.tokenizer_hash, force=force, inputs=inputs(source.records.paths)) as writer:
         with closing(source.stream(source.work(), chunk_size, workers)) as stream:
             for chunk, lengths in stream:
@@ -285,17 +329,3 @@ def _mode(text_field, prompt_field, response_field, messages_field=None) -> tupl
                          f"field together; got text_field={text_field!r}, prompt_field={prompt_field!r}, "
                          f"response_field={response_field!r}", operator=errors.BATCHING_OPERATOR)
     return (prompt_field, response_field), "template", sft_length(0)
-
-
-def _pair_mode(text_field, prompt_field, response_field, chosen_field, rejected_field
-               ) -> tuple[tuple[str, ...], str, int]:
-    """:func:`_mode` for preference records: the three fields read; after :func:`~.pairs.pair_rows`
-    each row is a prompt/response row of the template."""
-    if text_field is not None or response_field is not None or None in (prompt_field, chosen_field, rejected_field):
-        raise UmlosError(errors.LENGTHS_INVALID, "count preference records from a prompt, a chosen and a rejected "
-                         "field together, without a text or response field; got "
-                         f"text_field={text_field!r}, prompt_field={prompt_field!r}, "
-                         f"response_field={response_field!r}, chosen_field={chosen_field!r}, "
-                         f"rejected_field={rejected_field!r}",
-                         operator=errors.BATCHING_OPERATOR)
-    return (prompt_field, chosen_field, rejected_field), "template", sft_length(0)

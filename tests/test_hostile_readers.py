@@ -2217,10 +2217,21 @@ CASES = [
         {"prompt": ASK, "completion": GOOD, "label": "true"}, *UNPAIRED), (D,), "prefs.jsonl"),
     Case("traceback/data-tokenize-unpaired-parquet-label-of-integers", _preference(
         {"prompt": ASK, "completion": GOOD, "label": 1}, *UNPAIRED, parquet=True), (D,), "prefs.parquet"),
+    # ... rendered in the same budgeted workers as chat records: past a counted limit or the budget, alike
     Case("hang/data-tokenize-conversational-pairs-template-nested-loops", _preference(
         {"prompt": ASK, "chosen": GOOD, "rejected": BAD}, *PAIRS,
         template="{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"), (RB,),
          "prefs.jsonl"),
+    Case("hang/data-tokenize-conversational-pairs-template-shared-lists", _preference(
+        {"prompt": ASK, "chosen": GOOD, "rejected": BAD}, *PAIRS, template=SHARED + "{{ ns.a == ns.b }}"), (RB,),
+         "prefs.jsonl", env=RENDER_BUDGET),
+    Case("hang/data-lengths-build-implicit-pairs-template-shared-lists-tojson", _preference(
+        {"chosen": ASK + GOOD, "rejected": ASK + BAD}, "--chosen-field", "chosen", "--rejected-field", "rejected",
+        command="lengths", template=SHARED + "{{ ns.a|tojson }}"), (RB,), "prefs.jsonl", env=RENDER_BUDGET),
+    Case("hang/data-tokenize-unpaired-parquet-template-shared-lists-once-a-completion", _preference(
+        {"prompt": ASK, "completion": GOOD, "label": True}, *UNPAIRED, parquet=True,
+        template="{% if messages[-1]['role'] == 'assistant' %}" + SHARED + "{{ ns.a == ns.b }}{% endif %}"), (RB,),
+         "prefs.parquet", env=RENDER_BUDGET),
     Case("hang/data-tokenize-fifo-special-tokens-map", _tokenize_fifo_special_tokens, (T,),
          "special_tokens_map.json"),
     Case("hang/batch-fingerprint-fifo-store-offsets", _fingerprint_fifo_offsets, (S,), "offsets.npy"),

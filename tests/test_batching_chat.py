@@ -620,6 +620,31 @@ def test_preference_records_past_the_budget_are_skipped_in_line_order_like_lines
     assert stores["boom"] == stores["json"]
 
 
+def test_a_preference_shard_whose_ids_hang_on_its_content_keeps_the_records_that_render(models, tmp_path):
+    """Pairs without ids in a sharded dataset are named by their shard's content, which a budgeted worker screens
+    for the records that render (records/ids.py): a pair the template refuses is left out of it as a line that is
+    not JSON is, and its rows keep the ids of the records around it."""
+    folder, _ = models["chatml"]
+    (tmp_path / "boom.jinja").write_text(BOOM)
+    stores = {}
+    for name, kinds in (("refused", "otoo"), ("not-json", "ojoo")):
+        parts = []
+        for shard, shard_kinds in enumerate((kinds, "ooo")):
+            part = tmp_path / f"{name}-{shard}.jsonl"
+            lines = [json.dumps({key: value for key, value in json.loads(line).items() if key != "id"})
+                     if line.startswith("{\"") else line for line in preference_lines(shard_kinds, "pairs")]
+            part.write_text("\n".join(lines) + "\n")
+            parts.append(str(part))
+        store = tokenize_dataset(parts, folder, tmp_path / f"store-{name}", conversational=True,
+                                 chat_template=tmp_path / "boom.jinja", skipped=SkippedLines(),
+                                 **PREFERENCE_FIELDS["pairs"])
+        stores[name] = ({p.name: p.read_bytes() for p in (tmp_path / f"store-{name}").iterdir()},
+                        store.length_cache().sample_ids)
+    assert stores["refused"] == stores["not-json"]
+    ids = stores["refused"][1]
+    assert len(ids) == 12 and all(":" in row and row.endswith(("/chosen", "/rejected")) for row in ids)
+
+
 @pytest.mark.parametrize("family", ["chatml", "generation"])
 def test_records_with_nothing_to_train_on_are_refused_or_counted(models, family, tmp_path, capsys):
     """No assistant turn, or a role the template does not mark ("bot"): an all-zero loss mask, which was

@@ -1,4 +1,5 @@
-"""Chat records: records/s of ``data tokenize --messages-field`` for two checkouts, side by side.
+"""Chat records: records/s of ``data tokenize --messages-field`` (or ``--conversational`` pairs) for two
+checkouts, side by side.
 
 One run, one dataset and one model folder for every row of the table: N
 conversations (1 to 4 user/assistant turns, a system message in a third of
@@ -12,12 +13,18 @@ asked, in a child process whose ``PYTHONPATH`` is that checkout, so two
 versions of the package run on the same machine in the same run (``--checkout
 /path/to/main --checkout .`` compares a change with main). The child times
 the call alone (not the interpreter's start nor its imports) and reports the
-CPU seconds it and its workers used. The runs are interleaved (round r runs
+CPU seconds it and its workers used. ``--pairs`` makes each conversation a
+conversational preference pair instead (TRL's form: the prompt is the
+conversation up to its last assistant turn, chosen that turn, rejected the
+last assistant turn of the next conversation), tokenized with
+``conversational=True`` and the prompt, chosen and rejected fields: three
+renders a record (the prompt with the generation prompt, prompt + each
+completion), two rows. The runs are interleaved (round r runs
 every row once, so load from other jobs falls on all alike); each row keeps
 its best round. Every store is compared byte for byte with the first before
 any time is printed: a change that is faster and different is not faster.
 
-    python bench/bench_chat_tokenize.py [--conversations 20000] [--workers 1 2] [--repeat 3] \\
+    python bench/bench_chat_tokenize.py [--conversations 20000] [--workers 1 2] [--repeat 3] [--pairs] \\
         [--checkout /work/main --checkout .]
 """
 
@@ -45,13 +52,13 @@ CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role']
 CHILD = """
 import json, resource, sys, time
 from umlos_cuda.batching.tokens.writer import tokenize_dataset
-dataset, model, output, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+dataset, model, output, workers, options = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 def used():
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 if __name__ == "__main__":
     cpu, start = used(), time.perf_counter()
-    store = tokenize_dataset(dataset, model, output, messages_field="messages", workers=workers)
+    store = tokenize_dataset(dataset, model, output, workers=workers, **json.loads(options))
     print(json.dumps({"seconds": time.perf_counter() - start, "cpu": used() - cpu, "samples": store.num_samples}))
 """
 
@@ -69,11 +76,25 @@ def conversations(count: int, seed: int = 5) -> list[list[dict]]:
     return out
 
 
-def run_child(checkout: str, dataset: str, model: str, output: str, workers: int) -> dict:
+#: The tokenize_dataset options of each kind of record: chat records, or conversational pairs (--pairs).
+OPTIONS = {"chat": {"messages_field": "messages"},
+           "pairs": {"conversational": True, "prompt_field": "prompt", "chosen_field": "chosen",
+                     "rejected_field": "rejected"}}
+
+
+def records(chats: list[list[dict]], pairs: bool) -> list[dict]:
+    """The JSONL records: each conversation as a chat record, or (``pairs``) as a conversational pair."""
+    if not pairs:
+        return [{"id": f"chat-{i}", "messages": chat} for i, chat in enumerate(chats)]
+    return [{"id": f"pair-{i}", "prompt": chat[:-1], "chosen": chat[-1:], "rejected": chats[(i + 1) % len(chats)][-1:]}
+            for i, chat in enumerate(chats)]
+
+
+def run_child(checkout: str, dataset: str, model: str, output: str, workers: int, kind: str = "chat") -> dict:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(checkout))
     shutil.rmtree(output, ignore_errors=True)
-    done = subprocess.run([sys.executable, "-c", CHILD, dataset, model, output, str(workers)], env=env,
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run([sys.executable, "-c", CHILD, dataset, model, output, str(workers),
+                           json.dumps(OPTIONS[kind])], env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{checkout} workers={workers} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -94,6 +115,7 @@ def main() -> None:
     parser.add_argument("--checkout", action="append", default=None,
                         help="a checkout whose umlos_cuda to time (repeatable; default: this one)")
     parser.add_argument("--folder", default=None)
+    parser.add_argument("--pairs", action="store_true", help="conversational preference pairs instead of chat records")
     args = parser.parse_args()
     checkouts = args.checkout or [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
     folder = args.folder or tempfile.mkdtemp(prefix="bench-chat-")
@@ -108,8 +130,8 @@ def main() -> None:
             json.dump({"chat_template": CHATML, "eos_token": "<|im_end|>"}, handle)
         dataset = os.path.join(folder, "chat.jsonl")
         with open(dataset, "w", encoding="utf-8") as handle:
-            for i, chat in enumerate(chats):
-                handle.write(json.dumps({"id": f"chat-{i}", "messages": chat}) + "\n")
+            for record in records(chats, args.pairs):
+                handle.write(json.dumps(record) + "\n")
         turns = sum(sum(m["role"] == "assistant" for m in chat) for chat in chats)
         rows = [(checkout, workers) for checkout in checkouts for workers in args.workers]
         best: dict[tuple[str, int], dict] = {}
@@ -117,7 +139,7 @@ def main() -> None:
         for _ in range(args.repeat):
             for checkout, workers in rows:
                 output = os.path.join(folder, f"store-{rows.index((checkout, workers))}")
-                got = run_child(checkout, dataset, model, output, workers)
+                got = run_child(checkout, dataset, model, output, workers, "pairs" if args.pairs else "chat")
                 if first_store is None:
                     first_store = output + "-first"
                     shutil.copytree(output, first_store)
@@ -125,9 +147,13 @@ def main() -> None:
                     raise SystemExit(f"{checkout} workers={workers} wrote another store than {rows[0]}")
                 if (checkout, workers) not in best or got["seconds"] < best[(checkout, workers)]["seconds"]:
                     best[(checkout, workers)] = got
-        print(f"{args.conversations:,} conversations ({turns:,} assistant turns), ChatML without markers, "
-              f"{os.cpu_count()} cores; best of {args.repeat} interleaved rounds; every store identical")
-        table("data tokenize --messages-field messages", ("checkout", "workers", "seconds", "records/s", "CPU s"),
+        what = f"{args.conversations:,} conversational pairs" if args.pairs else \
+            f"{args.conversations:,} conversations ({turns:,} assistant turns)"
+        print(f"{what}, ChatML without markers, {os.cpu_count()} cores; best of {args.repeat} interleaved rounds; "
+              "every store identical")
+        command = "data tokenize --conversational (prompt, chosen, rejected)" if args.pairs else \
+            "data tokenize --messages-field messages"
+        table(command, ("checkout", "workers", "seconds", "records/s", "CPU s"),
               [(checkout, workers, f"{best[(checkout, workers)]['seconds']:.2f}",
                 f"{args.conversations / best[(checkout, workers)]['seconds']:,.0f}",
                 f"{best[(checkout, workers)]['cpu']:.2f}") for checkout, workers in rows])

@@ -548,6 +548,103 @@ def test_a_shard_whose_ids_hang_on_its_content_keeps_the_records_that_render(mod
     assert len(stores["refused"][1]) == 7 and all(":" in sample_id for sample_id in stores["refused"][1])
 
 
+#: The fields of each form of conversational preference record in preference_lines.
+PREFERENCE_FIELDS = {"pairs": {"prompt_field": "prompt", "chosen_field": "chosen", "rejected_field": "rejected"},
+                     "implicit": {"chosen_field": "chosen", "rejected_field": "rejected"},
+                     "unpaired": {"prompt_field": "prompt", "completion_field": "completion", "label_field": "label"}}
+
+
+def preference_lines(kinds: str, form: str) -> list[str]:
+    """One conversational preference record of ``form`` a letter, as boom_lines: ``o`` one that renders, ``b`` one
+    whose chosen completion (an unpaired record's completion) spends hours under BOOM, ``t`` one the template
+    refuses (a chosen turn of role tool), ``j`` a line that is not JSON."""
+    def made(index: int, kind: str) -> dict:
+        prompt = [{"role": "user", "content": SENTENCES[index % len(SENTENCES)]}]
+        chosen = [{"role": {"t": "tool"}.get(kind, "assistant"), "content": "boom" if kind == "b" else "paris"}]
+        rejected = [{"role": "assistant", "content": "london"}]
+        if form == "unpaired":
+            return {"id": f"p{index}", "prompt": prompt, "completion": chosen, "label": index % 2 == 0}
+        if form == "implicit":
+            return {"id": f"p{index}", "chosen": prompt + chosen, "rejected": prompt + rejected}
+        return {"id": f"p{index}", "prompt": prompt, "chosen": chosen, "rejected": rejected}
+    return ["{not json" if kind == "j" else json.dumps(made(index, kind)) for index, kind in enumerate(kinds)]
+
+
+@pytest.mark.parametrize("form, workers", [("pairs", 1), ("implicit", 2), ("unpaired", 2)])
+def test_a_preference_record_past_the_render_budget_fails_as_a_chat_record_does(models, tmp_path, small_budget,
+                                                                                 form, workers):
+    """Conversational preference records render in the same budgeted workers as chat records: the worker
+    rendering line 3's completion ends at 1 CPU second, and the command fails there with the budget's code,
+    naming the line, the template, the limit and its setting; nothing is written."""
+    folder, _ = models["chatml"]
+    (tmp_path / "boom.jinja").write_text(BOOM)
+    path = tmp_path / "prefs.jsonl"
+    path.write_text("\n".join(preference_lines("oobooo", form)) + "\n")
+    for build, out in ((tokenize_dataset, "s"), (build_lengths, "l.jsonl")):
+        error = expect(errors.CHAT_RENDER_BUDGET_EXCEEDED, build, path, folder, tmp_path / out, conversational=True,
+                       chat_template=tmp_path / "boom.jinja", workers=workers, chunk_size=2,
+                       **PREFERENCE_FIELDS[form])
+        assert error.message == (f"{path} line 3 does not render with {tmp_path / 'boom.jinja'}: it used more than "
+                                 "1 CPU seconds (UMLOS_CHAT_RENDER_CPU_S=1) (--skip-bad-lines skips such records "
+                                 "and counts them)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["boom.jinja", "prefs.jsonl"]
+
+
+@pytest.mark.parametrize("form", ["pairs", "unpaired"])
+def test_preference_records_past_the_budget_are_skipped_in_line_order_like_lines_the_reader_refuses(
+        models, tmp_path, small_budget, form):
+    """With --skip-bad-lines, a preference record past the budget and one the template refuses are skipped and
+    listed in line order among the lines the reader refuses; the store (ids, tokens, masks, fingerprint) is the
+    one of the same file with those records not JSON."""
+    folder, _ = models["chatml"]
+    (tmp_path / "boom.jinja").write_text(BOOM)
+    stores = {}
+    for name, kinds in (("boom", "objotoo"), ("json", "ojjojoo")):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("\n".join(preference_lines(kinds, form)) + "\n")
+        skipped = SkippedLines()
+        store = tokenize_dataset(path, folder, tmp_path / f"store-{name}", conversational=True,
+                                 chat_template=tmp_path / "boom.jinja", skipped=skipped, workers=2, chunk_size=2,
+                                 **PREFERENCE_FIELDS[form])
+        assert skipped.count == 3
+        assert [message.split(" ", 3)[:3] for message in skipped.first] == [[str(path), "line", str(n)]
+                                                                            for n in (2, 3, 5)]
+        if name == "boom":
+            assert "CPU seconds" in skipped.first[0] and "not JSON" in skipped.first[1]
+            assert "unknown role tool" in skipped.first[2]
+        stores[name] = {p.name: p.read_bytes() for p in (tmp_path / f"store-{name}").iterdir()}
+        kept = ["p0", "p3", "p5", "p6"]
+        rows = [f"{record}/{side}" for record in kept for side in ("chosen", "rejected")] if form == "pairs" else \
+            [f"{record}/{'desirable' if int(record[1:]) % 2 == 0 else 'undesirable'}" for record in kept]
+        assert store.length_cache().sample_ids == rows
+    assert stores["boom"] == stores["json"]
+
+
+def test_a_preference_shard_whose_ids_hang_on_its_content_keeps_the_records_that_render(models, tmp_path):
+    """Pairs without ids in a sharded dataset are named by their shard's content, which a budgeted worker screens
+    for the records that render (records/ids.py): a pair the template refuses is left out of it as a line that is
+    not JSON is, and its rows keep the ids of the records around it."""
+    folder, _ = models["chatml"]
+    (tmp_path / "boom.jinja").write_text(BOOM)
+    stores = {}
+    for name, kinds in (("refused", "otoo"), ("not-json", "ojoo")):
+        parts = []
+        for shard, shard_kinds in enumerate((kinds, "ooo")):
+            part = tmp_path / f"{name}-{shard}.jsonl"
+            lines = [json.dumps({key: value for key, value in json.loads(line).items() if key != "id"})
+                     if line.startswith("{\"") else line for line in preference_lines(shard_kinds, "pairs")]
+            part.write_text("\n".join(lines) + "\n")
+            parts.append(str(part))
+        store = tokenize_dataset(parts, folder, tmp_path / f"store-{name}", conversational=True,
+                                 chat_template=tmp_path / "boom.jinja", skipped=SkippedLines(),
+                                 **PREFERENCE_FIELDS["pairs"])
+        stores[name] = ({p.name: p.read_bytes() for p in (tmp_path / f"store-{name}").iterdir()},
+                        store.length_cache().sample_ids)
+    assert stores["refused"] == stores["not-json"]
+    ids = stores["refused"][1]
+    assert len(ids) == 12 and all(":" in row and row.endswith(("/chosen", "/rejected")) for row in ids)
+
+
 @pytest.mark.parametrize("family", ["chatml", "generation"])
 def test_records_with_nothing_to_train_on_are_refused_or_counted(models, family, tmp_path, capsys):
     """No assistant turn, or a role the template does not mark ("bot"): an all-zero loss mask, which was

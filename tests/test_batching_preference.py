@@ -324,7 +324,8 @@ def test_cli_user_errors(workspace, capsys, tmp_path):
             run(capsys, *base, *argv)
         assert exit_info.value.code == 2
         message = capsys.readouterr().err
-        assert any(words in message for words in ("go together", "not allowed with", "exclude each other")), message
+        assert any(words in message for words in ("go together", "not allowed with", "exclude each other",
+                                                   "give conversational=True", "without a text, response")), message
         assert not (tmp_path / "l.jsonl").exists()
     code, _, err = run(capsys, *base, "--prompt-field", "question", "--chosen-field", "good",
                        "--rejected-field", "worse")

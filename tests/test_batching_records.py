@@ -391,3 +391,17 @@ def test_chat_records_and_preference_pairs_read_the_same_from_every_format(tmp_p
     for kind in ("jsonl.gz", "parquet", "hf-object"):
         assert outputs(write(rows, tmp_path / kind, kind), model, tmp_path / f"{kind}-out", **fields) == reference
     assert outputs(sharded(rows, tmp_path / "shards", "parquet"), model, tmp_path / "s-out", **fields) == reference
+
+
+def test_a_skipped_line_ends_its_chunk_so_later_lines_keep_their_numbers(model, tmp_path):
+    """JSONL chunks hold consecutive lines, as columnar chunks hold consecutive rows: a record after a
+    skipped line is named by its own line (here the repeated id on line 4, not line 3)."""
+    from umlos_cuda.batching.records.chunk import SkippedLines
+
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"id": "a", "text": "x"}\nnot json\n{"id": "b", "text": "y"}\n{"id": "a", "text": "z"}\n')
+    records = Records(path, ("text",), skipped=SkippedLines())
+    chunks = list(records.chunks(chunk_size=10))
+    assert [(chunk.first_line, list(chunk.sample_ids)) for chunk in chunks] == [(0, ["a"]), (2, ["b", "a"])]
+    expect(errors.DATASET_RECORD_INVALID, build_lengths, path, model, tmp_path / "l.jsonl", skipped=SkippedLines(),
+           mention="line 4 repeats the id 'a' of line 1")

@@ -460,6 +460,38 @@ def _huge_template(where: str):
     return make
 
 
+PARTS_CHATML = ("{% for m in messages %}{{ '<|' + m['role'] + '|>' }}{% if m['content'] is string %}{{ m['content'] }}"
+          "{% else %}{% for p in m['content'] %}{{ p['text'] }}{% endfor %}{% endif %}{{ '</s>' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+ASK = [{"role": "user", "content": "hi"}]
+GOOD, BAD = [{"role": "assistant", "content": "fine"}], [{"role": "assistant", "content": "go away"}]
+
+
+def _preference(record: dict, *fields: str, command: str = "tokenize", template: str = PARTS_CHATML,
+                parquet: bool = False):
+    """A model with a chat template and a one-record preference dataset (JSONL, or Parquet), encoded with
+    ``--conversational`` and ``fields`` (``--prompt-field prompt --chosen-field chosen ...``)."""
+    def make(world, here):
+        copy(world, here, "model")
+        edit_json(here / "model" / "tokenizer_config.json", lambda c: c.__setitem__("chat_template", template))
+        name = "prefs.parquet" if parquet else "prefs.jsonl"
+        if parquet:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            pq.write_table(pa.Table.from_pylist([record]), here / name)
+        else:
+            (here / name).write_text(json.dumps(record) + "\n")
+        verb = ("data", "tokenize") if command == "tokenize" else ("data", "lengths", "build")
+        return (*verb, "--dataset", str(here / name), "--tokenizer", str(here / "model"), "--output",
+                str(here / "out"), "--quiet", "--conversational", *fields)
+    return make
+
+
+PAIRS = ("--prompt-field", "prompt", "--chosen-field", "chosen", "--rejected-field", "rejected")
+UNPAIRED = ("--prompt-field", "prompt", "--completion-field", "completion", "--label-field", "label")
+
+
 def _fifo_at(name: str):
     def make(here: Path) -> Path:
         fifo(here / name)
@@ -2213,6 +2245,47 @@ CASES = [
          (errors.CHAT_TEMPLATE_INVALID,), "model"),
     Case("traceback/data-tokenize-chat-messages-not-objects",
          _chat("{% for m in messages %}{{ m['content'] }}{% endfor %}", messages=[["user", "hi"]]), (D,), "chat.jsonl"),
+    Case("traceback/data-tokenize-chat-messages-image-part", _chat(CHATML, messages=[
+        {"role": "user", "content": [{"type": "image", "image": "x.png"}]}]), (errors.CHAT_CONTENT_UNSUPPORTED,),
+        "chat.jsonl"),
+    # preference records: conversational pairs, implicit-prompt pairs, unpaired (KTO) records
+    Case("traceback/data-tokenize-conversational-pairs-messages-not-objects", _preference(
+        {"prompt": ASK, "chosen": [["assistant", "hi"]], "rejected": BAD}, *PAIRS), (D,), "prefs.jsonl"),
+    Case("traceback/data-tokenize-conversational-pairs-prompt-a-string", _preference(
+        {"prompt": "hi", "chosen": GOOD, "rejected": BAD}, *PAIRS), (D,), "prefs.jsonl"),
+    Case("traceback/data-tokenize-conversational-pairs-role-missing", _preference(
+        {"prompt": [{"content": "hi"}], "chosen": GOOD, "rejected": BAD}, *PAIRS), (D,), "prefs.jsonl"),
+    Case("traceback/data-lengths-build-conversational-pairs-image-part", _preference(
+        {"prompt": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+         "chosen": GOOD, "rejected": BAD}, *PAIRS, command="lengths"), (errors.CHAT_CONTENT_UNSUPPORTED,),
+         "prefs.jsonl"),
+    Case("traceback/data-tokenize-conversational-text-part-an-object", _preference(
+        {"prompt": [{"role": "user", "content": [{"type": "text", "text": {"a": [1, {"b": None}]}}]}],
+         "chosen": GOOD, "rejected": BAD}, *PAIRS), (D,), "prefs.jsonl"),
+    Case("traceback/data-tokenize-implicit-pairs-no-shared-prompt", _preference(
+        {"chosen": GOOD, "rejected": BAD}, "--chosen-field", "chosen", "--rejected-field", "rejected"), (D,),
+         "prefs.jsonl"),
+    Case("traceback/data-tokenize-unpaired-label-missing", _preference(
+        {"prompt": ASK, "completion": GOOD}, *UNPAIRED), (D,), "prefs.jsonl"),
+    Case("traceback/data-tokenize-unpaired-label-a-string", _preference(
+        {"prompt": ASK, "completion": GOOD, "label": "true"}, *UNPAIRED), (D,), "prefs.jsonl"),
+    Case("traceback/data-tokenize-unpaired-parquet-label-of-integers", _preference(
+        {"prompt": ASK, "completion": GOOD, "label": 1}, *UNPAIRED, parquet=True), (D,), "prefs.parquet"),
+    # ... rendered in the same budgeted workers as chat records: past a counted limit or the budget, alike
+    Case("hang/data-tokenize-conversational-pairs-template-nested-loops", _preference(
+        {"prompt": ASK, "chosen": GOOD, "rejected": BAD}, *PAIRS,
+        template="{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"), (RB,),
+         "prefs.jsonl"),
+    Case("hang/data-tokenize-conversational-pairs-template-shared-lists", _preference(
+        {"prompt": ASK, "chosen": GOOD, "rejected": BAD}, *PAIRS, template=SHARED + "{{ ns.a == ns.b }}"), (RB,),
+         "prefs.jsonl", env=RENDER_BUDGET),
+    Case("hang/data-lengths-build-implicit-pairs-template-shared-lists-tojson", _preference(
+        {"chosen": ASK + GOOD, "rejected": ASK + BAD}, "--chosen-field", "chosen", "--rejected-field", "rejected",
+        command="lengths", template=SHARED + "{{ ns.a|tojson }}"), (RB,), "prefs.jsonl", env=RENDER_BUDGET),
+    Case("hang/data-tokenize-unpaired-parquet-template-shared-lists-once-a-completion", _preference(
+        {"prompt": ASK, "completion": GOOD, "label": True}, *UNPAIRED, parquet=True,
+        template="{% if messages[-1]['role'] == 'assistant' %}" + SHARED + "{{ ns.a == ns.b }}{% endif %}"), (RB,),
+         "prefs.parquet", env=RENDER_BUDGET),
     Case("hang/data-tokenize-fifo-special-tokens-map", _tokenize_fifo_special_tokens, (T,),
          "special_tokens_map.json"),
     Case("hang/batch-fingerprint-fifo-store-offsets", _fingerprint_fifo_offsets, (S,), "offsets.npy"),

@@ -81,6 +81,7 @@ DATASET_UNREADABLE = "DATASET_UNREADABLE"  # the dataset is missing, not a regul
 CHAT_TEMPLATE_INVALID = "CHAT_TEMPLATE_INVALID"  # no chat template to render messages with, or one Jinja cannot compile
 CHAT_RENDER_BUDGET_EXCEEDED = "CHAT_RENDER_BUDGET_EXCEEDED"  # a chat template went past the render budget on a record (steps, characters, an operation's size, CPU seconds, memory, wall clock)
 DATASET_RECORD_INVALID = "DATASET_RECORD_INVALID"  # a JSONL line or a row is not a record (not UTF-8, a lone surrogate, over 64 MiB), lacks a field, has one of the wrong type or repeats an id; two columns of one name
+CHAT_CONTENT_UNSUPPORTED = "CHAT_CONTENT_UNSUPPORTED"  # a message content part that is not text (an image, audio, a file): media are not supported yet
 DATASET_EMPTY = "DATASET_EMPTY"  # the dataset holds no record
 LENGTHS_INVALID = "LENGTHS_INVALID"  # a length cache is missing, empty or malformed (row, id, tokenizer hash, length)
 LENGTHS_SIDECAR_MISMATCH = "LENGTHS_SIDECAR_MISMATCH"  # the binary sidecar is malformed or disagrees with its JSONL

@@ -5,7 +5,8 @@ The pipeline, one sub-package per stage, in the order data flows:
     samples, templates   :class:`Sample`, :class:`PreferenceSample`; the SFT template
     records/             training records: JSONL (plain, gzip, zstd), Parquet, Arrow, datasets, shards; fingerprint
     lengths/             length caches: JSONL reading, tokenizer loading, fingerprints, the builder, statistics
-    chat/                chat records: the tokenizer's chat template, assistant loss masks
+    chat/                chat records: the tokenizer's chat template, assistant loss masks; conversational
+                         preference records rendered as TRL renders them
     packing/             sequence packing: :func:`pack_lengths`, :func:`pack_sequences`, packed rows, metrics
     plans/               token-budget batch plans: config, planner, builder, plan folders, verify, sharding
     tokens/              token stores (sharded too) and Megatron indexed datasets, as token sources
@@ -36,6 +37,7 @@ if TYPE_CHECKING:  # the re-exports, imported on first use (umlos_cuda/reexports
     from .plans.config import BatchingConfig, PadPolicy
     from .lengths.fingerprints import dataset_fingerprint, tokenizer_fingerprint
     from .lengths.builder import build_lengths
+    from .lengths.unpaired import unpaired_labels
     from .lengths.stats import BucketChoice, optimal_bucket_choices, optimal_bucket_edges, percentiles
     from .lengths.cache import LengthCache
     from .tokens.megatron import MegatronDataset, MegatronDatasetList
@@ -61,6 +63,7 @@ if TYPE_CHECKING:  # the re-exports, imported on first use (umlos_cuda/reexports
 __all__ = [
     "ChatSample",
     "encode_chat",
+    "unpaired_labels",
     "BatchFingerprint",
     "BatchReader",
     "BatchWriteReport",

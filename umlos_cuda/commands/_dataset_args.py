@@ -5,8 +5,10 @@ Both read the dataset the same way (umlos_cuda/batching/lengths/builder.py),
 so they take the same options: the dataset (one or more paths or globs, in
 any format of umlos_cuda/batching/records/, ``--format`` to override the
 suffix), the tokenizer, one text field, a prompt and a response field, a
-prompt, a chosen and a rejected field (preference pairs), or a messages
-field (and its chat template), the id field, the end-of-sequence token, the
+prompt, a chosen and a rejected field (preference pairs), a prompt, a
+completion and a label field (unpaired preference records), these as lists
+of messages (``--conversational``, and then pairs without a prompt field),
+or a messages field (and its chat template), the id field, the end-of-sequence token, the
 chunk size, the number of workers (``--workers``, default the cores this
 process may run on), ``--force`` and ``--quiet``.
 """
@@ -55,8 +57,19 @@ def add_dataset_arguments(parser, *, output_metavar: str, output_help: str, verb
                         "template(P) + C and template(P) + R, ids <id>/chosen and <id>/rejected; docs/batching.md, "
                         "'Preference pairs')")
     parser.add_argument("--rejected-field", metavar="R", help="the rejected completion's field, with --chosen-field")
+    parser.add_argument("--completion-field", metavar="C",
+                        help="with --prompt-field and --label-field: unpaired preference records (KTO), one row each, "
+                        "id <id>/desirable when the label is true, <id>/undesirable when false (docs/batching.md, "
+                        "'Preference data')")
+    parser.add_argument("--label-field", metavar="L", help="the boolean label's field (true: desirable), with "
+                        "--completion-field")
+    parser.add_argument("--conversational", action="store_true",
+                        help="the preference fields are lists of messages (TRL's conversational form), rendered with "
+                        "the tokenizer's chat template and tokenized as TRL does, the loss on the completion; pairs "
+                        "may then leave --prompt-field out: the messages chosen and rejected share are the prompt")
     parser.add_argument("--chat-template", metavar="FILE",
-                        help="with --messages-field: render with this Jinja template instead of the tokenizer's own")
+                        help="with --messages-field or --conversational: render with this Jinja template instead of "
+                        "the tokenizer's own")
     parser.add_argument("--id-field", default="id", metavar="F", help="the field holding the sample id (default: id)")
     add_option(parser, "--eos", old=("--eos-token",), dest="eos_token", metavar="TOKEN",
                help="the end-of-sequence token's text, for --prompt-field when the tokenizer directory names none "
@@ -78,19 +91,23 @@ def run_with_progress(args, parser, label: str, build: Callable[..., Any]) -> tu
     on stderr; returns its result and the seconds it took. With
     ``--skip-bad-lines`` it prints how many lines were skipped (and why, for
     the first few)."""
+    from ..batching.lengths.preference import preference_kind
     from ..batching.records.chunk import SkippedLines
+    from ..errors import UmlosError
     from ._progress import Progress
 
-    pairs = args.chosen_field is not None or args.rejected_field is not None
-    if pairs and (args.chosen_field is None or args.rejected_field is None or args.prompt_field is None):
-        parser.error("--prompt-field, --chosen-field and --rejected-field go together (preference pairs)")
-    if pairs and args.response_field is not None:
-        parser.error("--response-field and --chosen-field/--rejected-field exclude each other: give a response "
-                     "(prompt/response records) or a chosen and a rejected completion (preference pairs)")
-    if not pairs and (args.prompt_field is None) != (args.response_field is None):
+    preference = {"chosen_field": args.chosen_field, "rejected_field": args.rejected_field,
+                  "completion_field": args.completion_field, "label_field": args.label_field}
+    try:  # the library's one check of which preference fields go together, as a usage error
+        kind = preference_kind(text_field=args.text_field, prompt_field=args.prompt_field,
+                               response_field=args.response_field, messages_field=args.messages_field,
+                               conversational=args.conversational, **preference)
+    except UmlosError as exc:
+        parser.error(exc.message)
+    if kind is None and (args.prompt_field is None) != (args.response_field is None):
         parser.error("--prompt-field and --response-field go together")
-    if args.chat_template is not None and args.messages_field is None:
-        parser.error("--chat-template goes with --messages-field")
+    if args.chat_template is not None and args.messages_field is None and not args.conversational:
+        parser.error("--chat-template goes with --messages-field or --conversational")
     progress = Progress(1, label, enabled=not args.quiet, unit="B")  # the builders report bytes read
 
     def report(done: int, total: int) -> None:
@@ -112,8 +129,7 @@ def run_with_progress(args, parser, label: str, build: Callable[..., Any]) -> tu
                        eos_token=args.eos_token, force=args.force, chunk_size=args.chunk_size, progress=report,
                        skipped=skipped, messages_field=args.messages_field, chat_template=args.chat_template,
                        format=args.format, workers=workers, **extra,
-                       **({"chosen_field": args.chosen_field, "rejected_field": args.rejected_field}
-                          if pairs else {}))
+                       **({**preference, "conversational": args.conversational} if kind is not None else {}))
     finally:
         progress.close()
     if skipped is not None:

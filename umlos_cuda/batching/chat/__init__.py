@@ -5,12 +5,15 @@ Modules:
     limits       how much work one render may do (steps, characters, ``*`` and ``**``; the worker's budget)
     guards       caps on the arguments that size a filter's or a ``str`` method's work
     template     which template renders a tokenizer's conversations, and its variables
-    messages     check a messages value and shape it as transformers hands it to a template
+    messages     check a messages value (content parts included) and shape it as transformers hands it to a template
     render       render one conversation: the text and its generation spans
     turns        the assistant spans: the template's markers, or the generation-prompt difference
     masks        token masks from character spans, as transformers' ``assistant_masks``
-    chunks       a chunk of records rendered in a worker, then encoded there (``ChatWork``)
+    chunks       a chunk of records rendered in a worker under the budget, then encoded there (``ChatWork``)
     encode       one conversation to ids and an assistant mask (``encode_chat``)
+    preference   conversational preference records (pairs, implicit-prompt pairs, unpaired) rendered as TRL does,
+                 in the same workers (``PreferenceRender``)
+    completions  where a rendered completion's tokens start (TRL's prompt length), and its loss masks
 """
 
 from typing import TYPE_CHECKING

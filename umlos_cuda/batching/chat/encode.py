@@ -59,16 +59,19 @@ def chat_encoder(tokenizer: Any):
 def encode_chat(tokenizer: Any, messages: Any, *, add_generation_prompt: bool = False,
                 chat_template: str | os.PathLike[str] | None = None) -> ChatSample:
     """Render and encode one conversation; a malformed one, or one the template
-    refuses, raises DATASET_RECORD_INVALID (CHAT_RENDER_BUDGET_EXCEEDED past a render limit). It renders
-    in this process: the counted limits of umlos_cuda/batching/chat/limits.py apply, not the CPU, memory
-    and wall-clock budget of the render workers of ``data tokenize``."""
+    refuses, raises DATASET_RECORD_INVALID (CHAT_CONTENT_UNSUPPORTED for a content part that is not text,
+    CHAT_RENDER_BUDGET_EXCEEDED past a render limit). It renders in this process: the counted limits of
+    umlos_cuda/batching/chat/limits.py apply, not the CPU, memory and wall-clock budget of the render
+    workers of ``data tokenize``."""
     loaded = load_tokenizer(tokenizer)
     template = chat_template_of(loaded, chat_template)
     try:
         chat = assistant_spans(template, checked_messages(messages), add_generation_prompt=add_generation_prompt)
     except (MessagesInvalid, RenderFailed) as exc:
-        code = errors.CHAT_RENDER_BUDGET_EXCEEDED if isinstance(exc, RenderFailed) and exc.limit else \
-            errors.DATASET_RECORD_INVALID
+        if isinstance(exc, MessagesInvalid):
+            code = exc.code
+        else:
+            code = errors.CHAT_RENDER_BUDGET_EXCEEDED if exc.limit else errors.DATASET_RECORD_INVALID
         raise UmlosError(code, f"the conversation {exc}", operator=errors.BATCHING_OPERATOR) from None
     encoding = chat_encoder(loaded).encode(chat.text, add_special_tokens=False)
     return ChatSample(chat.text, list(encoding.ids), token_mask(encoding.offsets, chat.spans))

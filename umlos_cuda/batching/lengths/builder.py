@@ -10,7 +10,10 @@ prompt, a chosen and a rejected field: a preference record, two rows
 tokenizer's chat template (umlos_cuda/batching/chat/), or an integer field
 that already holds each record's token count (``length_field``: nothing is
 tokenized; without a tokenizer the tokenizer hash is ``unknown``, as for
-``data megatron``). What comes out: ``lengths.jsonl`` and its sidecar
+``data megatron``), or preference records in TRL's other forms: implicit-prompt pairs, unpaired
+(KTO) records of a prompt, a completion and a label (lengths/preference.py), and each kind's fields
+as lists of messages rendered with the chat template (``conversational``:
+umlos_cuda/batching/chat/preference.py). What comes out: ``lengths.jsonl`` and its sidecar
 (umlos_cuda/batching/lengths/cache.py), in dataset order, and the
 :class:`~umlos_cuda.batching.lengths.cache.LengthCache`.
 
@@ -27,15 +30,18 @@ dataset's fingerprint (records/fingerprint.py) is computed in this thread
 from the values read, and every output byte is the same whatever the number
 of workers and the chunk size.
 
-Chat records are rendered by the workers that encode them
-(umlos_cuda/batching/chat/chunks.py ``ChatWork``), in processes under the
-render budget (umlos_cuda/batching/chat/limits.py ``render_budget``; one
-worker is then one process too), because a chat template is code that came
-with the model. The reader hands their messages on unchecked, and each chunk
-comes back with the records that did not render, which the reader names,
-raises or skips in line order before the fingerprint and the ids take the
-rest (records/source.py ``Records.accept``): the same records, lines and
-first error as if this thread had rendered them.
+Chat records and conversational preference records are rendered by the
+workers that encode them (umlos_cuda/batching/chat/chunks.py ``ChatWork``
+running ``ChatRender`` or chat/preference.py's ``PreferenceRender``), in
+processes under the render budget (umlos_cuda/batching/chat/limits.py
+``render_budget``; one worker is then one process too), because a chat
+template is code that came with the model. The reader hands their
+conversations on unchecked, and each chunk comes back with the records that
+did not render, which the reader names, raises or skips in line order before
+the fingerprint and the ids take the rest (records/source.py
+``Records.accept``): the same records, lines and first error as if this
+thread had rendered them. The render then names the rows of the records
+kept (a preference record's one or two rows, ``RecordRender.rows``).
 """
 
 from __future__ import annotations
@@ -62,9 +68,12 @@ from .encoder import ChunkEncoder
 from .budget import Budget
 from .workers import check_workers, in_order
 from .pairs import pair_rows
-from ..chat.chunks import ChatRender, ChatWork
+from .preference import PreferenceKind, preference_kind
+from .unpaired import unpaired_rows
+from ..chat.chunks import ChatRender, ChatWork, RecordRender
 from ..chat.encode import chat_encoder
 from ..chat.limits import render_budget
+from ..chat.preference import PreferenceRender
 from ..chat.template import chat_template_of
 
 DEFAULT_CHUNK = 4096
@@ -82,7 +91,12 @@ class DatasetEncoding:
     appended after the encoded text, or ``prompt_field``, ``chosen_field``
     and ``rejected_field``: each record becomes two rows (``<id>/chosen``,
     ``<id>/rejected``) of the template, and the chunks :meth:`stream` yields
-    are of rows; or ``messages_field`` through the chat template; or
+    are of rows; or ``prompt_field``, ``completion_field`` and ``label_field``
+    (unpaired records, one row each, ``<id>/desirable`` or ``<id>/undesirable``);
+    with ``conversational``, these preference fields hold lists of messages
+    (and ``prompt_field`` may be left out for pairs: an implicit prompt),
+    rendered with the chat template as TRL renders them, by the workers; or
+    ``messages_field`` through the chat template; or
     ``length_field``, a column of token counts read as they are
     (``tokenizer`` may then be None: its hash is ``unknown``).
     ``sharded=True`` names the rows of a single input as those of one shard
@@ -104,30 +118,33 @@ class DatasetEncoding:
                  skipped: SkippedLines | None = None,
                  messages_field: str | None = None, chat_template: str | os.PathLike[str] | None = None,
                  length_field: str | None = None, format: str | None = None,
-                 sharded: bool | None = None) -> None:
-        self.pairs = chosen_field is not None or rejected_field is not None
+                 sharded: bool | None = None, completion_field: str | None = None, label_field: str | None = None,
+                 conversational: bool = False) -> None:
         self.length_field = length_field
-        if length_field is not None:  # record_fields refuses any other field beside it
-            self.record_fields = record_fields(text_field, prompt_field, response_field, length_field,
-                                               chosen_field=chosen_field, rejected_field=rejected_field,
-                                               messages_field=messages_field)
+        preference = {"chosen_field": chosen_field, "rejected_field": rejected_field,
+                      "completion_field": completion_field, "label_field": label_field}
+        self.preference: PreferenceKind | None = None
+        if length_field is None:
+            self.preference = preference_kind(text_field=text_field, prompt_field=prompt_field,
+                                              response_field=response_field, messages_field=messages_field,
+                                              conversational=conversational, **preference)
+        self.pairs = self.preference is not None and self.preference.paired
+        self.record_fields = record_fields(text_field, prompt_field, response_field, length_field,
+                                           messages_field=messages_field, conversational=conversational,
+                                           **preference)  # refuses any other field beside a length field
+        if length_field is not None:
             self.fields: tuple[str, ...] = (length_field,)
             self.mode, self.appended = "text", 0
-        elif self.pairs:
-            if messages_field is not None:
-                raise UmlosError(errors.LENGTHS_INVALID, "a messages field is counted alone; got also "
-                                 f"chosen_field={chosen_field!r}, rejected_field={rejected_field!r}",
-                                 operator=errors.BATCHING_OPERATOR)
-            self.fields, self.mode, self.appended = _pair_mode(text_field, prompt_field, response_field,
-                                                               chosen_field, rejected_field)
+        elif self.preference is not None:  # read as record_fields says; pair_rows and the others make the rows
+            self.fields = tuple(field.name for field in self.record_fields)
+            self.mode, self.appended = ("completion", 0) if self.preference.conversational else \
+                ("template", sft_length(0))
         else:
             self.fields, self.mode, self.appended = _mode(text_field, prompt_field, response_field, messages_field)
-        if chat_template is not None and messages_field is None:
-            raise UmlosError(errors.LENGTHS_INVALID, "a chat template renders a messages field; give messages_field "
-                             "(--messages-field) with it", operator=errors.BATCHING_OPERATOR)
-        if length_field is None:
-            self.record_fields = record_fields(text_field, prompt_field, response_field, chosen_field=chosen_field,
-                                               rejected_field=rejected_field, messages_field=messages_field)
+        if chat_template is not None and messages_field is None and not conversational:
+            raise UmlosError(errors.LENGTHS_INVALID, "a chat template renders a messages field or conversational "
+                             "preference records; give messages_field (--messages-field) or conversational=True "
+                             "(--conversational) with it", operator=errors.BATCHING_OPERATOR)
         self.records = Records(dataset, self.record_fields, id_field=id_field, format=format, skipped=skipped,
                                sharded=sharded)
         self.dataset = self.records.name
@@ -137,7 +154,7 @@ class DatasetEncoding:
         self.skipped = skipped
         self.total_bytes = self.records.total_bytes
         self._id_hashes: list[np.ndarray] = []
-        self.chat: ChatRender | None = None
+        self.render: RecordRender | None = None  # chat records, or conversational preference records
         self.budget: Budget | None = None
         self.encoder: Any = None  # a tokenizers.Tokenizer; None for a --length-field build without one
         self.loaded: Any = None
@@ -148,18 +165,24 @@ class DatasetEncoding:
             return
         self.loaded = load_tokenizer(tokenizer)
         self.eos_id = self.loaded.eos_token_id(eos_token) if self.appended else None  # the template appends it
-        # A chat record is rendered by the workers (a bad one is a bad line, checked later by the reader) and
-        # encoded as apply_chat_template encodes it: no special tokens added, no padding, no truncation.
+        # Chat records and conversational preference records are rendered by the workers (a bad one is a bad
+        # line, checked later by the reader) and encoded as apply_chat_template encodes them: no special tokens
+        # added, no padding, no truncation.
+        first_only = skipped is None
         if messages_field is not None:
             template = chat_template_of(self.loaded, chat_template)
-            self.chat = ChatRender(template, first_failure_only=skipped is None)
+            self.render = ChatRender(template, first_failure_only=first_only, field=messages_field)
+        elif self.preference is not None and self.preference.conversational:
+            template = chat_template_of(self.loaded, chat_template)
+            self.render = PreferenceRender(template, self.preference, self.fields, first_failure_only=first_only)
+        if self.render is not None:
             self.budget = render_budget()
             if chat_template is not None:  # the fingerprint names the template used
-                self.loaded = replace(self.loaded, chat_template=template.source)
-            self.records.checked_later = messages_field
+                self.loaded = replace(self.loaded, chat_template=self.render.template.source)
+            self.records.checked_later = tuple(field.name for field in self.record_fields if field.kind == "json")
             self.records.screen = self._screen
         self.tokenizer_hash = tokenizer_fingerprint(self.loaded)
-        self.encoder = self.loaded.tokenizer if self.chat is None else chat_encoder(self.loaded)
+        self.encoder = self.loaded.tokenizer if self.render is None else chat_encoder(self.loaded)
         if self.encoder.padding is not None:  # padding would make a length depend on its chunk
             from tokenizers import Tokenizer
 
@@ -201,18 +224,21 @@ class DatasetEncoding:
         ``workers`` workers (umlos_cuda/batching/lengths/workers.py: a thread
         for 1, processes for more, to which ``work`` must pickle) while this
         thread reads and checks the next chunks. A ``--length-field`` build
-        encodes nothing and takes no worker. Chat records are rendered
-        first, in the workers, under the render budget (module docstring)."""
-        if self.chat is not None:
+        encodes nothing and takes no worker. Chat and conversational preference records are
+        rendered first, in the workers, under the render budget (module docstring)."""
+        if self.render is not None:
             return self._rendered(work, chunk_size, workers)
         return in_order(work, self._chunks(chunk_size), 1 if self.length_field is not None else workers,
                         self.chunk_encoder.lines)
 
     def _chunks(self, chunk_size: int) -> Iterator[RecordChunk]:
-        """The chunks in order, their ids' hashes kept (to refuse a repeated id), pairs split into rows."""
+        """The chunks in order, their ids' hashes kept (to refuse a repeated id), preference records made rows."""
         for chunk in self.records.chunks(chunk_size):
             self._keep_ids(chunk)
-            yield pair_rows(chunk) if self.pairs else chunk
+            if self.preference is None:
+                yield chunk
+            else:  # string preference records: rows of the instruction template
+                yield pair_rows(chunk) if self.pairs else unpaired_rows(chunk)
 
     def _keep_ids(self, chunk: RecordChunk) -> None:
         if not isinstance(chunk.sample_ids, RowIds):  # the records' ids (row numbers never repeat)
@@ -221,24 +247,27 @@ class DatasetEncoding:
 
     def _rendered(self, work: Callable[[RecordChunk], T], chunk_size: int, workers: int
                   ) -> Generator[tuple[RecordChunk, T], None, None]:
-        """:meth:`stream` of chat records: each chunk rendered then encoded by a budgeted worker, its records
-        that did not render handed back to the reader, which raises or skips them in line order."""
-        assert self.chat is not None
-        results = in_order(ChatWork(self.chat, work), self.records.chunks(chunk_size), workers,
-                           self.chunk_encoder.lines, self.budget)
+        """:meth:`stream` of chat and conversational preference records: each chunk rendered then encoded by a
+        budgeted worker, its records that did not render handed back to the reader, which raises or skips them
+        in line order and names the rows of the others."""
+        assert self.render is not None
+        records_lines = replace(self.chunk_encoder, pairs=False).lines  # the chunks sent are of records
+        results = in_order(ChatWork(self.render, work), self.records.chunks(chunk_size), workers, records_lines,
+                           self.budget)
         with closing(results):
             for chunk, (result, refused) in results:
                 kept = self.records.accept(chunk, refused)
                 self._keep_ids(kept)
-                yield kept, result
+                yield self.render.rows(kept), result
         self.records.accepted_all()
 
     def _screen(self, chunks: Iterator[RecordChunk]) -> Iterator[tuple[RecordChunk, list]]:
         """Which records of ``chunks`` render (each chunk and its failures, in order), in one budgeted worker:
         what the reader asks of a shard whose rows' ids hang on the records it keeps."""
-        assert self.chat is not None
-        work = ChatWork(replace(self.chat, first_failure_only=False))
-        with closing(in_order(work, chunks, 1, self.chunk_encoder.lines, self.budget)) as results:
+        assert self.render is not None
+        work = ChatWork(replace(self.render, first_failure_only=False))
+        records_lines = replace(self.chunk_encoder, pairs=False).lines
+        with closing(in_order(work, chunks, 1, records_lines, self.budget)) as results:
             for chunk, (_none, refused) in results:
                 yield chunk, refused
 
@@ -262,12 +291,17 @@ def build_lengths(dataset: Any, tokenizer: Any, output: str | os.PathLike[str], 
                   skipped: SkippedLines | None = None, chosen_field: str | None = None,
                   rejected_field: str | None = None, messages_field: str | None = None,
                   chat_template: str | os.PathLike[str] | None = None, length_field: str | None = None,
-                  format: str | None = None, workers: int = 1) -> LengthCache:
+                  format: str | None = None, workers: int = 1, completion_field: str | None = None,
+                  label_field: str | None = None, conversational: bool = False) -> LengthCache:
     """Count every record's tokens and write the length cache at ``output``.
 
     Give ``text_field`` (default ``"text"``) or both ``prompt_field`` and
     ``response_field``, or ``prompt_field``, ``chosen_field`` and
     ``rejected_field`` (two rows a record, chosen then rejected), or
+    ``prompt_field``, ``completion_field`` and ``label_field`` (unpaired
+    records, one row each), these preference fields as lists of messages
+    with ``conversational`` (then ``prompt_field`` may be left out of pairs),
+    or
     ``messages_field`` (chat records rendered with the tokenizer's chat
     template, or ``chat_template``, a Jinja file: umlos_cuda/batching/chat/),
     or ``length_field`` (an integer column of token counts, read as is;
@@ -292,7 +326,8 @@ def build_lengths(dataset: Any, tokenizer: Any, output: str | os.PathLike[str], 
                              check_outputs=lambda paths: check_length_cache_output(output, force, inputs(paths)),
                              skipped=skipped, chosen_field=chosen_field, rejected_field=rejected_field,
                              messages_field=messages_field, chat_template=chat_template, length_field=length_field,
-                             format=format)
+                             format=format, completion_field=completion_field, label_field=label_field,
+                             conversational=conversational)
     with LengthCacheWriter(output, source.tokenizer_hash, force=force, inputs=inputs(source.records.paths)) as writer:
         with closing(source.stream(source.work(), chunk_size, workers)) as stream:
             for chunk, lengths in stream:
@@ -331,17 +366,3 @@ def _mode(text_field, prompt_field, response_field, messages_field=None) -> tupl
                          f"field together; got text_field={text_field!r}, prompt_field={prompt_field!r}, "
                          f"response_field={response_field!r}", operator=errors.BATCHING_OPERATOR)
     return (prompt_field, response_field), "template", sft_length(0)
-
-
-def _pair_mode(text_field, prompt_field, response_field, chosen_field, rejected_field
-               ) -> tuple[tuple[str, ...], str, int]:
-    """:func:`_mode` for preference records: the three fields read; after :func:`~.pairs.pair_rows`
-    each row is a prompt/response row of the template."""
-    if text_field is not None or response_field is not None or None in (prompt_field, chosen_field, rejected_field):
-        raise UmlosError(errors.LENGTHS_INVALID, "count preference records from a prompt, a chosen and a rejected "
-                         "field together, without a text or response field; got "
-                         f"text_field={text_field!r}, prompt_field={prompt_field!r}, "
-                         f"response_field={response_field!r}, chosen_field={chosen_field!r}, "
-                         f"rejected_field={rejected_field!r}",
-                         operator=errors.BATCHING_OPERATOR)
-    return (prompt_field, chosen_field, rejected_field), "template", sft_length(0)

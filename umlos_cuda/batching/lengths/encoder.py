@@ -3,9 +3,12 @@
 What goes in: a ``tokenizers.Tokenizer`` (padding already off), how a
 chunk's values become the encoded text (``mode``: ``"text"``, one string
 field; ``"template"``, prompt/response rows put through the instruction
-template, preference pairs included once split into rows; ``"chat"``,
-records the worker rendered with the chat template just before,
-umlos_cuda/batching/chat/chunks.py), the tokens appended
+template, preference pairs and unpaired records of strings included once
+split into rows; ``"chat"``, records the worker rendered with the chat
+template just before, umlos_cuda/batching/chat/chunks.py; ``"completion"``,
+rows of conversational preference records the worker rendered just before as
+TRL renders them, umlos_cuda/batching/chat/preference.py: the row's text, its
+prompt's text, its record), the tokens appended
 after the text (the template's end-of-sequence token) and the dataset's name
 for messages. What comes out: each record's token count (:meth:`lengths`),
 or the encodings the token store writer turns into ids and masks
@@ -30,8 +33,9 @@ from ..records.chunk import RecordChunk
 from ..templates import sft_prompt, sft_text
 from .pairs import PAIR_ROWS
 
-#: How a chunk's values become text: one string field, the instruction template, rendered chat records.
-MODES = ("text", "template", "chat")
+#: How a chunk's values become text: one string field, the instruction template, rendered chat records,
+#: rendered prompts and completions.
+MODES = ("text", "template", "chat", "completion")
 
 
 @dataclass(frozen=True)
@@ -63,8 +67,16 @@ class ChunkEncoder:
         """True for chat records (encoded without special tokens, masks from the assistant spans)."""
         return self.mode == "chat"
 
+    @property
+    def is_completion(self) -> bool:
+        """True for rendered prompts and completions (encoded without special tokens, masks from the
+        prompt's tokens: umlos_cuda/batching/chat/completions.py)."""
+        return self.mode == "completion"
+
     def texts(self, chunk: RecordChunk) -> list[str]:
         """The text each record of ``chunk`` is encoded from."""
+        if self.mode == "completion":  # the rows' texts, rendered by the worker first (chat/preference.py)
+            return chunk.values[0]
         if self.mode == "chat":  # its values are ChatText, rendered by the worker first (chat/chunks.py ChatWork)
             return [chat.text for chat in chunk.values[0]]
         if self.mode == "template":
@@ -76,8 +88,8 @@ class ChunkEncoder:
         return list(map(sft_prompt, chunk.values[0]))
 
     def encode(self, texts: list[str], chunk: RecordChunk, *, offsets: bool = False) -> list:
-        """``encode_batch_fast`` with the special tokens (none for chat records,
-        whose template writes them; ``encode_batch`` when the character
+        """``encode_batch_fast`` with the special tokens (none for rendered chat
+        records and completions, whose template writes them; ``encode_batch`` when the character
         ``offsets`` are wanted); a tokenizer that fails (an error, or a Rust
         panic) raises TOKENIZER_INVALID naming the chunk's lines."""
         if self.encoder is None:
@@ -85,7 +97,7 @@ class ChunkEncoder:
                              "--length-field build goes without one", operator=errors.BATCHING_OPERATOR)
         try:
             encode = self.encoder.encode_batch if offsets else self.encoder.encode_batch_fast
-            return encode(texts, add_special_tokens=not self.is_chat)
+            return encode(texts, add_special_tokens=not (self.is_chat or self.is_completion))
         except BaseException as exc:  # a Rust panic arrives as pyo3's PanicException, a BaseException
             if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
                 raise

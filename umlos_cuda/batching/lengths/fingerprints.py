@@ -134,12 +134,15 @@ def dataset_fingerprint(dataset: Any, tokenizer_hash: str, *, text_field: str | 
                         prompt_field: str | None = None, response_field: str | None = None,
                         length_field: str | None = None, id_field: str = DEFAULT_ID_FIELD,
                         format: str | None = None, chosen_field: str | None = None,
-                        rejected_field: str | None = None, messages_field: str | None = None) -> str:
+                        rejected_field: str | None = None, messages_field: str | None = None,
+                        completion_field: str | None = None, label_field: str | None = None,
+                        conversational: bool = False) -> str:
     """The fingerprint ``data lengths build`` records for ``dataset`` read with these fields
     (default: the ``text`` field) and ``tokenizer_hash``: one streaming read, memory bounded by a chunk."""
     check_tokenizer_hash(tokenizer_hash)
     fields = record_fields(text_field, prompt_field, response_field, length_field, chosen_field=chosen_field,
-                           rejected_field=rejected_field, messages_field=messages_field)
+                           rejected_field=rejected_field, messages_field=messages_field,
+                           completion_field=completion_field, label_field=label_field, conversational=conversational)
     records = Records(dataset, fields, id_field=id_field, format=format)
     for _ in records.chunks():
         pass

@@ -4,7 +4,8 @@ What goes in: nothing; this module only defines the shapes. What comes out:
 
 * :class:`Field`: one column to read, by its name in the data, its kind
   (``"string"``: text, prompt, response; ``"integer"``: a token count;
-  ``"json"``: any JSON value, such as a ``messages`` list) and its role (what
+  ``"json"``: any JSON value, such as a ``messages`` list; ``"boolean"``:
+  true or false, such as a KTO ``label``) and its role (what
   the column is used as; the dataset fingerprint names columns by role, so a
   renamed column holding the same values fingerprints the same);
 * :class:`RecordChunk`: consecutive rows of one input file (sample ids,
@@ -16,7 +17,7 @@ What goes in: nothing; this module only defines the shapes. What comes out:
 * :class:`SkippedLines`: the bad lines (and rows) a read skipped (``--skip-bad-lines``), and
   :func:`skip_or_raise`, what every reader does with one;
 * :class:`ReadRows` and :class:`RowFailure`: where a chunk's rows were read, and a row its
-  consumer refused after the read (a chat record the workers could not render:
+  consumer refused after the read (a chat or preference record the workers could not render:
   records/source.py ``Records.accept``).
 * :func:`id_required` and :func:`missing_field_hint`: when a record must hold its id field, and what
   every reader says when a record or a file lacks a field.
@@ -32,8 +33,8 @@ from typing import Any, NamedTuple
 from ... import errors
 from ...errors import UmlosError
 
-#: The kinds of a field: a string, an integer (0 to 2^32 - 1, a token count) or any JSON value.
-KINDS = ("string", "integer", "json")
+#: The kinds of a field: a string, an integer (0 to 2^32 - 1, a token count), any JSON value, or true or false.
+KINDS = ("string", "integer", "json", "boolean")
 #: The id field read unless another is named; a record without it is named by its row (records/ids.py).
 DEFAULT_ID_FIELD = "id"
 
@@ -97,8 +98,8 @@ class ReadRows:
 
 
 class RowFailure(NamedTuple):
-    """Row ``offset`` of a chunk, refused after the read with ``code``: ``problem`` says what is wrong
-    with its field (``has 'messages' that PROBLEM``)."""
+    """Row ``offset`` of a chunk, refused after the read with ``code``: ``problem`` says what is wrong with
+    it, as it follows the row's place in a message (``has 'messages' that ...``, ``does not render ...``)."""
 
     offset: int
     code: str
@@ -180,8 +181,8 @@ def missing_field_hint(name: str, id_field: str | None = None, conversations: Se
         return (f"--id-field names the field holding each record's id, here {name!r}: name the field that holds "
                 "the ids, or leave --id-field out to number the records")
     hint = ("name the field to read with --text-field, --prompt-field/--response-field, "
-            "--chosen-field/--rejected-field or --messages-field (and for data lengths build, a token count with "
-            "--length-field)")
+            "--chosen-field/--rejected-field, --completion-field/--label-field or --messages-field (and for data "
+            "lengths build, a token count with --length-field)")
     if conversations:
         hint += f"; {conversations[0]!r} holds conversations: --messages-field {conversations[0]}"
     return hint

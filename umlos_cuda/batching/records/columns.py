@@ -14,7 +14,7 @@ The rules are JSONL's (records/jsonl.py), a row for a line:
   twice (which of the two to read would be a guess), or of a type its field cannot take. A string field
   takes string, large string and string view columns and dictionary-encoded strings (what pandas writes
   for ``category``), decoded here; an id a string or an integer column; a token count an integer column;
-  a ``messages``-like field a list of structs.
+  a ``messages``-like field a list of structs; a label (true or false) a boolean column.
 * **Rows**, DATASET_RECORD_INVALID naming the file, the row and the column, what ``--skip-bad-lines``
   skips and counts: a null; a string that is not UTF-8 (Arrow's full validation, one vectorised pass,
   before any value becomes a Python string; a lone surrogate, half of a character cut in two, is not
@@ -66,7 +66,7 @@ class CheckedBatch:
         for name, array, kind in self._named():
             if array.null_count:
                 mark(np.flatnonzero(np.asarray(array.is_null())), f"has {name!r} null; every row holds a value")
-            if kind != "integer":
+            if kind not in ("integer", "boolean"):
                 mark(_not_utf8(array), f"has {name!r} that is not UTF-8 text (a character cut in two, or bytes of "
                                        "another encoding)")
             if kind == "json" and len(array):
@@ -134,6 +134,8 @@ class CheckedBatch:
             ok, wanted = text, "it must be a string column"
         elif kind == "integer":
             ok, wanted = pa.types.is_integer(found), "a token count is an integer column"
+        elif kind == "boolean":
+            ok, wanted = pa.types.is_boolean(found), f"{name!r} must be a boolean column (true or false)"
         else:
             ok = _is_list(found) and pa.types.is_struct(found.value_type)
             wanted = f"{name!r} must be a list of objects (a list of structs)"

@@ -13,6 +13,7 @@ how the rows are cut into chunks:
 * ``string`` (and sample ids): the UTF-8 bytes of every value, concatenated,
   and beside them each value's byte length as uint64 little-endian;
 * ``integer``: each value as int64 little-endian (no second stream);
+* ``boolean``: each value as one byte, 0 or 1 (no second stream);
 * ``json``: each value's canonical JSON text (keys sorted, no spaces,
   non-ASCII kept as UTF-8), then as a string.
 
@@ -69,6 +70,8 @@ class ColumnDigest:
             self._add_arrow(column)
         elif self.field.kind == "integer":
             self.values.update(np.ascontiguousarray(column, dtype="<i8").data)
+        elif self.field.kind == "boolean":
+            self.values.update(np.asarray(column, dtype=np.uint8).data)
         elif self.field.kind == "json":
             self._add_strings([canonical_json(value) for value in column])
         else:
@@ -91,6 +94,9 @@ class ColumnDigest:
         kind = array.type
         if self.field.kind == "integer":
             self.values.update(np.ascontiguousarray(array.to_numpy(zero_copy_only=False), dtype="<i8").data)
+            return
+        if self.field.kind == "boolean":
+            self.values.update(np.asarray(array.to_numpy(zero_copy_only=False), dtype=np.uint8).data)
             return
         if self.field.kind == "json":
             self._add_strings([canonical_json(value) for value in array.to_pylist()])

@@ -19,9 +19,11 @@ holding a lone surrogate (an escape such as ``\\ud83d`` without its other
 half: a character cut in two, which UTF-8 and every tokenizer refuse; looked
 for only in lines that hold such an escape), an id that is empty or of
 another type; given a :class:`SkippedLines`, such lines are skipped and
-counted instead. A line over 64 MiB is refused before it is
-read whole (files/reader.py), skipped lines or not. What editors and
-exporters add is not an error: a UTF-8 byte-order mark before the first
+counted instead, and the records around them go in chunks of their own, so
+that a chunk's records are consecutive lines (``first_line + offset`` is a
+record's line, as it is a row's in records/columns.py). A line over 64 MiB
+is refused before it is read whole (files/reader.py), skipped lines or
+not. What editors and exporters add is not an error: a UTF-8 byte-order mark before the first
 line, and blank lines at the end of the file (a blank line before a record
 still is). A first line that is not UTF-8 and starts like a Parquet, Arrow,
 gzip or zstd file says so, and how to read it.
@@ -105,7 +107,7 @@ def stream_chunks(handle: BinaryIO, path: str, fields: tuple[str | Field, ...], 
     lines: list[int] = []
     first = 0
     lines_bytes = 0
-    number = -1
+    number = previous = -1
     records = 0
     blank = range(0)  # blank lines not yet followed by a record, an error only if one follows (a range: flat memory)
 
@@ -140,8 +142,12 @@ def stream_chunks(handle: BinaryIO, path: str, fields: tuple[str | Field, ...], 
             except UmlosError as exc:
                 skip_or_raise(exc, skipped, (input_index, number))
                 continue
+            if ids and number != previous + 1:  # lines skipped since the last record: a chunk's lines are consecutive
+                yield chunk()
+                ids, values, lines = [], [[] for _ in wanted], []
             if not ids:
                 first = number
+            previous = number
             ids.append(sample_id)
             for column, value in zip(values, row):
                 column.append(value)
@@ -214,6 +220,9 @@ def _field(path: str, number: int, record: dict, field: Field, unchecked: bool =
     if field.kind == "integer":
         return checks.integer(value, name, 0, UINT32_MAX, fail=fail,
                               message="has {name!r} = {value!r}; a token count is an integer from 0 to 4294967295")
+    if field.kind == "boolean":
+        return checks.instance(value, name, bool, fail=fail, message="has {name!r} = {value!r}; it must be true or "
+                               "false")
     return check_messages(value, name, fail)
 
 

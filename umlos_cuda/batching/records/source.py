@@ -15,9 +15,10 @@ a bounded decompressor (records/compressed.py), Parquet and Arrow IPC batch
 by batch with the wanted columns only (records/arrow.py). Rows without an
 id get one by records/ids.py's rules.
 
-A field can be *checked later*, by the consumer of the chunks (chat records,
-rendered by the workers that encode them: umlos_cuda/batching/lengths/builder.py).
-Its values are handed on as read, and the consumer gives every chunk back to
+Fields can be *checked later*, by the consumer of the chunks (the messages of
+chat records and the conversations of preference records, rendered by the
+workers that encode them: umlos_cuda/batching/lengths/builder.py). Their
+values are handed on as read, and the consumer gives every chunk back to
 :meth:`Records.accept` in dataset order with the rows it refuses: those are
 raised or skipped (``--skip-bad-lines``) in line order, among the lines the
 reader itself refused, and the dataset fingerprint takes the rows kept, so
@@ -75,10 +76,10 @@ class Records:
         self._digest: RowDigest | None = None
         self._accepting: RowDigest | None = None  # the fingerprint being fed by accept()
         self._accepted = 0
-        #: The field the consumer checks (see the module docstring), and how the rows of a chunk of it are
+        #: The fields the consumer checks (see the module docstring), and how the rows of a chunk of them are
         #: checked where this reader needs to know which are kept (``screen(chunks)`` yields each chunk and
         #: its refused rows, in order: the content hash of a shard whose ids hang on it).
-        self.checked_later: str | None = None
+        self.checked_later: tuple[str, ...] = ()
         self.screen: Callable[[Iterator[RecordChunk]], Iterator[tuple[RecordChunk, Sequence[RowFailure]]]] | None \
             = None
 
@@ -127,8 +128,8 @@ class Records:
         if not refused or read is None:
             return chunk
         for failure in sorted(refused):
-            error = UmlosError(failure.code, f"{read.place(failure.offset)} has {self.checked_later!r} that "
-                               f"{failure.problem}", operator=errors.BATCHING_OPERATOR)
+            error = UmlosError(failure.code, f"{read.place(failure.offset)} {failure.problem}",
+                               operator=errors.BATCHING_OPERATOR)
             skip_or_raise(error, skipped, read.at(failure.offset))
         return _without(chunk, {failure.offset for failure in refused})
 
@@ -143,7 +144,7 @@ class Records:
         self._digest, self._accepting = self._accepting, None
 
     def _checks_later(self, fields: Sequence[Field]) -> bool:
-        return self.checked_later is not None and any(field.name == self.checked_later for field in fields)
+        return any(field.name in self.checked_later for field in fields)
 
     def fingerprint(self, tokenizer_hash: str) -> str:
         """The dataset fingerprint of the rows the last full :meth:`chunks` read."""
@@ -206,7 +207,7 @@ class Records:
                 digest.add(None, columns, len(chunk.sample_ids))
             return digest.content_hash()
         if self.screen is None:
-            raise RuntimeError(f"rows of {self.checked_later!r} are checked later, and no screen checks them")
+            raise RuntimeError(f"rows of {', '.join(self.checked_later)} are checked later, and no screen checks them")
         for chunk, refused in self.screen(chunk for chunk, _ids, _columns in read):
             kept = self._kept(chunk, refused, SkippedLines())
             assert kept.read is not None
@@ -229,8 +230,7 @@ class Records:
                 if item.format != "jsonl":
                     stream = open_decompressed(handle, item.path, "gzip" if item.format == "jsonl.gz" else "zstd",
                                                size)
-                later = frozenset((self.checked_later,)) if self.checked_later and self._checks_later(fields) \
-                    else frozenset()
+                later = frozenset(self.checked_later) & {field.name for field in fields}
                 for chunk in stream_chunks(stream, item.path, tuple(fields), id_field=self.id_field,
                                            chunk_size=chunk_size, skipped=skipped, row_id=row_id,
                                            consumed=lambda: min(handle.tell(), size), shard=shard,

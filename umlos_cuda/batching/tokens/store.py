@@ -43,8 +43,9 @@ META_FIELDS = ("format", "num_samples", "num_tokens", "token_dtype", "tokenizer_
 #: meta.json fields a store may lack: ``vocab_size`` (the tokenizer's, with added tokens) is written since
 #: stores check their token ids against it; a store written before has only its dtype's range.
 OPTIONAL_FIELDS = ("vocab_size",)
-#: ``loss_mask`` in meta.json: every token trained on, the instruction template's rule, or the assistant turns.
-LOSS_MASK_RULES = ("all", "template", "assistant")
+#: ``loss_mask`` in meta.json: every token trained on, the instruction template's rule, the assistant turns, or
+#: the tokens after a rendered prompt's (conversational preference records, umlos_cuda/batching/chat/completions.py).
+LOSS_MASK_RULES = ("all", "template", "assistant", "completion")
 LENGTHS_FILE = "lengths.jsonl"
 
 

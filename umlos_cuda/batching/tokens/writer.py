@@ -15,7 +15,10 @@ what ``data lengths build`` counts; a chunk's tokens and masks are
 for byte, whatever the number of workers (``--workers``) and the chunk size. Loss masks: 1 on every token of a text
 record; for a prompt/response record, the rule of ``sft_sample``: 0 over the
 first ``len(encode(prompt part))`` tokens, 1 over the rest; a preference
-record (prompt, chosen, rejected) is two such rows, chosen then rejected; for
+record (prompt, chosen, rejected) is two such rows, chosen then rejected, and an
+unpaired one (prompt, completion, label) one such row; for a conversational
+preference record, 1 from where its tokens and its prompt's first differ
+(umlos_cuda/batching/chat/completions.py, TRL's rule); for
 a chat record, 1 on the tokens of the assistant's turns
 (umlos_cuda/batching/chat/turns.py says which characters,
 umlos_cuda/batching/chat/masks.py which tokens). Tokens and masks
@@ -56,6 +59,7 @@ from ..lengths.workers import check_workers
 from ...hashing import sha256_array
 from .store import LENGTHS_FILE, STORE_FORMAT, TokenStore
 from ..chat.masks import token_mask
+from ..chat.completions import completion_masks, completion_starts, shared_prompts
 from ..chat.turns import ChatText
 
 #: Bytes reserved for a streamed .npy header (the shape is known only at the end).
@@ -74,7 +78,8 @@ def tokenize_dataset(dataset: Any, tokenizer: Any, output: str | os.PathLike[str
                      skipped: SkippedLines | None = None, chosen_field: str | None = None,
                      rejected_field: str | None = None, messages_field: str | None = None,
                      chat_template: str | os.PathLike[str] | None = None, format: str | None = None,
-                     sharded: bool | None = None, workers: int = 1) -> TokenStore:
+                     sharded: bool | None = None, workers: int = 1, completion_field: str | None = None,
+                     label_field: str | None = None, conversational: bool = False) -> TokenStore:
     """Encode every record and write the token store folder ``output``.
 
     ``progress(bytes_read, bytes_total)`` is called after each chunk. The
@@ -96,7 +101,8 @@ def tokenize_dataset(dataset: Any, tokenizer: Any, output: str | os.PathLike[str
                              response_field=response_field, id_field=id_field, eos_token=eos_token,
                              skipped=skipped, chosen_field=chosen_field, rejected_field=rejected_field,
                              messages_field=messages_field, chat_template=chat_template, format=format,
-                             sharded=sharded)
+                             sharded=sharded, completion_field=completion_field, label_field=label_field,
+                             conversational=conversational)
     vocab = source.encoder.get_vocab_size(with_added_tokens=True)
     token_dtype = np.dtype("<u2" if vocab <= UINT16_VOCAB else "<u4")
     remove_stale_temps(target, STORE, errors.BATCHING_OPERATOR)  # what a run killed while writing it left
@@ -156,6 +162,12 @@ def encode_chunk(source: ChunkEncoder, chunk: RecordChunk, token_dtype: np.dtype
         masks = [token_mask(e.offsets, chat.spans) for e, chat in zip(encodings, rendered)]
         mask = np.concatenate(masks) if masks else np.zeros(0, dtype=np.uint8)
         return encoded, _as_tokens(ids, token_dtype, vocab_size), mask
+    if source.is_completion:  # TRL's prompt length (umlos_cuda/batching/chat/completions.py)
+        _texts, prompt_texts, records = chunk.values  # each row's text, its prompt's, its record (chat/preference.py)
+        firsts, prompt_of_row = shared_prompts(records)
+        prompts = source.encode([prompt_texts[row] for row in firsts], chunk)
+        starts = completion_starts([e.ids for e in encodings], [e.ids for e in prompts], prompt_of_row)
+        return encoded, _as_tokens(ids, token_dtype, vocab_size), completion_masks(encoded, starts)
     if not source.is_template:
         return encoded, _as_tokens(ids, token_dtype, vocab_size), np.ones(total, dtype=np.uint8)
     lengths = encoded + source.appended
@@ -164,15 +176,15 @@ def encode_chunk(source: ChunkEncoder, chunk: RecordChunk, token_dtype: np.dtype
     ids = np.insert(ids, ends, source.eos_id)  # the end-of-sequence token after each record's text
     prompts = source.encode(source.prompts(chunk), chunk)
     masked = np.minimum(np.fromiter((len(e) for e in prompts), dtype=np.int64, count=len(prompts)), lengths)
-    starts = np.cumsum(lengths) - lengths
-    position = np.arange(ids.shape[0], dtype=np.int64) - np.repeat(starts, lengths)
-    mask = (position >= np.repeat(masked, lengths)).astype(np.uint8)
-    return lengths, _as_tokens(ids, token_dtype, vocab_size), mask
+    return lengths, _as_tokens(ids, token_dtype, vocab_size), completion_masks(lengths, masked)
 
 
 def loss_mask_rule(source: DatasetEncoding) -> str:
-    """``loss_mask`` in meta.json: ``assistant`` (chat records), ``template`` (prompt/response) or ``all``."""
-    if source.chat is not None:
+    """``loss_mask`` in meta.json: ``assistant`` (chat records), ``completion`` (conversational preference
+    records: the tokens after the prompt's, chat/completions.py), ``template`` (prompt/response) or ``all``."""
+    if source.chunk_encoder.is_completion:
+        return "completion"
+    if source.chunk_encoder.is_chat:
         return "assistant"
     return "template" if source.is_template else "all"
 

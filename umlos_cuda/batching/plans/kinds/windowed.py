@@ -84,4 +84,5 @@ def explain_unit(plan: WindowedPlan, epoch: int, k: int, tokens=None) -> dict:
 KIND = PlanKind(WINDOWED_PLAN, order="dataset", scope="windows", unit="microbatch", rows=True, open=load_windowed_plan,
                 save=save_windowed_plan, verify=verify_windowed_plan, report=report, lines=lines,
                 verify_options=frozenset({"expected_fingerprint", "windows", "seed", "lengths"}),
-                whole=WindowedPlan.as_batch_plan, plan_type=WindowedPlan, save_into=save_windowed_plan_into, explain=explain_unit)
+                whole=WindowedPlan.as_batch_plan, plan_type=WindowedPlan, save_into=save_windowed_plan_into,
+                explain=explain_unit)

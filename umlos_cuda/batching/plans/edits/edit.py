@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from .... import checks, errors
-from ..explain.steps import locate_steps
+from ..explain.steps import locate_steps, passes
 from ..plan import plan_error
 
 #: The one operation an edit has today, as the canonical record names it.
@@ -69,14 +69,24 @@ def skip_steps(plan: Any, first: int, stop: int, *, world_size: int = 1, batch_s
                start: tuple[int, int] = (0, 0)) -> SkipUnits:
     """The edit that leaves out the units of steps ``first .. stop - 1`` of a run over ``plan`` at ``world_size``
     ranks, ``batch_size`` units a rank a step, from the cursor ``start`` (steps as ``plan explain`` counts them:
-    PLAN_CURSOR_INVALID for a step past the run's end; BATCHING_CONFIG_INVALID for an empty range)."""
+    PLAN_CURSOR_INVALID for a step past the run's end; BATCHING_CONFIG_INVALID for an empty range). The steps of
+    one pass are consecutive units, so the edit is one range per epoch the steps touch: O(epochs), whatever the
+    number of steps."""
     first = checks.integer(first, "first step", 0, None, fail=_config, message=checks.NON_NEGATIVE)
     stop = checks.integer(stop, "stop step", first + 1, None, fail=_config,
                           message="{name} is {value!r}: A:B skips the steps A to B - 1, so B must be at least {low}")
+    locate_steps(plan, stop - 1, 1, world_size, batch_size, start)  # every argument checked, the last step located
+    width = int(world_size) * int(batch_size)
     ranges: list[tuple[int, int, int]] = []
-    for begin in range(first, stop, 1 << 12):  # locate_steps covers at most MAX_STEPS at a time
-        for step in locate_steps(plan, begin, min(stop, begin + (1 << 12)) - begin, world_size, batch_size, start):
-            ranges.append((step.epoch, step.cursor, step.cursor + step.units))
+    passed = 0  # steps of the passes before this one
+    for epoch, cursor, length in passes(plan, start):
+        steps = -(-(length - cursor) // width)
+        low, high = max(first, passed) - passed, min(stop, passed + steps) - passed
+        if low < high:
+            ranges.append((epoch, cursor + low * width, min(length, cursor + high * width)))
+        passed += steps
+        if passed >= stop:
+            break
     asked = {"skip_steps": [first, stop], "world_size": int(world_size), "batch_size": int(batch_size),
              "start": [int(start[0]), int(start[1])]}
     return SkipUnits(merged(ranges), asked)

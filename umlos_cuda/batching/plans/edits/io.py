@@ -89,7 +89,7 @@ def load_edited_plan(directory, *, kind_name: str | None = None) -> EditedPlan:
     named = checks.record(record["parent"], dict.fromkeys(("path", "fingerprint", "kind"),
                                                           checks.field(checks.text, empty=False)),
                           fail=_format, what=f"{meta_path} parent")
-    path = os.path.join(os.path.dirname(os.path.abspath(root)), named["path"])
+    path = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(root)), named["path"]))
     if os.path.realpath(path) == os.path.realpath(root):
         raise _format(f"{meta_path}: the plan names itself as its parent")
     if not os.path.lexists(path):

@@ -377,6 +377,52 @@ def _(w):
     assert json.loads(Path(w.path("shards"), "shards.json").read_text())["world_size"] == 3
 
 
+# ---------------------------------------------------------------------- plan edit
+@case("plan-edit/force-over-its-own-plan")
+def _(w):
+    plan = w.copy("plan")
+    w.refused(errors.OUTPUT_IS_INPUT, plan, "plan", "edit", plan, "--skip-steps", "0:1", "--output", plan, "--force")
+
+
+@case("plan-edit/output-inside-its-plan")
+def _(w):
+    plan = w.copy("plan")
+    w.refused(errors.OUTPUT_IS_INPUT, os.path.join(plan, "edited"), "plan", "edit", plan, "--skip-steps", "0:1",
+              "--output", os.path.join(plan, "edited"))
+
+
+@case("plan-edit/force-over-another-plan")
+def _(w):
+    plan, other = w.copy("plan"), w.copy("plan", "other")
+    w.refused(errors.OUTPUT_PATH_INVALID, other, "plan", "edit", plan, "--skip-steps", "0:1", "--output", other,
+              "--force")
+
+
+@case("plan-edit/force-over-the-parent-of-the-plan-it-edits")
+def _(w):
+    plan = w.copy("plan")
+    hs.assert_ok(w.cli("plan", "edit", plan, "--skip-steps", "0:1", "--output", w.path("edited")))
+    w.refused(errors.OUTPUT_IS_INPUT, plan, "plan", "edit", w.path("edited"), "--skip-steps", "0:1", "--output",
+              plan, "--force")
+
+
+@case("plan-edit/output-symlink-to-plan")
+def _(w):
+    os.symlink(w.copy("plan", "target"), w.path("link"))
+    w.refused(errors.OUTPUT_PATH_INVALID, w.path("link"), "plan", "edit", w.copy("plan"), "--skip-steps", "0:1",
+              "--output", w.path("link"), "--force")
+
+
+@case("plan-edit/force-replaces-an-edited-plan")
+def _(w):
+    plan = w.copy("plan")
+    hs.assert_ok(w.cli("plan", "edit", plan, "--skip-steps", "0:1", "--output", w.path("edited")))
+    before = w.state()
+    hs.assert_ok(w.cli("plan", "edit", plan, "--skip-steps", "1:2", "--output", w.path("edited"), "--force"))
+    hs.assert_untouched(before, w.state(), owned=["edited"])
+    assert json.loads(Path(w.path("edited"), "meta.json").read_text())["edit"]["asked"]["skip_steps"] == [1, 2]
+
+
 # ---------------------------------------------------------------------- data tokenize
 def tokenize(w, output, *extra):
     return ("data", "tokenize", "--dataset", w.copy("ds.jsonl") if not os.path.exists(w.path("ds.jsonl"))

@@ -199,7 +199,7 @@ def test_an_edit_of_an_edited_plan_chains_its_edits(built, tmp_path, capsys):
     assert [edit["units"] for edit in report["edits"]] == [[[0, 0, 4]], [[0, 1, 2]]]
     plan = open_plan(twice)
     assert plan.parent_index(0, 0) == 0 and plan.parent_index(0, 1) == 2
-    assert plan.parent.parent_index(0, 2) == 6  # once.s unit 2 is the plan.s unit 6 (0 to 3 left out)
+    assert plan.parent.parent_index(0, 2) == 6  # once's unit 2 is the plan's unit 6 (0 to 3 left out)
     grand = open_plan(built["sequences"])
     assert plan.epoch_microbatches(0) == grand.epoch_microbatches(0) - 5
     assert main(["plan", "verify", twice]) == 0

@@ -55,7 +55,7 @@ def save_edited_plan(plan: EditedPlan, directory, *, force: bool = False, inputs
         raise plan_error(errors.INVALID_ARGUMENT, "an edited plan is saved with the folder of its parent "
                                                   "(EditedPlan(parent_path=...), or edit_plan of a folder)")
     target = os.path.abspath(os.fspath(directory))
-    parent = os.path.abspath(plan.parent_path)
+    parent = ancestors(plan)[0]
     try:
         recorded = os.path.relpath(parent, os.path.dirname(target))
     except ValueError:  # another drive: no relative path
@@ -65,10 +65,19 @@ def save_edited_plan(plan: EditedPlan, directory, *, force: bool = False, inputs
             "edit": plan.edit.to_dict(), "units": [plan.epoch_microbatches(e) for e in range(plan.num_epochs)],
             "fingerprint": plan.fingerprint}
     kind = folder_kind(plan.parent_kind.name)
-    with output_folder(target, kind, force=force, inputs=(*inputs, parent),
+    with output_folder(target, kind, force=force, inputs=(*inputs, *ancestors(plan)),
                        operator=errors.BATCH_PLAN_OPERATOR) as folder:
         folder.write_bytes("meta.json", (json.dumps(meta, indent=2) + "\n").encode("ascii"))
     return target
+
+
+def ancestors(plan: EditedPlan) -> list[str]:
+    """The folders ``plan`` reads: its parent's, and each ancestor's of an edited parent (none may be replaced)."""
+    out: list[str] = []
+    while isinstance(plan, EditedPlan) and plan.parent_path is not None:
+        out.append(os.path.abspath(plan.parent_path))
+        plan = plan.parent
+    return out
 
 
 def load_edited_plan(directory, *, kind_name: str | None = None) -> EditedPlan:
@@ -88,7 +97,7 @@ def load_edited_plan(directory, *, kind_name: str | None = None) -> EditedPlan:
     checks.equal(record["format"], f"{meta_path} format", EDITED_FORMAT, fail=_format)
     named = checks.record(record["parent"], dict.fromkeys(("path", "fingerprint", "kind"),
                                                           checks.field(checks.text, empty=False)),
-                          fail=_format, what=f"{meta_path} parent")
+                          fail=lambda message: _format(f"{meta_path} parent: {message}"), what="it")
     path = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(root)), named["path"]))
     if os.path.realpath(path) == os.path.realpath(root):
         raise _format(f"{meta_path}: the plan names itself as its parent")

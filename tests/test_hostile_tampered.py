@@ -174,8 +174,8 @@ def tamper_edited_plan_parent_after_swap(ws, tmp_path):
                          owned=["edited"]))
     hs.assert_ok(run_cli(tmp_path, "plan", "verify", "edited"))
     swap_two_samples(tmp_path / "plan")
-    hs.assert_refused(run_cli(tmp_path, "plan", "verify", "edited"), ("PLAN_JSONL_MISMATCH", "PLAN_FINGERPRINT_MISMATCH"),
-                      names=tmp_path / "plan")
+    hs.assert_refused(run_cli(tmp_path, "plan", "verify", "edited"),
+                      ("PLAN_JSONL_MISMATCH", "PLAN_FINGERPRINT_MISMATCH"), names=tmp_path / "plan")
 
 
 def tamper_edited_plan_units_rewritten(ws, tmp_path):

@@ -378,24 +378,21 @@ def _(w):
 
 
 # ---------------------------------------------------------------------- plan edit
-@case("plan-edit/force-over-its-own-plan")
-def _(w):
-    plan = w.copy("plan")
-    w.refused(errors.OUTPUT_IS_INPUT, plan, "plan", "edit", plan, "--skip-steps", "0:1", "--output", plan, "--force")
+def _edit_output_refused(code: str, output, *flags: str):
+    """``plan edit`` of a copy of the plan to ``output(w, plan)`` with ``flags``, refused with ``code`` naming it."""
+    def run(w):
+        plan = w.copy("plan")
+        target = output(w, plan)
+        w.refused(code, target, "plan", "edit", plan, "--skip-steps", "0:1", "--output", target, *flags)
+    return run
 
 
-@case("plan-edit/output-inside-its-plan")
-def _(w):
-    plan = w.copy("plan")
-    w.refused(errors.OUTPUT_IS_INPUT, os.path.join(plan, "edited"), "plan", "edit", plan, "--skip-steps", "0:1",
-              "--output", os.path.join(plan, "edited"))
-
-
-@case("plan-edit/force-over-another-plan")
-def _(w):
-    plan, other = w.copy("plan"), w.copy("plan", "other")
-    w.refused(errors.OUTPUT_PATH_INVALID, other, "plan", "edit", plan, "--skip-steps", "0:1", "--output", other,
-              "--force")
+for _name, _code, _output, _flags in (
+        ("force-over-its-own-plan", errors.OUTPUT_IS_INPUT, lambda w, plan: plan, ("--force",)),
+        ("output-inside-its-plan", errors.OUTPUT_IS_INPUT, lambda w, plan: os.path.join(plan, "edited"), ()),
+        ("force-over-another-plan", errors.OUTPUT_PATH_INVALID, lambda w, plan: w.copy("plan", "other"),
+         ("--force",))):
+    case(f"plan-edit/{_name}")(_edit_output_refused(_code, _output, *_flags))
 
 
 @case("plan-edit/force-over-the-parent-of-the-plan-it-edits")

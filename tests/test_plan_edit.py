@@ -28,10 +28,8 @@ from umlos_cuda.cli import main
 from umlos_cuda.errors import UmlosError
 
 torch = pytest.importorskip("torch")
+from test_plan_explain import BUDGET, CUT  # noqa: E402  (the flags its plans are built with)
 from umlos_cuda.torch import PlanBatchSampler, SequenceBatchSampler  # noqa: E402
-
-BUDGET = ("--bucket-edges", "64,128", "--overflow-max", "1024", "--token-budget", "1024", "--quiet")
-CUT = ("--sequence-length", "32", "--window", "8", "--quiet")
 
 
 @pytest.fixture(scope="module")

@@ -299,3 +299,85 @@ def test_a_toy_kind_registered_at_run_time_is_edited_too(built, tmp_path):
     finally:
         unregister_plan_kind(toy.KIND.name)
     assert "edited toy plan" not in [kind.name for kind in plan_kinds()]
+
+
+# ---------------------------------------------------------------------- rows left out (--skip-samples)
+ROW_KINDS = ("split", "windowed", "mixed")
+
+
+def key_row(key) -> int:
+    return key.row if hasattr(key, "row") else int(key)
+
+
+@pytest.mark.filterwarnings("ignore:PlanBatchSampler. the plan's last epoch")
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(name=st.sampled_from(ROW_KINDS), data=st.data())
+def test_rows_left_out_from_a_step_on_are_gone_and_every_other_row_stays(built, tmp_path_factory, name, data):
+    from umlos_cuda.batching.plans.edits.edit import skip_rows
+    from umlos_cuda.batching.plans.edits.plan import parent_microbatch
+
+    folder = built[name]
+    parent = open_plan(folder)
+    lengths = [parent.epoch_microbatches(e) for e in range(parent.num_epochs)]
+    items = parent_items(folder, False, parent.num_epochs)
+    epoch = data.draw(st.integers(0, parent.num_epochs - 1), label="epoch")
+    cursor = data.draw(st.integers(0, lengths[epoch] - 1), label="cursor")
+    later = sorted({key_row(key) for e, per in enumerate(items) for k, item in enumerate(per)
+                    if (e, k) >= (epoch, cursor) for key in item})
+    rows = data.draw(st.lists(st.sampled_from(later), min_size=1, max_size=12, unique=True), label="rows")
+    edit = skip_rows(parent, rows, lambda e, k: parent_microbatch(parent, e, k).rows, start=(epoch, cursor))
+    edited = edit_plan(folder, edit)
+    out = save_edited_plan(edited, tmp_path_factory.mktemp("rows") / "plan")
+    want: dict = {}
+    for e, per in enumerate(items):  # the definition: from the cursor on, each microbatch less the rows; none empty
+        kept = [item if (e, k) < (epoch, cursor) else [key for key in item if key_row(key) not in rows]
+                for k, item in enumerate(per)]
+        want.update({(e, j): [tuple(key) if isinstance(key, tuple) else key for key in item]
+                     for j, item in enumerate(i for i in kept if i)})
+    worlds = (data.draw(st.integers(1, 5), label="world size"), data.draw(st.integers(1, 5), label="resumed at"))
+    stop_after = data.draw(st.integers(0, max(1, sum(lengths) // worlds[0])), label="steps before the stop")
+    got = {key: sample_key(item, None, False) for key, item in run_units(out, False, parent.num_epochs, worlds,
+                                                                         stop_after).items()}
+    assert got == want
+    assert main(["plan", "verify", out]) == 0
+
+
+def test_the_command_leaves_rows_out_and_explain_lists_the_rest(built, tmp_path, capsys):
+    rows_file = tmp_path / "rows.txt"
+    explained = explain(built["windowed"], 3, world_size=2)["steps"][0]["ranks"]
+    gone = [row["row"] for rank in explained for row in rank["units"][0]["rows"]][:3]
+    rows_file.write_text("\n".join(map(str, gone)) + "\n\n")
+    out = str(tmp_path / "edited")
+    assert main(["plan", "edit", built["windowed"], "--skip-samples", str(rows_file), "--from-step", "3",
+                 "--world-size", "2", "--output", out]) == 0
+    assert f"({len(gone)} rows of {rows_file} from step 3)" in capsys.readouterr().out
+    after = explain(out, 3, world_size=2)["steps"][0]["ranks"]
+    listed = [row["row"] for rank in after for unit in rank["units"] for row in unit["rows"]]
+    assert not set(gone) & set(listed)
+    before = [explain(folder, 2, world_size=2)["steps"][0]["ranks"] for folder in (out, built["windowed"])]
+    assert [[u["rows"] for u in rank["units"]] for rank in before[0]] == \
+        [[u["rows"] for u in rank["units"]] for rank in before[1]]
+    assert main(["plan", "info", out]) == 0
+    assert f"skip {len(gone)} row(s)" in capsys.readouterr().out
+    meta = json.loads((tmp_path / "edited" / "meta.json").read_text())
+    meta["edit"]["units"] = [[0, 0, 1]]
+    (tmp_path / "edited" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UmlosError) as caught:
+        open_plan(out)
+    assert caught.value.code == errors.PLAN_FINGERPRINT_MISMATCH
+
+
+@pytest.mark.parametrize("plan, lines, words", [
+    ("windowed", "7\nseven\n", "line 2"),
+    ("windowed", "100000\n", "in no microbatch"),
+    ("sequences", "1\n", "leave out its steps"),
+    ("missing", "1\n", "does not exist"),
+])
+def test_rows_edits_are_refused_with_batching_config_invalid(built, tmp_path, plan, lines, words, capsys):
+    rows_file = tmp_path / "rows.txt"
+    if plan != "missing":
+        rows_file.write_text(lines)
+    assert main(["plan", "edit", built["sequences" if plan == "sequences" else "windowed"], "--skip-samples",
+                 str(rows_file), "--output", str(tmp_path / "out")]) != 0
+    err = capsys.readouterr().err
+    assert "error BATCHING_CONFIG_INVALID:" in err and words in err

@@ -183,8 +183,14 @@ def register(subparsers) -> None:
         "(docs/batching.md, Editing a plan).",
     )
     edit.add_argument("plan", metavar="DIR")
-    edit.add_argument("--skip-steps", required=True, type=integer_pair("--skip-steps"), metavar="A:B",
+    what = edit.add_mutually_exclusive_group(required=True)
+    what.add_argument("--skip-steps", type=integer_pair("--skip-steps"), metavar="A:B",
                       help="leave out the units of the steps A to B - 1 (B > A)")
+    what.add_argument("--skip-samples", metavar="FILE",
+                      help="leave the dataset rows FILE lists (one a line; plan explain's row) out of every "
+                      "microbatch from step --from-step on (unpacked plans of microbatches)")
+    edit.add_argument("--from-step", type=non_negative_int("--from-step"), default=0, metavar="A",
+                      help="with --skip-samples: the step from which the rows are left out (default 0)")
     edit.add_argument("--world-size", type=positive_int("world size"), default=1, metavar="W",
                       help="the ranks of the run whose steps are named (default 1); the edit names units, so the "
                       "edited plan runs at any world size")
@@ -408,25 +414,33 @@ def _check_tape(args) -> int:
 
 
 def run_edit(args) -> int:
-    """``plan edit``: the plan less the units of the steps asked for, written to ``--output``."""
+    """``plan edit``: the plan less the units of the steps asked for (or the rows listed), written to ``--output``."""
     from ..batching.plans.buckets import config_error
     from ..batching.plans.edits import edit_plan, save_edited_plan, skip_steps
+    from ..batching.plans.edits.edit import read_rows
+    from ..batching.plans.edits.io import skip_samples_from
     from ..batching.plans.kinds import plan_kind_of
     from ..batching.plans.kinds.edited import PLURAL
 
-    first, stop = args.skip_steps
     kind = plan_kind_of(args.plan)
     if kind.unit != "sample" and args.batch_size != 1:
         raise config_error(f"--batch-size {args.batch_size}: a step of a {kind.name} is one microbatch per rank")
-    edited = edit_plan(args.plan, lambda plan: skip_steps(plan, first, stop, world_size=args.world_size,
-                                                          batch_size=args.batch_size, start=args.start))
+    where = dict(world_size=args.world_size, batch_size=args.batch_size, start=args.start)
+    if args.skip_steps is not None:
+        first, stop = args.skip_steps
+        edited = edit_plan(args.plan, lambda plan: skip_steps(plan, first, stop, **where))
+        words = f"steps {first} to {stop - 1} at world size {args.world_size}"
+    else:
+        rows = read_rows(args.skip_samples)
+        edited = edit_plan(args.plan, lambda plan: skip_samples_from(plan, kind, rows, args.from_step, where))
+        words = f"{len(set(rows))} rows of {args.skip_samples} from step {args.from_step}"
     path = save_edited_plan(edited, args.output, force=args.force, inputs=(args.plan,))
     report = plan_kind_of(path).report(path)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"{report['kind']} {args.output}: {edited.edit.skipped_total()} {PLURAL[report['unit']]} (steps {first} "
-          f"to {stop - 1} at world size {args.world_size}) left out of {report['parent']['kind']} {args.plan}")
+    print(f"{report['kind']} {args.output}: {edited.edit.skipped_total()} {PLURAL[report['unit']]} ({words}) "
+          f"left out of {report['parent']['kind']} {args.plan}")
     print(f"fingerprint {report['fingerprint']} (parent {report['parent']['fingerprint']})")
     return 0
 

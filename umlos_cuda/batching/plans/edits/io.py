@@ -28,7 +28,7 @@ from .... import checks, errors
 from ....files import reader
 from ....files.writer import ArtifactKind, output_folder
 from ..plan import plan_error
-from .edit import read_edit
+from .edit import SkipRows, read_edit
 from .plan import EditedPlan
 
 #: ``format`` of meta.json.
@@ -136,3 +136,19 @@ def edit_plan(parent, edit: Any) -> EditedPlan:
         opened = kind.open(folder)
     made = edit(opened) if callable(edit) else edit
     return EditedPlan(opened, kind, made, parent_path=None if folder is None else os.fspath(folder))
+
+
+def skip_samples_from(plan: Any, kind: Any, rows: Any, step: int, where: dict) -> Any:
+    """The :class:`~.edit.SkipRows` edit of ``plan`` (of ``kind``) leaving ``rows`` out from the first unit of step
+    ``step`` of the run ``where`` describes (``world_size``, ``batch_size``, ``start``: as ``plan explain``'s);
+    BATCHING_CONFIG_INVALID for a plan whose microbatches are not unpacked rows (checked before any is read)."""
+    from ..explain.steps import locate_steps
+    from .edit import skip_rows
+    from .plan import EditedPlan, parent_microbatch
+
+    EditedPlan(plan, kind, SkipRows((), None, (0,)))  # the kinds a rows edit takes, refused before the scan
+    (located,) = locate_steps(plan, step, 1, where["world_size"], where["batch_size"], where["start"])
+    asked = {"skip_samples_from_step": step, "world_size": where["world_size"], "batch_size": where["batch_size"],
+             "start": list(where["start"])}
+    return skip_rows(plan, rows, lambda epoch, k: parent_microbatch(plan, epoch, k).rows,
+                     start=(located.epoch, located.cursor), asked=asked)

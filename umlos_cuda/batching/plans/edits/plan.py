@@ -16,10 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from dataclasses import replace
+
+import numpy as np
+
 from .... import errors
 from ....hashing import hash_canonical
 from ..plan import plan_error
-from .edit import SkipUnits
+from .edit import SkipRows, SkipUnits
 
 #: The tag the fingerprint starts with.
 FINGERPRINT_TAG = "umlos_edited_plan_v1"
@@ -38,6 +42,12 @@ class EditedPlan:
         if shard is not None:
             raise plan_error(errors.PLAN_NOT_FOUND, f"{parent_path or 'the plan'} is shard {shard['rank']} of "
                                                     f"{shard['world_size']}: edit the full plan, then shard it")
+        if isinstance(edit, SkipRows) and (parent_kind.unit != "microbatch" or not parent_kind.rows
+                                           or getattr(parent.config, "pack", None) is not None):
+            raise plan_error(errors.BATCHING_CONFIG_INVALID, f"{parent_path or 'the plan'} is a {parent_kind.name}"
+                             f"{' that packs' if parent_kind.rows and parent_kind.unit == 'microbatch' else ''}: "
+                             "rows are left out of unpacked microbatches of rows only (a packed row or a cut sample "
+                             "is a layout of several documents); leave out its steps (--skip-steps)")
         self.parent, self.parent_kind, self.edit, self.parent_path = parent, parent_kind, edit, parent_path
         self._units = [parent.epoch_microbatches(e) - edit.skipped(e) for e in range(parent.num_epochs)]
 
@@ -73,12 +83,17 @@ class EditedPlan:
         return self.edit.parent_index(epoch, k)
 
     def microbatch_at(self, epoch: int, k: int) -> Any:
-        """Microbatch ``k`` of ``epoch``: the parent's microbatch it is (a whole plan's, or one window planned)."""
+        """Microbatch ``k`` of ``epoch``: the parent's microbatch it is (a whole plan's, or one window planned),
+        less the rows the edit leaves out of it (its bucket and ``max_len`` the parent's)."""
         index = self.parent_index(epoch, k)
-        at = getattr(self.parent, "microbatch_at", None)
-        if at is not None:
-            return at(epoch, index)
-        return self.parent.microbatch(epoch, self.parent.get_epoch(epoch).local_index(index))
+        spec = parent_microbatch(self.parent, epoch, index)
+        kept = self.edit.kept(epoch, index, spec.rows)
+        if kept is None:
+            return spec
+        which = np.flatnonzero(kept)
+        return replace(spec, samples=tuple(spec.samples[i] for i in which), rows=np.asarray(spec.rows)[which],
+                       spans=None if spec.spans is None else np.asarray(spec.spans)[which],
+                       pieces=None if spec.pieces is None else tuple(spec.pieces[i] for i in which))
 
     def sample(self, *args: Any) -> Any:
         """A plan of samples' sample: ``sample(epoch, k, tokens)``, or a mixture's ``sample(k, tokens)`` (one
@@ -98,6 +113,19 @@ class EditedPlan:
         return {"parent": self.parent.fingerprint, "parent_path": self.parent_path,
                 "edits": [*before["edits"], self.edit.to_dict()]}
 
+    def unit_rows(self, epoch: int, k: int) -> np.ndarray:
+        """The dataset rows of microbatch ``k`` of ``epoch`` (for an edit of this plan)."""
+        return self.microbatch_at(epoch, k).rows
+
     def __repr__(self) -> str:
         return (f"EditedPlan({self.parent_kind.name}, {len(self.edit.ranges)} range(s) skipped, "
                 f"fingerprint={self.fingerprint})")
+
+
+def parent_microbatch(plan: Any, epoch: int, k: int) -> Any:
+    """Global microbatch ``k`` of ``epoch`` of ``plan``: its ``microbatch_at`` (windowed, mixed, edited plans), else
+    a whole plan's by its local index."""
+    at = getattr(plan, "microbatch_at", None)
+    if at is not None:
+        return at(epoch, k)
+    return plan.microbatch(epoch, plan.get_epoch(epoch).local_index(k))

@@ -16,7 +16,9 @@ from functools import partial
 
 from .... import errors
 from ..edits.io import folder_kind, load_edited_plan, save_edited_plan
-from ..edits.plan import EditedPlan
+from ..edits.edit import SkipRows, skip_rows
+from ..edits.plan import EditedPlan, parent_microbatch
+from ..explain.rows import unit_record
 from ..plan import plan_error
 from ..sharding import share_ranks
 from ..windows.resume import rank_indices
@@ -60,6 +62,11 @@ def lines(report: dict) -> list[str]:
             f", from cursor {asked['start'][0]}:{asked['start'][1]})")
         ranges = ", ".join(f"epoch {e} units {first} to {stop - 1}" for e, first, stop in edit["units"][:8])
         more = f" and {len(edit['units']) - 8} more" if len(edit["units"]) > 8 else ""
+        if "rows" in edit:
+            listed = ", ".join(map(str, edit["rows"][:8])) + (" ..." if len(edit["rows"]) > 8 else "")
+            out.append(f"  edit {i}: skip {len(edit['rows'])} row(s) ({listed}) from cursor {edit['from'][0]}:"
+                       f"{edit['from'][1]} on" + (f"; microbatches left empty: {ranges}{more}" if ranges else ""))
+            continue
         out.append(f"  edit {i}: skip {ranges}{more}{words}")
     for entry in report["epochs"]:
         out.append(f"  epoch {entry['epoch']}: {entry['units']} {units} ({entry['parent_units']} in the parent, "
@@ -77,6 +84,14 @@ def verify(folder, *, expected_fingerprint: str | None = None) -> dict:
         raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH, f"{folder}: fingerprint {plan.fingerprint}, not the "
                                                            f"expected {expected_fingerprint}")
     checks = [f"parent {plan.parent_path} ({plan.parent_kind.name}): {check}" for check in parent["checks"]]
+    if isinstance(plan.edit, SkipRows):  # the microbatches it leaves empty, found again by reading every one
+        again = skip_rows(plan.parent, plan.edit.rows, lambda e, k: parent_microbatch(plan.parent, e, k).rows,
+                          start=plan.edit.start)
+        if again.ranges != plan.edit.ranges:
+            raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH, f"{folder}: the rows left out empty the microbatches "
+                                                               f"{[list(r) for r in again.ranges][:8]}; meta.json "
+                                                               "lists others")
+        checks.append("every microbatch from the edit's cursor read: the rows left out empty those the edit lists")
     checks.append("the edit's ranges inside the parent's epochs, sorted and disjoint; the parent's fingerprint, "
                   "the edit and the units hash to meta.json's fingerprint")
     return {"fingerprint": plan.fingerprint, "checks": checks}
@@ -84,10 +99,14 @@ def verify(folder, *, expected_fingerprint: str | None = None) -> dict:
 
 def explain_unit(plan: EditedPlan, epoch: int, k: int, tokens=None) -> dict:
     """Unit ``k`` of ``epoch``: the parent's unit it is, explained by the parent's kind, with its index in the
-    edited plan and ``parent_index`` its index in the parent."""
+    edited plan and ``parent_index`` its index in the parent; the rows an edit leaves out of it are not listed."""
     index = plan.parent_index(epoch, k)
     unit = plan.parent_kind.explain(plan.parent, epoch, index, tokens)
-    return {**unit, "index": k, "parent_index": index}
+    kept = plan.edit.kept(epoch, index, [row["row"] for row in unit["rows"]])
+    if kept is None:
+        return {**unit, "index": k, "parent_index": index}
+    extra = {key: value for key, value in unit.items() if key not in ("index", "tokens", "loss_tokens", "rows")}
+    return unit_record(k, [row for row, keep in zip(unit["rows"], kept) if keep], **extra, parent_index=index)
 
 
 def origin(plan: EditedPlan) -> dict:

@@ -2523,6 +2523,17 @@ def _edit(*argv: str):
     return make
 
 
+def _skip_samples(make_rows):
+    """``plan edit --skip-samples rows.txt`` of the world's windowed plan copied into ``here``, the rows file made
+    by ``make_rows(path)``."""
+    def make(world, here):
+        copy(world, here, "windowed", "lengths.jsonl")
+        make_rows(here / "rows.txt")
+        return ("plan", "edit", str(here / "windowed"), "--skip-samples", str(here / "rows.txt"), "--output",
+                str(here / "out"))
+    return make
+
+
 def _swap_parent(other: str):
     """An edited plan whose parent's folder now holds the world's plan ``other``."""
     def make(world, here):
@@ -2561,6 +2572,14 @@ EDIT_CASES = [
     Case("traceback/plan-edit-steps-of-40-digits", _edit("--skip-steps", "0:" + "9" * 40),
          (errors.PLAN_CURSOR_INVALID,)),
     Case("traceback/plan-edit-empty-range", _edit("--skip-steps", "4:4"), (errors.BATCHING_CONFIG_INVALID,)),
+    Case("hang/plan-edit-skip-samples-fifo", _skip_samples(fifo), (errors.BATCHING_CONFIG_INVALID,), "rows.txt"),
+    Case("hang/plan-edit-skip-samples-sparse", _skip_samples(sparse), (errors.BATCHING_CONFIG_INVALID,), "rows.txt"),
+    Case("traceback/plan-edit-skip-samples-binary", _skip_samples(lambda p: p.write_bytes(b"\xff\xfe7\n")),
+         (errors.BATCHING_CONFIG_INVALID,), "rows.txt"),
+    Case("traceback/plan-edit-skip-samples-row-of-40-digits", _skip_samples(lambda p: p.write_text("9" * 40 + "\n")),
+         (errors.BATCHING_CONFIG_INVALID,), "rows.txt"),
+    Case("traceback/plan-edit-skip-samples-a-directory", _skip_samples(lambda p: p.mkdir()),
+         (errors.BATCHING_CONFIG_INVALID,), "rows.txt"),
 ]
 
 

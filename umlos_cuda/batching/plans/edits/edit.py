@@ -142,7 +142,7 @@ def read_rows(path: Any) -> list[int]:
         for number, raw in reader.iter_lines(where, _config, max_line_bytes=40, max_lines=MAX_ROWS):
             text = raw.decode("ascii", "replace").strip()
             if text:
-                rows.append(checks.integer_text(text, f"{where} line {number + 1}", 0, None, fail=_config))
+                rows.append(checks.integer_text(text, f"{where} line {number + 1}", 0, (1 << 63) - 1, fail=_config))
     except FileNotFoundError:
         raise _config(f"{where} does not exist: --skip-samples reads a file of dataset rows, one a line") from None
     return rows

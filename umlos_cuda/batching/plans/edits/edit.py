@@ -106,7 +106,7 @@ def skip_rows(plan: Any, rows: Any, unit_rows: Any, *, start: tuple[int, int] = 
     """The edit that leaves the dataset ``rows`` out of ``plan``'s microbatches from the cursor ``start`` on;
     ``unit_rows(epoch, k)`` gives the rows of the parent's microbatch ``k`` (every one from ``start`` is read
     once, O(plan)). BATCHING_CONFIG_INVALID when a row is in no microbatch from ``start`` on (a row of another
-    dataset, or one the plan already took before the edit)."""
+    dataset, one the plan took before the edit, or one it skips)."""
     from ..plan import check_cursor
 
     check_cursor(plan, *start)
@@ -126,7 +126,8 @@ def skip_rows(plan: Any, rows: Any, unit_rows: Any, *, start: tuple[int, int] = 
     if not found.all():
         missing = wanted[~found][:8].tolist()
         raise _config(f"rows {missing}{' ...' if (~found).sum() > 8 else ''} are in no microbatch of the plan from "
-                      f"cursor {start[0]}:{start[1]} on: list rows of the plan's dataset not yet trained")
+                      f"cursor {start[0]}:{start[1]} on: list rows the plan trains from there (not rows of another "
+                      "dataset, trained before the edit's step, or skipped by the plan)")
     return SkipRows(merged(empty), asked, tuple(wanted.tolist()), (int(start[0]), int(start[1])))
 
 

@@ -126,9 +126,17 @@ def sample_key(item, plan, sample: bool):
     return plan.sample(*args)["input_ids"].tolist()
 
 
-@pytest.mark.filterwarnings("ignore:PlanBatchSampler. the plan's last epoch")
-@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
-@given(name=st.sampled_from(KINDS), data=st.data())
+def property_of(kinds: tuple[str, ...], examples: int):
+    """A hypothesis test over the plans ``kinds`` (``name``) and drawn data (``data``); a run resumed past the plan's
+    end is allowed to warn that its pass is empty."""
+    def decorate(test):
+        test = given(name=st.sampled_from(kinds), data=st.data())(test)
+        test = settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))(test)
+        return pytest.mark.filterwarnings("ignore:PlanBatchSampler. the plan's last epoch")(test)
+    return decorate
+
+
+@property_of(KINDS, 20)
 def test_an_edited_plan_is_its_parent_less_the_skipped_steps_at_any_world_size(built, tmp_path_factory, name, data):
     parent_folder = built[name]
     parent = open_plan(parent_folder)
@@ -309,9 +317,7 @@ def key_row(key) -> int:
     return key.row if hasattr(key, "row") else int(key)
 
 
-@pytest.mark.filterwarnings("ignore:PlanBatchSampler. the plan's last epoch")
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
-@given(name=st.sampled_from(ROW_KINDS), data=st.data())
+@property_of(ROW_KINDS, 12)
 def test_rows_left_out_from_a_step_on_are_gone_and_every_other_row_stays(built, tmp_path_factory, name, data):
     from umlos_cuda.batching.plans.edits.edit import skip_rows
     from umlos_cuda.batching.plans.edits.plan import parent_microbatch

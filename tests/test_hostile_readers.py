@@ -2619,7 +2619,98 @@ EXPLAIN_CASES = [
 ]
 
 
-CASES += WINDOWED_CASES + SEQUENCES_CASES + EXPLAIN_CASES
+def _edited(change, *command: str):
+    """``command`` (default ``plan info``) of an edited plan of the world's windowed plan, both copied into
+    ``here`` (with the length cache the windowed plan records), ``change(here)`` applied."""
+    def make(world, here):
+        from umlos_cuda.batching.plans.edits import edit_plan, save_edited_plan, skip_steps
+
+        copy(world, here, "windowed", "lengths.jsonl")
+        save_edited_plan(edit_plan(here / "windowed", lambda plan: skip_steps(plan, 1, 3, world_size=2)),
+                         here / "edited")
+        change(here)
+        return (*(command or ("plan", "info")), str(here / "edited"))
+    return make
+
+
+def _edit_meta(change):
+    """The edited plan's meta.json, ``change(meta)`` applied (the edit and the parent as JSON)."""
+    def apply(here):
+        meta = json.loads((here / "edited" / "meta.json").read_text())
+        change(meta)
+        (here / "edited" / "meta.json").write_text(json.dumps(meta))
+    return apply
+
+
+def _edit(*argv: str):
+    """``plan edit`` of the world's windowed plan copied into ``here``, ``argv`` its flags."""
+    def make(world, here):
+        copy(world, here, "windowed", "lengths.jsonl")
+        return ("plan", "edit", str(here / "windowed"), *argv, "--output", str(here / "out"))
+    return make
+
+
+def _skip_samples(make_rows):
+    """``plan edit --skip-samples rows.txt`` of the world's windowed plan copied into ``here``, the rows file made
+    by ``make_rows(path)``."""
+    def make(world, here):
+        copy(world, here, "windowed", "lengths.jsonl")
+        make_rows(here / "rows.txt")
+        return ("plan", "edit", str(here / "windowed"), "--skip-samples", str(here / "rows.txt"), "--output",
+                str(here / "out"))
+    return make
+
+
+def _swap_parent(other: str):
+    """An edited plan whose parent's folder now holds the world's plan ``other``."""
+    def make(world, here):
+        argv = _edited(lambda h: shutil.rmtree(h / "windowed"))(world, here)
+        shutil.copytree(world / other, here / "windowed", symlinks=True)
+        return argv
+    return make
+
+
+EDIT_CASES = [
+    Case("hang/plan-edited-fifo-meta-json", _edited(lambda h: fifo(h / "edited" / "meta.json")), (WP,), "meta.json"),
+    Case("hang/plan-edited-sparse-meta-json", _edited(lambda h: sparse(h / "edited" / "meta.json")), (WP,),
+         "meta.json"),
+    Case("hang/plan-edited-meta-json-a-symlink-to-a-fifo", _edited(lambda h: _link_to_fifo(h / "edited" / "meta.json")),
+         (WP,), "meta.json"),
+    Case("traceback/plan-edited-deep-meta-json", _edited(lambda h: (h / "edited" / "meta.json").write_text(
+        deep_json())), (WP,), "meta.json"),
+    Case("traceback/plan-edited-parent-path-a-number", _edited(_edit_meta(lambda m: m["parent"].update(path=7))),
+         (WP,), "meta.json"),
+    Case("traceback/plan-edited-range-of-40-digits",
+         _edited(_edit_meta(lambda m: m["edit"].update(units=[[0, 1, int("9" * 40)]]))), (WP,), "meta.json"),
+    Case("hang/plan-edited-a-million-ranges",
+         _edited(_edit_meta(lambda m: m["edit"].update(units=[[0, 2 * i, 2 * i + 1] for i in range(1 << 20)]))),
+         (WP,), "meta.json"),
+    Case("traceback/plan-edited-names-itself-as-its-parent",
+         _edited(_edit_meta(lambda m: m["parent"].update(path="edited"))), (WP,), "meta.json"),
+    Case("user/plan-edited-parent-gone", _edited(lambda h: shutil.rmtree(h / "windowed")),
+         (errors.PLAN_PARENT_MISMATCH,), "windowed"),
+    Case("user/plan-edited-parent-a-fifo", _edited(lambda h: shutil.rmtree(h / "windowed") or fifo(h / "windowed")),
+         (errors.PLAN_NOT_FOUND, errors.PLAN_PARENT_MISMATCH), "windowed"),
+    Case("user/plan-edited-parent-replaced-by-another-kind-of-plan", _swap_parent("mixed"),
+         (errors.PLAN_PARENT_MISMATCH,), "windowed"),
+    Case("hang/plan-edited-parent-fifo-index-npy", _edited(lambda h: fifo(h / "windowed" / "index.npy"),
+                                                           "plan", "verify"), (WP,), "index.npy"),
+    Case("hang/plan-edit-world-size-2^32-1", _edit("--skip-steps", "0:1", "--world-size", "4294967295"), ()),
+    Case("traceback/plan-edit-steps-of-40-digits", _edit("--skip-steps", "0:" + "9" * 40),
+         (errors.PLAN_CURSOR_INVALID,)),
+    Case("traceback/plan-edit-empty-range", _edit("--skip-steps", "4:4"), (errors.BATCHING_CONFIG_INVALID,)),
+    Case("hang/plan-edit-skip-samples-fifo", _skip_samples(fifo), (errors.BATCHING_CONFIG_INVALID,), "rows.txt"),
+    Case("hang/plan-edit-skip-samples-sparse", _skip_samples(sparse), (errors.BATCHING_CONFIG_INVALID,), "rows.txt"),
+    Case("traceback/plan-edit-skip-samples-binary", _skip_samples(lambda p: p.write_bytes(b"\xff\xfe7\n")),
+         (errors.BATCHING_CONFIG_INVALID,), "rows.txt"),
+    Case("traceback/plan-edit-skip-samples-row-of-40-digits", _skip_samples(lambda p: p.write_text("9" * 40 + "\n")),
+         (errors.BATCHING_CONFIG_INVALID,), "rows.txt"),
+    Case("traceback/plan-edit-skip-samples-a-directory", _skip_samples(lambda p: p.mkdir()),
+         (errors.BATCHING_CONFIG_INVALID,), "rows.txt"),
+]
+
+
+CASES += WINDOWED_CASES + SEQUENCES_CASES + EXPLAIN_CASES + EDIT_CASES
 CASES += MIXED_CASES + MIXED_SEQUENCES_CASES + MIXED_BATCH_CASES
 CASES += TOKEN_SOURCE_CASES
 CASES += TRUNCATION_AND_ROW_CASES

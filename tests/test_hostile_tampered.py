@@ -174,6 +174,34 @@ def tamper_plan_shard_no_verify(ws, tmp_path):
                          owned=["shards"]))
 
 
+def tamper_edited_plan_parent_after_swap(ws, tmp_path):
+    """An edited plan verifies its parent as the parent's own kind does: two samples swapped in the parent (every
+    structural check passes) are refused by the parent's verification, naming it."""
+    copy(ws, tmp_path, "plan")
+    hs.assert_ok(run_cli(tmp_path, "plan", "edit", "plan", "--skip-steps", "1:2", "--output", "edited",
+                         owned=["edited"]))
+    hs.assert_ok(run_cli(tmp_path, "plan", "verify", "edited"))
+    swap_two_samples(tmp_path / "plan")
+    hs.assert_refused(run_cli(tmp_path, "plan", "verify", "edited"),
+                      ("PLAN_JSONL_MISMATCH", "PLAN_FINGERPRINT_MISMATCH"), names=tmp_path / "plan")
+
+
+def tamper_edited_plan_units_rewritten(ws, tmp_path):
+    """An edited plan whose meta.json lists other units after the edit (its fingerprint left as it was) is refused
+    by every reader, a sampler included."""
+    copy(ws, tmp_path, "plan")
+    hs.assert_ok(run_cli(tmp_path, "plan", "edit", "plan", "--skip-steps", "1:2", "--output", "edited",
+                         owned=["edited"]))
+    meta = json.loads((tmp_path / "edited" / "meta.json").read_text())
+    meta["units"][0] += 1
+    (tmp_path / "edited" / "meta.json").write_text(json.dumps(meta))
+    hs.assert_refused(run_cli(tmp_path, "plan", "explain", "edited", "--step", "0"), "PLAN_FINGERPRINT_MISMATCH",
+                      names=tmp_path / "edited")
+    outcome = run_api(tmp_path, "from umlos_cuda.torch import PlanBatchSampler\n"
+                                "guarded(lambda: PlanBatchSampler('edited', 0, 1))\n")
+    hs.assert_refused(outcome, "PLAN_FINGERPRINT_MISMATCH", names="edited")
+
+
 def tamper_plan_generate_after_swap(ws, tmp_path):
     copy(ws, tmp_path, "plan", "store")
     swap_two_samples(tmp_path / "plan")
@@ -901,6 +929,8 @@ CASES = [
     pytest.param(user_progress_has_rate_and_time_left, id="user/progress-rate-and-time-left"),
     pytest.param(user_curriculum_plot_ticks, id="user/curriculum-plot-integer-ticks"),
     pytest.param(tamper_sharded_store_shard_copied_over_another, id="tamper/plan-build-shard-copied-over-another"),
+    pytest.param(tamper_edited_plan_parent_after_swap, id="tamper/edited-plan-parent-after-swap"),
+    pytest.param(tamper_edited_plan_units_rewritten, id="tamper/edited-plan-units-rewritten-sampler"),
 ]
 
 

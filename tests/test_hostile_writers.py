@@ -380,6 +380,49 @@ def _(w):
     assert json.loads(Path(w.path("shards"), "shards.json").read_text())["world_size"] == 3
 
 
+# ---------------------------------------------------------------------- plan edit
+def _edit_output_refused(code: str, output, *flags: str):
+    """``plan edit`` of a copy of the plan to ``output(w, plan)`` with ``flags``, refused with ``code`` naming it."""
+    def run(w):
+        plan = w.copy("plan")
+        target = output(w, plan)
+        w.refused(code, target, "plan", "edit", plan, "--skip-steps", "0:1", "--output", target, *flags)
+    return run
+
+
+for _name, _code, _output, _flags in (
+        ("force-over-its-own-plan", errors.OUTPUT_IS_INPUT, lambda w, plan: plan, ("--force",)),
+        ("output-inside-its-plan", errors.OUTPUT_IS_INPUT, lambda w, plan: os.path.join(plan, "edited"), ()),
+        ("force-over-another-plan", errors.OUTPUT_PATH_INVALID, lambda w, plan: w.copy("plan", "other"),
+         ("--force",))):
+    case(f"plan-edit/{_name}")(_edit_output_refused(_code, _output, *_flags))
+
+
+@case("plan-edit/force-over-the-parent-of-the-plan-it-edits")
+def _(w):
+    plan = w.copy("plan")
+    hs.assert_ok(w.cli("plan", "edit", plan, "--skip-steps", "0:1", "--output", w.path("edited")))
+    w.refused(errors.OUTPUT_IS_INPUT, plan, "plan", "edit", w.path("edited"), "--skip-steps", "0:1", "--output",
+              plan, "--force")
+
+
+@case("plan-edit/output-symlink-to-plan")
+def _(w):
+    os.symlink(w.copy("plan", "target"), w.path("link"))
+    w.refused(errors.OUTPUT_PATH_INVALID, w.path("link"), "plan", "edit", w.copy("plan"), "--skip-steps", "0:1",
+              "--output", w.path("link"), "--force")
+
+
+@case("plan-edit/force-replaces-an-edited-plan")
+def _(w):
+    plan = w.copy("plan")
+    hs.assert_ok(w.cli("plan", "edit", plan, "--skip-steps", "0:1", "--output", w.path("edited")))
+    before = w.state()
+    hs.assert_ok(w.cli("plan", "edit", plan, "--skip-steps", "1:2", "--output", w.path("edited"), "--force"))
+    hs.assert_untouched(before, w.state(), owned=["edited"])
+    assert json.loads(Path(w.path("edited"), "meta.json").read_text())["edit"]["asked"]["skip_steps"] == [1, 2]
+
+
 # ---------------------------------------------------------------------- data tokenize
 def tokenize(w, output, *extra):
     return ("data", "tokenize", "--dataset", w.copy("ds.jsonl") if not os.path.exists(w.path("ds.jsonl"))

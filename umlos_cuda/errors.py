@@ -110,6 +110,7 @@ PLAN_FINGERPRINT_MISMATCH = "PLAN_FINGERPRINT_MISMATCH"  # recomputed fingerprin
 PLAN_NOT_REPRODUCIBLE = "PLAN_NOT_REPRODUCIBLE"  # the plan is not what its configuration builds from its lengths
 PLAN_CURSOR_INVALID = "PLAN_CURSOR_INVALID"  # a plan cursor or sampler state outside the plan, or of another plan
 PLAN_TAPE_MISMATCH = "PLAN_TAPE_MISMATCH"  # a run's tape names another plan, or a step that skipped, repeated or trained other rows than the plan gives
+PLAN_PARENT_MISMATCH = "PLAN_PARENT_MISMATCH"  # an edited plan's parent is gone, another kind, or no longer the plan it was edited from
 PLAN_PACKS_INVALID = "PLAN_PACKS_INVALID"  # a packed plan's rows do not tile its microbatches, a row is over the pack's max_length, or max_len is not it
 
 #: Sequence packing (umlos_cuda.batching packing modules); each is documented

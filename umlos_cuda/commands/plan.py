@@ -1,4 +1,4 @@
-"""``umlos-cuda plan build|cut|info|verify|shard|explain``: token-budget batch plans.
+"""``umlos-cuda plan build|cut|info|verify|shard|explain|edit``: token-budget batch plans.
 
 ``build`` reads a length cache and writes a plan folder (JSON and JSONL files
 plus a memory-mapped binary form, docs/batching.md "Plan files"); ``info``
@@ -6,7 +6,8 @@ prints its counts, metrics and, with ``--world-size``, each rank's share;
 ``verify`` recomputes the fingerprint and checks every invariant (exit 2
 with the failure code on any mismatch); ``shard`` writes one plan per rank;
 ``explain`` prints what each rank trains on at a step of a run (docs/batching.md,
-"Explaining a step").
+"Explaining a step"); ``edit`` derives a plan that leaves out a run's steps (docs/batching.md,
+"Editing a plan").
 """
 
 from __future__ import annotations
@@ -173,6 +174,34 @@ def register(subparsers) -> None:
                          "records) against the plan: its rows, none skipped or repeated")
     explain.add_argument("--json", action="store_true", help="print JSON (docs/batching.md, Explaining a step)")
     explain.set_defaults(func=run_explain)
+
+    edit = actions.add_parser(
+        "edit", help="derive a plan that leaves out the units of some steps of a run",
+        description="Write a plan that hands out the plan's units less those of the steps A to B - 1 of a run at "
+        "--world-size ranks (steps as plan explain counts them): before step A the same units at the same cursor, "
+        "then the rest, each once, resumable at any step and world size. Its fingerprint chains to the plan's "
+        "(docs/batching.md, Editing a plan).",
+    )
+    edit.add_argument("plan", metavar="DIR")
+    what = edit.add_mutually_exclusive_group(required=True)
+    what.add_argument("--skip-steps", type=integer_pair("--skip-steps"), metavar="A:B",
+                      help="leave out the units of the steps A to B - 1 (B > A)")
+    what.add_argument("--skip-samples", metavar="FILE",
+                      help="leave the dataset rows FILE lists (one a line; plan explain's row) out of every "
+                      "microbatch from step --from-step on (unpacked plans of microbatches)")
+    edit.add_argument("--from-step", type=non_negative_int("--from-step"), default=0, metavar="A",
+                      help="with --skip-samples: the step from which the rows are left out (default 0)")
+    edit.add_argument("--world-size", type=positive_int("world size"), default=1, metavar="W",
+                      help="the ranks of the run whose steps are named (default 1); the edit names units, so the "
+                      "edited plan runs at any world size")
+    edit.add_argument("--batch-size", type=positive_int("--batch-size"), default=1, metavar="B",
+                      help="pretraining sequences: the samples one rank takes a step (default 1)")
+    edit.add_argument("--start", type=integer_pair("--start"), default=(0, 0), metavar="EPOCH:INDEX",
+                      help="the plan cursor the run started or resumed from (default 0:0)")
+    edit.add_argument("--output", required=True, metavar="OUT", help="the edited plan's folder")
+    edit.add_argument("--force", action="store_true", help="replace an edited plan of the same kind at OUT")
+    edit.add_argument("--json", action="store_true", help="print the edited plan's plan info report as JSON")
+    edit.set_defaults(func=run_edit)
     plan.set_defaults(func=lambda args: (plan.print_help(), 1)[1])
 
 
@@ -381,6 +410,38 @@ def _check_tape(args) -> int:
     print(f"tape {args.check_tape}: {report['steps']} steps (t {first['t']} to {last['t']}), {report['units']} "
           f"{units} from epoch {first['epoch']} unit {first['cursor']} to epoch {last['epoch']} unit "
           f"{last['cursor']}: each step the plan's rows, none skipped or repeated (plan {explainer.plan.fingerprint})")
+    return 0
+
+
+def run_edit(args) -> int:
+    """``plan edit``: the plan less the units of the steps asked for (or the rows listed), written to ``--output``."""
+    from ..batching.plans.buckets import config_error
+    from ..batching.plans.edits import edit_plan, save_edited_plan, skip_steps
+    from ..batching.plans.edits.edit import read_rows
+    from ..batching.plans.edits.io import skip_samples_from
+    from ..batching.plans.kinds import plan_kind_of
+    from ..batching.plans.kinds.edited import PLURAL
+
+    kind = plan_kind_of(args.plan)
+    if kind.unit != "sample" and args.batch_size != 1:
+        raise config_error(f"--batch-size {args.batch_size}: a step of a {kind.name} is one microbatch per rank")
+    where = dict(world_size=args.world_size, batch_size=args.batch_size, start=args.start)
+    if args.skip_steps is not None:
+        first, stop = args.skip_steps
+        edited = edit_plan(args.plan, lambda plan: skip_steps(plan, first, stop, **where))
+        words = f"steps {first} to {stop - 1} at world size {args.world_size}"
+    else:
+        rows = read_rows(args.skip_samples)
+        edited = edit_plan(args.plan, lambda plan: skip_samples_from(plan, kind, rows, args.from_step, where))
+        words = f"{len(set(rows))} rows of {args.skip_samples} from step {args.from_step}"
+    path = save_edited_plan(edited, args.output, force=args.force, inputs=(args.plan,))
+    report = plan_kind_of(path).report(path)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{report['kind']} {args.output}: {edited.edit.skipped_total()} {PLURAL[report['unit']]} ({words}) "
+          f"left out of {report['parent']['kind']} {args.plan}")
+    print(f"fingerprint {report['fingerprint']} (parent {report['parent']['fingerprint']})")
     return 0
 
 

@@ -20,4 +20,5 @@ Modules:
     checkpoint_kinds  the ``plan`` cursor kind inside checkpoints
     windows/          windowed plans: a window of the order at a time, a per-window index, random access
     explain/          ``plan explain``: what each rank trains on at a step of a run, row by row
+    edits/            ``plan edit``: a plan of any kind with units left out, its fingerprint chained to its parent's
 """

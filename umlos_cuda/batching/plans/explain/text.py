@@ -44,8 +44,9 @@ def lines(report: dict) -> list[str]:
 
 
 def _unit_words(unit: dict) -> str:
-    where = [f"{name} {unit[key]}" for name, key in (("window", "window"), ("bucket", "bucket_id"),
-                                                      ("max_len", "max_len")) if unit.get(key) is not None]
+    where = [f"{name} {unit[key]}" for name, key in (("parent's unit", "parent_index"), ("window", "window"),
+                                                      ("bucket", "bucket_id"), ("max_len", "max_len"))
+             if unit.get(key) is not None]
     loss = "" if unit["loss_tokens"] is None else f", {unit['loss_tokens']:,} loss tokens"
     return (f" ({', '.join(where)})" if where else "") + \
         f": {_count(len(unit['rows']), 'row')}, {unit['tokens']:,} tokens{loss}"

@@ -13,6 +13,7 @@ windowed plan           dataset   windows  microbatch  yes    :mod:`.windowed`
 mixed plan              mixture   windows  microbatch  yes    :mod:`.mixed`
 pretraining sequences   dataset   windows  sample      no     :mod:`.sequences`
 mixed pretraining seq.  mixture   windows  sample      no     :mod:`.mixed_sequences`
+edited <kind>           <kind>'s  <kind>'s <kind>'s    <kind> :mod:`.edited`
 ======================  ========  =======  ==========  =====  ==================
 
 ("rows": every microbatch lists rows of one dataset -- a mixture's dataset is its components one after another --
@@ -28,6 +29,8 @@ Modules:
     mixed            the mixed plan
     sequences        pretraining sequences
     mixed_sequences  mixed pretraining sequences
+    edited           a plan of any kind with units left out (``plan edit``): one edited kind per kind, registered
+                     with it
     shard_set        a plan shard set (``plan shard``): an artifact of plans, not a plan kind
 
 Importing this package registers every kind, and the shard set, as an artifact (``umlos_cuda.artifacts``:
@@ -48,14 +51,17 @@ from ....artifacts import Artifact, register_artifact, unregister_artifact
 from ....files.artifacts import marked_kind
 from ....files.folder import Folder
 from ..plan import plan_error
-from . import mixed, mixed_sequences, sequences, shard_set, whole, windowed
+from ..edits.io import PREFIX as EDITED_PREFIX
+from . import edited, mixed, mixed_sequences, sequences, shard_set, whole, windowed
 from .kind import ORDERS, SCOPES, UNITS, VERIFY_OPTIONS, PlanKind, registry_error
 
 __all__ = ["ORDERS", "SCOPES", "UNITS", "VERIFY_OPTIONS", "PlanKind", "get_plan_kind", "kind_of_plan", "open_plan",
            "open_row_plan", "plan_kind_of", "plan_kinds", "register_plan_kind", "unregister_plan_kind"]
 
-#: The kinds of this release, in the order they are listed to users.
-BUILT_IN = (whole.KIND, windowed.KIND, mixed.KIND, sequences.KIND, mixed_sequences.KIND)
+#: The kinds a plan is built as, in the order they are listed to users.
+BUILT = (whole.KIND, windowed.KIND, mixed.KIND, sequences.KIND, mixed_sequences.KIND)
+#: The kinds of this release: those, and each one's edited plans (``plan edit``).
+BUILT_IN = BUILT + tuple(edited.edited_kind(kind) for kind in BUILT)
 
 _kinds: dict[str, PlanKind] = {kind.name: kind for kind in BUILT_IN}
 _lock = Lock()
@@ -87,23 +93,29 @@ def get_plan_kind(name: str) -> PlanKind:
 
 
 def register_plan_kind(kind: PlanKind) -> PlanKind:
-    """Add ``kind`` to the registry and return it; INVALID_ARGUMENT when its name is taken."""
+    """Add ``kind``, and the kind of its edited plans (``plan edit``), to the registry and return it;
+    INVALID_ARGUMENT when its name is taken."""
     if not isinstance(kind, PlanKind):
         raise registry_error(f"register_plan_kind takes a PlanKind, got {type(kind).__name__}")
+    edits = edited.edited_kind(kind)
     with _lock:
-        if kind.name in _kinds:
-            raise registry_error(f"plan kind {kind.name!r} is already registered")
-        _kinds[kind.name] = kind
-    register_artifact(as_artifact(kind), replace=True)
+        for added in (kind, edits):
+            if added.name in _kinds:
+                raise registry_error(f"plan kind {added.name!r} is already registered")
+        _kinds[kind.name], _kinds[edits.name] = kind, edits
+    for added in (kind, edits):
+        register_artifact(as_artifact(added), replace=True)
     return kind
 
 
 def unregister_plan_kind(name: str) -> None:
-    """Remove the kind registered at run time as ``name`` (a built-in kind cannot be removed)."""
+    """Remove the kind registered at run time as ``name``, and its edited plans' (a built-in kind cannot be
+    removed)."""
     with _lock:
-        if name in _kinds and _kinds[name] not in BUILT_IN:
-            del _kinds[name]
-            unregister_artifact(name)
+        if name in _kinds and _kinds[name] not in BUILT_IN and not name.startswith(EDITED_PREFIX):
+            for removed in (name, EDITED_PREFIX + name):
+                del _kinds[removed]
+                unregister_artifact(removed)
             return
     raise registry_error(f"no plan kind {name!r} was registered at run time")
 
@@ -158,7 +170,8 @@ def open_row_plan(folder, user: str, *, whole: bool = False, lengths=None, verif
     if not kind.rows or (whole and kind.whole is None):
         takes = " or a ".join(k.name for k in plan_kinds() if k.rows and (k.whole is not None or not whole))
         what = f"whose {kind.unit}s are not rows of one dataset" if not kind.rows else \
-            "whose rows are several datasets', which no whole plan holds"
+            "whose microbatches no whole plan holds (a mixture's rows are several datasets'; an edited plan's " \
+            "units are its parent's less those left out: give its parent)"
         raise plan_error(errors.PLAN_NOT_FOUND, f"{os.fspath(folder)} is a {kind.name}, {what}; {user} takes a "
                                                 f"{takes}")
     plan = kind.open(folder)

@@ -5,7 +5,9 @@ repository's root and checks the validation loss it prints); this file runs
 the script into a temporary folder and compares: the same files, the same
 bytes under the pyarrow and tokenizers versions that wrote the bundled ones
 (``generated-with.json``), and under any version the same rows and the same
-tokenizer, as the installed libraries read them.
+tokenizer, as the installed libraries read them. Then what the page reads: the chat files render with the
+bundled template, and the preference records (TRL's conversational form) tokenize to the rows TRL's
+``DPOTrainer`` makes of them.
 """
 
 from __future__ import annotations
@@ -102,3 +104,30 @@ def test_the_chat_data_render_with_the_bundled_template():
             sample = encode_chat(tokenizer, row["messages"])
             trained = [token for token, mask in zip(sample.input_ids, sample.assistant_mask.tolist()) if mask]
             assert trained.count(2) == sum(m["role"] == "assistant" for m in row["messages"]), row["id"]
+
+
+def test_the_bundled_preferences_tokenize_to_trls_dpo_rows(tmp_path):
+    """The preference records are TRL's conversational form, and section 3's ``data tokenize --conversational``
+    makes of them, with the bundled ChatML tokenizer, the rows TRL's ``DPOTrainer`` makes: every record's chosen
+    and rejected row, token for token and mask for mask, with a loss mask that trains on each answer."""
+    import pyarrow.parquet as pq
+
+    pytest.importorskip("trl")
+    pytest.importorskip("datasets")
+    transformers = pytest.importorskip("transformers")
+    from preference_cases import equality, trl_rows
+
+    from umlos_cuda.batching import TokenStore
+    from umlos_cuda.cli import main
+
+    records = pq.read_table(os.path.join(DATA, "preferences.parquet")).to_pylist()
+    assert all([m["role"] for m in row["prompt"]] == ["user"] and [m["role"] for m in row["chosen"]] ==
+               [m["role"] for m in row["rejected"]] == ["assistant"] for row in records)
+    output = tmp_path / "preferences"
+    assert main(["data", "tokenize", "--dataset", os.path.join(DATA, "preferences.parquet"), "--conversational",
+                 "--prompt-field", "prompt", "--chosen-field", "chosen", "--rejected-field", "rejected",
+                 "--tokenizer", os.path.join(DATA, "tokenizer"), "--output", str(output), "--quiet"]) == 0
+    store = TokenStore.open(str(output))
+    expected = trl_rows("pairs", records, transformers.AutoTokenizer.from_pretrained(os.path.join(DATA, "tokenizer")))
+    assert equality(store, expected) == (2 * len(records), 2 * len(records))
+    assert all(0 < mask.count(1) < len(mask) for _ids, mask in expected)

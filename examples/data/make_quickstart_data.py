@@ -20,9 +20,11 @@ form the quickstart reads:
   same schema (small sums, differences and products), for the quickstart's
   two-dataset mixture.
 * ``preferences.parquet`` (200 records): ``id``, ``prompt``, ``chosen``,
-  ``rejected`` strings, the form ``data tokenize --prompt-field prompt
-  --chosen-field chosen --rejected-field rejected`` reads (the rejected answer
-  names a wrong capital, a wrong number or a rude reply).
+  ``rejected`` in TRL's conversational form, each a list of ``{role,
+  content}`` structs: the prompt one user message, chosen and rejected one
+  assistant message each; ``data tokenize --conversational --prompt-field
+  prompt --chosen-field chosen --rejected-field rejected`` reads it (the
+  rejected answer names a wrong capital, a wrong number or a rude reply).
 * ``corpus.jsonl`` (400 documents): ``id`` and ``text``, plain sentences of a
   tiny grammar, for pretraining.
 * ``tokenizer/``: a byte-level BPE tokenizer of 512 ids trained on all of the
@@ -120,7 +122,8 @@ def chats(prefix: str, count: int, seed: int, tasks: list) -> list[dict]:
 
 
 def preferences(count: int, seed: int) -> list[dict]:
-    """A question, the right answer and a wrong (or rude) one."""
+    """A question, the right answer and a wrong (or rude) one, as strings (:func:`conversational` makes the
+    bundled rows of them; the tokenizer trains on the strings)."""
     rng = random.Random(seed)
     rows = []
     for i in range(count):
@@ -139,6 +142,13 @@ def preferences(count: int, seed: int) -> list[dict]:
             rejected = rng.choice(["Whatever.", "Go away.", "I do not care."])
         rows.append({"id": f"pref-{i:04d}", "prompt": prompt, "chosen": chosen, "rejected": rejected})
     return rows
+
+
+def conversational(pair: dict) -> dict:
+    """``pair`` in TRL's conversational preference form: the prompt a user message, each answer an assistant's."""
+    return {"id": pair["id"], "prompt": [{"role": "user", "content": pair["prompt"]}],
+            "chosen": [{"role": "assistant", "content": pair["chosen"]}],
+            "rejected": [{"role": "assistant", "content": pair["rejected"]}]}
 
 
 def corpus(count: int, seed: int) -> list[dict]:
@@ -198,13 +208,14 @@ def make(output: str) -> list[str]:
     pairs, documents = preferences(200, 4), corpus(400, 5)
     message = pa.struct([("role", pa.string()), ("content", pa.string())])
     chat_schema = pa.schema([("id", pa.string()), ("messages", pa.list_(message))])
-    pair_schema = pa.schema([(name, pa.string()) for name in ("id", "prompt", "chosen", "rejected")])
+    pair_schema = pa.schema([("id", pa.string())] + [(name, pa.list_(message)) for name in ("prompt", "chosen",
+                                                                                            "rejected")])
     texts = [chatml(row["messages"]) for rows in data.values() for row in rows]
     texts += [f"{p['prompt']} {p['chosen']} {p['rejected']}" for p in pairs] + [d["text"] for d in documents]
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHATML, "eos_token": "<|im_end|>",
               "pad_token": "<|endoftext|>", "model_max_length": 2048}
     files = {f"{name}.parquet": parquet_bytes(rows, chat_schema) for name, rows in data.items()}
-    files["preferences.parquet"] = parquet_bytes(pairs, pair_schema)
+    files["preferences.parquet"] = parquet_bytes([conversational(pair) for pair in pairs], pair_schema)
     files["corpus.jsonl"] = "".join(json.dumps(d) + "\n" for d in documents).encode()
     files["tokenizer/tokenizer.json"] = tokenizer_json(texts).encode()
     files["tokenizer/tokenizer_config.json"] = json_bytes(config)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import mmap as mmap_module
 import os
+from typing import Any
 
 import numpy as np
 
@@ -78,9 +79,7 @@ class TokenStore:
         tokens = _load(root, "tokens", meta["token_dtype"], total, mmap)
         loss_mask = _load(root, "loss_mask", "|u1", total, mmap)
         offsets = _load(root, "offsets", "<i8", n + 1, mmap)
-        if int(offsets[0]) != 0 or int(offsets[-1]) != total or not rises(offsets):
-            raise _invalid(f"{root}/offsets.npy does not cut the {total} tokens into {n} samples "
-                           "(it must rise from 0 to the token count)")
+        check_offsets(offsets, meta, f"{root}/offsets.npy")
         return cls(root, meta, tokens, loss_mask, offsets)
 
     def __reduce__(self):
@@ -225,6 +224,15 @@ def rises(offsets: np.ndarray) -> bool:
     return True
 
 
+def check_offsets(offsets: np.ndarray, meta: dict, where: str) -> None:
+    """TOKEN_STORE_INVALID naming ``where`` unless ``offsets`` (int64 ``[N + 1]``) rise from 0 to meta.json's
+    token count: the cuts of the tokens into the samples."""
+    n, total = meta["num_samples"], meta["num_tokens"]
+    if int(offsets[0]) != 0 or int(offsets[-1]) != total or not rises(offsets):
+        raise _invalid(f"{where} does not cut the {total} tokens into {n} samples "
+                       "(it must rise from 0 to the token count)")
+
+
 def release_pages(array: np.ndarray) -> None:
     """Drop the pages of the memory map under ``array`` (an ``np.memmap``; anything else is left alone) that
     this process has read from its resident set; they stay in the page cache, and a later read maps them
@@ -243,6 +251,13 @@ def _read_meta(path: str) -> dict:
         meta = read_json(path, _invalid)
     except FileNotFoundError:
         raise _invalid(f"{path} is missing") from None
+    return check_meta(meta, path)
+
+
+def check_meta(meta: Any, path: str) -> dict:
+    """``meta`` (the JSON value of the meta.json at ``path``, a folder's or an object store's) when it is a token
+    store's: its format, exactly its fields, and each field's type and range; TOKEN_STORE_INVALID naming ``path``
+    otherwise."""
     wrong_format = checks.literal(path) + f" has format {{value!r}}; this reader reads {STORE_FORMAT!r}"
     checks.instance(meta, "meta.json", dict, fail=_invalid, message=wrong_format.replace("{value!r}", "{type!r}"))
     checks.equal(meta.get("format"), "format", STORE_FORMAT, fail=_invalid, message=wrong_format)

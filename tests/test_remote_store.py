@@ -118,7 +118,7 @@ def _read_pass(source, sampler) -> None:
             source.arrays(int(key))
 
 
-def test_an_epoch_fetches_each_stored_byte_at_most_once_with_a_cache_of_its_working_set(local, remote,
+def test_an_epoch_fetches_each_stored_byte_at_most_once_with_a_cache_of_the_stores_size(local, remote,
                                                                                       object_store):
     _, plan = local
     sampler = PlanBatchSampler(plan, rank=0, world_size=1)

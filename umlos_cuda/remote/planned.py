@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from .. import checks, errors
+from ..batching.tokens.store import StoreFacts
 from ..errors import UmlosError
 from .belady import Schedule, belady
 from .store import RemoteTokenStore
@@ -84,10 +85,11 @@ def block_refs(store: RemoteTokenStore, rows: Sequence[int], block_bytes: int) -
     return refs, row_start
 
 
-class PlannedTokenSource:
+class PlannedTokenSource(StoreFacts):
     """A token source reading ``store`` in the order of ``sampler``'s pass through a planned cache (module
     docstring). ``fetched_bytes`` and ``requests`` count what it fetched, ``unplanned_rows`` the rows read out of
-    order; ``schedule`` is the current pass's :class:`~.belady.Schedule`."""
+    order; ``schedule`` is the current pass's :class:`~.belady.Schedule`. What it answers from meta.json and the
+    offsets (``len``, ``lengths``, ``tokenizer_hash``, ``identity()``) is its store's."""
 
     def __init__(self, store: RemoteTokenStore | str, sampler: Any, *, cache_bytes: int,
                  block_bytes: int = 1 << 20, lookahead: int = 4, concurrency: int = 8, gap_bytes: int = 0) -> None:
@@ -104,6 +106,7 @@ class PlannedTokenSource:
         self.gap_bytes = checks.integer(gap_bytes, "gap_bytes", 0, 1 << 30, fail=_argument_error)
         concurrency = checks.integer(concurrency, "concurrency", 1, 256, fail=_argument_error)
         self.sampler = sampler
+        self.meta, self.offsets, self._lengths = self.store.meta, self.store.offsets, None
         self.capacity = self.cache_bytes // self.block_bytes
         self.fetched_bytes = self.requests = self.unplanned_rows = 0
         self._objects = [self.store.objects[name] for name in _OBJECTS]
@@ -113,31 +116,9 @@ class PlannedTokenSource:
         self._start_pass(int(sampler.epoch), int(sampler.microbatch_index))
 
     # ------------------------------------------------------------------ what a token source answers
-    def __len__(self) -> int:
-        return len(self.store)
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return self.store.lengths
-
-    @property
-    def tokenizer_hash(self) -> str:
-        return self.store.tokenizer_hash
-
     @property
     def root(self) -> str:
         return self.store.root
-
-    @property
-    def meta(self) -> dict:
-        return self.store.meta
-
-    @property
-    def vocab_size(self) -> int | None:
-        return self.store.vocab_size
-
-    def identity(self) -> dict:
-        return self.store.identity()
 
     def __reduce__(self):
         raise _argument_error("a PlannedTokenSource fetches in threads of the process that reads it and cannot be "

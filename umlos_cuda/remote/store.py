@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import checks, errors
-from ..batching.tokens.store import check_meta, check_offsets, store_error
+from ..batching.tokens.store import StoreFacts, check_meta, check_offsets, store_error
 from ..errors import UmlosError
 from .bounded import npy_data_offset, read_json_object
 from .client import RemoteObject, RetryBudget
@@ -37,8 +37,10 @@ def _invalid(message: str) -> UmlosError:
     return store_error(errors.TOKEN_STORE_INVALID, message)
 
 
-class RemoteTokenStore:
-    """A token store read from an object store (module docstring); open it with :meth:`open`."""
+class RemoteTokenStore(StoreFacts):
+    """A token store read from an object store (module docstring); open it with :meth:`open`. What it answers
+    from meta.json and its offsets (``len``, ``lengths``, ``tokenizer_hash``, ``identity()``, ...) is
+    :class:`~umlos_cuda.batching.tokens.store.StoreFacts`, as a local store's."""
 
     def __init__(self, url: ObjectUrl, meta: dict, objects: dict[str, RemoteObject], starts: dict[str, int],
                  offsets: np.ndarray, budget: RetryBudget) -> None:
@@ -89,37 +91,6 @@ class RemoteTokenStore:
 
     def __repr__(self) -> str:
         return f"RemoteTokenStore({self.root!r}, {len(self)} samples, {self.num_tokens} tokens)"
-
-    # ------------------------------------------------------------------ what a token store answers
-    def __len__(self) -> int:
-        return int(self.meta["num_samples"])
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.meta["num_tokens"])
-
-    @property
-    def tokenizer_hash(self) -> str:
-        return self.meta["tokenizer_hash"]
-
-    @property
-    def vocab_size(self) -> int | None:
-        return self.meta.get("vocab_size")
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """``uint32 [N]`` from the offsets (computed on first use, as a local store's)."""
-        if self._lengths is None:
-            lengths = np.diff(self.offsets).astype(np.uint32)
-            lengths.flags.writeable = False
-            self._lengths = lengths
-        return self._lengths
-
-    def identity(self) -> dict:
-        """The tokenizer and the SHA-256 of the tokens and loss mask, as meta.json records them (the same as the
-        local store's it was copied from)."""
-        return {"tokenizer_hash": self.tokenizer_hash, "tokens_sha256": self.meta["tokens_sha256"],
-                "loss_mask_sha256": self.meta["loss_mask_sha256"]}
 
     # ------------------------------------------------------------------ byte ranges
     def spans(self, row: int) -> tuple[tuple[int, int], tuple[int, int]]:

@@ -49,7 +49,59 @@ LOSS_MASK_RULES = ("all", "template", "assistant")
 LENGTHS_FILE = "lengths.jsonl"
 
 
-class TokenStore:
+class StoreFacts:
+    """What a token store answers from its meta.json and its offsets alone, wherever its arrays are read from:
+    a folder (:class:`TokenStore`) or an object store (:class:`~umlos_cuda.remote.store.RemoteTokenStore`).
+    A subclass sets ``meta`` (checked by :func:`check_meta`), ``offsets`` (int64 ``[N + 1]``) and
+    ``_lengths = None``."""
+
+    meta: dict
+    offsets: np.ndarray
+    _lengths: np.ndarray | None
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """``uint32 [N]``, computed from the offsets on first use (4 bytes a sample in memory): opening
+        copies nothing, so a plan that reads lengths by rows (tokens/offsets.py) stays O(window)."""
+        if self._lengths is None:
+            lengths = np.diff(self.offsets).astype(np.uint32)
+            lengths.flags.writeable = False
+            self._lengths = lengths
+        return self._lengths
+
+    def __len__(self) -> int:
+        return int(self.meta["num_samples"])
+
+    @property
+    def num_samples(self) -> int:
+        return len(self)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.meta["num_tokens"])
+
+    @property
+    def tokenizer_hash(self) -> str:
+        return self.meta["tokenizer_hash"]
+
+    @property
+    def dataset_hash(self) -> str | None:
+        return self.meta["dataset_hash"]
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The tokenizer's vocabulary size (added tokens included), when meta.json records it."""
+        return self.meta.get("vocab_size")
+
+    def identity(self) -> dict:
+        """The tokenizer and the SHA-256 of the tokens and loss mask, as meta.json records them (checked against
+        the arrays by ``data verify``): what an artifact cut from this store records to know it again
+        (:meth:`~..lengths.sources.LengthSource.identity`)."""
+        return {"tokenizer_hash": self.tokenizer_hash, "tokens_sha256": self.meta["tokens_sha256"],
+                "loss_mask_sha256": self.meta["loss_mask_sha256"]}
+
+
+class TokenStore(StoreFacts):
     """A token store opened for reading (:meth:`open`).
 
     ``tokens``, ``loss_mask`` and ``offsets`` are the three arrays (read-only,
@@ -87,43 +139,6 @@ class TokenStore:
 
     def __repr__(self) -> str:
         return f"TokenStore({self.root!r}, {len(self)} samples, {self.num_tokens} tokens)"
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """``uint32 [N]``, computed from the offsets on first use (4 bytes a sample in memory): opening
-        copies nothing, so a plan that reads lengths by rows (tokens/offsets.py) stays O(window)."""
-        if self._lengths is None:
-            lengths = np.diff(self.offsets).astype(np.uint32)
-            lengths.flags.writeable = False
-            self._lengths = lengths
-        return self._lengths
-
-    # ------------------------------------------------------------------ sizes and hashes
-    def __len__(self) -> int:
-        return int(self.meta["num_samples"])
-
-    @property
-    def num_samples(self) -> int:
-        return len(self)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.meta["num_tokens"])
-
-    @property
-    def tokenizer_hash(self) -> str:
-        return self.meta["tokenizer_hash"]
-
-    @property
-    def dataset_hash(self) -> str | None:
-        return self.meta["dataset_hash"]
-
-    def identity(self) -> dict:
-        """The tokenizer and the SHA-256 of the tokens and loss mask, as meta.json records them (checked against
-        the arrays by ``data verify``): what an artifact cut from this store records to know it again
-        (:meth:`~..lengths.sources.LengthSource.identity`)."""
-        return {"tokenizer_hash": self.tokenizer_hash, "tokens_sha256": self.meta["tokens_sha256"],
-                "loss_mask_sha256": self.meta["loss_mask_sha256"]}
 
     def length_cache(self) -> LengthCache:
         """The store's length cache (``DIR/lengths.jsonl``): build a plan from it."""
@@ -179,11 +194,6 @@ class TokenStore:
         return Sample(ids, mask, None, SampleMeta(self.sample_id(row), dataset_id))
 
     # ------------------------------------------------------------------ checks
-    @property
-    def vocab_size(self) -> int | None:
-        """The tokenizer's vocabulary size (added tokens included), when meta.json records it."""
-        return self.meta.get("vocab_size")
-
     def verify(self) -> dict:
         """Re-hash the three arrays (SHA-256 of their bytes) against
         meta.json, check that every token id is below ``vocab_size`` and

@@ -189,6 +189,24 @@ def test_a_resumed_rank_fetches_only_what_its_remaining_steps_need(local, remote
     source.close()
 
 
+def test_the_next_epoch_is_planned_when_the_reader_reaches_it(local, remote, object_store):
+    store, plan = local  # a plan of two epochs
+    opened = RemoteTokenStore.open(remote[0])
+    sampler = PlanBatchSampler(plan, rank=0, world_size=2)
+    source = PlannedTokenSource(opened, sampler, cache_bytes=stored_bytes(opened) + 4 * BLOCK, block_bytes=BLOCK)
+    object_store.proxy.reset()
+    for epoch in range(2):
+        for keys in sampler:
+            for key in keys:
+                ids, mask = source.arrays(int(key))
+                assert np.array_equal(ids, store.input_ids(int(key)))
+                assert np.array_equal(mask, store.loss_mask(int(key)))
+        assert source.epoch == epoch and sampler.epoch == min(epoch + 1, 1)
+    assert source.unplanned_rows == 0
+    assert sum(r.sent for r in data_gets(object_store.proxy)) == source.fetched_bytes <= 2 * stored_bytes(opened)
+    source.close()
+
+
 # ---------------------------------------------------------------------- Belady against a brute force
 @cache
 def _fewest_fetches(refs: tuple[int, ...], capacity: int, i: int = 0, resident: frozenset = frozenset()) -> int:
@@ -361,6 +379,12 @@ def test_arguments_are_checked(remote, local):
         with pytest.raises(UmlosError) as info:
             PlannedTokenSource(remote[0], sampler, **kwargs)
         assert info.value.code == errors.INVALID_ARGUMENT
+    import pickle
+
+    source = PlannedTokenSource(remote[0], sampler, cache_bytes=BLOCK, block_bytes=BLOCK)
+    with pytest.raises(UmlosError, match="num_workers=0"):  # a DataLoader worker cannot take it
+        pickle.dumps(source)
+    source.close()
     with pytest.raises(UmlosError) as info:
         RetryBudget(attempts=0)
     assert info.value.code == errors.INVALID_ARGUMENT

@@ -15,8 +15,8 @@ order; :func:`~.belady.belady` gives, for that sequence and ``cache_bytes // blo
 references miss and what each evicts. The reader carries that schedule out: a miss is fetched as soon as
 its step is within ``lookahead`` steps and its victim's last use before it has been read (so memory never
 holds more than the cache's blocks), misses issued together are merged into one ranged GET per run of
-adjacent blocks (closer than ``gap_bytes``: the bytes between are fetched and dropped), at most
-``concurrency`` at once. So the blocks fetched are exactly Belady's (the fewest the order allows for that
+adjacent blocks (closer than ``gap_bytes``: the bytes between are fetched and dropped), sent in the order
+of their first use, at most ``concurrency`` at once. So the blocks fetched are exactly Belady's (the fewest the order allows for that
 cache), each at most once per epoch when the cache holds the blocks between two uses of each, and a resumed
 rank (a sampler at another cursor) fetches only what its steps from there reference.
 
@@ -92,7 +92,7 @@ class PlannedTokenSource(StoreFacts):
     offsets (``len``, ``lengths``, ``tokenizer_hash``, ``identity()``) is its store's."""
 
     def __init__(self, store: RemoteTokenStore | str, sampler: Any, *, cache_bytes: int,
-                 block_bytes: int = 1 << 20, lookahead: int = 4, concurrency: int = 8, gap_bytes: int = 0) -> None:
+                 block_bytes: int = 1 << 20, lookahead: int = 32, concurrency: int = 32, gap_bytes: int = 0) -> None:
         self.store = store if isinstance(store, RemoteTokenStore) else RemoteTokenStore.open(store)
         for name in ("plan", "rank", "world_size", "epoch", "microbatch_index"):
             if not hasattr(sampler, name):
@@ -174,19 +174,25 @@ class PlannedTokenSource(StoreFacts):
             issued.append(int(self._refs[miss]))
             self._next_miss += 1
         if issued:
-            self._request(sorted(issued))
+            self._request(issued)
 
     def _request(self, blocks: list[int]) -> None:
-        """One ranged GET for each run of ``blocks`` (sorted) of one object no more than ``gap_bytes`` apart."""
+        """One ranged GET for each run of ``blocks`` (given in the order they are first used) of one object no
+        more than ``gap_bytes`` apart, the runs sent in the order of their first use, so that the step the reader
+        waits for is not queued behind the steps after it."""
+        first_use = {block: order for order, block in enumerate(blocks)}
         gap_blocks = self.gap_bytes // self.block_bytes
-        run = [blocks[0]]
-        for block in blocks[1:]:
+        ordered = sorted(blocks)
+        runs, run = [], [ordered[0]]
+        for block in ordered[1:]:
             if block >> _SHIFT == run[-1] >> _SHIFT and block - run[-1] <= gap_blocks + 1:
                 run.append(block)
             else:
-                self._submit(run)
+                runs.append(run)
                 run = [block]
-        self._submit(run)
+        runs.append(run)
+        for run in sorted(runs, key=lambda run: min(first_use[block] for block in run)):
+            self._submit(run)
 
     def _submit(self, run: list[int]) -> None:
         future = self._pool.submit(self._fetch, run)

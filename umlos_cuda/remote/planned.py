@@ -16,9 +16,10 @@ references miss and what each evicts. The reader carries that schedule out: a mi
 its step is within ``lookahead`` steps and its victim's last use before it has been read (so memory never
 holds more than the cache's blocks), misses issued together are merged into one ranged GET per run of
 adjacent blocks (closer than ``gap_bytes``: the bytes between are fetched and dropped), sent in the order
-of their first use, at most ``concurrency`` at once. So the blocks fetched are exactly Belady's (the fewest the order allows for that
-cache), each at most once per epoch when the cache holds the blocks between two uses of each, and a resumed
-rank (a sampler at another cursor) fetches only what its steps from there reference.
+of their first use, at most ``concurrency`` at once. So the blocks fetched are exactly Belady's (the fewest
+the order allows for that cache), each at most once per epoch when the cache holds the blocks between two
+uses of each, and a resumed rank (a sampler at another cursor) fetches only what its steps from there
+reference.
 
 Each epoch starts with an empty cache (the next epoch's schedule is built when the reader reaches it). A row
 asked for out of the planned order (another sampler, a retry of a step) is read directly, two GETs, and

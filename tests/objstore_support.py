@@ -117,12 +117,14 @@ _HOP_HEADERS = {"connection", "keep-alive", "proxy-connection", "transfer-encodi
 @dataclass
 class Request:
     """One request the proxy saw: ``key`` is the path without the bucket, ``span`` the ``Range`` asked for
-    (``(start, stop)``, stop exclusive) or None, ``sent`` the body bytes that reached the client."""
+    (``(start, stop)``, stop exclusive) or None, ``query`` the URL's query (``delete`` for a bulk delete),
+    ``sent`` the body bytes that reached the client."""
 
     method: str
     bucket: str
     key: str
     span: tuple[int, int] | None
+    query: str = ""
     status: int = 0
     sent: int = 0
     fault: str | None = None
@@ -214,8 +216,9 @@ class FaultProxy:
 
     def _forward(self, handler: BaseHTTPRequestHandler) -> None:
         path = handler.path
-        bucket, _, key = path.split("?", 1)[0].lstrip("/").partition("/")
-        request = Request(handler.command, bucket, key, _span(handler.headers.get("Range")))
+        location, _, query = path.partition("?")
+        bucket, _, key = location.lstrip("/").partition("/")
+        request = Request(handler.command, bucket, key, _span(handler.headers.get("Range")), query)
         with self._lock:
             self.requests.append(request)
         length = int(handler.headers.get("Content-Length") or 0)

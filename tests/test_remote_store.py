@@ -12,6 +12,7 @@ what the steps after it need, each fault retried then refused with its code, a c
 from __future__ import annotations
 
 import itertools
+import os
 from functools import cache
 
 import numpy as np
@@ -33,8 +34,8 @@ from umlos_cuda.torch import PlanBatchSampler, PlanCollator, TokenDataset  # noq
 BLOCK = 1 << 10
 #: A budget that keeps the fault tests short: 4 tries, 10 ms then 20 then 40 between them.
 FAST = RetryBudget(attempts=4, first_delay_s=0.01, max_delay_s=0.05, timeout_s=10.0)
-#: For the stalls: each try given up after half a second (the proxy stalls for 1.5 s).
-STALLS = RetryBudget(attempts=3, first_delay_s=0.01, max_delay_s=0.05, timeout_s=0.5)
+#: For the stalls: each try given up after a second (the proxy stalls for 2.5 s; a reply comes in milliseconds).
+STALLS = RetryBudget(attempts=3, first_delay_s=0.01, max_delay_s=0.05, timeout_s=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +261,7 @@ def test_a_fault_is_retried_within_the_budget(remote, object_store, fault, local
     budget = STALLS if fault == "stall" else FAST
     opened = RemoteTokenStore.open(remote[0], budget=budget)
     proxy = object_store.proxy
-    proxy.stall_s = 1.5  # past STALLS' timeout
+    proxy.stall_s = 2.5  # past STALLS' timeout
     proxy.reset()
     proxy.inject(fault, count=budget.attempts - 1, match=_only("tokens.npy"))
     try:
@@ -284,7 +285,7 @@ def test_a_fault_past_the_budget_is_refused_naming_the_object(remote, object_sto
             opened.arrays(3)
     finally:
         proxy.clear()
-    assert info.value.code == errors.REMOTE_FETCH_FAILED
+    assert info.value.code == errors.REMOTE_REQUEST_FAILED
     assert info.value.record["failure_operator"] == errors.REMOTE_OPERATOR
     assert f"{remote[0]}/loss_mask.npy" in info.value.message and f"failed {FAST.attempts} times" in info.value.message
     assert len(proxy.gets("loss_mask.npy")) == FAST.attempts
@@ -391,3 +392,41 @@ def test_arguments_are_checked(remote, local):
     with pytest.raises(UmlosError) as info:
         RemoteTokenStore.open("s3:///no-bucket")
     assert info.value.code == errors.REMOTE_UNAVAILABLE
+
+
+# ---------------------------------------------------------------------- publishing
+def test_tokenize_publishes_into_an_object_store_index_last(local, object_store, capsys):
+    from umlos_cuda.cli import EXIT_UMLOS_ERROR, main
+
+    store, _ = local
+    root = os.path.dirname(store.root)
+    url = f"s3://{object_store.bucket()}/published"
+    argv = ["data", "tokenize", "--dataset", f"{root}/train.jsonl", "--tokenizer", f"{root}/model",
+            "--prompt-field", "prompt", "--response-field", "response", "--output", url, "--quiet"]
+    object_store.proxy.reset()
+    assert main(argv) == 0
+    puts = [r.key.rsplit("/", 1)[-1] for r in object_store.proxy.requests if r.method == "PUT"]
+    assert puts[-1] == "meta.json" and {"tokens.npy", "loss_mask.npy", "offsets.npy"} <= set(puts[:-1])
+    published = RemoteTokenStore.open(url)
+    assert published.meta == store.meta
+    assert all(np.array_equal(published.arrays(row)[0], store.input_ids(row)) for row in (0, 57, len(store) - 1))
+    capsys.readouterr()
+    assert main(argv) == EXIT_UMLOS_ERROR  # a store is there: OUTPUT_EXISTS without --force
+    assert "error OUTPUT_EXISTS" in capsys.readouterr().err
+    object_store.proxy.reset()
+    assert main([*argv, "--force"]) == 0
+    writes = [(r.method, r.key.rsplit("/", 1)[-1] or r.query) for r in object_store.proxy.requests
+              if r.method in ("PUT", "POST", "DELETE")]
+    assert writes[0] in (("POST", "delete"), ("DELETE", "meta.json"))  # the old store goes first (its index)
+    assert writes[-1] == ("PUT", "meta.json") and len(writes) == len(puts) + 1
+
+
+def test_an_object_store_output_takes_a_flat_store_only(local, capsys):
+    from umlos_cuda.cli import main
+
+    store, _ = local
+    root = os.path.dirname(store.root)
+    with pytest.raises(SystemExit):
+        main(["data", "tokenize", "--dataset", f"{root}/train.jsonl", "--tokenizer", f"{root}/model", "--sharded",
+              "--output", "s3://bucket/sharded", "--quiet"])
+    assert "no --sharded" in capsys.readouterr().err

@@ -137,7 +137,7 @@ DISTRIBUTED_JOB_FAILED = "DISTRIBUTED_JOB_FAILED"  # a Ray job of `data tokenize
 #: docs/object-stores.md, "Failure codes". A missing store is TOKEN_STORE_NOT_FOUND and a malformed
 #: file TOKEN_STORE_INVALID, as on disk.
 REMOTE_UNAVAILABLE = "REMOTE_UNAVAILABLE"  # an object-store URL without the client library (the remote extra), or one the client refuses (scheme, bucket, configuration)
-REMOTE_FETCH_FAILED = "REMOTE_FETCH_FAILED"  # a request to the object store failed past its retry budget (timeouts, 5xx, 503 SlowDown, resets, short reads) or was refused (403)
+REMOTE_REQUEST_FAILED = "REMOTE_REQUEST_FAILED"  # a request to the object store failed past its retry budget (timeouts, 5xx, 503 SlowDown, resets, short reads) or was refused (403)
 REMOTE_OBJECT_CHANGED = "REMOTE_OBJECT_CHANGED"  # an object's ETag or size differs from what was recorded when the store was opened (rewritten in place)
 
 #: Online streams, replay buffers, rolling plan windows and sampling policies

@@ -12,13 +12,15 @@ Modules:
     store    :class:`RemoteTokenStore`: the flat token store's files, read by ranges
     belady   Belady's rule over a known sequence of block references (a pure function)
     planned  :class:`PlannedTokenSource`: a rank's rows, each block fetched ahead and evicted by Belady's rule
+    publish  a store written on disk put under a prefix, its ``meta.json`` last (``data tokenize --output s3://``)
 """
 
 from .belady import Schedule, belady
 from .client import RetryBudget
 from .planned import PlannedTokenSource
+from .publish import publish_store
 from .store import RemoteTokenStore
 from .urls import ObjectUrl, is_remote, parse_url
 
 __all__ = ["ObjectUrl", "PlannedTokenSource", "RemoteTokenStore", "RetryBudget", "Schedule", "belady", "is_remote",
-           "parse_url"]
+           "parse_url", "publish_store"]

@@ -18,7 +18,7 @@ The rules:
 * **Retries are this module's, with a stated budget.** The client library's own retries are off
   (``max_retries`` 0), so what is retried, how often and how long is :class:`RetryBudget`'s: timeouts, 5xx
   replies (503 SlowDown included), connection resets and short bodies are tried ``attempts`` times in all,
-  with exponential backoff and jitter between tries, each try under ``timeout_s``; then REMOTE_FETCH_FAILED
+  with exponential backoff and jitter between tries, each try under ``timeout_s``; then REMOTE_REQUEST_FAILED
   names the object, the attempts and the last error. A refusal (403, bad credentials) is not retried.
 * **A missing object is FileNotFoundError**, as files/reader.py lets it through: what it means is the
   caller's to say (no token store there; a store missing one of its files).
@@ -179,10 +179,11 @@ class _Transient(Exception):
     """A try that may succeed if made again (a short body)."""
 
 
-def retrying(call: Callable[[], T], name: str, budget: RetryBudget) -> T:
+def retrying(call: Callable[[], T], name: str, budget: RetryBudget, *, verb: str = "reading") -> T:
     """``call()`` under ``budget`` (module docstring): its value, FileNotFoundError for a missing object,
-    REMOTE_OBJECT_CHANGED for a failed ``If-Match``, REMOTE_FETCH_FAILED for a refusal or once the budget is
-    spent."""
+    REMOTE_OBJECT_CHANGED for a failed ``If-Match``, REMOTE_REQUEST_FAILED for a refusal or once the budget is
+    spent (``verb`` says what the request was doing: reading, writing, removing). Only idempotent requests are
+    retried here (GET, HEAD, a whole PUT, DELETE)."""
     import obstore.exceptions as failures
 
     for attempt in range(1, budget.attempts + 1):
@@ -197,12 +198,12 @@ def retrying(call: Callable[[], T], name: str, budget: RetryBudget) -> T:
                                "longer matches): it was rewritten in place, and nothing of it was cached; open the "
                                "store again to read what it holds now") from None
         except (failures.PermissionDeniedError, failures.UnauthenticatedError) as exc:
-            raise remote_error(errors.REMOTE_FETCH_FAILED, f"the object store refused {name}: {_one_line(exc)}; "
+            raise remote_error(errors.REMOTE_REQUEST_FAILED, f"the object store refused {name}: {_one_line(exc)}; "
                                "check the credentials the client finds (its standard chain) and the bucket's "
                                "permissions") from None
         except (failures.BaseError, _Transient, OSError, TimeoutError) as exc:
             if attempt == budget.attempts:
-                raise remote_error(errors.REMOTE_FETCH_FAILED, f"reading {name} failed {attempt} times (a budget "
+                raise remote_error(errors.REMOTE_REQUEST_FAILED, f"{verb} {name} failed {attempt} times (a budget "
                                    f"of {budget.attempts} tries, each under {budget.timeout_s:g} s); the last: "
                                    f"{_one_line(exc)}; the store is unreachable, throttling or failing: try again "
                                    "later, or give a larger RetryBudget") from None

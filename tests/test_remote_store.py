@@ -372,6 +372,24 @@ def test_a_missing_array_and_offsets_that_do_not_rise_are_token_store_invalid(lo
         missing.value.message
 
 
+def test_a_whole_plan_naming_samples_by_id_is_refused_saying_what_is_not_read_yet(local, remote):
+    from umlos_cuda.batching import BatchPlanBuilder
+
+    store, _ = local
+    whole = BatchPlanBuilder(store.lengths, BatchingConfig.throughput(256, (16, 32, 64, 128), 256, seed=11),
+                             tokenizer_hash=store.tokenizer_hash, sample_ids=store.sample_ids).build(1)
+    TokenDataset(store.root, plan=whole)  # on disk: its ids are compared
+    with pytest.raises(UmlosError) as info:
+        TokenDataset(remote[0], plan=whole)
+    assert info.value.code == errors.REMOTE_UNAVAILABLE and "--window" in info.value.message
+    planned = PlannedTokenSource(remote[0], PlanBatchSampler(whole, rank=0, world_size=1), cache_bytes=8 * BLOCK,
+                                 block_bytes=BLOCK)
+    with pytest.raises(UmlosError) as info:
+        TokenDataset(planned, plan=whole)
+    assert info.value.code == errors.REMOTE_UNAVAILABLE
+    planned.close()
+
+
 def test_arguments_are_checked(remote, local):
     _, plan = local
     sampler = PlanBatchSampler(plan, rank=0, world_size=1)

@@ -121,6 +121,9 @@ class PlannedTokenSource(StoreFacts):
     def root(self) -> str:
         return self.store.root
 
+    def length_cache(self):
+        return self.store.length_cache()
+
     def __reduce__(self):
         raise _argument_error("a PlannedTokenSource fetches in threads of the process that reads it and cannot be "
                               "sent to a DataLoader worker: use num_workers=0 (its fetches already overlap the "

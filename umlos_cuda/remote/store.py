@@ -24,7 +24,7 @@ from .. import checks, errors
 from ..batching.tokens.store import StoreFacts, check_meta, check_offsets, store_error
 from ..errors import UmlosError
 from .bounded import npy_data_offset, read_json_object
-from .client import RemoteObject, RetryBudget
+from .client import RemoteObject, RetryBudget, remote_error
 from .urls import ObjectUrl, parse_url
 
 #: The arrays of a token store, with the dtype of each (the tokens' from meta.json).
@@ -91,6 +91,14 @@ class RemoteTokenStore(StoreFacts):
 
     def __repr__(self) -> str:
         return f"RemoteTokenStore({self.root!r}, {len(self)} samples, {self.num_tokens} tokens)"
+
+    def length_cache(self):
+        """REMOTE_UNAVAILABLE: the store's length cache (its sample ids, which a whole plan with ids compares) is
+        not read from an object store yet."""
+        raise remote_error(errors.REMOTE_UNAVAILABLE, f"{self.root}: the sample ids of a token store (its "
+                           "lengths.jsonl) are not read from an object store yet, and a whole plan that names its "
+                           "samples by id compares them: use a windowed plan (--window), which compares the "
+                           "lengths only, or read the store from disk")
 
     # ------------------------------------------------------------------ byte ranges
     def spans(self, row: int) -> tuple[tuple[int, int], tuple[int, int]]:

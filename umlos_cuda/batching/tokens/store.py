@@ -93,6 +93,10 @@ class StoreFacts:
         """The tokenizer's vocabulary size (added tokens included), when meta.json records it."""
         return self.meta.get("vocab_size")
 
+    @property
+    def ids_are_line_numbers(self) -> bool:
+        return self.meta["sample_ids"] == "line_numbers"
+
     def identity(self) -> dict:
         """The tokenizer and the SHA-256 of the tokens and loss mask, as meta.json records them (checked against
         the arrays by ``data verify``): what an artifact cut from this store records to know it again
@@ -156,10 +160,6 @@ class TokenStore(StoreFacts):
     @property
     def sample_ids(self) -> list[str]:
         return self.length_cache().sample_ids
-
-    @property
-    def ids_are_line_numbers(self) -> bool:
-        return self.meta["sample_ids"] == "line_numbers"
 
     def sample_id(self, row: int) -> str:
         return str(int(row)) if self.ids_are_line_numbers else self.sample_ids[int(row)]

@@ -10,6 +10,8 @@ rank 0 of ``--world`` through a torch ``DataLoader`` (``num_workers=0``, ``PlanC
   then of a quarter of the store's bytes (``cache 1/4``); its bytes fetched are checked against an offline
   Belady count of the same references before anything is printed (the small cache at ``--quarter-latency``
   only: it can fetch only as far ahead as it has room, so its epoch takes minutes at 100 ms);
+* ``resumed``: the same reader started half way through the epoch at rank 0 of ``--world + 1`` (a resume at
+  another world size, in a new process's cold cache): its first batch and what it fetches;
 * ``direct``: ``TokenDataset(URL)`` (two ranged GETs a row), over the first ``--direct-steps`` steps only;
 * ``local``: the same store on disk, memory-mapped.
 
@@ -121,6 +123,15 @@ def main() -> None:
                 source.close()
                 print(f"{name:12} {latency:5.0f} {first:8.3f} {rate:10.0f} {fetched / stored:15.3f} "
                       f"{source.requests:6d}", flush=True)
+            served.proxy.reset()  # a resume in a new reader at another world size, half way through the epoch
+            half = plan.epoch_microbatches(0) // 2
+            sampler = PlanBatchSampler(plan, rank=0, world_size=args.world + 1, epoch=0, microbatch_index=half)
+            source = PlannedTokenSource(opened, sampler, cache_bytes=blocks * block, block_bytes=block,
+                                        lookahead=args.lookahead, concurrency=args.concurrency)
+            first, rate, _ = epoch(TokenDataset(source, plan=plan), plan, sampler)
+            source.close()
+            print(f"{'resumed':12} {latency:5.0f} {first:8.3f} {rate:10.0f} "
+                  f"{source.fetched_bytes / stored:15.3f} {source.requests:6d}", flush=True)
             served.proxy.reset()
             sampler = PlanBatchSampler(plan, rank=0, world_size=args.world)
             first, rate, _ = epoch(TokenDataset(url, plan=plan), plan, sampler, args.direct_steps)

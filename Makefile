@@ -25,8 +25,9 @@ TORCH_CPU ?= torch==2.13.0
 # One CUDA major for the whole environment (docs/install.md): NVRTC for the
 # kernel compile test and DALI's CPU pipelines both run without a GPU.
 # ray: CI starts a local Ray cluster of two worker nodes and runs the Ray Data
-# tokenize job on it (tests/test_tokenize_ray.py).
-TEST_EXTRAS := test,torch,nvrtc-cu12,dali-cu12,gym,plot,data,hf,ray
+# tokenize job on it (tests/test_tokenize_ray.py). remote: obstore, which the
+# object-store tests read through (against moto's server, from the test extra).
+TEST_EXTRAS := test,torch,nvrtc-cu12,dali-cu12,gym,plot,data,hf,ray,remote
 DEMO_WORKDIR ?= demo-workdir
 # setuptools announces every editable install of a package whose folders are
 # mapped (kernels/ -> umlos_cuda/_kernels) with an information-only warning

@@ -6,6 +6,8 @@
 * Hypothesis runs derandomised with no deadline (profile ``ci``, the default),
   so a run is reproducible and never fails on timing. ``UMLOS_HYPOTHESIS=thorough``
   selects a profile with ten times the examples and a random seed.
+* ``object_store``: a real S3-compatible server (moto) behind a counting proxy, for the
+  object-store tests (tests/objstore_support.py).
 * The ``backend`` fixture runs a test on every backend this machine has
   (``numpy`` always; ``native`` and ``cupy`` when usable), skipping the others
   with the reason the backend registry gives.
@@ -45,3 +47,15 @@ def backend(request) -> str:
     except UmlosError as exc:
         pytest.skip(f"backend {request.param!r} unavailable: {exc.message}")
     return request.param
+
+
+@pytest.fixture(scope="session")
+def object_store():
+    """moto's S3 server on a free loopback port behind a counting, fault-injecting proxy
+    (tests/objstore_support.py), started the first time a test asks for it and stopped at the end of
+    the session; the client's credential variables hold dummy values meanwhile. Skipped without
+    moto[server] and obstore."""
+    from objstore_support import object_store_session
+
+    with object_store_session() as served:
+        yield served

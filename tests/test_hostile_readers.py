@@ -2756,3 +2756,84 @@ def test_the_suite_covers_every_command_that_reads_a_path_or_a_host():
     for command in wanted:
         assert any(name.startswith(command.replace(" ", "-") + "-") for name in names), command
     assert len(CASES) >= 45
+
+
+# ---------------------------------------------------------------------- token stores in an object store
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=True)
+    return buffer.getvalue()
+
+
+def _patch_meta(**fields):
+    def change(store: Path) -> None:
+        meta = json.loads((store / "meta.json").read_text())
+        meta.update(fields)
+        (store / "meta.json").write_text(json.dumps(meta))
+    return change
+
+
+def _claims_2_38_tokens(store: Path) -> None:
+    """tokens.npy's header says 2^38 elements (rewritten by numpy's own header writer); its data stays as it is."""
+    tokens = np.load(store / "tokens.npy")
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": tokens.dtype.str, "fortran_order": False,
+                                                  "shape": (1 << 38,)})
+    (store / "tokens.npy").write_bytes(header.getvalue() + tokens.tobytes())
+
+
+@dataclass
+class RemoteCase:
+    """A token store copied into a bucket after ``change(folder)``; reading it through the source layer
+    (``open_source(URL, tokens=True)``) in a fenced child must be refused with ``code`` naming ``names``
+    (an object's name: a suffix of its URL)."""
+
+    id: str
+    change: Callable[[Path], None]
+    code: str
+    names: str
+
+
+REMOTE_CASES = [
+    RemoteCase("hang/remote-store-header-claims-2^38-tokens", _claims_2_38_tokens, errors.TOKEN_STORE_INVALID,
+               "tokens.npy"),
+    RemoteCase("hang/remote-store-meta-claims-10^12-samples", _patch_meta(num_samples=10**12),
+               errors.TOKEN_STORE_INVALID, "case"),
+    RemoteCase("traceback/remote-store-deep-meta-json",
+               lambda store: (store / "meta.json").write_text(deep_json()), errors.TOKEN_STORE_INVALID, "meta.json"),
+    RemoteCase("traceback/remote-store-meta-not-utf8", lambda store: (store / "meta.json").write_bytes(b"\xff\xfe{"),
+               errors.TOKEN_STORE_INVALID, "meta.json"),
+    RemoteCase("traceback/remote-store-meta-wrong-field-type", _patch_meta(num_tokens="many"),
+               errors.TOKEN_STORE_INVALID, "meta.json"),
+    RemoteCase("traceback/remote-store-pickled-offsets",
+               lambda store: (store / "offsets.npy").write_bytes(_npy_bytes(np.array([object()] * 3))),
+               errors.TOKEN_STORE_INVALID, "offsets.npy"),
+    RemoteCase("traceback/remote-store-truncated-loss-mask",
+               lambda store: (store / "loss_mask.npy").write_bytes((store / "loss_mask.npy").read_bytes()[:-7]),
+               errors.TOKEN_STORE_INVALID, "loss_mask.npy"),
+    RemoteCase("traceback/remote-store-offsets-past-the-tokens",
+               lambda store: (store / "offsets.npy").write_bytes(_npy_bytes(
+                   np.load(store / "offsets.npy") * 2)), errors.TOKEN_STORE_INVALID, "offsets.npy"),
+    RemoteCase("user/remote-store-not-there", lambda store: (store / "meta.json").unlink(),
+               errors.TOKEN_STORE_NOT_FOUND, "meta.json"),
+]
+
+_REMOTE_OPEN = hs.API_PRELUDE + (
+    "from umlos_cuda.batching.sources import open_source\n"
+    "guarded(lambda: open_source(sys.argv[1], tokens=True).arrays(0))\n"
+)
+
+
+@pytest.mark.parametrize("case", REMOTE_CASES, ids=[c.id for c in REMOTE_CASES])
+def test_a_hostile_remote_store_is_refused_in_bounds(case: RemoteCase, world, tmp_path, object_store):
+    """The reader of token stores in object stores (umlos_cuda/remote/) keeps the bounded reader's rules: sizes
+    and headers before allocation, depth before parsing, each failure the store's documented code."""
+    here = tmp_path / "case"
+    shutil.copytree(world / "store", here)
+    case.change(here)
+    bucket = object_store.bucket()
+    url = object_store.upload_folder(here, bucket, "case")
+    before = hs.tree_state(tmp_path)
+    outcome = hs.python(_REMOTE_OPEN, url, cwd=tmp_path, wall_s=WALL_S, env=dict(os.environ))
+    hs.assert_refused(outcome, case.code, names=case.names)
+    hs.assert_untouched(before, hs.tree_state(tmp_path))

@@ -136,6 +136,13 @@ BATCH_FINGERPRINT_INVALID = "BATCH_FINGERPRINT_INVALID"  # a saved batch fingerp
 BATCH_FINGERPRINT_MISMATCH = "BATCH_FINGERPRINT_MISMATCH"  # the batches' content fingerprint differs from the expected one
 DISTRIBUTED_JOB_FAILED = "DISTRIBUTED_JOB_FAILED"  # a Ray job of `data tokenize --engine ray` failed other than with a task's documented error (Ray gave up, the cluster was lost, an unexpected exception)
 
+#: Token stores read from object stores (umlos_cuda.remote); each is documented in
+#: docs/object-stores.md, "Failure codes". A missing store is TOKEN_STORE_NOT_FOUND and a malformed
+#: file TOKEN_STORE_INVALID, as on disk.
+REMOTE_UNAVAILABLE = "REMOTE_UNAVAILABLE"  # an object-store URL without the client library (the remote extra), or one the client refuses (scheme, bucket, configuration)
+REMOTE_REQUEST_FAILED = "REMOTE_REQUEST_FAILED"  # a request to the object store failed past its retry budget (timeouts, 5xx, 503 SlowDown, resets, short reads) or was refused (403)
+REMOTE_OBJECT_CHANGED = "REMOTE_OBJECT_CHANGED"  # an object's ETag or size differs from what was recorded when the store was opened (rewritten in place)
+
 #: Online streams, replay buffers, rolling plan windows and sampling policies
 #: (umlos_cuda.streams); each is documented in docs/streams.md, "Failure codes".
 GYM_CONFIG_INVALID = "GYM_CONFIG_INVALID"  # a game, difficulty, player, host, port, timeout or episode count refused
@@ -182,6 +189,7 @@ NEXTBATCH_V1_OPERATOR = "UML_OS.Data.NextBatch_v1"
 BATCHING_OPERATOR = "UML_OS.Data.Batching_v1"
 PACKING_OPERATOR = "umlos_cuda.batching.packing"
 STREAMS_OPERATOR = "umlos_cuda.streams"
+REMOTE_OPERATOR = "umlos_cuda.remote"
 QUALITY_OPERATOR = "umlos_cuda.quality"
 ARTIFACTS_OPERATOR = "umlos_cuda.artifacts"
 CLI_OPERATOR = "umlos_cuda.cli"

@@ -6,8 +6,10 @@ by-product; docs/batching.md, "Token store"). ``megatron`` writes the
 length cache of an existing Megatron-LM indexed dataset from its ``.idx``
 sizes, so a plan is built over it without re-tokenizing; ``megatron-export``
 goes the other way, writing a token store as a Megatron ``.bin``/``.idx``
-pair. ``tokenize --sharded`` writes a sharded token store (one shard per
-input file; ``--engine ray`` writes the same store with a Ray Data job),
+pair. ``tokenize --output s3://...`` writes the store on disk aside, then
+publishes it into the object store, its ``meta.json`` last
+(umlos_cuda/remote/publish.py). ``tokenize --sharded`` writes a sharded
+token store (one shard per input file; ``--engine ray`` writes the same store with a Ray Data job),
 ``tokenize --append`` adds new input files to one, ``append``
 adopts token stores written elsewhere as its next shards, and ``verify``
 checks any token source against its own digests. All are actions of the
@@ -16,6 +18,12 @@ checks any token source against its own digests. All are actions of the
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from functools import partial
+
+from ..remote.urls import is_remote
 from ._dataset_args import DATASET_FORMATS, add_dataset_arguments, run_with_progress
 
 
@@ -28,7 +36,8 @@ def register_actions(actions) -> None:
         "OUTPUT: tokens.npy, loss_mask.npy and offsets.npy (memory-mappable), lengths.jsonl and its .u32 sidecar "
         "(the length cache), meta.json. What is encoded and the sample ids are as for `data lengths build`.",
     )
-    add_dataset_arguments(tokenize, output_metavar="DIR", output_help="the token store folder to create",
+    add_dataset_arguments(tokenize, output_metavar="DIR", output_help="the token store folder to create (or an "
+                          "s3://, gs://, az:// URL to publish it at, its meta.json last: docs/object-stores.md)",
                           verb="encode", force_help="replace an existing token store")
     tokenize.add_argument("--sharded", action="store_true",
                           help="write a sharded token store: one shard per input file, rows named as in the whole "
@@ -103,15 +112,37 @@ def run_tokenize(args, parser) -> int:
 
     if args.ray_address is not None and args.engine != "ray":
         parser.error("--ray-address goes with --engine ray")
+    remote = is_remote(args.output)
+    if remote and (args.sharded or args.append or args.engine == "ray"):
+        parser.error("an object-store --output takes a token store (no --sharded, --append or --engine ray yet): "
+                     "docs/object-stores.md")
     if args.sharded or args.append or args.engine == "ray":
         return run_tokenize_sharded(args, parser)
-    store, elapsed = run_with_progress(args, parser, f"tokenize {args.output}", tokenize_dataset)
-    print(f"wrote token store {args.output}: {len(store)} samples, {store.num_tokens} tokens "
-          f"({store.meta['token_dtype']}), {int(store.loss_mask_array.sum(dtype='u8'))} trained on")
-    print(f"tokenizer_hash {store.tokenizer_hash}")
-    print(f"dataset_hash {store.dataset_hash}")
-    print(f"{store.num_tokens / max(elapsed, 1e-9):.0f} tokens/s ({elapsed:.2f} s)")
+    staging = tempfile.mkdtemp(prefix="umlos-publish-") if remote else None
+    try:
+        build = partial(_tokenize_and_publish, staging) if staging is not None else tokenize_dataset
+        store, elapsed = run_with_progress(args, parser, f"tokenize {args.output}", build)
+        print(f"wrote token store {args.output}: {len(store)} samples, {store.num_tokens} tokens "
+              f"({store.meta['token_dtype']}), {int(store.loss_mask_array.sum(dtype='u8'))} trained on")
+        print(f"tokenizer_hash {store.tokenizer_hash}")
+        print(f"dataset_hash {store.dataset_hash}")
+        print(f"{store.num_tokens / max(elapsed, 1e-9):.0f} tokens/s ({elapsed:.2f} s)")
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     return 0
+
+
+def _tokenize_and_publish(staging: str, dataset, tokenizer, output: str, *, force: bool = False, **options):
+    """The token store written into ``staging`` on disk (the writer's checks and atomic files), then published
+    at the object-store URL ``output``, its meta.json last (umlos_cuda/remote/publish.py); the local store is
+    returned (its arrays for the summary)."""
+    from ..batching.tokens.writer import tokenize_dataset
+    from ..remote.publish import publish_store
+
+    local = tokenize_dataset(dataset, tokenizer, os.path.join(staging, "store"), **options)
+    publish_store(local.root, output, force=force)
+    return local
 
 
 def run_tokenize_sharded(args, parser) -> int:

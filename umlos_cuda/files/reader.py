@@ -122,7 +122,7 @@ def read_bytes(path: str | os.PathLike[str], error: ErrorFactory, *, max_bytes: 
     path = os.fspath(path)
     with open_regular(path, error) as handle:
         size = file_size(handle)
-        _check_size(path, size, max_bytes, what, error)
+        check_size(path, size, max_bytes, what, error)
         try:
             data = handle.read(size + 1)  # read(n) allocates n bytes: ask for what fstat says is there
             if len(data) > size:  # it grew after the check: read on, in bounded steps, up to the cap
@@ -133,7 +133,7 @@ def read_bytes(path: str | os.PathLike[str], error: ErrorFactory, *, max_bytes: 
                 data = b"".join(parts)
         except OSError as exc:
             raise error(f"cannot read {path}: {exc.strerror or exc}") from None
-    _check_size(path, len(data), max_bytes, what, error)
+    check_size(path, len(data), max_bytes, what, error)
     return data
 
 
@@ -147,7 +147,8 @@ def read_text(path: str | os.PathLike[str], error: ErrorFactory, *, max_bytes: i
     except UnicodeDecodeError as exc:
         raise error(f"cannot read {os.fspath(path)}: it is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
-def _check_size(path: str, size: int, max_bytes: int, what: str, error: ErrorFactory) -> None:
+def check_size(path: str, size: int, max_bytes: int, what: str, error: ErrorFactory) -> None:
+    """``error`` when ``size`` (a file's, an object's) is over ``max_bytes``: checked before anything is read."""
     if size > max_bytes:
         raise error(f"{path} is {size:,} bytes, over the {max_bytes:,} a {what} may have: "
                     "it is not a file of this kind (check the path)")
@@ -393,10 +394,7 @@ def load_npy(path: str | os.PathLike[str], error: ErrorFactory, *, mmap: bool,
         if check is not None:
             check(dtype, shape)
         offset, size = handle.tell(), file_size(handle)
-        nbytes = _nbytes(dtype, shape)
-        if size - offset != nbytes:
-            raise error(f"{path} holds {size - offset:,} bytes after its header, but its header says "
-                        f"{dtype.str} of shape {shape}, which is {nbytes:,} bytes: the file is truncated or forged")
+        nbytes = check_npy_bytes(path, dtype, shape, size - offset, error)
         order: Literal["C", "F"] = "F" if fortran else "C"
         try:
             if mmap:
@@ -410,20 +408,37 @@ def load_npy(path: str | os.PathLike[str], error: ErrorFactory, *, mmap: bool,
     return array.reshape(shape, order=order)
 
 
+def check_npy_bytes(where: str, dtype: np.dtype, shape: tuple[int, ...], data_bytes: int, error: ErrorFactory) -> int:
+    """The bytes a ``.npy`` header's ``dtype`` and ``shape`` describe, when they are the ``data_bytes`` that follow
+    it; ``error`` naming ``where`` otherwise (a truncated or forged file, read or mapped from nothing)."""
+    nbytes = _nbytes(dtype, shape)
+    if data_bytes != nbytes:
+        raise error(f"{where} holds {data_bytes:,} bytes after its header, but its header says "
+                    f"{dtype.str} of shape {shape}, which is {nbytes:,} bytes: the file is truncated or forged")
+    return nbytes
+
+
+def npy_expectation(where: str, dtype: str, shape: tuple[int, ...] | None, error: ErrorFactory,
+                    expected: str = "expected") -> Callable[[np.dtype, tuple[int, ...]], None]:
+    """The ``check(dtype, shape)`` of :func:`read_npy`: a one-dimensional array of ``dtype`` (and ``shape`` when
+    given), else ``error`` (``{where} holds ...; {expected} {dtype} of shape ...``)."""
+
+    def check(found: np.dtype, found_shape: tuple[int, ...]) -> None:
+        if found.str != dtype or len(found_shape) != 1 or (shape is not None and found_shape != shape):
+            want = f"{dtype} of shape {shape}" if shape is not None else f"one-dimensional {dtype}"
+            raise error(f"{where} holds {found.str} of shape {found_shape}; {expected} {want}")
+
+    return check
+
+
 def read_npy(path: str | os.PathLike[str], dtype: str, shape: tuple[int, ...] | None, mmap: bool,
              error: ErrorFactory, expected: str = "expected") -> np.ndarray:
     """The one-dimensional array of ``dtype`` (and ``shape`` when given) in the ``.npy`` file at
     ``path`` (:func:`load_npy`); ``error`` when it is of another type or shape (the message says
     ``{expected} {dtype} of shape ...``)."""
     path = os.fspath(path)
-
-    def check(found: np.dtype, found_shape: tuple[int, ...]) -> None:
-        if found.str != dtype or len(found_shape) != 1 or (shape is not None and found_shape != shape):
-            want = f"{dtype} of shape {shape}" if shape is not None else f"one-dimensional {dtype}"
-            raise error(f"{path} holds {found.str} of shape {found_shape}; {expected} {want}")
-
     try:
-        return load_npy(path, error, mmap=mmap, check=check)
+        return load_npy(path, error, mmap=mmap, check=npy_expectation(path, dtype, shape, error, expected))
     except FileNotFoundError:
         raise error(f"{path} is missing") from None
 
@@ -437,7 +452,7 @@ def read_npz(path: str | os.PathLike[str], members: tuple[str, ...], error: Erro
     path = os.fspath(path)
     with open_regular(path, error) as handle:
         size = file_size(handle)
-        _check_size(path, size, max_bytes, ".npz file", error)
+        check_size(path, size, max_bytes, ".npz file", error)
         return _parse_npz(handle, size, path, members, error)
 
 

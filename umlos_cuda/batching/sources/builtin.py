@@ -3,6 +3,8 @@
 ==================== ============================================ ==========================================
 kind                 a path is one when                           it opens as (read by rows)
 ==================== ============================================ ==========================================
+remote token store   an ``s3://``, ``gs://``, ``az://``, ``file://``  ``StoreLengths`` over a ``RemoteTokenStore``
+                     URL (umlos_cuda/remote/urls.py)              (its offsets read at opening)
 sharded token store  a folder carrying the sharded store's marker ``ShardedLengths`` (tokens/offsets.py)
 token store          any other folder                             ``StoreLengths`` (tokens/offsets.py)
 Megatron prefix      ``PREFIX.idx`` exists (``.idx``/``.bin`` ok) ``MappedMegatron`` (tokens/mapped.py)
@@ -10,7 +12,8 @@ length sidecar       its name ends in ``.u32``                    ``MappedLength
 length cache         any other path                               its sidecar mapped, checked against the JSONL
 ==================== ============================================ ==========================================
 
-The first three are token sources; the length cache comes last because it takes any file (a path that is
+The remote kind is tried first because its test is the path's text alone (nothing on disk is asked about a
+URL). The first four are token sources; the length cache comes last because it takes any file (a path that is
 none of the others is read as one, and its reader says what is wrong with it).
 """
 
@@ -28,7 +31,10 @@ from ..tokens.megatron import idx_path
 from ..tokens.offsets import ShardedLengths, StoreLengths
 from ..tokens.sources import is_sharded_store, megatron_prefix, open_token_source
 from ..tokens.store import TokenStore
+from ...remote.store import RemoteTokenStore
+from ...remote.urls import is_remote
 from .kind import SourceKind
+
 
 def _token_cache(path: str, read_ids: bool) -> LengthCache:
     """A token source's own length cache (a sharded store's is its shards', in order, under its logical dataset
@@ -47,6 +53,8 @@ def _sidecar_cache(path: str, read_ids: bool) -> LengthCache:
     return LengthCache.load(jsonl, read_ids=read_ids)
 
 
+REMOTE_TOKEN_STORE = SourceKind("remote token store", is_remote,
+                                lambda path: StoreLengths(RemoteTokenStore.open(path)), tokens=True)
 SHARDED_STORE = SourceKind("sharded token store", is_sharded_store,
                            lambda path: ShardedLengths(ShardedTokenStore.open(path)), tokens=True, whole=_token_cache)
 TOKEN_STORE = SourceKind("token store", os.path.isdir, lambda path: StoreLengths(TokenStore.open(path)), tokens=True,
@@ -59,4 +67,4 @@ LENGTH_CACHE = SourceKind("length cache", lambda path: True, open_length_cache,
                           whole=lambda path, read_ids: LengthCache.load(path, read_ids=read_ids))
 
 #: Tried in this order, after every kind registered at run time.
-BUILT_IN = (SHARDED_STORE, TOKEN_STORE, MEGATRON_PREFIX, LENGTH_SIDECAR, LENGTH_CACHE)
+BUILT_IN = (REMOTE_TOKEN_STORE, SHARDED_STORE, TOKEN_STORE, MEGATRON_PREFIX, LENGTH_SIDECAR, LENGTH_CACHE)

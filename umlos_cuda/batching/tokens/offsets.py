@@ -1,8 +1,9 @@
 """A token store's lengths read from its memory-mapped offsets, by rows: a length source that copies nothing.
 
 What goes in: an opened :class:`~umlos_cuda.batching.tokens.store.TokenStore` (its ``offsets.npy`` mapped,
-int64 ``[N + 1]``) or a :class:`~umlos_cuda.batching.tokens.logical.ShardedTokenStore` (each shard's,
-global rows). What comes out: a :class:`~umlos_cuda.batching.lengths.sources.LengthSource` whose
+int64 ``[N + 1]``; or a :class:`~umlos_cuda.remote.store.RemoteTokenStore`, whose offsets were read at
+opening) or a :class:`~umlos_cuda.batching.tokens.logical.ShardedTokenStore` (each shard's, global rows).
+What comes out: a :class:`~umlos_cuda.batching.lengths.sources.LengthSource` whose
 ``take(rows)`` is ``offsets[rows + 1] - offsets[rows]`` of the rows asked for, and which is a token
 source for pretraining sequences too (``arrays(row)`` is the store's).
 
@@ -17,12 +18,16 @@ opens with the other. A length that does not fit uint32 is TOKEN_STORE_INVALID (
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..lengths.sources import LengthSource
 from .logical import ShardedTokenStore
 from .store import OFFSETS_PIECE, TokenStore, _invalid, release_pages
+
+if TYPE_CHECKING:
+    from ...remote.store import RemoteTokenStore
 
 _U32_MAX = 0xFFFFFFFF
 
@@ -49,7 +54,7 @@ def _hash_offsets(offsets: np.ndarray, digest, where: str) -> None:
 class StoreLengths(LengthSource):
     """The lengths of a token store's rows from its mapped offsets (module docstring)."""
 
-    def __init__(self, store: TokenStore) -> None:
+    def __init__(self, store: TokenStore | RemoteTokenStore) -> None:
         self.store = store
         self.root = store.root
         self.count = len(store)

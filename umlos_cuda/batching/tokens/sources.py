@@ -1,6 +1,7 @@
 """Where collation reads tokens from: a token store, a sharded token store or Megatron-LM indexed datasets.
 
-What goes in: a path, a token store folder (``umlos-cuda data tokenize``),
+What goes in: a path, a token store folder (``umlos-cuda data tokenize``), the URL of one copied into an
+object store (``s3://bucket/prefix``: umlos_cuda/remote/),
 a sharded token store folder (``data tokenize --sharded``: tokens/sharded.py),
 the prefix of a Megatron ``.idx``/``.bin`` pair, or a list of such prefixes
 (read as one dataset, like Megatron-LM's data path). What comes out: an
@@ -39,6 +40,8 @@ from .adopt import SHARDED_STORE
 from .logical import ShardedTokenStore
 from .megatron import MegatronDataset, MegatronDatasetList, idx_path
 from .store import TokenStore
+from ...remote.store import RemoteTokenStore
+from ...remote.urls import is_remote
 
 
 def is_sharded_store(path: str) -> bool:
@@ -69,6 +72,8 @@ def open_token_source(path: Any, *, tokenizer_hash: str | None = None):
         return MegatronDatasetList.open(prefixes, **({} if tokenizer_hash is None
                                                      else {"tokenizer_hash": tokenizer_hash}))
     path = os.fspath(path)
+    if is_remote(path):
+        return RemoteTokenStore.open(path)
     if os.path.isdir(path):
         if is_sharded_store(path):
             return ShardedTokenStore.open(path)

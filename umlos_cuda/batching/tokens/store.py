@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import mmap as mmap_module
 import os
+from typing import Any
 
 import numpy as np
 
@@ -49,7 +50,63 @@ LOSS_MASK_RULES = ("all", "template", "assistant", "completion")
 LENGTHS_FILE = "lengths.jsonl"
 
 
-class TokenStore:
+class StoreFacts:
+    """What a token store answers from its meta.json and its offsets alone, wherever its arrays are read from:
+    a folder (:class:`TokenStore`) or an object store (:class:`~umlos_cuda.remote.store.RemoteTokenStore`).
+    A subclass sets ``meta`` (checked by :func:`check_meta`), ``offsets`` (int64 ``[N + 1]``) and
+    ``_lengths = None``."""
+
+    meta: dict
+    offsets: np.ndarray
+    _lengths: np.ndarray | None
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """``uint32 [N]``, computed from the offsets on first use (4 bytes a sample in memory): opening
+        copies nothing, so a plan that reads lengths by rows (tokens/offsets.py) stays O(window)."""
+        if self._lengths is None:
+            lengths = np.diff(self.offsets).astype(np.uint32)
+            lengths.flags.writeable = False
+            self._lengths = lengths
+        return self._lengths
+
+    def __len__(self) -> int:
+        return int(self.meta["num_samples"])
+
+    @property
+    def num_samples(self) -> int:
+        return len(self)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.meta["num_tokens"])
+
+    @property
+    def tokenizer_hash(self) -> str:
+        return self.meta["tokenizer_hash"]
+
+    @property
+    def dataset_hash(self) -> str | None:
+        return self.meta["dataset_hash"]
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The tokenizer's vocabulary size (added tokens included), when meta.json records it."""
+        return self.meta.get("vocab_size")
+
+    @property
+    def ids_are_line_numbers(self) -> bool:
+        return self.meta["sample_ids"] == "line_numbers"
+
+    def identity(self) -> dict:
+        """The tokenizer and the SHA-256 of the tokens and loss mask, as meta.json records them (checked against
+        the arrays by ``data verify``): what an artifact cut from this store records to know it again
+        (:meth:`~..lengths.sources.LengthSource.identity`)."""
+        return {"tokenizer_hash": self.tokenizer_hash, "tokens_sha256": self.meta["tokens_sha256"],
+                "loss_mask_sha256": self.meta["loss_mask_sha256"]}
+
+
+class TokenStore(StoreFacts):
     """A token store opened for reading (:meth:`open`).
 
     ``tokens``, ``loss_mask`` and ``offsets`` are the three arrays (read-only,
@@ -79,9 +136,7 @@ class TokenStore:
         tokens = _load(root, "tokens", meta["token_dtype"], total, mmap)
         loss_mask = _load(root, "loss_mask", "|u1", total, mmap)
         offsets = _load(root, "offsets", "<i8", n + 1, mmap)
-        if int(offsets[0]) != 0 or int(offsets[-1]) != total or not rises(offsets):
-            raise _invalid(f"{root}/offsets.npy does not cut the {total} tokens into {n} samples "
-                           "(it must rise from 0 to the token count)")
+        check_offsets(offsets, meta, f"{root}/offsets.npy")
         return cls(root, meta, tokens, loss_mask, offsets)
 
     def __reduce__(self):
@@ -89,43 +144,6 @@ class TokenStore:
 
     def __repr__(self) -> str:
         return f"TokenStore({self.root!r}, {len(self)} samples, {self.num_tokens} tokens)"
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """``uint32 [N]``, computed from the offsets on first use (4 bytes a sample in memory): opening
-        copies nothing, so a plan that reads lengths by rows (tokens/offsets.py) stays O(window)."""
-        if self._lengths is None:
-            lengths = np.diff(self.offsets).astype(np.uint32)
-            lengths.flags.writeable = False
-            self._lengths = lengths
-        return self._lengths
-
-    # ------------------------------------------------------------------ sizes and hashes
-    def __len__(self) -> int:
-        return int(self.meta["num_samples"])
-
-    @property
-    def num_samples(self) -> int:
-        return len(self)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.meta["num_tokens"])
-
-    @property
-    def tokenizer_hash(self) -> str:
-        return self.meta["tokenizer_hash"]
-
-    @property
-    def dataset_hash(self) -> str | None:
-        return self.meta["dataset_hash"]
-
-    def identity(self) -> dict:
-        """The tokenizer and the SHA-256 of the tokens and loss mask, as meta.json records them (checked against
-        the arrays by ``data verify``): what an artifact cut from this store records to know it again
-        (:meth:`~..lengths.sources.LengthSource.identity`)."""
-        return {"tokenizer_hash": self.tokenizer_hash, "tokens_sha256": self.meta["tokens_sha256"],
-                "loss_mask_sha256": self.meta["loss_mask_sha256"]}
 
     def length_cache(self) -> LengthCache:
         """The store's length cache (``DIR/lengths.jsonl``): build a plan from it."""
@@ -143,10 +161,6 @@ class TokenStore:
     @property
     def sample_ids(self) -> list[str]:
         return self.length_cache().sample_ids
-
-    @property
-    def ids_are_line_numbers(self) -> bool:
-        return self.meta["sample_ids"] == "line_numbers"
 
     def sample_id(self, row: int) -> str:
         return str(int(row)) if self.ids_are_line_numbers else self.sample_ids[int(row)]
@@ -181,11 +195,6 @@ class TokenStore:
         return Sample(ids, mask, None, SampleMeta(self.sample_id(row), dataset_id))
 
     # ------------------------------------------------------------------ checks
-    @property
-    def vocab_size(self) -> int | None:
-        """The tokenizer's vocabulary size (added tokens included), when meta.json records it."""
-        return self.meta.get("vocab_size")
-
     def verify(self) -> dict:
         """Re-hash the three arrays (SHA-256 of their bytes) against
         meta.json, check that every token id is below ``vocab_size`` and
@@ -226,6 +235,15 @@ def rises(offsets: np.ndarray) -> bool:
     return True
 
 
+def check_offsets(offsets: np.ndarray, meta: dict, where: str) -> None:
+    """TOKEN_STORE_INVALID naming ``where`` unless ``offsets`` (int64 ``[N + 1]``) rise from 0 to meta.json's
+    token count: the cuts of the tokens into the samples."""
+    n, total = meta["num_samples"], meta["num_tokens"]
+    if int(offsets[0]) != 0 or int(offsets[-1]) != total or not rises(offsets):
+        raise _invalid(f"{where} does not cut the {total} tokens into {n} samples "
+                       "(it must rise from 0 to the token count)")
+
+
 def release_pages(array: np.ndarray) -> None:
     """Drop the pages of the memory map under ``array`` (an ``np.memmap``; anything else is left alone) that
     this process has read from its resident set; they stay in the page cache, and a later read maps them
@@ -244,6 +262,13 @@ def _read_meta(path: str) -> dict:
         meta = read_json(path, _invalid)
     except FileNotFoundError:
         raise _invalid(f"{path} is missing") from None
+    return check_meta(meta, path)
+
+
+def check_meta(meta: Any, path: str) -> dict:
+    """``meta`` (the JSON value of the meta.json at ``path``, a folder's or an object store's) when it is a token
+    store's: its format, exactly its fields, and each field's type and range; TOKEN_STORE_INVALID naming ``path``
+    otherwise."""
     wrong_format = checks.literal(path) + f" has format {{value!r}}; this reader reads {STORE_FORMAT!r}"
     checks.instance(meta, "meta.json", dict, fail=_invalid, message=wrong_format.replace("{value!r}", "{type!r}"))
     checks.equal(meta.get("format"), "format", STORE_FORMAT, fail=_invalid, message=wrong_format)

@@ -84,7 +84,7 @@ def load_edited_plan(directory, *, kind_name: str | None = None) -> EditedPlan:
     """The edited plan in ``directory``, its parent reopened from what meta.json records and checked (module
     docstring): PLAN_NOT_FOUND, PLAN_FORMAT_INVALID, PLAN_PARENT_MISMATCH, PLAN_FINGERPRINT_MISMATCH, or the
     parent's own refusal. ``kind_name``: the folder's kind (its marker), which must be that of the parent's edits."""
-    from ..kinds import plan_kind_of
+    from ..kinds.registry import plan_kind_of
 
     root = os.fspath(directory)
     meta_path = os.path.join(root, "meta.json")
@@ -126,7 +126,7 @@ def edit_plan(parent, edit: Any) -> EditedPlan:
     """``edit`` applied to the plan folder ``parent`` (any kind), or to a plan already opened as
     ``(plan, kind, folder)``; ``edit`` is a :class:`~.edit.SkipUnits`, or a function of the opened parent that
     returns one (so that steps are located on the plan they name)."""
-    from ..kinds import plan_kind_of
+    from ..kinds.registry import plan_kind_of
 
     if isinstance(parent, tuple):
         opened, kind, folder = parent

@@ -107,7 +107,7 @@ class EditedPlan:
     def origin(self) -> dict:
         """``plan explain``'s origin: the parent's fingerprint and path, and every edit from the first plan built
         from its sources (a parent's own edits first)."""
-        from ..explain.explainer import NO_ORIGIN
+        from ..explain.rows import NO_ORIGIN
 
         before = NO_ORIGIN if self.parent_kind.origin is None else self.parent_kind.origin(self.parent)
         return {"parent": self.parent.fingerprint, "parent_path": self.parent_path,

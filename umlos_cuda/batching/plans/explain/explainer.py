@@ -21,12 +21,11 @@ from typing import Any
 from .... import checks, errors
 from ..plan import plan_error
 from ..sharding import share_ranks
+from .rows import NO_ORIGIN
 from .steps import locate_steps, total_steps
 
 #: ``format`` of an explanation (the JSON ``plan explain --json`` prints).
 EXPLAIN_FORMAT = "umlos_cuda.plan_explain/1"
-#: A plan's ``origin`` when its kind says nothing of one: built from its sources, edited never.
-NO_ORIGIN: dict[str, Any] = {"parent": None, "edits": []}
 
 _config = partial(plan_error, errors.BATCHING_CONFIG_INVALID)
 
@@ -40,7 +39,7 @@ class StepExplainer:
     (pretraining sequences) reads the tokens it was cut from and takes none."""
 
     def __init__(self, plan: Any, kind: Any, *, folder: str | None = None, tokens: Any = None) -> None:
-        from ..kinds import plan_kinds
+        from ..kinds.registry import plan_kinds
 
         if kind.explain is None:
             takes = ", a ".join(k.name for k in plan_kinds() if k.explain is not None)
@@ -52,7 +51,7 @@ class StepExplainer:
     @classmethod
     def open(cls, folder: Any, *, tokens: Any = None) -> StepExplainer:
         """The plan in ``folder``, whatever its kind, its sources reopened from what it records."""
-        from ..kinds import plan_kind_of
+        from ..kinds.registry import plan_kind_of
 
         kind = plan_kind_of(folder)
         return cls(kind.open(folder), kind, folder=os.fspath(folder), tokens=tokens)

@@ -37,6 +37,9 @@ from ....errors import UmlosError
 ROW_FIELDS = ("sample", "row", "component", "component_epoch", "source", "document", "piece", "pack", "start",
               "stop", "tokens", "loss_tokens")
 
+#: A plan's ``origin`` when its kind says nothing of one: built from its sources, edited never.
+NO_ORIGIN: dict[str, Any] = {"parent": None, "edits": []}
+
 
 def has_tokens(source: Any) -> bool:
     """Whether ``source`` gives token arrays (and so loss masks), not lengths alone."""

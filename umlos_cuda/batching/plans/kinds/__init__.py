@@ -24,6 +24,8 @@ plans.) Every command, sampler and loader reaches a kind through this registry (
 
 Modules:
     kind             :class:`PlanKind`: where a kind sits in the model, and its open/save/verify/report/explain
+    registry         the lookups (:func:`plan_kinds`, :func:`get_plan_kind`, :func:`plan_kind_of`), which what
+                     opens a plan of another kind (an edited plan's parent) imports without the kinds
     whole            the whole plan, and the words about over-long samples, splits and packing
     windowed         the windowed plan
     mixed            the mixed plan
@@ -43,17 +45,15 @@ Adding a kind (docs/architecture.md, "Adding a plan kind"): a module that define
 from __future__ import annotations
 
 import os
-from threading import Lock
 from typing import Any
 
 from .... import errors
 from ....artifacts import Artifact, register_artifact, unregister_artifact
-from ....files.artifacts import marked_kind
-from ....files.folder import Folder
 from ..plan import plan_error
 from ..edits.io import PREFIX as EDITED_PREFIX
 from . import edited, mixed, mixed_sequences, sequences, shard_set, whole, windowed
 from .kind import ORDERS, SCOPES, UNITS, VERIFY_OPTIONS, PlanKind, registry_error
+from .registry import _kinds, _lock, get_plan_kind, plan_kind_of, plan_kinds
 
 __all__ = ["ORDERS", "SCOPES", "UNITS", "VERIFY_OPTIONS", "PlanKind", "get_plan_kind", "kind_of_plan", "open_plan",
            "open_row_plan", "plan_kind_of", "plan_kinds", "register_plan_kind", "unregister_plan_kind"]
@@ -63,8 +63,7 @@ BUILT = (whole.KIND, windowed.KIND, mixed.KIND, sequences.KIND, mixed_sequences.
 #: The kinds of this release: those, and each one's edited plans (``plan edit``).
 BUILT_IN = BUILT + tuple(edited.edited_kind(kind) for kind in BUILT)
 
-_kinds: dict[str, PlanKind] = {kind.name: kind for kind in BUILT_IN}
-_lock = Lock()
+_kinds.update((kind.name, kind) for kind in BUILT_IN)
 
 
 def as_artifact(kind: PlanKind) -> Artifact:
@@ -77,19 +76,6 @@ def as_artifact(kind: PlanKind) -> Artifact:
 for _kind in BUILT_IN:
     register_artifact(as_artifact(_kind), replace=True)
 register_artifact(shard_set.ARTIFACT, replace=True)
-
-
-def plan_kinds() -> tuple[PlanKind, ...]:
-    """The registered kinds, built-in first."""
-    return tuple(_kinds.values())
-
-
-def get_plan_kind(name: str) -> PlanKind:
-    """The kind called ``name`` (its folders' marker), or INVALID_ARGUMENT naming the registered ones."""
-    kind = _kinds.get(name) if isinstance(name, str) else None
-    if kind is None:
-        raise registry_error(f"unknown plan kind {name!r}; the kinds are {', '.join(_kinds)}")
-    return kind
 
 
 def register_plan_kind(kind: PlanKind) -> PlanKind:
@@ -118,29 +104,6 @@ def unregister_plan_kind(name: str) -> None:
                 unregister_artifact(removed)
             return
     raise registry_error(f"no plan kind {name!r} was registered at run time")
-
-
-def plan_kind_of(folder) -> PlanKind:
-    """The kind of the plan folder ``folder``, by its marker (a few bytes read, never through a link, never
-    blocking on a FIFO), else by a kind's signature of folders written before markers. A folder marked as
-    another artifact is PLAN_NOT_FOUND, saying what it is; anything else is taken for a whole plan, whose
-    reader then says what the folder lacks (PLAN_NOT_FOUND, PLAN_FORMAT_INVALID)."""
-    marked = None
-    try:
-        with Folder.open(os.fspath(folder)) as opened:
-            marked = marked_kind(opened)
-            if marked is None:
-                for kind in plan_kinds():
-                    if kind.artifact.signature is not None and kind.artifact.signature(opened):
-                        return kind
-    except (OSError, ValueError):
-        pass
-    if marked is None:
-        return whole.KIND
-    if marked not in _kinds:
-        raise plan_error(errors.PLAN_NOT_FOUND, f"{os.fspath(folder)} is a {marked}, not a plan (umlos-cuda info "
-                                                "says what it holds)")
-    return _kinds[marked]
 
 
 def open_plan(folder) -> Any:

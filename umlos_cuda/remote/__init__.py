@@ -1,0 +1,26 @@
+"""Token stores in object stores (s3://, gs://, az://, file://), read by byte ranges, ahead of use, in plan order.
+
+What goes in: the URL of a token store copied into an object store as it was written. What comes out: a token
+source (``arrays(row)``, ``lengths``, ``tokenizer_hash``) that the source layer opens like a folder
+(``open_source("s3://...")``, ``TokenDataset("s3://...")``), and a planned cache that reads a rank's rows in
+the order its sampler hands them out (docs/object-stores.md).
+
+Modules:
+    urls     which paths are remote; their scheme, bucket and prefix
+    client   the client library's store, objects opened with their ETag and size, ranges read under a retry budget
+    bounded  the bounded reader's rules on objects: JSON capped before its GET, ``.npy`` headers against sizes
+    store    :class:`RemoteTokenStore`: the flat token store's files, read by ranges
+    belady   Belady's rule over a known sequence of block references (a pure function)
+    planned  :class:`PlannedTokenSource`: a rank's rows, each block fetched ahead and evicted by Belady's rule
+    publish  a store written on disk put under a prefix, its ``meta.json`` last (``data tokenize --output s3://``)
+"""
+
+from .belady import Schedule, belady
+from .client import RetryBudget
+from .planned import PlannedTokenSource
+from .publish import publish_store
+from .store import RemoteTokenStore
+from .urls import ObjectUrl, is_remote, parse_url
+
+__all__ = ["ObjectUrl", "PlannedTokenSource", "RemoteTokenStore", "RetryBudget", "Schedule", "belady", "is_remote",
+           "parse_url", "publish_store"]

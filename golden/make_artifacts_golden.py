@@ -89,8 +89,16 @@ ROOT_PLACEHOLDER = b"$ROOT"
 #: meta.json keys written since the release, each appended last (so the file without it is the release's bytes):
 #: file -> keys. Issue 33: pretraining sequences record their token source's hashes, to refuse a store
 #: re-tokenized in place with equal lengths.
+#: Issue 34: token stores (a sharded store's shards and index too) record their tokenizer's parts, so that a
+#: tokenizer mismatch names the parts that differ.
 ADDED_SINCE_RELEASE = {"sequences/meta.json": ("tokens_identity",),
-                       "mixed-sequences/meta.json": ("tokens_identities",)}
+                       "mixed-sequences/meta.json": ("tokens_identities",),
+                       "store/meta.json": ("tokenizer_parts",), "store-a/meta.json": ("tokenizer_parts",),
+                       **{f"sharded/shards/{shard:05d}/meta.json": ("tokenizer_parts",) for shard in range(3)},
+                       "sharded/meta.json": ("tokenizer_parts",)}
+#: Indexes that bind each shard's meta.json by its SHA-256 (``meta_sha256``): index -> its shards' folder. The
+#: release's index bound the release's bytes of each shard's meta.json, which are today's without the keys above.
+SHARD_INDEXES = {"sharded/meta.json": "sharded/shards"}
 
 
 def write_inputs(folder: str) -> None:
@@ -140,19 +148,39 @@ def build(out: str, inputs: str = INPUTS) -> dict[str, str]:
 
 
 def without_added_keys(data: bytes, keys: tuple[str, ...]) -> bytes:
-    """A meta.json (indented ASCII JSON, as every windowed folder writes it) without ``keys``, which must be its last
-    ones: the bytes the release wrote when today's code adds nothing else."""
+    """A meta.json (indented ASCII JSON, as every folder writes it: its indent read from its second line) without
+    ``keys``, which must be its last ones: the bytes the release wrote when today's code adds nothing else."""
     meta = json.loads(data)
     names = list(meta)
     if names[len(names) - len(keys):] != list(keys):
         raise SystemExit(f"the keys added since the release, {list(keys)}, are not the last of {names}")
-    return (json.dumps({name: meta[name] for name in names[:len(names) - len(keys)]}, indent=2) + "\n").encode("ascii")
+    return release_json({name: meta[name] for name in names[:len(names) - len(keys)]}, data)
+
+
+def release_json(meta: dict, data: bytes) -> bytes:
+    """``meta`` written as ``data`` is (ASCII JSON indented as its second line is)."""
+    second = data.split(b"\n", 2)[1]
+    return (json.dumps(meta, indent=len(second) - len(second.lstrip(b" "))) + "\n").encode("ascii")
+
+
+def with_release_shard_digests(data: bytes, folder: str, shards: str) -> bytes:
+    """A sharded store's index whose entries' ``meta_sha256`` are those of the release's bytes of each shard's
+    meta.json (its bytes without :data:`ADDED_SINCE_RELEASE`'s keys)."""
+    index = json.loads(data)
+    for entry in index["shards"]:
+        relative = f"{shards}/{entry['name']}/meta.json"
+        with open(os.path.join(folder, relative), "rb") as handle:
+            shard = handle.read()
+        if relative in ADDED_SINCE_RELEASE:
+            shard = without_added_keys(shard, ADDED_SINCE_RELEASE[relative])
+        entry["meta_sha256"] = hashlib.sha256(shard).hexdigest()
+    return release_json(index, data)
 
 
 def listing(folder: str) -> dict[str, str]:
     """Every file below ``folder`` but the inputs: relative path -> SHA-256 of its bytes, with
-    ``folder``'s absolute path read as :data:`ROOT_PLACEHOLDER` and the keys of :data:`ADDED_SINCE_RELEASE` left
-    out."""
+    ``folder``'s absolute path read as :data:`ROOT_PLACEHOLDER`, the keys of :data:`ADDED_SINCE_RELEASE` left
+    out and the shard digests of :data:`SHARD_INDEXES` those of the shards without them."""
     roots = sorted({os.path.abspath(folder).encode(), os.path.realpath(folder).encode()}, key=len, reverse=True)
     found = {}
     for directory, subdirs, names in os.walk(folder):
@@ -166,6 +194,8 @@ def listing(folder: str) -> dict[str, str]:
                 data = handle.read()
             if relative in ADDED_SINCE_RELEASE:
                 data = without_added_keys(data, ADDED_SINCE_RELEASE[relative])
+            if relative in SHARD_INDEXES:
+                data = with_release_shard_digests(data, folder, SHARD_INDEXES[relative])
             for root in roots:
                 data = data.replace(root, ROOT_PLACEHOLDER)
             found[relative] = hashlib.sha256(data).hexdigest()

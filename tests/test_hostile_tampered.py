@@ -462,6 +462,45 @@ def tamper_store_verify_api(ws, tmp_path):
     hs.assert_refused(outcome, "TOKEN_STORE_INVALID", names="store")
 
 
+def _set_parts(meta_path, value, indent: int = 2) -> None:
+    """``tokenizer_parts`` (the last key, outside every digest) of the meta.json at ``meta_path`` set to ``value``."""
+    meta = json.loads(meta_path.read_text())
+    meta["tokenizer_parts"] = value
+    meta_path.write_text(json.dumps(meta, indent=indent) + "\n")
+
+
+def tamper_store_tokenizer_parts_not_hex(ws, tmp_path):
+    """A store's parts that are not SHA-256 hex digests: refused when the store opens, naming it."""
+    copy(ws, tmp_path, "plan", "store")
+    _set_parts(tmp_path / "store" / "meta.json", {"model": "../../etc/passwd", "normalizer": 7})
+    outcome = run_cli(tmp_path, "batch", "generate", "--plan", "plan", "--store", "store", "--output", "out",
+                      "--quiet", owned=["out"])
+    hs.assert_refused(outcome, "TOKEN_STORE_INVALID", names="store")
+
+
+def tamper_plan_tokenizer_parts_a_list(ws, tmp_path):
+    """A plan's parts that are a list, not a dict: refused as the plan's format (they are outside its
+    fingerprint, so its digests still check)."""
+    copy(ws, tmp_path, "plan", "store")
+    _set_parts(tmp_path / "plan" / "meta.json", ["model", "normalizer"])
+    outcome = run_cli(tmp_path, "batch", "generate", "--plan", "plan", "--store", "store", "--output", "out",
+                      "--quiet", owned=["out"])
+    hs.assert_refused(outcome, "PLAN_FORMAT_INVALID", names="plan")
+    assert "tokenizer_parts" in outcome.stderr
+
+
+def tamper_sharded_index_tokenizer_parts_not_hex(ws, tmp_path):
+    """A sharded store's index whose parts hold a value that is not a hex digest: refused naming the index."""
+    from umlos_cuda.batching.tokens.sharded import tokenize_sharded
+
+    tokenize_sharded([str(ws / "train.jsonl")], ws / "model", tmp_path / "sharded")
+    _set_parts(tmp_path / "sharded" / "meta.json", {"model": "A" * 64}, indent=1)
+    outcome = run_cli(tmp_path, "plan", "build", "--source", "sharded", "--bucket-edges", "4,8", "--overflow-max", "16",
+                      "--token-budget", "64", "--output", "out", "--quiet", owned=["out"])
+    hs.assert_refused(outcome, "SHARDED_STORE_INVALID", names="sharded")
+    assert "tokenizer_parts" in outcome.stderr
+
+
 # ---------------------------------------------------------------------- tamper/: length cache sidecars
 def _forge_sidecar(path, *, lengths=None, tokenizer_hash=None, sample_ids=None) -> None:
     """Rewrite ``path``.u32 with forged fields and a recomputed header, keeping the JSONL's size and SHA-256."""
@@ -897,6 +936,9 @@ CASES = [
     pytest.param(tamper_mixed_component_store_token_flipped,
                  id="tamper/batch-check-mixed-component-store-token-changed"),
     pytest.param(tamper_store_verify_api, id="tamper/store-verify-out-of-vocabulary"),
+    pytest.param(tamper_store_tokenizer_parts_not_hex, id="tamper/store-tokenizer-parts-not-hex"),
+    pytest.param(tamper_plan_tokenizer_parts_a_list, id="tamper/plan-tokenizer-parts-a-list"),
+    pytest.param(tamper_sharded_index_tokenizer_parts_not_hex, id="tamper/sharded-index-tokenizer-parts-not-hex"),
     pytest.param(tamper_sidecar_forged_lengths_require, id="tamper/sidecar-forged-lengths-require"),
     pytest.param(tamper_sidecar_forged_lengths_plan_build, id="tamper/sidecar-forged-lengths-plan-build"),
     pytest.param(tamper_sidecar_forged_tokenizer_hash, id="tamper/sidecar-forged-tokenizer-hash"),

@@ -60,7 +60,7 @@ from ..records.chunk import RecordChunk, RowIds, SkippedLines
 from ..records.jsonl import DEFAULT_ID_FIELD
 from ..records.source import Records
 from .fields import DEFAULT_TEXT_FIELD, record_fields
-from .fingerprints import UNKNOWN_TOKENIZER, tokenizer_fingerprint
+from .fingerprints import UNKNOWN_TOKENIZER, tokenizer_fingerprint, tokenizer_parts
 from .cache import LengthCache, LengthCacheWriter, check_length_cache_output
 from ..templates import sft_length
 from .tokenizer import load_tokenizer
@@ -161,6 +161,7 @@ class DatasetEncoding:
         self.eos_id: int | None = None
         if length_field is not None and tokenizer is None:
             self.tokenizer_hash = UNKNOWN_TOKENIZER
+            self.tokenizer_parts: dict[str, str] | None = None
             self.chunk_encoder = ChunkEncoder(None, self.mode, pairs=self.pairs, dataset=self.dataset)
             return
         self.loaded = load_tokenizer(tokenizer)
@@ -182,6 +183,7 @@ class DatasetEncoding:
             self.records.checked_later = tuple(field.name for field in self.record_fields if field.kind == "json")
             self.records.screen = self._screen
         self.tokenizer_hash = tokenizer_fingerprint(self.loaded)
+        self.tokenizer_parts = tokenizer_parts(self.loaded)
         self.encoder = self.loaded.tokenizer if self.render is None else chat_encoder(self.loaded)
         if self.encoder.padding is not None:  # padding would make a length depend on its chunk
             from tokenizers import Tokenizer

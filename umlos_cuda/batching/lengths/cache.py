@@ -76,9 +76,14 @@ class LengthCache:
     tokenizer that counted them. ``dataset_hash`` is the
     :func:`~umlos_cuda.batching.lengths.fingerprints.dataset_fingerprint` when the
     cache was built from a dataset and loaded with its sidecar, else None.
+    ``tokenizer_parts`` is the tokenizer's parts hashed alone when the cache is
+    a token store's that records them (a plan built from it keeps them, to name
+    the parts another store's tokenizer differs in); a length cache file holds
+    none.
     """
 
-    __slots__ = ("lengths", "tokenizer_hash", "dataset_hash", "ids_are_line_numbers", "_sample_ids", "_ids_source")
+    __slots__ = ("lengths", "tokenizer_hash", "dataset_hash", "ids_are_line_numbers", "_sample_ids", "_ids_source",
+                 "tokenizer_parts")
 
     def __init__(self, lengths: np.ndarray, tokenizer_hash: str, *, sample_ids: list[str] | PlainIds | None = None,
                  ids_are_line_numbers: bool = False, ids_source: str | None = None,
@@ -90,6 +95,7 @@ class LengthCache:
         self.ids_are_line_numbers = ids_are_line_numbers
         self._sample_ids = sample_ids
         self._ids_source = ids_source
+        self.tokenizer_parts: dict[str, str] | None = None
 
     # ------------------------------------------------------------------ access
     def __len__(self) -> int:

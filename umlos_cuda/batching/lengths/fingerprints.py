@@ -40,6 +40,7 @@ re-encoded as Parquet or read through ``datasets``.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from ... import checks, errors
@@ -121,6 +122,40 @@ def tokenizer_parts(tokenizer: Any) -> dict[str, str]:
     hashed alone: SHA-256 hex by part name, to say which part two tokenizers differ in."""
     return {name: hash_canonical(value).hex() for name, value in canonical_tokenizer(tokenizer).items()
             if name != "fingerprint_version"}
+
+
+#: The key beside ``tokenizer_hash`` that records :func:`tokenizer_parts` (appended last to a meta.json).
+PARTS_KEY = "tokenizer_parts"
+#: At most this many parts are read (today's canonical form has 9).
+MAX_PARTS = 64
+_PART_NAME = re.compile(r"[a-z_]{1,64}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def check_tokenizer_parts(value: Any, name: str, fail: checks.Fail) -> dict[str, str]:
+    """``value`` when it is a dict of at most :data:`MAX_PARTS` part names (lower-case words) to SHA-256 hex
+    digests, as :func:`tokenizer_parts` writes it; else ``fail`` (the code of the artifact that holds it)."""
+    shape = f"{name} must map part names to SHA-256 hex digests (at most {MAX_PARTS} of them)"
+    checks.instance(value, name, dict, fail=fail, max_length=MAX_PARTS, message=shape)
+    for part, digest in value.items():
+        if not (isinstance(part, str) and _PART_NAME.fullmatch(part)
+                and isinstance(digest, str) and _SHA256.fullmatch(digest)):
+            raise fail(f"{shape}, got {repr(part)[:80]}: {repr(digest)[:80]}")
+    return value
+
+
+def tokenizer_difference(one: dict[str, str] | None, other: dict[str, str] | None) -> str:
+    """What a message about two different tokenizer fingerprints adds: the parts they differ in and those equal
+    when both artifacts record their parts (``tokenizers differ in: normalizer (model, ... equal)``), else
+    :data:`DIFFERENT_TOKENIZER` (an artifact written before parts were recorded)."""
+    if one is None or other is None:
+        return DIFFERENT_TOKENIZER
+    names = [*one, *(name for name in other if name not in one)]
+    differ = [name for name in names if one.get(name) != other.get(name)]
+    if not differ:  # equal parts, different wholes: another fingerprint version
+        return DIFFERENT_TOKENIZER
+    equal = [name for name in names if name not in differ]
+    return f"tokenizers differ in: {', '.join(differ)}" + (f" ({', '.join(equal)} equal)" if equal else "")
 
 
 def check_tokenizer_hash(tokenizer_hash: str) -> str:

@@ -57,6 +57,7 @@ class BatchPlanBuilder:
         if hasattr(lengths, "lengths") and hasattr(lengths, "tokenizer_hash"):  # a LengthCache
             self.lengths = np.asarray(lengths.lengths, dtype=np.uint32)
             self.tokenizer_hash = lengths.tokenizer_hash
+            self.tokenizer_parts = getattr(lengths, "tokenizer_parts", None)
             self.dataset_hash = getattr(lengths, "dataset_hash", None)
             line_numbers = getattr(lengths, "ids_are_line_numbers", False)
             plain = None if line_numbers else getattr(lengths, "plain_ids", None)  # kept as bytes (PlainIds)
@@ -64,6 +65,7 @@ class BatchPlanBuilder:
         else:
             self.lengths = _as_lengths(lengths)
             self.tokenizer_hash = tokenizer_hash or "unknown"
+            self.tokenizer_parts = None
             self.dataset_hash = dataset_hash
             self.sample_ids = None if sample_ids is None else list(sample_ids)
         if self.sample_ids is not None and len(self.sample_ids) != self.lengths.shape[0]:
@@ -120,6 +122,7 @@ class BatchPlanBuilder:
             manifest_hash=metadata["manifest_hash"],
             index_dtype=index_dtype(n).str,
             units=None if units is None else units.record(),
+            tokenizer_parts=self.tokenizer_parts,
         )
         return BatchPlan(finish_meta(meta, epochs), epochs, self.lengths, ids)
 

@@ -44,7 +44,7 @@ import numpy as np
 from ... import checks, errors
 from ...errors import MAX_WORLD_SIZE, UmlosError
 from ...hashing import sha256_array
-from ..lengths.fingerprints import DIFFERENT_TOKENIZER
+from ..lengths.fingerprints import DIFFERENT_TOKENIZER, tokenizer_difference
 from .fingerprint import epoch_plan_digest, plan_fingerprint
 from .plan import BatchPlan, plan_error
 from .builder import sample_ids_sha256
@@ -190,8 +190,9 @@ def check_source_matches_plan(source, plan) -> None:
         raise _mismatch(f"{where} holds {len(source)} samples; the plan was built from {meta.num_samples}")
     if source.tokenizer_hash != meta.tokenizer_hash:
         raise _mismatch(f"{where} was tokenized by the tokenizer of fingerprint {source.tokenizer_hash}; the plan's "
-                        f"lengths were counted by {meta.tokenizer_hash}: {DIFFERENT_TOKENIZER}. Tokenize the data "
-                        "again with the plan's tokenizer, or build the plan from this store")
+                        f"lengths were counted by {meta.tokenizer_hash}: "
+                        f"{tokenizer_difference(getattr(source, 'tokenizer_parts', None), meta.tokenizer_parts)}. "
+                        "Tokenize the data again with the plan's tokenizer, or build the plan from this store")
     if sha256_array(np.asarray(source.lengths, dtype="<u4")) != meta.lengths_sha256:
         raise _mismatch(f"the lengths of {where} differ from those the plan was built from")
     if (meta.sample_ids_sha256 is None) != bool(source.ids_are_line_numbers):

@@ -51,6 +51,7 @@ from ...files.artifacts import json_field, write_marker
 from ...files.reader import read_npy
 from ...files.writer import ArtifactKind, Folder, check_output_folder, output_folder, output_member
 from .integrity import check_digests, check_shard_field, check_structure, check_units
+from ..lengths.fingerprints import PARTS_KEY, check_tokenizer_parts
 from .plan import PLAN_FORMAT, BatchPlan, BatchPlanMeta, EpochPlan, plan_error
 from ..packing.config import PackingConfig
 from .sharding import shard_plan
@@ -283,6 +284,8 @@ def meta_from_json(data) -> BatchPlanMeta:
             sampler_config_hash=data["sampler_config_hash"], manifest_hash=data["manifest_hash"],
             index_dtype=data["index_dtype"], shard=shard, fingerprint=data["fingerprint"],
             epoch_digests=tuple(data["epoch_digests"]), units=_units_field(data.get("units"), config),
+            tokenizer_parts=None if PARTS_KEY not in data else check_tokenizer_parts(data[PARTS_KEY], PARTS_KEY,
+                                                                                     _meta),
         )
     except KeyError as exc:
         raise _format(f"meta.json lacks the field {exc.args[0]!r}") from None

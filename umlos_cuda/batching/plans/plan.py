@@ -26,6 +26,7 @@ import numpy as np
 
 from ... import checks, errors
 from ...errors import UmlosError
+from ..lengths.fingerprints import PARTS_KEY
 from ..lengths.plain_ids import PlainIds
 from .config import BatchingConfig
 from .units import plan_units
@@ -118,7 +119,11 @@ class BatchPlanMeta:
     filled once the content is known (:mod:`.fingerprint`). ``units`` is
     None unless the config splits or has an over-long policy; then
     ``{"samples", "units"}``: the rows on the split's side and the units
-    they became (:mod:`.units`), in the header only then.
+    they became (:mod:`.units`), in the header only then. ``tokenizer_parts``
+    is the tokenizer's parts hashed alone (to name the parts a store's
+    tokenizer differs in), where the lengths came with them; written last and
+    outside the fingerprint, which it adds nothing to (``tokenizer_hash`` is
+    their whole).
     """
 
     config: BatchingConfig
@@ -136,6 +141,7 @@ class BatchPlanMeta:
     fingerprint: str | None = None
     epoch_digests: tuple[str, ...] = ()
     units: dict | None = None
+    tokenizer_parts: dict[str, str] | None = None
 
     @property
     def source_fingerprint(self) -> str | None:
@@ -165,7 +171,8 @@ class BatchPlanMeta:
         }
 
     def to_json(self) -> dict:
-        return {**self.header(), "fingerprint": self.fingerprint, "epoch_digests": list(self.epoch_digests)}
+        parts = {} if self.tokenizer_parts is None else {PARTS_KEY: self.tokenizer_parts}  # last, not hashed
+        return {**self.header(), "fingerprint": self.fingerprint, "epoch_digests": list(self.epoch_digests), **parts}
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,7 @@ from ...files.reader import read_bytes
 from ...files.writer import ArtifactKind, check_output_folder, output_folder
 from .index import (COMMON_FIELDS, DIGESTS_FOLDER, MAX_INDEX_BYTES, SHARDS_FOLDER, digests_name, id_hashes_name,
                     index_bytes, invalid, mismatch, shard_name)
-from ..lengths.fingerprints import DIFFERENT_TOKENIZER
+from ..lengths.fingerprints import PARTS_KEY, tokenizer_difference
 from .logical import MAX_SHARD_META_BYTES, ShardedTokenStore, check_shard_folder, shard_common
 from .rows import bytes_sha256, logical_hash, row_digests
 from .store import TokenStore
@@ -297,16 +297,22 @@ def _same_folder(one: str, other: str) -> bool:
         return False
 
 
+def _index_common(store: ShardedTokenStore) -> dict:
+    """The fields every shard of ``store`` shares, from its index, and its tokenizer's parts where it has them."""
+    return {**{name: store.meta[name] for name in COMMON_FIELDS}, PARTS_KEY: store.meta.get(PARTS_KEY)}
+
+
 def _check_together(staged: list[TokenStore], old: ShardedTokenStore | None) -> None:
     """SHARDED_STORE_MISMATCH unless every staged store shares the store's fields (and, for row-number
     ids, the store stays one shard); repeated ids are found later, from the id hashes."""
-    common = {name: old.meta[name] for name in COMMON_FIELDS} if old is not None else shard_common(staged[0])
+    common = _index_common(old) if old is not None else shard_common(staged[0])
     where = old.root if old is not None else staged[0].root
     for store in staged:
         found = shard_common(store)
         for name in COMMON_FIELDS:
             if found[name] != common[name]:
-                why = f" ({DIFFERENT_TOKENIZER})" if name == "tokenizer_hash" else ""
+                why = f" ({tokenizer_difference(found[PARTS_KEY], common[PARTS_KEY])})" \
+                    if name == "tokenizer_hash" else ""
                 raise mismatch(f"{store.root} has {name} {found[name]!r}; {where} has {common[name]!r}: a sharded "
                                "store holds the rows of one tokenizer, dtype, vocabulary, loss-mask rule and id "
                                f"kind{why}")
@@ -340,7 +346,7 @@ def _prepare(root: str, staged: list[TokenStore], old: ShardedTokenStore | None)
             raise invalid(f"{index_path}: dataset_hash is not the hash of the stored row digests; the store was "
                           "changed (run its verify)")
     first = len(old) if old is not None else 0
-    common = {name: old.meta[name] for name in COMMON_FIELDS} if old is not None else shard_common(staged[0])
+    common = _index_common(old) if old is not None else shard_common(staged[0])
     entries = list(old.meta["shards"]) if old is not None else []
     new_parts, new_hashes = [], []
     start = first

@@ -104,6 +104,7 @@ class ConcatenatedSource:
                 self._check_distinct(ids)
             self._cache = LengthCache.from_arrays(ids, self.lengths, self.tokenizer_hash,
                                                   dataset_hash=self.dataset_hash)
+            self._cache.tokenizer_parts = getattr(self, "tokenizer_parts", None)  # a sharded store's index's
         return self._cache
 
     def _check_distinct(self, ids: list[str]) -> None:

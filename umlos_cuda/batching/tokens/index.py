@@ -11,7 +11,12 @@ Layout (format ``umlos_cuda.sharded_token_store/1``; docs/batching.md,
     {"format", "num_samples", "num_tokens", "token_dtype", "vocab_size", "tokenizer_hash",
      "loss_mask", "sample_ids", "dataset_hash",
      "shards": [{"name", "num_samples", "num_tokens", "meta_sha256", "row_digests_sha256",
-                 "id_hashes_sha256"}, ...]}
+                 "id_hashes_sha256"}, ...],
+     "tokenizer_parts"}
+
+``tokenizer_parts`` (the shards' tokenizer's parts hashed alone, to name the parts another tokenizer differs
+in) is written last since a store's meta.json records them; an index written before, or of stores without them,
+has none.
 
 Shard ``i`` is named ``f"{i:05d}"`` (``DIR/shards/NNNNN/``, its row digests
 ``DIR/digests/NNNNN.npy``, its id hashes ``DIR/digests/NNNNN.ids.npy``); the names are checked to be exactly that, so
@@ -28,6 +33,7 @@ import re
 from ... import checks, errors
 from ...errors import UmlosError
 from ...files.reader import read_json
+from ..lengths.fingerprints import PARTS_KEY, check_tokenizer_parts
 from .store import LOSS_MASK_RULES, TOKEN_DTYPES
 
 #: meta.json ``format`` of a sharded store.
@@ -69,7 +75,9 @@ def read_index(path: str) -> dict:
                  message="format {value!r} is not " + repr(SHARDED_FORMAT) + ", the format this reader reads")
     wording = "must have exactly the fields " + ", ".join(INDEX_FIELDS) + "; missing {missing}, unknown {unknown}"
     checks.record(meta, dict.fromkeys(INDEX_FIELDS, checks.field(checks.anything)), fail=at_path,
-                  unknown=wording, missing=wording)
+                  optional={PARTS_KEY: checks.field(checks.anything)}, unknown=wording, missing=wording)
+    if PARTS_KEY in meta:
+        check_tokenizer_parts(meta[PARTS_KEY], PARTS_KEY, at_path)
     for name in ("num_samples", "num_tokens"):
         checks.integer(meta[name], name, 0, None, fail=at_path, message=checks.NON_NEGATIVE, strict=True)
     checks.choice(meta["token_dtype"], "token_dtype", TOKEN_DTYPES, fail=at_path)
@@ -119,7 +127,7 @@ def read_index(path: str) -> dict:
 
 def index_bytes(common: dict, shards: list[dict], dataset_hash: str) -> bytes:
     """The bytes of ``meta.json`` for ``common`` (token_dtype, vocab_size, tokenizer_hash, loss_mask,
-    sample_ids) and ``shards`` (entries in order)."""
+    sample_ids, and tokenizer_parts where known) and ``shards`` (entries in order)."""
     meta = {
         "format": SHARDED_FORMAT,
         "num_samples": sum(entry["num_samples"] for entry in shards),
@@ -132,6 +140,8 @@ def index_bytes(common: dict, shards: list[dict], dataset_hash: str) -> bytes:
         "dataset_hash": dataset_hash,
         "shards": [{name: entry[name] for name in SHARD_FIELDS} for entry in shards],
     }
+    if common.get(PARTS_KEY) is not None:  # last: an index before it is these bytes without it
+        meta[PARTS_KEY] = common[PARTS_KEY]
     return (json.dumps(meta, indent=1) + "\n").encode("ascii")
 
 

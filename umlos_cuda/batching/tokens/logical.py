@@ -31,6 +31,7 @@ from ... import errors
 from ...errors import UmlosError
 from ...files.reader import read_bytes, read_npy
 from .concat import ConcatenatedSource
+from ..lengths.fingerprints import PARTS_KEY, tokenizer_difference
 from .index import COMMON_FIELDS, DIGESTS_FOLDER, SHARDS_FOLDER, digests_name, id_hashes_name, invalid, read_index
 from .rows import DIGEST_BYTES, bytes_sha256, logical_hash, row_digests
 from .store import TokenStore
@@ -86,6 +87,11 @@ class ShardedTokenStore(ConcatenatedSource):
     @property
     def token_dtype(self) -> str:
         return self.meta["token_dtype"]
+
+    @property
+    def tokenizer_parts(self) -> dict[str, str] | None:
+        """The shards' tokenizer's parts hashed alone, when the index records them."""
+        return self.meta.get(PARTS_KEY)
 
     @property
     def sample_ids(self) -> list[str]:
@@ -221,15 +227,18 @@ def check_shard_fields(store: TokenStore, common: dict, what: str, fail) -> None
     found = shard_common(store)
     for name in COMMON_FIELDS:
         if found[name] != common[name]:
-            raise fail(f"{what} has {name} {found[name]!r}; the store's is {common[name]!r}")
+            why = f" ({tokenizer_difference(found[PARTS_KEY], common.get(PARTS_KEY))})" \
+                if name == "tokenizer_hash" else ""
+            raise fail(f"{what} has {name} {found[name]!r}; the store's is {common[name]!r}{why}")
 
 
 def shard_common(store: TokenStore) -> dict:
-    """A classic store's values of the fields every shard of one sharded store shares."""
+    """A classic store's values of the fields every shard of one sharded store shares, and its tokenizer's parts
+    (None where its meta.json has none: they name what differs, and are not compared themselves)."""
     meta = store.meta
     return {"token_dtype": meta["token_dtype"], "vocab_size": meta.get("vocab_size"),
             "tokenizer_hash": meta["tokenizer_hash"], "loss_mask": meta["loss_mask"],
-            "sample_ids": meta["sample_ids"]}
+            "sample_ids": meta["sample_ids"], PARTS_KEY: meta.get(PARTS_KEY)}
 
 
 def _shard_meta_bytes(path: str) -> bytes:

@@ -33,6 +33,7 @@ from ... import checks, errors
 from ...errors import UmlosError
 from ...files.reader import read_json, read_npy
 from ..lengths.cache import LengthCache
+from ..lengths.fingerprints import PARTS_KEY, check_tokenizer_parts
 from ...hashing import sha256_array
 from ..samples import Sample, SampleMeta
 
@@ -43,7 +44,9 @@ META_FIELDS = ("format", "num_samples", "num_tokens", "token_dtype", "tokenizer_
                "sample_ids", "tokens_sha256", "loss_mask_sha256", "offsets_sha256")
 #: meta.json fields a store may lack: ``vocab_size`` (the tokenizer's, with added tokens) is written since
 #: stores check their token ids against it; a store written before has only its dtype's range.
-OPTIONAL_FIELDS = ("vocab_size",)
+#: ``tokenizer_parts`` (the tokenizer's parts hashed alone, last) is written since a tokenizer mismatch names
+#: the parts that differ; a store written before, or lengths read from a column, has none.
+OPTIONAL_FIELDS = ("vocab_size", PARTS_KEY)
 #: ``loss_mask`` in meta.json: every token trained on, the instruction template's rule, the assistant turns, or
 #: the tokens after a rendered prompt's (conversational preference records, umlos_cuda/batching/chat/completions.py).
 LOSS_MASK_RULES = ("all", "template", "assistant", "completion")
@@ -84,6 +87,11 @@ class StoreFacts:
     @property
     def tokenizer_hash(self) -> str:
         return self.meta["tokenizer_hash"]
+
+    @property
+    def tokenizer_parts(self) -> dict[str, str] | None:
+        """The tokenizer's parts hashed alone, when meta.json records them (to name the parts two differ in)."""
+        return self.meta.get(PARTS_KEY)
 
     @property
     def dataset_hash(self) -> str | None:
@@ -155,6 +163,7 @@ class TokenStore(StoreFacts):
                 raise _invalid(f"the store's length cache: {exc.message}") from None
             if not np.array_equal(cache.lengths, self.lengths) or cache.tokenizer_hash != self.tokenizer_hash:
                 raise _invalid(f"{path} disagrees with the store's offsets or tokenizer hash")
+            cache.tokenizer_parts = self.tokenizer_parts
             self._cache = cache
         return self._cache
 
@@ -293,6 +302,8 @@ def check_meta(meta: Any, path: str) -> dict:
     checks.text(meta["tokenizer_hash"], "tokenizer_hash", empty=False, fail=at_path, message=hashes)
     if meta["dataset_hash"] is not None:
         checks.text(meta["dataset_hash"], "dataset_hash", fail=at_path, message=hashes)
+    if PARTS_KEY in meta:
+        check_tokenizer_parts(meta[PARTS_KEY], PARTS_KEY, at_path)
     return meta
 
 

@@ -54,6 +54,7 @@ from ...files.artifacts import json_field
 from ...files.writer import ArtifactKind, Folder, check_output_folder, output_folder, remove_stale_temps
 from ..lengths.builder import DEFAULT_CHUNK, DatasetEncoding, input_paths, written_ids
 from ..lengths.cache import LengthCacheWriter
+from ..lengths.fingerprints import PARTS_KEY
 from ..lengths.encoder import ChunkEncoder
 from ..lengths.workers import check_workers
 from ...hashing import sha256_array
@@ -145,6 +146,8 @@ def _write_store(source: DatasetEncoding, root: Folder, token_dtype: np.dtype, c
         "offsets_sha256": sha256_array(offsets),
         "vocab_size": int(vocab_size),
     }
+    if source.tokenizer_parts is not None:  # last: a store's meta.json before it is these bytes without it
+        meta[PARTS_KEY] = source.tokenizer_parts
     with root.file("meta.json") as handle:  # last: the store is complete
         handle.write((json.dumps(meta, indent=2) + "\n").encode("ascii"))
 

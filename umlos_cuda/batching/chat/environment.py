@@ -28,8 +28,9 @@ arguments size their work are checked first (umlos_cuda/batching/chat/guards.py:
 ``slice``, ``batch``, ``wordwrap``, ``center``, ``indent``, ``format``,
 ``round``, ``replace``, ``tojson``'s indent, ``str.format`` widths,
 ``strftime_now``'s); the global ``lipsum`` is gone (one call writes what it
-is asked for: a million paragraphs); and templates compiled here are cached
-per source (at most 16).
+is asked for: a million paragraphs); the code a template compiles to counts
+its steps (umlos_cuda/batching/chat/steps.py); and templates compiled here
+are cached per source (at most 16).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .guards import check_call, check_format, check_json_indent, guarded_filters
 from .limits import check_binop, check_printf
+from .steps import count_steps, counted_code
 
 #: How transformers tells a template with generation markers (``render_jinja_template``).
 GENERATION_TAG = re.compile(r"\{\%-?\s*generation\s*-?\%\}")
@@ -80,9 +82,13 @@ class GenerationBlock(jinja2.ext.Extension):
 
 class ChatEnvironment(ImmutableSandboxedEnvironment):
     """transformers' sandbox, whose ``*``, ``**``, ``+`` and ``%``, and calls of ``str`` methods that size
-    their result, are checked against the render limits first."""
+    their result, are checked against the render limits first, and whose templates count their steps."""
 
     intercepted_binops = frozenset(("*", "**", "+", "%"))
+    count_steps = staticmethod(count_steps)  # what the counts compiled into a template call (steps.py)
+
+    def _compile(self, source: str, filename: str):  # Jinja's hook for compiling its generated code
+        return counted_code(source, filename)
 
     def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
         check_binop(operator, left, right)

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .environment import generation_spans
-from .limits import RenderLimitExceeded, check_length, counted_steps
+from .limits import RenderLimitExceeded, check_length
+from .steps import counted_steps
 from .template import ChatTemplate
 
 

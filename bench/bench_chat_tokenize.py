@@ -8,11 +8,13 @@ BPE trained here (bench/bench_lengths.py) and a ChatML template without
 the conversation and two per assistant turn, the common and the costly case).
 Each checkout given with ``--checkout`` (default: this one) tokenizes it with
 ``tokenize_dataset(..., messages_field="messages", workers=W)`` for each W
-asked, in a child process whose ``PYTHONPATH`` is that checkout, so two
-versions of the package run on the same machine in the same run (``--checkout
-/path/to/main --checkout .`` compares a change with main). The child times
-the call alone (not the interpreter's start nor its imports) and reports the
-CPU seconds it and its workers used. The runs are interleaved (round r runs
+asked, in a child process that runs in that checkout with it as its
+``PYTHONPATH`` (``python -c`` puts its working folder first on ``sys.path``:
+a child run from another checkout would import that one, which the child
+checks), so two versions of the package run on the same machine in the same
+run (``--checkout /path/to/main --checkout .`` compares a change with main).
+The child times the call alone (not the interpreter's start nor its imports)
+and reports the CPU seconds it and its workers used. The runs are interleaved (round r runs
 every row once, so load from other jobs falls on all alike); each row keeps
 its best round. Every store is compared byte for byte with the first before
 any time is printed: a change that is faster and different is not faster.
@@ -43,8 +45,10 @@ CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role']
 
 #: What the child runs: time tokenize_dataset alone, print wall and CPU seconds (its own and its workers').
 CHILD = """
-import json, resource, sys, time
+import json, os, resource, sys, time
+import umlos_cuda
 from umlos_cuda.batching.tokens.writer import tokenize_dataset
+assert os.path.samefile(os.path.dirname(os.path.dirname(umlos_cuda.__file__)), os.getcwd()), umlos_cuda.__file__
 dataset, model, output, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 def used():
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -70,10 +74,13 @@ def conversations(count: int, seed: int = 5) -> list[list[dict]]:
 
 
 def run_child(checkout: str, dataset: str, model: str, output: str, workers: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(checkout))
+    """``tokenize_dataset`` timed in a child that imports ``checkout``'s package: run in that folder, since
+    ``python -c`` puts its working folder before ``PYTHONPATH`` on ``sys.path``."""
+    checkout = os.path.abspath(checkout)
+    env = dict(os.environ, PYTHONPATH=checkout)
     shutil.rmtree(output, ignore_errors=True)
-    done = subprocess.run([sys.executable, "-c", CHILD, dataset, model, output, str(workers)], env=env,
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run([sys.executable, "-c", CHILD, *map(os.path.abspath, (dataset, model, output)),
+                           str(workers)], env=env, cwd=checkout, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{checkout} workers={workers} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

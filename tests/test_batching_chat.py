@@ -315,6 +315,14 @@ def test_runaway_templates_stop_at_the_render_limits(models, tmp_path, template,
     ("{{ '%5d|%-3s|%.2f' % (7, 'x', 1.005) }}|{{ '%03d'|format(7) }}|{{ '{:>4}'.format('x') }}",
      "    7|x  |1.00|007|   x"),
     ("{{ 3.14159|round(2) }}|{{ 'a-b'|replace('-', '+') }}|{{ 'x'.ljust(3) }}|", "3.14|a+b|x  |"),
+    # the shortcuts of chat/environment.py: strings joined, loop counters, the globals as one dict
+    ("{{ 'a' + 'b' }}|{{ 1 + 2 }}|{{ [1] + [2] }}|{{ 1.5 + 1 }}", "ab|3|[1, 2]|2.5"),
+    ("{% for m in messages + messages %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}"
+     "{{ loop.first }}{{ loop.last }}{{ loop.length }}{{ loop.depth }}{{ loop.depth0 }}{{ loop.previtem is defined }}"
+     "{{ loop.cycle('a', 'b') }}{{ loop.changed(m) }}|{% endfor %}",
+     "1021TrueFalse210FalseaTrue|2110FalseTrue210TruebFalse|"),
+    ("{{ range(3)|list }}|{% set ns = namespace(x=1) %}{{ ns.x }}|{{ dict(a=1) }}|{{ cycler is defined }}",
+     "[0, 1, 2]|1|{'a': 1}|True"),
 ])
 def test_the_guards_leave_what_a_template_needs_as_transformers_renders_it(models, tmp_path, template, expected):
     """The capped filters, methods and operators render what they render in transformers below their caps."""

@@ -10,8 +10,10 @@ end-of-turn text.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -22,7 +24,8 @@ from batching_cases import expect
 from umlos_cuda import errors
 from umlos_cuda.batching import LengthCache, TokenStore, build_lengths, encode_chat, tokenizer_fingerprint
 from umlos_cuda.batching.chat.limits import MAX_RENDER_STEPS
-from umlos_cuda.batching.chat.masks import token_mask
+from umlos_cuda.batching.chat import masks
+from umlos_cuda.batching.chat.masks import chunk_masks, token_mask
 from umlos_cuda.batching.records.chunk import SkippedLines
 from umlos_cuda.batching.tokens.writer import tokenize_dataset
 from umlos_cuda.cli import main
@@ -203,6 +206,27 @@ def test_token_mask_is_transformers_loop(tokens, spans):
         if end > spans[index][0]:
             expected[token] = 1
     assert token_mask(offsets, spans).tolist() == expected
+
+
+_PAIRS = st.lists(st.tuples(st.integers(0, 30), st.integers(0, 5)), max_size=12)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(records=st.lists(st.tuples(_PAIRS, _PAIRS), max_size=6), rising=st.booleans())
+def test_chunk_masks_are_the_masks_of_each_encoding(records, rising):
+    """A chunk's masks at once are each encoding's token_mask, concatenated: when every encoding's token starts
+    and span ends rise (sorted here half the time) by one search, in which a token never takes another
+    encoding's span; otherwise encoding by encoding."""
+    offsets, spans = [], []
+    for tokens, marked in records:
+        offsets.append(sorted((s, s + w) for s, w in tokens) if rising else [(s, s + w) for s, w in tokens])
+        spans.append(sorted(((s, s + w) for s, w in marked), key=lambda span: span[1]) if rising else
+                     [(s, s + w) for s, w in marked])
+    expected = [bit for o, s in zip(offsets, spans) for bit in token_mask(o, s).tolist()]
+    with mock.patch.object(masks, "token_mask", side_effect=AssertionError("searched encoding by encoding")) \
+            if rising else contextlib.nullcontext():
+        got = chunk_masks(offsets, spans)
+    assert got.dtype == np.uint8 and got.tolist() == expected
 
 
 def test_variables_and_globals_are_transformers(models, tmp_path):

@@ -15,7 +15,7 @@ import pytest
 from test_batching_chat import CHATML, CONVERSATIONS, GENERATION, LLAMA3
 from umlos_cuda.batching.chat.environment import compile_template
 from umlos_cuda.batching.chat.limits import RenderLimitExceeded
-from umlos_cuda.batching.chat.steps import UncountedCode, counted_code, counted_steps
+from umlos_cuda.batching.chat.steps import Steps, UncountedCode, counted_code
 
 #: Templates that use each construct Jinja compiles to a loop or a function of its own.
 CONSTRUCTS = {
@@ -65,7 +65,7 @@ def test_the_counts_keep_the_scale_of_the_lines_a_template_executes(name):
     lines too; these count every statement of a body, taken or not)."""
     template = compile_template(CONSTRUCTS[name])
     for messages in [*CONVERSATIONS, LONG]:
-        with counted_steps() as steps:
+        with Steps() as steps:
             text = template.render(messages=messages, **VARIABLES)
         lines = traced_lines(template, messages)
         assert lines / 2 <= steps.used <= 2 * lines and lines > 0, (name, messages)
@@ -93,19 +93,19 @@ RUNAWAY = {
 @pytest.mark.parametrize("name", list(RUNAWAY))
 def test_every_way_to_repeat_runs_into_the_limit(name):
     template = compile_template(RUNAWAY[name])
-    with pytest.raises(RenderLimitExceeded, match="ran more than 10,000 steps"), counted_steps(10_000) as steps:
+    with pytest.raises(RenderLimitExceeded, match="ran more than 10,000 steps"), Steps(10_000) as steps:
         template.render(messages=[])
     assert steps.left < 0
 
 
 def test_nothing_counts_outside_a_counted_render():
-    """Outside :func:`counted_steps` the compiled counts count nothing; inside, the limit holds."""
+    """Outside :class:`Steps` the compiled counts count nothing; inside, the limit holds."""
     template = compile_template("{% for i in range(3000) %}{% endfor %}done")
     assert template.render() == "done"
-    with counted_steps(10_000) as steps:
+    with Steps(10_000) as steps:
         assert template.render() == "done"
     assert 6000 <= steps.used <= 10_000
-    with pytest.raises(RenderLimitExceeded), counted_steps(3000):
+    with pytest.raises(RenderLimitExceeded), Steps(3000):
         template.render()
 
 

@@ -11,7 +11,7 @@ there:
   ``lstrip_blocks``, and the ``loopcontrols`` extension (``break``, ``continue``);
 * the ``{% generation %}...{% endgeneration %}`` block, which renders its body
   unchanged and records where that output starts and ends in the rendered
-  text (:func:`generation_spans`): the assistant spans of
+  text (:class:`GenerationSpans`): the assistant spans of
   ``return_assistant_tokens_mask``. The start is the length of what the
   template has yielded so far, as transformers counts it;
 * the globals ``raise_exception(message)`` (raises, which fails the record),
@@ -45,8 +45,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
 from functools import lru_cache
@@ -190,13 +188,17 @@ def compile_template(source: str) -> jinja2.Template:
     return environment.from_string(source)
 
 
-@contextmanager
-def generation_spans() -> Iterator[list]:
-    """While active, ``{% generation %}`` blocks append ``(start, end)`` to
-    ``state[1]``; the renderer keeps ``state[0]``, the characters yielded so far."""
-    state: list = [0, []]
-    token = _TRACKING.set(state)
-    try:
-        yield state
-    finally:
-        _TRACKING.reset(token)
+class GenerationSpans:
+    """While entered, ``{% generation %}`` blocks append ``(start, end)`` to ``state[1]`` of the ``state`` it
+    gives; the renderer keeps ``state[0]``, the characters yielded so far. A class: it is entered at every
+    render (:class:`~.steps.Steps` says why)."""
+
+    __slots__ = ("_token", "state")
+
+    def __enter__(self) -> list:
+        self.state: list = [0, []]
+        self._token = _TRACKING.set(self.state)
+        return self.state
+
+    def __exit__(self, *exc: object) -> None:
+        _TRACKING.reset(self._token)

@@ -6,7 +6,7 @@ umlos_cuda/batching/chat/environment.py). What comes out: its code object,
 with a count at the head of every loop body and every function body (the
 template's ``root``, its blocks, macros and ``caller`` bodies, the loop
 function of a ``recursive`` for, the filter of ``{% for ... if ... %}``);
-and :func:`counted_steps`, inside which those counts add up in this thread
+and :class:`Steps`, inside which those counts add up in this context
 against :data:`~.limits.MAX_RENDER_STEPS` (:class:`~.limits.RenderLimitExceeded`
 past it). Outside it the counts cost a call and count nothing.
 
@@ -41,8 +41,6 @@ loop or a call of its own (a comprehension, a ``lambda``), which Jinja
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
-from contextlib import contextmanager
 from contextvars import ContextVar
 from types import CodeType
 
@@ -54,16 +52,25 @@ COUNT_CALL = "environment.count_steps"
 
 
 class Steps:
-    """The steps of the render in progress: ``limit``, and ``left`` of it."""
+    """The steps of a render: ``limit``, and ``left`` of it; counted while entered (``with Steps() as steps:``), in
+    this context. A class, not a generator's context manager: it is entered at every render, and costs a
+    quarter of one to enter."""
 
-    __slots__ = ("left", "limit")
+    __slots__ = ("_token", "left", "limit")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int = MAX_RENDER_STEPS) -> None:
         self.left = self.limit = limit
 
     @property
     def used(self) -> int:
         return self.limit - self.left
+
+    def __enter__(self) -> Steps:
+        self._token = _STEPS.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _STEPS.reset(self._token)
 
 
 #: The steps of the render in progress in this context; None: nothing counts.
@@ -80,25 +87,13 @@ class UncountedCode(ValueError):
 
 
 def count_steps(count: int) -> None:
-    """Count ``count`` statements against the render in progress (:func:`counted_steps`)."""
+    """Count ``count`` statements against the render in progress (:class:`Steps`)."""
     steps = _STEPS.get()
     if steps is not None:
         steps.left -= count
         if steps.left < 0:
             raise RenderLimitExceeded(f"the chat template ran more than {steps.limit:,} steps "
                                       "(umlos_cuda/batching/chat/limits.py)")
-
-
-@contextmanager
-def counted_steps(limit: int = MAX_RENDER_STEPS) -> Iterator[Steps]:
-    """Count the steps of the templates rendered in this context; past ``limit`` the render raises
-    :class:`~.limits.RenderLimitExceeded`."""
-    steps = Steps(limit)
-    token = _STEPS.set(steps)
-    try:
-        yield steps
-    finally:
-        _STEPS.reset(token)
 
 
 def counted_code(source: str, filename: str) -> CodeType:

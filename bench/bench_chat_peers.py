@@ -44,23 +44,25 @@ printed, each ``umlos-cuda`` store is compared byte for byte with the first
 of its template, and every row's ids and masks (TRL's: its ``labels`` not
 -100) with the first store's, record by record.
 
-    python bench/bench_chat_peers.py [--conversations 20000] [--workers 1 2] [--repeat 3] [--checkout .]
+``--chunk-size`` is passed to ``tokenize_dataset`` (default: its own, 4,096
+records, which 20,000 records cut in five chunks that two workers share
+three to two).
+
+    python bench/bench_chat_peers.py [--conversations 20000] [--workers 1 2] [--repeat 3] [--checkout .] \\
+        [--chunk-size N]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 
-from bench_chat_tokenize import CHATML, conversations, run_child, same_store
-from bench_lengths import train_tokenizer  # bench/ is on sys.path when a script in it runs
+from bench_chat_tokenize import CHATML, chat_files, chat_options, run_child, same_store  # bench/ is on sys.path
 from bench_records import table
 
 #: bench_chat_tokenize's ChatML, each assistant turn's content and end in a generation block: the same text.
@@ -157,38 +159,13 @@ def differing(reference: tuple, got: tuple) -> tuple[int, int]:
     return bad_ids, bad_masks
 
 
-def write_model(folder: str, tokenizer, template: str) -> str:
-    os.makedirs(folder, exist_ok=True)
-    tokenizer.save(os.path.join(folder, "tokenizer.json"))
-    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as handle:
-        json.dump({"chat_template": template, "eos_token": "<|im_end|>",
-                   "tokenizer_class": "PreTrainedTokenizerFast"}, handle)
-    return folder
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--conversations", type=int, default=20_000)
-    parser.add_argument("--vocab", type=int, default=8000)
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--checkout", action="append", default=None,
-                        help="a checkout whose umlos_cuda to time (repeatable; default: this one)")
-    parser.add_argument("--folder", default=None)
-    args = parser.parse_args()
+    args = chat_options(__doc__.split("\n\n")[0], "bench-chat-peers-")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # every child: W workers, W cores at most
-    checkouts = args.checkout or [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
-    folder = args.folder or tempfile.mkdtemp(prefix="bench-chat-peers-")
+    checkouts, folder = args.checkout, args.folder
     try:
-        chats = conversations(args.conversations)
-        tokenizer = train_tokenizer([m["content"] for chat in chats[:3000] for m in chat], args.vocab)
-        tokenizer.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-        models = {"no markers": write_model(os.path.join(folder, "chatml"), tokenizer, CHATML),
-                  "generation": write_model(os.path.join(folder, "generation"), tokenizer, GENERATION)}
-        dataset = os.path.join(folder, "chat.jsonl")
-        with open(dataset, "w", encoding="utf-8") as handle:
-            for i, chat in enumerate(chats):
-                handle.write(json.dumps({"id": f"chat-{i}", "messages": chat}) + "\n")
+        chats, models, dataset = chat_files(folder, args.conversations, args.vocab,
+                                            {"no markers": CHATML, "generation": GENERATION})
         turns = sum(sum(m["role"] == "assistant" for m in chat) for chat in chats)
         rows = [("umlos-cuda", checkout, template, workers) for checkout in checkouts for template in models
                 for workers in args.workers]
@@ -202,7 +179,7 @@ def main() -> None:
                 system, where, template, workers = row
                 output = os.path.join(folder, f"out-{rows.index(row)}")
                 if system == "umlos-cuda":
-                    got = run_child(where, dataset, models[template], output, workers)
+                    got = run_child(where, dataset, models[template], output, workers, args.chunk_size)
                     if template not in first_stores:
                         first_stores[template] = output + "-first"
                         shutil.copytree(output, first_stores[template])
@@ -230,7 +207,7 @@ def main() -> None:
                 f"{best[row]['cpu']:.2f}", f"{fastest_peer[workers] / best[row]['seconds']:.2f}x",
                 f"{equal[row][0]}, {equal[row][1]}") for row in rows for system, where, template, workers in [row]])
     finally:
-        if args.folder is None:
+        if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -10,8 +10,10 @@ end-of-turn text.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -22,7 +24,8 @@ from batching_cases import expect
 from umlos_cuda import errors
 from umlos_cuda.batching import LengthCache, TokenStore, build_lengths, encode_chat, tokenizer_fingerprint
 from umlos_cuda.batching.chat.limits import MAX_RENDER_STEPS
-from umlos_cuda.batching.chat.masks import token_mask
+from umlos_cuda.batching.chat import masks
+from umlos_cuda.batching.chat.masks import chunk_masks, token_mask
 from umlos_cuda.batching.records.chunk import SkippedLines
 from umlos_cuda.batching.tokens.writer import tokenize_dataset
 from umlos_cuda.cli import main
@@ -205,6 +208,27 @@ def test_token_mask_is_transformers_loop(tokens, spans):
     assert token_mask(offsets, spans).tolist() == expected
 
 
+_PAIRS = st.lists(st.tuples(st.integers(0, 30), st.integers(0, 5)), max_size=12)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(records=st.lists(st.tuples(_PAIRS, _PAIRS), max_size=6), rising=st.booleans())
+def test_chunk_masks_are_the_masks_of_each_encoding(records, rising):
+    """A chunk's masks at once are each encoding's token_mask, concatenated: when every encoding's token starts
+    and span ends rise (sorted here half the time) by one search, in which a token never takes another
+    encoding's span; otherwise encoding by encoding."""
+    offsets, spans = [], []
+    for tokens, marked in records:
+        offsets.append(sorted((s, s + w) for s, w in tokens) if rising else [(s, s + w) for s, w in tokens])
+        spans.append(sorted(((s, s + w) for s, w in marked), key=lambda span: span[1]) if rising else
+                     [(s, s + w) for s, w in marked])
+    expected = [bit for o, s in zip(offsets, spans) for bit in token_mask(o, s).tolist()]
+    with mock.patch.object(masks, "token_mask", side_effect=AssertionError("searched encoding by encoding")) \
+            if rising else contextlib.nullcontext():
+        got = chunk_masks(offsets, spans)
+    assert got.dtype == np.uint8 and got.tolist() == expected
+
+
 def test_variables_and_globals_are_transformers(models, tmp_path):
     """tools and documents are defined (None), the special tokens are variables, tojson does not escape HTML,
     namespace and loop controls work."""
@@ -315,6 +339,14 @@ def test_runaway_templates_stop_at_the_render_limits(models, tmp_path, template,
     ("{{ '%5d|%-3s|%.2f' % (7, 'x', 1.005) }}|{{ '%03d'|format(7) }}|{{ '{:>4}'.format('x') }}",
      "    7|x  |1.00|007|   x"),
     ("{{ 3.14159|round(2) }}|{{ 'a-b'|replace('-', '+') }}|{{ 'x'.ljust(3) }}|", "3.14|a+b|x  |"),
+    # the shortcuts of chat/environment.py: strings joined, loop counters, the globals as one dict
+    ("{{ 'a' + 'b' }}|{{ 1 + 2 }}|{{ [1] + [2] }}|{{ 1.5 + 1 }}", "ab|3|[1, 2]|2.5"),
+    ("{% for m in messages + messages %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}"
+     "{{ loop.first }}{{ loop.last }}{{ loop.length }}{{ loop.depth }}{{ loop.depth0 }}{{ loop.previtem is defined }}"
+     "{{ loop.cycle('a', 'b') }}{{ loop.changed(m) }}|{% endfor %}",
+     "1021TrueFalse210FalseaTrue|2110FalseTrue210TruebFalse|"),
+    ("{{ range(3)|list }}|{% set ns = namespace(x=1) %}{{ ns.x }}|{{ dict(a=1) }}|{{ cycler is defined }}",
+     "[0, 1, 2]|1|{'a': 1}|True"),
 ])
 def test_the_guards_leave_what_a_template_needs_as_transformers_renders_it(models, tmp_path, template, expected):
     """The capped filters, methods and operators render what they render in transformers below their caps."""

@@ -2190,9 +2190,19 @@ CASES = [
     Case("hang/data-lengths-build-fifo-chat-template", _tokenizer_fifo("chat_template.jinja"), (T,),
          "chat_template.jinja"),
     Case("hang/data-lengths-build-fifo-tokenizer-json", _bare_tokenizer_fifo, (T,), "tokenizer.json"),
-    # chat templates run as sandboxed Jinja with counted steps (umlos_cuda/batching/chat/limits.py)
+    # chat templates run as sandboxed Jinja with counted steps (umlos_cuda/batching/chat/steps.py: a count at the
+    # head of every loop body and every function body, a loop filter's, a macro's, a caller's included)
     Case("hang/data-tokenize-chat-template-nested-loops", _chat(
         "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"), (RB,), "chat.jsonl"),
+    Case("hang/data-tokenize-chat-template-filtered-loops-whose-body-never-runs", _chat(
+        "{% for i in range(100000) %}{% for j in range(100000) if false %}{% endfor %}{% endfor %}"), (RB,),
+        "chat.jsonl"),
+    Case("hang/data-lengths-build-chat-template-macro-calling-itself-twice", _chat(
+        "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(200) }}", "lengths"),
+        (RB,), "chat.jsonl"),
+    Case("hang/data-tokenize-chat-template-caller-in-loops", _chat(
+        "{% macro m() %}{% for i in range(100000) %}{{ caller() }}{% endfor %}{% endmacro %}"
+        "{% call m() %}{% call m() %}x{% endcall %}{% endcall %}"), (RB,), "chat.jsonl"),
     Case("hang/data-lengths-build-chat-template-huge-power", _chat("{{ 2 ** 4000000000 }}", "lengths"), (RB,),
          "chat.jsonl"),
     Case("hang/data-tokenize-chat-template-recursive-macro", _chat(

@@ -3,6 +3,7 @@
 Modules:
     environment  the Jinja environment, as transformers builds it (sandbox, ``{% generation %}``, globals)
     limits       how much work one render may do (steps, characters, ``*`` and ``**``; the worker's budget)
+    steps        the step counter, compiled into a template's code: a count a loop iteration or a call
     guards       caps on the arguments that size a filter's or a ``str`` method's work
     template     which template renders a tokenizer's conversations, and its variables
     messages     check a messages value (content parts included) and shape it as transformers hands it to a template

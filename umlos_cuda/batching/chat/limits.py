@@ -10,10 +10,10 @@ the CPU: ``range`` is capped at 100,000 items, yet two nested loops over it
 run 10^10 times, and ``10 ** 10 ** 9`` is one expression that computes for
 minutes. The limits here count work, the same on every machine:
 
-* :data:`MAX_RENDER_STEPS` lines of template code executed per render
-  (every loop iteration executes at least one; a real chat template takes a
-  few hundred a message), counted by a trace function that runs only in the
-  template's own frames and only while a render is in progress;
+* :data:`MAX_RENDER_STEPS` statements of template code executed per render
+  (every loop iteration executes at least two; a real chat template counts a
+  few dozen a message), counted by calls compiled into the template's code
+  at the head of each loop and function body (umlos_cuda/batching/chat/steps.py);
 * :data:`MAX_RENDERED_CHARS` characters of rendered text;
 * a ``*`` or ``+`` whose result would be a string or sequence over
   :data:`MAX_RENDERED_CHARS` items, and a ``*`` or ``**`` of integers whose
@@ -37,16 +37,13 @@ memory per worker), which the kernel enforces inside C code too.
 from __future__ import annotations
 
 import re
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from ... import checks, errors
 from ...epoch import limit_setting
 from ..lengths.budget import Budget
 
-#: Lines of template code one render may execute.
+#: Statements of template code one render may execute (counted by umlos_cuda/batching/chat/steps.py).
 MAX_RENDER_STEPS = 5_000_000
 #: Characters one render may write (a dataset line is at most 64 MiB; its text rendered once is less).
 MAX_RENDERED_CHARS = 64 << 20
@@ -64,8 +61,6 @@ MAX_JSON_INDENT = 32
 DEFAULT_CPU_S, DEFAULT_WALL_S, DEFAULT_MEMORY_MIB = 10, 60, 4096
 CPU_SETTING, WALL_SETTING, MEMORY_SETTING = ("UMLOS_CHAT_RENDER_CPU_S", "UMLOS_CHAT_RENDER_WALL_S",
                                              "UMLOS_CHAT_RENDER_MEMORY_MIB")
-#: The file name Jinja compiles a template string under: the frames the step counter watches.
-TEMPLATE_FILENAME = "<template>"
 
 
 class RenderLimitExceeded(Exception):
@@ -80,33 +75,6 @@ def render_budget() -> Budget:
                   limit_setting(MEMORY_SETTING, DEFAULT_MEMORY_MIB, operator=errors.BATCHING_OPERATOR),
                   limit_setting(WALL_SETTING, DEFAULT_WALL_S, operator=errors.BATCHING_OPERATOR),
                   CPU_SETTING, MEMORY_SETTING, WALL_SETTING)
-
-
-@contextmanager
-def counted_steps(limit: int = MAX_RENDER_STEPS) -> Iterator[None]:
-    """Count the lines the template executes in this thread; past ``limit`` the
-    render raises :class:`RenderLimitExceeded`. A trace function set before
-    (a debugger, coverage) is restored afterwards."""
-    steps = 0
-
-    def line(frame, event: str, arg: Any):
-        nonlocal steps
-        if event == "line":
-            steps += 1
-            if steps > limit:
-                raise RenderLimitExceeded(f"the chat template ran more than {limit:,} steps "
-                                          "(umlos_cuda/batching/chat/limits.py)")
-        return line
-
-    def call(frame, event: str, arg: Any):
-        return line if frame.f_code.co_filename == TEMPLATE_FILENAME else None
-
-    previous = sys.gettrace()
-    sys.settrace(call)
-    try:
-        yield
-    finally:
-        sys.settrace(previous)
 
 
 def check_length(chars: int) -> None:

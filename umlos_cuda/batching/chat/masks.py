@@ -3,7 +3,8 @@
 What goes in: one encoding's token character offsets (``Encoding.offsets``
 of the ``tokenizers`` library) and the ``(start, end)`` character spans of
 the assistant's output. What comes out: one uint8 per token, 1 on every
-token that overlaps a span.
+token that overlaps a span (:func:`token_mask`); or the masks of a chunk's
+encodings, concatenated (:func:`chunk_masks`, what the token store writes).
 
 The rule is the loop of ``apply_chat_template(..., return_assistant_tokens_mask=True)``
 (transformers 5.x): walk the tokens in order with a pointer into the spans;
@@ -12,14 +13,20 @@ once past the last span, stop; mask the token when it ends after the current
 span's start. A token cut across a span's edge is thus masked. When the
 token starts and the span ends both rise (every real template), the pointer
 is a binary search and the mask is computed on arrays; otherwise the loop
-runs as written.
+runs as written. :func:`chunk_masks` searches the tokens of every encoding
+of a chunk at once: each encoding's offsets and spans are shifted by its
+place in the chunk times one more than the largest of them all, so that
+the encodings follow one another: a token whose pointer passes its own
+spans lands on a later encoding's, which starts after the token ends.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
+
 
 
 def token_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> np.ndarray:
@@ -45,3 +52,33 @@ def token_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, in
         if end > spans[index][0]:
             mask[token] = 1
     return mask
+
+
+def chunk_masks(offsets: Sequence[Sequence[tuple[int, int]]], spans: Sequence[Sequence[tuple[int, int]]]
+                ) -> np.ndarray:
+    """The :func:`token_mask` of each encoding's ``offsets`` and its ``spans``, concatenated: one search for
+    the whole chunk when every encoding's token starts and span ends rise, each encoding's own otherwise."""
+    tokens, counts = _stacked(offsets)
+    span_array, span_counts = _stacked(spans)
+    mask = np.zeros(tokens.shape[0], dtype=np.uint8)
+    if not tokens.shape[0] or not span_array.shape[0]:
+        return mask
+    stride = int(max(tokens.max(), span_array.max())) + 1
+    record = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    starts, ends = tokens[:, 0] + record * stride, tokens[:, 1] + record * stride
+    span_record = np.repeat(np.arange(len(span_counts), dtype=np.int64), span_counts)
+    span_starts, span_ends = span_array[:, 0] + span_record * stride, span_array[:, 1] + span_record * stride
+    if not (np.all(starts[1:] >= starts[:-1]) and np.all(span_ends[1:] >= span_ends[:-1])):
+        return np.concatenate([token_mask(o, s) for o, s in zip(offsets, spans)])
+    pointer = np.searchsorted(span_ends, starts, side="right")  # past a token's own spans: a later encoding's,
+    inside = pointer < span_ends.shape[0]  # which starts after the token ends (it masks nothing)
+    mask[inside] = ends[inside] > span_starts[pointer[inside]]
+    return mask
+
+
+def _stacked(pairs: Sequence[Sequence[tuple[int, int]]]) -> tuple[np.ndarray, np.ndarray]:
+    """All the pairs as one ``(n, 2)`` int64 array, and how many each sequence has."""
+    counts = np.fromiter(map(len, pairs), dtype=np.int64, count=len(pairs))
+    total = int(counts.sum())
+    flat = np.fromiter(chain.from_iterable(chain.from_iterable(pairs)), dtype=np.int64, count=2 * total)
+    return flat.reshape(total, 2), counts

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .environment import generation_spans
-from .limits import RenderLimitExceeded, check_length, counted_steps
+from .environment import GenerationSpans
+from .limits import RenderLimitExceeded, check_length
+from .steps import Steps
 from .template import ChatTemplate
 
 
@@ -43,7 +44,7 @@ def render(template: ChatTemplate, messages: list[dict], *, add_generation_promp
     compiled = template.compiled
     pieces = []
     try:
-        with counted_steps(), generation_spans() as state:
+        with Steps(), GenerationSpans() as state:
             for piece in compiled.generate(messages=messages, tools=None, documents=None,
                                            add_generation_prompt=add_generation_prompt, **template.variables):
                 pieces.append(piece)

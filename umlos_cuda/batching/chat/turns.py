@@ -22,7 +22,10 @@ character spans of the assistant's output, in order; or
   rewrites earlier turns (one that drops the reasoning of all but the last
   turn, say) fails the record, saying so, and needs markers instead.
 
-The rule costs two renders per assistant turn besides the conversation's own.
+The rule costs two renders per assistant turn besides the conversation's
+own, less one when the conversation ends with an assistant turn and no
+generation prompt is asked for (a training record, the common case): the
+render through that turn is the conversation's own render, the same call.
 """
 
 from __future__ import annotations
@@ -49,12 +52,14 @@ def assistant_spans(template: ChatTemplate, messages: list[dict], *, add_generat
     if template.has_generation_markers:
         return ChatText(whole.text, whole.generation)
     spans: list[tuple[int, int]] = []
+    last = len(messages) - 1
     for index, message in enumerate(messages):
         if message["role"] != ASSISTANT:
             continue
         try:
             before = render(template, messages[:index], add_generation_prompt=True).text
-            after = render(template, messages[:index + 1]).text
+            after = whole.text if index == last and not add_generation_prompt else \
+                render(template, messages[:index + 1]).text
         except RenderFailed as exc:
             raise RenderFailed(f"cannot render the conversation up to assistant message {index}, which the "
                                f"template has no {{% generation %}} markers to mark: {exc}", limit=exc.limit) from exc

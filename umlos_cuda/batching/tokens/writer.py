@@ -59,8 +59,8 @@ from ..lengths.encoder import ChunkEncoder
 from ..lengths.workers import check_workers
 from ...hashing import sha256_array
 from .store import LENGTHS_FILE, STORE_FORMAT, TokenStore
-from ..chat.masks import token_mask
 from ..chat.completions import completion_masks, completion_starts, shared_prompts
+from ..chat.masks import chunk_masks
 from ..chat.turns import ChatText
 
 #: Bytes reserved for a streamed .npy header (the shape is known only at the end).
@@ -162,8 +162,7 @@ def encode_chunk(source: ChunkEncoder, chunk: RecordChunk, token_dtype: np.dtype
     ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=total)
     if source.is_chat:  # the assistant spans of each record (umlos_cuda/batching/chat/masks.py)
         rendered = cast(list[ChatText], chunk.values[0])  # the worker rendered each record first (ChatWork)
-        masks = [token_mask(e.offsets, chat.spans) for e, chat in zip(encodings, rendered)]
-        mask = np.concatenate(masks) if masks else np.zeros(0, dtype=np.uint8)
+        mask = chunk_masks([e.offsets for e in encodings], [chat.spans for chat in rendered])
         return encoded, _as_tokens(ids, token_dtype, vocab_size), mask
     if source.is_completion:  # TRL's prompt length (umlos_cuda/batching/chat/completions.py)
         _texts, prompt_texts, records = chunk.values  # each row's text, its prompt's, its record (chat/preference.py)

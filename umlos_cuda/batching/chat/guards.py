@@ -6,7 +6,7 @@ comes out: the filters wrapped (:func:`guarded_filters`), and nothing, or
 :class:`~.limits.RenderLimitExceeded` for an argument over its cap.
 
 Each of these is one step of template code whose work happens in Python
-library code or in C, where the step counter of umlos_cuda/batching/chat/limits.py
+library code or in C, where the step counter of umlos_cuda/batching/chat/steps.py
 does not look: ``[1]|slice(1000000000)`` loops 10^9 times, ``|wordwrap(1)``
 over 60 M characters is quadratic in ``textwrap``, ``|center(10**12)`` and
 ``'%1000000000d' % 1`` allocate what they are told, ``|round(1, 10**9,

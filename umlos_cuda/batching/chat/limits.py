@@ -11,8 +11,8 @@ run 10^10 times, and ``10 ** 10 ** 9`` is one expression that computes for
 minutes. The limits here count work, the same on every machine:
 
 * :data:`MAX_RENDER_STEPS` statements of template code executed per render
-  (every loop iteration executes at least two; a real chat template counts a
-  few dozen a message), counted by calls compiled into the template's code
+  (every loop iteration counts at least two; a ChatML template about 7 a
+  message), counted by calls compiled into the template's code
   at the head of each loop and function body (umlos_cuda/batching/chat/steps.py);
 * :data:`MAX_RENDERED_CHARS` characters of rendered text;
 * a ``*`` or ``+`` whose result would be a string or sequence over

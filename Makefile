@@ -29,6 +29,12 @@ TORCH_CPU ?= torch==2.13.0
 # object-store tests read through (against moto's server, from the test extra).
 TEST_EXTRAS := test,torch,nvrtc-cu12,dali-cu12,gym,plot,data,hf,ray,remote
 DEMO_WORKDIR ?= demo-workdir
+# The suite runs in TEST_WORKERS processes (pytest-xdist), a test file whole in one
+# of them (--dist loadfile: a module's fixtures are built once, and the files of
+# tests/test_docs.py, which run documents from the repository's root, one after
+# another). Two: CI's machine has two cores; TEST_WORKERS=1 runs it in one process.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 # setuptools announces every editable install of a package whose folders are
 # mapped (kernels/ -> umlos_cuda/_kernels) with an information-only warning
 # ("Editable installation."); it asks nothing of us, so it is filtered here and
@@ -70,7 +76,7 @@ test: venv
 	$(PIP_INSTALL) $(TORCH_CPU)
 	$(PIP_INSTALL) -e '.[$(TEST_EXTRAS)]'
 	$(MAKE) --no-print-directory lint
-	$(BIN)/python -m pytest
+	$(PYTEST)
 
 # Newest releases of everything but torch's CPU build (the newest torch on PyPI
 # is a CUDA build of several GB); tests that compare the environment with
@@ -83,7 +89,7 @@ _test-latest: venv
 	$(PIP_INSTALL) -e '.[$(TEST_EXTRAS)]'
 	$(BIN)/python tests/dependency_drift.py $(CONSTRAINTS)
 	$(MAKE) --no-print-directory lint
-	UMLOS_DEPENDENCIES=latest $(BIN)/python -m pytest
+	UMLOS_DEPENDENCIES=latest $(PYTEST)
 
 lint:
 	$(BIN)/ruff check

@@ -24,7 +24,9 @@ never one that existed. A path that existed and changed (a tracked file
 included) or is gone fails the document, naming it: a snippet must write only
 new paths, and documents keep their outputs under ``runs/`` (ignored by git)
 or in names of their own. Nothing else may write into the tree while the test
-runs, or its new files are taken for the document's. What a document's blocks
+runs, or its new files are taken for the document's: ``make test`` runs this
+file whole in one process (``--dist loadfile``), its documents one after
+another, and every other test writes under its own temporary folder. What a document's blocks
 print is checked too where :data:`OUTPUT_CHECKS` says so (docs/quickstart.md:
 the validation losses of its Trainer runs).
 
@@ -224,7 +226,10 @@ def test_block_parser_reads_markers_languages_and_indented_fences():
 
 # ---------------------------------------------------------------- running snippets
 #: Folders a document's run neither lists nor cleans: git's own, and Python's bytecode caches (any import writes them).
-UNWATCHED_DIRS = {".git", "__pycache__"}
+#: Not walked: git's folder and the caches of tools that any run of the suite fills (imports, hypothesis's
+#: example database, pytest's cache), which the other processes of a parallel run (``make test``) write into
+#: while a document runs.
+UNWATCHED_DIRS = {".git", "__pycache__", ".hypothesis", ".pytest_cache"}
 
 
 def tree_state(root: str = ROOT) -> dict[str, tuple]:

@@ -228,3 +228,21 @@ def test_the_trainer_trains_on_the_mixture_and_resumes_it_exactly(mixed):
     assert len(want) >= 40
     assert records(str(root / "cut.jsonl")) == want[:20]
     assert records(str(root / "resumed.jsonl")) == [line for line in want if line["step"] > 10]
+
+
+def test_a_mixed_validation_plan_evaluates_from_the_stores_it_records(mixed):
+    """PlanEvalData takes a mixed plan alone, as PlanTrainerData does: each real batch is the plan's microbatch of
+    component rows, collated from the stores the plan records."""
+    from umlos_cuda.torch.trainer import EVAL_PADDING, PlanEvalData
+
+    plan = open_plan(mixed["plan"])
+    data = PlanEvalData(mixed["plan"], rank=0, world_size=1)
+    assert data.microbatches == plan.epoch_microbatches(0) > 0
+    stores = [TokenStore.open(mixed["stores"][key]) for key in ("a", "b")]
+    first = next(iter(data))
+    batch = data.collate_fn([data.dataset[key] for key in first])
+    assert batch[EVAL_PADDING] is False
+    _, spec = next(iter(plan.iter_from(0)))
+    want = [stores[component].arrays(own)[0] for component, own in _component_rows(spec)]
+    got = batch["input_ids"][batch["attention_mask"].bool()] if batch["input_ids"].dim() == 2 else None
+    assert got is not None and np.array_equal(got.numpy(), np.concatenate(want))

@@ -169,3 +169,30 @@ def test_eval_loss_is_the_same_bits_at_every_world_size(split):
             losses[world_size] = json.load(handle)
         assert losses[world_size]["microbatches"] == count
     assert losses[1]["eval_loss"] == losses[2]["eval_loss"] == losses[3]["eval_loss"]
+
+
+def test_another_store_of_the_same_size_is_refused(split, tmp_path):
+    """The validation plan names its store by identity: a store of another dataset with as many rows is refused
+    (as PlanTrainerData and batch generate refuse it), not evaluated without a word."""
+    other = make_store(tmp_path, 100, seed=12)
+    assert len(other) == len(TokenStore.open(split / "store"))
+    with pytest.raises(uc.UmlosError) as caught:
+        PlanEvalData(split / "validation", other.root)
+    assert caught.value.code == errors.BATCH_STORE_MISMATCH
+
+
+def test_a_padded_layout_with_the_nan_filter_off_names_the_command_that_shows_the_counts(split):
+    from umlos_cuda.torch._plan_eval import check_eval_layout
+
+    data = PlanEvalData(split / "validation", split / "store", rank=0, world_size=2)
+    assert data.padded
+    with pytest.raises(uc.UmlosError) as caught:
+        check_eval_layout(data, filters_nan=False)
+    assert caught.value.code == errors.INVALID_ARGUMENT and "umlos-cuda plan info" in str(caught.value)
+    assert "plan stats" not in str(caught.value)
+
+
+def test_a_plan_of_one_store_needs_its_store(split):
+    with pytest.raises(uc.UmlosError) as caught:
+        PlanEvalData(split / "validation")
+    assert caught.value.code == errors.INVALID_ARGUMENT and "store=" in str(caught.value)

@@ -38,20 +38,31 @@ from ._padding import MaskedDataset, Padding
 EVAL_PADDING = "plan_padding"
 
 
+def recorded_dataset(plan: Any) -> Any:
+    """The token dataset a plan records (a mixed plan's components, one after another); INVALID_ARGUMENT for a
+    plan that records none (a plan of one store names it by its identity only, so the store is given)."""
+    dataset = getattr(plan, "dataset", None)
+    if not callable(dataset):
+        raise argument_error(errors.INVALID_ARGUMENT, "give store=: the token store (or Megatron prefix) this plan "
+                                                      "was built from; only a mixed plan records its own")
+    return dataset()
+
+
 class PlanEvalData:
     """An evaluation data source over a plan (see the module docstring).
 
     Args:
         plan: a plan of dataset rows (whole or windowed) or its folder, such as
             ``plan build --split validation``'s.
-        store: the token store (or Megatron prefix) the plan was built from.
+        store: the token store (or Megatron prefix) the plan was built from, another being refused
+            (BATCH_STORE_MISMATCH); default (None), for a mixed plan, its components' recorded token sources.
         rank, world_size: as :class:`~umlos_cuda.torch.PlanBatchSampler`.
         epoch: the plan epoch evaluated (default 0).
         tokenizer_hash: for a Megatron prefix, as :class:`~umlos_cuda.torch.TokenDataset`.
         **collator: :class:`~umlos_cuda.torch.PlanCollator`'s options (default ``preset="hf"``).
     """
 
-    def __init__(self, plan: Any, store: Any, *, rank: int | None = None, world_size: int | None = None,
+    def __init__(self, plan: Any, store: Any = None, *, rank: int | None = None, world_size: int | None = None,
                  epoch: int = 0, tokenizer_hash: str | None = None, **collator: Any) -> None:
         from ._plan_collate import PlanCollator, TokenDataset
         from ._plan_sampler import PlanBatchSampler
@@ -60,7 +71,9 @@ class PlanEvalData:
         self.plan, self.rank, self.world_size, self.epoch = opened.plan, opened.rank, opened.world_size, opened.epoch
         #: The plan's global microbatches in the evaluated epoch.
         self.microbatches = self.plan.epoch_microbatches(self.epoch)
-        self.dataset = MaskedDataset(TokenDataset(store, tokenizer_hash=tokenizer_hash))
+        if store is None:
+            store = recorded_dataset(self.plan)
+        self.dataset = MaskedDataset(TokenDataset(store, tokenizer_hash=tokenizer_hash, plan=self.plan))
         collator.setdefault("preset", "hf")
         self.collator = PlanCollator(self.plan, **collator)
         self.collate_fn = MaskedPlanCollate(self.collator)
@@ -128,4 +141,4 @@ def check_eval_layout(data: PlanEvalData, filters_nan: bool) -> None:
                              f"size {data.world_size}, so a rank takes masked padding in the last step, whose loss is "
                              "NaN; with logging_nan_inf_filter=False the Trainer would average that NaN into "
                              "eval_loss: keep logging_nan_inf_filter=True (the default), or run at a world size that "
-                             "divides the microbatch count (umlos-cuda plan stats shows it)")
+                             "divides the microbatch count (umlos-cuda plan info shows it)")

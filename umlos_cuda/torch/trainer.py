@@ -62,7 +62,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ._plan_eval import EVAL_PADDING, PlanEvalData, check_eval_layout
+from ._plan_eval import EVAL_PADDING, PlanEvalData, check_eval_layout, recorded_dataset
 
 __all__ = ["CURSOR_FILE", "EVAL_PADDING", "PlanEvalData", "PlanTrainerData", "plan_trainer_class"]
 
@@ -75,18 +75,6 @@ _CLASSES: dict[type, type] = {}
 
 #: The longest plan_cursor.json read: the file is a few hundred bytes.
 MAX_CURSOR_BYTES = 1 << 16
-
-def _own_dataset(plan: Any) -> Any:
-    """The token dataset a plan records (a mixed plan's components); INVALID_ARGUMENT for a plan that records none."""
-    dataset = getattr(plan, "dataset", None)
-    if not callable(dataset):
-        from .. import errors
-        from ._dist import argument_error
-
-        raise argument_error(errors.INVALID_ARGUMENT, "give store=: the token store (or Megatron prefix) this plan "
-                                                      "was built from; only a mixed plan records its own")
-    return dataset()
-
 
 class PlanTrainerData:
     """The plan, its token dataset and its collator, as one Trainer data source.
@@ -116,7 +104,7 @@ class PlanTrainerData:
         self.plan = self.sampler.plan
         self._check_lockstep()
         if store is None:
-            store = _own_dataset(self.plan)
+            store = recorded_dataset(self.plan)
         self.dataset = TokenDataset(store, tokenizer_hash=tokenizer_hash, plan=self.plan)  # the store checked
         collator.setdefault("preset", "hf")
         self.collator = PlanCollator(self.plan, **collator)

@@ -265,7 +265,9 @@ def test_a_process_killed_in_the_middle_of_a_fetch_leaves_only_files_that_verify
     child = start_child(local, remote, folder, 0, 1, stored + 4 * BLOCK)
     try:
         deadline = time.monotonic() + CHILD_LIMIT_S
-        while not any(r.fault == "stall" for r in proxy.gets()) and child.poll() is None:
+        # Killed once the stalled fetch is in flight and some block is written (the writes of the fetches sent
+        # beside it may still be under way: the kill may fall in the middle of one).
+        while (not any(r.fault == "stall" for r in proxy.gets()) or not block_files(folder)) and child.poll() is None:
             assert time.monotonic() < deadline, "the child never reached the stalled fetch"
             time.sleep(0.05)
         assert child.poll() is None, child.communicate()[1][-3000:]
@@ -383,21 +385,24 @@ def test_a_rank_resumed_at_another_world_size_fetches_only_its_remaining_steps(l
 
 
 # ---------------------------------------------------------------------- faults
-def _data(name):
-    return lambda r: r.method == "GET" and r.key.endswith(name) and r.span is not None
+def stormed(remote, plan, proxy, tmp_path, fault, count, name):
+    """A planned source with a disk tier in ``tmp_path/c`` over a store whose next ``count`` ranged GETs of
+    ``name`` meet ``fault``: ``(opened store, sampler, source)``."""
+    opened = RemoteTokenStore.open(remote, budget=FAST)
+    sampler = PlanBatchSampler(plan, rank=0, world_size=2)
+    proxy.reset()
+    proxy.inject(fault, count=count, match=lambda r: r.method == "GET" and r.key.endswith(name)
+                 and r.span is not None)
+    return opened, sampler, PlannedTokenSource(opened, sampler, cache_bytes=8 * BLOCK, block_bytes=BLOCK,
+                                               cache_dir=tmp_path / "c", disk_bytes=64 * BLOCK)
 
 
 @pytest.mark.parametrize("fault", ["slowdown", "reset", "short"])
 def test_a_fault_within_the_budget_is_retried_and_what_is_cached_verifies(local, remote, object_store, tmp_path,
                                                                           fault):
     store, plan = local
-    opened = RemoteTokenStore.open(remote, budget=FAST)
-    sampler = PlanBatchSampler(plan, rank=0, world_size=2)
     proxy = object_store.proxy
-    proxy.reset()
-    proxy.inject(fault, count=FAST.attempts - 1, match=_data("tokens.npy"))
-    source = PlannedTokenSource(opened, sampler, cache_bytes=8 * BLOCK, block_bytes=BLOCK,
-                                cache_dir=tmp_path / "c", disk_bytes=64 * BLOCK)
+    opened, sampler, source = stormed(remote, plan, proxy, tmp_path, fault, FAST.attempts - 1, "tokens.npy")
     try:
         read_rows(source, store, pass_of(sampler)[:3])
     finally:
@@ -410,14 +415,8 @@ def test_a_fault_within_the_budget_is_retried_and_what_is_cached_verifies(local,
 @pytest.mark.parametrize("fault", ["slowdown", "short"])
 def test_a_fault_past_the_budget_names_the_object_and_caches_nothing_of_it(local, remote, object_store, tmp_path,
                                                                            fault):
-    _, plan = local
-    opened = RemoteTokenStore.open(remote, budget=FAST)
-    sampler = PlanBatchSampler(plan, rank=0, world_size=2)
     proxy = object_store.proxy
-    proxy.reset()
-    proxy.inject(fault, count=1 << 30, match=_data("loss_mask.npy"))  # a storm that does not end
-    source = PlannedTokenSource(opened, sampler, cache_bytes=8 * BLOCK, block_bytes=BLOCK,
-                                cache_dir=tmp_path / "c", disk_bytes=64 * BLOCK)
+    opened, sampler, source = stormed(remote, local[1], proxy, tmp_path, fault, 1 << 30, "loss_mask.npy")  # no end
     try:
         with pytest.raises(UmlosError) as info:
             source.arrays(pass_of(sampler)[0][0])

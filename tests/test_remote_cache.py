@@ -267,7 +267,8 @@ def test_a_process_killed_in_the_middle_of_a_fetch_leaves_only_files_that_verify
         deadline = time.monotonic() + CHILD_LIMIT_S
         # Killed once the stalled fetch is in flight and some block is written (the writes of the fetches sent
         # beside it may still be under way: the kill may fall in the middle of one).
-        while (not any(r.fault == "stall" for r in proxy.gets()) or not block_files(folder)) and child.poll() is None:
+        while (not any(r.fault == "stall" for r in proxy.gets()) or not (folder.exists() and block_files(folder))) \
+                and child.poll() is None:
             assert time.monotonic() < deadline, "the child never reached the stalled fetch"
             time.sleep(0.05)
         assert child.poll() is None, child.communicate()[1][-3000:]

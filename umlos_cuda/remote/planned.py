@@ -116,8 +116,11 @@ def block_refs(store: RemoteTokenStore, rows: Sequence[int], block_bytes: int) -
 class PlannedTokenSource(StoreFacts):
     """A token source reading ``store`` in the order of ``sampler``'s pass through a planned cache (module
     docstring). ``fetched_bytes`` and ``requests`` count what it fetched, ``unplanned_rows`` the rows read out of
-    order; ``schedule`` is the current pass's :class:`~.belady.Schedule`. What it answers from meta.json and the
-    offsets (``len``, ``lengths``, ``tokenizer_hash``, ``identity()``) is its store's."""
+    order; once it has read, ``schedule`` (and ``disk_schedule`` with a disk tier) is the current pass's
+    :class:`~.belady.Schedule`, ``blocks`` its :class:`~.blockfiles.BlockFolder` (None without one: it counts the
+    blocks fetched and found there) and ``share`` the ``(worker, workers)`` whose steps it plans. What it
+    answers from meta.json and the offsets (``len``, ``lengths``, ``tokenizer_hash``, ``identity()``) is its
+    store's."""
 
     def __init__(self, store: RemoteTokenStore | str, sampler: Any, *, cache_bytes: int,
                  block_bytes: int = 1 << 20, lookahead: int = 32, concurrency: int = 32, gap_bytes: int = 0,
@@ -150,6 +153,7 @@ class PlannedTokenSource(StoreFacts):
         self._resident: dict[int, Future] = {}
         # The cursor the first pass starts at: the sampler's now (it moves once a loader iterates it).
         self._cursor = (int(sampler.epoch), int(sampler.microbatch_index))
+        self.epoch = self._cursor[0]
         self._owner = os.getpid()
         self._pool: ThreadPoolExecutor | None = None
         self.blocks: BlockFolder | None = None

@@ -790,6 +790,87 @@ def user_workers_state_dict_is_exact(ws, tmp_path):
     assert "warnings 0 index 1 1" in outcome.stdout, outcome.describe()
 
 
+#: Reads every row of the plan's pass through a planned cache over the store as a ``file://`` object store, its
+#: disk tier in ``cache/``, each row checked against the store on disk; prints what the disk tier did.
+BLOCK_CACHE_READ = (
+    "import os\n"
+    "import numpy as np\n"
+    "from umlos_cuda.batching import load_plan\n"
+    "from umlos_cuda.batching.tokens.store import TokenStore\n"
+    "from umlos_cuda.remote import PlannedTokenSource\n"
+    "from umlos_cuda.torch import PlanBatchSampler\n"
+    "def read():\n"
+    "    store, plan = TokenStore.open('store'), load_plan('plan')\n"
+    "    source = PlannedTokenSource('file://' + os.path.abspath('store'), PlanBatchSampler(plan),\n"
+    "                                cache_bytes=2048, block_bytes=1024, cache_dir='cache', disk_bytes=1 << 20)\n"
+    "    for keys in PlanBatchSampler(plan):\n"
+    "        for key in keys:\n"
+    "            ids, mask = source.arrays(int(key))\n"
+    "            assert np.array_equal(ids, store.input_ids(int(key))), key\n"
+    "            assert np.array_equal(mask, store.loss_mask(int(key))), key\n"
+    "    source.close()\n"
+    "    print('fetched', source.blocks.fetched_blocks, 'dropped', source.blocks.dropped_files)\n"
+    "guarded(read)\n"
+)
+
+
+def _block_cache_tampered(ws, tmp_path, tamper) -> None:
+    """A block cache filled by one reader, one of its block files changed by ``tamper(path)``, then read again:
+    every row as on disk, the bad file dropped and fetched again (never served), nothing outside ``cache/``
+    touched (a planted link's target included), and every block file left verifying."""
+    from umlos_cuda.remote.blockfiles import HEADER_BYTES, decode
+
+    copy(ws, tmp_path, "plan", "store")
+    hs.assert_ok(run_api(tmp_path, BLOCK_CACHE_READ, owned=("cache",)))
+    blocks = sorted((tmp_path / "cache").glob("*.block"))
+    assert len(blocks) > 2
+    tamper(blocks[1])
+    outcome = run_api(tmp_path, BLOCK_CACHE_READ, owned=("cache",))
+    hs.assert_ok(outcome)
+    assert "fetched 1 dropped 1" in outcome.stdout, outcome.describe()
+    for path in sorted((tmp_path / "cache").iterdir()):
+        if path.name.endswith(".block"):
+            data = path.read_bytes()
+            assert not path.is_symlink() and decode(path.name, data, len(data) - HEADER_BYTES) is not None
+
+
+def tamper_block_cache_planted_symlink(ws, tmp_path):
+    outside = tmp_path / "secret.txt"
+    outside.write_bytes(b"not a block")
+
+    def plant(path):
+        path.unlink()
+        path.symlink_to(outside)
+
+    _block_cache_tampered(ws, tmp_path, plant)
+    assert outside.read_bytes() == b"not a block"
+
+
+def tamper_block_cache_truncated_block(ws, tmp_path):
+    _block_cache_tampered(ws, tmp_path, lambda path: path.write_bytes(path.read_bytes()[:-100]))
+
+
+def tamper_block_cache_wrong_size(ws, tmp_path):
+    _block_cache_tampered(ws, tmp_path, lambda path: path.write_bytes(path.read_bytes() + b"\0" * 64))
+
+
+def tamper_block_cache_bytes_changed(ws, tmp_path):
+    def flip(path):
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 1  # same size, other bytes: the digest no longer matches
+        path.write_bytes(bytes(data))
+
+    _block_cache_tampered(ws, tmp_path, flip)
+
+
+def tamper_block_cache_folder_is_a_link(ws, tmp_path):
+    copy(ws, tmp_path, "plan", "store")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "cache").symlink_to(tmp_path / "elsewhere")
+    hs.assert_refused(run_api(tmp_path, BLOCK_CACHE_READ), "OUTPUT_PATH_INVALID", names="cache")
+    assert os.listdir(tmp_path / "elsewhere") == []
+
+
 def _trainer_cursor(ws, tmp_path, make_cursor) -> hs.Outcome:
     """PlanTrainerData.load over a checkpoint folder whose plan_cursor.json ``make_cursor(path)`` made."""
     copy(ws, tmp_path, "plan", "store")
@@ -973,6 +1054,11 @@ CASES = [
     pytest.param(tamper_sharded_store_shard_copied_over_another, id="tamper/plan-build-shard-copied-over-another"),
     pytest.param(tamper_edited_plan_parent_after_swap, id="tamper/edited-plan-parent-after-swap"),
     pytest.param(tamper_edited_plan_units_rewritten, id="tamper/edited-plan-units-rewritten-sampler"),
+    pytest.param(tamper_block_cache_planted_symlink, id="tamper/block-cache-planted-symlink"),
+    pytest.param(tamper_block_cache_truncated_block, id="tamper/block-cache-truncated-block"),
+    pytest.param(tamper_block_cache_wrong_size, id="tamper/block-cache-wrong-size"),
+    pytest.param(tamper_block_cache_bytes_changed, id="tamper/block-cache-bytes-changed"),
+    pytest.param(tamper_block_cache_folder_is_a_link, id="tamper/block-cache-folder-is-a-link"),
 ]
 
 
@@ -986,4 +1072,7 @@ def test_hostile(case, ws, tmp_path):
         pytest.importorskip("torch")
     if "plot" in case.__name__:
         pytest.importorskip("matplotlib")
+    if "block_cache" in case.__name__:
+        pytest.importorskip("torch")
+        pytest.importorskip("obstore", reason="obstore is not installed (the 'remote' extra)")
     case(ws, tmp_path)

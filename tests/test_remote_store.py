@@ -400,9 +400,11 @@ def test_arguments_are_checked(remote, local):
         assert info.value.code == errors.INVALID_ARGUMENT
     import pickle
 
-    source = PlannedTokenSource(remote[0], sampler, cache_bytes=BLOCK, block_bytes=BLOCK)
-    with pytest.raises(UmlosError, match="num_workers=0"):  # a DataLoader worker cannot take it
-        pickle.dumps(source)
+    source = PlannedTokenSource(remote[0], sampler, cache_bytes=BLOCK, block_bytes=BLOCK, lookahead=5, gap_bytes=7)
+    copy = pickle.loads(pickle.dumps(source))  # what a DataLoader worker started by spawn receives
+    assert (copy.root, copy.cache_bytes, copy.block_bytes, copy.lookahead, copy.gap_bytes, copy.sampler.rank) == \
+        (source.root, BLOCK, BLOCK, 5, 7, 0)
+    copy.close()
     source.close()
     with pytest.raises(UmlosError) as info:
         RetryBudget(attempts=0)

@@ -12,6 +12,7 @@ Modules:
     store    :class:`RemoteTokenStore`: the flat token store's files, read by ranges
     belady   Belady's rule over a known sequence of block references (a pure function)
     planned  :class:`PlannedTokenSource`: a rank's rows, each block fetched ahead and evicted by Belady's rule
+    blockfiles  the planned cache's disk tier: verified block files in a folder processes share, one fetch each
     publish  a store written on disk put under a prefix, its ``meta.json`` last (``data tokenize --output s3://``)
 """
 

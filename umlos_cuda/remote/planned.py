@@ -26,12 +26,30 @@ asked for out of the planned order (another sampler, a retry of a step) is read 
 counted in ``unplanned_rows``. Every range is checked against the ETag and size recorded at opening
 (:mod:`.client`): a changed object fails the read with REMOTE_OBJECT_CHANGED and its bytes are not kept.
 
-The fetches run in threads of the process that reads: index it from a ``DataLoader`` with ``num_workers=0``
-(its steps are the sampler's; a worker would see every ``num_workers``-th step only).
+A disk tier (``cache_dir``, ``disk_bytes``): each memory miss looks for its block in a folder of block files
+first (:mod:`.blockfiles`: files named by object, ETag and block, each verified when read, written by one
+process of those sharing the folder, the others waiting for it), and only a block not there is fetched. The
+folder runs a second Belady schedule over the same references with ``disk_bytes // block_bytes`` blocks: a
+reference that misses there evicts that schedule's victim's file (once the reader is past the victim's last
+use before it), so what this process keeps on disk is at most ``disk_bytes``. Belady's rule with one order of
+ties is a stack algorithm (Mattson et al., 1970): a block resident in memory is resident on disk too, so the
+disk tier's misses are among the memory tier's, and a block that falls out of memory is read back from disk
+rather than fetched again. A block found on disk is not fetched; with a folder of this process alone, the
+blocks fetched are exactly the disk schedule's misses.
+
+The fetches run in threads of the process that reads, started when it first reads (never in the process that
+built the source, when a ``DataLoader`` worker reads it). In a worker (``num_workers > 0``) the source plans the
+worker's own share: the ``DataLoader`` hands step ``i`` of a pass to worker ``i % num_workers`` (``in_order``,
+its default), so each worker's schedule is those steps of the sampler's pass, and it prefetches only its own
+batches. A worker must be started by ``spawn`` or ``forkserver`` (``multiprocessing_context``): the client
+library's runtime does not survive a ``fork`` of a process that has used it (a request would hang), so a source
+forked into a worker is refused with REMOTE_UNAVAILABLE when it first reads.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,6 +61,8 @@ from .. import checks, errors
 from ..batching.tokens.store import StoreFacts
 from ..errors import UmlosError
 from .belady import Schedule, belady
+from .blockfiles import BlockFolder
+from .client import RemoteObject, remote_error
 from .store import RemoteTokenStore
 
 #: Objects a block id can name (tokens, loss mask) and the bit where the object's number starts.
@@ -59,6 +79,13 @@ def pass_rows(sampler: Any, epoch: int, start: int) -> list[list[int]]:
     fresh sampler of the same plan and layout iterated once (the sampler given is not moved)."""
     fresh = type(sampler)(sampler.plan, sampler.rank, sampler.world_size, epoch=epoch, microbatch_index=start)
     return [[int(getattr(key, "row", key)) for key in keys] for keys in fresh]
+
+
+def worker_share() -> tuple[int, int]:
+    """``(worker id, number of workers)`` of the ``DataLoader`` worker this code runs in; ``(0, 1)`` outside one."""
+    torch = sys.modules.get("torch")
+    info = torch.utils.data.get_worker_info() if torch is not None else None
+    return (0, 1) if info is None else (int(info.id), int(info.num_workers))
 
 
 def block_refs(store: RemoteTokenStore, rows: Sequence[int], block_bytes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -89,11 +116,15 @@ def block_refs(store: RemoteTokenStore, rows: Sequence[int], block_bytes: int) -
 class PlannedTokenSource(StoreFacts):
     """A token source reading ``store`` in the order of ``sampler``'s pass through a planned cache (module
     docstring). ``fetched_bytes`` and ``requests`` count what it fetched, ``unplanned_rows`` the rows read out of
-    order; ``schedule`` is the current pass's :class:`~.belady.Schedule`. What it answers from meta.json and the
-    offsets (``len``, ``lengths``, ``tokenizer_hash``, ``identity()``) is its store's."""
+    order; once it has read, ``schedule`` (and ``disk_schedule`` with a disk tier) is the current pass's
+    :class:`~.belady.Schedule`, ``blocks`` its :class:`~.blockfiles.BlockFolder` (None without one: it counts the
+    blocks fetched and found there) and ``share`` the ``(worker, workers)`` whose steps it plans. What it
+    answers from meta.json and the offsets (``len``, ``lengths``, ``tokenizer_hash``, ``identity()``) is its
+    store's."""
 
     def __init__(self, store: RemoteTokenStore | str, sampler: Any, *, cache_bytes: int,
-                 block_bytes: int = 1 << 20, lookahead: int = 32, concurrency: int = 32, gap_bytes: int = 0) -> None:
+                 block_bytes: int = 1 << 20, lookahead: int = 32, concurrency: int = 32, gap_bytes: int = 0,
+                 cache_dir: str | os.PathLike[str] | None = None, disk_bytes: int | None = None) -> None:
         self.store = store if isinstance(store, RemoteTokenStore) else RemoteTokenStore.open(store)
         for name in ("plan", "rank", "world_size", "epoch", "microbatch_index"):
             if not hasattr(sampler, name):
@@ -105,16 +136,44 @@ class PlannedTokenSource(StoreFacts):
                                                   "got {value!r}")
         self.lookahead = checks.integer(lookahead, "lookahead", 0, 1 << 20, fail=_argument_error)
         self.gap_bytes = checks.integer(gap_bytes, "gap_bytes", 0, 1 << 30, fail=_argument_error)
-        concurrency = checks.integer(concurrency, "concurrency", 1, 256, fail=_argument_error)
+        self.concurrency = checks.integer(concurrency, "concurrency", 1, 256, fail=_argument_error)
+        if (cache_dir is None) != (disk_bytes is None):
+            raise _argument_error("cache_dir and disk_bytes come together: the folder of the disk tier and the "
+                                  "most bytes this process keeps there")
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self.disk_bytes = None if disk_bytes is None else checks.integer(
+            disk_bytes, "disk_bytes", self.cache_bytes, None, fail=_argument_error,
+            message="{name} must be at least cache_bytes ({low}): the disk holds what memory holds, got {value!r}")
         self.sampler = sampler
         self.meta, self.offsets, self._lengths = self.store.meta, self.store.offsets, None
         self.capacity = self.cache_bytes // self.block_bytes
         self.fetched_bytes = self.requests = self.unplanned_rows = 0
         self._objects = [self.store.objects[name] for name in _OBJECTS]
-        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="planned-cache")
         self._count_lock = threading.Lock()
         self._resident: dict[int, Future] = {}
-        self._start_pass(int(sampler.epoch), int(sampler.microbatch_index))
+        # The cursor the first pass starts at: the sampler's now (it moves once a loader iterates it).
+        self._cursor = (int(sampler.epoch), int(sampler.microbatch_index))
+        self.epoch = self._cursor[0]
+        self._owner = os.getpid()
+        self._pool: ThreadPoolExecutor | None = None
+        self.blocks: BlockFolder | None = None
+        self.share = (0, 1)
+
+    def _started(self) -> None:
+        """Start the fetch threads, the disk tier and the first pass in the process that reads (module
+        docstring): the share of a ``DataLoader`` worker, REMOTE_UNAVAILABLE in a forked copy."""
+        if self._pool is not None:
+            return
+        if os.getpid() != self._owner:
+            raise remote_error(errors.REMOTE_UNAVAILABLE, f"a PlannedTokenSource of {self.store.root} was copied "
+                               "into this process by fork (a DataLoader worker of the default start method), and the "
+                               "object-store client does not survive a fork of a process that has used it: give the "
+                               "DataLoader multiprocessing_context='spawn' or 'forkserver'")
+        self.share = worker_share()
+        if self.cache_dir is not None:
+            self.blocks = BlockFolder(self.cache_dir, self.block_bytes)
+        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="planned-cache")
+        self._start_pass(*self._cursor)
 
     # ------------------------------------------------------------------ what a token source answers
     @property
@@ -125,20 +184,29 @@ class PlannedTokenSource(StoreFacts):
         return self.store.length_cache()
 
     def __reduce__(self):
-        raise _argument_error("a PlannedTokenSource fetches in threads of the process that reads it and cannot be "
-                              "sent to a DataLoader worker: use num_workers=0 (its fetches already overlap the "
-                              "training step)")
+        """What a ``DataLoader`` worker started by ``spawn`` or ``forkserver`` receives: the store's URL, the
+        sampler (its cursor) and the options; the worker opens the store again and plans its own share."""
+        options = {"cache_bytes": self.cache_bytes, "block_bytes": self.block_bytes, "lookahead": self.lookahead,
+                   "concurrency": self.concurrency, "gap_bytes": self.gap_bytes, "cache_dir": self.cache_dir,
+                   "disk_bytes": self.disk_bytes}
+        return (_rebuild, (self.store, self.sampler, options))
 
     def close(self) -> None:
-        """Stop the fetch threads (fetches in flight finish) and drop the cache."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the fetch threads (fetches in flight finish) and drop the cache in memory (the disk tier's files
+        stay, for the next reader)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
         self._resident.clear()
+        if self.blocks is not None:
+            self.blocks.close()
 
     # ------------------------------------------------------------------ the schedule
     def _start_pass(self, epoch: int, start: int) -> None:
         """The schedule of the sampler's pass from ``(epoch, start)``, and an empty cache."""
+        left = self._disk_resident()  # what the pass before keeps on disk
         self.epoch = epoch
-        steps = pass_rows(self.sampler, epoch, start)
+        worker, workers = self.share
+        steps = pass_rows(self.sampler, epoch, start)[worker::workers]
         self._rows = [row for step in steps for row in step]
         step_rows = np.cumsum([0] + [len(step) for step in steps], dtype=np.int64)
         self._refs, self._row_start = block_refs(self.store, self._rows, self.block_bytes)
@@ -146,20 +214,44 @@ class PlannedTokenSource(StoreFacts):
         self._step_ref = self._row_start[step_rows]  # the first reference of each step (and the end)
         self.schedule: Schedule = belady(self._refs, self.capacity)
         self._misses = np.flatnonzero(self.schedule.misses)
-        self._issue_after = self._victims_last_use()
+        self._issue_after = self._last_use_before(self._misses, self.schedule.victims[self._misses])
+        self.disk_schedule: Schedule | None = None
+        if self.disk_bytes is not None:
+            # The disk tier's victims: at each memory miss that misses on disk too (module docstring).
+            self.disk_schedule = belady(self._refs, self.disk_bytes // self.block_bytes)
+            victims = np.where(self.disk_schedule.misses[self._misses], self.disk_schedule.victims[self._misses], -1)
+            self._disk_victims = victims
+            self._issue_after = np.maximum(self._issue_after, self._last_use_before(self._misses, victims))
+            # Of what the pass before left, this pass keeps the blocks it loads before its first eviction (its
+            # schedule holds them from then on); the rest are removed, so this process keeps disk_bytes at most.
+            first = self._refs[:int(np.argmax(self.disk_schedule.victims >= 0))] if (
+                self.disk_schedule.victims >= 0).any() else self._refs
+            assert self.blocks is not None
+            for block in sorted(left - set(first.tolist())):
+                self.blocks.remove(self._objects[block >> _SHIFT], block & ((1 << _SHIFT) - 1))
         self._resident.clear()
         self._row_pos = self._ref_pos = self._next_miss = 0
 
-    def _victims_last_use(self) -> np.ndarray:
+    def _disk_resident(self) -> set[int]:
+        """The blocks the current disk schedule holds at its end (none before the first pass)."""
+        schedule = getattr(self, "disk_schedule", None)
+        if schedule is None:
+            return set()
+        resident: set[int] = set()
+        for i in np.flatnonzero(schedule.misses).tolist():
+            resident.discard(int(schedule.victims[i]))
+            resident.add(int(self._refs[i]))
+        return resident
+
+    def _last_use_before(self, misses: np.ndarray, victims: np.ndarray) -> np.ndarray:
         """For each miss, the last reference to its victim before it (-1 without a victim): the miss may be
         fetched once the reader is past that reference."""
         refs, n = self._refs, self._refs.shape[0]
-        out = np.full(self._misses.shape[0], -1, dtype=np.int64)
-        victims = self.schedule.victims[self._misses]
+        out = np.full(misses.shape[0], -1, dtype=np.int64)
         has = victims >= 0
         if n and has.any():
             keys = np.sort(refs * (n + 1) + np.arange(n))
-            found = np.searchsorted(keys, victims[has] * (n + 1) + self._misses[has]) - 1
+            found = np.searchsorted(keys, victims[has] * (n + 1) + misses[has]) - 1
             out[has] = keys[found] % (n + 1)
         return out
 
@@ -175,6 +267,9 @@ class PlannedTokenSource(StoreFacts):
             victim = int(self.schedule.victims[miss])
             if victim >= 0:
                 self._resident.pop(victim, None)
+            if self.blocks is not None and self._disk_victims[self._next_miss] >= 0:
+                gone = int(self._disk_victims[self._next_miss])
+                self.blocks.remove(self._objects[gone >> _SHIFT], gone & ((1 << _SHIFT) - 1))
             issued.append(int(self._refs[miss]))
             self._next_miss += 1
         if issued:
@@ -199,25 +294,35 @@ class PlannedTokenSource(StoreFacts):
             self._submit(run)
 
     def _submit(self, run: list[int]) -> None:
+        assert self._pool is not None
         future = self._pool.submit(self._fetch, run)
         for block in run:
             self._resident[block] = future
 
     def _fetch(self, run: list[int]) -> dict[int, bytes]:
-        """The blocks of ``run`` (one object, sorted), fetched in one ranged GET, each its own bytes."""
-        obj = self._objects[run[0] >> _SHIFT]
-        mask = (1 << _SHIFT) - 1
-        first, last = run[0] & mask, run[-1] & mask
-        start, stop = first * self.block_bytes, min((last + 1) * self.block_bytes, obj.size)
-        data = memoryview(obj.read(start, stop))
+        """The blocks of ``run`` (one object, sorted): from the disk tier where it has them, the others fetched in
+        one ranged GET per run of adjacent blocks, each its own bytes."""
+        number, mask = run[0] >> _SHIFT, (1 << _SHIFT) - 1
+        obj = self._objects[number]
+        indices = [block & mask for block in run]
+        if self.blocks is not None:
+            found = self.blocks.blocks(obj, indices, lambda start, stop: self._get(obj, start, stop))
+            return {(number << _SHIFT) | index: payload for index, payload in found.items()}
+        start, stop = indices[0] * self.block_bytes, min((indices[-1] + 1) * self.block_bytes, obj.size)
+        data = memoryview(self._get(obj, start, stop))
+        out = {}
+        for block, index in zip(run, indices):
+            offset = index * self.block_bytes - start
+            out[block] = bytes(data[offset:offset + self.block_bytes])
+        return out
+
+    def _get(self, obj: RemoteObject, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of ``obj`` from the store, counted."""
+        data = obj.read(start, stop)
         with self._count_lock:
             self.fetched_bytes += stop - start
             self.requests += 1
-        out = {}
-        for block in run:
-            offset = (block & mask) * self.block_bytes - start
-            out[block] = bytes(data[offset:offset + self.block_bytes])
-        return out
+        return data
 
     def _block(self, block: int) -> bytes:
         future = self._resident[block]
@@ -233,6 +338,7 @@ class PlannedTokenSource(StoreFacts):
         """Row ``row``'s tokens and loss mask: from the cache when it is the row the plan reads next, else read
         directly (counted in ``unplanned_rows``)."""
         row = int(row)
+        self._started()
         if self._row_pos >= len(self._rows) and self.epoch + 1 < int(self.sampler.plan.num_epochs):
             self._start_pass(self.epoch + 1, 0)
         if self._row_pos >= len(self._rows) or self._rows[self._row_pos] != row:
@@ -256,3 +362,7 @@ class PlannedTokenSource(StoreFacts):
 
     def __getitem__(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         return self.arrays(row)
+
+
+def _rebuild(store: RemoteTokenStore, sampler: Any, options: dict[str, Any]) -> PlannedTokenSource:
+    return PlannedTokenSource(store, sampler, **options)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from fractions import Fraction
 from .. import errors
 from ._args import resolve_order
 
@@ -188,25 +189,31 @@ def build_mixed(args, config) -> int:
     from ..batching.plans.buckets import config_error
     from ..batching.plans.windows import Component, MixedPlan, MixtureDefinition
     from ..batching.plans.windows.io import MIXED_PLAN, save_mixed_plan
+    from ..batching.plans.windows.schedule import read_schedule
     from ..batching.sources import open_source, source_kind
     from ..batching.sources.builtin import LENGTH_CACHE
     from ..batching.plans.windows.window import check_windowed_config
     from ..files.writer import check_output_folder
     from ._progress import Progress
 
+    if args.mix_schedule is not None and args.mix is None:
+        raise config_error("--mix-schedule needs --mix")
     if args.mix is None or args.window is None or args.lengths is not None or args.epochs != 1:
         raise config_error("--mix needs --window and takes no --source or --epochs (caps and --num-samples "
                            "decide its length); --num-samples needs --mix")
     entries = parse_mix(args.mix, args.seed)
     inputs = [name for path, *_ in entries for name in ((path, sidecar_path(path)) if source_kind(path) is LENGTH_CACHE
                                                         else (path,))]
+    inputs += [] if args.mix_schedule is None else [args.mix_schedule]
     names = mix_names([path for path, *_ in entries])
     check_windowed_config(config)  # refuses what windows do not plan, before any read
     check_output_folder(args.output, MIXED_PLAN, force=args.force, inputs=inputs, operator=errors.BATCH_PLAN_OPERATOR)
     started = time.perf_counter()
     components = [Component(open_source(os.path.abspath(path)), weight, seed, cap, name)
                   for (path, weight, cap, seed), name in zip(entries, names)]
-    definition = MixtureDefinition(config, tuple(components), args.window, args.num_samples)
+    schedule = None if args.mix_schedule is None else \
+        read_schedule(args.mix_schedule, names, [Fraction(weight) for _, weight, *_ in entries])
+    definition = MixtureDefinition(config, tuple(components), args.window, args.num_samples, schedule)
     progress = Progress(definition.num_windows, f"plan {args.output}", enabled=not args.quiet)
     plan = MixedPlan.build(definition, progress=lambda done, _: progress.update(done))
     save_mixed_plan(plan, args.output, force=args.force, inputs=inputs)

@@ -2,10 +2,11 @@
 (plans/windows/mixture.py, mixed.py).
 
 What goes in: a mixed plan folder (opened with each component's recorded source). What comes out:
-:data:`KIND`, whose ``plan info`` report holds the definition, its segments and the index's totals (no window
-planned) and, with a world size, each rank's microbatches under the resume rule (global microbatch ``k`` to
-rank ``k mod R``). Its microbatches hold rows of its components one after another (``rows``: a batch sampler, a
-collator and ``batch generate`` take it; no whole plan holds a mixture, so ``plan shard`` does not).
+:data:`KIND`, whose ``plan info`` report holds the definition, its schedule's pieces (when it has one), its
+segments and the index's totals (no window planned) and, with a world size, each rank's microbatches under the
+resume rule (global microbatch ``k`` to rank ``k mod R``). Its microbatches hold rows of its components one
+after another (``rows``: a batch sampler, a collator and ``batch generate`` take it; no whole plan holds a
+mixture, so ``plan shard`` does not).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ def report(folder, *, world_size: int | None = None, rank: int | None = None) ->
            "segments": [{"first": s.first, "windows": s.windows, "size": s.size, "quotas": list(s.quotas)}
                         for s in d.segments],
            "counts": plan.counts()}
+    if d.schedule is not None:
+        names = [c.name for c in d.components]
+        out["schedule"] = [{"at": p.at, "ramp": p.ramp, "weights": dict(zip(names, (float(w) for w in p.weights)))}
+                           for p in d.schedule.pieces]
     if ranks:
         out["ranks"] = [{"rank": r, "microbatches": len(rank_indices(0, plan.num_microbatches, r, world_size or 1))}
                         for r in ranks]
@@ -54,6 +59,10 @@ def lines(report: dict) -> list[str]:
     for c in report["components"]:
         cap = "no cap" if c["max_epochs"] is None else f"at most {c['max_epochs']} epoch(s)"
         out.append(f"  {c['name']}: weight {c['weight']}, seed {c['seed']}, {c['count']} samples, {cap}")
+    for piece in report.get("schedule", []):
+        weights = ", ".join(f"{name} {w:.6g}" for name, w in piece["weights"].items())
+        shape = "ramping to the next piece's" if piece["ramp"] else "held"
+        out.append(f"  schedule from sample {piece['at']}: {weights} ({shape})")
     out += [f"  windows {seg['first']} to {seg['first'] + seg['windows'] - 1}: {seg['size']} positions, "
             f"quotas {seg['quotas']}" for seg in report["segments"]]
     counts = report["counts"]

@@ -1,0 +1,206 @@
+"""Mixture schedules: a mixture's weights as a function of how far it has come.
+
+What goes in: pieces, each a first mixture position ``at`` (samples consumed before it), one weight
+``>= 0`` per component (exact rationals) and whether the weights ramp linearly to the next piece's
+(``ramp``). What comes out (:class:`MixSchedule`): the weights of window ``m`` of a mixture of window
+``W`` (:meth:`MixSchedule.window_weights`), the next window whose weights may differ
+(:meth:`MixSchedule.next_change`, so :func:`~.blend.schedule` keeps segments of identical windows), and
+the canonical form the fingerprint hashes (:meth:`MixSchedule.to_dict`).
+
+The rules (docs/batching.md, "Mixture schedules and token quotas", normative):
+
+* a window's weights are the schedule's value at its **first position** ``m W``: a window that straddles
+  a change point keeps the weights it started with whole, so a change at position ``p`` takes effect
+  from window ``ceil(p / W)``;
+* in a ramp piece ``k`` the value at position ``p`` is ``w_k + (w_{k+1} - w_k) (p - at_k) / (at_{k+1} - at_k)``
+  (exact), so every window of a ramp is its own segment; the last piece holds to the end and cannot ramp;
+* a weight of 0 is a component not (yet, or any more) in the mixture: it joins at the first window whose
+  weight is > 0 and retires at the first whose weight is 0 again; its stream stands still in between,
+  so it resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from fractions import Fraction
+
+from .... import checks
+from ....files import reader
+from ..buckets import config_error
+
+#: Most pieces one schedule may have.
+MAX_PIECES = 1 << 12
+#: Most bytes a schedule file may hold (``plan build --mix-schedule``).
+MAX_SCHEDULE_BYTES = 1 << 20
+#: Most windows the ramps of one schedule may cover (each is a segment of its own).
+MAX_RAMP_WINDOWS = 1 << 20
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Weights from mixture position ``at`` on: one per component (``>= 0``, at least one > 0); ``ramp``: they move
+    linearly to the next piece's weights by its ``at``."""
+
+    at: int
+    weights: tuple[Fraction, ...]
+    ramp: bool = False
+
+    def to_dict(self) -> dict:
+        return {"at": self.at, "weights": [[w.numerator, w.denominator] for w in self.weights], "ramp": self.ramp}
+
+
+@dataclass(frozen=True)
+class MixSchedule:
+    """A mixture's weights over its positions (module docstring): ``pieces`` in order of ``at``, the first at 0."""
+
+    pieces: tuple[Piece, ...]
+
+    def __post_init__(self) -> None:
+        pieces = tuple(self.pieces)
+        if not 1 <= len(pieces) <= MAX_PIECES:
+            raise config_error(f"a schedule takes 1 to {MAX_PIECES} pieces, got {len(pieces)}")
+        width = len(pieces[0].weights)
+        for k, piece in enumerate(pieces):
+            if not isinstance(piece, Piece):
+                raise config_error(f"schedule piece {k} must be a Piece")
+            checks.integer(piece.at, f"schedule piece {k} at", 0 if k == 0 else pieces[k - 1].at + 1,
+                           0 if k == 0 else None, fail=config_error,
+                           message="{name} must be 0 for the first piece and grow strictly after, got {value!r}")
+            if len(piece.weights) != width:
+                raise config_error(f"schedule piece {k} has {len(piece.weights)} weights; piece 0 has {width}")
+            if not all(isinstance(w, Fraction) and w >= 0 for w in piece.weights) or not any(piece.weights):
+                raise config_error(f"schedule piece {k}: weights must be exact numbers >= 0, at least one > 0")
+            if not isinstance(piece.ramp, bool):
+                raise config_error(f"schedule piece {k}: ramp must be true or false")
+        if pieces[-1].ramp:
+            raise config_error("the last schedule piece holds to the end and cannot ramp")
+        object.__setattr__(self, "pieces", pieces)
+
+    @property
+    def width(self) -> int:
+        """How many components the schedule weighs."""
+        return len(self.pieces[0].weights)
+
+    def piece_at(self, position: int) -> int:
+        """The index of the piece holding mixture position ``position``."""
+        return bisect.bisect_right([p.at for p in self.pieces], position) - 1
+
+    def weights_at(self, position: int) -> tuple[Fraction, ...]:
+        """The weights at mixture position ``position`` (exact; a ramp interpolated)."""
+        k = self.piece_at(position)
+        piece = self.pieces[k]
+        if not piece.ramp:
+            return piece.weights
+        after = self.pieces[k + 1]
+        t = Fraction(position - piece.at, after.at - piece.at)
+        return tuple(a + (b - a) * t for a, b in zip(piece.weights, after.weights))
+
+    def window_weights(self, m: int, window: int) -> tuple[Fraction, ...]:
+        """Window ``m``'s weights: the value at its first position ``m W``."""
+        return self.weights_at(m * window)
+
+    def next_change(self, m: int, window: int) -> int | None:
+        """The first window after ``m`` whose weights may differ from window ``m``'s (None: none does)."""
+        k = self.piece_at(m * window)
+        if self.pieces[k].ramp:
+            return m + 1
+        if k + 1 == len(self.pieces):
+            return None
+        return -(-self.pieces[k + 1].at // window)
+
+    def ramp_windows(self, window: int, limit: int | None) -> int:
+        """How many windows the ramps cover, up to position ``limit`` (None: no end)."""
+        total = 0
+        for piece, after in zip(self.pieces, self.pieces[1:]):
+            if piece.ramp:
+                end = after.at if limit is None else min(after.at, limit)
+                total += max(0, -(-end // window) - -(-piece.at // window))
+        return total
+
+    def to_dict(self) -> dict:
+        """The canonical form a mixture's fingerprint records (exact weights as ``[numerator, denominator]``)."""
+        return {"pieces": [p.to_dict() for p in self.pieces]}
+
+    @classmethod
+    def from_dict(cls, data, width: int, fail=config_error) -> MixSchedule:
+        """The schedule :meth:`to_dict` wrote (a plan's meta.json), ``width`` weights per piece; ``fail`` for anything
+        else."""
+        record = checks.record(data, {"pieces": checks.field(checks.anything)}, fail=fail, what="schedule")
+        if not isinstance(record["pieces"], list):
+            raise fail("schedule pieces must be a list")
+        pieces = []
+        for k, entry in enumerate(record["pieces"]):
+            where = f"schedule piece {k}"
+            entry = checks.record(entry, dict.fromkeys(("at", "weights", "ramp"), checks.field(checks.anything)),
+                                  fail=fail, what=where)
+            weights = entry["weights"]
+            if (not isinstance(weights, list) or len(weights) != width
+                    or not all(isinstance(w, list) and len(w) == 2 and all(type(v) is int for v in w)
+                               and w[0] >= 0 and w[1] > 0 for w in weights)):
+                raise fail(f"{where}: weights must be {width} pairs [numerator, denominator], integers >= 0 and > 0")
+            if type(entry["at"]) is not int:
+                raise fail(f"{where}: at must be an integer")
+            pieces.append(Piece(entry["at"], tuple(Fraction(*w) for w in weights), entry["ramp"]))
+        try:
+            schedule = cls(tuple(pieces))
+        except Exception as exc:  # a config error's message, under the caller's code
+            raise fail(getattr(exc, "message", str(exc))) from None
+        if schedule.to_dict() != data:
+            raise fail("schedule is not in canonical form (weights in lowest terms)")
+        return schedule
+
+
+def schedule_from_spec(spec, names: list[str], base: list[Fraction], where: str = "the schedule") -> MixSchedule:
+    """The schedule a user writes (docs/batching.md, "Mixture schedules and token quotas"): ``{"unit": "samples" |
+    "steps", "global_batch": B (with steps), "pieces": [{"at": A, "weights": {NAME: WEIGHT, ...}, "ramp": false},
+    ...]}``; a component a piece does not name keeps its own weight (``base``); ``at`` in steps is ``A B`` samples.
+    BATCHING_CONFIG_INVALID naming ``where`` for anything else."""
+    def fail(message: str):
+        return config_error(f"{where}: {message}")
+
+    record = checks.record(spec, {"pieces": checks.field(checks.anything)}, fail=fail, what="the schedule",
+                           optional={"unit": checks.field(checks.text), "global_batch": checks.field(checks.anything)})
+    unit = record.get("unit", "samples")
+    if unit not in ("samples", "steps"):
+        raise fail(f"unit must be 'samples' or 'steps', got {unit[:checks.SHOWN_CHARS]!r}")
+    if (unit == "steps") != ("global_batch" in record):
+        raise fail("global_batch (samples per step) is given with unit 'steps' and only then")
+    scale = 1 if unit == "samples" else checks.integer(record["global_batch"], "global_batch", 1, None, fail=fail,
+                                                       message=checks.AT_LEAST, strict=True)
+    pieces = record["pieces"]
+    if not isinstance(pieces, list) or not 1 <= len(pieces) <= MAX_PIECES:
+        raise fail(f"pieces must be a list of 1 to {MAX_PIECES} pieces")
+    out = []
+    for k, piece in enumerate(pieces):
+        what = f"piece {k}"
+        entry = checks.record(piece, {"at": checks.field(checks.integer, 0, None, strict=True),
+                                      "weights": checks.field(checks.anything)}, fail=fail, what=what,
+                              optional={"ramp": checks.field(checks.anything)})
+        given = entry["weights"]
+        if not isinstance(given, dict):
+            raise fail(f"{what}: weights must be an object of component names and weights")
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise fail(f"{what} weighs {unknown[0][:checks.SHOWN_CHARS]!r}, which is no component "
+                       f"(the components are {', '.join(names)})")
+        weights = tuple(Fraction(checks.number(given[name], f"{what} weight of {name!r}", at_least=0, fail=fail))
+                        if name in given else base[i] for i, name in enumerate(names))
+        ramp = entry.get("ramp", False)
+        if not isinstance(ramp, bool):
+            raise fail(f"{what}: ramp must be true or false")
+        out.append(Piece(entry["at"] * scale, weights, ramp))
+    try:
+        return MixSchedule(tuple(out))
+    except Exception as exc:  # MixSchedule's rules, named with the file
+        raise fail(getattr(exc, "message", str(exc))) from None
+
+
+def read_schedule(path: str, names: list[str], base: list[Fraction]) -> MixSchedule:
+    """The schedule in the JSON file ``path`` (at most :data:`MAX_SCHEDULE_BYTES`, read by the bounded reader),
+    BATCHING_CONFIG_INVALID naming the file for anything it refuses (a missing file included)."""
+    try:
+        spec = reader.read_json(path, config_error, max_bytes=MAX_SCHEDULE_BYTES, what="schedule file")
+    except FileNotFoundError:
+        raise config_error(f"{path}: no such schedule file") from None
+    return schedule_from_spec(spec, names, base, path)

@@ -296,3 +296,45 @@ def test_plan_build_takes_a_schedule_file_and_plan_info_shows_it(tmp_path, capsy
                  "--overflow-max", "1024", "--token-budget", "4096", "--mix-schedule", str(tmp_path / "s.json"),
                  "--output", str(tmp_path / "r")]) != 0
     assert "--mix-schedule needs --mix" in capsys.readouterr().err
+
+
+def test_a_mixture_of_sequences_takes_the_same_schedule(tmp_path):
+    from test_batching_sequence_mixtures import _parts
+
+    from umlos_cuda.batching.plans.windows import SequenceMixture
+    from umlos_cuda.batching.plans.windows.sequences_io import load_mixed_sequences, save_mixed_sequences
+
+    schedule = as_schedule([(0, [1, 0], False), (30, [1, 1], True), (70, [0, 1], False)])
+    fixed = SequenceMixture.build(_parts(), 10, 120, 3)
+    mixture = SequenceMixture.build(_parts(), 10, 120, 3, schedule=schedule)
+    parts = tuple(Part(c.weight, s, c.max_epochs, c.name) for c, s in zip(mixture.components, mixture.per_epoch))
+    blend = Blend(parts, 10, 120, 3, schedule)
+    assert [mixture.locate(k) for k in range(mixture.total)] == [blend.locate(k) for k in range(blend.total)]
+    assert mixture.blend.quotas(0) == (10, 0) and "schedule" not in fixed.header()
+    assert mixture.fingerprint != fixed.fingerprint and mixture.header()["schedule"] == schedule.to_dict()
+    save_mixed_sequences(mixture, tmp_path / "mix")
+    again = load_mixed_sequences(tmp_path / "mix", tokens=[source for _, source, *_ in _parts()])
+    assert again.fingerprint == mixture.fingerprint and again.schedule == schedule
+    assert [again.locate(k) for k in (0, 55, mixture.total - 1)] == [mixture.locate(k)
+                                                                     for k in (0, 55, mixture.total - 1)]
+
+
+def test_plan_cut_takes_a_schedule_file(tmp_path, capsys):
+    from token_cases import random_sequences, write_megatron
+
+    from umlos_cuda.batching.plans.windows.sequences_io import load_mixed_sequences
+    from umlos_cuda.cli import main
+
+    web = write_megatron(tmp_path / "web", random_sequences(120, seed=2, high=50))
+    code = write_megatron(tmp_path / "code", random_sequences(30, seed=3, high=50))
+    (tmp_path / "s.json").write_text(json.dumps({"pieces": [{"at": 0, "weights": {"code": 0}},
+                                                            {"at": 64, "weights": {"web": 0}}]}))
+    out = tmp_path / "mix"
+    assert main(["plan", "cut", "--mix", f"{web}:0.7", f"{code}:0.3", "--num-samples", "128", "--sequence-length",
+                 "16", "--window", "16", "--eos", "0", "--mix-schedule", str(tmp_path / "s.json"), "--quiet",
+                 "--output", str(out)]) == 0
+    mixture = load_mixed_sequences(out)
+    assert [mixture.blend.quotas(m) for m in (0, 3, 4, 7)] == [(16, 0), (16, 0), (0, 16), (0, 16)]
+    capsys.readouterr()
+    assert main(["plan", "info", str(out)]) == 0
+    assert "schedule from sample 64: web 0, code 0.3 (held)" in capsys.readouterr().out

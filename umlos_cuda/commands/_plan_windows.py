@@ -58,7 +58,7 @@ def run_cut(args) -> int:
     from ..files.writer import check_output_folder
     from ._progress import Progress
 
-    if args.mix is not None or args.num_samples is not None:
+    if args.mix is not None or args.num_samples is not None or args.mix_schedule is not None:
         return _cut_mixed(args)
     if args.tokens is None:
         from ..batching.plans.buckets import config_error
@@ -93,15 +93,17 @@ def _cut_mixed(args) -> int:
     seed), blended per window of ``--window`` samples (its cuts use windows of ``--window`` documents too)."""
     from ..batching.plans.buckets import config_error
     from ..batching.plans.windows import CutDefinition, SequenceMixture, save_mixed_sequences
+    from ..batching.plans.windows.schedule import read_schedule
     from ..batching.plans.windows.sequences_io import MIXED_SEQUENCES
     from ..files.writer import check_output_folder
 
     if args.mix is None or args.tokens is not None or args.epochs != 1:
         raise config_error("--mix takes no --source or --epochs (caps and --num-samples decide its length); "
-                           "--num-samples needs --mix")
+                           "--num-samples and --mix-schedule need --mix")
     entries = parse_mix(args.mix, args.seed)
     paths = [path for path, *_ in entries]
-    check_output_folder(args.output, MIXED_SEQUENCES, force=args.force, inputs=paths,
+    check_output_folder(args.output, MIXED_SEQUENCES, force=args.force,
+                        inputs=paths + ([] if args.mix_schedule is None else [args.mix_schedule]),
                         operator=errors.BATCH_PLAN_OPERATOR)
     started = time.perf_counter()
     stage, order = resolve_order(args)
@@ -111,7 +113,9 @@ def _cut_mixed(args) -> int:
         definition = CutDefinition(len(source), args.sequence_length, args.window, seed, stage, order,
                                    args.block_size, args.eos, args.tail)
         parts.append((definition, source, weight, cap, name))
-    mixture = SequenceMixture.build(parts, args.window, args.num_samples, args.seed)
+    schedule = None if args.mix_schedule is None else \
+        read_schedule(args.mix_schedule, mix_names(paths), [Fraction(weight) for _, weight, *_ in entries])
+    mixture = SequenceMixture.build(parts, args.window, args.num_samples, args.seed, schedule=schedule)
     save_mixed_sequences(mixture, args.output, tokens_paths=paths, force=args.force, inputs=paths)
     seconds = time.perf_counter() - started
     quotas = ", ".join(f"{c.name} {q}" for c, q in zip(mixture.components, mixture.blend.quotas(0)))

@@ -111,6 +111,9 @@ def register(subparsers) -> None:
                      "(docs/batching.md, Mixtures of pretraining sequences)")
     cut.add_argument("--num-samples", type=positive_int("--num-samples"), metavar="N",
                      help="with --mix: the mixture's samples (default: until every capped dataset runs out)")
+    cut.add_argument("--mix-schedule", metavar="FILE",
+                     help="with --mix: a JSON file of the weights over the mixture's samples or steps "
+                     "(docs/batching.md, Mixture schedules and token quotas)")
     cut.add_argument("--show", type=non_negative_int("--show"), metavar="K",
                      help="print sample K of epoch 0 (of the mixture, with --mix)")
     cut.add_argument("--output", required=True, metavar="DIR", help="the folder to create")

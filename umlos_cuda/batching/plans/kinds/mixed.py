@@ -20,6 +20,7 @@ from ..windows.io import MIXED_PLAN, load_mixed_plan, save_mixed_plan, save_mixe
 from ..windows.mixed import MixedPlan
 from ..windows.mixture import MixedWindow
 from ..windows.resume import rank_indices
+from ..windows.schedule import MixSchedule
 from ..windows.verify import verify_mixed_plan
 from .kind import PlanKind
 
@@ -39,9 +40,7 @@ def report(folder, *, world_size: int | None = None, rank: int | None = None) ->
                         for s in d.segments],
            "counts": plan.counts()}
     if d.schedule is not None:
-        names = [c.name for c in d.components]
-        out["schedule"] = [{"at": p.at, "ramp": p.ramp, "weights": dict(zip(names, (float(w) for w in p.weights)))}
-                           for p in d.schedule.pieces]
+        out["schedule"] = d.schedule.describe([c.name for c in d.components])
     if ranks:
         out["ranks"] = [{"rank": r, "microbatches": len(rank_indices(0, plan.num_microbatches, r, world_size or 1))}
                         for r in ranks]
@@ -59,10 +58,7 @@ def lines(report: dict) -> list[str]:
     for c in report["components"]:
         cap = "no cap" if c["max_epochs"] is None else f"at most {c['max_epochs']} epoch(s)"
         out.append(f"  {c['name']}: weight {c['weight']}, seed {c['seed']}, {c['count']} samples, {cap}")
-    for piece in report.get("schedule", []):
-        weights = ", ".join(f"{name} {w:.6g}" for name, w in piece["weights"].items())
-        shape = "ramping to the next piece's" if piece["ramp"] else "held"
-        out.append(f"  schedule from sample {piece['at']}: {weights} ({shape})")
+    out += MixSchedule.lines(report.get("schedule", []))
     out += [f"  windows {seg['first']} to {seg['first'] + seg['windows'] - 1}: {seg['size']} positions, "
             f"quotas {seg['quotas']}" for seg in report["segments"]]
     counts = report["counts"]

@@ -118,6 +118,21 @@ class MixSchedule:
                 total += max(0, -(-end // window) - -(-piece.at // window))
         return total
 
+    def describe(self, names: list[str]) -> list[dict]:
+        """The pieces as ``plan info`` reports them: ``at``, ``ramp`` and each component's weight by name (a float)."""
+        return [{"at": p.at, "ramp": p.ramp, "weights": dict(zip(names, (float(w) for w in p.weights)))}
+                for p in self.pieces]
+
+    @staticmethod
+    def lines(described: list[dict]) -> list[str]:
+        """``plan info``'s lines of :meth:`describe`'s pieces."""
+        out = []
+        for piece in described:
+            weights = ", ".join(f"{name} {w:.6g}" for name, w in piece["weights"].items())
+            shape = "ramping to the next piece's" if piece["ramp"] else "held"
+            out.append(f"  schedule from sample {piece['at']}: {weights} ({shape})")
+        return out
+
     def to_dict(self) -> dict:
         """The canonical form a mixture's fingerprint records (exact weights as ``[numerator, denominator]``)."""
         return {"pieces": [p.to_dict() for p in self.pieces]}

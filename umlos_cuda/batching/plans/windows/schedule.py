@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from .... import checks
+from ....errors import UINT64_MAX
 from ....files import reader
 from ..buckets import config_error
 
@@ -65,8 +66,9 @@ class MixSchedule:
             if not isinstance(piece, Piece):
                 raise config_error(f"schedule piece {k} must be a Piece")
             checks.integer(piece.at, f"schedule piece {k} at", 0 if k == 0 else pieces[k - 1].at + 1,
-                           0 if k == 0 else None, fail=config_error,
-                           message="{name} must be 0 for the first piece and grow strictly after, got {value!r}")
+                           0 if k == 0 else UINT64_MAX, fail=config_error,
+                           message="{name} must be 0 for the first piece and grow strictly after, below 2^64, "
+                           "got {value!r}")
             if len(piece.weights) != width:
                 raise config_error(f"schedule piece {k} has {len(piece.weights)} weights; piece 0 has {width}")
             if not all(isinstance(w, Fraction) and w >= 0 for w in piece.weights) or not any(piece.weights):
@@ -181,15 +183,15 @@ def schedule_from_spec(spec, names: list[str], base: list[Fraction], where: str 
         raise fail(f"unit must be 'samples' or 'steps', got {unit[:checks.SHOWN_CHARS]!r}")
     if (unit == "steps") != ("global_batch" in record):
         raise fail("global_batch (samples per step) is given with unit 'steps' and only then")
-    scale = 1 if unit == "samples" else checks.integer(record["global_batch"], "global_batch", 1, None, fail=fail,
-                                                       message=checks.AT_LEAST, strict=True)
+    scale = 1 if unit == "samples" else checks.integer(record["global_batch"], "global_batch", 1, UINT64_MAX,
+                                                       fail=fail, strict=True)
     pieces = record["pieces"]
     if not isinstance(pieces, list) or not 1 <= len(pieces) <= MAX_PIECES:
         raise fail(f"pieces must be a list of 1 to {MAX_PIECES} pieces")
     out = []
     for k, piece in enumerate(pieces):
         what = f"piece {k}"
-        entry = checks.record(piece, {"at": checks.field(checks.integer, 0, None, strict=True),
+        entry = checks.record(piece, {"at": checks.field(checks.integer, 0, UINT64_MAX, strict=True),
                                       "weights": checks.field(checks.anything)}, fail=fail, what=what,
                               optional={"ramp": checks.field(checks.anything)})
         given = entry["weights"]

@@ -338,3 +338,16 @@ def test_plan_cut_takes_a_schedule_file(tmp_path, capsys):
     capsys.readouterr()
     assert main(["plan", "info", str(out)]) == 0
     assert "schedule from sample 64: web 0, code 0.3 (held)" in capsys.readouterr().out
+
+
+def test_pieces_take_ints_floats_and_numpy_numbers_exactly_and_refuse_the_rest():
+    schedule = MixSchedule((Piece(np.int64(0), (1, 0.5)), Piece(10, (np.float32(0.25), Fraction(1, 3)))))
+    assert schedule.pieces[1].weights == (Fraction(1, 4), Fraction(1, 3)) and type(schedule.pieces[0].at) is int
+    assert schedule.to_dict()["pieces"][0]["weights"] == [[1, 1], [1, 2]]
+    for pieces, text in [((Piece(0, [1]),), "tuple of weights"), ((Piece(0, (True,)),), "finite numbers >= 0"),
+                         ((Piece(0, (float("nan"),)),), "finite numbers >= 0"), ((Piece(0, ("1",)),), "finite"),
+                         ((Piece(0, (1,)), Piece(5, (1, 2))), "has 2 weights"), ((Piece(0, (1,), ramp=None),), "ramp"),
+                         ((Piece(0, (1,)), Piece(2**64, (1,))), "below 2^64"), ((), "1 to 4096 pieces")]:
+        with pytest.raises(UmlosError) as info:
+            MixSchedule(pieces)
+        assert info.value.code == errors.BATCHING_CONFIG_INVALID and text in info.value.message

@@ -22,11 +22,13 @@ The rules (docs/batching.md, "Mixture schedules and token quotas", normative):
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+import numbers
+from dataclasses import dataclass, field
 from fractions import Fraction
+from math import isfinite
 
 from .... import checks
-from ....errors import UINT64_MAX
+from ....errors import UINT64_MAX, UmlosError
 from ....files import reader
 from ..buckets import config_error
 
@@ -40,8 +42,9 @@ MAX_RAMP_WINDOWS = 1 << 20
 
 @dataclass(frozen=True)
 class Piece:
-    """Weights from mixture position ``at`` on: one per component (``>= 0``, at least one > 0); ``ramp``: they move
-    linearly to the next piece's weights by its ``at``."""
+    """Weights from mixture position ``at`` on: one per component (``>= 0``, at least one > 0; a float is taken as
+    its exact binary value, as a component's weight is); ``ramp``: they move linearly to the next piece's weights
+    by its ``at``."""
 
     at: int
     weights: tuple[Fraction, ...]
@@ -51,33 +54,41 @@ class Piece:
         return {"at": self.at, "weights": [[w.numerator, w.denominator] for w in self.weights], "ramp": self.ramp}
 
 
+def _exact(weight) -> Fraction:
+    """A weight as an exact rational: a float (NumPy's too) its binary value, as a component's weight is taken."""
+    return Fraction(weight) if isinstance(weight, numbers.Rational) else Fraction(float(weight))
+
+
 @dataclass(frozen=True)
 class MixSchedule:
     """A mixture's weights over its positions (module docstring): ``pieces`` in order of ``at``, the first at 0."""
 
     pieces: tuple[Piece, ...]
+    _ats: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         pieces = tuple(self.pieces)
         if not 1 <= len(pieces) <= MAX_PIECES:
             raise config_error(f"a schedule takes 1 to {MAX_PIECES} pieces, got {len(pieces)}")
-        width = len(pieces[0].weights)
+        width = len(pieces[0].weights) if isinstance(pieces[0], Piece) and isinstance(pieces[0].weights, tuple) else 0
         for k, piece in enumerate(pieces):
-            if not isinstance(piece, Piece):
-                raise config_error(f"schedule piece {k} must be a Piece")
+            if not isinstance(piece, Piece) or not isinstance(piece.weights, tuple):
+                raise config_error(f"schedule piece {k} must be a Piece with a tuple of weights")
             checks.integer(piece.at, f"schedule piece {k} at", 0 if k == 0 else pieces[k - 1].at + 1,
                            0 if k == 0 else UINT64_MAX, fail=config_error,
                            message="{name} must be 0 for the first piece and grow strictly after, below 2^64, "
                            "got {value!r}")
             if len(piece.weights) != width:
                 raise config_error(f"schedule piece {k} has {len(piece.weights)} weights; piece 0 has {width}")
-            if not all(isinstance(w, Fraction) and w >= 0 for w in piece.weights) or not any(piece.weights):
-                raise config_error(f"schedule piece {k}: weights must be exact numbers >= 0, at least one > 0")
+            if not all(checks.is_number(w) and isfinite(w) and w >= 0 for w in piece.weights) or not any(piece.weights):
+                raise config_error(f"schedule piece {k}: weights must be finite numbers >= 0, at least one > 0")
             if not isinstance(piece.ramp, bool):
                 raise config_error(f"schedule piece {k}: ramp must be true or false")
+        pieces = tuple(Piece(int(p.at), tuple(map(_exact, p.weights)), p.ramp) for p in pieces)
         if pieces[-1].ramp:
             raise config_error("the last schedule piece holds to the end and cannot ramp")
         object.__setattr__(self, "pieces", pieces)
+        object.__setattr__(self, "_ats", tuple(p.at for p in pieces))
 
     @property
     def width(self) -> int:
@@ -86,7 +97,7 @@ class MixSchedule:
 
     def piece_at(self, position: int) -> int:
         """The index of the piece holding mixture position ``position``."""
-        return bisect.bisect_right([p.at for p in self.pieces], position) - 1
+        return bisect.bisect_right(self._ats, position) - 1
 
     def weights_at(self, position: int) -> tuple[Fraction, ...]:
         """The weights at mixture position ``position`` (exact; a ramp interpolated)."""
@@ -161,8 +172,8 @@ class MixSchedule:
             pieces.append(Piece(entry["at"], tuple(Fraction(*w) for w in weights), entry["ramp"]))
         try:
             schedule = cls(tuple(pieces))
-        except Exception as exc:  # a config error's message, under the caller's code
-            raise fail(getattr(exc, "message", str(exc))) from None
+        except UmlosError as exc:  # a config error's message, under the caller's code
+            raise fail(exc.message) from None
         if schedule.to_dict() != data:
             raise fail("schedule is not in canonical form (weights in lowest terms)")
         return schedule
@@ -209,8 +220,8 @@ def schedule_from_spec(spec, names: list[str], base: list[Fraction], where: str 
         out.append(Piece(entry["at"] * scale, weights, ramp))
     try:
         return MixSchedule(tuple(out))
-    except Exception as exc:  # MixSchedule's rules, named with the file
-        raise fail(getattr(exc, "message", str(exc))) from None
+    except UmlosError as exc:  # MixSchedule's rules, named with the file
+        raise fail(exc.message) from None
 
 
 def read_schedule(path: str, names: list[str], base: list[Fraction]) -> MixSchedule:

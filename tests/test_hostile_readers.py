@@ -1345,6 +1345,16 @@ def _scheduled_build(change: Callable[[Path], None]):
     return make
 
 
+def _scheduled_cut(change: Callable[[Path], None]):
+    """``plan cut --mix`` of the Megatron pair with ``--mix-schedule schedule.json``, the file made by
+    ``change(here)``."""
+    def make(world, here):
+        argv = _plan_cut_mix(lambda h: None)(world, here)
+        change(here)
+        return (*argv, "--mix-schedule", str(here / "schedule.json"))
+    return make
+
+
 def _schedule_file(value) -> Callable[[Path], None]:
     return lambda h: write_json(h / "schedule.json", value)
 
@@ -1390,6 +1400,13 @@ SCHEDULE_CASES = [
          _mixed_schedule(lambda s: s["pieces"][0].update(ramp="no")), (WP,), "meta.json"),
     Case("traceback/mixed-plan-meta-schedule-added", _mixed_schedule(lambda s: None),
          (errors.PLAN_FINGERPRINT_MISMATCH,)),
+    Case("hang/plan-cut-mix-fifo-schedule", _scheduled_cut(lambda h: fifo(h / "schedule.json")), (BC,),
+         "schedule.json"),
+    Case("traceback/plan-cut-mix-schedule-unknown-name",
+         _scheduled_cut(_schedule_file({"pieces": [{"at": 0, "weights": {"web": 1}}]})), (BC,), "schedule.json"),
+    Case("traceback/mixed-sequences-meta-schedule-not-an-object",
+         _mixed_sequences(lambda d: edit_json(d / "meta.json", lambda m: m.update(schedule=[1]))), (WP,),
+         "meta.json"),
 ]
 
 

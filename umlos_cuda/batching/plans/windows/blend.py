@@ -36,7 +36,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 from fractions import Fraction
-from math import floor, isfinite
+from math import isfinite, lcm
 
 import numpy as np
 
@@ -69,21 +69,23 @@ class Segment:
     starts: tuple[int, ...]
 
 
-def allocate(size: int, weights: list[Fraction], remaining: list[int | None]) -> list[int]:
+def allocate(size: int, weights: list, remaining: list[int | None]) -> list[int]:
     """The quotas of a window of ``size`` positions (module docstring): ``floor(size w_i / S)`` for the
-    live components (weight > 0 and ``remaining`` not 0; None: no cap), the ``size - sum`` positions left going one each
-    to the largest remainders (ties to the lower index); a capped component given more than it has left
-    gets what it has left and is taken out, and the rest is allocated again among the others."""
-    quotas = [0] * len(weights)
-    active = [i for i, left in enumerate(remaining) if (left is None or left > 0) and weights[i] > 0]
+    live components (weight > 0 and ``remaining`` not 0; None: no cap), the ``size - sum`` positions left
+    going one each to the largest remainders (ties to the lower index); a capped component given more than it
+    has left gets what it has left and is taken out, and the rest is allocated again among the others.
+    ``weights``: exact rationals or integers, computed on integers over their common denominator."""
+    scale = lcm(*(w.denominator for w in weights))
+    ints = [w.numerator * (scale // w.denominator) for w in weights]
+    quotas = [0] * len(ints)
+    active = [i for i, left in enumerate(remaining) if (left is None or left > 0) and ints[i] > 0]
     while active and size:
-        total = sum(weights[i] for i in active)
-        exact = {i: size * weights[i] / total for i in active}
-        share = {i: floor(exact[i]) for i in active}
+        total = sum(ints[i] for i in active)
+        share = {i: size * ints[i] // total for i in active}
         spare = size - sum(share.values())
-        for i in sorted(active, key=lambda i: (share[i] - exact[i], i))[:spare]:
+        for i in sorted(active, key=lambda i: (-(size * ints[i] % total), i))[:spare]:
             share[i] += 1
-        over = [i for i in active if remaining[i] is not None and share[i] > remaining[i]]  # type: ignore[operator]
+        over = [i for i in active if remaining[i] is not None and share[i] > remaining[i]]
         if not over:
             for i in active:
                 quotas[i] = share[i]
@@ -95,7 +97,7 @@ def allocate(size: int, weights: list[Fraction], remaining: list[int | None]) ->
     return quotas
 
 
-def schedule(window: int, num_samples: int | None, weights: list[Fraction],
+def schedule(window: int, num_samples: int | None, weights: list,
              supplies: list[int | None], plan: MixSchedule | None = None) -> tuple[tuple[Segment, ...], int]:
     """The segments of identical windows (module docstring) and the mixture's total number of places;
     ``supplies[i]``: the positions component ``i``'s stream holds (None: no end); ``plan``: the weights of each
@@ -106,7 +108,7 @@ def schedule(window: int, num_samples: int | None, weights: list[Fraction],
     m = done = 0
     while True:
         if plan is not None:
-            weights = list(plan.window_weights(m, window))
+            weights = list(plan.window_ratios(m, window))
         live = [i for i, left in enumerate(remaining) if (left is None or left > 0) and weights[i] > 0]
         if not live:
             break

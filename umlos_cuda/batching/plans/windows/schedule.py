@@ -25,7 +25,7 @@ import bisect
 import numbers
 from dataclasses import dataclass, field
 from fractions import Fraction
-from math import isfinite
+from math import isfinite, lcm
 
 from .... import checks
 from ....errors import UINT64_MAX, UmlosError
@@ -36,8 +36,9 @@ from ..buckets import config_error
 MAX_PIECES = 1 << 12
 #: Most bytes a schedule file may hold (``plan build --mix-schedule``).
 MAX_SCHEDULE_BYTES = 1 << 20
-#: Most windows the ramps of one schedule may cover (each is a segment of its own).
-MAX_RAMP_WINDOWS = 1 << 20
+#: Most windows the ramps of one schedule may cover (each is a segment of its own, its quotas computed when the
+#: mixture is defined or opened: about 35 microseconds a window, some 9 s at this bound).
+MAX_RAMP_WINDOWS = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class MixSchedule:
 
     pieces: tuple[Piece, ...]
     _ats: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _ratios: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         pieces = tuple(self.pieces)
@@ -89,6 +91,13 @@ class MixSchedule:
             raise config_error("the last schedule piece holds to the end and cannot ramp")
         object.__setattr__(self, "pieces", pieces)
         object.__setattr__(self, "_ats", tuple(p.at for p in pieces))
+        ratios = []
+        for k, piece in enumerate(pieces):
+            ends = (piece.weights, pieces[k + 1].weights) if piece.ramp else (piece.weights,)
+            scale = lcm(*(w.denominator for weights in ends for w in weights))
+            start, *target = (tuple(w.numerator * (scale // w.denominator) for w in weights) for weights in ends)
+            ratios.append((start, target[0] if target else None))
+        object.__setattr__(self, "_ratios", tuple(ratios))
 
     @property
     def width(self) -> int:
@@ -112,6 +121,18 @@ class MixSchedule:
     def window_weights(self, m: int, window: int) -> tuple[Fraction, ...]:
         """Window ``m``'s weights: the value at its first position ``m W``."""
         return self.weights_at(m * window)
+
+    def window_ratios(self, m: int, window: int) -> tuple[int, ...]:
+        """Window ``m``'s weights as integers in the same ratio (what the quotas need; no rational arithmetic per
+        window): a held piece's over the lcm of its denominators, a ramp's over that times the ramp's length."""
+        position = m * window
+        k = self.piece_at(position)
+        start, target = self._ratios[k]
+        if target is None:
+            return start
+        span = self.pieces[k + 1].at - self.pieces[k].at
+        d = position - self.pieces[k].at
+        return tuple(a * span + (b - a) * d for a, b in zip(start, target))
 
     def next_change(self, m: int, window: int) -> int | None:
         """The first window after ``m`` whose weights may differ from window ``m``'s (None: none does)."""

@@ -288,6 +288,10 @@ def test_plan_build_takes_a_schedule_file_and_plan_info_shows_it(tmp_path, capsy
     assert main(["plan", "info", str(tmp_path / "p")]) == 0
     text = capsys.readouterr().out
     assert "schedule from sample 0: web 0.7, code 0 (held)" in text and "schedule from sample 256:" in text
+    assert main(["plan", "info", str(tmp_path / "p"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["schedule"] == [
+        {"at": 0, "ramp": False, "weights": {"web": 0.7, "code": 0.0}},
+        {"at": 256, "ramp": False, "weights": {"web": 0.7, "code": 0.3}}]
     assert main(["plan", "verify", str(tmp_path / "p"), "--windows", "3"]) == 0
     assert main([*args, "--output", str(tmp_path / "q")]) == 0
     assert load_mixed_plan(tmp_path / "q").fingerprint != plan.fingerprint

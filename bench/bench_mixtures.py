@@ -13,7 +13,13 @@ time and samples/s, the peak RSS (``ru_maxrss``) and its rise over the RSS after
 largest time: one mixed window planned each), and one mixed window's order alone
 (``window_of``), the median of 20.
 
+``--schedule scheduled`` gives the mixture a schedule (docs/batching.md, "Mixture schedules") instead
+of its fixed weights: d2 joins at 10 % of the samples, the weights ramp from 0.5, 0.3, 0.2 to 0.3, 0.3,
+0.4 until 60 % (a segment per window), and d1 retires at 80 %; ``--schedule both`` runs the fixed and the
+scheduled mixture each in its own fresh interpreter and prints both rows and their ratios.
+
     python bench/bench_mixtures.py [--documents 10000000] [--samples 10000000] [--window 65536] [--cap 2]
+        [--schedule fixed|scheduled|both]
 """
 
 from __future__ import annotations
@@ -41,6 +47,21 @@ def rss_mb() -> float:
     return 0.0
 
 
+def scheduled_weights(samples: int):
+    """The bench's schedule (module docstring), its positions fractions of ``samples``."""
+    from fractions import Fraction
+
+    from umlos_cuda.batching.plans.windows import MixSchedule, Piece
+
+    def weights(*values: str) -> tuple[Fraction, ...]:
+        return tuple(Fraction(v) for v in values)
+
+    return MixSchedule((Piece(0, weights("0.5", "0.3", "0")),
+                        Piece(samples // 10, weights("0.5", "0.3", "0.2"), ramp=True),
+                        Piece(samples * 6 // 10, weights("0.3", "0.3", "0.4")),
+                        Piece(samples * 8 // 10, weights("0.3", "0", "0.4"))))
+
+
 def child(spec: dict) -> dict:
     from umlos_cuda.batching import BatchingConfig
     from umlos_cuda.batching.plans.windows import (Component, MappedLengths, MixedPlan, MixtureDefinition,
@@ -55,8 +76,9 @@ def child(spec: dict) -> dict:
     components = tuple(Component(sources[i], w, seed=100 + i,
                                  max_epochs=spec["cap"] if i == 2 else None, name=f"d{i}")
                        for i, w in enumerate((0.5, 0.3, 0.2)))
+    schedule = scheduled_weights(spec["samples"]) if spec["schedule"] == "scheduled" else None
     started = time.perf_counter()
-    definition = MixtureDefinition(config, components, spec["window"], spec["samples"])
+    definition = MixtureDefinition(config, components, spec["window"], spec["samples"], schedule)
     defined = time.perf_counter() - started
     plan = MixedPlan.build(definition)
     built = time.perf_counter() - started
@@ -90,6 +112,7 @@ def main() -> None:
     parser.add_argument("--cap", type=int, default=None)
     parser.add_argument("--draws", type=int, default=50)
     parser.add_argument("--mapped", default=None, metavar="DIR", help="map sidecars written in DIR (kept)")
+    parser.add_argument("--schedule", choices=("fixed", "scheduled", "both"), default="fixed")
     parser.add_argument("--child", default=None)
     args = parser.parse_args()
     if args.child is not None:
@@ -103,20 +126,30 @@ def main() -> None:
             path = os.path.join(args.mapped, f"d{i}.u32")
             if not os.path.exists(path):
                 write_sidecar(path, args.documents, i)
-    spec = {"documents": args.documents, "samples": args.samples, "window": args.window, "cap": args.cap,
-            "draws": args.draws, "mapped": args.mapped}
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], check=True, capture_output=True,
-                         text=True, env=env).stdout
-    r = json.loads(out.strip().splitlines()[-1])
-    print("| documents per dataset | samples | windows (segments) | build s | samples/s | peak RSS MB (rise) "
-          "| index KB | microbatch k ms (median, max) | window order ms |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    print(f"| {args.documents:,} | {r['samples']:,} | {r['windows']} ({r['segments']}) | {r['build_s']:.2f} "
-          f"| {r['rate']:,.0f} | {r['peak_mb']:.0f} (+{r['rise_mb']:.0f}) | {r['index_kb']:.1f} "
-          f"| {r['mb_k_ms_median']:.1f}, {r['mb_k_ms_max']:.1f} | {r['window_order_ms']:.1f} |")
-    print(f"window 0 quotas {r['quotas0']}, {r['microbatches']:,} microbatches; "
-          f"definition {r['define_s'] * 1000:.1f} ms")
+    kinds = ("fixed", "scheduled") if args.schedule == "both" else (args.schedule,)
+    rows = {}
+    print("| weights | documents per dataset | samples | windows (segments) | build s | samples/s "
+          "| peak RSS MB (rise) | index KB | microbatch k ms (median, max) | window order ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for kind in kinds:
+        spec = {"documents": args.documents, "samples": args.samples, "window": args.window, "cap": args.cap,
+                "draws": args.draws, "mapped": args.mapped, "schedule": kind}
+        out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], check=True,
+                             capture_output=True, text=True, env=env).stdout
+        r = rows[kind] = json.loads(out.strip().splitlines()[-1])
+        print(f"| {kind} | {args.documents:,} | {r['samples']:,} | {r['windows']} ({r['segments']}) "
+              f"| {r['build_s']:.2f} | {r['rate']:,.0f} | {r['peak_mb']:.0f} (+{r['rise_mb']:.0f}) "
+              f"| {r['index_kb']:.1f} | {r['mb_k_ms_median']:.1f}, {r['mb_k_ms_max']:.1f} "
+              f"| {r['window_order_ms']:.1f} |")
+    for kind, r in rows.items():
+        print(f"{kind}: window 0 quotas {r['quotas0']}, {r['microbatches']:,} microbatches; "
+              f"definition {r['define_s'] * 1000:.1f} ms")
+    if len(rows) == 2:
+        fixed, scheduled = rows["fixed"], rows["scheduled"]
+        print(f"scheduled / fixed: build {scheduled['build_s'] / fixed['build_s']:.2f}x, peak RSS "
+              f"{scheduled['peak_mb'] / fixed['peak_mb']:.2f}x, definition "
+              f"{scheduled['define_s'] / fixed['define_s']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -1335,6 +1335,81 @@ MIXED_BATCH_CASES = [
 ]
 
 
+def _scheduled_build(change: Callable[[Path], None]):
+    """``plan build --window --mix`` of the length cache with ``--mix-schedule schedule.json``, the file made by
+    ``change(here)``: read by the bounded reader, each field checked (BATCHING_CONFIG_INVALID naming it)."""
+    def make(world, here):
+        argv = _window_build(lambda h: None, "lengths.jsonl", mix=True)(world, here)
+        change(here)
+        return (*argv, "--mix-schedule", str(here / "schedule.json"))
+    return make
+
+
+def _scheduled_cut(change: Callable[[Path], None]):
+    """``plan cut --mix`` of the Megatron pair with ``--mix-schedule schedule.json``, the file made by
+    ``change(here)``."""
+    def make(world, here):
+        argv = _plan_cut_mix(lambda h: None)(world, here)
+        change(here)
+        return (*argv, "--mix-schedule", str(here / "schedule.json"))
+    return make
+
+
+def _schedule_file(value) -> Callable[[Path], None]:
+    return lambda h: write_json(h / "schedule.json", value)
+
+
+def _mixed_schedule(change: Callable[[dict], None]):
+    """The mixed plan's meta.json given a schedule by ``change(schedule)`` (a held one to start from)."""
+    def edit(meta: dict) -> None:
+        meta["mixture"]["schedule"] = {"pieces": [{"at": 0, "weights": [[7, 10], [3, 10]], "ramp": False}]}
+        change(meta["mixture"]["schedule"])
+    return _mixed(lambda h: edit_json(h / "mixed" / "meta.json", edit))
+
+
+BC = errors.BATCHING_CONFIG_INVALID
+SCHEDULE_CASES = [
+    Case("hang/mixed-plan-build-fifo-schedule", _scheduled_build(lambda h: fifo(h / "schedule.json")), (BC,),
+         "schedule.json"),
+    Case("hang/mixed-plan-build-sparse-schedule", _scheduled_build(lambda h: sparse(h / "schedule.json", b'{"a": "')),
+         (BC,), "schedule.json"),
+    Case("traceback/mixed-plan-build-deep-schedule",
+         _scheduled_build(lambda h: (h / "schedule.json").write_text(deep_json('{"pieces": ', "}"))), (BC,),
+         "schedule.json"),
+    Case("traceback/mixed-plan-build-schedule-not-an-object", _scheduled_build(_schedule_file([1])), (BC,),
+         "schedule.json"),
+    Case("traceback/mixed-plan-build-schedule-pieces-not-a-list", _scheduled_build(_schedule_file({"pieces": 3})),
+         (BC,), "schedule.json"),
+    Case("traceback/mixed-plan-build-schedule-weight-a-string",
+         _scheduled_build(_schedule_file({"pieces": [{"at": 0, "weights": {"lengths": "1"}}]})), (BC,),
+         "schedule.json"),
+    Case("traceback/mixed-plan-build-schedule-weights-a-list",
+         _scheduled_build(_schedule_file({"pieces": [{"at": 0, "weights": [1]}]})), (BC,), "schedule.json"),
+    Case("traceback/mixed-plan-build-schedule-at-a-huge-float",
+         _scheduled_build(_schedule_file({"pieces": [{"at": 1e308, "weights": {}}]})), (BC,), "schedule.json"),
+    Case("hang/mixed-plan-build-schedule-steps-of-2^64-samples",
+         _scheduled_build(_schedule_file({"unit": "steps", "global_batch": 2**64, "pieces": [
+             {"at": 0, "weights": {}, "ramp": True}, {"at": 2**64, "weights": {}}]})), (BC,), "schedule.json"),
+    Case("traceback/mixed-plan-meta-schedule-not-an-object", _mixed(lambda h: edit_json(
+        h / "mixed" / "meta.json", lambda m: m["mixture"].update(schedule=[1]))), (WP,), "meta.json"),
+    Case("traceback/mixed-plan-meta-schedule-at-a-string",
+         _mixed_schedule(lambda s: s["pieces"][0].update(at="0")), (WP,), "meta.json"),
+    Case("traceback/mixed-plan-meta-schedule-weight-not-a-pair",
+         _mixed_schedule(lambda s: s["pieces"][0].update(weights=[0.7, 0.3])), (WP,), "meta.json"),
+    Case("traceback/mixed-plan-meta-schedule-ramp-not-a-bool",
+         _mixed_schedule(lambda s: s["pieces"][0].update(ramp="no")), (WP,), "meta.json"),
+    Case("traceback/mixed-plan-meta-schedule-added", _mixed_schedule(lambda s: None),
+         (errors.PLAN_FINGERPRINT_MISMATCH,)),
+    Case("hang/plan-cut-mix-fifo-schedule", _scheduled_cut(lambda h: fifo(h / "schedule.json")), (BC,),
+         "schedule.json"),
+    Case("traceback/plan-cut-mix-schedule-unknown-name",
+         _scheduled_cut(_schedule_file({"pieces": [{"at": 0, "weights": {"web": 1}}]})), (BC,), "schedule.json"),
+    Case("traceback/mixed-sequences-meta-schedule-not-an-object",
+         _mixed_sequences(lambda d: edit_json(d / "meta.json", lambda m: m.update(schedule=[1]))), (WP,),
+         "meta.json"),
+]
+
+
 MIXED_CASES = [
     Case("hang/mixed-plan-info-fifo-meta-json", _mixed_cli("info", lambda h: fifo(h / "mixed" / "meta.json")),
          (WP,), "meta.json"),
@@ -2721,7 +2796,7 @@ EDIT_CASES = [
 
 
 CASES += WINDOWED_CASES + SEQUENCES_CASES + EXPLAIN_CASES + EDIT_CASES
-CASES += MIXED_CASES + MIXED_SEQUENCES_CASES + MIXED_BATCH_CASES
+CASES += MIXED_CASES + MIXED_SEQUENCES_CASES + MIXED_BATCH_CASES + SCHEDULE_CASES
 CASES += TOKEN_SOURCE_CASES
 CASES += TRUNCATION_AND_ROW_CASES
 CASES += SILENT_ACCEPTANCE_CASES

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from fractions import Fraction
 from .. import errors
 from ._args import resolve_order
 
@@ -57,7 +58,7 @@ def run_cut(args) -> int:
     from ..files.writer import check_output_folder
     from ._progress import Progress
 
-    if args.mix is not None or args.num_samples is not None:
+    if args.mix is not None or args.num_samples is not None or args.mix_schedule is not None:
         return _cut_mixed(args)
     if args.tokens is None:
         from ..batching.plans.buckets import config_error
@@ -92,15 +93,17 @@ def _cut_mixed(args) -> int:
     seed), blended per window of ``--window`` samples (its cuts use windows of ``--window`` documents too)."""
     from ..batching.plans.buckets import config_error
     from ..batching.plans.windows import CutDefinition, SequenceMixture, save_mixed_sequences
+    from ..batching.plans.windows.schedule import read_schedule
     from ..batching.plans.windows.sequences_io import MIXED_SEQUENCES
     from ..files.writer import check_output_folder
 
     if args.mix is None or args.tokens is not None or args.epochs != 1:
         raise config_error("--mix takes no --source or --epochs (caps and --num-samples decide its length); "
-                           "--num-samples needs --mix")
+                           "--num-samples and --mix-schedule need --mix")
     entries = parse_mix(args.mix, args.seed)
     paths = [path for path, *_ in entries]
-    check_output_folder(args.output, MIXED_SEQUENCES, force=args.force, inputs=paths,
+    check_output_folder(args.output, MIXED_SEQUENCES, force=args.force,
+                        inputs=paths + ([] if args.mix_schedule is None else [args.mix_schedule]),
                         operator=errors.BATCH_PLAN_OPERATOR)
     started = time.perf_counter()
     stage, order = resolve_order(args)
@@ -110,7 +113,9 @@ def _cut_mixed(args) -> int:
         definition = CutDefinition(len(source), args.sequence_length, args.window, seed, stage, order,
                                    args.block_size, args.eos, args.tail)
         parts.append((definition, source, weight, cap, name))
-    mixture = SequenceMixture.build(parts, args.window, args.num_samples, args.seed)
+    schedule = None if args.mix_schedule is None else \
+        read_schedule(args.mix_schedule, mix_names(paths), [Fraction(weight) for _, weight, *_ in entries])
+    mixture = SequenceMixture.build(parts, args.window, args.num_samples, args.seed, schedule=schedule)
     save_mixed_sequences(mixture, args.output, tokens_paths=paths, force=args.force, inputs=paths)
     seconds = time.perf_counter() - started
     quotas = ", ".join(f"{c.name} {q}" for c, q in zip(mixture.components, mixture.blend.quotas(0)))
@@ -188,25 +193,31 @@ def build_mixed(args, config) -> int:
     from ..batching.plans.buckets import config_error
     from ..batching.plans.windows import Component, MixedPlan, MixtureDefinition
     from ..batching.plans.windows.io import MIXED_PLAN, save_mixed_plan
+    from ..batching.plans.windows.schedule import read_schedule
     from ..batching.sources import open_source, source_kind
     from ..batching.sources.builtin import LENGTH_CACHE
     from ..batching.plans.windows.window import check_windowed_config
     from ..files.writer import check_output_folder
     from ._progress import Progress
 
+    if args.mix_schedule is not None and args.mix is None:
+        raise config_error("--mix-schedule needs --mix")
     if args.mix is None or args.window is None or args.lengths is not None or args.epochs != 1:
         raise config_error("--mix needs --window and takes no --source or --epochs (caps and --num-samples "
                            "decide its length); --num-samples needs --mix")
     entries = parse_mix(args.mix, args.seed)
     inputs = [name for path, *_ in entries for name in ((path, sidecar_path(path)) if source_kind(path) is LENGTH_CACHE
                                                         else (path,))]
+    inputs += [] if args.mix_schedule is None else [args.mix_schedule]
     names = mix_names([path for path, *_ in entries])
     check_windowed_config(config)  # refuses what windows do not plan, before any read
     check_output_folder(args.output, MIXED_PLAN, force=args.force, inputs=inputs, operator=errors.BATCH_PLAN_OPERATOR)
     started = time.perf_counter()
     components = [Component(open_source(os.path.abspath(path)), weight, seed, cap, name)
                   for (path, weight, cap, seed), name in zip(entries, names)]
-    definition = MixtureDefinition(config, tuple(components), args.window, args.num_samples)
+    schedule = None if args.mix_schedule is None else \
+        read_schedule(args.mix_schedule, names, [Fraction(weight) for _, weight, *_ in entries])
+    definition = MixtureDefinition(config, tuple(components), args.window, args.num_samples, schedule)
     progress = Progress(definition.num_windows, f"plan {args.output}", enabled=not args.quiet)
     plan = MixedPlan.build(definition, progress=lambda done, _: progress.update(done))
     save_mixed_plan(plan, args.output, force=args.force, inputs=inputs)

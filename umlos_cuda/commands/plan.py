@@ -47,6 +47,10 @@ def register(subparsers) -> None:
                         "(docs/batching.md, Weighted mixtures)")
     source.add_argument("--num-samples", type=positive_int("--num-samples"), metavar="N",
                         help="with --mix: the mixture's samples (default: until every capped dataset runs out)")
+    source.add_argument("--mix-schedule", metavar="FILE",
+                        help="with --mix: a JSON file of the weights over the mixture's samples or steps (pieces held "
+                        "or ramped; a weight of 0 before a component joins or after it retires) (docs/batching.md, "
+                        "Mixture schedules and token quotas)")
     microbatches = build.add_argument_group("microbatches")
     microbatches.add_argument("--token-budget", required=True, type=positive_int("token budget"), metavar="T",
                               help="padded tokens per microbatch")
@@ -107,6 +111,9 @@ def register(subparsers) -> None:
                      "(docs/batching.md, Mixtures of pretraining sequences)")
     cut.add_argument("--num-samples", type=positive_int("--num-samples"), metavar="N",
                      help="with --mix: the mixture's samples (default: until every capped dataset runs out)")
+    cut.add_argument("--mix-schedule", metavar="FILE",
+                     help="with --mix: a JSON file of the weights over the mixture's samples or steps "
+                     "(docs/batching.md, Mixture schedules and token quotas)")
     cut.add_argument("--show", type=non_negative_int("--show"), metavar="K",
                      help="print sample K of epoch 0 (of the mixture, with --mix)")
     cut.add_argument("--output", required=True, metavar="DIR", help="the folder to create")
@@ -280,7 +287,7 @@ def run_build(args) -> int:
                             profile=(BatchingProfile.PREDICTABLE if args.pad_policy == "pad_to_bucket"
                                      else BatchingProfile.THROUGHPUT),
                             pack=pack, order=order, **_selection(args))
-    if args.mix is not None or args.num_samples is not None:
+    if args.mix is not None or args.num_samples is not None or args.mix_schedule is not None:
         return build_mixed(args, config)
     if args.lengths is None:
         raise config_error("--source is required (unless --mix)")

@@ -2,10 +2,11 @@
 (plans/windows/mixture.py, mixed.py).
 
 What goes in: a mixed plan folder (opened with each component's recorded source). What comes out:
-:data:`KIND`, whose ``plan info`` report holds the definition, its segments and the index's totals (no window
-planned) and, with a world size, each rank's microbatches under the resume rule (global microbatch ``k`` to
-rank ``k mod R``). Its microbatches hold rows of its components one after another (``rows``: a batch sampler, a
-collator and ``batch generate`` take it; no whole plan holds a mixture, so ``plan shard`` does not).
+:data:`KIND`, whose ``plan info`` report holds the definition, its schedule's pieces (when it has one), its
+segments and the index's totals (no window planned) and, with a world size, each rank's microbatches under the
+resume rule (global microbatch ``k`` to rank ``k mod R``). Its microbatches hold rows of its components one
+after another (``rows``: a batch sampler, a collator and ``batch generate`` take it; no whole plan holds a
+mixture, so ``plan shard`` does not).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..windows.io import MIXED_PLAN, load_mixed_plan, save_mixed_plan, save_mixe
 from ..windows.mixed import MixedPlan
 from ..windows.mixture import MixedWindow
 from ..windows.resume import rank_indices
+from ..windows.schedule import MixSchedule
 from ..windows.verify import verify_mixed_plan
 from .kind import PlanKind
 
@@ -37,6 +39,8 @@ def report(folder, *, world_size: int | None = None, rank: int | None = None) ->
            "segments": [{"first": s.first, "windows": s.windows, "size": s.size, "quotas": list(s.quotas)}
                         for s in d.segments],
            "counts": plan.counts()}
+    if d.schedule is not None:
+        out["schedule"] = d.schedule.describe([c.name for c in d.components])
     if ranks:
         out["ranks"] = [{"rank": r, "microbatches": len(rank_indices(0, plan.num_microbatches, r, world_size or 1))}
                         for r in ranks]
@@ -54,6 +58,7 @@ def lines(report: dict) -> list[str]:
     for c in report["components"]:
         cap = "no cap" if c["max_epochs"] is None else f"at most {c['max_epochs']} epoch(s)"
         out.append(f"  {c['name']}: weight {c['weight']}, seed {c['seed']}, {c['count']} samples, {cap}")
+    out += MixSchedule.lines(report.get("schedule", []))
     out += [f"  windows {seg['first']} to {seg['first'] + seg['windows'] - 1}: {seg['size']} positions, "
             f"quotas {seg['quotas']}" for seg in report["segments"]]
     counts = report["counts"]

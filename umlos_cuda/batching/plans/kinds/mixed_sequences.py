@@ -3,8 +3,9 @@
 
 What goes in: a mixture of pretraining sequences folder (each component's tokens reopened from what it
 records). What comes out: :data:`KIND`, whose ``plan info`` report holds the definition, each dataset's cut and
-the epochs of it read, the segments (from meta.json and the indices: no window merged) and, with a world size,
-each rank's samples under the resume rule (global sample ``k`` to rank ``k mod R``).
+the epochs of it read, its schedule's pieces (when it has one), the segments (from meta.json and the indices: no
+window merged) and, with a world size, each rank's samples under the resume rule (global sample ``k`` to rank
+``k mod R``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from ..explain.rows import pieces_unit
 from ..sharding import share_ranks
 from ..windows.resume import rank_indices
+from ..windows.schedule import MixSchedule
 from ..windows.sequences_io import MIXED_SEQUENCES, load_mixed_sequences, save_mixed_sequences
 from ..windows.verify import verify_mixed_sequences
 from .kind import PlanKind
@@ -32,6 +34,8 @@ def report(folder, *, world_size: int | None = None, rank: int | None = None) ->
                           for i, c in enumerate(mixture.components)],
            "segments": [{"first": s.first, "windows": s.windows, "size": s.size, "quotas": list(s.quotas)}
                         for s in mixture.blend.segments]}
+    if mixture.schedule is not None:
+        out["schedule"] = mixture.schedule.describe([c.name for c in mixture.components])
     if ranks:
         out["ranks"] = [{"rank": r, "samples": len(rank_indices(0, mixture.total, r, world_size or 1))} for r in ranks]
     return out
@@ -48,6 +52,7 @@ def lines(report: dict) -> list[str]:
                    f"{c['epoch_tokens']} tokens and {c['epoch_samples']} samples of {d['sequence_length']} + 1 an "
                    f"epoch ({d['tail']} tail), {cap}; {c['samples_read']} samples read over {c['epochs_read']} "
                    "epoch(s)")
+    out += MixSchedule.lines(report.get("schedule", []))
     out += [f"  windows {seg['first']} to {seg['first'] + seg['windows'] - 1}: {seg['size']} samples, "
             f"quotas {seg['quotas']}" for seg in report["segments"]]
     out += [f"    rank {row['rank']}: {row['samples']} samples" for row in report.get("ranks", [])]

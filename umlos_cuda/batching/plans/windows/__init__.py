@@ -12,6 +12,7 @@ Modules:
     sequences  :class:`PretrainingSequences`: random access, resume, fingerprint, collation from a token source
     sequences_io  pretraining sequences folders: meta.json and index.npy (their tokens reopened by ``sources``)
     blend    the quotas per window and the stratified merge of weighted streams, shared by both mixtures below
+    schedule  a mixture's weights over its positions (held or ramped pieces, joins and retirements) and its file
     mixture  a weighted mixture of length sources, exact per window: which sample each position holds
     mixed    a mixture's token-budget microbatches, planned a mixed window at a time, and its index
     sequence_mixture  a weighted mixture of pretraining sequences, exact per window (folders: sequences_io)
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # the re-exports, imported on first use (umlos_cuda/reexports
     from .mixed import MixedPlan
     from .mixture import Component, MixtureDefinition
     from .plan import WindowedPlan
+    from .schedule import MixSchedule, Piece, read_schedule
     from .sequences import PretrainingSequences
     from .sequence_mixture import SequenceComponent, SequenceMixture
     from .sequences_io import load_mixed_sequences, load_sequences, save_mixed_sequences, save_sequences
@@ -38,9 +40,10 @@ if TYPE_CHECKING:  # the re-exports, imported on first use (umlos_cuda/reexports
     from .window import DEFAULT_WINDOW, EDGE_FLUSH, WindowDefinition, count_window, plan_window
 
 __all__ = ["DEFAULT_WINDOW", "EDGE_FLUSH", "ArrayLengths", "Component", "CutDefinition", "LengthSource",
-           "MappedLengths", "MixedPlan", "MixtureDefinition", "PretrainingSequences", "SequenceComponent",
-           "SequenceMixture", "SyntheticLengths", "WindowDefinition", "WindowedPlan", "build_index", "count_window",
-           "load_mixed_sequences", "load_sequences", "load_windowed_plan", "locate", "plan_window",
-           "save_mixed_sequences", "save_sequences", "save_windowed_plan", "verify_windowed_plan"]
+           "MappedLengths", "MixSchedule", "MixedPlan", "MixtureDefinition", "Piece", "PretrainingSequences",
+           "SequenceComponent", "SequenceMixture", "SyntheticLengths", "WindowDefinition", "WindowedPlan",
+           "build_index", "count_window", "load_mixed_sequences", "load_sequences", "load_windowed_plan", "locate",
+           "plan_window", "read_schedule", "save_mixed_sequences", "save_sequences", "save_windowed_plan",
+           "verify_windowed_plan"]
 
 __getattr__, __dir__ = lazy(__name__, __file__)

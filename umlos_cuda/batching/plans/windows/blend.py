@@ -25,7 +25,10 @@ Every mixture follows the rules of docs/batching.md, "Weighted mixtures" (normat
   hold is refused when the blend is made, before anything sized by the total is allocated.
 
 The quotas change only when a capped component runs out, so a mixture is at most ``2 D + 1`` segments
-(``D`` components), computed when the blend is made.
+(``D`` components), computed when the blend is made. Under a schedule (:mod:`.schedule`) window ``m``'s
+weights are the schedule's at its first place ``m W``; each change point adds at most ``2 D + 1`` segments
+more and each window of a ramp is a segment of its own. A component's stream position is always the sum of
+its earlier quotas, so a change of weights repeats or skips no position of any stream.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 from fractions import Fraction
-from math import floor, isfinite
+from math import isfinite, lcm
 
 import numpy as np
 
@@ -44,6 +47,7 @@ from ....philox import philox_draws
 from ..buckets import config_error
 from ..builder import MAX_EPOCHS
 from ..config import MAX_WINDOW
+from .schedule import MAX_RAMP_WINDOWS, MixSchedule
 
 #: Most components one mixture may have.
 MAX_COMPONENTS = 1 << 12
@@ -65,21 +69,23 @@ class Segment:
     starts: tuple[int, ...]
 
 
-def allocate(size: int, weights: list[Fraction], remaining: list[int | None]) -> list[int]:
+def allocate(size: int, weights: list, remaining: list[int | None]) -> list[int]:
     """The quotas of a window of ``size`` positions (module docstring): ``floor(size w_i / S)`` for the
-    live components (``remaining`` not 0; None: no cap), the ``size - sum`` positions left going one each
-    to the largest remainders (ties to the lower index); a capped component given more than it has left
-    gets what it has left and is taken out, and the rest is allocated again among the others."""
-    quotas = [0] * len(weights)
-    active = [i for i, left in enumerate(remaining) if left is None or left > 0]
+    live components (weight > 0 and ``remaining`` not 0; None: no cap), the ``size - sum`` positions left
+    going one each to the largest remainders (ties to the lower index); a capped component given more than it
+    has left gets what it has left and is taken out, and the rest is allocated again among the others.
+    ``weights``: exact rationals or integers, computed on integers over their common denominator."""
+    scale = lcm(*(w.denominator for w in weights))
+    ints = [w.numerator * (scale // w.denominator) for w in weights]
+    quotas = [0] * len(ints)
+    active = [i for i, left in enumerate(remaining) if (left is None or left > 0) and ints[i] > 0]
     while active and size:
-        total = sum(weights[i] for i in active)
-        exact = {i: size * weights[i] / total for i in active}
-        share = {i: floor(exact[i]) for i in active}
+        total = sum(ints[i] for i in active)
+        share = {i: size * ints[i] // total for i in active}
         spare = size - sum(share.values())
-        for i in sorted(active, key=lambda i: (share[i] - exact[i], i))[:spare]:
+        for i in sorted(active, key=lambda i: (-(size * ints[i] % total), i))[:spare]:
             share[i] += 1
-        over = [i for i in active if remaining[i] is not None and share[i] > remaining[i]]  # type: ignore[operator]
+        over = [i for i in active if remaining[i] is not None and share[i] > remaining[i]]
         if not over:
             for i in active:
                 quotas[i] = share[i]
@@ -91,16 +97,19 @@ def allocate(size: int, weights: list[Fraction], remaining: list[int | None]) ->
     return quotas
 
 
-def schedule(window: int, num_samples: int | None, weights: list[Fraction],
-             supplies: list[int | None]) -> tuple[tuple[Segment, ...], int]:
+def schedule(window: int, num_samples: int | None, weights: list,
+             supplies: list[int | None], plan: MixSchedule | None = None) -> tuple[tuple[Segment, ...], int]:
     """The segments of identical windows (module docstring) and the mixture's total number of places;
-    ``supplies[i]``: the positions component ``i``'s stream holds (None: no end)."""
+    ``supplies[i]``: the positions component ``i``'s stream holds (None: no end); ``plan``: the weights of each
+    window instead of ``weights`` (:mod:`.schedule`). A short window is the last."""
     remaining = list(supplies)
-    starts = [0] * len(weights)
+    starts = [0] * len(supplies)
     segments: list[Segment] = []
     m = done = 0
     while True:
-        live = [i for i, left in enumerate(remaining) if left is None or left > 0]
+        if plan is not None:
+            weights = list(plan.window_ratios(m, window))
+        live = [i for i, left in enumerate(remaining) if (left is None or left > 0) and weights[i] > 0]
         if not live:
             break
         supply = None if any(remaining[i] is None for i in live) else sum(remaining[i] for i in live)  # type: ignore
@@ -118,6 +127,9 @@ def schedule(window: int, num_samples: int | None, weights: list[Fraction],
                       if remaining[i] is not None and quotas[i]]
             if num_samples is not None:
                 bounds.append((num_samples - done) // window)
+            change = None if plan is None else plan.next_change(m, window)
+            if change is not None:
+                bounds.append(change - m)
             count = max(min(bounds), 1) if bounds else 1
         segments.append(Segment(m, count, size, tuple(quotas), tuple(starts)))
         for i, q in enumerate(quotas):
@@ -126,6 +138,8 @@ def schedule(window: int, num_samples: int | None, weights: list[Fraction],
                 remaining[i] -= count * q  # type: ignore[operator]
         m += count
         done += count * size
+        if size < window:
+            break
     if not segments:
         raise config_error("the mixture holds no samples")
     return tuple(segments), done
@@ -188,28 +202,45 @@ def _check_parts(parts: tuple[Part, ...], window: int, num_samples: int | None, 
         checks.integer(num_samples, "num_samples", 1, None, fail=config_error, message=checks.AT_LEAST)
 
 
+def _check_plan(plan, components: int, window: int, num_samples: int | None) -> None:
+    """A schedule fits the mixture: a :class:`~.schedule.MixSchedule` of one weight per component whose ramps cover
+    at most :data:`~.schedule.MAX_RAMP_WINDOWS` windows (each is a segment of its own)."""
+    if not isinstance(plan, MixSchedule) or plan.width != components:
+        raise config_error(f"a mixture's schedule must be a MixSchedule of {components} weights per piece")
+    ramps = plan.ramp_windows(window, num_samples)
+    if ramps > MAX_RAMP_WINDOWS:
+        raise config_error(f"the schedule's ramps cover {ramps} windows of {window}; at most {MAX_RAMP_WINDOWS} "
+                           "(each is a segment of its own: a larger window or shorter ramps)")
+
+
 @dataclass(frozen=True)
 class Blend:
     """The one weighted mixture (module docstring), generic over what its components hold: ``parts`` (each
     component's weight, positions per epoch, cap and name), ``window`` (W), ``num_samples`` (None: until every
-    stream runs out) and the mixture ``seed``. A sample mixture (:mod:`.mixture`) and a mixture of pretraining
+    stream runs out), the mixture ``seed`` and an optional schedule ``plan`` (:mod:`.schedule`: the weights of
+    each window, instead of the parts' own). A sample mixture (:mod:`.mixture`) and a mixture of pretraining
     sequences (:mod:`.sequence_mixture`) are a blend plus what a stream position means for them."""
 
     parts: tuple[Part, ...]
     window: int
     num_samples: int | None
     seed: int
+    plan: MixSchedule | None = None
     segments: tuple[Segment, ...] = field(init=False, repr=False, compare=False)
     total: int = field(init=False, repr=False, compare=False)
+    _firsts: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _merged: list = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         parts = tuple(self.parts)
         _check_parts(parts, self.window, self.num_samples, self.seed)
+        if self.plan is not None:
+            _check_plan(self.plan, len(parts), self.window, self.num_samples)
         object.__setattr__(self, "parts", parts)
-        segments, total = schedule(self.window, self.num_samples, list(self.weights), list(self.supplies))
+        segments, total = schedule(self.window, self.num_samples, list(self.weights), list(self.supplies), self.plan)
         object.__setattr__(self, "segments", segments)
         object.__setattr__(self, "total", total)
+        object.__setattr__(self, "_firsts", tuple(s.first for s in segments))
         object.__setattr__(self, "_merged", [])
         for part, epochs in zip(parts, self.epochs_read()):  # before anything sized by the total is allocated
             if epochs > MAX_EPOCHS:
@@ -233,8 +264,7 @@ class Blend:
     def segment(self, m: int) -> Segment:
         """The segment holding window ``m``."""
         checks.integer(m, "window", 0, self.num_windows - 1, fail=config_error)
-        firsts = [s.first for s in self.segments]
-        return self.segments[bisect.bisect_right(firsts, m) - 1]
+        return self.segments[bisect.bisect_right(self._firsts, m) - 1]
 
     def quotas(self, m: int) -> tuple[int, ...]:
         return self.segment(m).quotas

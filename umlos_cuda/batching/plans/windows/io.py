@@ -47,6 +47,7 @@ from .window import COUNT_FIELDS, WindowDefinition
 from .plan import index_digest
 from .mixed import MIXED_FORMAT, MixedPlan
 from .mixture import Component, MixtureDefinition
+from .schedule import MixSchedule
 
 #: A windowed plan folder (every one carries the marker: none was written before markers).
 WINDOWED_PLAN = ArtifactKind("windowed plan")
@@ -301,7 +302,8 @@ def load_mixed_plan(directory, *, lengths=None, backend: str = "auto"):
     if record["count_fields"] != list(COUNT_FIELDS):
         raise _format(f"{meta_path}: count_fields must be {list(COUNT_FIELDS)}")
     mixture = checks.record(record["mixture"], dict.fromkeys(_MIXTURE_KEYS, checks.field(checks.anything)),
-                            fail=_format, what=f"{meta_path} mixture")
+                            fail=_format, what=f"{meta_path} mixture",
+                            optional={"schedule": checks.field(checks.anything)})
     entries = mixture["components"]
     paths = record["lengths_paths"]
     if not isinstance(entries, list) or not isinstance(paths, list) or len(paths) != len(entries):
@@ -327,7 +329,10 @@ def load_mixed_plan(directory, *, lengths=None, backend: str = "auto"):
         config = BatchingConfig.from_dict(record["config"])
         if "pack_config" in record:  # a packed mixed plan (packed.py); absent otherwise
             config = replace(config, pack=PackingConfig.from_dict(record["pack_config"]))
-        definition = MixtureDefinition(config, tuple(components), mixture["window"], mixture["num_samples"])
+        schedule = None if "schedule" not in mixture else \
+            MixSchedule.from_dict(mixture["schedule"], len(components), _format)
+        definition = MixtureDefinition(config, tuple(components), mixture["window"], mixture["num_samples"],
+                                       schedule)
     except UmlosError as exc:
         raise _format(f"{meta_path}: {exc.message}") from None
     windows = definition.num_windows

@@ -29,7 +29,9 @@ The rules (docs/batching.md, "Weighted mixtures", normative):
   orders them (ties by component). Every prefix of a window thus holds each
   component in proportion, within one sample.
 
-The quotas change only when a capped component runs out, so the whole mixture is
+Under a schedule (:mod:`.schedule`, docs/batching.md "Mixture schedules and token
+quotas") window ``m``'s weights are the schedule's at its first position.
+The quotas change only when a capped component runs out (or the schedule changes), so the whole mixture is
 a table of at most ``2 D + 1`` segments of identical windows (``D`` components),
 computed when the definition is made: window ``m``'s quotas and stream starts are
 O(1) from it, and nothing else is stored. The quotas, the segments and the merge are
@@ -52,6 +54,7 @@ from ..planner import engine_order, order_slice, plan_manifest
 from .blend import (MAX_CAP, MAX_COMPONENTS, MIXTURE_DOMAIN, Blend, Part, Segment, allocate, interleave_order,
                     mixture_key_words)
 from ...lengths.sources import LengthSource
+from .schedule import MixSchedule
 from .window import DEFAULT_WINDOW, check_windowed_config
 
 
@@ -96,12 +99,14 @@ class MixedWindow:
 @dataclass(frozen=True)
 class MixtureDefinition:
     """A mixture (module docstring): ``config`` (order, block size, the mixture seed), ``components``,
-    ``window`` (W) and ``num_samples`` (the total; None: until every component, all capped, runs out)."""
+    ``window`` (W), ``num_samples`` (the total; None: until every component, all capped, runs out) and an
+    optional ``schedule`` (:class:`~.schedule.MixSchedule`: each window's weights instead of the components')."""
 
     config: BatchingConfig
     components: tuple[Component, ...]
     window: int = DEFAULT_WINDOW
     num_samples: int | None = None
+    schedule: MixSchedule | None = None
     blend: Blend = field(init=False, repr=False, compare=False)
     _orders: tuple = field(init=False, repr=False, compare=False)
 
@@ -118,7 +123,7 @@ class MixtureDefinition:
                 raise config_error(f"component {i} has no samples")
         object.__setattr__(self, "components", components)
         parts = tuple(Part(c.weight, c.source.count, c.max_epochs, c.name) for c in components)
-        object.__setattr__(self, "blend", Blend(parts, self.window, self.num_samples, self.config.seed))
+        object.__setattr__(self, "blend", Blend(parts, self.window, self.num_samples, self.config.seed, self.schedule))
         orders = []
         for c in components:
             own = replace(self.config, seed=c.seed)
@@ -170,9 +175,12 @@ class MixtureDefinition:
     def to_dict(self) -> dict:
         """What a mixture's fingerprint records about the definition (the config is the caller's): each
         component with the engine's ``sampling_mode``, ``sampler_config_hash`` and ``manifest_hash`` of its
-        order (``order``), so an engine that orders differently is told apart."""
+        order (``order``), so an engine that orders differently is told apart, and the schedule only when there
+        is one (a mixture of fixed weights hashes as it did before schedules)."""
+        schedule = {} if self.schedule is None else {"schedule": self.schedule.to_dict()}  # only when scheduled
         return {"window": self.window, "num_samples": self.num_samples, "total": self.total,
-                "components": [{**c.to_dict(), "order": self.engine(i)} for i, c in enumerate(self.components)]}
+                "components": [{**c.to_dict(), "order": self.engine(i)} for i, c in enumerate(self.components)],
+                **schedule}
 
     def engine(self, i: int) -> dict:
         """The engine's metadata of component ``i``'s order (as a windowed plan records its own)."""

@@ -43,6 +43,7 @@ from ....hashing import hash_canonical
 from ..buckets import config_error
 from ..plan import plan_error
 from .blend import MAX_COMPONENTS, Blend, Part
+from .schedule import MixSchedule
 from .cut import INDEX_CHUNK, CutDefinition
 from .sequences import PretrainingSequences, lengths_of
 from .window import DEFAULT_WINDOW
@@ -81,7 +82,7 @@ class SequenceMixture:
     token sources, :func:`~.sequences_io.load_mixed_sequences` opens a saved one."""
 
     def __init__(self, components, window: int = DEFAULT_WINDOW, num_samples: int | None = None,
-                 seed: int = 42) -> None:
+                 seed: int = 42, schedule: MixSchedule | None = None) -> None:
         components = tuple(components)
         if not 1 <= len(components) <= MAX_COMPONENTS:
             raise config_error(f"a mixture takes 1 to {MAX_COMPONENTS} components, got {len(components)}")
@@ -95,10 +96,10 @@ class SequenceMixture:
                                    "dataset holds the same")
             per_epoch.append(_samples_per_epoch(i, c.name, c.sequences.definition, counts.pop()))
         self.components = components
-        self.window, self.num_samples, self.seed = window, num_samples, seed
+        self.window, self.num_samples, self.seed, self.schedule = window, num_samples, seed, schedule
         self.per_epoch = tuple(per_epoch)
         self.blend = Blend(tuple(Part(c.weight, s, c.max_epochs, c.name) for c, s in zip(components, per_epoch)),
-                           window, num_samples, seed)
+                           window, num_samples, seed, schedule)
         for i, (c, want) in enumerate(zip(components, self.blend.epochs_read())):
             if c.sequences.num_epochs != want:
                 raise config_error(f"component {i} ({c.name!r}) holds {c.sequences.num_epochs} epoch(s); the mixture "
@@ -106,7 +107,7 @@ class SequenceMixture:
 
     @classmethod
     def build(cls, parts, window: int = DEFAULT_WINDOW, num_samples: int | None = None, seed: int = 42, *,
-              backend: str = "auto") -> SequenceMixture:
+              schedule: MixSchedule | None = None, backend: str = "auto") -> SequenceMixture:
         """From ``parts``: ``(definition, source, weight, max_epochs, name)`` each (a
         :class:`~.cut.CutDefinition` and its length or token source). Each stream's samples per epoch come
         from its lengths' sum (no order read), the blend from them, and then each component's index is built
@@ -122,12 +123,12 @@ class SequenceMixture:
                                  f"documents; the definition cuts {definition.num_documents}")
             samples = definition.samples(epoch_tokens(definition, lengths))
             shares.append(Part(weight, _samples_per_epoch(i, name, definition, samples), cap, name))
-        blend = Blend(tuple(shares), window, num_samples, seed)
+        blend = Blend(tuple(shares), window, num_samples, seed, schedule)
         components = []
         for (definition, source, weight, cap, name), epochs in zip(parts, blend.epochs_read()):
             components.append(SequenceComponent(PretrainingSequences.build(definition, source, epochs,
                                                                            backend=backend), weight, cap, name))
-        return cls(components, window, num_samples, seed)
+        return cls(components, window, num_samples, seed, schedule)
 
     # ------------------------------------------------------------------ identity
     @property
@@ -143,7 +144,8 @@ class SequenceMixture:
                 "seed": self.seed, "total": self.total,
                 "components": [{"name": c.name, "weight": _exact(c.weight), "max_epochs": c.max_epochs,
                                 "sequences": c.sequences.header(), "fingerprint": c.sequences.fingerprint}
-                               for c in self.components]}
+                               for c in self.components],
+                **({} if self.schedule is None else {"schedule": self.schedule.to_dict()})}  # only when scheduled
 
     @property
     def fingerprint(self) -> str:

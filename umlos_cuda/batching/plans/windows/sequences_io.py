@@ -38,6 +38,7 @@ from ..plan import plan_error
 from ..planner import order_fields
 from .cut import CutDefinition
 from .io import _format, absolute_paths, component_entry, reopen, save_index_folder
+from .schedule import MixSchedule
 from .sequence_mixture import MIXED_SEQUENCES_FORMAT, SequenceComponent, SequenceMixture
 from .sequences import SEQUENCES_FORMAT, PretrainingSequences, lengths_of
 from ...lengths.sources import SyntheticLengths
@@ -186,7 +187,8 @@ def load_mixed_sequences(directory, *, tokens=None, lengths=None, backend: str =
     root = os.fspath(directory)
     meta, meta_path = _read_meta(root, "mixed pretraining sequences")
     record = checks.record(meta, dict.fromkeys(_MIXED_KEYS, checks.field(checks.anything)), fail=_format,
-                           optional={"tokens_identities": checks.field(checks.anything)}, what=meta_path)
+                           optional={"tokens_identities": checks.field(checks.anything),
+                                     "schedule": checks.field(checks.anything)}, what=meta_path)
     checks.equal(record["format"], f"{meta_path} format", MIXED_SEQUENCES_FORMAT, fail=_format)
     entries, paths = record["components"], record["tokens_paths"]
     identities = record.get("tokens_identities", [None] * len(paths) if isinstance(paths, list) else None)
@@ -218,7 +220,9 @@ def load_mixed_sequences(directory, *, tokens=None, lengths=None, backend: str =
         value = weight[0] if weight[1] == 1 else weight[0] / weight[1]
         components.append(SequenceComponent(plan, value, entry["max_epochs"], entry["name"]))
     try:
-        mixture = SequenceMixture(components, record["window"], record["num_samples"], record["seed"])
+        schedule = None if "schedule" not in record else \
+            MixSchedule.from_dict(record["schedule"], len(components), _format)
+        mixture = SequenceMixture(components, record["window"], record["num_samples"], record["seed"], schedule)
     except UmlosError as exc:
         raise _format(f"{meta_path}: {exc.message}") from None
     if mixture.header() != {k: record[k] for k in mixture.header()} or mixture.fingerprint != record["fingerprint"]:

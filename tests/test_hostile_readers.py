@@ -2802,6 +2802,19 @@ class RemoteCase:
     change: Callable[[Path], None]
     code: str
     names: str
+    folder: str = "store"
+
+
+def _sharded_index(**fields):
+    def change(store: Path) -> None:
+        edit_json(store / "meta.json", lambda index: index.update(fields))
+    return change
+
+
+def _first_shard_entry(**fields):
+    def change(store: Path) -> None:
+        edit_json(store / "meta.json", lambda index: index["shards"][0].update(fields))
+    return change
 
 
 REMOTE_CASES = [
@@ -2826,6 +2839,29 @@ REMOTE_CASES = [
                    np.load(store / "offsets.npy") * 2)), errors.TOKEN_STORE_INVALID, "offsets.npy"),
     RemoteCase("user/remote-store-not-there", lambda store: (store / "meta.json").unlink(),
                errors.TOKEN_STORE_NOT_FOUND, "meta.json"),
+    # a sharded store (its marker says so): the index's checks and each shard's are the folder reader's
+    RemoteCase("hang/remote-sharded-index-over-its-cap",
+               lambda store: (store / "meta.json").write_bytes(b" " * (64 << 20) + b"{}"),
+               errors.SHARDED_STORE_INVALID, "meta.json", "sharded"),
+    RemoteCase("hang/remote-sharded-shard-meta-over-its-cap",
+               lambda store: (store / "shards" / "00000" / "meta.json").write_bytes(b" " * (1 << 20) + b"{}"),
+               errors.SHARDED_STORE_INVALID, "shards/00000/meta.json", "sharded"),
+    RemoteCase("traceback/remote-sharded-deep-index", lambda store: (store / "meta.json").write_text(deep_json()),
+               errors.SHARDED_STORE_INVALID, "meta.json", "sharded"),
+    RemoteCase("traceback/remote-sharded-index-totals-not-the-sums", _sharded_index(num_samples=10**12),
+               errors.SHARDED_STORE_INVALID, "meta.json", "sharded"),
+    RemoteCase("traceback/remote-sharded-shard-name-escapes", _first_shard_entry(name="../../elsewhere"),
+               errors.SHARDED_STORE_INVALID, "meta.json", "sharded"),
+    RemoteCase("traceback/remote-sharded-shard-replaced",
+               lambda store: edit_json(store / "shards" / "00000" / "meta.json",
+                                       lambda meta: meta.update(dataset_hash="0" * 64)),
+               errors.SHARDED_STORE_INVALID, "shards/00000/meta.json", "sharded"),
+    RemoteCase("traceback/remote-sharded-truncated-shard-tokens",
+               lambda store: (store / "shards" / "00000" / "tokens.npy").write_bytes(
+                   (store / "shards" / "00000" / "tokens.npy").read_bytes()[:-3]),
+               errors.TOKEN_STORE_INVALID, "shards/00000/tokens.npy", "sharded"),
+    RemoteCase("user/remote-sharded-missing-shard", lambda store: shutil.rmtree(store / "shards" / "00000"),
+               errors.SHARDED_STORE_INVALID, "shards/00000", "sharded"),
 ]
 
 _REMOTE_OPEN = hs.API_PRELUDE + (
@@ -2839,7 +2875,7 @@ def test_a_hostile_remote_store_is_refused_in_bounds(case: RemoteCase, world, tm
     """The reader of token stores in object stores (umlos_cuda/remote/) keeps the bounded reader's rules: sizes
     and headers before allocation, depth before parsing, each failure the store's documented code."""
     here = tmp_path / "case"
-    shutil.copytree(world / "store", here)
+    shutil.copytree(world / case.folder, here)
     case.change(here)
     bucket = object_store.bucket()
     url = object_store.upload_folder(here, bucket, "case")
@@ -2847,3 +2883,21 @@ def test_a_hostile_remote_store_is_refused_in_bounds(case: RemoteCase, world, tm
     outcome = hs.python(_REMOTE_OPEN, url, cwd=tmp_path, wall_s=WALL_S, env=dict(os.environ))
     hs.assert_refused(outcome, case.code, names=case.names)
     hs.assert_untouched(before, hs.tree_state(tmp_path))
+
+
+def test_a_remote_shard_rewritten_between_its_opening_and_a_read_is_refused(world, tmp_path, object_store):
+    """An object rewritten after a shard was opened (its ETag recorded) is REMOTE_OBJECT_CHANGED naming it, at the
+    next read of it, never a mix of the old and new bytes."""
+    from umlos_cuda.batching.sources import open_source
+    from umlos_cuda.errors import UmlosError
+
+    bucket = object_store.bucket()
+    url = object_store.upload_folder(world / "sharded", bucket, "case")
+    source = open_source(url, tokens=True)
+    source.arrays(0)  # shard 00000 opened: its objects' ETags recorded
+    mask = (world / "sharded" / "shards" / "00000" / "loss_mask.npy").read_bytes()
+    object_store.put(bucket, "case/shards/00000/loss_mask.npy", mask[:-1] + bytes([mask[-1] ^ 1]))
+    with pytest.raises(UmlosError) as info:
+        source.arrays(1)
+    assert info.value.code == errors.REMOTE_OBJECT_CHANGED
+    assert f"{url}/shards/00000/loss_mask.npy" in info.value.message

@@ -10,6 +10,8 @@ Modules:
     client   the client library's store, objects opened with their ETag and size, ranges read under a retry budget
     bounded  the bounded reader's rules on objects: JSON capped before its GET, ``.npy`` headers against sizes
     store    :class:`RemoteTokenStore`: the flat token store's files, read by ranges
+    sharded  :class:`RemoteShardedStore`: a sharded store's index, checked as on disk, each shard a remote store
+    kinds    which kind a prefix holds (its marker): :func:`open_remote_store`
     belady   Belady's rule over a known sequence of block references (a pure function)
     planned  :class:`PlannedTokenSource`: a rank's rows, each block fetched ahead and evicted by Belady's rule
     publish  a store written on disk put under a prefix, its ``meta.json`` last (``data tokenize --output s3://``)
@@ -17,10 +19,12 @@ Modules:
 
 from .belady import Schedule, belady
 from .client import RetryBudget
+from .kinds import open_remote_store
 from .planned import PlannedTokenSource
 from .publish import publish_store
+from .sharded import RemoteShardedStore
 from .store import RemoteTokenStore
 from .urls import ObjectUrl, is_remote, parse_url
 
-__all__ = ["ObjectUrl", "PlannedTokenSource", "RemoteTokenStore", "RetryBudget", "Schedule", "belady", "is_remote",
-           "parse_url", "publish_store"]
+__all__ = ["ObjectUrl", "PlannedTokenSource", "RemoteShardedStore", "RemoteTokenStore", "RetryBudget", "Schedule",
+           "belady", "is_remote", "open_remote_store", "parse_url", "publish_store"]

@@ -4,7 +4,9 @@
 kind                 a path is one when                           it opens as (read by rows)
 ==================== ============================================ ==========================================
 remote token store   an ``s3://``, ``gs://``, ``az://``, ``file://``  ``StoreLengths`` over a ``RemoteTokenStore``
-                     URL (umlos_cuda/remote/urls.py)              (its offsets read at opening)
+                     URL (umlos_cuda/remote/urls.py)              (its offsets read at opening), or
+                                                                  ``ShardedLengths`` over a ``RemoteShardedStore``
+                                                                  when the prefix's marker says sharded
 sharded token store  a folder carrying the sharded store's marker ``ShardedLengths`` (tokens/offsets.py)
 token store          any other folder                             ``StoreLengths`` (tokens/offsets.py)
 Megatron prefix      ``PREFIX.idx`` exists (``.idx``/``.bin`` ok) ``MappedMegatron`` (tokens/mapped.py)
@@ -31,7 +33,8 @@ from ..tokens.megatron import idx_path
 from ..tokens.offsets import ShardedLengths, StoreLengths
 from ..tokens.sources import is_sharded_store, megatron_prefix, open_token_source
 from ..tokens.store import TokenStore
-from ...remote.store import RemoteTokenStore
+from ...remote.kinds import open_remote_store
+from ...remote.sharded import RemoteShardedStore
 from ...remote.urls import is_remote
 from .kind import SourceKind
 
@@ -53,8 +56,13 @@ def _sidecar_cache(path: str, read_ids: bool) -> LengthCache:
     return LengthCache.load(jsonl, read_ids=read_ids)
 
 
-REMOTE_TOKEN_STORE = SourceKind("remote token store", is_remote,
-                                lambda path: StoreLengths(RemoteTokenStore.open(path)), tokens=True)
+def _remote_lengths(path: str) -> StoreLengths | ShardedLengths:
+    """The lengths of the token store at the URL ``path``, sharded or flat as its marker says."""
+    store = open_remote_store(path)
+    return ShardedLengths(store) if isinstance(store, RemoteShardedStore) else StoreLengths(store)
+
+
+REMOTE_TOKEN_STORE = SourceKind("remote token store", is_remote, _remote_lengths, tokens=True)
 SHARDED_STORE = SourceKind("sharded token store", is_sharded_store,
                            lambda path: ShardedLengths(ShardedTokenStore.open(path)), tokens=True, whole=_token_cache)
 TOKEN_STORE = SourceKind("token store", os.path.isdir, lambda path: StoreLengths(TokenStore.open(path)), tokens=True,

@@ -24,6 +24,7 @@ import bisect
 import hashlib
 import os
 import stat
+from typing import TypeVar
 
 import numpy as np
 
@@ -34,7 +35,10 @@ from .concat import ConcatenatedSource
 from ..lengths.fingerprints import PARTS_KEY, tokenizer_difference
 from .index import COMMON_FIELDS, DIGESTS_FOLDER, SHARDS_FOLDER, digests_name, id_hashes_name, invalid, read_index
 from .rows import DIGEST_BYTES, bytes_sha256, logical_hash, row_digests
-from .store import TokenStore
+from .store import StoreFacts, TokenStore
+
+#: A shard as either reader opens it (a folder's :class:`TokenStore`, an object store's).
+StoreT = TypeVar("StoreT", bound=StoreFacts)
 
 #: A shard's meta.json is small (about 700 bytes).
 MAX_SHARD_META_BYTES = 1 << 20
@@ -135,17 +139,9 @@ class ShardedTokenStore(ConcatenatedSource):
     def _open_shard(self, index: int) -> TokenStore:
         path = self.shard_path(index)
         check_shard_folder(path)
-        data = _shard_meta_bytes(path)
         entry = self.meta["shards"][index]
-        if hashlib.sha256(data).hexdigest() != entry["meta_sha256"]:
-            raise invalid(f"{path}/meta.json does not hash to the index's meta_sha256 for shard {entry['name']}: "
-                          "the shard was replaced or changed after it was adopted")
-        store = TokenStore.open(path)
-        check_shard_fields(store, self.meta, f"shard {entry['name']} ({path})", invalid)
-        if (len(store), store.num_tokens) != (entry["num_samples"], entry["num_tokens"]):
-            raise invalid(f"{path} holds {len(store)} samples and {store.num_tokens} tokens; the index says "
-                          f"{entry['num_samples']} and {entry['num_tokens']}")
-        return store
+        check_shard_meta(_shard_meta_bytes(path), entry, path)
+        return check_shard(TokenStore.open(path), self.meta, entry, path)
 
     def id_hashes_path(self, index: int) -> str:
         return os.path.join(self.root, DIGESTS_FOLDER, id_hashes_name(index))
@@ -203,6 +199,25 @@ class ShardedTokenStore(ConcatenatedSource):
                 "shards": self.num_parts}
 
 
+def check_shard_meta(data: bytes, entry: dict, where: str) -> None:
+    """SHARDED_STORE_INVALID unless ``data`` (the bytes of the shard's meta.json, at ``where``, a folder or a
+    prefix) hashes to the index entry's ``meta_sha256``: checked before the shard's arrays are opened."""
+    if hashlib.sha256(data).hexdigest() != entry["meta_sha256"]:
+        raise invalid(f"{where}/meta.json does not hash to the index's meta_sha256 for shard {entry['name']}: "
+                      "the shard was replaced or changed after it was adopted")
+
+
+def check_shard(store: StoreT, index: dict, entry: dict, where: str) -> StoreT:
+    """``store`` (shard ``entry`` of the sharded store whose index is ``index``, opened from ``where``: a
+    :class:`TokenStore` or a remote one) when its common fields and its counts are the index's;
+    SHARDED_STORE_INVALID otherwise. One check for both readers of a shard."""
+    check_shard_fields(store, index, f"shard {entry['name']} ({where})", invalid)
+    if (len(store), store.num_tokens) != (entry["num_samples"], entry["num_tokens"]):
+        raise invalid(f"{where} holds {len(store)} samples and {store.num_tokens} tokens; the index says "
+                      f"{entry['num_samples']} and {entry['num_tokens']}")
+    return store
+
+
 def check_shard_folder(path: str) -> None:
     """SHARDED_STORE_INVALID unless ``path`` is a real folder (never a link to one)."""
     check_folder(path, "shard", missing="the store's index lists it",
@@ -222,7 +237,7 @@ def check_folder(path: str, what: str, *, missing: str = "a sharded store has on
         raise invalid(f"{what} ({path}) is not a folder")
 
 
-def check_shard_fields(store: TokenStore, common: dict, what: str, fail) -> None:
+def check_shard_fields(store: StoreFacts, common: dict, what: str, fail) -> None:
     """``fail`` unless ``store``'s tokenizer, dtype, vocabulary, loss-mask rule and id kind are ``common``'s."""
     found = shard_common(store)
     for name in COMMON_FIELDS:
@@ -232,7 +247,7 @@ def check_shard_fields(store: TokenStore, common: dict, what: str, fail) -> None
             raise fail(f"{what} has {name} {found[name]!r}; the store's is {common[name]!r}{why}")
 
 
-def shard_common(store: TokenStore) -> dict:
+def shard_common(store: StoreFacts) -> dict:
     """A classic store's values of the fields every shard of one sharded store shares, and its tokenizer's parts
     (None where its meta.json has none: they name what differs, and are not compared themselves)."""
     meta = store.meta

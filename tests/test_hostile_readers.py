@@ -2803,6 +2803,27 @@ class RemoteCase:
     code: str
     names: str
     folder: str = "store"
+    pair: bool = False  # the world's Megatron pair (mega.idx, mega.bin) under the prefix, read as PREFIX/mega
+
+
+def _idx_header(**fields):
+    """Rewrite fields of mega.idx's header (version, code, count, documents), its arrays left as they are."""
+    def change(folder: Path) -> None:
+        data = bytearray((folder / "mega.idx").read_bytes())
+        version, code, count, documents = struct.unpack("<QBQQ", data[9:34])
+        values = {"version": version, "code": code, "count": count, "documents": documents, **fields}
+        data[9:34] = struct.pack("<QBQQ", values["version"], values["code"], values["count"], values["documents"])
+        (folder / "mega.idx").write_bytes(bytes(data))
+    return change
+
+
+def _first_pointer(value: int):
+    def change(folder: Path) -> None:
+        data = bytearray((folder / "mega.idx").read_bytes())
+        count = struct.unpack("<Q", data[18:26])[0]
+        data[34 + 4 * count:34 + 4 * count + 8] = struct.pack("<q", value)
+        (folder / "mega.idx").write_bytes(bytes(data))
+    return change
 
 
 def _sharded_index(**fields):
@@ -2862,6 +2883,21 @@ REMOTE_CASES = [
                errors.TOKEN_STORE_INVALID, "shards/00000/tokens.npy", "sharded"),
     RemoteCase("user/remote-sharded-missing-shard", lambda store: shutil.rmtree(store / "shards" / "00000"),
                errors.SHARDED_STORE_INVALID, "shards/00000", "sharded"),
+    # a Megatron pair: the .idx header checked against the object's size before its body is fetched
+    RemoteCase("hang/remote-megatron-idx-claims-2^40-sequences", _idx_header(count=1 << 40),
+               errors.MEGATRON_INDEX_INVALID, "mega.idx", pair=True),
+    RemoteCase("traceback/remote-megatron-idx-truncated",
+               lambda folder: (folder / "mega.idx").write_bytes((folder / "mega.idx").read_bytes()[:20]),
+               errors.MEGATRON_INDEX_INVALID, "mega.idx", pair=True),
+    RemoteCase("traceback/remote-megatron-float-dtype-code", _idx_header(code=6), errors.MEGATRON_INDEX_INVALID,
+               "mega.idx", pair=True),
+    RemoteCase("traceback/remote-megatron-pointer-near-2^63", _first_pointer((1 << 63) - 2),
+               errors.MEGATRON_INDEX_INVALID, "mega.idx", pair=True),
+    RemoteCase("traceback/remote-megatron-bin-truncated",
+               lambda folder: (folder / "mega.bin").write_bytes((folder / "mega.bin").read_bytes()[:-2]),
+               errors.MEGATRON_INDEX_INVALID, "mega.idx", pair=True),
+    RemoteCase("user/remote-megatron-bin-missing", lambda folder: (folder / "mega.bin").unlink(),
+               errors.MEGATRON_INDEX_INVALID, "mega.bin", pair=True),
 ]
 
 _REMOTE_OPEN = hs.API_PRELUDE + (
@@ -2875,10 +2911,15 @@ def test_a_hostile_remote_store_is_refused_in_bounds(case: RemoteCase, world, tm
     """The reader of token stores in object stores (umlos_cuda/remote/) keeps the bounded reader's rules: sizes
     and headers before allocation, depth before parsing, each failure the store's documented code."""
     here = tmp_path / "case"
-    shutil.copytree(world / case.folder, here)
+    if case.pair:
+        here.mkdir()
+        for name in ("mega.idx", "mega.bin"):
+            shutil.copyfile(world / name, here / name)
+    else:
+        shutil.copytree(world / case.folder, here)
     case.change(here)
     bucket = object_store.bucket()
-    url = object_store.upload_folder(here, bucket, "case")
+    url = object_store.upload_folder(here, bucket, "case") + ("/mega" if case.pair else "")
     before = hs.tree_state(tmp_path)
     outcome = hs.python(_REMOTE_OPEN, url, cwd=tmp_path, wall_s=WALL_S, env=dict(os.environ))
     hs.assert_refused(outcome, case.code, names=case.names)

@@ -11,7 +11,8 @@ Modules:
     bounded  the bounded reader's rules on objects: JSON capped before its GET, ``.npy`` headers against sizes
     store    :class:`RemoteTokenStore`: the flat token store's files, read by ranges
     sharded  :class:`RemoteShardedStore`: a sharded store's index, checked as on disk, each shard a remote store
-    kinds    which kind a prefix holds (its marker): :func:`open_remote_store`
+    megatron :class:`RemoteMegatron`: a Megatron-LM pair, its ``.idx`` read bounded, its ``.bin`` by ranges
+    kinds    which kind a URL names (a suffix, a marker, an ``.idx``): :func:`open_remote_store`
     belady   Belady's rule over a known sequence of block references (a pure function)
     planned  :class:`PlannedTokenSource`: a rank's rows, each block fetched ahead and evicted by Belady's rule
     publish  a store written on disk put under a prefix, its ``meta.json`` last (``data tokenize --output s3://``)
@@ -20,11 +21,12 @@ Modules:
 from .belady import Schedule, belady
 from .client import RetryBudget
 from .kinds import open_remote_store
+from .megatron import RemoteMegatron
 from .planned import PlannedTokenSource
 from .publish import publish_store
 from .sharded import RemoteShardedStore
 from .store import RemoteTokenStore
 from .urls import ObjectUrl, is_remote, parse_url
 
-__all__ = ["ObjectUrl", "PlannedTokenSource", "RemoteShardedStore", "RemoteTokenStore", "RetryBudget", "Schedule",
-           "belady", "is_remote", "open_remote_store", "parse_url", "publish_store"]
+__all__ = ["ObjectUrl", "PlannedTokenSource", "RemoteMegatron", "RemoteShardedStore", "RemoteTokenStore", "RetryBudget",
+           "Schedule", "belady", "is_remote", "open_remote_store", "parse_url", "publish_store"]

@@ -6,7 +6,9 @@ kind                 a path is one when                           it opens as (r
 remote token store   an ``s3://``, ``gs://``, ``az://``, ``file://``  ``StoreLengths`` over a ``RemoteTokenStore``
                      URL (umlos_cuda/remote/urls.py)              (its offsets read at opening), or
                                                                   ``ShardedLengths`` over a ``RemoteShardedStore``
-                                                                  when the prefix's marker says sharded
+                                                                  when the prefix's marker says sharded, or a
+                                                                  ``RemoteMegatron`` for a Megatron prefix
+                                                                  (umlos_cuda/remote/kinds.py)
 sharded token store  a folder carrying the sharded store's marker ``ShardedLengths`` (tokens/offsets.py)
 token store          any other folder                             ``StoreLengths`` (tokens/offsets.py)
 Megatron prefix      ``PREFIX.idx`` exists (``.idx``/``.bin`` ok) ``MappedMegatron`` (tokens/mapped.py)
@@ -26,7 +28,7 @@ import os
 from ... import errors
 from ...errors import UmlosError
 from ..lengths.cache import SIDECAR_SUFFIX, LengthCache
-from ..lengths.sources import MappedLengths, open_length_cache, open_sidecar
+from ..lengths.sources import LengthSource, MappedLengths, open_length_cache, open_sidecar
 from ..tokens.logical import ShardedTokenStore
 from ..tokens.mapped import MappedMegatron
 from ..tokens.megatron import idx_path
@@ -34,6 +36,7 @@ from ..tokens.offsets import ShardedLengths, StoreLengths
 from ..tokens.sources import is_sharded_store, megatron_prefix, open_token_source
 from ..tokens.store import TokenStore
 from ...remote.kinds import open_remote_store
+from ...remote.megatron import RemoteMegatron
 from ...remote.sharded import RemoteShardedStore
 from ...remote.urls import is_remote
 from .kind import SourceKind
@@ -56,10 +59,13 @@ def _sidecar_cache(path: str, read_ids: bool) -> LengthCache:
     return LengthCache.load(jsonl, read_ids=read_ids)
 
 
-def _remote_lengths(path: str) -> StoreLengths | ShardedLengths:
-    """The lengths of the token store at the URL ``path``, sharded or flat as its marker says."""
-    store = open_remote_store(path)
-    return ShardedLengths(store) if isinstance(store, RemoteShardedStore) else StoreLengths(store)
+def _remote_lengths(path: str) -> LengthSource:
+    """The lengths of the token source at the URL ``path``: a Megatron pair (read by rows already), or a token
+    store, sharded or flat as its marker says (umlos_cuda/remote/kinds.py)."""
+    source = open_remote_store(path)
+    if isinstance(source, RemoteMegatron):
+        return source
+    return ShardedLengths(source) if isinstance(source, RemoteShardedStore) else StoreLengths(source)
 
 
 REMOTE_TOKEN_STORE = SourceKind("remote token store", is_remote, _remote_lengths, tokens=True)

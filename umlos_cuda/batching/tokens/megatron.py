@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import Any
 
 import numpy as np
 
@@ -67,8 +68,8 @@ DTYPE_CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6
                8: np.uint16}
 #: magic, version, dtype code, sequence count, document count.
 HEADER_BYTES = len(IDX_MAGIC) + 8 + 1 + 8 + 8
-#: Tokens scanned at a time by :meth:`MegatronDataset.verify`.
-_VERIFY_WINDOW = 1 << 24
+#: Tokens scanned at a time by :meth:`MegatronDataset.verify` (and an object store's reader).
+VERIFY_WINDOW = 1 << 24
 #: Tokenizer hash of a dataset opened without naming its tokenizer.
 UNKNOWN_TOKENIZER = "unknown"
 
@@ -140,7 +141,7 @@ class MegatronDataset:
         document_indices = _view(index, HEADER_BYTES + 12 * count, "<i8", documents)
         modes = _view(index, plain, "i1", count) if index.shape[0] > plain else None
         data = _map(bin_path(prefix))
-        _check(prefix, dtype, sizes, pointers, document_indices, int(data.shape[0]))
+        check_index_arrays(prefix, dtype, sizes, pointers, document_indices, int(data.shape[0]))
         return cls(prefix, dtype, sizes, pointers, document_indices, modes, data, tokenizer_hash)
 
     def __reduce__(self):
@@ -194,24 +195,27 @@ class MegatronDataset:
         if self.dtype.kind == "i":
             width = self.dtype.itemsize
             tokens = self.data[:self.data.shape[0] - self.data.shape[0] % width].view(self.dtype)
-            for start in range(0, tokens.shape[0], _VERIFY_WINDOW):
-                part = tokens[start:start + _VERIFY_WINDOW]
+            for start in range(0, tokens.shape[0], VERIFY_WINDOW):
+                part = tokens[start:start + VERIFY_WINDOW]
                 if part.size and int(part.min()) < 0:
-                    self._refuse_negative((start + np.flatnonzero(part < 0)) * width)
+                    refuse_negative(self, (start + np.flatnonzero(part < 0)) * width)
         return {"samples": len(self), "tokens": self.num_tokens, "tokenizer_hash": self.tokenizer_hash}
 
-    def _refuse_negative(self, positions: np.ndarray) -> None:
-        """Raise for the first sequence holding one of the byte ``positions`` (bytes between sequences are no token)."""
-        order = np.argsort(self.pointers, kind="stable")
-        starts = np.asarray(self.pointers)[order]
-        ends = starts + np.asarray(self.sizes, dtype=np.int64)[order] * self.dtype.itemsize
-        slot = np.searchsorted(starts, positions, side="right") - 1
-        inside = (slot >= 0) & (positions < ends[np.maximum(slot, 0)])
-        if inside.any():
-            row = int(order[slot[np.argmax(inside)]])
-            value = int(self.input_ids(row).min())
-            raise _invalid(f"{bin_path(self.prefix)}: sequence {row} holds token id {value}; token ids are never "
-                           f"negative (the {self.dtype} file was not written from a tokenizer's ids)")
+
+def refuse_negative(dataset: Any, positions: np.ndarray) -> None:
+    """MEGATRON_INDEX_INVALID for the first sequence of ``dataset`` (its ``prefix``, ``dtype``, ``sizes``,
+    ``pointers`` and ``input_ids(row)``: a mapped pair's or an object store's) holding one of the byte ``positions``
+    of its ``.bin`` (bytes between sequences are no token): what ``verify`` says of a negative token id."""
+    order = np.argsort(dataset.pointers, kind="stable")
+    starts = np.asarray(dataset.pointers)[order]
+    ends = starts + np.asarray(dataset.sizes, dtype=np.int64)[order] * dataset.dtype.itemsize
+    slot = np.searchsorted(starts, positions, side="right") - 1
+    inside = (slot >= 0) & (positions < ends[np.maximum(slot, 0)])
+    if inside.any():
+        row = int(order[slot[np.argmax(inside)]])
+        value = int(dataset.input_ids(row).min())
+        raise _invalid(f"{bin_path(dataset.prefix)}: sequence {row} holds token id {value}; token ids are never "
+                       f"negative (the {dataset.dtype} file was not written from a tokenizer's ids)")
 
 
 class MegatronDatasetList(ConcatenatedSource):
@@ -287,30 +291,40 @@ def read_idx_header(prefix: str) -> tuple[np.ndarray, np.dtype, int, int]:
     fits the counts exactly (with or without the sequence modes) and at least one sequence, each
     MEGATRON_INDEX_INVALID. Reads the header's 34 bytes; the arrays after it are the caller's to view."""
     index = _map(idx_path(prefix))
-    if index.shape[0] < HEADER_BYTES:
-        raise _invalid(f"{idx_path(prefix)} has {index.shape[0]} bytes; the header alone has {HEADER_BYTES}")
-    header = index[:HEADER_BYTES].tobytes()
+    dtype, count, documents = check_idx_header(index[:HEADER_BYTES].tobytes(), int(index.shape[0]), idx_path(prefix))
+    return index, dtype, count, documents
+
+
+def check_idx_header(header: bytes, size: int, where: str) -> tuple[np.dtype, int, int]:
+    """``(dtype, S, D)`` of the ``.idx`` at ``where`` (a file, an object) whose first bytes are ``header`` (up to
+    :data:`HEADER_BYTES`) and whose size is ``size``, when they are a Megatron-LM index's (:func:`read_idx_header`
+    says what is checked); MEGATRON_INDEX_INVALID naming ``where`` otherwise. The size is checked against the
+    counts before anything after the header is read."""
+    if size < HEADER_BYTES or len(header) < HEADER_BYTES:
+        raise _invalid(f"{where} has {size} bytes; the header alone has {HEADER_BYTES}")
     if header[:len(IDX_MAGIC)] != IDX_MAGIC:
-        raise _invalid(f"{idx_path(prefix)} does not start with {IDX_MAGIC!r}: not a Megatron-LM index "
-                       "(MMapIndexedDataset)")
-    version, code, count, documents = struct.unpack("<QBQQ", header[len(IDX_MAGIC):])
+        raise _invalid(f"{where} does not start with {IDX_MAGIC!r}: not a Megatron-LM index (MMapIndexedDataset)")
+    version, code, count, documents = struct.unpack("<QBQQ", header[len(IDX_MAGIC):HEADER_BYTES])
     if version != IDX_VERSION:
-        raise _invalid(f"{idx_path(prefix)} has version {version}; this reader reads version {IDX_VERSION}")
+        raise _invalid(f"{where} has version {version}; this reader reads version {IDX_VERSION}")
     if code not in DTYPE_CODES or np.dtype(DTYPE_CODES[code]).kind not in "iu":
         named = DTYPE_CODES[code].__name__ if code in DTYPE_CODES else "none"
         integer_codes = ", ".join(f"{c} {t.__name__}" for c, t in DTYPE_CODES.items() if np.dtype(t).kind in "iu")
-        raise _invalid(f"{idx_path(prefix)} has dtype code {code} ({named}); token ids need an integer code, one "
-                       "of " + integer_codes)
+        raise _invalid(f"{where} has dtype code {code} ({named}); token ids need an integer code, one of "
+                       + integer_codes)
     plain = HEADER_BYTES + 12 * count + 8 * documents
-    if index.shape[0] not in (plain, plain + count):
-        raise _invalid(f"{idx_path(prefix)} has {index.shape[0]} bytes; {count} sequences and {documents} document "
-                       f"indices need {plain} (or {plain + count} with sequence modes)")
+    if size not in (plain, plain + count):
+        raise _invalid(f"{where} has {size} bytes; {count} sequences and {documents} document indices need {plain} "
+                       f"(or {plain + count} with sequence modes)")
     if count == 0:
-        raise _invalid(f"{idx_path(prefix)} holds no sequence")
-    return index, np.dtype(DTYPE_CODES[code]).newbyteorder("<"), int(count), int(documents)
+        raise _invalid(f"{where} holds no sequence")
+    return np.dtype(DTYPE_CODES[code]).newbyteorder("<"), int(count), int(documents)
 
 
-def _check(prefix: str, dtype: np.dtype, sizes, pointers, document_indices, bin_size: int) -> None:
+def check_index_arrays(prefix: str, dtype: np.dtype, sizes, pointers, document_indices, bin_size: int) -> None:
+    """MEGATRON_INDEX_INVALID unless every row is readable (:func:`check_rows`) and the document indices ascend
+    from 0 to the sequence count: the checks of a whole index, a file's or an object store's (``prefix`` a path
+    or a URL)."""
     count = sizes.shape[0]
     check_rows(prefix, dtype, sizes, pointers, bin_size)
     if document_indices.shape[0] < 1 or int(document_indices[0]) != 0 or int(document_indices[-1]) != count \

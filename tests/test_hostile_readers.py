@@ -2803,7 +2803,14 @@ class RemoteCase:
     code: str
     names: str
     folder: str = "store"
-    pair: bool = False  # the world's Megatron pair (mega.idx, mega.bin) under the prefix, read as PREFIX/mega
+    files: tuple[str, ...] = ()  # files of the world put under the prefix instead of a folder
+    entry: str = ""  # what the URL names under the prefix (a Megatron prefix, a sidecar)
+    tokens: bool = True  # opened as a token source (a row read), else as lengths (a row's length read)
+
+
+#: The world's Megatron pair under the prefix, read as PREFIX/mega; its length sidecar, read as itself.
+PAIR = {"files": ("mega.idx", "mega.bin"), "entry": "/mega"}
+SIDECAR = {"files": ("lengths.jsonl.u32",), "entry": "/lengths.jsonl.u32", "tokens": False}
 
 
 def _idx_header(**fields):
@@ -2815,6 +2822,10 @@ def _idx_header(**fields):
         data[9:34] = struct.pack("<QBQQ", values["version"], values["code"], values["count"], values["documents"])
         (folder / "mega.idx").write_bytes(bytes(data))
     return change
+
+
+def _sidecar_bytes(folder: Path, change: Callable[[bytes], bytes]) -> None:
+    (folder / "lengths.jsonl.u32").write_bytes(change((folder / "lengths.jsonl.u32").read_bytes()))
 
 
 def _first_pointer(value: int):
@@ -2885,21 +2896,39 @@ REMOTE_CASES = [
                errors.SHARDED_STORE_INVALID, "shards/00000", "sharded"),
     # a Megatron pair: the .idx header checked against the object's size before its body is fetched
     RemoteCase("hang/remote-megatron-idx-claims-2^40-sequences", _idx_header(count=1 << 40),
-               errors.MEGATRON_INDEX_INVALID, "mega.idx", pair=True),
+               errors.MEGATRON_INDEX_INVALID, "mega.idx", **PAIR),
     RemoteCase("traceback/remote-megatron-idx-truncated",
                lambda folder: (folder / "mega.idx").write_bytes((folder / "mega.idx").read_bytes()[:20]),
-               errors.MEGATRON_INDEX_INVALID, "mega.idx", pair=True),
+               errors.MEGATRON_INDEX_INVALID, "mega.idx", **PAIR),
     RemoteCase("traceback/remote-megatron-float-dtype-code", _idx_header(code=6), errors.MEGATRON_INDEX_INVALID,
-               "mega.idx", pair=True),
+               "mega.idx", **PAIR),
     RemoteCase("traceback/remote-megatron-pointer-near-2^63", _first_pointer((1 << 63) - 2),
-               errors.MEGATRON_INDEX_INVALID, "mega.idx", pair=True),
+               errors.MEGATRON_INDEX_INVALID, "mega.idx", **PAIR),
     RemoteCase("traceback/remote-megatron-bin-truncated",
                lambda folder: (folder / "mega.bin").write_bytes((folder / "mega.bin").read_bytes()[:-2]),
-               errors.MEGATRON_INDEX_INVALID, "mega.idx", pair=True),
+               errors.MEGATRON_INDEX_INVALID, "mega.idx", **PAIR),
     RemoteCase("user/remote-megatron-bin-missing", lambda folder: (folder / "mega.bin").unlink(),
-               errors.MEGATRON_INDEX_INVALID, "mega.bin", pair=True),
+               errors.MEGATRON_INDEX_INVALID, "mega.bin", **PAIR),
+    # a length cache's sidecar: its preamble, header and size checked before its length bytes are fetched
+    RemoteCase("hang/remote-sidecar-header-claims-4-GiB", lambda folder: _sidecar_bytes(
+        folder, lambda data: data[:8] + struct.pack("<I", 0xFFFFFFFF) + data[12:]),
+        errors.LENGTHS_SIDECAR_MISMATCH, "lengths.jsonl.u32", **SIDECAR),
+    RemoteCase("traceback/remote-sidecar-no-magic", lambda folder: _sidecar_bytes(folder, lambda data: b"X" + data[1:]),
+               errors.LENGTHS_SIDECAR_MISMATCH, "lengths.jsonl.u32", **SIDECAR),
+    RemoteCase("traceback/remote-sidecar-truncated-lengths", lambda folder: _sidecar_bytes(
+        folder, lambda data: data[:-4]), errors.LENGTHS_SIDECAR_MISMATCH, "lengths.jsonl.u32", **SIDECAR),
+    RemoteCase("traceback/remote-sidecar-lengths-not-their-sha256", lambda folder: _sidecar_bytes(
+        folder, lambda data: data[:-1] + bytes([data[-1] ^ 1])), errors.LENGTHS_SIDECAR_MISMATCH,
+        "lengths.jsonl.u32", **SIDECAR),
+    RemoteCase("user/remote-length-cache-jsonl", lambda folder: None, errors.REMOTE_UNAVAILABLE, "lengths.jsonl",
+               files=("lengths.jsonl",), entry="/lengths.jsonl", tokens=False),
 ]
 
+_REMOTE_LENGTHS = hs.API_PRELUDE + (
+    "import numpy as np\n"
+    "from umlos_cuda.batching.sources import open_source\n"
+    "guarded(lambda: open_source(sys.argv[1]).take(np.arange(1)))\n"
+)
 _REMOTE_OPEN = hs.API_PRELUDE + (
     "from umlos_cuda.batching.sources import open_source\n"
     "guarded(lambda: open_source(sys.argv[1], tokens=True).arrays(0))\n"
@@ -2911,17 +2940,18 @@ def test_a_hostile_remote_store_is_refused_in_bounds(case: RemoteCase, world, tm
     """The reader of token stores in object stores (umlos_cuda/remote/) keeps the bounded reader's rules: sizes
     and headers before allocation, depth before parsing, each failure the store's documented code."""
     here = tmp_path / "case"
-    if case.pair:
+    if case.files:
         here.mkdir()
-        for name in ("mega.idx", "mega.bin"):
+        for name in case.files:
             shutil.copyfile(world / name, here / name)
     else:
         shutil.copytree(world / case.folder, here)
     case.change(here)
     bucket = object_store.bucket()
-    url = object_store.upload_folder(here, bucket, "case") + ("/mega" if case.pair else "")
+    url = object_store.upload_folder(here, bucket, "case") + case.entry
     before = hs.tree_state(tmp_path)
-    outcome = hs.python(_REMOTE_OPEN, url, cwd=tmp_path, wall_s=WALL_S, env=dict(os.environ))
+    outcome = hs.python(_REMOTE_OPEN if case.tokens else _REMOTE_LENGTHS, url, cwd=tmp_path, wall_s=WALL_S,
+                        env=dict(os.environ))
     hs.assert_refused(outcome, case.code, names=case.names)
     hs.assert_untouched(before, hs.tree_state(tmp_path))
 

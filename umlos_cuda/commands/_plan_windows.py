@@ -14,6 +14,7 @@ import json
 import os
 import time
 from .. import errors
+from ..remote.urls import absolute
 from ._args import resolve_order
 
 
@@ -33,7 +34,7 @@ def build_windowed(args, config, inputs) -> int:
     check_output_folder(args.output, WINDOWED_PLAN, force=args.force, inputs=inputs,
                         operator=errors.BATCH_PLAN_OPERATOR)
     started = time.perf_counter()
-    source = open_source(os.path.abspath(args.lengths))
+    source = open_source(absolute(args.lengths))
     definition = WindowDefinition(config, source.count, args.window)
     total = args.epochs * definition.num_windows
     progress = Progress(total, f"plan {args.output}", enabled=not args.quiet)
@@ -204,7 +205,7 @@ def build_mixed(args, config) -> int:
     check_windowed_config(config)  # refuses what windows do not plan, before any read
     check_output_folder(args.output, MIXED_PLAN, force=args.force, inputs=inputs, operator=errors.BATCH_PLAN_OPERATOR)
     started = time.perf_counter()
-    components = [Component(open_source(os.path.abspath(path)), weight, seed, cap, name)
+    components = [Component(open_source(absolute(path)), weight, seed, cap, name)
                   for (path, weight, cap, seed), name in zip(entries, names)]
     definition = MixtureDefinition(config, tuple(components), args.window, args.num_samples)
     progress = Progress(definition.num_windows, f"plan {args.output}", enabled=not args.quiet)

@@ -2972,3 +2972,67 @@ def test_a_remote_shard_rewritten_between_its_opening_and_a_read_is_refused(worl
         source.arrays(1)
     assert info.value.code == errors.REMOTE_OBJECT_CHANGED
     assert f"{url}/shards/00000/loss_mask.npy" in info.value.message
+
+
+# ---------------------------------------------------------------------- datasets named by object-store URLs
+def _truncated_parquet_bytes(world: Path) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(line) for line in (world / "train.jsonl").read_text(encoding="utf-8").splitlines()]
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buffer)
+    return buffer.getvalue()[:-9]  # no footer
+
+
+def _gzip_without_trailer(world: Path) -> bytes:
+    import gzip
+
+    return gzip.compress((world / "train.jsonl").read_bytes())[:-8]
+
+
+@dataclass
+class DatasetUrlCase:
+    """Objects put under a bucket's prefix ``data`` (``{key: bytes of the world}``); ``data tokenize --dataset
+    s3://BUCKET/data/<entry>`` in a fenced child must be refused with ``code`` naming the URL, and leave no copy."""
+
+    id: str
+    objects: Callable[[Path], dict[str, bytes]]
+    entry: str
+    code: str
+
+
+DATASET_URL_CASES = [
+    DatasetUrlCase("traceback/data-tokenize-url-parquet-without-footer",
+                   lambda world: {"train.parquet": _truncated_parquet_bytes(world)}, "train.parquet",
+                   errors.DATASET_UNREADABLE),
+    DatasetUrlCase("traceback/data-tokenize-url-gzip-without-trailer",
+                   lambda world: {"train.jsonl.gz": _gzip_without_trailer(world)}, "train.jsonl.gz",
+                   errors.DATASET_UNREADABLE),
+    DatasetUrlCase("traceback/data-tokenize-url-line-not-a-record",
+                   lambda world: {"train.jsonl": (world / "train.jsonl").read_bytes() + b"[1, 2]\n"}, "train.jsonl",
+                   errors.DATASET_RECORD_INVALID),
+    DatasetUrlCase("traceback/data-tokenize-url-folder-not-save-to-disk",
+                   lambda world: {"ds/notes.txt": b"hello"}, "ds", errors.DATASET_UNREADABLE),
+    DatasetUrlCase("user/data-tokenize-url-nothing-there", lambda world: {}, "missing.jsonl",
+                   errors.DATASET_UNREADABLE),
+]
+
+
+@pytest.mark.parametrize("case", DATASET_URL_CASES, ids=[c.id for c in DATASET_URL_CASES])
+def test_a_hostile_dataset_url_is_refused_in_bounds(case: DatasetUrlCase, world, tmp_path, object_store):
+    """A dataset read from an object store is copied to a private folder and read by the records layer with its
+    own bounds: each failure its documented code, naming the URL (not the copy), the copy removed."""
+    bucket = object_store.bucket()
+    for key, data in case.objects(world).items():
+        object_store.put(bucket, f"data/{key}", data)
+    url = f"s3://{bucket}/data/{case.entry}"
+    copy(world, tmp_path, "model")
+    (tmp_path / "tmp").mkdir()
+    before = hs.tree_state(tmp_path)
+    outcome = hs.cli("data", "tokenize", "--dataset", url, "--tokenizer", str(tmp_path / "model"), "--output",
+                     str(tmp_path / "out"), "--quiet", cwd=tmp_path, wall_s=WALL_S,
+                     env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    hs.assert_refused(outcome, case.code, names=url)
+    assert str(tmp_path / "tmp") not in outcome.stderr
+    hs.assert_untouched(before, hs.tree_state(tmp_path))

@@ -23,6 +23,7 @@ import shutil
 import tempfile
 from functools import partial
 
+from ..remote.inputs import has_remote
 from ..remote.urls import is_remote
 from ._dataset_args import DATASET_FORMATS, add_dataset_arguments, run_with_progress
 
@@ -116,6 +117,9 @@ def run_tokenize(args, parser) -> int:
     if remote and (args.sharded or args.append or args.engine == "ray"):
         parser.error("an object-store --output takes a token store (no --sharded, --append or --engine ray yet): "
                      "docs/object-stores.md")
+    if args.engine == "ray" and has_remote(args.dataset):
+        parser.error("--engine ray reads --dataset from a path its workers see; an object-store URL is copied to "
+                     "this machine's disk first (docs/object-stores.md): give a shared path, or tokenize here")
     if args.sharded or args.append or args.engine == "ray":
         return run_tokenize_sharded(args, parser)
     staging = tempfile.mkdtemp(prefix="umlos-publish-") if remote else None

@@ -147,3 +147,11 @@ def test_verify_finds_a_negative_token_id_as_on_disk(tmp_path, object_store):
     remote_error = _refused(lambda: RemoteMegatron.open(url, budget=FAST).verify(), errors.MEGATRON_INDEX_INVALID,
                             f"{url}.bin", "sequence 7 holds token id -5")
     assert remote_error.message == local_error.message.replace(prefix, url)
+
+
+def test_data_verify_checks_a_megatron_url(local, remote, capsys):
+    from umlos_cuda.cli import main
+
+    url, _ = remote
+    assert main(["data", "verify", url]) == 0
+    assert f"ok  {url}: 60 samples" in capsys.readouterr().out

@@ -188,6 +188,13 @@ def run_append(args) -> int:
 
         raise UmlosError(INVALID_ARGUMENT, "--force replaces a sharded store only with --create; an append never "
                          "replaces anything", operator=BATCHING_OPERATOR)
+    if any(is_remote(path) for path in (args.directory, *args.stores)):
+        from ..errors import REMOTE_OPERATOR, REMOTE_UNAVAILABLE, UmlosError
+
+        raise UmlosError(REMOTE_UNAVAILABLE, "data append writes a sharded store on disk only, for now: an append "
+                         "into an object store (its shards under the prefix, its index last, one writer at a time "
+                         "by a conditional PUT) is not built (docs/object-stores.md); append on disk, then copy the "
+                         "store's new shards, digests and meta.json there, meta.json last", operator=REMOTE_OPERATOR)
     store = append_shards(args.directory, args.stores, create=args.create, force=args.force)
     print(f"{'created' if args.create else 'appended to'} sharded token store {args.directory}: {len(store)} samples "
           f"in {store.num_parts} shards, {store.num_tokens} tokens")
@@ -199,6 +206,12 @@ def run_verify(args) -> int:
     from ..batching.tokens.sources import open_token_source
 
     source = open_token_source(args.source[0] if len(args.source) == 1 else args.source)
+    if not callable(getattr(source, "verify", None)):  # a token store in an object store: its digests need a pass
+        from ..errors import REMOTE_OPERATOR, REMOTE_UNAVAILABLE, UmlosError
+
+        raise UmlosError(REMOTE_UNAVAILABLE, f"data verify re-hashes a token store's arrays, which is not done in an "
+                         f"object store yet ({' '.join(args.source)}): verify the store on disk before copying it "
+                         "there (a Megatron prefix's ids are checked in an object store too)", operator=REMOTE_OPERATOR)
     report = source.verify()
     shards = f" in {report['shards']} shards" if "shards" in report else ""
     print(f"ok  {' '.join(args.source)}: {report['samples']} samples{shards}, {report['tokens']} tokens, "

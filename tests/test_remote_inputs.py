@@ -19,9 +19,9 @@ import pytest
 
 from batching_cases import train_tokenizer, write_model_dir
 from token_cases import records
+from objstore_support import refused
 from umlos_cuda import errors
 from umlos_cuda.cli import main
-from umlos_cuda.errors import UmlosError
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -122,12 +122,6 @@ def _staged(url: str):
         return local
 
 
-def _refused(call, code: str, *mentions: str) -> None:
-    with pytest.raises(UmlosError) as info:
-        call()
-    assert info.value.code == code, info.value.message
-    for text in mentions:
-        assert text in info.value.message, info.value.message
 
 
 def test_the_copy_s_refusals_come_before_any_data_is_fetched(tmp_path, private_tmp, object_store, monkeypatch):
@@ -139,12 +133,12 @@ def test_the_copy_s_refusals_come_before_any_data_is_fetched(tmp_path, private_t
     object_store.proxy.reset()
     with monkeypatch.context() as patch:
         patch.setattr(inputs, "MAX_OBJECTS", 2)
-        _refused(lambda: _staged(f"s3://{bucket}/ds"), errors.DATASET_UNREADABLE, f"s3://{bucket}/ds",
+        refused(lambda: _staged(f"s3://{bucket}/ds"), errors.DATASET_UNREADABLE, f"s3://{bucket}/ds",
                  "more than 2 objects")
     with monkeypatch.context() as patch:
         patch.setattr(inputs, "FREE_MARGIN", 1 << 62)
-        _refused(lambda: _staged(f"s3://{bucket}/ds"), errors.DATASET_UNREADABLE, "3,000 bytes", "TMPDIR")
-    _refused(lambda: _staged(f"s3://{bucket}/nothing"), errors.DATASET_UNREADABLE, f"s3://{bucket}/nothing does not "
+        refused(lambda: _staged(f"s3://{bucket}/ds"), errors.DATASET_UNREADABLE, "3,000 bytes", "TMPDIR")
+    refused(lambda: _staged(f"s3://{bucket}/nothing"), errors.DATASET_UNREADABLE, f"s3://{bucket}/nothing does not "
              "exist")
     assert object_store.proxy.gets("arrow") == [] and object_store.proxy.gets("json") == []
     assert list(private_tmp.iterdir()) == []
@@ -168,7 +162,7 @@ def test_an_object_changed_during_the_copy_is_refused(tmp_path, private_tmp, obj
         return original(self, start, stop)
 
     monkeypatch.setattr(client.RemoteObject, "read", read)
-    _refused(lambda: _staged(f"s3://{bucket}/big.jsonl"), errors.REMOTE_OBJECT_CHANGED, f"s3://{bucket}/big.jsonl")
+    refused(lambda: _staged(f"s3://{bucket}/big.jsonl"), errors.REMOTE_OBJECT_CHANGED, f"s3://{bucket}/big.jsonl")
     assert list(private_tmp.iterdir()) == []
 
 
@@ -184,6 +178,6 @@ def test_a_key_that_is_not_a_plain_path_is_refused_not_retried(private_tmp, obje
     finally:
         connection.close()
     object_store.proxy.reset()
-    _refused(lambda: _staged(f"s3://{bucket}/ds"), errors.DATASET_UNREADABLE, f"s3://{bucket}/ds", "not a plain path")
+    refused(lambda: _staged(f"s3://{bucket}/ds"), errors.DATASET_UNREADABLE, f"s3://{bucket}/ds", "not a plain path")
     assert len([r for r in object_store.proxy.requests if r.query.startswith("list")]) == 1
     assert list(private_tmp.iterdir()) == []

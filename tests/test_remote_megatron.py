@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from token_cases import random_sequences, write_megatron
+from objstore_support import refused
 from umlos_cuda import errors
 from umlos_cuda.batching.sources import open_source
 from umlos_cuda.batching.tokens.mapped import MappedMegatron
 from umlos_cuda.batching.tokens.megatron import MegatronDataset
 from umlos_cuda.batching.tokens.sources import open_token_source
-from umlos_cuda.errors import UmlosError
 from umlos_cuda.remote import RemoteMegatron, RetryBudget, open_remote_store
 
 FAST = RetryBudget(attempts=3, first_delay_s=0.01, max_delay_s=0.05, timeout_s=10.0)
@@ -43,13 +43,6 @@ def remote(local, object_store):
     return f"s3://{bucket}/data/web_text_document", bucket
 
 
-def _refused(call, code: str, *mentions: str) -> UmlosError:
-    with pytest.raises(UmlosError) as info:
-        call()
-    assert info.value.code == code, info.value.message
-    for text in mentions:
-        assert text in info.value.message, info.value.message
-    return info.value
 
 
 def test_lengths_binding_and_rows_read_as_on_disk(local, remote):
@@ -91,7 +84,7 @@ def test_an_index_whose_size_does_not_fit_its_counts_is_refused_before_its_body_
         index = handle.read()
     object_store.put(bucket, "data/web_text_document.idx", index[:-8])
     object_store.proxy.reset()
-    _refused(lambda: open_remote_store(url, budget=FAST), errors.MEGATRON_INDEX_INVALID, f"{url}.idx",
+    refused(lambda: open_remote_store(url, budget=FAST), errors.MEGATRON_INDEX_INVALID, f"{url}.idx",
              "document indices need")
     assert [r.span for r in object_store.proxy.gets(".idx")] == [(0, 34)]  # the header, nothing after it
 
@@ -102,7 +95,7 @@ def test_counts_past_the_cap_are_refused_before_the_body_is_fetched(remote, obje
     url, _ = remote
     monkeypatch.setattr(megatron, "MAX_SEQUENCES", 59)
     object_store.proxy.reset()
-    _refused(lambda: RemoteMegatron.open(url, budget=FAST), errors.MEGATRON_INDEX_INVALID, f"{url}.idx",
+    refused(lambda: RemoteMegatron.open(url, budget=FAST), errors.MEGATRON_INDEX_INVALID, f"{url}.idx",
              "read it from disk")
     assert [r.span for r in object_store.proxy.gets(".idx")] == [(0, 34)]
 
@@ -114,16 +107,16 @@ def test_a_pointer_outside_the_bin_is_refused_at_opening(local, remote, object_s
     pointers_at = 34 + 4 * 60
     index[pointers_at + 8 * 5:pointers_at + 8 * 6] = struct.pack("<q", 1 << 62)
     object_store.put(bucket, "data/web_text_document.idx", bytes(index))
-    _refused(lambda: open_source(url, tokens=True), errors.MEGATRON_INDEX_INVALID, f"{url}.idx", "sequence 5",
+    refused(lambda: open_source(url, tokens=True), errors.MEGATRON_INDEX_INVALID, f"{url}.idx", "sequence 5",
              f"{url}.bin")
 
 
 def test_a_missing_bin_and_a_prefix_of_nothing_are_refused_naming_what_is_not_there(remote, object_store):
     url, bucket = remote
     object_store.delete(bucket, "data/web_text_document.bin")
-    _refused(lambda: open_remote_store(url, budget=FAST), errors.MEGATRON_INDEX_INVALID, f"{url}.bin does not exist")
+    refused(lambda: open_remote_store(url, budget=FAST), errors.MEGATRON_INDEX_INVALID, f"{url}.bin does not exist")
     nothing = f"s3://{bucket}/data/nothing"
-    _refused(lambda: open_remote_store(nothing, budget=FAST), errors.TOKEN_STORE_NOT_FOUND, f"{nothing}/meta.json",
+    refused(lambda: open_remote_store(nothing, budget=FAST), errors.TOKEN_STORE_NOT_FOUND, f"{nothing}/meta.json",
              f"{nothing}.idx does not exist either")
 
 
@@ -134,7 +127,7 @@ def test_a_bin_changed_after_opening_is_refused(local, remote, object_store):
         data = bytearray(handle.read())
     data[0] ^= 1
     object_store.put(bucket, "data/web_text_document.bin", bytes(data))
-    _refused(lambda: source.arrays(0), errors.REMOTE_OBJECT_CHANGED, f"{url}.bin")
+    refused(lambda: source.arrays(0), errors.REMOTE_OBJECT_CHANGED, f"{url}.bin")
 
 
 def test_verify_finds_a_negative_token_id_as_on_disk(tmp_path, object_store):
@@ -143,8 +136,8 @@ def test_verify_finds_a_negative_token_id_as_on_disk(tmp_path, object_store):
     prefix = write_megatron(tmp_path / "signed", sequences, dtype=np.int32)
     bucket = object_store.bucket()
     url = object_store.upload_folder(tmp_path, bucket, "x") + "/signed"
-    local_error = _refused(lambda: MegatronDataset.open(prefix).verify(), errors.MEGATRON_INDEX_INVALID)
-    remote_error = _refused(lambda: RemoteMegatron.open(url, budget=FAST).verify(), errors.MEGATRON_INDEX_INVALID,
+    local_error = refused(lambda: MegatronDataset.open(prefix).verify(), errors.MEGATRON_INDEX_INVALID)
+    remote_error = refused(lambda: RemoteMegatron.open(url, budget=FAST).verify(), errors.MEGATRON_INDEX_INVALID,
                             f"{url}.bin", "sequence 7 holds token id -5")
     assert remote_error.message == local_error.message.replace(prefix, url)
 

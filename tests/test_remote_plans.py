@@ -15,8 +15,7 @@ import os
 import numpy as np
 import pytest
 
-from batching_cases import train_tokenizer, write_model_dir
-from token_cases import make_store, random_sequences, records, write_megatron
+from token_cases import write_token_sources
 from umlos_cuda import errors
 from umlos_cuda.batching.sources import open_source, source_kind
 from umlos_cuda.cli import main
@@ -30,34 +29,21 @@ BUILD = ("plan", "build", "--window", "16", "--bucket-edges", "64,128", "--overf
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory) -> dict[str, str]:
-    """Each kind on disk: its local path, and the folder whose files go under the bucket's prefix."""
-    from umlos_cuda.batching.tokens.sharded import tokenize_sharded
-
-    root = tmp_path_factory.mktemp("remote-plans")
-    store = make_store(root / "s", 90, seed=1)
-    write_model_dir(root / "model", train_tokenizer(), {"eos_token": "</s>"})
-    files = []
-    for i, (a, b) in enumerate(((0, 25), (25, 60))):
-        files.append(str(root / f"part-{i}.jsonl"))
-        with open(files[-1], "w", encoding="utf-8") as handle:
-            handle.writelines(json.dumps({"prompt": r["prompt"], "response": r["response"]}) + "\n"
-                              for r in records(60, seed=2)[a:b])
-    sharded = tokenize_sharded(files, root / "model", root / "sharded", prompt_field="prompt",
-                               response_field="response")
-    (root / "meg").mkdir()
-    prefix = write_megatron(root / "meg" / "web", random_sequences(130, seed=3, high=200), np.int32)
-    return {"store": str(store.root), "sharded": str(sharded.root), "megatron": prefix,
-            "sidecar": os.path.join(store.root, "lengths.jsonl.u32")}
+    """Each kind on disk (tests/token_cases.py), and the store's length sidecar."""
+    sources = write_token_sources(tmp_path_factory.mktemp("remote-plans"))
+    return {**sources, "sidecar": os.path.join(sources["store"], "lengths.jsonl.u32")}
 
 
 @pytest.fixture(scope="module")
 def remote(local, object_store) -> dict[str, str]:
     """The URL of each kind in one bucket."""
     bucket = object_store.bucket()
+    for suffix in (".idx", ".bin"):
+        with open(local["megatron"] + suffix, "rb") as handle:
+            object_store.put(bucket, f"meg/web{suffix}", handle.read())
     return {"store": object_store.upload_folder(local["store"], bucket, "store"),
             "sharded": object_store.upload_folder(local["sharded"], bucket, "sharded"),
-            "megatron": object_store.upload_folder(os.path.dirname(local["megatron"]), bucket, "meg") + "/web",
-            "sidecar": f"s3://{bucket}/store/lengths.jsonl.u32"}
+            "megatron": f"s3://{bucket}/meg/web", "sidecar": f"s3://{bucket}/store/lengths.jsonl.u32"}
 
 
 @pytest.mark.parametrize("kind", KINDS)

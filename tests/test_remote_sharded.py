@@ -19,11 +19,11 @@ import pytest
 
 from batching_cases import train_tokenizer, write_model_dir
 from token_cases import records
+from objstore_support import refused
 from umlos_cuda import errors
 from umlos_cuda.batching.sources import open_source, source_kind
 from umlos_cuda.batching.tokens.offsets import ShardedLengths
 from umlos_cuda.batching.tokens.sharded import ShardedTokenStore, tokenize_sharded
-from umlos_cuda.errors import UmlosError
 from umlos_cuda.remote import RemoteShardedStore, RemoteTokenStore, RetryBudget, open_remote_store
 
 FAST = RetryBudget(attempts=3, first_delay_s=0.01, max_delay_s=0.05, timeout_s=10.0)
@@ -91,13 +91,6 @@ def test_a_flat_store_at_the_url_still_opens_as_one(local, object_store):
     assert isinstance(opened, RemoteTokenStore) and len(opened) == len(shard)
 
 
-def _refused(call, code: str, *mentions: str) -> UmlosError:
-    with pytest.raises(UmlosError) as info:
-        call()
-    assert info.value.code == code, info.value.message
-    for text in mentions:
-        assert text in info.value.message
-    return info.value
 
 
 def test_a_missing_shard_is_sharded_store_invalid_naming_it(remote, object_store):
@@ -105,7 +98,7 @@ def test_a_missing_shard_is_sharded_store_invalid_naming_it(remote, object_store
     object_store.delete(bucket, "corpus/sharded/shards/00002/meta.json")
     opened = RemoteShardedStore.open(url, budget=FAST)
     assert np.asarray(opened.arrays(0)[0]).size  # the other shards read
-    _refused(lambda: opened.arrays(80), errors.SHARDED_STORE_INVALID, f"{url}/shards/00002", "index lists it")
+    refused(lambda: opened.arrays(80), errors.SHARDED_STORE_INVALID, f"{url}/shards/00002", "index lists it")
 
 
 def test_a_replaced_shard_is_refused_before_its_arrays_are_read(local, remote, object_store):
@@ -115,7 +108,7 @@ def test_a_replaced_shard_is_refused_before_its_arrays_are_read(local, remote, o
     object_store.put(bucket, "corpus/sharded/shards/00000/meta.json", json.dumps(other).encode())
     object_store.proxy.reset()
     opened = RemoteShardedStore.open(url, budget=FAST)
-    _refused(lambda: opened.arrays(0), errors.SHARDED_STORE_INVALID, f"{url}/shards/00000/meta.json",
+    refused(lambda: opened.arrays(0), errors.SHARDED_STORE_INVALID, f"{url}/shards/00000/meta.json",
              "does not hash to the index's meta_sha256")
     assert not object_store.proxy.gets(".npy")
 
@@ -127,7 +120,7 @@ def test_a_shard_whose_counts_are_not_the_index_s_is_refused(local, remote, obje
     index["shards"][1]["num_samples"] -= 1
     object_store.put(bucket, "corpus/sharded/meta.json", json.dumps(index).encode())
     opened = RemoteShardedStore.open(url, budget=FAST)
-    _refused(lambda: opened.arrays(0), errors.SHARDED_STORE_INVALID, f"{url}/shards/00000", "the index says")
+    refused(lambda: opened.arrays(0), errors.SHARDED_STORE_INVALID, f"{url}/shards/00000", "the index says")
 
 
 def test_an_index_over_its_cap_is_refused_before_its_body_is_fetched(remote, object_store, monkeypatch):
@@ -136,7 +129,7 @@ def test_an_index_over_its_cap_is_refused_before_its_body_is_fetched(remote, obj
     url, _ = remote
     monkeypatch.setattr(sharded, "MAX_INDEX_BYTES", 64)
     object_store.proxy.reset()
-    _refused(lambda: RemoteShardedStore.open(url, budget=FAST), errors.SHARDED_STORE_INVALID, f"{url}/meta.json",
+    refused(lambda: RemoteShardedStore.open(url, budget=FAST), errors.SHARDED_STORE_INVALID, f"{url}/meta.json",
              "sharded store index")
     assert object_store.proxy.gets("sharded/meta.json") == []
 
@@ -146,7 +139,7 @@ def test_an_index_that_is_not_a_sharded_store_s_is_refused_by_the_local_check(lo
     index = json.loads(Path(local.root, "meta.json").read_text(encoding="utf-8"))
     index["shards"][1]["name"] = "../../elsewhere"
     object_store.put(bucket, "corpus/sharded/meta.json", json.dumps(index).encode())
-    _refused(lambda: open_source(url, tokens=True), errors.SHARDED_STORE_INVALID, f"{url}/meta.json",
+    refused(lambda: open_source(url, tokens=True), errors.SHARDED_STORE_INVALID, f"{url}/meta.json",
              "shards[1]", "numbered in order")
 
 
@@ -158,12 +151,12 @@ def test_a_shard_changed_after_it_was_opened_is_refused(local, remote, object_st
     tokens = np.load(f"{local.shard_path(0)}/tokens.npy")
     np.save(buffer, tokens[::-1].copy())  # same size, other bytes: another ETag
     object_store.put(bucket, "corpus/sharded/shards/00000/tokens.npy", buffer.getvalue())
-    _refused(lambda: opened.arrays(1), errors.REMOTE_OBJECT_CHANGED, f"{url}/shards/00000/tokens.npy")
+    refused(lambda: opened.arrays(1), errors.REMOTE_OBJECT_CHANGED, f"{url}/shards/00000/tokens.npy")
 
 
 def test_no_index_at_the_url_is_token_store_not_found(object_store):
     bucket = object_store.bucket()
-    _refused(lambda: RemoteShardedStore.open(f"s3://{bucket}/nothing", budget=FAST), errors.TOKEN_STORE_NOT_FOUND,
+    refused(lambda: RemoteShardedStore.open(f"s3://{bucket}/nothing", budget=FAST), errors.TOKEN_STORE_NOT_FOUND,
              f"s3://{bucket}/nothing/meta.json")
 
 

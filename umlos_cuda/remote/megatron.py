@@ -23,9 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import checks
-from ..batching.lengths.cache import LengthCache
 from ..batching.lengths.sources import ArrayLengths
-from ..batching.tokens.megatron import (HEADER_BYTES, UNKNOWN_TOKENIZER, VERIFY_WINDOW, _invalid, bin_path,
+from ..batching.tokens.megatron import (HEADER_BYTES, UNKNOWN_TOKENIZER, VERIFY_WINDOW, PairFacts, _invalid, bin_path,
                                         check_idx_header, check_index_arrays, idx_path, refuse_negative)
 from .client import RemoteObject, RetryBudget
 from .urls import ObjectUrl, parse_url
@@ -40,11 +39,10 @@ def megatron_url(path: str) -> str:
     return path[:-4] if path.endswith((".idx", ".bin")) else path
 
 
-class RemoteMegatron(ArrayLengths):
-    """A Megatron-LM pair read from an object store (module docstring); open it with :meth:`open`."""
-
-    #: Its loss mask is all ones, as a local pair's.
-    trains_on_every_token = True
+class RemoteMegatron(PairFacts, ArrayLengths):
+    """A Megatron-LM pair read from an object store (module docstring); open it with :meth:`open`. What it answers
+    from the index's sizes (``len``, ``num_tokens``, ``length_cache()``, ``arrays(row)`` with a loss mask of ones)
+    is :class:`~umlos_cuda.batching.tokens.megatron.PairFacts`, as a local pair's."""
 
     def __init__(self, prefix: str, dtype: np.dtype, sizes: np.ndarray, pointers: np.ndarray,
                  document_indices: np.ndarray, data: RemoteObject, tokenizer_hash: str, budget: RetryBudget) -> None:
@@ -87,38 +85,13 @@ class RemoteMegatron(ArrayLengths):
     def __repr__(self) -> str:
         return f"RemoteMegatron({self.prefix!r}, {len(self)} sequences, {self.dtype})"
 
-    # ------------------------------------------------------------------ what a token source answers
-    def __len__(self) -> int:
-        return self.count
-
-    @property
-    def num_samples(self) -> int:
-        return self.count
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.sizes.sum(dtype=np.int64))
-
-    def sample_id(self, row: int) -> str:
-        return str(int(row))
-
-    def length_cache(self) -> LengthCache:
-        """Lengths from the ``.idx`` sizes, ids the row numbers, as a local pair's."""
-        return LengthCache.from_arrays(None, self.lengths, self.tokenizer_hash)
-
+    # ------------------------------------------------------------------ rows
     def input_ids(self, row: int) -> np.ndarray:
         """Sequence ``row``'s tokens, fetched now (one ranged GET of the ``.bin``; read-only)."""
         row = checks.integer(row, self.prefix, 0, self.count - 1, fail=_invalid,
                              message="sequence {value!r} is not in {name}; rows are 0 to {high}")
         start, size = int(self.pointers[row]), int(self.sizes[row])
         return np.frombuffer(self.data.read(start, start + size * self.dtype.itemsize), dtype=self.dtype)
-
-    def arrays(self, row: int) -> tuple[np.ndarray, np.ndarray]:
-        ids = self.input_ids(row)
-        return ids, self._ones[:ids.shape[0]]
-
-    def __getitem__(self, row: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.arrays(row)
 
     def verify(self) -> dict:
         """As a local pair's: no sequence holds a negative token id (a signed dtype can store ids no tokenizer

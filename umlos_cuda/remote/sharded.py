@@ -21,10 +21,8 @@ A pickled store is its URL and budget: a ``DataLoader`` worker opens it again.
 
 from __future__ import annotations
 
-from ..batching.lengths.fingerprints import PARTS_KEY
-from ..batching.tokens.concat import ConcatenatedSource
 from ..batching.tokens.index import INDEX_WHAT, MAX_INDEX_BYTES, SHARDS_FOLDER, check_index, invalid
-from ..batching.tokens.logical import MAX_SHARD_META_BYTES, check_shard, check_shard_meta
+from ..batching.tokens.logical import MAX_SHARD_META_BYTES, ShardedFacts, check_shard, check_shard_meta
 from .. import errors
 from ..errors import UmlosError
 from ..files.reader import loads_json
@@ -34,17 +32,16 @@ from .store import RemoteTokenStore
 from .urls import ObjectUrl, parse_url
 
 
-class RemoteShardedStore(ConcatenatedSource):
+class RemoteShardedStore(ShardedFacts):
     """A sharded token store read from an object store (module docstring); open it with :meth:`open`.
-    ``shard(i)`` is shard ``i``'s :class:`~.store.RemoteTokenStore`, ``meta`` the checked index."""
+    ``shard(i)`` is shard ``i``'s :class:`~.store.RemoteTokenStore`, ``meta`` the checked index; what it answers
+    from the index (``num_tokens``, ``identity()``, ...) is :class:`~umlos_cuda.batching.tokens.logical.ShardedFacts`,
+    as the same store's on disk."""
 
     def __init__(self, url: ObjectUrl, meta: dict, budget: RetryBudget) -> None:
-        self.url, self.meta, self.budget = url, meta, budget
-        self.root = self.origin = str(url)
-        super().__init__([entry["num_samples"] for entry in meta["shards"]], self._open_shard,
-                         tokenizer_hash=meta["tokenizer_hash"],
-                         ids_are_line_numbers=meta["sample_ids"] == "line_numbers",
-                         dataset_hash=meta["dataset_hash"], fail=invalid, where=self.root)
+        self.url, self.budget = url, budget
+        self.origin = str(url)
+        super().__init__(str(url), meta, self._open_shard)
 
     @classmethod
     def open(cls, path: str, *, budget: RetryBudget | None = None) -> RemoteShardedStore:
@@ -64,31 +61,6 @@ class RemoteShardedStore(ConcatenatedSource):
 
     def __reduce__(self):
         return (_reopen, (self.root, self.budget))
-
-    def __repr__(self) -> str:
-        return f"RemoteShardedStore({self.root!r}, {len(self)} samples in {self.num_parts} shards)"
-
-    # ------------------------------------------------------------------ what the index says
-    @property
-    def num_tokens(self) -> int:
-        return int(self.meta["num_tokens"])
-
-    @property
-    def vocab_size(self) -> int | None:
-        return self.meta["vocab_size"]
-
-    @property
-    def token_dtype(self) -> str:
-        return self.meta["token_dtype"]
-
-    @property
-    def tokenizer_parts(self) -> dict[str, str] | None:
-        return self.meta.get(PARTS_KEY)
-
-    def identity(self) -> dict:
-        """The tokenizer and the logical dataset hash, as the same store's on disk answers them (an artifact cut
-        from either knows the other again)."""
-        return {"tokenizer_hash": self.tokenizer_hash, "dataset_hash": self.dataset_hash}
 
     # ------------------------------------------------------------------ shards
     def shard(self, index: int) -> RemoteTokenStore:

@@ -24,7 +24,8 @@ import bisect
 import hashlib
 import os
 import stat
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -44,42 +45,22 @@ StoreT = TypeVar("StoreT", bound=StoreFacts)
 MAX_SHARD_META_BYTES = 1 << 20
 
 
-class ShardedTokenStore(ConcatenatedSource):
-    """A sharded token store (:meth:`open`); ``shard(i)`` is shard ``i``'s
-    :class:`~umlos_cuda.batching.tokens.store.TokenStore`, ``meta`` the index."""
+class ShardedFacts(ConcatenatedSource):
+    """What a sharded store answers from its checked index ``meta`` alone, wherever its shards are read from: a
+    folder (:class:`ShardedTokenStore`) or an object store (:class:`~umlos_cuda.remote.sharded.RemoteShardedStore`);
+    ``open_shard(i)`` opens shard ``i`` on first use (global rows: tokens/concat.py)."""
 
-    def __init__(self, root: str, meta: dict) -> None:
+    def __init__(self, root: str, meta: dict, open_shard: Callable[[int], Any]) -> None:
         self.root = root
         self.meta = meta
-        super().__init__([entry["num_samples"] for entry in meta["shards"]], self._open_shard,
+        super().__init__([entry["num_samples"] for entry in meta["shards"]], open_shard,
                          tokenizer_hash=meta["tokenizer_hash"],
                          ids_are_line_numbers=meta["sample_ids"] == "line_numbers",
                          dataset_hash=meta["dataset_hash"], fail=invalid, where=root)
-        self._views: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * self.num_parts
-
-    @classmethod
-    def open(cls, directory: str | os.PathLike[str]) -> ShardedTokenStore:
-        """The sharded store in ``directory``; TOKEN_STORE_NOT_FOUND when there is no ``meta.json``."""
-        root = os.path.abspath(os.fspath(directory))
-        path = os.path.join(root, "meta.json")
-        if not os.path.lexists(path):
-            raise UmlosError(errors.TOKEN_STORE_NOT_FOUND, f"no sharded token store at {root}: {path} does not exist "
-                             "(write one with `umlos-cuda data tokenize --sharded`)", operator=errors.BATCHING_OPERATOR)
-        try:
-            meta = read_index(path)
-        except FileNotFoundError:
-            raise invalid(f"{path} is missing") from None
-        for name in (SHARDS_FOLDER, DIGESTS_FOLDER):  # never read (nor later written) through a link
-            check_folder(os.path.join(root, name), f"the store's {name} folder")
-        return cls(root, meta)
-
-    def __reduce__(self):
-        return (_reopen, (self.root,))
 
     def __repr__(self) -> str:
-        return f"ShardedTokenStore({self.root!r}, {len(self)} samples in {self.num_parts} shards)"
+        return f"{type(self).__name__}({self.root!r}, {len(self)} samples in {self.num_parts} shards)"
 
-    # ------------------------------------------------------------------ sizes and fields
     @property
     def num_tokens(self) -> int:
         return int(self.meta["num_tokens"])
@@ -103,9 +84,39 @@ class ShardedTokenStore(ConcatenatedSource):
 
     def identity(self) -> dict:
         """The tokenizer and the logical dataset hash (over every row's digest of tokens and mask, checked by
-        ``data verify``): what an artifact cut from this store records to know it again."""
+        ``data verify``): what an artifact cut from this store records to know it again, the same wherever the
+        store is read from."""
         return {"tokenizer_hash": self.tokenizer_hash, "dataset_hash": self.dataset_hash}
 
+
+class ShardedTokenStore(ShardedFacts):
+    """A sharded token store (:meth:`open`); ``shard(i)`` is shard ``i``'s
+    :class:`~umlos_cuda.batching.tokens.store.TokenStore`, ``meta`` the index."""
+
+    def __init__(self, root: str, meta: dict) -> None:
+        super().__init__(root, meta, self._open_shard)
+        self._views: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * self.num_parts
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike[str]) -> ShardedTokenStore:
+        """The sharded store in ``directory``; TOKEN_STORE_NOT_FOUND when there is no ``meta.json``."""
+        root = os.path.abspath(os.fspath(directory))
+        path = os.path.join(root, "meta.json")
+        if not os.path.lexists(path):
+            raise UmlosError(errors.TOKEN_STORE_NOT_FOUND, f"no sharded token store at {root}: {path} does not exist "
+                             "(write one with `umlos-cuda data tokenize --sharded`)", operator=errors.BATCHING_OPERATOR)
+        try:
+            meta = read_index(path)
+        except FileNotFoundError:
+            raise invalid(f"{path} is missing") from None
+        for name in (SHARDS_FOLDER, DIGESTS_FOLDER):  # never read (nor later written) through a link
+            check_folder(os.path.join(root, name), f"the store's {name} folder")
+        return cls(root, meta)
+
+    def __reduce__(self):
+        return (_reopen, (self.root,))
+
+    # ------------------------------------------------------------------ rows
     def arrays(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         """``(input_ids, loss_mask)`` of global row ``row`` (read-only views): what collation reads.
 

@@ -82,7 +82,50 @@ def bin_path(prefix: str) -> str:
     return prefix + ".bin"
 
 
-class MegatronDataset:
+class PairFacts:
+    """What a Megatron pair answers from its index's ``sizes`` (and ``lengths``, the same as uint32) and a
+    subclass's ``input_ids(row)``, wherever its ``.bin`` is read from: memory-mapped (:class:`MegatronDataset`)
+    or by ranges from an object store (:class:`~umlos_cuda.remote.megatron.RemoteMegatron`). Row ids are row
+    numbers; the loss mask is all ones (``_ones``, as long as the longest sequence)."""
+
+    #: An indexed dataset trains on every token (its loss mask is all ones): counting loss tokens reads no row.
+    trains_on_every_token = True
+    sizes: np.ndarray
+    lengths: np.ndarray
+    tokenizer_hash: str
+    _ones: np.ndarray
+
+    def input_ids(self, row: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return int(self.sizes.shape[0])
+
+    @property
+    def num_samples(self) -> int:
+        return len(self)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.sizes.sum(dtype=np.int64))
+
+    def sample_id(self, row: int) -> str:
+        return str(int(row))
+
+    def length_cache(self) -> LengthCache:
+        """Lengths from the ``.idx`` sizes, ids the row numbers: build a plan from it."""
+        return LengthCache.from_arrays(None, self.lengths, self.tokenizer_hash)
+
+    def arrays(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(input_ids, loss_mask)`` of sequence ``row``: what collation reads."""
+        ids = self.input_ids(row)
+        return ids, self._ones[:ids.shape[0]]
+
+    def __getitem__(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.arrays(row)
+
+
+class MegatronDataset(PairFacts):
     """A Megatron-LM indexed dataset opened for reading (:meth:`open`).
 
     ``sizes`` (int32), ``pointers`` (int64), ``document_indices`` (int64)
@@ -90,9 +133,6 @@ class MegatronDataset:
     ``lengths`` is ``sizes`` as uint32. ``tokenizer_hash`` is what the caller
     names (the index does not record its tokenizer).
     """
-
-    #: An indexed dataset trains on every token (its loss mask is all ones): counting loss tokens reads no row.
-    trains_on_every_token = True
 
     def __init__(self, prefix: str, dtype: np.dtype, sizes: np.ndarray, pointers: np.ndarray,
                  document_indices: np.ndarray, modes: np.ndarray | None, data: np.ndarray,
@@ -150,24 +190,6 @@ class MegatronDataset:
     def __repr__(self) -> str:
         return f"MegatronDataset({self.prefix!r}, {len(self)} sequences, {self.dtype})"
 
-    def __len__(self) -> int:
-        return int(self.sizes.shape[0])
-
-    @property
-    def num_samples(self) -> int:
-        return len(self)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.sizes.sum(dtype=np.int64))
-
-    def sample_id(self, row: int) -> str:
-        return str(int(row))
-
-    def length_cache(self) -> LengthCache:
-        """Lengths from the ``.idx`` sizes, ids the row numbers: build a plan from it."""
-        return LengthCache.from_arrays(None, self.lengths, self.tokenizer_hash)
-
     def input_ids(self, row: int) -> np.ndarray:
         """Sequence ``row``'s tokens (a read-only view of the ``.bin``)."""
         if type(row) is not int or not 0 <= row < self._count:  # the common case skips the full check
@@ -178,13 +200,6 @@ class MegatronDataset:
     def loss_mask(self, row: int) -> np.ndarray:
         """All ones: an indexed dataset trains on every token."""
         return self._ones[:len(self.input_ids(row))]
-
-    def arrays(self, row: int) -> tuple[np.ndarray, np.ndarray]:
-        ids = self.input_ids(row)
-        return ids, self._ones[:ids.shape[0]]
-
-    def __getitem__(self, row: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.arrays(row)
 
     def verify(self) -> dict:
         """Check that no sequence holds a negative token id (Megatron files

@@ -367,3 +367,16 @@ def object_store_session() -> Iterator[ObjectStoreServer]:
         finally:
             proxy.close()
             server.close()
+
+
+def refused(call: Callable[[], object], code: str, *mentions: str):
+    """The UmlosError ``call()`` raises, asserted to be ``code`` with every one of ``mentions`` in its message
+    (any operator: the remote codes name the remote one, the stores' codes the batching one)."""
+    from umlos_cuda.errors import UmlosError
+
+    with pytest.raises(UmlosError) as info:
+        call()
+    assert info.value.code == code, info.value.message
+    for text in mentions:
+        assert text in info.value.message, info.value.message
+    return info.value

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from batching_cases import expect, train_tokenizer, write_model_dir
-from token_cases import make_store, random_sequences, records, write_megatron
+from batching_cases import expect
+from token_cases import random_sequences, write_megatron, write_token_sources
 
 from umlos_cuda import errors
 from umlos_cuda.batching.plans.windows import ArrayLengths
@@ -30,21 +30,7 @@ KINDS = ("megatron", "store", "sharded")
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory) -> dict[str, str]:
     """A Megatron prefix, a token store and a sharded store of two shards."""
-    from umlos_cuda.batching.tokens.sharded import tokenize_sharded
-
-    root = tmp_path_factory.mktemp("mapped")
-    store = make_store(root / "s", 90, seed=1)
-    write_model_dir(root / "model", train_tokenizer(), {"eos_token": "</s>"})
-    files = []
-    for i, (a, b) in enumerate(((0, 25), (25, 60))):
-        files.append(str(root / f"part-{i}.jsonl"))
-        with open(files[-1], "w", encoding="utf-8") as handle:
-            handle.writelines(json.dumps({"prompt": r["prompt"], "response": r["response"]}) + "\n"
-                              for r in records(60, seed=2)[a:b])
-    sharded = tokenize_sharded(files, root / "model", root / "sharded", prompt_field="prompt",
-                               response_field="response")
-    prefix = write_megatron(root / "meg", random_sequences(130, seed=3, high=200), np.int32, document_ends=[60, 130])
-    return {"megatron": prefix, "store": str(store.root), "sharded": str(sharded.root)}
+    return write_token_sources(tmp_path_factory.mktemp("mapped"))
 
 
 @pytest.mark.parametrize("kind", KINDS)

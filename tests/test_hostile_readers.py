@@ -2877,6 +2877,51 @@ class RemoteCase:
     change: Callable[[Path], None]
     code: str
     names: str
+    folder: str = "store"
+    files: tuple[str, ...] = ()  # files of the world put under the prefix instead of a folder
+    entry: str = ""  # what the URL names under the prefix (a Megatron prefix, a sidecar)
+    tokens: bool = True  # opened as a token source (a row read), else as lengths (a row's length read)
+
+
+#: The world's Megatron pair under the prefix, read as PREFIX/mega; its length sidecar, read as itself.
+PAIR = {"files": ("mega.idx", "mega.bin"), "entry": "/mega"}
+SIDECAR = {"files": ("lengths.jsonl.u32",), "entry": "/lengths.jsonl.u32", "tokens": False}
+
+
+def _idx_header(**fields):
+    """Rewrite fields of mega.idx's header (version, code, count, documents), its arrays left as they are."""
+    def change(folder: Path) -> None:
+        data = bytearray((folder / "mega.idx").read_bytes())
+        version, code, count, documents = struct.unpack("<QBQQ", data[9:34])
+        values = {"version": version, "code": code, "count": count, "documents": documents, **fields}
+        data[9:34] = struct.pack("<QBQQ", values["version"], values["code"], values["count"], values["documents"])
+        (folder / "mega.idx").write_bytes(bytes(data))
+    return change
+
+
+def _sidecar_bytes(folder: Path, change: Callable[[bytes], bytes]) -> None:
+    (folder / "lengths.jsonl.u32").write_bytes(change((folder / "lengths.jsonl.u32").read_bytes()))
+
+
+def _first_pointer(value: int):
+    def change(folder: Path) -> None:
+        data = bytearray((folder / "mega.idx").read_bytes())
+        count = struct.unpack("<Q", data[18:26])[0]
+        data[34 + 4 * count:34 + 4 * count + 8] = struct.pack("<q", value)
+        (folder / "mega.idx").write_bytes(bytes(data))
+    return change
+
+
+def _sharded_index(**fields):
+    def change(store: Path) -> None:
+        edit_json(store / "meta.json", lambda index: index.update(fields))
+    return change
+
+
+def _first_shard_entry(**fields):
+    def change(store: Path) -> None:
+        edit_json(store / "meta.json", lambda index: index["shards"][0].update(fields))
+    return change
 
 
 REMOTE_CASES = [
@@ -2901,8 +2946,64 @@ REMOTE_CASES = [
                    np.load(store / "offsets.npy") * 2)), errors.TOKEN_STORE_INVALID, "offsets.npy"),
     RemoteCase("user/remote-store-not-there", lambda store: (store / "meta.json").unlink(),
                errors.TOKEN_STORE_NOT_FOUND, "meta.json"),
+    # a sharded store (its marker says so): the index's checks and each shard's are the folder reader's
+    RemoteCase("hang/remote-sharded-index-over-its-cap",
+               lambda store: (store / "meta.json").write_bytes(b" " * (64 << 20) + b"{}"),
+               errors.SHARDED_STORE_INVALID, "meta.json", "sharded"),
+    RemoteCase("hang/remote-sharded-shard-meta-over-its-cap",
+               lambda store: (store / "shards" / "00000" / "meta.json").write_bytes(b" " * (1 << 20) + b"{}"),
+               errors.SHARDED_STORE_INVALID, "shards/00000/meta.json", "sharded"),
+    RemoteCase("traceback/remote-sharded-deep-index", lambda store: (store / "meta.json").write_text(deep_json()),
+               errors.SHARDED_STORE_INVALID, "meta.json", "sharded"),
+    RemoteCase("traceback/remote-sharded-index-totals-not-the-sums", _sharded_index(num_samples=10**12),
+               errors.SHARDED_STORE_INVALID, "meta.json", "sharded"),
+    RemoteCase("traceback/remote-sharded-shard-name-escapes", _first_shard_entry(name="../../elsewhere"),
+               errors.SHARDED_STORE_INVALID, "meta.json", "sharded"),
+    RemoteCase("traceback/remote-sharded-shard-replaced",
+               lambda store: edit_json(store / "shards" / "00000" / "meta.json",
+                                       lambda meta: meta.update(dataset_hash="0" * 64)),
+               errors.SHARDED_STORE_INVALID, "shards/00000/meta.json", "sharded"),
+    RemoteCase("traceback/remote-sharded-truncated-shard-tokens",
+               lambda store: (store / "shards" / "00000" / "tokens.npy").write_bytes(
+                   (store / "shards" / "00000" / "tokens.npy").read_bytes()[:-3]),
+               errors.TOKEN_STORE_INVALID, "shards/00000/tokens.npy", "sharded"),
+    RemoteCase("user/remote-sharded-missing-shard", lambda store: shutil.rmtree(store / "shards" / "00000"),
+               errors.SHARDED_STORE_INVALID, "shards/00000", "sharded"),
+    # a Megatron pair: the .idx header checked against the object's size before its body is fetched
+    RemoteCase("hang/remote-megatron-idx-claims-2^40-sequences", _idx_header(count=1 << 40),
+               errors.MEGATRON_INDEX_INVALID, "mega.idx", **PAIR),
+    RemoteCase("traceback/remote-megatron-idx-truncated",
+               lambda folder: (folder / "mega.idx").write_bytes((folder / "mega.idx").read_bytes()[:20]),
+               errors.MEGATRON_INDEX_INVALID, "mega.idx", **PAIR),
+    RemoteCase("traceback/remote-megatron-float-dtype-code", _idx_header(code=6), errors.MEGATRON_INDEX_INVALID,
+               "mega.idx", **PAIR),
+    RemoteCase("traceback/remote-megatron-pointer-near-2^63", _first_pointer((1 << 63) - 2),
+               errors.MEGATRON_INDEX_INVALID, "mega.idx", **PAIR),
+    RemoteCase("traceback/remote-megatron-bin-truncated",
+               lambda folder: (folder / "mega.bin").write_bytes((folder / "mega.bin").read_bytes()[:-2]),
+               errors.MEGATRON_INDEX_INVALID, "mega.idx", **PAIR),
+    RemoteCase("user/remote-megatron-bin-missing", lambda folder: (folder / "mega.bin").unlink(),
+               errors.MEGATRON_INDEX_INVALID, "mega.bin", **PAIR),
+    # a length cache's sidecar: its preamble, header and size checked before its length bytes are fetched
+    RemoteCase("hang/remote-sidecar-header-claims-4-GiB", lambda folder: _sidecar_bytes(
+        folder, lambda data: data[:8] + struct.pack("<I", 0xFFFFFFFF) + data[12:]),
+        errors.LENGTHS_SIDECAR_MISMATCH, "lengths.jsonl.u32", **SIDECAR),
+    RemoteCase("traceback/remote-sidecar-no-magic", lambda folder: _sidecar_bytes(folder, lambda data: b"X" + data[1:]),
+               errors.LENGTHS_SIDECAR_MISMATCH, "lengths.jsonl.u32", **SIDECAR),
+    RemoteCase("traceback/remote-sidecar-truncated-lengths", lambda folder: _sidecar_bytes(
+        folder, lambda data: data[:-4]), errors.LENGTHS_SIDECAR_MISMATCH, "lengths.jsonl.u32", **SIDECAR),
+    RemoteCase("traceback/remote-sidecar-lengths-not-their-sha256", lambda folder: _sidecar_bytes(
+        folder, lambda data: data[:-1] + bytes([data[-1] ^ 1])), errors.LENGTHS_SIDECAR_MISMATCH,
+        "lengths.jsonl.u32", **SIDECAR),
+    RemoteCase("user/remote-length-cache-jsonl", lambda folder: None, errors.REMOTE_UNAVAILABLE, "lengths.jsonl",
+               files=("lengths.jsonl",), entry="/lengths.jsonl", tokens=False),
 ]
 
+_REMOTE_LENGTHS = hs.API_PRELUDE + (
+    "import numpy as np\n"
+    "from umlos_cuda.batching.sources import open_source\n"
+    "guarded(lambda: open_source(sys.argv[1]).take(np.arange(1)))\n"
+)
 _REMOTE_OPEN = hs.API_PRELUDE + (
     "from umlos_cuda.batching.sources import open_source\n"
     "guarded(lambda: open_source(sys.argv[1], tokens=True).arrays(0))\n"
@@ -2914,11 +3015,99 @@ def test_a_hostile_remote_store_is_refused_in_bounds(case: RemoteCase, world, tm
     """The reader of token stores in object stores (umlos_cuda/remote/) keeps the bounded reader's rules: sizes
     and headers before allocation, depth before parsing, each failure the store's documented code."""
     here = tmp_path / "case"
-    shutil.copytree(world / "store", here)
+    if case.files:
+        here.mkdir()
+        for name in case.files:
+            shutil.copyfile(world / name, here / name)
+    else:
+        shutil.copytree(world / case.folder, here)
     case.change(here)
     bucket = object_store.bucket()
-    url = object_store.upload_folder(here, bucket, "case")
+    url = object_store.upload_folder(here, bucket, "case") + case.entry
     before = hs.tree_state(tmp_path)
-    outcome = hs.python(_REMOTE_OPEN, url, cwd=tmp_path, wall_s=WALL_S, env=dict(os.environ))
+    outcome = hs.python(_REMOTE_OPEN if case.tokens else _REMOTE_LENGTHS, url, cwd=tmp_path, wall_s=WALL_S,
+                        env=dict(os.environ))
     hs.assert_refused(outcome, case.code, names=case.names)
+    hs.assert_untouched(before, hs.tree_state(tmp_path))
+
+
+def test_a_remote_shard_rewritten_between_its_opening_and_a_read_is_refused(world, tmp_path, object_store):
+    """An object rewritten after a shard was opened (its ETag recorded) is REMOTE_OBJECT_CHANGED naming it, at the
+    next read of it, never a mix of the old and new bytes."""
+    from umlos_cuda.batching.sources import open_source
+    from umlos_cuda.errors import UmlosError
+
+    bucket = object_store.bucket()
+    url = object_store.upload_folder(world / "sharded", bucket, "case")
+    source = open_source(url, tokens=True)
+    source.arrays(0)  # shard 00000 opened: its objects' ETags recorded
+    mask = (world / "sharded" / "shards" / "00000" / "loss_mask.npy").read_bytes()
+    object_store.put(bucket, "case/shards/00000/loss_mask.npy", mask[:-1] + bytes([mask[-1] ^ 1]))
+    with pytest.raises(UmlosError) as info:
+        source.arrays(1)
+    assert info.value.code == errors.REMOTE_OBJECT_CHANGED
+    assert f"{url}/shards/00000/loss_mask.npy" in info.value.message
+
+
+# ---------------------------------------------------------------------- datasets named by object-store URLs
+def _truncated_parquet_bytes(world: Path) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(line) for line in (world / "train.jsonl").read_text(encoding="utf-8").splitlines()]
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buffer)
+    return buffer.getvalue()[:-9]  # no footer
+
+
+def _gzip_without_trailer(world: Path) -> bytes:
+    import gzip
+
+    return gzip.compress((world / "train.jsonl").read_bytes())[:-8]
+
+
+@dataclass
+class DatasetUrlCase:
+    """Objects put under a bucket's prefix ``data`` (``{key: bytes of the world}``); ``data tokenize --dataset
+    s3://BUCKET/data/<entry>`` in a fenced child must be refused with ``code`` naming the URL, and leave no copy."""
+
+    id: str
+    objects: Callable[[Path], dict[str, bytes]]
+    entry: str
+    code: str
+
+
+DATASET_URL_CASES = [
+    DatasetUrlCase("traceback/data-tokenize-url-parquet-without-footer",
+                   lambda world: {"train.parquet": _truncated_parquet_bytes(world)}, "train.parquet",
+                   errors.DATASET_UNREADABLE),
+    DatasetUrlCase("traceback/data-tokenize-url-gzip-without-trailer",
+                   lambda world: {"train.jsonl.gz": _gzip_without_trailer(world)}, "train.jsonl.gz",
+                   errors.DATASET_UNREADABLE),
+    DatasetUrlCase("traceback/data-tokenize-url-line-not-a-record",
+                   lambda world: {"train.jsonl": (world / "train.jsonl").read_bytes() + b"[1, 2]\n"}, "train.jsonl",
+                   errors.DATASET_RECORD_INVALID),
+    DatasetUrlCase("traceback/data-tokenize-url-folder-not-save-to-disk",
+                   lambda world: {"ds/notes.txt": b"hello"}, "ds", errors.DATASET_UNREADABLE),
+    DatasetUrlCase("user/data-tokenize-url-nothing-there", lambda world: {}, "missing.jsonl",
+                   errors.DATASET_UNREADABLE),
+]
+
+
+@pytest.mark.parametrize("case", DATASET_URL_CASES, ids=[c.id for c in DATASET_URL_CASES])
+def test_a_hostile_dataset_url_is_refused_in_bounds(case: DatasetUrlCase, world, tmp_path, object_store):
+    """A dataset read from an object store is copied to a private folder and read by the records layer with its
+    own bounds: each failure its documented code, naming the URL (not the copy), the copy removed."""
+    bucket = object_store.bucket()
+    for key, data in case.objects(world).items():
+        object_store.put(bucket, f"data/{key}", data)
+    url = f"s3://{bucket}/data/{case.entry}"
+    copy(world, tmp_path, "model")
+    (tmp_path / "tmp").mkdir()
+    before = hs.tree_state(tmp_path)
+    outcome = hs.cli("data", "tokenize", "--dataset", url, "--tokenizer", str(tmp_path / "model"), "--output",
+                     str(tmp_path / "out"), "--quiet", cwd=tmp_path, wall_s=WALL_S,
+                     env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    hs.assert_refused(outcome, case.code, names=url)
+    assert str(tmp_path / "tmp") not in outcome.stderr
     hs.assert_untouched(before, hs.tree_state(tmp_path))

@@ -34,7 +34,8 @@ def add_dataset_arguments(parser, *, output_metavar: str, output_help: str, verb
                         help="the dataset: a Parquet file (.parquet, .pq), a JSONL file (.jsonl, .jsonl.gz, "
                         ".jsonl.zst), an Arrow IPC file (.arrow, .feather, .ipc), a folder datasets' save_to_disk "
                         "wrote, or several shards (paths or quoted globs such as 'train-*.parquet', read in the "
-                        "order given, each glob's matches sorted)")
+                        "order given, each glob's matches sorted); an s3:// (gs://, az://) URL of a file or a "
+                        "folder is copied to a private temporary folder first (docs/object-stores.md)")
     parser.add_argument("--format", metavar="FORMAT",
                         help="read the dataset as this format whatever its suffix: jsonl, jsonl.gz, jsonl.zst, "
                         "parquet, arrow or hf (a save_to_disk folder)")
@@ -94,6 +95,7 @@ def run_with_progress(args, parser, label: str, build: Callable[..., Any]) -> tu
     from ..batching.lengths.preference import preference_kind
     from ..batching.records.chunk import SkippedLines
     from ..errors import UmlosError
+    from ..remote.inputs import staged_dataset
     from ._progress import Progress
 
     preference = {"chosen_field": args.chosen_field, "rejected_field": args.rejected_field,
@@ -124,12 +126,14 @@ def run_with_progress(args, parser, label: str, build: Callable[..., Any]) -> tu
     workers = args.workers if args.workers is not None else available_cores()
     start = time.perf_counter()
     try:
-        result = build(dataset, args.tokenizer, args.output, text_field=args.text_field,
-                       prompt_field=args.prompt_field, response_field=args.response_field, id_field=args.id_field,
-                       eos_token=args.eos_token, force=args.force, chunk_size=args.chunk_size, progress=report,
-                       skipped=skipped, messages_field=args.messages_field, chat_template=args.chat_template,
-                       format=args.format, workers=workers, **extra,
-                       **({**preference, "conversational": args.conversational} if kind is not None else {}))
+        with staged_dataset(dataset) as local:  # object-store URLs copied to a private folder first
+            result = build(local, args.tokenizer, args.output, text_field=args.text_field,
+                           prompt_field=args.prompt_field, response_field=args.response_field,
+                           id_field=args.id_field, eos_token=args.eos_token, force=args.force,
+                           chunk_size=args.chunk_size, progress=report, skipped=skipped,
+                           messages_field=args.messages_field, chat_template=args.chat_template, format=args.format,
+                           workers=workers, **extra,
+                           **({**preference, "conversational": args.conversational} if kind is not None else {}))
     finally:
         progress.close()
     if skipped is not None:

@@ -15,6 +15,7 @@ import os
 import time
 from fractions import Fraction
 from .. import errors
+from ..remote.urls import absolute
 from ._args import resolve_order
 
 
@@ -34,7 +35,7 @@ def build_windowed(args, config, inputs) -> int:
     check_output_folder(args.output, WINDOWED_PLAN, force=args.force, inputs=inputs,
                         operator=errors.BATCH_PLAN_OPERATOR)
     started = time.perf_counter()
-    source = open_source(os.path.abspath(args.lengths))
+    source = open_source(absolute(args.lengths))
     definition = WindowDefinition(config, source.count, args.window)
     total = args.epochs * definition.num_windows
     progress = Progress(total, f"plan {args.output}", enabled=not args.quiet)
@@ -213,7 +214,7 @@ def build_mixed(args, config) -> int:
     check_windowed_config(config)  # refuses what windows do not plan, before any read
     check_output_folder(args.output, MIXED_PLAN, force=args.force, inputs=inputs, operator=errors.BATCH_PLAN_OPERATOR)
     started = time.perf_counter()
-    components = [Component(open_source(os.path.abspath(path)), weight, seed, cap, name)
+    components = [Component(open_source(absolute(path)), weight, seed, cap, name)
                   for (path, weight, cap, seed), name in zip(entries, names)]
     schedule = None if args.mix_schedule is None else \
         read_schedule(args.mix_schedule, names, [Fraction(weight) for _, weight, *_ in entries])

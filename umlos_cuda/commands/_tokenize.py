@@ -23,6 +23,7 @@ import shutil
 import tempfile
 from functools import partial
 
+from ..remote.inputs import has_remote
 from ..remote.urls import is_remote
 from ._dataset_args import DATASET_FORMATS, add_dataset_arguments, run_with_progress
 
@@ -116,6 +117,9 @@ def run_tokenize(args, parser) -> int:
     if remote and (args.sharded or args.append or args.engine == "ray"):
         parser.error("an object-store --output takes a token store (no --sharded, --append or --engine ray yet): "
                      "docs/object-stores.md")
+    if args.engine == "ray" and has_remote(args.dataset):
+        parser.error("--engine ray reads --dataset from a path its workers see; an object-store URL is copied to "
+                     "this machine's disk first (docs/object-stores.md): give a shared path, or tokenize here")
     if args.sharded or args.append or args.engine == "ray":
         return run_tokenize_sharded(args, parser)
     staging = tempfile.mkdtemp(prefix="umlos-publish-") if remote else None
@@ -184,6 +188,13 @@ def run_append(args) -> int:
 
         raise UmlosError(INVALID_ARGUMENT, "--force replaces a sharded store only with --create; an append never "
                          "replaces anything", operator=BATCHING_OPERATOR)
+    if any(is_remote(path) for path in (args.directory, *args.stores)):
+        from ..errors import REMOTE_OPERATOR, REMOTE_UNAVAILABLE, UmlosError
+
+        raise UmlosError(REMOTE_UNAVAILABLE, "data append writes a sharded store on disk only, for now: an append "
+                         "into an object store (its shards under the prefix, its index last, one writer at a time "
+                         "by a conditional PUT) is not built (docs/object-stores.md); append on disk, then copy the "
+                         "store's new shards, digests and meta.json there, meta.json last", operator=REMOTE_OPERATOR)
     store = append_shards(args.directory, args.stores, create=args.create, force=args.force)
     print(f"{'created' if args.create else 'appended to'} sharded token store {args.directory}: {len(store)} samples "
           f"in {store.num_parts} shards, {store.num_tokens} tokens")
@@ -195,6 +206,12 @@ def run_verify(args) -> int:
     from ..batching.tokens.sources import open_token_source
 
     source = open_token_source(args.source[0] if len(args.source) == 1 else args.source)
+    if not callable(getattr(source, "verify", None)):  # a token store in an object store: its digests need a pass
+        from ..errors import REMOTE_OPERATOR, REMOTE_UNAVAILABLE, UmlosError
+
+        raise UmlosError(REMOTE_UNAVAILABLE, f"data verify re-hashes a token store's arrays, which is not done in an "
+                         f"object store yet ({' '.join(args.source)}): verify the store on disk before copying it "
+                         "there (a Megatron prefix's ids are checked in an object store too)", operator=REMOTE_OPERATOR)
     report = source.verify()
     shards = f" in {report['shards']} shards" if "shards" in report else ""
     print(f"ok  {' '.join(args.source)}: {report['samples']} samples{shards}, {report['tokens']} tokens, "

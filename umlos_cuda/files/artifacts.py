@@ -75,7 +75,13 @@ def write_marker(folder: Folder, kind: ArtifactKind) -> None:
 
 def marked_kind(folder: Folder) -> str | None:
     """The artifact name the marker of ``folder`` states, or None when it has none."""
-    value = _json(folder.read(MARKER, MARKER_LIMIT))
+    return marker_artifact(folder.read(MARKER, MARKER_LIMIT))
+
+
+def marker_artifact(data: bytes | None) -> str | None:
+    """The artifact name a marker's bytes state (a folder's, an object store's: at most :data:`MARKER_LIMIT`
+    of them), or None when they are no marker."""
+    value = _json(data)
     if isinstance(value, dict) and value.get("format") == MARKER_FORMAT and isinstance(value.get("artifact"), str):
         return value["artifact"]
     return None

@@ -22,12 +22,18 @@ from .client import RemoteObject
 _NPY_PREAMBLE = 12
 
 
+def read_object_bytes(obj: RemoteObject, error: reader.ErrorFactory, *, max_bytes: int, what: str) -> bytes:
+    """The bytes of ``obj``, refused (by ``error``, naming its URL) when its recorded size is over ``max_bytes``,
+    before its body is fetched."""
+    reader.check_size(obj.name, obj.size, max_bytes, what, error)
+    return obj.read(0, obj.size)
+
+
 def read_json_object(obj: RemoteObject, error: reader.ErrorFactory, *, max_bytes: int = reader.MAX_JSON_BYTES,
                      what: str = "JSON file") -> Any:
     """The JSON value of ``obj``, refused (by ``error``, naming its URL) when its recorded size is over
     ``max_bytes``, before its body is fetched, or when it nests deeper than the reader allows."""
-    reader.check_size(obj.name, obj.size, max_bytes, what, error)
-    return reader.loads_json(obj.read(0, obj.size), error, obj.name)
+    return reader.loads_json(read_object_bytes(obj, error, max_bytes=max_bytes, what=what), error, obj.name)
 
 
 def npy_data_offset(obj: RemoteObject, dtype: str, count: int, error: reader.ErrorFactory, *,

@@ -18,12 +18,15 @@ A pickled store is its URL and budget: a ``DataLoader`` worker opens it again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .. import checks, errors
 from ..batching.tokens.store import StoreFacts, check_meta, check_offsets, store_error
 from ..errors import UmlosError
-from .bounded import npy_data_offset, read_json_object
+from ..files.reader import MAX_JSON_BYTES, loads_json
+from .bounded import npy_data_offset, read_object_bytes
 from .client import RemoteObject, RetryBudget, remote_error
 from .urls import ObjectUrl, parse_url
 
@@ -52,9 +55,13 @@ class RemoteTokenStore(StoreFacts):
         self._lengths: np.ndarray | None = None
 
     @classmethod
-    def open(cls, path: str, *, budget: RetryBudget | None = None) -> RemoteTokenStore:
+    def open(cls, path: str, *, budget: RetryBudget | None = None,
+             read_meta: Callable[[RemoteObject], bytes] | None = None) -> RemoteTokenStore:
         """The store at ``path``; TOKEN_STORE_NOT_FOUND when its ``meta.json`` is not there, TOKEN_STORE_INVALID
-        for a file that is missing or not what meta.json says, REMOTE_* for the store's own failures."""
+        for a file that is missing or not what meta.json says, REMOTE_* for the store's own failures.
+        ``read_meta(obj)``, when given, reads meta.json's bytes in place of the default (refused from its size
+        when over the JSON cap): a sharded store's shard caps it lower and refuses it, before it is parsed or
+        anything else is read, when it does not hash to its index entry."""
         url = parse_url(path)
         budget = budget if budget is not None else RetryBudget()
         checks.instance(budget, "budget", RetryBudget, fail=lambda message: UmlosError(
@@ -66,7 +73,9 @@ class RemoteTokenStore(StoreFacts):
             raise store_error(errors.TOKEN_STORE_NOT_FOUND, f"no token store at {url}: {meta_name} does not "
                               "exist (copy a folder written by `umlos-cuda data tokenize` there, files as they "
                               "are)") from None
-        meta = check_meta(read_json_object(meta_object, _invalid), meta_name)
+        data = read_meta(meta_object) if read_meta is not None else \
+            read_object_bytes(meta_object, _invalid, max_bytes=MAX_JSON_BYTES, what="JSON file")
+        meta = check_meta(loads_json(data, _invalid, meta_name), meta_name)
         n, total = int(meta["num_samples"]), int(meta["num_tokens"])
         if n + 1 > MAX_OFFSETS:
             raise _invalid(f"{url} holds {n:,} samples; a store read from an object store holds at most "

@@ -25,6 +25,13 @@ def is_remote(path: object) -> bool:
     return isinstance(path, str) and _URL.match(path) is not None
 
 
+def absolute(path: str | os.PathLike[str]) -> str:
+    """``path`` as a plan records it to reopen it from elsewhere: a local path made absolute, a URL as it is (an
+    ``os.path.abspath`` of ``s3://b/k`` is a local path under the working folder)."""
+    text = os.fspath(path)
+    return text if is_remote(text) else os.path.abspath(text)
+
+
 @dataclass(frozen=True)
 class ObjectUrl:
     """``scheme://bucket/prefix``: ``prefix`` has no leading or trailing slash (empty: the bucket's top);

@@ -424,26 +424,42 @@ def read_sidecar_header(path: str) -> tuple[dict, int]:
     is at most :data:`MAX_SIDECAR_HEADER_BYTES`, read by files/reader.py)."""
     try:
         with reader.open_regular(path, _sidecar_error) as handle:
-            head = handle.read(len(SIDECAR_MAGIC) + 4)
-            if len(head) < len(SIDECAR_MAGIC) + 4 or head[:len(SIDECAR_MAGIC)] != SIDECAR_MAGIC:
-                raise _sidecar_error(f"{path} is not a length cache sidecar (no {SIDECAR_MAGIC.decode()} magic)")
-            (size,) = struct.unpack("<I", head[len(SIDECAR_MAGIC):])
-            if size > MAX_SIDECAR_HEADER_BYTES:
-                raise _sidecar_error(f"{path} announces a header of {size:,} bytes; a sidecar's header is at most "
-                                     f"{MAX_SIDECAR_HEADER_BYTES:,} (write the cache again)")
+            size = sidecar_header_size(handle.read(SIDECAR_PREAMBLE), path)
             text = handle.read(size)
     except FileNotFoundError:
         raise _sidecar_error(f"{path} does not exist") from None
     except OSError as exc:
         raise _sidecar_error(f"cannot read {path}: {exc.strerror or exc}") from exc
+    return parse_sidecar_header(text, size, path)
+
+
+#: Bytes before a sidecar's header text: the magic and the header's length (uint32).
+SIDECAR_PREAMBLE = len(SIDECAR_MAGIC) + 4
+
+
+def sidecar_header_size(head: bytes, where: str) -> int:
+    """The header length the first :data:`SIDECAR_PREAMBLE` bytes ``head`` of the sidecar at ``where`` (a file, an
+    object) announce, checked before the header is read: the magic, and at most :data:`MAX_SIDECAR_HEADER_BYTES`."""
+    if len(head) < SIDECAR_PREAMBLE or head[:len(SIDECAR_MAGIC)] != SIDECAR_MAGIC:
+        raise _sidecar_error(f"{where} is not a length cache sidecar (no {SIDECAR_MAGIC.decode()} magic)")
+    (size,) = struct.unpack("<I", head[len(SIDECAR_MAGIC):SIDECAR_PREAMBLE])
+    if size > MAX_SIDECAR_HEADER_BYTES:
+        raise _sidecar_error(f"{where} announces a header of {size:,} bytes; a sidecar's header is at most "
+                             f"{MAX_SIDECAR_HEADER_BYTES:,} (write the cache again)")
+    return size
+
+
+def parse_sidecar_header(text: bytes, size: int, where: str) -> tuple[dict, int]:
+    """The header fields in ``text`` (the ``size`` bytes announced after the preamble of the sidecar at ``where``)
+    and the offset of its length bytes; LENGTHS_SIDECAR_MISMATCH for a short, malformed or unknown header."""
     if len(text) != size:
-        raise _sidecar_error(f"{path} has a truncated or malformed header")
-    header = reader.loads_json(text, _sidecar_error, f"the header of {path}")
-    checks.instance(header, path, dict, fail=_sidecar_error, message="{name} has a truncated or malformed header")
+        raise _sidecar_error(f"{where} has a truncated or malformed header")
+    header = reader.loads_json(text, _sidecar_error, f"the header of {where}")
+    checks.instance(header, where, dict, fail=_sidecar_error, message="{name} has a truncated or malformed header")
     if header.get("format_version") != SIDECAR_VERSION:
-        raise _sidecar_error(f"{path} has format_version {header.get('format_version')!r}; "
+        raise _sidecar_error(f"{where} has format_version {header.get('format_version')!r}; "
                              f"this reader reads {SIDECAR_VERSION}")
-    offset = len(SIDECAR_MAGIC) + 4 + size
+    offset = SIDECAR_PREAMBLE + size
     return header, offset + (-offset % SIDECAR_ALIGN)
 
 

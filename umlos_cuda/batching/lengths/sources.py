@@ -159,6 +159,17 @@ class ArrayLengths(LengthSource):
         return {"kind": "array", "count": self.count, "lengths_sha256": self._sha256}
 
 
+def sidecar_facts(header: dict, offset: int, size: int, where: str) -> tuple[int, str]:
+    """``(count, lengths_sha256)`` of the sidecar at ``where`` (a file, an object) whose header is ``header``, its
+    length bytes from ``offset``, when its ``size`` is exactly those bytes; LENGTHS_SIDECAR_MISMATCH otherwise."""
+    count = checks.integer(header.get("count"), f"{where} count", 0, MAX_SAMPLES, fail=_sidecar_error)
+    sha = checks.text(header.get("lengths_sha256"), f"{where} lengths_sha256", fail=_sidecar_error)
+    if size != offset + 4 * count:
+        raise _sidecar_error(f"{where} is {size:,} bytes; its header announces {count:,} lengths from "
+                             f"byte {offset}, {offset + 4 * count:,} bytes in all")
+    return count, sha
+
+
 class MappedLengths(ArrayLengths):
     """The length bytes of a ``.u32`` sidecar, memory-mapped read-only (see the module docstring).
 
@@ -169,13 +180,9 @@ class MappedLengths(ArrayLengths):
     def __init__(self, path) -> None:
         path = os.fspath(path)
         header, offset = read_sidecar_header(path)
-        count = checks.integer(header.get("count"), f"{path} count", 0, MAX_SAMPLES, fail=_sidecar_error)
-        sha = checks.text(header.get("lengths_sha256"), f"{path} lengths_sha256", fail=_sidecar_error)
         with reader.open_regular(path, _sidecar_error) as handle:
             size = reader.file_size(handle)
-        if size != offset + 4 * count:
-            raise _sidecar_error(f"{path} is {size:,} bytes; its header announces {count:,} lengths from "
-                                 f"byte {offset}, {offset + 4 * count:,} bytes in all")
+        count, sha = sidecar_facts(header, offset, size, path)
         self.count, self.path, self.offset = count, path, offset
         self.origin = path
         self._sha256 = sha

@@ -3,8 +3,15 @@
 ==================== ============================================ ==========================================
 kind                 a path is one when                           it opens as (read by rows)
 ==================== ============================================ ==========================================
+remote length        an object-store URL ending in ``.u32`` (or   ``RemoteSidecar``, its bytes hashed (not on
+sidecar              ``.jsonl``: refused, saying to give the      reopening)
+                     sidecar's)
 remote token store   an ``s3://``, ``gs://``, ``az://``, ``file://``  ``StoreLengths`` over a ``RemoteTokenStore``
-                     URL (umlos_cuda/remote/urls.py)              (its offsets read at opening)
+                     URL (umlos_cuda/remote/urls.py)              (its offsets read at opening), or
+                                                                  ``ShardedLengths`` over a ``RemoteShardedStore``
+                                                                  when the prefix's marker says sharded, or a
+                                                                  ``RemoteMegatron`` for a Megatron prefix
+                                                                  (umlos_cuda/remote/kinds.py)
 sharded token store  a folder carrying the sharded store's marker ``ShardedLengths`` (tokens/offsets.py)
 token store          any other folder                             ``StoreLengths`` (tokens/offsets.py)
 Megatron prefix      ``PREFIX.idx`` exists (``.idx``/``.bin`` ok) ``MappedMegatron`` (tokens/mapped.py)
@@ -12,9 +19,9 @@ length sidecar       its name ends in ``.u32``                    ``MappedLength
 length cache         any other path                               its sidecar mapped, checked against the JSONL
 ==================== ============================================ ==========================================
 
-The remote kind is tried first because its test is the path's text alone (nothing on disk is asked about a
-URL). The first four are token sources; the length cache comes last because it takes any file (a path that is
-none of the others is read as one, and its reader says what is wrong with it).
+The remote kinds are tried first because their test is the path's text alone (nothing on disk is asked about a
+URL). The remote token store and the three after it are token sources; the length cache comes last because it
+takes any file (a path that is none of the others is read as one, and its reader says what is wrong with it).
 """
 
 from __future__ import annotations
@@ -24,14 +31,17 @@ import os
 from ... import errors
 from ...errors import UmlosError
 from ..lengths.cache import SIDECAR_SUFFIX, LengthCache
-from ..lengths.sources import MappedLengths, open_length_cache, open_sidecar
+from ..lengths.sources import LengthSource, MappedLengths, open_length_cache, open_sidecar
 from ..tokens.logical import ShardedTokenStore
 from ..tokens.mapped import MappedMegatron
 from ..tokens.megatron import idx_path
 from ..tokens.offsets import ShardedLengths, StoreLengths
 from ..tokens.sources import is_sharded_store, megatron_prefix, open_token_source
 from ..tokens.store import TokenStore
-from ...remote.store import RemoteTokenStore
+from ...remote.kinds import open_remote_store
+from ...remote.lengths import RemoteSidecar, is_remote_length_cache, open_remote_length_cache
+from ...remote.megatron import RemoteMegatron
+from ...remote.sharded import RemoteShardedStore
 from ...remote.urls import is_remote
 from .kind import SourceKind
 
@@ -53,8 +63,18 @@ def _sidecar_cache(path: str, read_ids: bool) -> LengthCache:
     return LengthCache.load(jsonl, read_ids=read_ids)
 
 
-REMOTE_TOKEN_STORE = SourceKind("remote token store", is_remote,
-                                lambda path: StoreLengths(RemoteTokenStore.open(path)), tokens=True)
+def _remote_lengths(path: str) -> LengthSource:
+    """The lengths of the token source at the URL ``path``: a Megatron pair (read by rows already), or a token
+    store, sharded or flat as its marker says (umlos_cuda/remote/kinds.py)."""
+    source = open_remote_store(path)
+    if isinstance(source, RemoteMegatron):
+        return source
+    return ShardedLengths(source) if isinstance(source, RemoteShardedStore) else StoreLengths(source)
+
+
+REMOTE_LENGTH_CACHE = SourceKind("remote length sidecar", is_remote_length_cache, open_remote_length_cache,
+                                 reopen=RemoteSidecar)
+REMOTE_TOKEN_STORE = SourceKind("remote token store", is_remote, _remote_lengths, tokens=True)
 SHARDED_STORE = SourceKind("sharded token store", is_sharded_store,
                            lambda path: ShardedLengths(ShardedTokenStore.open(path)), tokens=True, whole=_token_cache)
 TOKEN_STORE = SourceKind("token store", os.path.isdir, lambda path: StoreLengths(TokenStore.open(path)), tokens=True,
@@ -67,4 +87,5 @@ LENGTH_CACHE = SourceKind("length cache", lambda path: True, open_length_cache,
                           whole=lambda path, read_ids: LengthCache.load(path, read_ids=read_ids))
 
 #: Tried in this order, after every kind registered at run time.
-BUILT_IN = (REMOTE_TOKEN_STORE, SHARDED_STORE, TOKEN_STORE, MEGATRON_PREFIX, LENGTH_SIDECAR, LENGTH_CACHE)
+BUILT_IN = (REMOTE_LENGTH_CACHE, REMOTE_TOKEN_STORE, SHARDED_STORE, TOKEN_STORE, MEGATRON_PREFIX, LENGTH_SIDECAR,
+            LENGTH_CACHE)

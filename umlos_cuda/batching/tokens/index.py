@@ -62,9 +62,19 @@ def id_hashes_name(index: int) -> str:
     return f"{shard_name(index)}.ids.npy"
 
 
+#: What the bounded reader calls the index in a message (its size is capped at :data:`MAX_INDEX_BYTES`).
+INDEX_WHAT = "sharded store index"
+
+
 def read_index(path: str) -> dict:
     """The checked index at ``path`` (FileNotFoundError passes through)."""
-    meta = read_json(path, invalid, max_bytes=MAX_INDEX_BYTES, what="sharded store index")
+    return check_index(read_json(path, invalid, max_bytes=MAX_INDEX_BYTES, what=INDEX_WHAT), path)
+
+
+def check_index(meta: object, path: str) -> dict:
+    """``meta`` (the JSON value of the index at ``path``, a folder's or an object store's) when it is a sharded
+    store's index: its format, exactly its fields, each field's type and range, shard names in order and totals
+    that are the shards' sums; SHARDED_STORE_INVALID naming ``path`` otherwise."""
 
     def at_path(message: str) -> UmlosError:
         return invalid(f"{path}: {message}")

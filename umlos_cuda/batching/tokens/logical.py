@@ -24,6 +24,8 @@ import bisect
 import hashlib
 import os
 import stat
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -34,48 +36,31 @@ from .concat import ConcatenatedSource
 from ..lengths.fingerprints import PARTS_KEY, tokenizer_difference
 from .index import COMMON_FIELDS, DIGESTS_FOLDER, SHARDS_FOLDER, digests_name, id_hashes_name, invalid, read_index
 from .rows import DIGEST_BYTES, bytes_sha256, logical_hash, row_digests
-from .store import TokenStore
+from .store import StoreFacts, TokenStore
+
+#: A shard as either reader opens it (a folder's :class:`TokenStore`, an object store's).
+StoreT = TypeVar("StoreT", bound=StoreFacts)
 
 #: A shard's meta.json is small (about 700 bytes).
 MAX_SHARD_META_BYTES = 1 << 20
 
 
-class ShardedTokenStore(ConcatenatedSource):
-    """A sharded token store (:meth:`open`); ``shard(i)`` is shard ``i``'s
-    :class:`~umlos_cuda.batching.tokens.store.TokenStore`, ``meta`` the index."""
+class ShardedFacts(ConcatenatedSource):
+    """What a sharded store answers from its checked index ``meta`` alone, wherever its shards are read from: a
+    folder (:class:`ShardedTokenStore`) or an object store (:class:`~umlos_cuda.remote.sharded.RemoteShardedStore`);
+    ``open_shard(i)`` opens shard ``i`` on first use (global rows: tokens/concat.py)."""
 
-    def __init__(self, root: str, meta: dict) -> None:
+    def __init__(self, root: str, meta: dict, open_shard: Callable[[int], Any]) -> None:
         self.root = root
         self.meta = meta
-        super().__init__([entry["num_samples"] for entry in meta["shards"]], self._open_shard,
+        super().__init__([entry["num_samples"] for entry in meta["shards"]], open_shard,
                          tokenizer_hash=meta["tokenizer_hash"],
                          ids_are_line_numbers=meta["sample_ids"] == "line_numbers",
                          dataset_hash=meta["dataset_hash"], fail=invalid, where=root)
-        self._views: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * self.num_parts
-
-    @classmethod
-    def open(cls, directory: str | os.PathLike[str]) -> ShardedTokenStore:
-        """The sharded store in ``directory``; TOKEN_STORE_NOT_FOUND when there is no ``meta.json``."""
-        root = os.path.abspath(os.fspath(directory))
-        path = os.path.join(root, "meta.json")
-        if not os.path.lexists(path):
-            raise UmlosError(errors.TOKEN_STORE_NOT_FOUND, f"no sharded token store at {root}: {path} does not exist "
-                             "(write one with `umlos-cuda data tokenize --sharded`)", operator=errors.BATCHING_OPERATOR)
-        try:
-            meta = read_index(path)
-        except FileNotFoundError:
-            raise invalid(f"{path} is missing") from None
-        for name in (SHARDS_FOLDER, DIGESTS_FOLDER):  # never read (nor later written) through a link
-            check_folder(os.path.join(root, name), f"the store's {name} folder")
-        return cls(root, meta)
-
-    def __reduce__(self):
-        return (_reopen, (self.root,))
 
     def __repr__(self) -> str:
-        return f"ShardedTokenStore({self.root!r}, {len(self)} samples in {self.num_parts} shards)"
+        return f"{type(self).__name__}({self.root!r}, {len(self)} samples in {self.num_parts} shards)"
 
-    # ------------------------------------------------------------------ sizes and fields
     @property
     def num_tokens(self) -> int:
         return int(self.meta["num_tokens"])
@@ -99,9 +84,39 @@ class ShardedTokenStore(ConcatenatedSource):
 
     def identity(self) -> dict:
         """The tokenizer and the logical dataset hash (over every row's digest of tokens and mask, checked by
-        ``data verify``): what an artifact cut from this store records to know it again."""
+        ``data verify``): what an artifact cut from this store records to know it again, the same wherever the
+        store is read from."""
         return {"tokenizer_hash": self.tokenizer_hash, "dataset_hash": self.dataset_hash}
 
+
+class ShardedTokenStore(ShardedFacts):
+    """A sharded token store (:meth:`open`); ``shard(i)`` is shard ``i``'s
+    :class:`~umlos_cuda.batching.tokens.store.TokenStore`, ``meta`` the index."""
+
+    def __init__(self, root: str, meta: dict) -> None:
+        super().__init__(root, meta, self._open_shard)
+        self._views: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * self.num_parts
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike[str]) -> ShardedTokenStore:
+        """The sharded store in ``directory``; TOKEN_STORE_NOT_FOUND when there is no ``meta.json``."""
+        root = os.path.abspath(os.fspath(directory))
+        path = os.path.join(root, "meta.json")
+        if not os.path.lexists(path):
+            raise UmlosError(errors.TOKEN_STORE_NOT_FOUND, f"no sharded token store at {root}: {path} does not exist "
+                             "(write one with `umlos-cuda data tokenize --sharded`)", operator=errors.BATCHING_OPERATOR)
+        try:
+            meta = read_index(path)
+        except FileNotFoundError:
+            raise invalid(f"{path} is missing") from None
+        for name in (SHARDS_FOLDER, DIGESTS_FOLDER):  # never read (nor later written) through a link
+            check_folder(os.path.join(root, name), f"the store's {name} folder")
+        return cls(root, meta)
+
+    def __reduce__(self):
+        return (_reopen, (self.root,))
+
+    # ------------------------------------------------------------------ rows
     def arrays(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         """``(input_ids, loss_mask)`` of global row ``row`` (read-only views): what collation reads.
 
@@ -135,17 +150,9 @@ class ShardedTokenStore(ConcatenatedSource):
     def _open_shard(self, index: int) -> TokenStore:
         path = self.shard_path(index)
         check_shard_folder(path)
-        data = _shard_meta_bytes(path)
         entry = self.meta["shards"][index]
-        if hashlib.sha256(data).hexdigest() != entry["meta_sha256"]:
-            raise invalid(f"{path}/meta.json does not hash to the index's meta_sha256 for shard {entry['name']}: "
-                          "the shard was replaced or changed after it was adopted")
-        store = TokenStore.open(path)
-        check_shard_fields(store, self.meta, f"shard {entry['name']} ({path})", invalid)
-        if (len(store), store.num_tokens) != (entry["num_samples"], entry["num_tokens"]):
-            raise invalid(f"{path} holds {len(store)} samples and {store.num_tokens} tokens; the index says "
-                          f"{entry['num_samples']} and {entry['num_tokens']}")
-        return store
+        check_shard_meta(_shard_meta_bytes(path), entry, path)
+        return check_shard(TokenStore.open(path), self.meta, entry, path)
 
     def id_hashes_path(self, index: int) -> str:
         return os.path.join(self.root, DIGESTS_FOLDER, id_hashes_name(index))
@@ -203,6 +210,25 @@ class ShardedTokenStore(ConcatenatedSource):
                 "shards": self.num_parts}
 
 
+def check_shard_meta(data: bytes, entry: dict, where: str) -> None:
+    """SHARDED_STORE_INVALID unless ``data`` (the bytes of the shard's meta.json, at ``where``, a folder or a
+    prefix) hashes to the index entry's ``meta_sha256``: checked before the shard's arrays are opened."""
+    if hashlib.sha256(data).hexdigest() != entry["meta_sha256"]:
+        raise invalid(f"{where}/meta.json does not hash to the index's meta_sha256 for shard {entry['name']}: "
+                      "the shard was replaced or changed after it was adopted")
+
+
+def check_shard(store: StoreT, index: dict, entry: dict, where: str) -> StoreT:
+    """``store`` (shard ``entry`` of the sharded store whose index is ``index``, opened from ``where``: a
+    :class:`TokenStore` or a remote one) when its common fields and its counts are the index's;
+    SHARDED_STORE_INVALID otherwise. One check for both readers of a shard."""
+    check_shard_fields(store, index, f"shard {entry['name']} ({where})", invalid)
+    if (len(store), store.num_tokens) != (entry["num_samples"], entry["num_tokens"]):
+        raise invalid(f"{where} holds {len(store)} samples and {store.num_tokens} tokens; the index says "
+                      f"{entry['num_samples']} and {entry['num_tokens']}")
+    return store
+
+
 def check_shard_folder(path: str) -> None:
     """SHARDED_STORE_INVALID unless ``path`` is a real folder (never a link to one)."""
     check_folder(path, "shard", missing="the store's index lists it",
@@ -222,7 +248,7 @@ def check_folder(path: str, what: str, *, missing: str = "a sharded store has on
         raise invalid(f"{what} ({path}) is not a folder")
 
 
-def check_shard_fields(store: TokenStore, common: dict, what: str, fail) -> None:
+def check_shard_fields(store: StoreFacts, common: dict, what: str, fail) -> None:
     """``fail`` unless ``store``'s tokenizer, dtype, vocabulary, loss-mask rule and id kind are ``common``'s."""
     found = shard_common(store)
     for name in COMMON_FIELDS:
@@ -232,7 +258,7 @@ def check_shard_fields(store: TokenStore, common: dict, what: str, fail) -> None
             raise fail(f"{what} has {name} {found[name]!r}; the store's is {common[name]!r}{why}")
 
 
-def shard_common(store: TokenStore) -> dict:
+def shard_common(store: StoreFacts) -> dict:
     """A classic store's values of the fields every shard of one sharded store shares, and its tokenizer's parts
     (None where its meta.json has none: they name what differs, and are not compared themselves)."""
     meta = store.meta

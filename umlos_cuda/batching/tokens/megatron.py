@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import Any
 
 import numpy as np
 
@@ -67,8 +68,8 @@ DTYPE_CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6
                8: np.uint16}
 #: magic, version, dtype code, sequence count, document count.
 HEADER_BYTES = len(IDX_MAGIC) + 8 + 1 + 8 + 8
-#: Tokens scanned at a time by :meth:`MegatronDataset.verify`.
-_VERIFY_WINDOW = 1 << 24
+#: Tokens scanned at a time by :meth:`MegatronDataset.verify` (and an object store's reader).
+VERIFY_WINDOW = 1 << 24
 #: Tokenizer hash of a dataset opened without naming its tokenizer.
 UNKNOWN_TOKENIZER = "unknown"
 
@@ -81,7 +82,50 @@ def bin_path(prefix: str) -> str:
     return prefix + ".bin"
 
 
-class MegatronDataset:
+class PairFacts:
+    """What a Megatron pair answers from its index's ``sizes`` (and ``lengths``, the same as uint32) and a
+    subclass's ``input_ids(row)``, wherever its ``.bin`` is read from: memory-mapped (:class:`MegatronDataset`)
+    or by ranges from an object store (:class:`~umlos_cuda.remote.megatron.RemoteMegatron`). Row ids are row
+    numbers; the loss mask is all ones (``_ones``, as long as the longest sequence)."""
+
+    #: An indexed dataset trains on every token (its loss mask is all ones): counting loss tokens reads no row.
+    trains_on_every_token = True
+    sizes: np.ndarray
+    lengths: np.ndarray
+    tokenizer_hash: str
+    _ones: np.ndarray
+
+    def input_ids(self, row: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return int(self.sizes.shape[0])
+
+    @property
+    def num_samples(self) -> int:
+        return len(self)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.sizes.sum(dtype=np.int64))
+
+    def sample_id(self, row: int) -> str:
+        return str(int(row))
+
+    def length_cache(self) -> LengthCache:
+        """Lengths from the ``.idx`` sizes, ids the row numbers: build a plan from it."""
+        return LengthCache.from_arrays(None, self.lengths, self.tokenizer_hash)
+
+    def arrays(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(input_ids, loss_mask)`` of sequence ``row``: what collation reads."""
+        ids = self.input_ids(row)
+        return ids, self._ones[:ids.shape[0]]
+
+    def __getitem__(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.arrays(row)
+
+
+class MegatronDataset(PairFacts):
     """A Megatron-LM indexed dataset opened for reading (:meth:`open`).
 
     ``sizes`` (int32), ``pointers`` (int64), ``document_indices`` (int64)
@@ -89,9 +133,6 @@ class MegatronDataset:
     ``lengths`` is ``sizes`` as uint32. ``tokenizer_hash`` is what the caller
     names (the index does not record its tokenizer).
     """
-
-    #: An indexed dataset trains on every token (its loss mask is all ones): counting loss tokens reads no row.
-    trains_on_every_token = True
 
     def __init__(self, prefix: str, dtype: np.dtype, sizes: np.ndarray, pointers: np.ndarray,
                  document_indices: np.ndarray, modes: np.ndarray | None, data: np.ndarray,
@@ -140,7 +181,7 @@ class MegatronDataset:
         document_indices = _view(index, HEADER_BYTES + 12 * count, "<i8", documents)
         modes = _view(index, plain, "i1", count) if index.shape[0] > plain else None
         data = _map(bin_path(prefix))
-        _check(prefix, dtype, sizes, pointers, document_indices, int(data.shape[0]))
+        check_index_arrays(prefix, dtype, sizes, pointers, document_indices, int(data.shape[0]))
         return cls(prefix, dtype, sizes, pointers, document_indices, modes, data, tokenizer_hash)
 
     def __reduce__(self):
@@ -148,24 +189,6 @@ class MegatronDataset:
 
     def __repr__(self) -> str:
         return f"MegatronDataset({self.prefix!r}, {len(self)} sequences, {self.dtype})"
-
-    def __len__(self) -> int:
-        return int(self.sizes.shape[0])
-
-    @property
-    def num_samples(self) -> int:
-        return len(self)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.sizes.sum(dtype=np.int64))
-
-    def sample_id(self, row: int) -> str:
-        return str(int(row))
-
-    def length_cache(self) -> LengthCache:
-        """Lengths from the ``.idx`` sizes, ids the row numbers: build a plan from it."""
-        return LengthCache.from_arrays(None, self.lengths, self.tokenizer_hash)
 
     def input_ids(self, row: int) -> np.ndarray:
         """Sequence ``row``'s tokens (a read-only view of the ``.bin``)."""
@@ -178,13 +201,6 @@ class MegatronDataset:
         """All ones: an indexed dataset trains on every token."""
         return self._ones[:len(self.input_ids(row))]
 
-    def arrays(self, row: int) -> tuple[np.ndarray, np.ndarray]:
-        ids = self.input_ids(row)
-        return ids, self._ones[:ids.shape[0]]
-
-    def __getitem__(self, row: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.arrays(row)
-
     def verify(self) -> dict:
         """Check that no sequence holds a negative token id (Megatron files
         record no digests, so this is what they can prove): a signed dtype
@@ -194,24 +210,27 @@ class MegatronDataset:
         if self.dtype.kind == "i":
             width = self.dtype.itemsize
             tokens = self.data[:self.data.shape[0] - self.data.shape[0] % width].view(self.dtype)
-            for start in range(0, tokens.shape[0], _VERIFY_WINDOW):
-                part = tokens[start:start + _VERIFY_WINDOW]
+            for start in range(0, tokens.shape[0], VERIFY_WINDOW):
+                part = tokens[start:start + VERIFY_WINDOW]
                 if part.size and int(part.min()) < 0:
-                    self._refuse_negative((start + np.flatnonzero(part < 0)) * width)
+                    refuse_negative(self, (start + np.flatnonzero(part < 0)) * width)
         return {"samples": len(self), "tokens": self.num_tokens, "tokenizer_hash": self.tokenizer_hash}
 
-    def _refuse_negative(self, positions: np.ndarray) -> None:
-        """Raise for the first sequence holding one of the byte ``positions`` (bytes between sequences are no token)."""
-        order = np.argsort(self.pointers, kind="stable")
-        starts = np.asarray(self.pointers)[order]
-        ends = starts + np.asarray(self.sizes, dtype=np.int64)[order] * self.dtype.itemsize
-        slot = np.searchsorted(starts, positions, side="right") - 1
-        inside = (slot >= 0) & (positions < ends[np.maximum(slot, 0)])
-        if inside.any():
-            row = int(order[slot[np.argmax(inside)]])
-            value = int(self.input_ids(row).min())
-            raise _invalid(f"{bin_path(self.prefix)}: sequence {row} holds token id {value}; token ids are never "
-                           f"negative (the {self.dtype} file was not written from a tokenizer's ids)")
+
+def refuse_negative(dataset: Any, positions: np.ndarray) -> None:
+    """MEGATRON_INDEX_INVALID for the first sequence of ``dataset`` (its ``prefix``, ``dtype``, ``sizes``,
+    ``pointers`` and ``input_ids(row)``: a mapped pair's or an object store's) holding one of the byte ``positions``
+    of its ``.bin`` (bytes between sequences are no token): what ``verify`` says of a negative token id."""
+    order = np.argsort(dataset.pointers, kind="stable")
+    starts = np.asarray(dataset.pointers)[order]
+    ends = starts + np.asarray(dataset.sizes, dtype=np.int64)[order] * dataset.dtype.itemsize
+    slot = np.searchsorted(starts, positions, side="right") - 1
+    inside = (slot >= 0) & (positions < ends[np.maximum(slot, 0)])
+    if inside.any():
+        row = int(order[slot[np.argmax(inside)]])
+        value = int(dataset.input_ids(row).min())
+        raise _invalid(f"{bin_path(dataset.prefix)}: sequence {row} holds token id {value}; token ids are never "
+                       f"negative (the {dataset.dtype} file was not written from a tokenizer's ids)")
 
 
 class MegatronDatasetList(ConcatenatedSource):
@@ -287,30 +306,40 @@ def read_idx_header(prefix: str) -> tuple[np.ndarray, np.dtype, int, int]:
     fits the counts exactly (with or without the sequence modes) and at least one sequence, each
     MEGATRON_INDEX_INVALID. Reads the header's 34 bytes; the arrays after it are the caller's to view."""
     index = _map(idx_path(prefix))
-    if index.shape[0] < HEADER_BYTES:
-        raise _invalid(f"{idx_path(prefix)} has {index.shape[0]} bytes; the header alone has {HEADER_BYTES}")
-    header = index[:HEADER_BYTES].tobytes()
+    dtype, count, documents = check_idx_header(index[:HEADER_BYTES].tobytes(), int(index.shape[0]), idx_path(prefix))
+    return index, dtype, count, documents
+
+
+def check_idx_header(header: bytes, size: int, where: str) -> tuple[np.dtype, int, int]:
+    """``(dtype, S, D)`` of the ``.idx`` at ``where`` (a file, an object) whose first bytes are ``header`` (up to
+    :data:`HEADER_BYTES`) and whose size is ``size``, when they are a Megatron-LM index's (:func:`read_idx_header`
+    says what is checked); MEGATRON_INDEX_INVALID naming ``where`` otherwise. The size is checked against the
+    counts before anything after the header is read."""
+    if size < HEADER_BYTES or len(header) < HEADER_BYTES:
+        raise _invalid(f"{where} has {size} bytes; the header alone has {HEADER_BYTES}")
     if header[:len(IDX_MAGIC)] != IDX_MAGIC:
-        raise _invalid(f"{idx_path(prefix)} does not start with {IDX_MAGIC!r}: not a Megatron-LM index "
-                       "(MMapIndexedDataset)")
-    version, code, count, documents = struct.unpack("<QBQQ", header[len(IDX_MAGIC):])
+        raise _invalid(f"{where} does not start with {IDX_MAGIC!r}: not a Megatron-LM index (MMapIndexedDataset)")
+    version, code, count, documents = struct.unpack("<QBQQ", header[len(IDX_MAGIC):HEADER_BYTES])
     if version != IDX_VERSION:
-        raise _invalid(f"{idx_path(prefix)} has version {version}; this reader reads version {IDX_VERSION}")
+        raise _invalid(f"{where} has version {version}; this reader reads version {IDX_VERSION}")
     if code not in DTYPE_CODES or np.dtype(DTYPE_CODES[code]).kind not in "iu":
         named = DTYPE_CODES[code].__name__ if code in DTYPE_CODES else "none"
         integer_codes = ", ".join(f"{c} {t.__name__}" for c, t in DTYPE_CODES.items() if np.dtype(t).kind in "iu")
-        raise _invalid(f"{idx_path(prefix)} has dtype code {code} ({named}); token ids need an integer code, one "
-                       "of " + integer_codes)
+        raise _invalid(f"{where} has dtype code {code} ({named}); token ids need an integer code, one of "
+                       + integer_codes)
     plain = HEADER_BYTES + 12 * count + 8 * documents
-    if index.shape[0] not in (plain, plain + count):
-        raise _invalid(f"{idx_path(prefix)} has {index.shape[0]} bytes; {count} sequences and {documents} document "
-                       f"indices need {plain} (or {plain + count} with sequence modes)")
+    if size not in (plain, plain + count):
+        raise _invalid(f"{where} has {size} bytes; {count} sequences and {documents} document indices need {plain} "
+                       f"(or {plain + count} with sequence modes)")
     if count == 0:
-        raise _invalid(f"{idx_path(prefix)} holds no sequence")
-    return index, np.dtype(DTYPE_CODES[code]).newbyteorder("<"), int(count), int(documents)
+        raise _invalid(f"{where} holds no sequence")
+    return np.dtype(DTYPE_CODES[code]).newbyteorder("<"), int(count), int(documents)
 
 
-def _check(prefix: str, dtype: np.dtype, sizes, pointers, document_indices, bin_size: int) -> None:
+def check_index_arrays(prefix: str, dtype: np.dtype, sizes, pointers, document_indices, bin_size: int) -> None:
+    """MEGATRON_INDEX_INVALID unless every row is readable (:func:`check_rows`) and the document indices ascend
+    from 0 to the sequence count: the checks of a whole index, a file's or an object store's (``prefix`` a path
+    or a URL)."""
     count = sizes.shape[0]
     check_rows(prefix, dtype, sizes, pointers, bin_size)
     if document_indices.shape[0] < 1 or int(document_indices[0]) != 0 or int(document_indices[-1]) != count \

@@ -2,7 +2,8 @@
 
 What goes in: an opened :class:`~umlos_cuda.batching.tokens.store.TokenStore` (its ``offsets.npy`` mapped,
 int64 ``[N + 1]``; or a :class:`~umlos_cuda.remote.store.RemoteTokenStore`, whose offsets were read at
-opening) or a :class:`~umlos_cuda.batching.tokens.logical.ShardedTokenStore` (each shard's, global rows).
+opening) or a :class:`~umlos_cuda.batching.tokens.logical.ShardedTokenStore` (each shard's, global rows; or a
+:class:`~umlos_cuda.remote.sharded.RemoteShardedStore`, each shard's offsets read when it is opened).
 What comes out: a :class:`~umlos_cuda.batching.lengths.sources.LengthSource` whose
 ``take(rows)`` is ``offsets[rows + 1] - offsets[rows]`` of the rows asked for, and which is a token
 source for pretraining sequences too (``arrays(row)`` is the store's).
@@ -27,6 +28,7 @@ from .logical import ShardedTokenStore
 from .store import OFFSETS_PIECE, TokenStore, _invalid, release_pages
 
 if TYPE_CHECKING:
+    from ...remote.sharded import RemoteShardedStore
     from ...remote.store import RemoteTokenStore
 
 _U32_MAX = 0xFFFFFFFF
@@ -89,7 +91,7 @@ class ShardedLengths(LengthSource):
     """The lengths of a sharded store's global rows, each shard's from its mapped offsets (module docstring);
     a shard is opened (and checked against the index) when one of its rows is first read."""
 
-    def __init__(self, store: ShardedTokenStore) -> None:
+    def __init__(self, store: ShardedTokenStore | RemoteShardedStore) -> None:
         self.store = store
         self.root = store.root
         self.count = len(store)

@@ -1,7 +1,7 @@
 """Where collation reads tokens from: a token store, a sharded token store or Megatron-LM indexed datasets.
 
-What goes in: a path, a token store folder (``umlos-cuda data tokenize``), the URL of one copied into an
-object store (``s3://bucket/prefix``: umlos_cuda/remote/),
+What goes in: a path, a token store folder (``umlos-cuda data tokenize``), the URL of one (flat or sharded)
+or of a Megatron prefix copied into an object store (``s3://bucket/prefix``: umlos_cuda/remote/),
 a sharded token store folder (``data tokenize --sharded``: tokens/sharded.py),
 the prefix of a Megatron ``.idx``/``.bin`` pair, or a list of such prefixes
 (read as one dataset, like Megatron-LM's data path). What comes out: an
@@ -38,9 +38,9 @@ from ...files.artifacts import marked_kind
 from ...files.folder import Folder
 from .adopt import SHARDED_STORE
 from .logical import ShardedTokenStore
-from .megatron import MegatronDataset, MegatronDatasetList, idx_path
+from .megatron import UNKNOWN_TOKENIZER, MegatronDataset, MegatronDatasetList, idx_path
 from .store import TokenStore
-from ...remote.store import RemoteTokenStore
+from ...remote.kinds import open_remote_store
 from ...remote.urls import is_remote
 
 
@@ -73,7 +73,7 @@ def open_token_source(path: Any, *, tokenizer_hash: str | None = None):
                                                      else {"tokenizer_hash": tokenizer_hash}))
     path = os.fspath(path)
     if is_remote(path):
-        return RemoteTokenStore.open(path)
+        return open_remote_store(path, tokenizer_hash=tokenizer_hash or UNKNOWN_TOKENIZER)
     if os.path.isdir(path):
         if is_sharded_store(path):
             return ShardedTokenStore.open(path)

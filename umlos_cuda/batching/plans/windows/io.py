@@ -43,6 +43,7 @@ from ..planner import order_fields
 from .plan import WINDOWED_FORMAT, WindowedPlan
 from ...lengths.sources import ArrayLengths, LengthSource, SyntheticLengths
 from ...sources import open_source
+from ....remote.urls import absolute, is_remote
 from .window import COUNT_FIELDS, WindowDefinition
 from .plan import index_digest
 from .mixed import MIXED_FORMAT, MixedPlan
@@ -214,20 +215,26 @@ def recorded(source: LengthSource, given=None):
 
 def absolute_paths(path) -> str | list[str | None] | None:
     """A source's recorded path (or a list's paths) made absolute, for a folder that may be read from elsewhere
-    (None stays None: lengths held in memory)."""
+    (an object-store URL stays as it is; None stays None: lengths held in memory)."""
     if isinstance(path, (list, tuple)):
-        return [None if item is None else os.path.abspath(os.fspath(item)) for item in path]
-    return None if path is None else os.path.abspath(os.fspath(path))
+        return [None if item is None else absolute(item) for item in path]
+    return None if path is None else absolute(path)
 
 
 def reopen(path, root: str, where: str, *, tokens: bool = False) -> LengthSource:
     """The source a folder in ``root`` records at ``path`` (a path, or a non-empty list of paths: a list of
-    sources), reopened by ``open_source`` whatever its kind; a relative path is read from ``root``'s parent.
+    sources), reopened by ``open_source`` whatever its kind; a relative path is read from ``root``'s parent, an
+    object-store URL as it is.
     PLAN_FORMAT_INVALID when the record is neither."""
     parent = os.path.dirname(os.path.abspath(root))
     listed = path if isinstance(path, list) and path else [path]
-    resolved = [os.path.join(parent, checks.text(item, where, fail=_format)) for item in listed]
+    resolved = [_resolve(parent, checks.text(item, where, fail=_format)) for item in listed]
     return open_source(resolved if isinstance(path, list) else resolved[0], tokens=tokens, recorded=True)
+
+
+def _resolve(parent: str, path: str) -> str:
+    """A recorded path read from ``parent`` when relative; an object-store URL as it is."""
+    return path if is_remote(path) else os.path.join(parent, path)
 
 
 def component_entry(entry, keys, where: str) -> dict:

@@ -290,6 +290,25 @@ def test_a_tampered_edit_is_refused(built, tmp_path):
     assert open_plan(out).fingerprint == meta["fingerprint"]
 
 
+def test_an_edited_mixed_plan_is_collated_from_its_components_checked(built, tmp_path):
+    """``TokenDataset(plan.dataset(), plan=edited)`` checks the rows against the parent's parts (``row_parts``,
+    passed through: an edit changes no row) and collates the edited plan's microbatches."""
+    from umlos_cuda.torch import PlanCollator, TokenDataset
+
+    out = str(tmp_path / "edited")
+    assert main(["plan", "edit", built["mixed"], "--skip-steps", "1:3", "--world-size", "2", "--output", out]) == 0
+    edited = open_plan(out)
+    assert edited.row_parts() == open_plan(built["mixed"]).row_parts()
+    dataset = TokenDataset(edited.dataset(), plan=edited)
+    keys = list(PlanBatchSampler(out, 0, 1))[2]  # the edited plan's unit 2: the parent's 6
+    batch = PlanCollator(edited, preset="hf", rows=True)([dataset[key] for key in keys])
+    assert batch["rows"].tolist() == edited.microbatch_at(0, 2).rows.tolist() == \
+        open_plan(built["mixed"]).microbatch_at(0, 6).rows.tolist()
+    with pytest.raises(UmlosError) as caught:
+        TokenDataset(built["a"], plan=edited)
+    assert caught.value.code == errors.BATCH_STORE_MISMATCH
+
+
 def test_a_toy_kind_registered_at_run_time_is_edited_too(built, tmp_path):
     import toy_plan_kind as toy
     from umlos_cuda.batching.sources import open_source

@@ -30,7 +30,7 @@ from .edit import SkipRows, SkipUnits
 FINGERPRINT_TAG = "umlos_edited_plan_v1"
 #: What an edited plan reads from its parent unchanged: the rows, configuration and sources, which no edit
 #: touches. Nothing that takes a unit index is passed through (a unit of an edited plan is not its parent's).
-PASSED_THROUGH = frozenset({"config", "dataset", "definition", "lengths", "meta", "sample_ids", "source",
+PASSED_THROUGH = frozenset({"config", "dataset", "definition", "lengths", "meta", "row_parts", "sample_ids", "source",
                             "units", "unit_index", "components", "tokens", "tokenizer_hash"})
 
 

@@ -5,8 +5,9 @@ synthetic lengths (``SyntheticLengths``, the lengths bench_windowed_plans.py pla
 bench_windowed_plans.py's batching config), draws ``--rows`` rows the plan trains (1,000 by default, plus every row
 of one microbatch, so that the edit empties one), and times ``skip_rows`` two ways in the same process:
 
-* **one by one**: each microbatch's rows read through ``parent_microbatch`` (one ``MicrobatchSpec`` a microbatch:
-  the scan before windows were read as arrays), up to ``--one-by-one-max`` samples (it is O(plan) in Python);
+* **one by one**: each microbatch's rows read through ``parent_microbatch`` (``single_row_chunks``: one
+  ``MicrobatchSpec`` a microbatch, the scan before windows were read as arrays), up to ``--one-by-one-max``
+  samples (it is O(plan) in Python);
 * **by window** (what ``plan edit --skip-samples`` runs now): ``unit_row_chunks`` hands out each window's
   planned arrays and the scan tests them with ``searchsorted``.
 
@@ -34,25 +35,12 @@ def timed(call):
     return out, time.process_time() - cpu, time.perf_counter() - wall
 
 
-def one_by_one(plan):
-    """Each microbatch's rows a chunk of its own, through ``parent_microbatch``."""
-    import numpy as np
-
-    from umlos_cuda.batching.plans.edits.plan import parent_microbatch
-
-    def chunks(epoch: int, first: int):
-        for k in range(first, plan.epoch_microbatches(epoch)):
-            rows = np.asarray(parent_microbatch(plan, epoch, k).rows)
-            yield k, np.array([0, rows.shape[0]]), rows
-    return chunks
-
-
 def run(n: int, args: argparse.Namespace) -> dict:
     import numpy as np
 
     from umlos_cuda.batching.plans.config import BatchingConfig
     from umlos_cuda.batching.plans.edits.edit import skip_rows
-    from umlos_cuda.batching.plans.edits.plan import unit_row_chunks
+    from umlos_cuda.batching.plans.edits.plan import single_row_chunks, unit_row_chunks
     from umlos_cuda.batching.plans.windows import SyntheticLengths, WindowDefinition, WindowedPlan
 
     config = BatchingConfig.throughput(token_budget=16384, bucket_edges=(128, 256, 512, 1024, 2048),
@@ -66,7 +54,7 @@ def run(n: int, args: argparse.Namespace) -> dict:
     out = {"samples": n, "microbatches": plan.epoch_microbatches(0), "windows": plan.definition.num_windows,
            "emptied": len(fast.ranges), "window_cpu_s": fast_cpu, "window_wall_s": fast_wall}
     if n <= args.one_by_one_max:
-        slow, slow_cpu, slow_wall = timed(lambda: skip_rows(plan, rows, one_by_one(plan)))
+        slow, slow_cpu, slow_wall = timed(lambda: skip_rows(plan, rows, partial(single_row_chunks, plan)))
         if slow != fast:
             raise SystemExit(f"N={n}: the two scans give different edits")
         out.update(one_cpu_s=slow_cpu, one_wall_s=slow_wall)

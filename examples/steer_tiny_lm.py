@@ -56,7 +56,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from train_tiny_lm import (EXAMPLE_KEY_SEED, fail, load_optimizer, make_data, make_model,  # noqa: E402
-                           optimizer_arrays, publish_trace)
+                           optimizer_arrays, publish_trace, run_checked)
 
 from umlos_cuda.batching import tokenize_dataset  # noqa: E402
 from umlos_cuda.batching.plans.checkpoint_kinds import PlanCursor  # noqa: E402
@@ -64,7 +64,6 @@ from umlos_cuda.batching.plans.edits import edit_plan, load_edited_plan, save_ed
 from umlos_cuda.batching.plans.kinds import open_plan  # noqa: E402
 from umlos_cuda.batching.plans.planner import plan_manifest  # noqa: E402
 from umlos_cuda.checkpoint import CheckpointState, CheckpointStore, RunIdentity  # noqa: E402
-from umlos_cuda.errors import UmlosError  # noqa: E402
 from umlos_cuda.files.reader import read_bytes  # noqa: E402
 from umlos_cuda.files.writer import ArtifactKind, open_in_place  # noqa: E402
 from umlos_cuda.torch import PlanBatchSampler, PlanCollator, TokenDataset  # noqa: E402
@@ -278,13 +277,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="samples of the mixture (1300: about 430 microbatches, 215 steps of 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=3e-3)
-    args = parser.parse_args(argv)
-    try:
-        train(args)
-    except UmlosError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_checked(parser, argv, train, ("steps", "world_size", "microbatches_per_step", "spike_at", "skip",
+                                             "checkpoint_every", "records", "num_samples"))
 
 
 if __name__ == "__main__":

@@ -368,39 +368,26 @@ def test_rows_left_out_from_a_step_on_are_gone_and_every_other_row_stays(built, 
     assert main(["plan", "verify", out]) == 0
 
 
-def _one_by_one(plan):
-    """The rows of each microbatch a chunk of its own, read through ``parent_microbatch``: the scan before chunks."""
-    import numpy as np
-
-    from umlos_cuda.batching.plans.edits.plan import parent_microbatch
-
-    def chunks(epoch: int, first: int):
-        for k in range(first, plan.epoch_microbatches(epoch)):
-            rows = np.asarray(parent_microbatch(plan, epoch, k).rows)
-            yield k, np.array([0, rows.shape[0]]), rows
-    return chunks
-
-
 @property_of(ROW_KINDS, 20)
 def test_the_rows_scan_reads_windows_and_epochs_as_the_microbatches_one_by_one(built, name, data):
     """``--skip-samples`` reads a windowed plan window by window and a whole plan epoch by epoch
     (``unit_row_chunks``): from any cursor, the chunks are the microbatches' rows one by one, and the edit (the
     microbatches it empties included) is the one a scan of single microbatches makes."""
     from umlos_cuda.batching.plans.edits.edit import skip_rows
-    from umlos_cuda.batching.plans.edits.plan import unit_row_chunks
+    from umlos_cuda.batching.plans.edits.plan import single_row_chunks, unit_row_chunks
 
     parent = open_plan(built[name])
     epoch = data.draw(st.integers(0, parent.num_epochs - 1), label="epoch")
     first = data.draw(st.integers(0, parent.epoch_microbatches(epoch) - 1), label="cursor")
     got = [(k0 + i, samples[offsets[i]:offsets[i + 1]].tolist())
            for k0, offsets, samples in unit_row_chunks(parent, epoch, first) for i in range(len(offsets) - 1)]
-    want = [(k, rows.tolist()) for k, _, rows in _one_by_one(parent)(epoch, first)]
+    want = [(k, rows.tolist()) for k, _, rows in single_row_chunks(parent, epoch, first)]
     assert got == want
     emptied = data.draw(st.sampled_from(want), label="a microbatch left empty")[1]
     later = sorted({row for _, rows in want for row in rows})
     rows = emptied + data.draw(st.lists(st.sampled_from(later), max_size=6), label="rows")
     fast = skip_rows(parent, rows, partial(unit_row_chunks, parent), start=(epoch, first))
-    assert fast == skip_rows(parent, rows, _one_by_one(parent), start=(epoch, first))
+    assert fast == skip_rows(parent, rows, partial(single_row_chunks, parent), start=(epoch, first))
     assert fast.ranges  # the emptied microbatch is left out as a unit
 
 

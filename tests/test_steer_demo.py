@@ -9,7 +9,6 @@ Three subprocesses (uninterrupted; killed at step 175, five steps after checkpoi
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -19,6 +18,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
+
+from test_training import ok, trace  # its subprocess helpers: exit 0, the loss.jsonl lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "steer_tiny_lm.py")
@@ -30,16 +31,6 @@ def run(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, EXAMPLE, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=TIMEOUT_S)
-
-
-def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return result
-
-
-def trace(folder) -> list[dict]:
-    with open(os.path.join(folder, "loss.jsonl"), encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle]
 
 
 @pytest.fixture(scope="module")

@@ -156,6 +156,12 @@ def unit_row_chunks(plan: Any, epoch: int, first: int) -> Iterator[tuple[int, np
     if whole is not None and (whole.index_base, whole.index_step) == (0, 1):  # not a shard: local is global
         yield first, np.asarray(whole.offsets[first:]), whole.samples
         return
+    yield from single_row_chunks(plan, epoch, first)
+
+
+def single_row_chunks(plan: Any, epoch: int, first: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """:func:`unit_row_chunks` one microbatch a chunk, each read through :func:`parent_microbatch` (any plan of
+    rows; the reference the chunked scans are tested and timed against)."""
     for k in range(first, plan.epoch_microbatches(epoch)):
         rows = np.asarray(parent_microbatch(plan, epoch, k).rows)
         yield k, np.array([0, rows.shape[0]], dtype=np.int64), rows

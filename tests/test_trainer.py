@@ -308,3 +308,19 @@ def test_a_plan_tape_that_cannot_record_is_refused(plans, tmp_path):
             with pytest.raises(UmlosError) as caught:
                 plan_trainer_class()(model=model, args=args, plan_data=data, plan_tape=given)
             assert caught.value.code == errors.INVALID_ARGUMENT and words in caught.value.message, rank
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                    reason="this torch build has no gloo backend for torch.distributed")
+def test_a_two_rank_trainer_run_s_tape_holds_both_ranks_microbatches(plans):
+    """``torchrun`` with 2 ranks (gloo, CPU; tests/dist_scripts/trainer_tape_worker.py): rank 1's microbatches reach
+    rank 0's tape at each step's end, so its 6 steps hold the plan's microbatches 0 to 11, each its plan's rows."""
+    from dist_scripts.torchrun import finish, launch
+
+    from umlos_cuda.batching.plans.explain import StepExplainer, check_tape
+
+    store = str(plans / "tape-w2")
+    finish(launch(2, "trainer_tape_worker.py", str(plans), store), "torchrun W=2 with plan_tape")
+    report = check_tape(store, StepExplainer.open(plans / "padded"))
+    assert report == {"steps": 6, "units": 12, "first": {"t": 1, "epoch": 0, "cursor": 0},
+                      "last": {"t": 6, "epoch": 0, "cursor": 12}}

@@ -39,9 +39,9 @@ What it does (docs/training.md, "torchrun"):
   ``digests`` (each one's batch digest, ``microbatch_digest`` of its
   ``input_ids`` and ``loss_mask``, the bytes batch fingerprints hash). It
   also appends a ``plan.step`` record per step to the checkpoint store's tape
-  (``step_record``: the plan, the epoch, the step's first global microbatch,
-  their count and a digest of each one's dataset rows, the collator's
-  ``rows``), committed with the next checkpoint, so that
+  (``StepRecorder``, the helper the Trainer's ``plan_tape`` uses too: the
+  plan, the epoch, the step's first global microbatch, their count and a
+  digest of each one's dataset rows, the collator's ``rows``), committed with the next checkpoint, so that
   ``umlos-cuda plan explain WORKDIR/plan --check-tape WORKDIR/checkpoints``
   checks afterwards that the run trained every microbatch of its plan once,
   each the plan's rows, across the kill and the resume (docs/batching.md,
@@ -74,7 +74,7 @@ from torch.utils.data import DataLoader
 import umlos_cuda as uc
 from umlos_cuda.batching import BatchingConfig, BatchPlanBuilder, TokenStore, load_plan, save_plan, tokenize_dataset
 from umlos_cuda.batching.batches.fingerprint import microbatch_digest
-from umlos_cuda.batching.plans.explain import step_record
+from umlos_cuda.batching.plans.explain import StepRecorder
 from umlos_cuda.batching.plans.checkpoint_kinds import PlanCursor  # importing it registers the "plan" cursor kind
 from umlos_cuda.checkpoint import CheckpointState, CheckpointStore, RunIdentity
 from umlos_cuda.torch import PlanBatchSampler, PlanCollator, TokenDataset, run_distributed
@@ -253,6 +253,7 @@ def train(args: argparse.Namespace) -> None:
                 checkpoints.start_run("train", world_size=world, task_type="training")
             cut_trace(trace_path, 0)
     model = torch.nn.parallel.DistributedDataParallel(model)
+    recorder = StepRecorder(checkpoints.tape, sampler.fingerprint) if rank == 0 else None
     pids = [0] * world
     dist.all_gather_object(pids, os.getpid())
 
@@ -296,8 +297,9 @@ def train(args: argparse.Namespace) -> None:
                                             "losses": [repr(loss) for _, loss, _, _ in done],
                                             "digests": [d for _, _, d, _ in done]}) + "\n")
                 # what the step trained, on the tape: committed with the next checkpoint, checked against the plan
-                checkpoints.tape.append(step_record(t, sampler.fingerprint, epoch,
-                                                    [(i, rows) for i, _, _, rows in done]))
+                for i, _, _, rows in done:
+                    recorder.add(epoch, i, rows)
+                recorder.end_step(t)
                 last = epoch == plan.num_epochs - 1 and start + g >= length
                 if t % args.checkpoint_every == 0 or last:
                     after = cursor_after(plan, epoch, start, g)

@@ -390,8 +390,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="data, plan and model seed (0)")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (3e-3)")
     parser.add_argument("--log-every", type=int, default=50, help="print the loss every N steps (50)")
+    return run_checked(parser, argv, train, ("steps", "checkpoint_every", "records", "row_length", "rows", "epochs",
+                                             "log_every", "kill_at_step"))
+
+
+def run_checked(parser: argparse.ArgumentParser, argv: list[str] | None, train, positive: tuple[str, ...]) -> int:
+    """Parse ``argv`` (the options named in ``positive`` must be at least 1 where given) and ``train`` on it: 0, or
+    2 with the error's code and message on stderr (an example's ``main``)."""
     args = parser.parse_args(argv)
-    for name in ("steps", "checkpoint_every", "records", "row_length", "rows", "epochs", "log_every", "kill_at_step"):
+    for name in positive:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from functools import partial
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -289,6 +290,25 @@ def test_a_tampered_edit_is_refused(built, tmp_path):
     assert open_plan(out).fingerprint == meta["fingerprint"]
 
 
+def test_an_edited_mixed_plan_is_collated_from_its_components_checked(built, tmp_path):
+    """``TokenDataset(plan.dataset(), plan=edited)`` checks the rows against the parent's parts (``row_parts``,
+    passed through: an edit changes no row) and collates the edited plan's microbatches."""
+    from umlos_cuda.torch import PlanCollator, TokenDataset
+
+    out = str(tmp_path / "edited")
+    assert main(["plan", "edit", built["mixed"], "--skip-steps", "1:3", "--world-size", "2", "--output", out]) == 0
+    edited = open_plan(out)
+    assert edited.row_parts() == open_plan(built["mixed"]).row_parts()
+    dataset = TokenDataset(edited.dataset(), plan=edited)
+    keys = list(PlanBatchSampler(out, 0, 1))[2]  # the edited plan's unit 2: the parent's 6
+    batch = PlanCollator(edited, preset="hf", rows=True)([dataset[key] for key in keys])
+    assert batch["rows"].tolist() == edited.microbatch_at(0, 2).rows.tolist() == \
+        open_plan(built["mixed"]).microbatch_at(0, 6).rows.tolist()
+    with pytest.raises(UmlosError) as caught:
+        TokenDataset(built["a"], plan=edited)
+    assert caught.value.code == errors.BATCH_STORE_MISMATCH
+
+
 def test_a_toy_kind_registered_at_run_time_is_edited_too(built, tmp_path):
     import toy_plan_kind as toy
     from umlos_cuda.batching.sources import open_source
@@ -320,7 +340,7 @@ def key_row(key) -> int:
 @property_of(ROW_KINDS, 12)
 def test_rows_left_out_from_a_step_on_are_gone_and_every_other_row_stays(built, tmp_path_factory, name, data):
     from umlos_cuda.batching.plans.edits.edit import skip_rows
-    from umlos_cuda.batching.plans.edits.plan import parent_microbatch
+    from umlos_cuda.batching.plans.edits.plan import unit_row_chunks
 
     folder = built[name]
     parent = open_plan(folder)
@@ -331,7 +351,7 @@ def test_rows_left_out_from_a_step_on_are_gone_and_every_other_row_stays(built, 
     later = sorted({key_row(key) for e, per in enumerate(items) for k, item in enumerate(per)
                     if (e, k) >= (epoch, cursor) for key in item})
     rows = data.draw(st.lists(st.sampled_from(later), min_size=1, max_size=12, unique=True), label="rows")
-    edit = skip_rows(parent, rows, lambda e, k: parent_microbatch(parent, e, k).rows, start=(epoch, cursor))
+    edit = skip_rows(parent, rows, partial(unit_row_chunks, parent), start=(epoch, cursor))
     edited = edit_plan(folder, edit)
     out = save_edited_plan(edited, tmp_path_factory.mktemp("rows") / "plan")
     want: dict = {}
@@ -346,6 +366,29 @@ def test_rows_left_out_from_a_step_on_are_gone_and_every_other_row_stays(built, 
                                                                          stop_after).items()}
     assert got == want
     assert main(["plan", "verify", out]) == 0
+
+
+@property_of(ROW_KINDS, 20)
+def test_the_rows_scan_reads_windows_and_epochs_as_the_microbatches_one_by_one(built, name, data):
+    """``--skip-samples`` reads a windowed plan window by window and a whole plan epoch by epoch
+    (``unit_row_chunks``): from any cursor, the chunks are the microbatches' rows one by one, and the edit (the
+    microbatches it empties included) is the one a scan of single microbatches makes."""
+    from umlos_cuda.batching.plans.edits.edit import skip_rows
+    from umlos_cuda.batching.plans.edits.plan import single_row_chunks, unit_row_chunks
+
+    parent = open_plan(built[name])
+    epoch = data.draw(st.integers(0, parent.num_epochs - 1), label="epoch")
+    first = data.draw(st.integers(0, parent.epoch_microbatches(epoch) - 1), label="cursor")
+    got = [(k0 + i, samples[offsets[i]:offsets[i + 1]].tolist())
+           for k0, offsets, samples in unit_row_chunks(parent, epoch, first) for i in range(len(offsets) - 1)]
+    want = [(k, rows.tolist()) for k, _, rows in single_row_chunks(parent, epoch, first)]
+    assert got == want
+    emptied = data.draw(st.sampled_from(want), label="a microbatch left empty")[1]
+    later = sorted({row for _, rows in want for row in rows})
+    rows = emptied + data.draw(st.lists(st.sampled_from(later), max_size=6), label="rows")
+    fast = skip_rows(parent, rows, partial(unit_row_chunks, parent), start=(epoch, first))
+    assert fast == skip_rows(parent, rows, partial(single_row_chunks, parent), start=(epoch, first))
+    assert fast.ranges  # the emptied microbatch is left out as a unit
 
 
 def test_the_command_leaves_rows_out_and_explain_lists_the_rest(built, tmp_path, capsys):

@@ -242,3 +242,85 @@ def test_a_batch_size_other_than_one_microbatch_is_refused(plans, tmp_path):
     with pytest.raises(UmlosError) as caught:
         plan_trainer_class()(model=model, args=args, plan_data=data)
     assert caught.value.code == errors.INVALID_ARGUMENT and "per_device_train_batch_size=1" in caught.value.message
+
+
+# ====================================================================== the steps on a checkpoint store's tape
+def test_a_trainer_run_s_steps_on_the_tape_check_against_its_plan_across_a_resume(plans, capsys):
+    """``plan_tape``: the packed plan (epochs of 15 and 14 microbatches, so steps of 2 cross epochs' ends) stopped
+    at step 20 and resumed from checkpoint-20; the tape holds all 40 steps once, each the plan's rows, and the
+    model was given what it is given without a tape (bit-identical losses)."""
+    from umlos_cuda.batching.plans.explain import StepExplainer, check_tape
+    from umlos_cuda.cli import main
+
+    kwargs = {"store": str(plans / "store"), "plan": str(plans / "packed"), "tape": str(plans / "t-store")}
+    train(**kwargs, output_dir=str(plans / "t-cut"), record=str(plans / "t-cut.jsonl"), stop_at=20)
+    train(**kwargs, output_dir=str(plans / "t-cut"), record=str(plans / "t-cut.jsonl"),
+          resume=str(plans / "t-cut" / "checkpoint-20"))
+    report = check_tape(kwargs["tape"], StepExplainer.open(plans / "packed"))
+    # 80 microbatches: 15 + 15 + 14 + 14 + 15 and 7 of epoch 5; the steps at microbatches 15 and 73 cross an
+    # epoch's end (two records each, one per epoch)
+    assert report == {"steps": 42, "units": 80, "first": {"t": 1, "epoch": 0, "cursor": 0},
+                      "last": {"t": MAX_STEPS, "epoch": 5, "cursor": 7}}
+    capsys.readouterr()
+    assert main(["plan", "explain", str(plans / "packed"), "--check-tape", kwargs["tape"]]) == 0
+    assert capsys.readouterr().out.startswith(f"tape {kwargs['tape']}: 42 steps (t 1 to {MAX_STEPS}), 80 microbatches")
+    plain = records(plans / "p-whole.jsonl") if os.path.exists(plans / "p-whole.jsonl") else None
+    if plain is None:
+        train(kwargs["store"], kwargs["plan"], str(plans / "p-whole"), str(plans / "p-whole.jsonl"))
+        plain = records(plans / "p-whole.jsonl")
+    assert [(line["step"], line["loss"]) for line in records(plans / "t-cut.jsonl")] == \
+        [(line["step"], line["loss"]) for line in plain]
+
+
+def test_a_tampered_step_on_a_trainer_run_s_tape_is_named(plans, capsys):
+    """A record whose digest is not that of the rows the plan gives for its microbatches: PLAN_TAPE_MISMATCH
+    naming the step."""
+    from umlos_cuda.batching.plans.explain import StepExplainer, check_tape
+    from umlos_cuda.cli import main
+
+    tape = str(plans / "t-tampered")
+    train(str(plans / "store"), str(plans / "padded"), str(plans / "t-tampered-out"),
+          str(plans / "t-tampered.jsonl"), tape=tape, tamper_at=7, stop_at=10)
+    with pytest.raises(UmlosError) as caught:
+        check_tape(tape, StepExplainer.open(plans / "padded"))
+    assert caught.value.code == errors.PLAN_TAPE_MISMATCH
+    assert "step 7 (epoch 0, units 12 to 13) trained other rows than the plan gives" in caught.value.message
+    capsys.readouterr()
+    assert main(["plan", "explain", str(plans / "padded"), "--check-tape", tape]) == 2
+    assert "error PLAN_TAPE_MISMATCH:" in capsys.readouterr().err
+
+
+def test_a_plan_tape_that_cannot_record_is_refused(plans, tmp_path):
+    """Rank 0 writes the tape (a started store); the other ranks send their steps (True)."""
+    from test_checkpoint_support import KEY, identity
+
+    from umlos_cuda.checkpoint import CheckpointStore
+
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, vocab_size=300))
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=1,
+                                          report_to="none", use_cpu=True)
+    with CheckpointStore.open(tmp_path / "store", identity(), KEY) as store:
+        for rank, given, words in [(0, store, "start the run first"), (0, True, "for ranks other than 0"),
+                                   (1, store, "rank 1 was given a CheckpointStore"),
+                                   (0, str(tmp_path / "store"), "plan_tape is a str")]:
+            data = PlanTrainerData(plans / "padded", plans / "store", rank=rank, world_size=2)
+            with pytest.raises(UmlosError) as caught:
+                plan_trainer_class()(model=model, args=args, plan_data=data, plan_tape=given)
+            assert caught.value.code == errors.INVALID_ARGUMENT and words in caught.value.message, rank
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                    reason="this torch build has no gloo backend for torch.distributed")
+def test_a_two_rank_trainer_run_s_tape_holds_both_ranks_microbatches(plans):
+    """``torchrun`` with 2 ranks (gloo, CPU; tests/dist_scripts/trainer_tape_worker.py): rank 1's microbatches reach
+    rank 0's tape at each step's end, so its 6 steps hold the plan's microbatches 0 to 11, each its plan's rows."""
+    from dist_scripts.torchrun import finish, launch
+
+    from umlos_cuda.batching.plans.explain import StepExplainer, check_tape
+
+    store = str(plans / "tape-w2")
+    finish(launch(2, "trainer_tape_worker.py", str(plans), store), "torchrun W=2 with plan_tape")
+    report = check_tape(store, StepExplainer.open(plans / "padded"))
+    assert report == {"steps": 6, "units": 12, "first": {"t": 1, "epoch": 0, "cursor": 0},
+                      "last": {"t": 6, "epoch": 0, "cursor": 12}}

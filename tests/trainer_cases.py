@@ -36,10 +36,12 @@ def digest(inputs: dict) -> str:
 def train(store: str, plan: str, output_dir: str, record: str, *, resume: str | bool | None = None,
           stop_at: int | None = None, kill_at: int | None = None, base: str = "Trainer",
           preset: str = "hf", workers: int = 0, trainer_skips: bool = False, trainer_epoch: bool = False,
-          eval_plan: str | None = None) -> dict:
+          eval_plan: str | None = None, tape: str | None = None, tamper_at: int | None = None) -> dict:
     """Train the tiny model; ``stop_at`` ends the run cleanly after that step (as a job's time limit would);
     ``trainer_skips`` turns the Trainer's own skip of trained batches back on, ``trainer_epoch`` its own
-    ``state.epoch`` (to show what they would do); ``eval_plan`` is evaluated every ``SAVE_STEPS`` steps.
+    ``state.epoch`` (to show what they would do); ``eval_plan`` is evaluated every ``SAVE_STEPS`` steps; ``tape``:
+    a checkpoint store the steps are recorded in (``plan_tape``), ``tamper_at`` the step whose record's digest is
+    changed on its way to the tape.
 
     Returns the last global step, the cursor, ``state.epoch``, the ``[step, eval_loss hex]`` of each
     evaluation in the Trainer's history (a resumed run's includes those before its checkpoint) and the last
@@ -96,20 +98,53 @@ def train(store: str, plan: str, output_dir: str, record: str, *, resume: str | 
             if stop_at is not None and state.global_step == stop_at:
                 control.should_training_stop = True
 
+    steps = None if tape is None else _open_tape(tape)
+    if steps is not None:
+        extra["plan_tape"] = steps
     with open(record, "a", encoding="utf-8") as handle:
         trainer = Recording(model=model, args=args, plan_data=data, callbacks=[Stop()], **extra, **evaluation)
+        if tamper_at is not None:
+            trainer.plan_steps.tape = Tampered(trainer.plan_steps.tape, tamper_at)
         if trainer_skips:
             trainer.args.ignore_data_skip = False
         if trainer_epoch:
             trainer.callback_handler.callbacks = [callback for callback in trainer.callback_handler.callbacks
                                                   if type(callback).__name__ != "EpochCallback"]
-        trainer.train(resume_from_checkpoint=resume)
+        try:
+            trainer.train(resume_from_checkpoint=resume)
+        finally:
+            if steps is not None:
+                steps.close()
     # a resumed run's history holds the evaluations before its checkpoint too
     evaluated = [[line["step"], float(line["eval_loss"]).hex()] for line in trainer.state.log_history
                  if "eval_loss" in line]
     counted = [line["num_tokens"] for line in trainer.state.log_history if "num_tokens" in line]  # TRL's count
     return {"global_step": trainer.state.global_step, "cursor": list(data.cursor()), "epoch": trainer.state.epoch,
             "evaluated": evaluated, "num_tokens": counted[-1] if counted else None}
+
+
+def _open_tape(path: str):
+    """The checkpoint store at ``path``, its run started if it is new."""
+    from test_checkpoint_support import DATASET, KEY, identity
+
+    from umlos_cuda.checkpoint import CheckpointStore
+
+    store = CheckpointStore.open(path, identity(), KEY)
+    if store.tape.event_count == 0:
+        store.start_run(DATASET, world_size=1, task_type="training")
+    return store
+
+
+class Tampered:
+    """A tape whose ``plan.step`` record of step ``t`` gets another digest (a record that lies about its rows)."""
+
+    def __init__(self, tape, t: int) -> None:
+        self.tape, self.t = tape, t
+
+    def append(self, record: dict) -> bytes:
+        if record.get("t") == self.t:
+            record = {**record, "digest": bytes(b ^ 1 for b in record["digest"])}
+        return self.tape.append(record)
 
 
 def _arguments(output_dir: str) -> dict:

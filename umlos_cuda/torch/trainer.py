@@ -41,6 +41,18 @@ the Trainer's own value counts the batches of the current run only (its
 skip is off), so after a resume it would leave out every microbatch
 trained before.
 
+**Tape.** ``plan_tape=store`` (a :class:`~umlos_cuda.checkpoint.CheckpointStore` whose run is started, on
+rank 0; ``plan_tape=True`` on every other rank) records each optimizer step on the store's tape as
+``plan.step`` records, the same as examples/train_ddp.py writes, through the same
+:class:`~umlos_cuda.batching.plans.explain.StepRecorder`: each microbatch's global index (from the cursor,
+:meth:`PlanTrainerData.next_unit`) and the dataset rows the collator handed it (the collator adds ``rows``,
+which ``training_step`` takes out before the model sees the batch), gathered from every rank at the step's
+end. The tape is committed (a commit of the tape alone) before the Trainer writes each checkpoint and at the
+end of training, so ``umlos-cuda plan explain PLAN --check-tape STORE`` checks afterwards that the run trained
+every microbatch of its plan once, each its plan's rows, across kills and resumes. A run killed after the tape's
+commit and before the Trainer's checkpoint is written resumes from the checkpoint before, and its tape then
+shows those steps twice (the check names the step).
+
 **Evaluation.** ``eval_dataset=PlanEvalData(validation_plan, store)`` (or a
 dict of them, or one given to ``evaluate``) is evaluated over that plan's
 microbatches (``_plan_eval.py``): one epoch, every microbatch once, rank
@@ -164,6 +176,12 @@ class PlanTrainerData:
                 return epoch, self.plan.epoch_microbatches(epoch)
             epoch, index = epoch + 1, 0
 
+    def next_unit(self) -> tuple[int, int]:
+        """``(epoch, global index)`` of the microbatch this rank trains next: the first at or after :meth:`cursor`
+        that is this rank's (``index % world_size == rank``; every epoch's count is a multiple of the world size)."""
+        epoch, index = self.cursor()
+        return epoch, index + (self.sampler.rank - index) % self.sampler.world_size
+
     def progress(self) -> float:
         """The share of this rank's microbatches of the whole plan trained on, the cursor's place in the plan: the
         Trainer's ``state.epoch`` (one Trainer epoch is the whole plan), after a resume too."""
@@ -223,8 +241,9 @@ class PlanTrainerData:
 
 def plan_trainer_class(base: type | None = None) -> type:
     """A subclass of ``base`` (default ``transformers.Trainer``; ``trl.SFTTrainer`` works too) that takes
-    ``plan_data=PlanTrainerData(...)`` and trains on it, the cursor in its checkpoints, and evaluates a
-    :class:`PlanEvalData` given as ``eval_dataset`` (module docstring)."""
+    ``plan_data=PlanTrainerData(...)`` and trains on it, the cursor in its checkpoints, records its steps on a
+    checkpoint store's tape given as ``plan_tape``, and evaluates a :class:`PlanEvalData` given as
+    ``eval_dataset`` (module docstring)."""
     if base is None:
         from transformers import Trainer
 
@@ -242,7 +261,7 @@ _TrainerMethods: Any = object
 class _PlanTrainerMixin(_TrainerMethods):
     """The methods :func:`plan_trainer_class` puts before the Trainer's."""
 
-    def __init__(self, *args: Any, plan_data: PlanTrainerData, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, plan_data: PlanTrainerData, plan_tape: Any = None, **kwargs: Any) -> None:
         from .. import errors
         from ._dist import argument_error
 
@@ -257,8 +276,11 @@ class _PlanTrainerMixin(_TrainerMethods):
                                  "for more microbatches per optimizer step")
         self.plan_data = plan_data
         self.args.ignore_data_skip = True  # the restored cursor stands after the trained microbatches already
-        cursor, epoch = _callbacks()
+        cursor, epoch, tape = _callbacks()
         self.add_callback(cursor(plan_data))
+        self.plan_steps = None if plan_tape is None else _step_recorder(plan_tape, plan_data)
+        if self.plan_steps is not None:
+            self.add_callback(tape(self.plan_steps, None if plan_tape is True else plan_tape))
         # first, so that every callback's on_step_end, the log and the checkpoint see the corrected epoch
         self.callback_handler.callbacks.insert(0, epoch(plan_data))
         _warn_token_counts(self, plan_data.collator)
@@ -310,8 +332,11 @@ class _PlanTrainerMixin(_TrainerMethods):
             loss = torch.full_like(loss, float("nan"))
         return loss, logits, labels
 
-    def training_step(self, *args: Any, **kwargs: Any):
-        loss = super().training_step(*args, **kwargs)
+    def training_step(self, model: Any, inputs: dict, *args: Any, **kwargs: Any):
+        if self.plan_steps is not None:  # the collator's rows: what this microbatch trains, for the tape
+            rows = inputs.pop("rows")
+            self.plan_steps.add(*self.plan_data.next_unit(), rows.tolist())
+        loss = super().training_step(model, inputs, *args, **kwargs)
         self.plan_data.consumed += 1
         return loss
 
@@ -327,9 +352,51 @@ class _PlanTrainerMixin(_TrainerMethods):
         return super().train(resume_from_checkpoint or None, *args, **kwargs)
 
 
-def _callbacks() -> tuple[type, type]:
+def _step_recorder(plan_tape: Any, plan_data: PlanTrainerData) -> Any:
+    """The :class:`~umlos_cuda.batching.plans.explain.StepRecorder` of a Trainer given ``plan_tape`` (module
+    docstring, "Tape"), the collator made to hand out each microbatch's ``rows``. INVALID_ARGUMENT for a
+    ``plan_tape`` that is neither a checkpoint store whose run is started nor ``True`` on a rank other than 0."""
+    from .. import errors
+    from ..batching.plans.explain.tape import StepRecorder
+    from ..checkpoint import CheckpointStore
+    from ._dist import argument_error
+
+    rank = plan_data.sampler.rank
+    if plan_tape is True:
+        if rank == 0:
+            raise argument_error(errors.INVALID_ARGUMENT, "plan_tape=True is for ranks other than 0, which send their "
+                                                          "steps to rank 0's; rank 0 gives the CheckpointStore")
+        tape = None
+    elif isinstance(plan_tape, CheckpointStore):
+        if rank != 0:
+            raise argument_error(errors.INVALID_ARGUMENT, f"rank {rank} was given a CheckpointStore as plan_tape: "
+                                                          "rank 0 writes the tape; give plan_tape=True on the others")
+        if plan_tape.tape.event_count == 0:
+            raise argument_error(errors.INVALID_ARGUMENT, f"plan_tape {plan_tape.path}: start the run first "
+                                                          "(store.start_run(...)), so that its steps can be committed")
+        tape = plan_tape.tape
+    else:
+        raise argument_error(errors.INVALID_ARGUMENT, f"plan_tape is a {type(plan_tape).__name__}: give rank 0 the "
+                                                      "CheckpointStore the steps are recorded in (True on other ranks)")
+    plan_data.collator.rows = True
+    return StepRecorder(tape, plan_data.sampler.fingerprint)
+
+
+def _gathered(units: list) -> list:
+    """Every rank's units of the step, on every rank (this rank's alone outside a process group of several)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return units
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, units)
+    return [unit for part in parts for unit in part]
+
+
+def _callbacks() -> tuple[type, type, type]:
     """The ``TrainerCallback`` classes (built on first use, so that importing this module does not import
-    ``transformers``): one writes the cursor into each checkpoint folder, one sets ``state.epoch``."""
+    ``transformers``): one writes the cursor into each checkpoint folder, one sets ``state.epoch``, one records
+    each step on the tape (``plan_tape``)."""
     global _classes
     if _classes is None:
         from transformers import TrainerCallback
@@ -367,11 +434,40 @@ def _callbacks() -> tuple[type, type]:
             def on_step_end(self, args, state, control, **kwargs):
                 state.epoch = self.data.progress()
 
-        _classes = (CursorCallback, EpochCallback)
+        class TapeCallback(TrainerCallback):
+            """At each step's end, the step's units on the tape (rank 0; the other ranks send theirs), and the
+            tape committed before the Trainer writes a checkpoint, and at the end of training."""
+
+            def __init__(self, recorder: Any, store: Any) -> None:
+                self.recorder, self.store = recorder, store
+                self.pending = False  # records appended since the last commit
+
+            def _commit(self) -> None:
+                if self.store is not None and self.pending:
+                    self.store.commit()
+                    self.pending = False
+
+            def on_step_end(self, args, state, control, **kwargs):
+                units = _gathered(self.recorder.units)
+                if self.store is None:
+                    self.recorder.units = []
+                    return
+                self.recorder.units = units
+                self.pending |= bool(self.recorder.end_step(state.global_step))
+                if control.should_save:
+                    self._commit()
+
+            def on_save(self, args, state, control, **kwargs):  # a save decided after the step's end
+                self._commit()
+
+            def on_train_end(self, args, state, control, **kwargs):
+                self._commit()
+
+        _classes = (CursorCallback, EpochCallback, TapeCallback)
     return _classes
 
 
-_classes: tuple[type, type] | None = None
+_classes: tuple[type, type, type] | None = None
 
 
 def _warn_token_counts(trainer: Any, collator: Any) -> None:

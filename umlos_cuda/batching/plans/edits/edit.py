@@ -101,12 +101,15 @@ class SkipRows(SkipUnits):
         return ~np.isin(np.asarray(rows, dtype=np.int64), np.asarray(self.rows, dtype=np.int64))
 
 
-def skip_rows(plan: Any, rows: Any, unit_rows: Any, *, start: tuple[int, int] = (0, 0),
+def skip_rows(plan: Any, rows: Any, chunks: Any, *, start: tuple[int, int] = (0, 0),
               asked: dict | None = None) -> SkipRows:
     """The edit that leaves the dataset ``rows`` out of ``plan``'s microbatches from the cursor ``start`` on;
-    ``unit_rows(epoch, k)`` gives the rows of the parent's microbatch ``k`` (every one from ``start`` is read
-    once, O(plan)). BATCHING_CONFIG_INVALID when a row is in no microbatch from ``start`` on (a row of another
-    dataset, one the plan took before the edit, or one it skips)."""
+    ``chunks(epoch, first)`` gives the rows of the parent's microbatches ``first ..`` of ``epoch`` as
+    ``(k0, offsets, samples)`` chunks (:func:`~.plan.unit_row_chunks` of the plan: a windowed plan's windows, a
+    whole plan's epochs), each chunk scanned as arrays: every microbatch from ``start`` is read once, O(plan) in
+    NumPy.
+    BATCHING_CONFIG_INVALID when a row is in no microbatch from ``start`` on (a row of another dataset, one the plan
+    took before the edit, or one it skips)."""
     from ..plan import check_cursor
 
     check_cursor(plan, *start)
@@ -116,13 +119,18 @@ def skip_rows(plan: Any, rows: Any, unit_rows: Any, *, start: tuple[int, int] = 
     found = np.zeros(wanted.size, dtype=bool)
     empty: list[tuple[int, int, int]] = []
     for epoch in range(start[0], plan.num_epochs):
-        for k in range(start[1] if epoch == start[0] else 0, plan.epoch_microbatches(epoch)):
-            held = np.asarray(unit_rows(epoch, k), dtype=np.int64)
-            hit = np.isin(held, wanted)
-            if hit.any():
-                found[np.searchsorted(wanted, held[hit])] = True
-                if hit.all():
-                    empty.append((epoch, k, k + 1))
+        for k0, offsets, samples in chunks(epoch, start[1] if epoch == start[0] else 0):
+            bounds = np.asarray(offsets, dtype=np.int64)
+            held = np.asarray(samples[int(bounds[0]):int(bounds[-1])], dtype=np.int64)
+            at = np.minimum(np.searchsorted(wanted, held), wanted.size - 1)
+            hit = wanted[at] == held
+            if not hit.any():
+                continue
+            found[at[hit]] = True
+            ones = np.concatenate(([0], np.cumsum(hit)))  # hits before each position
+            bounds = bounds - bounds[0]
+            full = np.flatnonzero(ones[bounds[1:]] - ones[bounds[:-1]] == np.diff(bounds))  # every row left out
+            empty += [(epoch, k0 + i, k0 + i + 1) for i in full.tolist()]
     if not found.all():
         missing = wanted[~found][:8].tolist()
         raise _config(f"rows {missing}{' ...' if (~found).sum() > 8 else ''} are in no microbatch of the plan from "

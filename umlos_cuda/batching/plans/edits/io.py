@@ -144,11 +144,10 @@ def skip_samples_from(plan: Any, kind: Any, rows: Any, step: int, where: dict) -
     BATCHING_CONFIG_INVALID for a plan whose microbatches are not unpacked rows (checked before any is read)."""
     from ..explain.steps import locate_steps
     from .edit import skip_rows
-    from .plan import EditedPlan, parent_microbatch
+    from .plan import EditedPlan, unit_row_chunks
 
     EditedPlan(plan, kind, SkipRows((), None, (0,)))  # the kinds a rows edit takes, refused before the scan
     (located,) = locate_steps(plan, step, 1, where["world_size"], where["batch_size"], where["start"])
     asked = {"skip_samples_from_step": step, "world_size": where["world_size"], "batch_size": where["batch_size"],
              "start": list(where["start"])}
-    return skip_rows(plan, rows, lambda epoch, k: parent_microbatch(plan, epoch, k).rows,
-                     start=(located.epoch, located.cursor), asked=asked)
+    return skip_rows(plan, rows, partial(unit_row_chunks, plan), start=(located.epoch, located.cursor), asked=asked)

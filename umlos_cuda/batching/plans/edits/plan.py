@@ -14,6 +14,7 @@ edit, the units of each epoch]``: it names the parent, so a changed parent makes
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from dataclasses import replace
@@ -29,8 +30,8 @@ from .edit import SkipRows, SkipUnits
 FINGERPRINT_TAG = "umlos_edited_plan_v1"
 #: What an edited plan reads from its parent unchanged: the rows, configuration and sources, which no edit
 #: touches. Nothing that takes a unit index is passed through (a unit of an edited plan is not its parent's).
-PASSED_THROUGH = frozenset({"config", "dataset", "definition", "lengths", "meta", "sample_ids", "source", "units",
-                            "unit_index", "components", "tokens", "tokenizer_hash"})
+PASSED_THROUGH = frozenset({"config", "dataset", "definition", "lengths", "meta", "row_parts", "sample_ids", "source",
+                            "units", "unit_index", "components", "tokens", "tokenizer_hash"})
 
 
 class EditedPlan:
@@ -129,3 +130,38 @@ def parent_microbatch(plan: Any, epoch: int, k: int) -> Any:
     if at is not None:
         return at(epoch, k)
     return plan.microbatch(epoch, plan.get_epoch(epoch).local_index(k))
+
+
+def unit_row_chunks(plan: Any, epoch: int, first: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """The dataset rows of ``plan``'s microbatches ``first ..`` of ``epoch`` to the epoch's end, in chunks of
+    consecutive microbatches ``(k0, offsets, samples)``: microbatch ``k0 + i`` holds
+    ``samples[offsets[i]:offsets[i + 1]]``. Why chunks: an edit that reads every microbatch's rows
+    (``--skip-samples``) then works on arrays, not on one ``MicrobatchSpec`` per microbatch. A windowed plan's chunk
+    is a window's planned arrays (one window held at a time), a whole plan's the epoch's arrays; any other kind (a
+    mixed or an edited plan) gives one microbatch a chunk (:func:`parent_microbatch`)."""
+    from ..plan import BatchPlan
+    from ..windows.index import locate
+    from ..windows.plan import WindowedPlan
+
+    if first >= plan.epoch_microbatches(epoch):
+        return
+    if isinstance(plan, WindowedPlan):
+        w, local = locate(plan.index, epoch, first)
+        for window in range(w, plan.definition.num_windows):
+            arrays = plan.window(epoch, window)
+            yield int(plan.index[epoch, window, 0]) + local, np.asarray(arrays.offsets[local:]), arrays.samples
+            local = 0
+        return
+    whole = plan.get_epoch(epoch) if isinstance(plan, BatchPlan) else None
+    if whole is not None and (whole.index_base, whole.index_step) == (0, 1):  # not a shard: local is global
+        yield first, np.asarray(whole.offsets[first:]), whole.samples
+        return
+    yield from single_row_chunks(plan, epoch, first)
+
+
+def single_row_chunks(plan: Any, epoch: int, first: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """:func:`unit_row_chunks` one microbatch a chunk, each read through :func:`parent_microbatch` (any plan of
+    rows; the reference the chunked scans are tested and timed against)."""
+    for k in range(first, plan.epoch_microbatches(epoch)):
+        rows = np.asarray(parent_microbatch(plan, epoch, k).rows)
+        yield k, np.array([0, rows.shape[0]], dtype=np.int64), rows

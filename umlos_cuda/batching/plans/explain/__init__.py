@@ -6,7 +6,8 @@ Modules:
                piece, pack, token range, tokens, loss tokens; the helpers every plan kind's ``explain`` uses
     explainer  :class:`StepExplainer` and :func:`explain`: a plan of any kind, through its kind's ``explain``
     text       the text ``plan explain`` prints: a compact table per rank
-    tape       a run's steps on the checkpoint store's tape (``plan.step`` records) and their check against the plan
+    tape       a run's steps on the checkpoint store's tape (``plan.step`` records, :class:`StepRecorder`) and their
+               check against the plan
 
 docs/batching.md, "Explaining a step", is the schema of what comes out.
 """
@@ -19,10 +20,10 @@ if TYPE_CHECKING:  # the re-exports, imported on first use (umlos_cuda/reexports
     from .explainer import EXPLAIN_FORMAT, StepExplainer, explain
     from .rows import ROW_FIELDS
     from .steps import MAX_STEPS, Step, locate_steps, total_steps
-    from .tape import STEP_RECORD, check_tape, step_digest, step_record, unit_rows
+    from .tape import STEP_RECORD, StepRecorder, check_tape, step_digest, step_record, unit_rows
     from .text import lines
 
-__all__ = ["EXPLAIN_FORMAT", "MAX_STEPS", "ROW_FIELDS", "STEP_RECORD", "Step", "StepExplainer", "check_tape", "explain",
-           "lines", "locate_steps", "step_digest", "step_record", "total_steps", "unit_rows"]
+__all__ = ["EXPLAIN_FORMAT", "MAX_STEPS", "ROW_FIELDS", "STEP_RECORD", "Step", "StepExplainer", "StepRecorder",
+           "check_tape", "explain", "lines", "locate_steps", "step_digest", "step_record", "total_steps", "unit_rows"]
 
 __getattr__, __dir__ = lazy(__name__, __file__)

@@ -56,6 +56,37 @@ def step_record(t: int, plan_fingerprint: str, epoch: int, units: Sequence[tuple
             "cursor": indices[0], "units": len(indices), "digest": step_digest(epoch, units)}
 
 
+class StepRecorder:
+    """What each step of a training loop trained, appended to a checkpoint store's tape as ``plan.step`` records:
+    the one helper every loop uses (examples/train_ddp.py, the Trainer's ``plan_tape``).
+
+    Per microbatch (or sample) trained, :meth:`add` its epoch, global index and the dataset rows the collator handed
+    the model; at the step's end, :meth:`end_step` appends one :func:`step_record` per epoch the step's units are in
+    (a step of ``G`` units may cross an epoch's end, where the next epoch's units follow: two records with the same
+    ``t``, which :func:`check_tape` reads as one step after the other) and forgets them. ``tape``: the store's
+    ``CheckpointStore.tape`` (anything with ``append``); the records are committed with the store's next commit.
+    """
+
+    def __init__(self, tape: Any, plan_fingerprint: str) -> None:
+        self.tape, self.fingerprint = tape, plan_fingerprint
+        #: ``(epoch, index, rows)`` of each unit trained since the last :meth:`end_step`.
+        self.units: list[tuple[int, int, list[int]]] = []
+
+    def add(self, epoch: int, index: int, rows: Iterable[int]) -> None:
+        """Unit ``index`` of ``epoch`` was trained on ``rows`` in the current step."""
+        self.units.append((int(epoch), int(index), [int(row) for row in rows]))
+
+    def end_step(self, t: int) -> list[dict]:
+        """Append the records of step ``t`` (class docstring) and return them; none for a step without a unit."""
+        epochs = sorted({epoch for epoch, _, _ in self.units})
+        records = [step_record(t, self.fingerprint, epoch, [(index, rows) for e, index, rows in self.units
+                                                            if e == epoch]) for epoch in epochs]
+        for record in records:
+            self.tape.append(record)
+        self.units = []
+        return records
+
+
 def unit_rows(unit: dict) -> list[int]:
     """The rows a unit of :mod:`.explainer` trains on: a microbatch's dataset rows, a cut sample's documents."""
     return [row["document"] if row["row"] is None else row["row"] for row in unit["rows"]]

@@ -17,7 +17,7 @@ from functools import partial
 from .... import errors
 from ..edits.io import folder_kind, load_edited_plan, save_edited_plan
 from ..edits.edit import SkipRows, skip_rows
-from ..edits.plan import EditedPlan, parent_microbatch
+from ..edits.plan import EditedPlan, unit_row_chunks
 from ..explain.rows import unit_record
 from ..plan import plan_error
 from ..sharding import share_ranks
@@ -85,8 +85,7 @@ def verify(folder, *, expected_fingerprint: str | None = None) -> dict:
                                                            f"expected {expected_fingerprint}")
     checks = [f"parent {plan.parent_path} ({plan.parent_kind.name}): {check}" for check in parent["checks"]]
     if isinstance(plan.edit, SkipRows):  # the microbatches it leaves empty, found again by reading every one
-        again = skip_rows(plan.parent, plan.edit.rows, lambda e, k: parent_microbatch(plan.parent, e, k).rows,
-                          start=plan.edit.start)
+        again = skip_rows(plan.parent, plan.edit.rows, partial(unit_row_chunks, plan.parent), start=plan.edit.start)
         if again.ranges != plan.edit.ranges:
             raise plan_error(errors.PLAN_FINGERPRINT_MISMATCH, f"{folder}: the rows left out empty the microbatches "
                                                                f"{[list(r) for r in again.ranges][:8]}; meta.json "

@@ -10,8 +10,10 @@ Run (CPU, one thread; about 15 s for the whole run):
 What it does (docs/batching.md, "Steering a run: the demonstration"):
 
 * data: two synthetic corpora (examples/train_tiny_lm.py's grammar, and its sentences read backwards), one
-  byte-level BPE tokenizer trained in-process, two token stores; a windowed **mixture** of them, 0.7 and 0.3,
-  planned by :func:`build_mixture` (the one place the mixture is defined: a mixture schedule goes there).
+  byte-level BPE tokenizer trained in-process, two token stores; a windowed **mixture** of them, 0.7 and 0.3
+  until step ``--change-at`` (100), then 0.3 and 0.7 by a mixture schedule, planned by :func:`build_mixture`
+  (the one place the mixture is defined; ``OUT/schedule.json`` is the schedule, ``OUT/mixture.json`` says where
+  the change took effect).
 * training: examples/train_tiny_lm.py's 2-layer Llama, AdamW, ``--microbatches-per-step`` (G) global microbatches
   a step. ``--world-size W`` ranks are emulated in one process: rank ``r`` reads its microbatches through its own
   ``PlanBatchSampler(plan, rank=r, world_size=W)``, ``G / W`` of them a step, as under torchrun; the step's
@@ -72,7 +74,9 @@ from umlos_cuda.torch import PlanBatchSampler, PlanCollator, TokenDataset  # noq
 RUN = ArtifactKind("steered tiny LM run")
 #: The mixture: (store folder name, weight); the plan's own flags (a small token budget: a fast demonstration).
 MIXTURE = (("forward", 0.7), ("backward", 0.3))
-PLAN_FLAGS = ("--window", "256", "--bucket-edges", "32,64", "--overflow-max", "128", "--token-budget", "256",
+#: The weights from the schedule's change on (``--change-at``, step 100).
+CHANGED = (("forward", 0.3), ("backward", 0.7))
+PLAN_FLAGS = ("--window", "32", "--bucket-edges", "32,64", "--overflow-max", "128", "--token-budget", "256",
               "--seed", "3", "--quiet")
 PLANS = {"parent": "plan", "edited": "plan-edited"}
 
@@ -97,19 +101,45 @@ def make_stores(out: str, records: int) -> list[str]:
     return stores
 
 
-def build_mixture(stores: list[str], folder: str, num_samples: int) -> str:
+def build_mixture(run_folder, stores: list[str], folder: str, num_samples: int, change_step: int, width: int) -> str:
     """The two-component windowed mixture the run trains on: the one place it is defined.
 
-    TODO(mixture schedule, issue 36): the demonstration changes the mixture's weights at step 100. Mixture
-    schedules are being added to ``plans/windows/blend.py``; when ``plan build --mix`` takes one, pass it here
-    (weights ``MIXTURE`` until step 100, then another pair) and nothing else in this file changes: the plan's
-    microbatches carry the schedule, and the edit, the kill and the resume read them as they read these."""
+    Its weights follow a **mixture schedule** (docs/batching.md, "Mixture schedules"): ``MIXTURE`` until
+    step ``change_step``, then ``CHANGED``. A schedule counts the mixture's samples and a window keeps the
+    weights it starts with, while a step here is ``width`` token-budget microbatches (a varying number of
+    samples), so the change is put at the first window that starts at or after the step's first microbatch.
+    Windows before it are the same with or without the schedule (each window is planned from its own
+    weights), so that window is found on the plan with the first weights alone, then the plan is built with
+    the schedule (``OUT/schedule.json``). Each component keeps its own cursor across the change: no document is
+    repeated or lost. Returns the folder; ``OUT/mixture.json`` records where the change took effect."""
+    from umlos_cuda.batching.plans.windows.index import locate
     from umlos_cuda.cli import main
 
-    mix = [f"{store}:{weight}" for store, (_, weight) in zip(stores, MIXTURE)]
-    if main(["plan", "build", "--mix", *mix, "--num-samples", str(num_samples), *PLAN_FLAGS,
-             "--output", folder]) != 0:
-        raise fail(f"could not build the mixture plan {folder}")
+    def build(output: str, *schedule: str) -> None:
+        mix = [f"{store}:{weight}" for store, (_, weight) in zip(stores, MIXTURE)]
+        if main(["plan", "build", "--mix", *mix, "--num-samples", str(num_samples), *PLAN_FLAGS, *schedule,
+                 "--output", output]) != 0:
+            raise fail(f"could not build the mixture plan {output}")
+
+    out = os.path.dirname(folder)
+    first_weights = os.path.join(out, "plan-first-weights")
+    if not os.path.isdir(first_weights):
+        build(first_weights)
+    plan = open_plan(first_weights)
+    window, local = locate(plan.index, 0, change_step * width)
+    window += local > 0  # the first window starting at or after the step's first microbatch
+    at = window * plan.definition.window
+    first_microbatch = int(plan.index[0, window, 0])
+    schedule = {"pieces": [{"at": 0, "weights": {name: weight for name, weight in MIXTURE}},
+                           {"at": at, "weights": {name: weight for name, weight in CHANGED}}]}
+    record = {"window": window, "first_microbatch": first_microbatch, "first_step": first_microbatch // width}
+    run_folder.replace_file("schedule.json", (json.dumps(schedule, indent=1) + "\n").encode())
+    run_folder.replace_file("mixture.json", (json.dumps(record) + "\n").encode())
+    run_folder.sync()
+    schedule_file = os.path.join(out, "schedule.json")
+    build(folder, "--mix-schedule", schedule_file)
+    print(f"mixture: {dict(MIXTURE)} until sample {at} (window {window}, microbatch {first_microbatch}, step "
+          f"{first_microbatch // width}), then {dict(CHANGED)}", flush=True)
     return folder
 
 
@@ -193,7 +223,7 @@ def _train(args: argparse.Namespace, run_folder, checkpoints: str) -> dict:
     per_rank = g // w
     parent = os.path.join(args.out, PLANS["parent"])
     if not os.path.isdir(parent):
-        build_mixture(make_stores(args.out, args.records), parent, args.num_samples)
+        build_mixture(run_folder, make_stores(args.out, args.records), parent, args.num_samples, args.change_at, g)
     plan = open_plan(parent)
     identity = RunIdentity("examples", "steer-tiny-lm", plan_manifest(plan.config, len(plan.dataset())))
     with CheckpointStore.open(checkpoints, identity, EXAMPLE_KEY_SEED, keep_last=2) as ckpt:
@@ -267,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=200, help="steps to train (default 200)")
     parser.add_argument("--world-size", type=int, default=2, help="ranks emulated (default 2)")
     parser.add_argument("--microbatches-per-step", type=int, default=2, help="global microbatches a step (2)")
+    parser.add_argument("--change-at", type=int, default=100,
+                        help="the step the mixture's weights change at (the first window from it on; default 100)")
     parser.add_argument("--spike-at", type=int, default=150, help="the step the synthetic spike is reported at")
     parser.add_argument("--skip", type=int, default=11, help="steps left out from the spike on (11: 150:161)")
     parser.add_argument("--checkpoint-every", type=int, default=10)

@@ -91,3 +91,26 @@ def test_the_edit_is_the_command_s_and_explain_names_the_parent_s_units(runs, tm
     assert main(["plan", "explain", str(runs["full"] / "plan-edited"), "--step", str(SPIKE), "--world-size",
                  "2"]) == 0
     assert "parent's unit 322" in capsys.readouterr().out
+
+
+def test_the_mixture_weights_change_at_the_first_window_from_step_100(runs):
+    """The schedule's change lands at the first window whose first microbatch is at or after step 100's (a window
+    keeps the weights it starts with); the windows before it hold 0.7 : 0.3 of a window of 32 (22 and 10), those
+    from it on 0.3 : 0.7 (10 and 22), and each component's stream goes on where it stood (no row repeated)."""
+    import json
+
+    from umlos_cuda.batching.plans.kinds import open_plan
+
+    with open(runs["full"] / "mixture.json", encoding="utf-8") as handle:
+        change = json.load(handle)
+    plan = open_plan(runs["full"] / "plan")
+    blend = plan.definition.blend
+    window = change["window"]
+    assert change["first_microbatch"] == int(plan.index[0, window, 0]) >= 2 * 100
+    assert int(plan.index[0, window - 1, 0]) < 2 * 100  # the window before it starts before step 100
+    assert change["first_step"] == change["first_microbatch"] // 2
+    assert {blend.quotas(m) for m in range(window)} == {(22, 10)}
+    assert {blend.quotas(m) for m in range(window, blend.num_windows - 1)} == {(10, 22)}
+    starts = [blend.stream_starts(m) for m in range(blend.num_windows)]
+    assert all(starts[m + 1][i] == starts[m][i] + blend.quotas(m)[i] for m in range(blend.num_windows - 1)
+               for i in range(2))

@@ -16,20 +16,25 @@ empty cache), batches collated by the same ``PlanCollator`` (the peers' samples 
   (the most blocks one window's rows reference);
 * ``streaming``: ``StreamingDataset(shuffle=True, batch_size=32)`` (its default ``py1e`` shuffle), no cache
   limit; ``litdata``: ``StreamingDataset(shuffle=True)`` through its ``StreamingDataLoader``, batch 32;
-* at the latencies of ``--quarter-latency`` only (a small cache can fetch only as far ahead as it has room):
-  ``ours feistel`` with a cache of a quarter of the stored bytes, and ``streaming`` with ``cache_limit`` a
-  quarter of its shards' bytes;
 * ``resumed``: ours, a new reader at rank 0 of 2 from half way through the epoch (a resume at another world
   size): its first batch, and whether the rows before the cursor (world 1) and after it (every rank of 2) are
-  the epoch's rows, each once.
+  the epoch's rows, each once;
+* ``ours feistel, local disk``: the same store on disk, memory-mapped;
+* last, at the latencies of ``--quarter-latency`` only (a small cache can fetch only as far ahead as it has
+  room): ``ours feistel`` with a cache of a quarter of the stored bytes in blocks of ``--quarter-block-kb``,
+  and ``streaming`` with ``cache_limit`` a quarter of its shards' bytes (at least four shards, which it
+  requires), given up after ``--limit-s`` s or a batch slower than ``--stall-s`` s (it thrashes; a reader
+  given up leaves its download threads running, hence last).
 
-Our planned rows' bytes fetched are checked equal to an offline Belady count of the same references before
-anything is printed. Columns: seconds to the first batch, samples/s over the epoch, mean rows per batch,
-bytes fetched (every GET under the reader's prefix, index files included, as the proxy counted them) / bytes
-stored (the files that hold samples: tokens.npy and loss_mask.npy; the shards; the chunks), and mixing: the
+Each of our cold readers' bytes fetched (tokens and loss mask) is checked equal to an offline Belady count of
+the same references before its row is printed. Columns: seconds to the first batch, samples/s over the epoch,
+mean rows per batch, bytes fetched (every GET under the reader's prefix, index files included, as the proxy
+counted them) / bytes stored (the files that hold samples and where each begins: tokens.npy, loss_mask.npy
+and offsets.npy; the shards; the chunks), GETs, and mixing: the
 mean over batches of the fraction of a batch's pairs of samples that lie in the same chunk, one partition for
 every reader (the MDS shard that holds the document); a uniform shuffle in batches of 32 is printed beside
-them. Then ours from local disk, and, from the references alone, Belady's minimum for each order and cache.
+them. Then, from the references alone, Belady's minimum for each order and cache, and the smallest cache
+that fetches each stored byte at most once.
 
 The peers are not the project's dependencies: ``make bench-object-peers-env`` installs the versions measured
 in docs/performance.md, with the few modules they import and none of their other dependencies, into
@@ -365,6 +370,13 @@ def main() -> None:
                 elif name == "litdata":
                     peer_litdata(latency)
             resumed(latency)
+        plan = plans["ours feistel"]
+        sampler = PlanBatchSampler(plan, rank=0, world_size=1)
+        loader = DataLoader(TokenDataset(local, plan=plan), batch_sampler=sampler, collate_fn=collator)
+        first, rate, batches, _ = read_epoch(loader)
+        print(f"{'ours feistel, local disk':28} {'':4} {first:8.3f} {rate:10.0f} "
+              f"{np.mean([b.shape[0] for b in batches]):7.1f} {'':>15} {'':>6} "
+              f"{same_chunk_pairs(batches, shard_of):7.3f}")
         for latency in args.quarter_latency:  # last: Streaming given up leaves its threads behind
             served.proxy.latency = latency / 1000
             ours("ours feistel", latency, stored["ours"] // 4, f"ours feistel, cache 1/4, {args.quarter_block_kb}K",
@@ -373,13 +385,6 @@ def main() -> None:
             limit = max(stored["streaming"] // 4, 4 * max(os.path.getsize(os.path.join(mds, name))
                                                           for name in os.listdir(mds) if name.endswith(".mds")))
             peer_streaming(latency, limit, f"streaming, cache {limit / stored['streaming']:.0%}")
-        plan = plans["ours feistel"]
-        sampler = PlanBatchSampler(plan, rank=0, world_size=1)
-        loader = DataLoader(TokenDataset(local, plan=plan), batch_sampler=sampler, collate_fn=collator)
-        first, rate, batches, _ = read_epoch(loader)
-        print(f"{'ours feistel, local disk':28} {'':4} {first:8.3f} {rate:10.0f} "
-              f"{np.mean([b.shape[0] for b in batches]):7.1f} {'':>15} {'':>6} "
-              f"{same_chunk_pairs(batches, shard_of):7.3f}")
         print("Belady's minimum, fetched / stored (from the references alone):")
         for name in plans:
             cells = [f"{label} {belady_bytes(opened, refs[name], max(cache // block, 1), block) / stored['ours']:.3f}"

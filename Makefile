@@ -59,7 +59,7 @@ LOCK := printf '%s\n' '$(TORCH_CPU)+cpu' pip | $(BIN)/uv pip compile pyproject.t
 	--find-links $(TORCH_CPU_WHEELS) --no-emit-package torch \
 	--custom-compile-command 'make lock' --quiet --output-file constraints.txt
 
-.PHONY: demo test test-latest _test-latest lint lock lock-upgrade bench bench-megatron-env venv clean
+.PHONY: demo test test-latest _test-latest lint lock lock-upgrade bench bench-megatron-env bench-object-peers-env venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -111,6 +111,15 @@ bench: venv
 # megatron-core beside this project, for bench/ only (never a dependency): bench/.venv-megatron, Python 3.12.
 bench-megatron-env:
 	bash bench/megatron/setup.sh
+
+# MosaicML Streaming and LitData beside this project, for bench/bench_object_peers.py only (never a dependency):
+# the versions measured in docs/performance.md and the few modules they import, without their other
+# dependencies, into bench/.peer-objstores (git-ignored), which only that script's PYTHONPATH names.
+PEER_OBJSTORES ?= bench/.peer-objstores
+bench-object-peers-env: venv
+	$(BIN)/python -m pip install --quiet --no-deps --target $(PEER_OBJSTORES) mosaicml-streaming==0.13.0 \
+		litdata==0.2.76 brotli==1.2.1 python-snappy==0.7.3 cramjam==2.14.0 zstd==1.5.7.2 \
+		lightning-utilities==0.15.3 catalogue==2.0.10 tifffile==2026.3.3
 
 clean:
 	rm -rf $(VENV) $(LATEST_VENV) build *.egg-info .pytest_cache .hypothesis .ruff_cache .mypy_cache $(DEMO_WORKDIR)

@@ -68,14 +68,15 @@ def require_moto() -> None:
 
 
 class MotoServer:
-    """moto's S3 server in a child process on a free loopback port (module docstring)."""
+    """moto's S3 server in a child process on a free loopback port (module docstring). ``child`` is the child's
+    code (default :data:`_CHILD`; a bench may patch moto before it serves)."""
 
-    def __init__(self) -> None:
+    def __init__(self, child: str = _CHILD) -> None:
         env = {key: value for key, value in os.environ.items() if not key.startswith("AWS_")}
         # Its log goes to a file: a pipe nobody reads fills after a few hundred requests and stalls the server.
         log_fd, self.log_path = tempfile.mkstemp(prefix="moto-server-", suffix=".log")
         try:
-            self.process = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE,
+            self.process = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE,
                                             stdout=subprocess.PIPE, stderr=log_fd, start_new_session=True, env=env)
         finally:
             os.close(log_fd)
@@ -353,10 +354,11 @@ class ObjectStoreServer:
 
 
 @contextlib.contextmanager
-def object_store_session() -> Iterator[ObjectStoreServer]:
-    """The server and its proxy, the dummy credentials set for the client while they run (module docstring)."""
+def object_store_session(child: str = _CHILD) -> Iterator[ObjectStoreServer]:
+    """The server (its child's code ``child``) and its proxy, the dummy credentials set for the client while they
+    run (module docstring)."""
     require_moto()
-    server = MotoServer()
+    server = MotoServer(child)
     proxy = FaultProxy(server.port)
     with pytest.MonkeyPatch.context() as patch:
         for name, value in DUMMY_CREDENTIALS.items():

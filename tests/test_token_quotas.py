@@ -308,3 +308,67 @@ def test_plan_cut_refuses_a_token_unit_and_takes_samples(tmp_path, capsys):
         err = capsys.readouterr().err
         assert errors.BATCHING_CONFIG_INVALID in err and "sample quotas are its token quotas" in err
     assert main([*args, "--mix-unit", "samples", "--output", str(tmp_path / "cut")]) == 0
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """Two token stores of prompt/response records (loss masks with zeros) and a length cache of the first."""
+    from token_cases import make_store
+
+    root = tmp_path_factory.mktemp("stores")
+    made = []
+    for name, count, seed in (("a", 120, 1), ("b", 40, 2)):
+        (root / name).mkdir()
+        make_store(root / name, count, seed)
+        made.append(str(root / name / "store"))
+    return made
+
+
+def test_loss_token_quotas_equal_the_plain_greedy_over_each_rows_loss_mask(stores):
+    from umlos_cuda.batching.sources import open_source
+
+    sources = [open_source(path) for path in stores]
+    masks = [[int(np.count_nonzero(s.arrays(r)[1])) for r in range(s.count)] for s in sources]
+    assert all(sum(m) < sum(s.take(np.arange(s.count)).tolist()) for m, s in zip(masks, sources))  # prompts masked
+    comps = (Component(sources[0], 1, 1, None, "a"), Component(sources[1], 2, 2, 2, "b"))
+    mixture = MixtureDefinition(_config(), comps, 24, 300, unit="loss_tokens")
+    orders = [mixture.stream_rows(i, 0, 2 * s.count if i else 3 * s.count)[1] for i, s in enumerate(sources)]
+    expected = plain_walk(lambda m: [1, 2], [None, 2 * sources[1].count], 24, 300,
+                          lambda i, t: masks[i][int(orders[i][t])])
+    assert [list(mixture.quotas(m)) for m in range(mixture.num_windows)] == expected
+    tokens = MixtureDefinition(_config(), comps, 24, 300, unit="tokens")
+    assert [tokens.quotas(m) for m in range(tokens.num_windows)] != [mixture.quotas(m)
+                                                                     for m in range(mixture.num_windows)]
+
+
+def test_loss_tokens_refuse_lengths_alone_and_count_a_megatron_prefix_in_full(stores, tmp_path, capsys):
+    from token_cases import random_sequences, write_megatron
+
+    from umlos_cuda.batching import LengthCache
+    from umlos_cuda.cli import main
+
+    with pytest.raises(UmlosError) as info:
+        MixtureDefinition(_config(), (Component(ArrayLengths(np.arange(1, 50)), 1, 1, None, "bare"),), 16, 100,
+                          unit="loss_tokens")
+    assert info.value.code == errors.TOKEN_STORE_NOT_FOUND and "'bare'" in info.value.message
+    assert "--mix-unit tokens" in info.value.message
+    mega = write_megatron(tmp_path / "mega", random_sequences(50, seed=4, high=60))
+    args = ["plan", "build", "--window", "16", "--bucket-edges", "128,512", "--overflow-max", "1024",
+            "--token-budget", "4096", "--num-samples", "200", "--quiet", "--mix", f"{stores[0]}:1", f"{mega}:1"]
+    assert main([*args, "--mix-unit", "loss-tokens", "--output", str(tmp_path / "loss")]) == 0
+    assert main([*args, "--mix-unit", "tokens", "--output", str(tmp_path / "tokens")]) == 0
+    loss, tokens = load_mixed_plan(tmp_path / "loss"), load_mixed_plan(tmp_path / "tokens")
+    assert loss.definition.unit == "loss_tokens" and loss.fingerprint != tokens.fingerprint
+    megatron = (Component(tokens.definition.sources[1], 1, 1, None, "m0"),
+                Component(tokens.definition.sources[1], 3, 2, None, "m1"))
+    pair = [MixtureDefinition(_config(), megatron, 16, 200, unit=unit) for unit in ("tokens", "loss_tokens")]
+    assert pair[0].segments == pair[1].segments  # every token of a Megatron prefix is a loss token
+    capsys.readouterr()
+    assert main(["plan", "info", str(tmp_path / "loss")]) == 0
+    assert "weights count loss tokens" in capsys.readouterr().out
+    cache = str(tmp_path / "a.jsonl")  # the first store's lengths, without its masks
+    LengthCache.from_arrays(None, loss.definition.sources[0].take(np.arange(120)), "t").write(cache)
+    assert main([*args[:-2], f"{cache}:1", f"{mega}:1", "--mix-unit", "loss-tokens",
+                 "--output", str(tmp_path / "bare")]) != 0
+    err = capsys.readouterr().err
+    assert errors.TOKEN_STORE_NOT_FOUND in err and "no loss mask" in err and "'a'" in err

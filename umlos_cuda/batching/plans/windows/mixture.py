@@ -55,6 +55,7 @@ from ..planner import engine_order, order_slice, plan_manifest
 from .blend import (MAX_CAP, MAX_COMPONENTS, MIXTURE_DOMAIN, UNITS, Blend, Part, Segment, allocate,
                     interleave_order, mixture_key_words)
 from ...lengths.sources import LengthSource
+from ...tokens.loss_counts import loss_counter
 from .schedule import MixSchedule
 from .window import DEFAULT_WINDOW, check_windowed_config
 
@@ -98,8 +99,12 @@ class MixedWindow:
 
 
 def unit_counts(components, unit: str) -> list:
-    """Per component, a function of rows giving each row's count in ``unit``: its length (``"tokens"``)."""
-    return [c.source.take for c in components]
+    """Per component, a function of rows giving each row's count in ``unit``: its length (``"tokens"``) or its
+    loss-mask tokens (``"loss_tokens"``, :func:`~...tokens.loss_counts.loss_counter`: TOKEN_STORE_NOT_FOUND for a
+    component read from lengths alone)."""
+    if unit == "tokens":
+        return [c.source.take for c in components]
+    return [loss_counter(c.source, c.name) for c in components]
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from test_mixture_schedules import as_schedule, plain_weights, scheduled
 from umlos_cuda import errors
 from umlos_cuda.batching.plans.config import BatchingConfig
 from umlos_cuda.batching.plans.windows import ArrayLengths
-from umlos_cuda.batching.plans.windows.blend import MAX_TOKEN_WINDOWS, Blend, Part
+from umlos_cuda.batching.plans.windows.blend import MAX_TOKEN_WINDOWS, Blend, Part, token_quotas
 from umlos_cuda.batching.plans.windows.io import load_mixed_plan, save_mixed_plan
 from umlos_cuda.batching.plans.windows.mixed import MixedPlan
 from umlos_cuda.batching.plans.windows.mixture import Component, MixtureDefinition
@@ -146,6 +146,25 @@ def test_each_window_holds_each_component_within_the_stated_bound(case):
         for i in live:
             off = tokens[i] - weights[i] * total / weight
             assert -after[i] <= off <= weights[i] / weight * sum(after.values())
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_a_window_read_from_a_hint_equals_the_plain_greedy(data):
+    """The blend reads each stream for the last window's quota and an eighth more, and further while a component
+    takes all it read: whatever the hint, the quotas are the greedy's over the whole window."""
+    d = data.draw(st.integers(1, 3))
+    size = data.draw(st.integers(1, 400))
+    arrays = [np.asarray(data.draw(st.lists(st.integers(0, data.draw(st.sampled_from([2, 50, 2000]))), min_size=1,
+                                            max_size=300)), dtype=np.int64) for _ in range(d)]
+    weights = [Fraction(data.draw(st.sampled_from([1, 2, 5, 0.25]))) for _ in range(d)]
+    remaining = [data.draw(st.one_of(st.none(), st.integers(1, 2 * size))) for _ in range(d)]
+    starts = [data.draw(st.integers(0, 500)) for _ in range(d)]
+    hint = [data.draw(st.integers(0, size)) for _ in range(d)]
+    lengths = stream_lengths(arrays)
+    got = token_quotas(size, weights, remaining, starts, lengths, hint)
+    assert got == token_quotas(size, weights, remaining, starts, lengths)
+    assert got == plain_window(size, weights, remaining, lambda i, t: int(arrays[i][t % arrays[i].shape[0]]), starts)
 
 
 def _config(seed=11):

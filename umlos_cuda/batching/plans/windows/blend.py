@@ -34,7 +34,7 @@ its earlier quotas, so a change of weights repeats or skips no position of any s
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from math import isfinite, lcm
@@ -111,31 +111,44 @@ def integer_weights(weights: list) -> list[int]:
 
 
 def token_quotas(size: int, weights: list, remaining: list[int | None], starts: list[int],
-                 lengths: StreamLengths) -> list[int]:
+                 lengths: StreamLengths, hint: Sequence[int] | None = None) -> list[int]:
     """The quotas of a window of ``size`` places whose weights count tokens (module docstring): the greedy that
     gives each place to the live component with the smallest ``(T_i + l_i) / w_i`` (``T_i`` its tokens taken in
     the window, ``l_i`` the length of its next stream sample; ties to the lower index). Each component's keys
     ``prefix_i(k) / w_i`` (its running token count after ``k + 1`` samples) only grow, so the greedy is the merge of
     every component's keys (a stable sort, components in index order) and its first ``size`` keys are the window's;
-    compared exactly, on int64 when the products fit and on Python integers otherwise."""
+    compared exactly, on int64 when the products fit and on Python integers otherwise.
+
+    ``hint``: the last window's quotas. Each stream's lengths are read for its hint and an eighth more (at least 64)
+    instead of ``size``; a component that takes every length read, with more left, is read twice as far and the
+    merge done again (its unread keys are larger than its read ones, so one that did not take them all is done)."""
     ints = integer_weights(weights)
     live = [i for i, left in enumerate(remaining) if (left is None or left > 0) and ints[i] > 0]
     scale = lcm(*(ints[i] for i in live))
-    prefixes = []
-    for i in live:
-        left = remaining[i]
-        count = size if left is None else min(size, left)
-        prefixes.append(np.cumsum(np.asarray(lengths(i, starts[i], count), dtype=np.int64)))
-    top = max(int(p[-1]) * (scale // ints[i]) for i, p in zip(live, prefixes))
-    if top < 1 << 62:
-        keys = np.concatenate([p * (scale // ints[i]) for i, p in zip(live, prefixes)])
-    else:  # weights whose common denominator is large (floats taken exactly): Python integers, exact and slower
-        keys = np.concatenate([np.array([int(v) * (scale // ints[i]) for v in p.tolist()], dtype=object)
-                               for i, p in zip(live, prefixes)])
-    owner = np.repeat(np.arange(len(live)), [p.shape[0] for p in prefixes])
-    taken = np.bincount(owner[np.argsort(keys, kind="stable")[:size]], minlength=len(live))
+    ends = {i: size if (left := remaining[i]) is None else min(size, left) for i in live}
+    read = {i: ends[i] if hint is None else min(ends[i], hint[i] + max(64, hint[i] // 8)) for i in live}
+    held = {i: np.zeros(0, dtype=np.int64) for i in live}
+    while True:
+        for i in live:
+            if held[i].shape[0] < read[i]:
+                more = np.asarray(lengths(i, starts[i] + held[i].shape[0], read[i] - held[i].shape[0]), dtype=np.int64)
+                held[i] = np.concatenate((held[i], more))
+        prefixes = [np.cumsum(held[i]) for i in live]
+        top = max(int(p[-1]) * (scale // ints[i]) for i, p in zip(live, prefixes))
+        if top < 1 << 62:
+            keys = np.concatenate([p * (scale // ints[i]) for i, p in zip(live, prefixes)])
+        else:  # weights whose common denominator is large (floats taken exactly): Python integers, exact, slower
+            keys = np.concatenate([np.array([int(v) * (scale // ints[i]) for v in p.tolist()], dtype=object)
+                                   for i, p in zip(live, prefixes)])
+        owner = np.repeat(np.arange(len(live)), [p.shape[0] for p in prefixes])
+        taken = np.bincount(owner[np.argsort(keys, kind="stable")[:size]], minlength=len(live)).tolist()
+        short = [i for i, q in zip(live, taken) if q == read[i] < ends[i]]
+        if not short:
+            break
+        for i in short:
+            read[i] = min(ends[i], 2 * read[i])
     quotas = [0] * len(remaining)
-    for i, q in zip(live, taken.tolist()):
+    for i, q in zip(live, taken):
         quotas[i] = q
     return quotas
 
@@ -166,7 +179,7 @@ def schedule(window: int, num_samples: int | None, weights: list,
         if size <= 0:
             break
         if lengths is not None:
-            quotas = token_quotas(size, weights, remaining, starts, lengths)
+            quotas = token_quotas(size, weights, remaining, starts, lengths, segments[-1].quotas if segments else None)
         else:
             quotas = allocate(size, weights, remaining)
         count = 1

@@ -12,7 +12,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from test_mixture_schedules import as_schedule, plain_weights, scheduled
+from test_mixture_schedules import as_schedule, assert_resumes_at_any_step, plain_weights, plain_windows, scheduled
 
 from umlos_cuda import errors
 from umlos_cuda.batching.plans.config import BatchingConfig
@@ -21,7 +21,6 @@ from umlos_cuda.batching.plans.windows.blend import MAX_TOKEN_WINDOWS, Blend, Pa
 from umlos_cuda.batching.plans.windows.io import load_mixed_plan, save_mixed_plan
 from umlos_cuda.batching.plans.windows.mixed import MixedPlan
 from umlos_cuda.batching.plans.windows.mixture import Component, MixtureDefinition
-from umlos_cuda.batching.plans.windows.resume import WindowedRankReader
 from umlos_cuda.errors import UmlosError
 
 
@@ -46,32 +45,9 @@ def plain_window(size, weights, left, lengths, starts):
 
 
 def plain_walk(weights_of, supplies, window, num_samples, lengths):
-    """Every window's quotas, the windows one by one (sizes as every mixture's: ``min(W, samples left, supply
-    left)``, a short window the last)."""
-    left = list(supplies)
-    starts = [0] * len(supplies)
-    out, done, m = [], 0, 0
-    while True:
-        weights = weights_of(m)
-        live = [i for i, w in enumerate(weights) if w > 0 and (left[i] is None or left[i] > 0)]
-        if not live:
-            break
-        size = window if num_samples is None else min(window, num_samples - done)
-        if all(left[i] is not None for i in live):
-            size = min(size, sum(left[i] for i in live))
-        if size <= 0:
-            break
-        q = plain_window(size, weights, left, lengths, starts)
-        out.append(q)
-        for i, qi in enumerate(q):
-            starts[i] += qi
-            if left[i] is not None:
-                left[i] -= qi
-        done += size
-        m += 1
-        if size < window:
-            break
-    return out
+    """Every window's quotas by :func:`plain_window`, the windows one by one (sized as every mixture's)."""
+    return plain_windows(weights_of, supplies, window, num_samples,
+                         lambda size, weights, left, live, starts: plain_window(size, weights, left, lengths, starts))
 
 
 def stream_lengths(arrays):
@@ -226,16 +202,7 @@ def test_a_token_quota_plan_resumes_at_any_step_and_world_size(case, world, data
         definition = MixtureDefinition(_config(), comps, window, num_samples, as_schedule(pieces), "tokens")
     except UmlosError:
         return
-    plan = MixedPlan.build(definition, backend="numpy")
-    full = [spec for _, spec in plan.iter_from(0)]
-    stop = data.draw(st.integers(0, plan.num_microbatches))
-    reader = WindowedRankReader(plan, 0, 1)
-    steps = iter(reader)
-    for _ in range(stop):
-        next(steps)
-    rest = [item for rank in range(world) for item in WindowedRankReader.resume(plan, reader.cursor(), rank, world)]
-    assert sorted(k for _, k, _ in rest) == list(range(stop, plan.num_microbatches))
-    assert all(spec == full[k] for _, k, spec in rest)
+    assert_resumes_at_any_step(definition, world, data)
 
 
 def _mixture(unit="samples", num_samples=400):

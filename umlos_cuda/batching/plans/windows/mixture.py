@@ -29,9 +29,12 @@ The rules (docs/batching.md, "Weighted mixtures", normative):
   orders them (ties by component). Every prefix of a window thus holds each
   component in proportion, within one sample.
 
-Under a schedule (:mod:`.schedule`, docs/batching.md "Mixture schedules and token
-quotas") window ``m``'s weights are the schedule's at its first position.
-The quotas change only when a capped component runs out (or the schedule changes), so the whole mixture is
+Under a schedule (:mod:`.schedule`, docs/batching.md "Mixture schedules")
+window ``m``'s weights are the schedule's at its first position. With ``unit``
+``"tokens"`` or ``"loss_tokens"`` (docs/batching.md, "Token quotas") the weights
+count each sample's tokens or loss tokens: the blend shares each window's places
+by its greedy over the streams' counts, each window a segment of its own.
+Otherwise the quotas change only when a capped component runs out (or the schedule changes), so the whole mixture is
 a table of at most ``2 D + 1`` segments of identical windows (``D`` components),
 computed when the definition is made: window ``m``'s quotas and stream starts are
 O(1) from it, and nothing else is stored. The quotas, the segments and the merge are

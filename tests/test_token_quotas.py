@@ -7,6 +7,7 @@ the skew at 1:1 sample weights fixed; the command line."""
 from __future__ import annotations
 
 import json
+import shutil
 from fractions import Fraction
 
 import numpy as np
@@ -358,3 +359,22 @@ def test_loss_tokens_refuse_lengths_alone_and_count_a_megatron_prefix_in_full(st
                  "--output", str(tmp_path / "bare")]) != 0
     err = capsys.readouterr().err
     assert errors.TOKEN_STORE_NOT_FOUND in err and "no loss mask" in err and "'a'" in err
+
+
+def test_loss_counts_of_a_store_a_sharded_store_and_any_token_source_are_each_rows_mask(stores, tmp_path,
+                                                                                         monkeypatch):
+    from umlos_cuda.batching.sources import open_source
+    from umlos_cuda.batching.tokens import loss_counts
+    from umlos_cuda.batching.tokens.adopt import append_shards
+
+    monkeypatch.setattr(loss_counts, "PIECE_TOKENS", 37)  # many pieces, rows across their edges
+    shutil.copytree(stores[0], tmp_path / "copy")
+    append_shards(tmp_path / "sharded", [tmp_path / "copy"], create=True)  # adopts (moves) the copy
+    flat, sharded = open_source(stores[0]), open_source(str(tmp_path / "sharded"))
+    rows = np.random.default_rng(1).integers(0, flat.count, 500)
+    expected = [int(np.count_nonzero(flat.arrays(int(r))[1])) for r in rows]
+
+    class RowsOnly:  # a token source with neither flat masks nor shards: counted row by row
+        arrays = staticmethod(flat.arrays)
+    for source in (flat, sharded, RowsOnly()):
+        assert loss_counts.loss_counter(source, "a")(rows).tolist() == expected

@@ -378,3 +378,12 @@ def test_loss_counts_of_a_store_a_sharded_store_and_any_token_source_are_each_ro
         arrays = staticmethod(flat.arrays)
     for source in (flat, sharded, RowsOnly()):
         assert loss_counts.loss_counter(source, "a")(rows).tolist() == expected
+
+
+def test_windows_in_a_row_with_equal_quotas_share_a_segment():
+    comps = (Component(ArrayLengths(np.full(90, 5)), 1, 1, None, "five"),
+             Component(ArrayLengths(np.full(70, 20)), 1, 2, None, "twenty"))
+    mixture = MixtureDefinition(_config(), comps, 10, 95, unit="tokens")  # 9 windows of 10, then one of 5
+    assert [(s.first, s.windows, s.size, s.quotas) for s in mixture.segments] == [(0, 9, 10, (8, 2)),
+                                                                                  (9, 1, 5, (4, 1))]
+    assert [mixture.stream_starts(m) for m in (0, 4, 9)] == [(0, 0), (32, 8), (72, 18)]

@@ -58,7 +58,7 @@ MAX_CAP = 1 << 32
 MIXTURE_DOMAIN = 0x4D495821
 #: What a mixture's weights count: samples (the largest-remainder quotas), tokens or loss-bearing tokens.
 UNITS = ("samples", "tokens", "loss_tokens")
-#: Most windows a token-unit blend may have (each is a segment of its own, its quotas computed from its streams'
+#: Most windows a token-unit blend may have (each may be a segment of its own, its quotas computed from its streams'
 #: lengths when the mixture is defined or opened).
 MAX_TOKEN_WINDOWS = 1 << 18
 #: ``lengths(i, start, count)``: the lengths (in the weights' unit) of stream ``i``'s positions ``start ..``.
@@ -192,7 +192,11 @@ def schedule(window: int, num_samples: int | None, weights: list,
             if change is not None:
                 bounds.append(change - m)
             count = max(min(bounds), 1) if bounds else 1
-        segments.append(Segment(m, count, size, tuple(quotas), tuple(starts)))
+        last = segments[-1] if segments else None
+        if lengths is not None and last is not None and (last.size, last.quotas) == (size, tuple(quotas)):
+            segments[-1] = Segment(last.first, last.windows + 1, size, last.quotas, last.starts)  # equal windows
+        else:
+            segments.append(Segment(m, count, size, tuple(quotas), tuple(starts)))
         for i, q in enumerate(quotas):
             starts[i] += count * q
             if remaining[i] is not None:
@@ -281,8 +285,8 @@ def _check_token_windows(window: int, num_samples: int | None, supplies: tuple[i
     windows = -(-places // window)
     if windows > MAX_TOKEN_WINDOWS:
         raise config_error(f"a mixture whose weights count tokens may have at most {MAX_TOKEN_WINDOWS} windows "
-                           f"(each is a segment of its own); {places} samples in windows of {window} are {windows}: "
-                           "a larger window")
+                           f"(each may be a segment of its own); {places} samples in windows of {window} are "
+                           f"{windows}: a larger window")
 
 
 @dataclass(frozen=True)

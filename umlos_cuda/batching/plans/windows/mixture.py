@@ -33,7 +33,8 @@ Under a schedule (:mod:`.schedule`, docs/batching.md "Mixture schedules")
 window ``m``'s weights are the schedule's at its first position. With ``unit``
 ``"tokens"`` or ``"loss_tokens"`` (docs/batching.md, "Token quotas") the weights
 count each sample's tokens or loss tokens: the blend shares each window's places
-by its greedy over the streams' counts, each window a segment of its own.
+by its greedy over the streams' counts, window by window (windows in a row with
+equal quotas share a segment).
 Otherwise the quotas change only when a capped component runs out (or the schedule changes), so the whole mixture is
 a table of at most ``2 D + 1`` segments of identical windows (``D`` components),
 computed when the definition is made: window ``m``'s quotas and stream starts are

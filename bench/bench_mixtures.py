@@ -16,10 +16,12 @@ largest time: one mixed window planned each), and one mixed window's order alone
 ``--schedule scheduled`` gives the mixture a schedule (docs/batching.md, "Mixture schedules") instead
 of its fixed weights: d2 joins at 10 % of the samples, the weights ramp from 0.5, 0.3, 0.2 to 0.3, 0.3,
 0.4 until 60 % (a segment per window), and d1 retires at 80 %; ``--schedule both`` runs the fixed and the
-scheduled mixture each in its own fresh interpreter and prints both rows and their ratios.
+scheduled mixture each in its own fresh interpreter and prints both rows and their ratios. ``--unit tokens``
+counts the weights in tokens (docs/batching.md, "Token quotas": each window's quotas from its streams' lengths,
+computed in the definition, which a reopened plan pays again).
 
     python bench/bench_mixtures.py [--documents 10000000] [--samples 10000000] [--window 65536] [--cap 2]
-        [--schedule fixed|scheduled|both]
+        [--schedule fixed|scheduled|both] [--unit samples|tokens]
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ def child(spec: dict) -> dict:
                        for i, w in enumerate((0.5, 0.3, 0.2)))
     schedule = scheduled_weights(spec["samples"]) if spec["schedule"] == "scheduled" else None
     started = time.perf_counter()
-    definition = MixtureDefinition(config, components, spec["window"], spec["samples"], schedule)
+    definition = MixtureDefinition(config, components, spec["window"], spec["samples"], schedule,
+                                   spec.get("unit", "samples"))
     defined = time.perf_counter() - started
     plan = MixedPlan.build(definition)
     built = time.perf_counter() - started
@@ -113,6 +116,7 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=50)
     parser.add_argument("--mapped", default=None, metavar="DIR", help="map sidecars written in DIR (kept)")
     parser.add_argument("--schedule", choices=("fixed", "scheduled", "both"), default="fixed")
+    parser.add_argument("--unit", choices=("samples", "tokens"), default="samples")
     parser.add_argument("--child", default=None)
     args = parser.parse_args()
     if args.child is not None:
@@ -134,7 +138,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for kind in kinds:
         spec = {"documents": args.documents, "samples": args.samples, "window": args.window, "cap": args.cap,
-                "draws": args.draws, "mapped": args.mapped, "schedule": kind}
+                "draws": args.draws, "mapped": args.mapped, "schedule": kind, "unit": args.unit}
         out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], check=True,
                              capture_output=True, text=True, env=env).stdout
         r = rows[kind] = json.loads(out.strip().splitlines()[-1])

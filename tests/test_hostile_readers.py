@@ -1410,6 +1410,27 @@ SCHEDULE_CASES = [
 ]
 
 
+
+def _with(make, *extra: str):
+    """The argv ``make`` builds with ``extra`` options after it."""
+    return lambda world, here: (*make(world, here), *extra)
+
+
+def _mixed_unit(unit):
+    """The mixed plan's meta.json given ``mixture.unit`` (a plan counted in samples records none)."""
+    return _mixed(lambda h: edit_json(h / "mixed" / "meta.json", lambda m: m["mixture"].update(unit=unit)))
+
+
+UNIT_CASES = [
+    Case("traceback/mixed-plan-meta-unit-a-list", _mixed_unit([1]), (WP,), "meta.json"),
+    Case("traceback/mixed-plan-meta-unit-samples-recorded", _mixed_unit("samples"), (WP,), "meta.json"),
+    Case("traceback/mixed-plan-meta-unit-added", _mixed_unit("tokens"), (errors.PLAN_FINGERPRINT_MISMATCH,)),
+    Case("traceback/mixed-plan-build-loss-tokens-over-a-length-cache",
+         _with(_window_build(lambda h: None, "lengths.jsonl", mix=True), "--mix-unit", "loss-tokens"),
+         (errors.TOKEN_STORE_NOT_FOUND,), "lengths.jsonl"),
+    Case("traceback/plan-cut-mix-unit-tokens", _with(_plan_cut_mix(lambda h: None), "--mix-unit", "tokens"), (BC,)),
+]
+
 MIXED_CASES = [
     Case("hang/mixed-plan-info-fifo-meta-json", _mixed_cli("info", lambda h: fifo(h / "mixed" / "meta.json")),
          (WP,), "meta.json"),
@@ -2796,7 +2817,7 @@ EDIT_CASES = [
 
 
 CASES += WINDOWED_CASES + SEQUENCES_CASES + EXPLAIN_CASES + EDIT_CASES
-CASES += MIXED_CASES + MIXED_SEQUENCES_CASES + MIXED_BATCH_CASES + SCHEDULE_CASES
+CASES += MIXED_CASES + MIXED_SEQUENCES_CASES + MIXED_BATCH_CASES + SCHEDULE_CASES + UNIT_CASES
 CASES += TOKEN_SOURCE_CASES
 CASES += TRUNCATION_AND_ROW_CASES
 CASES += SILENT_ACCEPTANCE_CASES

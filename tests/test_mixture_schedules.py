@@ -1,4 +1,4 @@
-"""Mixture schedules (docs/batching.md, "Mixture schedules and token quotas"): the blend under a schedule
+"""Mixture schedules (docs/batching.md, "Mixture schedules"): the blend under a schedule
 against a plain Python walk over the windows that evaluates the pieces itself (held and ramped weights at
 each window's first position, a weight of 0 taking nothing), every stream read once in order across weight
 changes, joins and retirements, the sample mixture's rows per component epoch, resume at any world size,
@@ -41,10 +41,22 @@ def plain_weights(pieces, position):
 def plain_scheduled(pieces, per_epoch, caps, window, num_samples):
     """Each window's quotas, walking the windows one by one: weights at the window's first position, a component
     of weight 0 or with nothing left takes nothing, a short window is the last."""
-    left = [None if c is None else c * n for c, n in zip(caps, per_epoch)]
+    def share(size, weights, left, live, starts):
+        masked = [left[i] if i in live else 0 for i in range(len(weights))]
+        return plain_quotas(size, [w if w > 0 else 1 for w in weights], masked)
+    return plain_windows(lambda m: plain_weights(pieces, m * window),
+                         [None if c is None else c * n for c, n in zip(caps, per_epoch)], window, num_samples, share)
+
+
+def plain_windows(weights_of, supplies, window, num_samples, share):
+    """The windows one by one, each sized as every mixture's (``min(W, samples left, supply left)``, a short window
+    the last) and shared by ``share(size, weights, left, live, starts)`` (the quotas, given what each stream has
+    left and where it stands); a component of weight 0 or with nothing left is not live."""
+    left = list(supplies)
+    starts = [0] * len(left)
     out, done, m = [], 0, 0
     while True:
-        weights = plain_weights(pieces, m * window)
+        weights = weights_of(m)
         live = [i for i, w in enumerate(weights) if w > 0 and (left[i] is None or left[i] > 0)]
         if not live:
             break
@@ -53,10 +65,10 @@ def plain_scheduled(pieces, per_epoch, caps, window, num_samples):
             size = min(size, sum(left[i] for i in live))
         if size <= 0:
             break
-        masked = [left[i] if i in live else 0 for i in range(len(weights))]
-        q = plain_quotas(size, [w if w > 0 else 1 for w in weights], masked)
+        q = share(size, weights, left, live, starts)
         out.append(q)
         for i, qi in enumerate(q):
+            starts[i] += qi
             if left[i] is not None:
                 left[i] -= qi
         done += size
@@ -165,6 +177,11 @@ def test_a_scheduled_plan_resumes_at_any_step_and_world_size(case, world, data):
         definition = MixtureDefinition(config, comps, window, num_samples, as_schedule(pieces))
     except UmlosError:
         return
+    assert_resumes_at_any_step(definition, world, data)
+
+
+def assert_resumes_at_any_step(definition, world, data):
+    """A mixed plan stopped at a step drawn from ``data`` resumes on ``world`` ranks to the uninterrupted run."""
     plan = MixedPlan.build(definition, backend="numpy")
     full = [spec for _, spec in plan.iter_from(0)]
     stop = data.draw(st.integers(0, plan.num_microbatches))

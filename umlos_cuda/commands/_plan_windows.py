@@ -59,7 +59,8 @@ def run_cut(args) -> int:
     from ..files.writer import check_output_folder
     from ._progress import Progress
 
-    if args.mix is not None or args.num_samples is not None or args.mix_schedule is not None:
+    if args.mix is not None or args.num_samples is not None or args.mix_schedule is not None \
+            or args.mix_unit is not None:
         return _cut_mixed(args)
     if args.tokens is None:
         from ..batching.plans.buckets import config_error
@@ -100,7 +101,11 @@ def _cut_mixed(args) -> int:
 
     if args.mix is None or args.tokens is not None or args.epochs != 1:
         raise config_error("--mix takes no --source or --epochs (caps and --num-samples decide its length); "
-                           "--num-samples and --mix-schedule need --mix")
+                           "--num-samples, --mix-schedule and --mix-unit need --mix")
+    if args.mix_unit not in (None, "samples"):
+        raise config_error(f"--mix-unit {args.mix_unit}: a mixture of pretraining sequences counts samples only; "
+                           "every sequence holds sequence_length + 1 tokens, so its sample quotas are its token "
+                           "quotas already (token quotas are for plan build --window --mix)")
     entries = parse_mix(args.mix, args.seed)
     paths = [path for path, *_ in entries]
     check_output_folder(args.output, MIXED_SEQUENCES, force=args.force,
@@ -201,8 +206,9 @@ def build_mixed(args, config) -> int:
     from ..files.writer import check_output_folder
     from ._progress import Progress
 
-    if args.mix_schedule is not None and args.mix is None:
-        raise config_error("--mix-schedule needs --mix")
+    for flag, value in (("--mix-schedule", args.mix_schedule), ("--mix-unit", args.mix_unit)):
+        if value is not None and args.mix is None:
+            raise config_error(f"{flag} needs --mix")
     if args.mix is None or args.window is None or args.lengths is not None or args.epochs != 1:
         raise config_error("--mix needs --window and takes no --source or --epochs (caps and --num-samples "
                            "decide its length); --num-samples needs --mix")
@@ -218,7 +224,8 @@ def build_mixed(args, config) -> int:
                   for (path, weight, cap, seed), name in zip(entries, names)]
     schedule = None if args.mix_schedule is None else \
         read_schedule(args.mix_schedule, names, [Fraction(weight) for _, weight, *_ in entries])
-    definition = MixtureDefinition(config, tuple(components), args.window, args.num_samples, schedule)
+    unit = (args.mix_unit or "samples").replace("-", "_")
+    definition = MixtureDefinition(config, tuple(components), args.window, args.num_samples, schedule, unit)
     progress = Progress(definition.num_windows, f"plan {args.output}", enabled=not args.quiet)
     plan = MixedPlan.build(definition, progress=lambda done, _: progress.update(done))
     save_mixed_plan(plan, args.output, force=args.force, inputs=inputs)

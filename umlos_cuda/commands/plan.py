@@ -50,7 +50,12 @@ def register(subparsers) -> None:
     source.add_argument("--mix-schedule", metavar="FILE",
                         help="with --mix: a JSON file of the weights over the mixture's samples or steps (pieces held "
                         "or ramped; a weight of 0 before a component joins or after it retires) (docs/batching.md, "
-                        "Mixture schedules and token quotas)")
+                        "Mixture schedules)")
+    source.add_argument("--mix-unit", choices=("samples", "tokens", "loss-tokens"),
+                        help="with --mix: what the weights count: samples (the default), tokens or loss-bearing "
+                        "tokens (each window's samples shared so each dataset's tokens are in proportion, within one "
+                        "sample's length; loss-tokens needs token stores with loss masks) (docs/batching.md, Token "
+                        "quotas)")
     microbatches = build.add_argument_group("microbatches")
     microbatches.add_argument("--token-budget", required=True, type=positive_int("token budget"), metavar="T",
                               help="padded tokens per microbatch")
@@ -113,7 +118,10 @@ def register(subparsers) -> None:
                      help="with --mix: the mixture's samples (default: until every capped dataset runs out)")
     cut.add_argument("--mix-schedule", metavar="FILE",
                      help="with --mix: a JSON file of the weights over the mixture's samples or steps "
-                     "(docs/batching.md, Mixture schedules and token quotas)")
+                     "(docs/batching.md, Mixture schedules)")
+    cut.add_argument("--mix-unit", choices=("samples", "tokens", "loss-tokens"),
+                     help="with --mix: only samples (the default): every sequence holds the same tokens, so a token "
+                     "quota is the sample quota (docs/batching.md, Token quotas)")
     cut.add_argument("--show", type=non_negative_int("--show"), metavar="K",
                      help="print sample K of epoch 0 (of the mixture, with --mix)")
     cut.add_argument("--output", required=True, metavar="DIR", help="the folder to create")
@@ -287,7 +295,8 @@ def run_build(args) -> int:
                             profile=(BatchingProfile.PREDICTABLE if args.pad_policy == "pad_to_bucket"
                                      else BatchingProfile.THROUGHPUT),
                             pack=pack, order=order, **_selection(args))
-    if args.mix is not None or args.num_samples is not None or args.mix_schedule is not None:
+    if args.mix is not None or args.num_samples is not None or args.mix_schedule is not None \
+            or args.mix_unit is not None:
         return build_mixed(args, config)
     if args.lengths is None:
         raise config_error("--source is required (unless --mix)")

@@ -16,4 +16,5 @@ Modules:
     sources   open any of them as a token source (whole, for collation)
     offsets   a token store's and a sharded store's lengths from their mapped offsets, by rows
     mapped    a Megatron pair read by rows (``umlos_cuda.batching.sources`` opens plans' sources with both)
+    loss_counts  each row's loss tokens (its loss mask's non-zero values), what token quotas count in
 """

@@ -33,7 +33,7 @@ def report(folder, *, world_size: int | None = None, rank: int | None = None) ->
     pack = d.config.pack
     out = {"plan": str(folder), "kind": KIND.name, "fingerprint": plan.fingerprint, "config": d.config.to_dict(),
            "pack_config": None if pack is None else pack.to_dict(), "window": d.window, "samples": d.total,
-           "windows": d.num_windows,
+           "windows": d.num_windows, "unit": d.unit,
            "components": [{"name": c.name, "weight": c.weight, "seed": c.seed, "max_epochs": c.max_epochs,
                            "count": c.source.count} for c in d.components],
            "segments": [{"first": s.first, "windows": s.windows, "size": s.size, "quotas": list(s.quotas)}
@@ -50,7 +50,8 @@ def report(folder, *, world_size: int | None = None, rank: int | None = None) ->
 def lines(report: dict) -> list[str]:
     """The text of ``plan info`` for :func:`report`'s dict."""
     out = [f"mixed plan {report['plan']}: {report['samples']} samples in {report['windows']} windows of "
-           f"{report['window']}, fingerprint {report['fingerprint']}"]
+           f"{report['window']}, fingerprint {report['fingerprint']}",
+           f"  weights count {report['unit'].replace('_', ' ')}"]
     packing = report["pack_config"]
     if packing is not None:
         out.append(f"  packed: {packing['mode']}, rows of {packing['max_length']} tokens, separator "

@@ -34,6 +34,7 @@ its earlier quotas, so a change of weights repeats or skips no position of any s
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from math import isfinite, lcm
@@ -55,6 +56,13 @@ MAX_COMPONENTS = 1 << 12
 MAX_CAP = 1 << 32
 #: Philox domain of the mixture's interleaving jitter ("MIX!"; the planner's is "PLAN").
 MIXTURE_DOMAIN = 0x4D495821
+#: What a mixture's weights count: samples (the largest-remainder quotas), tokens or loss-bearing tokens.
+UNITS = ("samples", "tokens", "loss_tokens")
+#: Most windows a token-unit blend may have (each may be a segment of its own, its quotas computed from its streams'
+#: lengths when the mixture is defined or opened).
+MAX_TOKEN_WINDOWS = 1 << 18
+#: ``lengths(i, start, count)``: the lengths (in the weights' unit) of stream ``i``'s positions ``start ..``.
+StreamLengths = Callable[[int, int, int], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -75,8 +83,7 @@ def allocate(size: int, weights: list, remaining: list[int | None]) -> list[int]
     going one each to the largest remainders (ties to the lower index); a capped component given more than it
     has left gets what it has left and is taken out, and the rest is allocated again among the others.
     ``weights``: exact rationals or integers, computed on integers over their common denominator."""
-    scale = lcm(*(w.denominator for w in weights))
-    ints = [w.numerator * (scale // w.denominator) for w in weights]
+    ints = integer_weights(weights)
     quotas = [0] * len(ints)
     active = [i for i, left in enumerate(remaining) if (left is None or left > 0) and ints[i] > 0]
     while active and size:
@@ -85,7 +92,7 @@ def allocate(size: int, weights: list, remaining: list[int | None]) -> list[int]
         spare = size - sum(share.values())
         for i in sorted(active, key=lambda i: (-(size * ints[i] % total), i))[:spare]:
             share[i] += 1
-        over = [i for i in active if remaining[i] is not None and share[i] > remaining[i]]
+        over = [i for i in active if (left := remaining[i]) is not None and share[i] > left]
         if not over:
             for i in active:
                 quotas[i] = share[i]
@@ -97,11 +104,62 @@ def allocate(size: int, weights: list, remaining: list[int | None]) -> list[int]
     return quotas
 
 
+def integer_weights(weights: list) -> list[int]:
+    """Exact rational (or integer) weights as integers in the same ratio: over their common denominator."""
+    scale = lcm(*(w.denominator for w in weights))
+    return [w.numerator * (scale // w.denominator) for w in weights]
+
+
+def token_quotas(size: int, weights: list, remaining: list[int | None], starts: list[int],
+                 lengths: StreamLengths, hint: Sequence[int] | None = None) -> list[int]:
+    """The quotas of a window of ``size`` places whose weights count tokens (module docstring): the greedy that
+    gives each place to the live component with the smallest ``(T_i + l_i) / w_i`` (``T_i`` its tokens taken in
+    the window, ``l_i`` the length of its next stream sample; ties to the lower index). Each component's keys
+    ``prefix_i(k) / w_i`` (its running token count after ``k + 1`` samples) only grow, so the greedy is the merge of
+    every component's keys (a stable sort, components in index order) and its first ``size`` keys are the window's;
+    compared exactly, on int64 when the products fit and on Python integers otherwise.
+
+    ``hint``: the last window's quotas. Each stream's lengths are read for its hint and an eighth more (at least 64)
+    instead of ``size``; a component that takes every length read, with more left, is read twice as far and the
+    merge done again (its unread keys are larger than its read ones, so one that did not take them all is done)."""
+    ints = integer_weights(weights)
+    live = [i for i, left in enumerate(remaining) if (left is None or left > 0) and ints[i] > 0]
+    scale = lcm(*(ints[i] for i in live))
+    ends = {i: size if (left := remaining[i]) is None else min(size, left) for i in live}
+    read = {i: ends[i] if hint is None else min(ends[i], hint[i] + max(64, hint[i] // 8)) for i in live}
+    held = {i: np.zeros(0, dtype=np.int64) for i in live}
+    while True:
+        for i in live:
+            if held[i].shape[0] < read[i]:
+                more = np.asarray(lengths(i, starts[i] + held[i].shape[0], read[i] - held[i].shape[0]), dtype=np.int64)
+                held[i] = np.concatenate((held[i], more))
+        prefixes = [np.cumsum(held[i]) for i in live]
+        top = max(int(p[-1]) * (scale // ints[i]) for i, p in zip(live, prefixes))
+        if top < 1 << 62:
+            keys = np.concatenate([p * (scale // ints[i]) for i, p in zip(live, prefixes)])
+        else:  # weights whose common denominator is large (floats taken exactly): Python integers, exact, slower
+            keys = np.concatenate([np.array([int(v) * (scale // ints[i]) for v in p.tolist()], dtype=object)
+                                   for i, p in zip(live, prefixes)])
+        owner = np.repeat(np.arange(len(live)), [p.shape[0] for p in prefixes])
+        taken = np.bincount(owner[np.argsort(keys, kind="stable")[:size]], minlength=len(live)).tolist()
+        short = [i for i, q in zip(live, taken) if q == read[i] < ends[i]]
+        if not short:
+            break
+        for i in short:
+            read[i] = min(ends[i], 2 * read[i])
+    quotas = [0] * len(remaining)
+    for i, q in zip(live, taken):
+        quotas[i] = q
+    return quotas
+
+
 def schedule(window: int, num_samples: int | None, weights: list,
-             supplies: list[int | None], plan: MixSchedule | None = None) -> tuple[tuple[Segment, ...], int]:
+             supplies: list[int | None], plan: MixSchedule | None = None,
+             lengths: StreamLengths | None = None) -> tuple[tuple[Segment, ...], int]:
     """The segments of identical windows (module docstring) and the mixture's total number of places;
     ``supplies[i]``: the positions component ``i``'s stream holds (None: no end); ``plan``: the weights of each
-    window instead of ``weights`` (:mod:`.schedule`). A short window is the last."""
+    window instead of ``weights`` (:mod:`.schedule`); ``lengths``: the weights count tokens (each window its own
+    segment, :func:`token_quotas`). A short window is the last."""
     remaining = list(supplies)
     starts = [0] * len(supplies)
     segments: list[Segment] = []
@@ -120,9 +178,12 @@ def schedule(window: int, num_samples: int | None, weights: list,
             size = min(size, supply)
         if size <= 0:
             break
-        quotas = allocate(size, weights, remaining)
+        if lengths is not None:
+            quotas = token_quotas(size, weights, remaining, starts, lengths, segments[-1].quotas if segments else None)
+        else:
+            quotas = allocate(size, weights, remaining)
         count = 1
-        if size == window:
+        if size == window and lengths is None:
             bounds = [remaining[i] // quotas[i] for i in live  # type: ignore[operator]
                       if remaining[i] is not None and quotas[i]]
             if num_samples is not None:
@@ -131,7 +192,11 @@ def schedule(window: int, num_samples: int | None, weights: list,
             if change is not None:
                 bounds.append(change - m)
             count = max(min(bounds), 1) if bounds else 1
-        segments.append(Segment(m, count, size, tuple(quotas), tuple(starts)))
+        last = segments[-1] if segments else None
+        if lengths is not None and last is not None and (last.size, last.quotas) == (size, tuple(quotas)):
+            segments[-1] = Segment(last.first, last.windows + 1, size, last.quotas, last.starts)  # equal windows
+        else:
+            segments.append(Segment(m, count, size, tuple(quotas), tuple(starts)))
         for i, q in enumerate(quotas):
             starts[i] += count * q
             if remaining[i] is not None:
@@ -213,19 +278,32 @@ def _check_plan(plan, components: int, window: int, num_samples: int | None) -> 
                            "(each is a segment of its own: a larger window or shorter ramps)")
 
 
+def _check_token_windows(window: int, num_samples: int | None, supplies: tuple[int | None, ...]) -> None:
+    """A token-unit blend's windows are segments of their own: at most :data:`MAX_TOKEN_WINDOWS` of them, refused
+    before any quota is computed (the bound is on ``num_samples``, else on what the capped streams hold)."""
+    places = num_samples if num_samples is not None else sum(s for s in supplies if s is not None)
+    windows = -(-places // window)
+    if windows > MAX_TOKEN_WINDOWS:
+        raise config_error(f"a mixture whose weights count tokens may have at most {MAX_TOKEN_WINDOWS} windows "
+                           f"(each may be a segment of its own); {places} samples in windows of {window} are "
+                           f"{windows}: a larger window")
+
+
 @dataclass(frozen=True)
 class Blend:
     """The one weighted mixture (module docstring), generic over what its components hold: ``parts`` (each
     component's weight, positions per epoch, cap and name), ``window`` (W), ``num_samples`` (None: until every
     stream runs out), the mixture ``seed`` and an optional schedule ``plan`` (:mod:`.schedule`: the weights of
     each window, instead of the parts' own). A sample mixture (:mod:`.mixture`) and a mixture of pretraining
-    sequences (:mod:`.sequence_mixture`) are a blend plus what a stream position means for them."""
+    sequences (:mod:`.sequence_mixture`) are a blend plus what a stream position means for them. ``lengths``: each
+    stream's lengths in the unit the weights count (None: they count samples; module docstring, token quotas)."""
 
     parts: tuple[Part, ...]
     window: int
     num_samples: int | None
     seed: int
     plan: MixSchedule | None = None
+    lengths: StreamLengths | None = field(default=None, repr=False, compare=False)
     segments: tuple[Segment, ...] = field(init=False, repr=False, compare=False)
     total: int = field(init=False, repr=False, compare=False)
     _firsts: tuple[int, ...] = field(init=False, repr=False, compare=False)
@@ -236,8 +314,11 @@ class Blend:
         _check_parts(parts, self.window, self.num_samples, self.seed)
         if self.plan is not None:
             _check_plan(self.plan, len(parts), self.window, self.num_samples)
+        if self.lengths is not None:
+            _check_token_windows(self.window, self.num_samples, self.supplies)
         object.__setattr__(self, "parts", parts)
-        segments, total = schedule(self.window, self.num_samples, list(self.weights), list(self.supplies), self.plan)
+        segments, total = schedule(self.window, self.num_samples, list(self.weights), list(self.supplies), self.plan,
+                                   self.lengths)
         object.__setattr__(self, "segments", segments)
         object.__setattr__(self, "total", total)
         object.__setattr__(self, "_firsts", tuple(s.first for s in segments))

@@ -48,6 +48,7 @@ from .window import COUNT_FIELDS, WindowDefinition
 from .plan import index_digest
 from .mixed import MIXED_FORMAT, MixedPlan
 from .mixture import Component, MixtureDefinition
+from .blend import UNITS
 from .schedule import MixSchedule
 
 #: A windowed plan folder (every one carries the marker: none was written before markers).
@@ -310,7 +311,10 @@ def load_mixed_plan(directory, *, lengths=None, backend: str = "auto"):
         raise _format(f"{meta_path}: count_fields must be {list(COUNT_FIELDS)}")
     mixture = checks.record(record["mixture"], dict.fromkeys(_MIXTURE_KEYS, checks.field(checks.anything)),
                             fail=_format, what=f"{meta_path} mixture",
-                            optional={"schedule": checks.field(checks.anything)})
+                            optional={"schedule": checks.field(checks.anything), "unit": checks.field(checks.anything)})
+    if "unit" in mixture and mixture["unit"] not in UNITS[1:]:  # recorded only when the weights count tokens
+        raise _format(f"{meta_path}: mixture.unit must be one of {', '.join(UNITS[1:])} (a mixture counted in samples "
+                      "records none)")
     entries = mixture["components"]
     paths = record["lengths_paths"]
     if not isinstance(entries, list) or not isinstance(paths, list) or len(paths) != len(entries):
@@ -339,7 +343,7 @@ def load_mixed_plan(directory, *, lengths=None, backend: str = "auto"):
         schedule = None if "schedule" not in mixture else \
             MixSchedule.from_dict(mixture["schedule"], len(components), _format)
         definition = MixtureDefinition(config, tuple(components), mixture["window"], mixture["num_samples"],
-                                       schedule)
+                                       schedule, mixture.get("unit", "samples"))
     except UmlosError as exc:
         raise _format(f"{meta_path}: {exc.message}") from None
     windows = definition.num_windows

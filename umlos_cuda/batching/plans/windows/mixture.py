@@ -29,9 +29,13 @@ The rules (docs/batching.md, "Weighted mixtures", normative):
   orders them (ties by component). Every prefix of a window thus holds each
   component in proportion, within one sample.
 
-Under a schedule (:mod:`.schedule`, docs/batching.md "Mixture schedules and token
-quotas") window ``m``'s weights are the schedule's at its first position.
-The quotas change only when a capped component runs out (or the schedule changes), so the whole mixture is
+Under a schedule (:mod:`.schedule`, docs/batching.md "Mixture schedules")
+window ``m``'s weights are the schedule's at its first position. With ``unit``
+``"tokens"`` or ``"loss_tokens"`` (docs/batching.md, "Token quotas") the weights
+count each sample's tokens or loss tokens: the blend shares each window's places
+by its greedy over the streams' counts, window by window (windows in a row with
+equal quotas share a segment).
+Otherwise the quotas change only when a capped component runs out (or the schedule changes), so the whole mixture is
 a table of at most ``2 D + 1`` segments of identical windows (``D`` components),
 computed when the definition is made: window ``m``'s quotas and stream starts are
 O(1) from it, and nothing else is stored. The quotas, the segments and the merge are
@@ -41,6 +45,7 @@ O(1) from it, and nothing else is stored. The quotas, the segments and the merge
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 from fractions import Fraction
 
 import numpy as np
@@ -51,9 +56,10 @@ from ....nextbatch import MODE_SEQUENTIAL
 from ..buckets import config_error
 from ..config import BatchingConfig
 from ..planner import engine_order, order_slice, plan_manifest
-from .blend import (MAX_CAP, MAX_COMPONENTS, MIXTURE_DOMAIN, Blend, Part, Segment, allocate, interleave_order,
-                    mixture_key_words)
+from .blend import (MAX_CAP, MAX_COMPONENTS, MIXTURE_DOMAIN, UNITS, Blend, Part, Segment, allocate,
+                    interleave_order, mixture_key_words)
 from ...lengths.sources import LengthSource
+from ...tokens.loss_counts import loss_counter
 from .schedule import MixSchedule
 from .window import DEFAULT_WINDOW, check_windowed_config
 
@@ -96,17 +102,29 @@ class MixedWindow:
         return out
 
 
+def unit_counts(components, unit: str) -> list:
+    """Per component, a function of rows giving each row's count in ``unit``: its length (``"tokens"``) or its
+    loss-mask tokens (``"loss_tokens"``, :func:`~...tokens.loss_counts.loss_counter`: TOKEN_STORE_NOT_FOUND for a
+    component read from lengths alone)."""
+    if unit == "tokens":
+        return [c.source.take for c in components]
+    return [loss_counter(c.source, c.name) for c in components]
+
+
 @dataclass(frozen=True)
 class MixtureDefinition:
     """A mixture (module docstring): ``config`` (order, block size, the mixture seed), ``components``,
     ``window`` (W), ``num_samples`` (the total; None: until every component, all capped, runs out) and an
-    optional ``schedule`` (:class:`~.schedule.MixSchedule`: each window's weights instead of the components')."""
+    optional ``schedule`` (:class:`~.schedule.MixSchedule`: each window's weights instead of the components');
+    ``unit``: what the weights count, ``"samples"`` (the default), ``"tokens"`` or ``"loss_tokens"`` (docs/batching.md,
+    "Token quotas": each window's places shared so each component's tokens are in proportion)."""
 
     config: BatchingConfig
     components: tuple[Component, ...]
     window: int = DEFAULT_WINDOW
     num_samples: int | None = None
     schedule: MixSchedule | None = None
+    unit: str = "samples"
     blend: Blend = field(init=False, repr=False, compare=False)
     _orders: tuple = field(init=False, repr=False, compare=False)
 
@@ -121,14 +139,24 @@ class MixtureDefinition:
             checks.integer(c.seed, f"component {i} seed", 0, (1 << 64) - 1, fail=config_error)
             if c.source.count < 1:
                 raise config_error(f"component {i} has no samples")
+        if self.unit not in UNITS:
+            raise config_error(f"a mixture's unit must be one of {', '.join(UNITS)}, got {str(self.unit)[:64]!r}")
         object.__setattr__(self, "components", components)
-        parts = tuple(Part(c.weight, c.source.count, c.max_epochs, c.name) for c in components)
-        object.__setattr__(self, "blend", Blend(parts, self.window, self.num_samples, self.config.seed, self.schedule))
         orders = []
         for c in components:
             own = replace(self.config, seed=c.seed)
             orders.append((own, plan_manifest(own, c.source.count)))
         object.__setattr__(self, "_orders", tuple(orders))
+        counts = None if self.unit == "samples" else unit_counts(components, self.unit)
+        lengths = None if counts is None else partial(self._stream_counts, counts)
+        parts = tuple(Part(c.weight, c.source.count, c.max_epochs, c.name) for c in components)
+        object.__setattr__(self, "blend", Blend(parts, self.window, self.num_samples, self.config.seed, self.schedule,
+                                                lengths))
+
+    def _stream_counts(self, counts, i: int, start: int, count: int) -> np.ndarray:
+        """Stream ``i``'s positions ``start .. start + count - 1`` counted in the mixture's unit (what the blend's
+        token quotas read): ``counts[i]`` takes rows."""
+        return counts[i](self.stream_rows(i, start, count)[1])
 
     # ------------------------------------------------------------------ shape
     @property
@@ -176,11 +204,13 @@ class MixtureDefinition:
         """What a mixture's fingerprint records about the definition (the config is the caller's): each
         component with the engine's ``sampling_mode``, ``sampler_config_hash`` and ``manifest_hash`` of its
         order (``order``), so an engine that orders differently is told apart, and the schedule only when there
-        is one (a mixture of fixed weights hashes as it did before schedules)."""
+        is one, and the unit only when it is not samples (a mixture of fixed weights in samples hashes as it did before
+        schedules and token quotas)."""
         schedule = {} if self.schedule is None else {"schedule": self.schedule.to_dict()}  # only when scheduled
+        unit = {} if self.unit == "samples" else {"unit": self.unit}  # only when the weights count tokens
         return {"window": self.window, "num_samples": self.num_samples, "total": self.total,
                 "components": [{**c.to_dict(), "order": self.engine(i)} for i, c in enumerate(self.components)],
-                **schedule}
+                **schedule, **unit}
 
     def engine(self, i: int) -> dict:
         """The engine's metadata of component ``i``'s order (as a windowed plan records its own)."""

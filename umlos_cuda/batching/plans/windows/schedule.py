@@ -7,7 +7,7 @@ What goes in: pieces, each a first mixture position ``at`` (samples consumed bef
 (:meth:`MixSchedule.next_change`, so :func:`~.blend.schedule` keeps segments of identical windows), and
 the canonical form the fingerprint hashes (:meth:`MixSchedule.to_dict`).
 
-The rules (docs/batching.md, "Mixture schedules and token quotas", normative):
+The rules (docs/batching.md, "Mixture schedules", normative):
 
 * a window's weights are the schedule's value at its **first position** ``m W``: a window that straddles
   a change point keeps the weights it started with whole, so a change at position ``p`` takes effect
@@ -201,7 +201,7 @@ class MixSchedule:
 
 
 def schedule_from_spec(spec, names: list[str], base: list[Fraction], where: str = "the schedule") -> MixSchedule:
-    """The schedule a user writes (docs/batching.md, "Mixture schedules and token quotas"): ``{"unit": "samples" |
+    """The schedule a user writes (docs/batching.md, "Mixture schedules"): ``{"unit": "samples" |
     "steps", "global_batch": B (with steps), "pieces": [{"at": A, "weights": {NAME: WEIGHT, ...}, "ramp": false},
     ...]}``; a component a piece does not name keeps its own weight (``base``); ``at`` in steps is ``A B`` samples.
     BATCHING_CONFIG_INVALID naming ``where`` for anything else."""

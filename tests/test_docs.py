@@ -226,10 +226,10 @@ def test_block_parser_reads_markers_languages_and_indented_fences():
 
 # ---------------------------------------------------------------- running snippets
 #: Folders a document's run neither lists nor cleans: git's own, and Python's bytecode caches (any import writes them).
-#: Not walked: git's folder and the caches of tools that any run of the suite fills (imports, hypothesis's
-#: example database, pytest's cache), which the other processes of a parallel run (``make test``) write into
-#: while a document runs.
-UNWATCHED_DIRS = {".git", "__pycache__", ".hypothesis", ".pytest_cache"}
+#: Not walked: git's folder and the caches of tools that a run of the suite or a developer's lint fills
+#: (imports, hypothesis's example database, pytest's, mypy's and ruff's caches), which other processes (the
+#: other worker of ``make test``, a ``make lint`` beside it) write into while a document runs.
+UNWATCHED_DIRS = {".git", "__pycache__", ".hypothesis", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 
 
 def tree_state(root: str = ROOT) -> dict[str, tuple]:

@@ -77,8 +77,8 @@ from ..chat.preference import PreferenceRender
 from ..chat.template import chat_template_of
 
 DEFAULT_CHUNK = 4096
-#: The most records in a chunk of chat or conversational preference records: a chunk is about half a second of
-#: one worker's rendering and encoding, so that N workers share even a small dataset evenly (20,000 records
+#: The most records in a chunk of chat or conversational preference records: a chunk is about 0.65 s of one
+#: worker's rendering and encoding, so that N workers share even a small dataset evenly (20,000 records
 #: are 20 chunks, where chunks of 4,096 made five, which two workers shared three to two) and the first
 #: chunk reaches a worker soon; a chunk costs one round trip of its pipe.
 RENDER_CHUNK = 1024

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,27 @@ def test_every_record_kind_gives_the_same_bytes_for_every_worker_count_and_chunk
     for workers, chunk_size in [(1, 1), (1, 5), (1, 64), (2, 3), (2, 64), (2, 4096), (4, 5)]:
         got = files(dataset, model, tmp_path / f"w{workers}-c{chunk_size}", workers, chunk_size, **fields)
         assert got == reference, (workers, chunk_size)
+
+
+def test_chat_records_reach_the_workers_in_chunks_of_at_most_the_render_chunk(rows, tmp_path, monkeypatch):
+    """Chat records go to the render workers in chunks of at most RENDER_CHUNK records whatever ``chunk_size``
+    (so that N workers share a small dataset evenly), a smaller ``chunk_size`` still applying, and the store
+    is the bytes of one worker and one chunk."""
+    from umlos_cuda.batching.lengths import builder
+    from umlos_cuda.batching.lengths.builder import DatasetEncoding
+
+    model = chat_model(tmp_path / "chat-model")
+    chats = [{"id": row["id"], "messages": [{"role": "user", "content": row["prompt"]},
+                                            {"role": "assistant", "content": row["response"]}]} for row in rows]
+    dataset = write(chats, tmp_path / "data", "jsonl")
+    reference = files(dataset, model, tmp_path / "reference", 1, 4096, messages_field="messages")
+    monkeypatch.setattr(builder, "RENDER_CHUNK", 16)
+    for chunk_size, sizes in [(4096, [16] * 5 + [10]), (7, [7] * 12 + [6])]:
+        source = DatasetEncoding(dataset, model, messages_field="messages")
+        with closing(source.stream(source.work(), chunk_size, 2)) as stream:
+            assert [len(chunk.sample_ids) for chunk, _lengths in stream] == sizes
+        got = files(dataset, model, tmp_path / f"capped-{chunk_size}", 2, chunk_size, messages_field="messages")
+        assert got == reference, chunk_size
 
 
 # --------------------------------------------------------------- errors

@@ -76,7 +76,8 @@ def add_dataset_arguments(parser, *, output_metavar: str, output_help: str, verb
                help="the end-of-sequence token's text, for --prompt-field when the tokenizer directory names none "
                "(a bare tokenizer.json never does)")
     parser.add_argument("--chunk-size", type=positive_int("chunk size"), default=4096, metavar="N",
-                        help="records encoded together (default 4096)")
+                        help="records encoded together (default 4096; chat and conversational records at most "
+                        "1024, so that the workers share them evenly)")
     parser.add_argument("--workers", type=positive_int("workers"), metavar="N",
                         help=f"processes that {verb} chunks side by side, the output the same byte for byte for every "
                         "N (default: the cores this process may run on; 1: one thread beside the reader)")

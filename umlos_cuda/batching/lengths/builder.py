@@ -77,6 +77,11 @@ from ..chat.preference import PreferenceRender
 from ..chat.template import chat_template_of
 
 DEFAULT_CHUNK = 4096
+#: The most records in a chunk of chat or conversational preference records: a chunk is about 0.65 s of one
+#: worker's rendering and encoding, so that N workers share even a small dataset evenly (20,000 records
+#: are 20 chunks, where chunks of 4,096 made five, which two workers shared three to two) and the first
+#: chunk reaches a worker soon; a chunk costs one round trip of its pipe.
+RENDER_CHUNK = 1024
 T = TypeVar("T")
 
 
@@ -227,7 +232,8 @@ class DatasetEncoding:
         for 1, processes for more, to which ``work`` must pickle) while this
         thread reads and checks the next chunks. A ``--length-field`` build
         encodes nothing and takes no worker. Chat and conversational preference records are
-        rendered first, in the workers, under the render budget (module docstring)."""
+        rendered first, in the workers, under the render budget (module docstring), in chunks of at most
+        :data:`RENDER_CHUNK` records."""
         if self.render is not None:
             return self._rendered(work, chunk_size, workers)
         return in_order(work, self._chunks(chunk_size), 1 if self.length_field is not None else workers,
@@ -254,8 +260,8 @@ class DatasetEncoding:
         in line order and names the rows of the others."""
         assert self.render is not None
         records_lines = replace(self.chunk_encoder, pairs=False).lines  # the chunks sent are of records
-        results = in_order(ChatWork(self.render, work), self.records.chunks(chunk_size), workers, records_lines,
-                           self.budget)
+        results = in_order(ChatWork(self.render, work), self.records.chunks(min(chunk_size, RENDER_CHUNK)), workers,
+                           records_lines, self.budget)
         with closing(results):
             for chunk, (result, refused) in results:
                 kept = self.records.accept(chunk, refused)

@@ -400,13 +400,14 @@ class PlannedTokenSource(StoreFacts):
         highs = (np.minimum(row_end, base + self.block_bytes) - base).tolist()
         steps = self._step_of_row[owner].tolist()
         parts: list[list[bytes]] = [[], []]
-        step = -1
+        step, resident = -1, self._resident
         for i, (block, mask, low, high) in enumerate(zip(refs.tolist(), is_mask.tolist(), lows, highs)):
             if steps[i] != step or self._ref_pos >= self._pump_at:
                 step = steps[i]
                 self._row_pos = first + int(owner[i])
                 self._pump()
-            parts[mask].append(self._block(block)[low:high])
+            held = resident.get(block)
+            parts[mask].append((held if held.__class__ is bytes else self._block(block))[low:high])
             self._ref_pos += 1
         self._row_pos = last
         self._pump()  # what the next steps need goes out while the caller works on these rows

@@ -213,6 +213,8 @@ class PlannedTokenSource(StoreFacts):
         self._rows = [row for step in steps for row in step]
         step_rows = np.cumsum([0] + [len(step) for step in steps], dtype=np.int64)
         self._refs, self._row_start = block_refs(self.store, self._rows, self.block_bytes)
+        self._ref_row = np.repeat(np.arange(len(self._rows)), np.diff(self._row_start))
+        self._ref_low, self._ref_high = self._pieces()
         self._step_of_row = np.repeat(np.arange(len(steps)), np.diff(step_rows))
         self._step_ref = self._row_start[step_rows]  # the first reference of each step (and the end)
         self.schedule: Schedule = belady(self._refs, self.capacity)
@@ -234,6 +236,20 @@ class PlannedTokenSource(StoreFacts):
                 self.blocks.remove(self._objects[block >> _SHIFT], block & ((1 << _SHIFT) - 1))
         self._resident.clear()
         self._row_pos = self._ref_pos = self._next_miss = self._pump_at = 0
+
+    def _pieces(self) -> tuple[np.ndarray, np.ndarray]:
+        """Where each reference's bytes lie in its block, ``[low, high)``: the part of the block that its row's
+        range in that object covers (computed once a pass, so that reading a row only slices)."""
+        rows = np.asarray(self._rows, dtype=np.int64)[self._ref_row]
+        size = self.store.token_dtype.itemsize
+        is_mask = (self._refs >> _SHIFT).astype(bool)
+        begin = np.where(is_mask, self.store.starts["loss_mask"] + self.offsets[rows],
+                         self.store.starts["tokens"] + self.offsets[rows] * size)
+        end = np.where(is_mask, self.store.starts["loss_mask"] + self.offsets[rows + 1],
+                       self.store.starts["tokens"] + self.offsets[rows + 1] * size)
+        base = (self._refs & ((1 << _SHIFT) - 1)) * self.block_bytes
+        return ((np.maximum(begin, base) - base).astype(np.int32),
+                (np.minimum(end, base + self.block_bytes) - base).astype(np.int32))
 
     def _disk_resident(self) -> set[int]:
         """The blocks the current disk schedule holds at its end (none before the first pass)."""
@@ -383,28 +399,17 @@ class PlannedTokenSource(StoreFacts):
         each reference where it has something to issue (a step begins, or the next miss's victim is done with)."""
         first, last = self._row_pos, self._row_pos + count
         ref_low, ref_high = int(self._row_start[first]), int(self._row_start[last])
-        rows = np.asarray(self._rows[first:last], dtype=np.int64)
-        size = self.store.token_dtype.itemsize
-        begin = [self.store.starts["tokens"] + self.offsets[rows] * size, self.store.starts["loss_mask"] +
-                 self.offsets[rows]]
-        end = [self.store.starts["tokens"] + self.offsets[rows + 1] * size, self.store.starts["loss_mask"] +
-               self.offsets[rows + 1]]
         refs = self._refs[ref_low:ref_high]
-        number = refs >> _SHIFT
-        base = (refs & ((1 << _SHIFT) - 1)) * self.block_bytes
-        owner = np.repeat(np.arange(count), np.diff(self._row_start[first:last + 1]))
-        is_mask = number.astype(bool)
-        row_begin = np.where(is_mask, begin[1][owner], begin[0][owner])
-        row_end = np.where(is_mask, end[1][owner], end[0][owner])
-        lows = (np.maximum(row_begin, base) - base).tolist()
-        highs = (np.minimum(row_end, base + self.block_bytes) - base).tolist()
-        steps = self._step_of_row[owner].tolist()
+        is_mask = (refs >> _SHIFT).astype(bool)
+        lows, highs = self._ref_low[ref_low:ref_high].tolist(), self._ref_high[ref_low:ref_high].tolist()
+        owners = self._ref_row[ref_low:ref_high]
+        steps = self._step_of_row[owners].tolist()
         parts: list[list[bytes]] = [[], []]
         step, resident = -1, self._resident
         for i, (block, mask, low, high) in enumerate(zip(refs.tolist(), is_mask.tolist(), lows, highs)):
             if steps[i] != step or self._ref_pos >= self._pump_at:
                 step = steps[i]
-                self._row_pos = first + int(owner[i])
+                self._row_pos = int(owners[i])
                 self._pump()
             held = resident.get(block)
             parts[mask].append((held if held.__class__ is bytes else self._block(block))[low:high])
@@ -413,6 +418,7 @@ class PlannedTokenSource(StoreFacts):
         self._pump()  # what the next steps need goes out while the caller works on these rows
         ids = np.frombuffer(b"".join(parts[0]), dtype=self.store.token_dtype)
         mask_bytes = np.frombuffer(b"".join(parts[1]), dtype=np.uint8)
+        rows = np.asarray(self._rows[first:last], dtype=np.int64)
         cuts = np.zeros(count + 1, dtype=np.int64)
         np.cumsum(self.offsets[rows + 1] - self.offsets[rows], out=cuts[1:])
         bounds = cuts.tolist()

@@ -6,8 +6,8 @@ bench/bench_object_store.py writes them) three ways: (a) our token store, (b) St
 moto server behind the tests' counting proxy (tests/objstore_support.py, in this process). Then, for each added
 latency of ``--latency`` ms per request, it reads one epoch with each reader in turn, cold (a new reader, an
 empty cache), batches collated by the same ``PlanCollator`` (the peers' samples handed to it as the
-``(row, input_ids, loss_mask)`` items ``TokenDataset`` gives), ``num_workers=0`` for all (a
-``PlannedTokenSource`` reads in threads of the reading process and has no worker mode yet):
+``(row, input_ids, loss_mask)`` items ``TokenDataset`` gives), ``num_workers=0`` for all (every reader in the
+reading process and its threads; ours reads each microbatch in one call, ``TokenDataset.__getitems__``):
 
 * ``ours feistel``: a windowed plan (``--window`` positions) in the ``feistel`` order, a shuffle of the whole
   dataset, through a ``PlannedTokenSource`` with a cache of every block;

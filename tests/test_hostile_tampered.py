@@ -814,10 +814,18 @@ BLOCK_CACHE_READ = (
 )
 
 
-def _block_cache_tampered(ws, tmp_path, tamper) -> None:
-    """A block cache filled by one reader, one of its block files changed by ``tamper(path)``, then read again:
-    every row as on disk, the bad file dropped and fetched again (never served), nothing outside ``cache/``
-    touched (a planted link's target included), and every block file left verifying."""
+#: The same read a microbatch at a time (``arrays_many``: what ``TokenDataset.__getitems__`` asks for).
+BLOCK_CACHE_READ_MANY = BLOCK_CACHE_READ.replace(
+    "        for key in keys:\n"
+    "            ids, mask = source.arrays(int(key))\n",
+    "        for key, (ids, mask) in zip(keys, source.arrays_many([int(key) for key in keys])):\n")
+assert BLOCK_CACHE_READ_MANY != BLOCK_CACHE_READ
+
+
+def _block_cache_tampered(ws, tmp_path, tamper, read: str = BLOCK_CACHE_READ) -> None:
+    """A block cache filled by one reader, one of its block files changed by ``tamper(path)``, then read again
+    (by ``read``): every row as on disk, the bad file dropped and fetched again (never served), nothing outside
+    ``cache/`` touched (a planted link's target included), and every block file left verifying."""
     from umlos_cuda.remote.blockfiles import HEADER_BYTES, decode
 
     copy(ws, tmp_path, "plan", "store")
@@ -825,7 +833,7 @@ def _block_cache_tampered(ws, tmp_path, tamper) -> None:
     blocks = sorted((tmp_path / "cache").glob("*.block"))
     assert len(blocks) > 2
     tamper(blocks[1])
-    outcome = run_api(tmp_path, BLOCK_CACHE_READ, owned=("cache",))
+    outcome = run_api(tmp_path, read, owned=("cache",))
     hs.assert_ok(outcome)
     assert "fetched 1 dropped 1" in outcome.stdout, outcome.describe()
     for path in sorted((tmp_path / "cache").iterdir()):
@@ -861,6 +869,15 @@ def tamper_block_cache_bytes_changed(ws, tmp_path):
         path.write_bytes(bytes(data))
 
     _block_cache_tampered(ws, tmp_path, flip)
+
+
+def tamper_block_cache_bytes_changed_read_by_microbatch(ws, tmp_path):
+    def flip(path):
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 1
+        path.write_bytes(bytes(data))
+
+    _block_cache_tampered(ws, tmp_path, flip, BLOCK_CACHE_READ_MANY)
 
 
 def tamper_block_cache_folder_is_a_link(ws, tmp_path):
@@ -1058,6 +1075,7 @@ CASES = [
     pytest.param(tamper_block_cache_truncated_block, id="tamper/block-cache-truncated-block"),
     pytest.param(tamper_block_cache_wrong_size, id="tamper/block-cache-wrong-size"),
     pytest.param(tamper_block_cache_bytes_changed, id="tamper/block-cache-bytes-changed"),
+    pytest.param(tamper_block_cache_bytes_changed_read_by_microbatch, id="tamper/block-cache-bytes-changed-microbatch"),
     pytest.param(tamper_block_cache_folder_is_a_link, id="tamper/block-cache-folder-is-a-link"),
 ]
 

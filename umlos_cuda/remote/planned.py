@@ -7,7 +7,9 @@ rank's share of the plan from the cursor on), a cache size ``cache_bytes``, a bl
 ahead to fetch (``lookahead``), how many requests may be in flight (``concurrency``) and the largest gap
 between two ranges merged into one request (``gap_bytes``). What comes out: a token source whose
 ``arrays(row)`` answers the rows in the order the sampler hands them out, from memory, with every byte
-fetched before it is asked for (as far as ``lookahead`` and the store's speed allow).
+fetched before it is asked for (as far as ``lookahead`` and the store's speed allow), and whose
+``arrays_many(rows)`` answers a microbatch's rows in one call (what ``TokenDataset.__getitems__`` asks for),
+assembled together with the fetches issued where one row at a time issues them.
 
 How: the objects are cut into blocks of ``block_bytes``. From the sampler's pass (the rows of each of this
 rank's steps, from the cursor to the end of its epoch) comes the sequence of blocks the rows reference, in
@@ -48,6 +50,7 @@ forked into a worker is refused with REMOTE_UNAVAILABLE when it first reads.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
@@ -150,7 +153,7 @@ class PlannedTokenSource(StoreFacts):
         self.fetched_bytes = self.requests = self.unplanned_rows = 0
         self._objects = [self.store.objects[name] for name in _OBJECTS]
         self._count_lock = threading.Lock()
-        self._resident: dict[int, Future] = {}
+        self._resident: dict[int, Future | bytes] = {}
         # The cursor the first pass starts at: the sampler's now (it moves once a loader iterates it).
         self._cursor = (int(sampler.epoch), int(sampler.microbatch_index))
         self.epoch = self._cursor[0]
@@ -210,6 +213,8 @@ class PlannedTokenSource(StoreFacts):
         self._rows = [row for step in steps for row in step]
         step_rows = np.cumsum([0] + [len(step) for step in steps], dtype=np.int64)
         self._refs, self._row_start = block_refs(self.store, self._rows, self.block_bytes)
+        self._ref_row = np.repeat(np.arange(len(self._rows)), np.diff(self._row_start))
+        self._ref_low, self._ref_high = self._pieces()
         self._step_of_row = np.repeat(np.arange(len(steps)), np.diff(step_rows))
         self._step_ref = self._row_start[step_rows]  # the first reference of each step (and the end)
         self.schedule: Schedule = belady(self._refs, self.capacity)
@@ -230,7 +235,21 @@ class PlannedTokenSource(StoreFacts):
             for block in sorted(left - set(first.tolist())):
                 self.blocks.remove(self._objects[block >> _SHIFT], block & ((1 << _SHIFT) - 1))
         self._resident.clear()
-        self._row_pos = self._ref_pos = self._next_miss = 0
+        self._row_pos = self._ref_pos = self._next_miss = self._pump_at = 0
+
+    def _pieces(self) -> tuple[np.ndarray, np.ndarray]:
+        """Where each reference's bytes lie in its block, ``[low, high)``: the part of the block that its row's
+        range in that object covers (computed once a pass, so that reading a row only slices)."""
+        rows = np.asarray(self._rows, dtype=np.int64)[self._ref_row]
+        size = self.store.token_dtype.itemsize
+        is_mask = (self._refs >> _SHIFT).astype(bool)
+        begin = np.where(is_mask, self.store.starts["loss_mask"] + self.offsets[rows],
+                         self.store.starts["tokens"] + self.offsets[rows] * size)
+        end = np.where(is_mask, self.store.starts["loss_mask"] + self.offsets[rows + 1],
+                       self.store.starts["tokens"] + self.offsets[rows + 1] * size)
+        base = (self._refs & ((1 << _SHIFT) - 1)) * self.block_bytes
+        return ((np.maximum(begin, base) - base).astype(np.int32),
+                (np.minimum(end, base + self.block_bytes) - base).astype(np.int32))
 
     def _disk_resident(self) -> set[int]:
         """The blocks the current disk schedule holds at its end (none before the first pass)."""
@@ -272,6 +291,11 @@ class PlannedTokenSource(StoreFacts):
                 self.blocks.remove(self._objects[gone >> _SHIFT], gone & ((1 << _SHIFT) - 1))
             issued.append(int(self._refs[miss]))
             self._next_miss += 1
+        # The next reference at which this loop can issue more without a new step: once past the next miss's
+        # victim's last use (never, when that miss is beyond the lookahead: a new step calls the pump).
+        following = self._next_miss < self._misses.shape[0]
+        self._pump_at = (int(self._issue_after[self._next_miss]) + 1
+                         if following and int(self._misses[self._next_miss]) < limit else 1 << 62)
         if issued:
             self._request(issued)
 
@@ -325,40 +349,80 @@ class PlannedTokenSource(StoreFacts):
         return data
 
     def _block(self, block: int) -> bytes:
-        future = self._resident[block]
+        """Block ``block``'s bytes, waiting for its fetch; once a fetch is in, its blocks are held as bytes (the
+        next use of each looks no further), and nothing of a failed fetch stays."""
+        held = self._resident[block]
+        if not isinstance(held, Future):
+            return held
         try:
-            return future.result()[block]
+            payloads = held.result()
         except BaseException:
-            for key in [key for key, value in self._resident.items() if value is future]:
-                del self._resident[key]  # nothing of a failed fetch stays
+            for key in [key for key, value in self._resident.items() if value is held]:
+                del self._resident[key]
             raise
+        for key, payload in payloads.items():
+            if self._resident.get(key) is held:  # a block evicted while its fetch ran is not brought back
+                self._resident[key] = payload
+        return payloads[block]
 
     # ------------------------------------------------------------------ reading
     def arrays(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         """Row ``row``'s tokens and loss mask: from the cache when it is the row the plan reads next, else read
         directly (counted in ``unplanned_rows``)."""
-        row = int(row)
+        return self.arrays_many([row])[0]
+
+    def arrays_many(self, rows: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``[arrays(row) for row in rows]``, the same bytes, fetches, checks and counts, with the rows that come
+        in plan order (a microbatch's) assembled together: their pieces of blocks joined into one buffer per
+        object and cut into rows, the fetches issued at the references where one row at a time issues them."""
         self._started()
-        if self._row_pos >= len(self._rows) and self.epoch + 1 < int(self.sampler.plan.num_epochs):
-            self._start_pass(self.epoch + 1, 0)
-        if self._row_pos >= len(self._rows) or self._rows[self._row_pos] != row:
-            self.unplanned_rows += 1
-            return self.store.arrays(row)
-        spans = self.store.spans(row)
+        rows = [int(row) for row in rows]
+        out: list[tuple[np.ndarray, np.ndarray]] = []
+        done = 0
+        while done < len(rows):
+            if self._row_pos >= len(self._rows) and self.epoch + 1 < int(self.sampler.plan.num_epochs):
+                self._start_pass(self.epoch + 1, 0)
+            planned = self._rows[self._row_pos:self._row_pos + len(rows) - done]
+            count = next((i for i, (want, got) in enumerate(zip(planned, rows[done:])) if want != got),
+                         len(planned))
+            if count == 0:
+                self.unplanned_rows += 1
+                out.append(self.store.arrays(rows[done]))
+                done += 1
+                continue
+            out.extend(self._planned(count))
+            done += count
+        return out
+
+    def _planned(self, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The next ``count`` rows of the plan, from the cache: every reference read in order, the pump run at
+        each reference where it has something to issue (a step begins, or the next miss's victim is done with)."""
+        first, last = self._row_pos, self._row_pos + count
+        ref_low, ref_high = int(self._row_start[first]), int(self._row_start[last])
+        refs = self._refs[ref_low:ref_high]
+        is_mask = (refs >> _SHIFT).astype(bool)
+        lows, highs = self._ref_low[ref_low:ref_high].tolist(), self._ref_high[ref_low:ref_high].tolist()
+        owners = self._ref_row[ref_low:ref_high]
+        steps = self._step_of_row[owners].tolist()
         parts: list[list[bytes]] = [[], []]
-        stop = int(self._row_start[self._row_pos + 1])
-        while self._ref_pos < stop:
-            self._pump()
-            block = int(self._refs[self._ref_pos])
-            number, index = block >> _SHIFT, block & ((1 << _SHIFT) - 1)
-            start, end = spans[number]
-            low = max(start, index * self.block_bytes) - index * self.block_bytes
-            high = min(end, (index + 1) * self.block_bytes) - index * self.block_bytes
-            parts[number].append(self._block(block)[low:high])
+        step, resident = -1, self._resident
+        for i, (block, mask, low, high) in enumerate(zip(refs.tolist(), is_mask.tolist(), lows, highs)):
+            if steps[i] != step or self._ref_pos >= self._pump_at:
+                step = steps[i]
+                self._row_pos = int(owners[i])
+                self._pump()
+            held = resident.get(block)
+            parts[mask].append((held if held.__class__ is bytes else self._block(block))[low:high])
             self._ref_pos += 1
-        self._row_pos += 1
-        self._pump()  # what the next steps need goes out while the caller works on this row
-        return self.store.decode(b"".join(parts[0]), b"".join(parts[1]))
+        self._row_pos = last
+        self._pump()  # what the next steps need goes out while the caller works on these rows
+        ids = np.frombuffer(b"".join(parts[0]), dtype=self.store.token_dtype)
+        mask_bytes = np.frombuffer(b"".join(parts[1]), dtype=np.uint8)
+        rows = np.asarray(self._rows[first:last], dtype=np.int64)
+        cuts = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(self.offsets[rows + 1] - self.offsets[rows], out=cuts[1:])
+        bounds = cuts.tolist()
+        return [(ids[a:b], mask_bytes[a:b]) for a, b in itertools.pairwise(bounds)]
 
     def __getitem__(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         return self.arrays(row)

@@ -91,6 +91,17 @@ class TokenDataset(DatasetBase):
         ids, mask = self.source.arrays(int(key))
         return int(key), ids, mask
 
+    def __getitems__(self, keys: list) -> list:
+        """The items of one microbatch, ``[self[key] for key in keys]``: what a ``DataLoader`` with a
+        ``batch_sampler`` asks for in one call (its fetcher uses ``__getitems__`` when the dataset has it). Plain
+        rows of a source that reads many at once (``arrays_many``: a token store, a planned cache) are read in
+        one call; other keys one at a time."""
+        many = getattr(self.source, "arrays_many", None)
+        if many is None or not all(type(key) is int or isinstance(key, np.integer) for key in keys):
+            return [self[key] for key in keys]
+        rows = [int(key) for key in keys]
+        return [(row, ids, mask) for row, (ids, mask) in zip(rows, many(rows))]
+
 
 class PackedBatchSampler:
     """``batch_sampler`` for a packed plan: the microbatches of a

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import mmap as mmap_module
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -194,6 +195,17 @@ class TokenStore(StoreFacts):
         """``(input_ids, loss_mask)`` of sample ``row``: what collation reads."""
         start, stop = self._span(row)
         return self.tokens[start:stop], self.loss_mask_array[start:stop]
+
+    def arrays_many(self, rows: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``[arrays(row) for row in rows]`` (a microbatch's rows), their spans looked up in one pass; a row
+        not in the store is refused as :meth:`arrays` refuses it."""
+        picked = np.asarray(rows)
+        if picked.dtype.kind not in "iu" or picked.ndim != 1 or (picked.size and (
+                int(picked.min()) < 0 or int(picked.max()) >= len(self))):
+            return [self.arrays(row) for row in rows]  # the row that is not in the store raises there
+        starts, stops = self.offsets[picked].tolist(), self.offsets[picked + 1].tolist()
+        tokens, mask = self.tokens, self.loss_mask_array
+        return [(tokens[a:b], mask[a:b]) for a, b in zip(starts, stops)]
 
     def __getitem__(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         return self.arrays(row)

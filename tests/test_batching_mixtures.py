@@ -385,23 +385,13 @@ def test_folder_round_trip_cli_build_and_verify(tmp_path, capsys):
 def test_mix_takes_token_stores_sharded_stores_and_megatron_prefixes(tmp_path, capsys):
     """``--mix`` entries may name a token store, a sharded store or a Megatron prefix: their lengths are the
     components' (the command opens them; plans import no tokens), and plan verify/info reopen them."""
-    from token_cases import make_store, records, write_megatron
+    from token_cases import make_store, write_megatron, write_two_shards
 
-    from batching_cases import train_tokenizer, write_model_dir
     from umlos_cuda.batching.plans.windows.io import load_mixed_plan
-    from umlos_cuda.batching.tokens.sharded import tokenize_sharded
     from umlos_cuda.batching.tokens.sources import open_token_source
 
     store = make_store(tmp_path / "s", 120, seed=1)
-    write_model_dir(tmp_path / "model", train_tokenizer(), {"eos_token": "</s>"})
-    files = []
-    for i, (a, b) in enumerate(((0, 30), (30, 70))):
-        files.append(str(tmp_path / f"part-{i}.jsonl"))
-        with open(files[-1], "w", encoding="utf-8") as handle:
-            handle.writelines(json.dumps({"prompt": r["prompt"], "response": r["response"]}) + "\n"
-                              for r in records(70, seed=2)[a:b])
-    sharded = tokenize_sharded(files, tmp_path / "model", tmp_path / "sharded", prompt_field="prompt",
-                               response_field="response")
+    sharded = write_two_shards(tmp_path, 30, 70)
     rng = np.random.default_rng(4)
     prefix = write_megatron(tmp_path / "meg", [rng.integers(0, 500, int(n)) for n in rng.integers(1, 300, 50)])
     out = str(tmp_path / "mixed")

@@ -132,20 +132,25 @@ def copy_shard_rehashed(root, source: int, target: int) -> None:
         handle.write(json.dumps(meta, indent=2) + "\n")
 
 
-def write_token_sources(root) -> dict[str, str]:
-    """Under ``root``: a Megatron prefix (two documents), a token store and a sharded store of two shards, each a
-    token source of its own rows; their paths by kind (``megatron``, ``store``, ``sharded``)."""
+def write_two_shards(root, first: int, count: int):
+    """Under ``root``: a tokenizer folder (``model``) and a sharded store (``sharded``) of ``count`` prompt/response
+    records, rows ``0 .. first - 1`` in one shard and the rest in another (one input file each)."""
     from umlos_cuda.batching.tokens.sharded import tokenize_sharded
 
-    store = make_store(root / "s", 90, seed=1)
     write_model_dir(root / "model", train_tokenizer(), {"eos_token": "</s>"})
     files = []
-    for i, (a, b) in enumerate(((0, 25), (25, 60))):
+    for i, (a, b) in enumerate(((0, first), (first, count))):
         files.append(str(root / f"part-{i}.jsonl"))
         with open(files[-1], "w", encoding="utf-8") as handle:
             handle.writelines(json.dumps({"prompt": r["prompt"], "response": r["response"]}) + "\n"
-                              for r in records(60, seed=2)[a:b])
-    sharded = tokenize_sharded(files, root / "model", root / "sharded", prompt_field="prompt",
-                               response_field="response")
+                              for r in records(count, seed=2)[a:b])
+    return tokenize_sharded(files, root / "model", root / "sharded", prompt_field="prompt", response_field="response")
+
+
+def write_token_sources(root) -> dict[str, str]:
+    """Under ``root``: a Megatron prefix (two documents), a token store and a sharded store of two shards, each a
+    token source of its own rows; their paths by kind (``megatron``, ``store``, ``sharded``)."""
+    store = make_store(root / "s", 90, seed=1)
+    sharded = write_two_shards(root, 25, 60)
     prefix = write_megatron(root / "meg", random_sequences(130, seed=3, high=200), np.int32, document_ends=[60, 130])
     return {"megatron": prefix, "store": str(store.root), "sharded": str(sharded.root)}

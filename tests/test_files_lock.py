@@ -16,7 +16,7 @@ import pytest
 
 from umlos_cuda.files import lock as lock_module
 from umlos_cuda.files.folder import Folder
-from umlos_cuda.files.lock import FolderLock, FolderLocked
+from umlos_cuda.files.lock import FolderLock, FolderLocked, hold_folder, try_hold_folder
 
 
 @pytest.fixture
@@ -83,3 +83,16 @@ def test_a_name_that_is_no_lock_file_is_refused_and_left_alone(folder, tmp_path,
     with pytest.raises(OSError):
         FolderLock.take(folder, ".lock")
     assert victim.read_text() == "keep me\n" and os.path.lexists(target)
+
+
+def test_a_folder_hold_ends_when_its_descriptor_closes_though_the_folder_stays_open(folder, tmp_path):
+    """A hold is its own open of the folder: a ``dup`` of the folder's descriptor would share the lock with it,
+    so the hold would outlive ``os.close`` for as long as the folder stays open and every other taker would
+    wait (DataLoader workers opening one block cache hung so)."""
+    hold = hold_folder(folder)
+    with Folder.open(str(tmp_path)) as other:
+        assert try_hold_folder(other) is None
+        os.close(hold)
+        again = try_hold_folder(other)
+        assert again is not None
+        os.close(again)

@@ -227,6 +227,55 @@ def test_open_in_place_creates_reopens_and_refuses(tmp_path):
     assert not (tmp_path / "victim").exists()
 
 
+def _foreign(path, found):
+    return UmlosError(errors.BATCH_OUTPUT_MISMATCH, f"{path} is {found}", operator=errors.BATCHING_OPERATOR)
+
+
+def test_open_in_place_takes_a_folder_another_process_created_a_moment_before(tmp_path, monkeypatch):
+    """The DataLoader workers sharing a block cache open it at once: the one whose ``mkdir`` finds the folder
+    there opens it instead of failing (``EEXIST`` was once an OUTPUT_PATH_INVALID)."""
+    made = Folder.mkdir
+
+    def made_by_another_first(self, name):
+        with made(self, name) as other:
+            artifacts.write_marker(other, STORE)
+        raise FileExistsError(17, "File exists")
+
+    monkeypatch.setattr(Folder, "mkdir", made_by_another_first)
+    with open_in_place(tmp_path / "cache", STORE, foreign=_foreign) as folder:
+        assert folder.names() == [MARKER]
+    assert artifacts.marker_artifact((tmp_path / "cache" / MARKER).read_bytes()) == "token store"
+
+
+def _open_at_once(path, barrier, results):
+    barrier.wait()
+    try:
+        with open_in_place(path, STORE, foreign=_foreign) as folder:
+            folder.write_bytes(f"{os.getpid()}.bin", b"x")  # what a worker's first block does next
+        results.put("ok")
+    except UmlosError as exc:
+        results.put(f"{exc.code}: {exc.message}")
+
+
+def test_processes_opening_one_new_folder_at_once_all_succeed(tmp_path):
+    """Four processes open each of ten new folders at the same moment: each opens it, one marker is written,
+    and no process sees another's half-written marker or takes the others' files for a foreign folder."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    for round_ in range(10):
+        path = tmp_path / f"cache{round_}"
+        barrier, results = context.Barrier(4), context.Queue()
+        workers = [context.Process(target=_open_at_once, args=(path, barrier, results)) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        outcomes = [results.get(timeout=60) for _ in workers]
+        for worker in workers:
+            worker.join(timeout=60)
+        assert outcomes == ["ok"] * 4
+        assert (path / MARKER).read_bytes() == STORE.marker_bytes() and len(os.listdir(path)) == 5
+
+
 # ---------------------------------------------------------------------- inputs
 def test_an_output_is_never_an_input(tmp_path):
     (tmp_path / "data").mkdir()

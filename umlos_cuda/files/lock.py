@@ -158,13 +158,20 @@ def _holder(folder: Folder, name: str) -> int | None:
     return checks.integer_or_none(text, 1, None)
 
 
+def _own_descriptor(folder: Folder) -> int:
+    """A new open of ``folder`` itself. Not ``dup``: a ``flock`` belongs to the open file description, which a
+    duplicate shares with ``folder``'s descriptor, so closing the duplicate would not release the lock while
+    ``folder`` stays open (a process that opened a folder in turn would keep the others waiting)."""
+    return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=folder.fd)
+
+
 def hold_folder(folder: Folder) -> int:
     """An exclusive ``flock`` on ``folder`` itself, held by a new descriptor of it (returned; the lock lasts until
     that descriptor is closed, whatever becomes of ``folder``'s, and dies with the process). It waits while
     another holds it: only :func:`try_hold_folder`'s brief look can. -1 where there is no ``flock``."""
     if fcntl is None:  # pragma: no cover
         return -1
-    fd = os.dup(folder.fd)
+    fd = _own_descriptor(folder)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
     except BaseException:
@@ -178,7 +185,7 @@ def try_hold_folder(folder: Folder) -> int | None:
     there is no ``flock``: ownership cannot be told)."""
     if fcntl is None:  # pragma: no cover
         return None
-    fd = os.dup(folder.fd)
+    fd = _own_descriptor(folder)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

@@ -211,17 +211,24 @@ def open_in_place(directory: PathLike, kind: ArtifactKind, *, inputs: Iterable[P
     with parent:
         refuse_inputs(path, inputs, operator=operator, what=f"the {kind.name}")
         info = _refuse_link_or_file(parent, name, path, kind, operator)
+        created = False
         try:
             if info is None:
-                folder = parent.mkdir(name)
-                created = True
-            else:
+                try:
+                    folder = parent.mkdir(name)
+                    created = True
+                except FileExistsError:  # another process (a DataLoader worker) created it a moment ago
+                    _refuse_link_or_file(parent, name, path, kind, operator)
+            if not created:
                 folder = parent.sub(name)
-                created = False
         except OSError as exc:
             raise _error(errors.OUTPUT_PATH_INVALID, f"cannot open the {kind.name} {path}: {_reason(exc)}",
                          operator) from exc
+        hold = -1
         try:
+            # Processes that open one folder at once (the workers sharing a block cache) take turns here, so
+            # each finds either no marker or a whole one, and only the first writes it.
+            hold = hold_folder(folder)
             same, found = identify(folder, kind)
             if not same and folder.names():
                 raise foreign(path, found)
@@ -240,6 +247,8 @@ def open_in_place(directory: PathLike, kind: ArtifactKind, *, inputs: Iterable[P
         except BaseException:
             folder.close()
             raise
+        finally:
+            _release(hold)
     return folder
 
 

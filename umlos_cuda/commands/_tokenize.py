@@ -63,12 +63,18 @@ def register_actions(actions) -> None:
         "replace DIR/meta.json last. Refused: another tokenizer, token dtype, vocabulary, loss-mask rule or id kind, "
         "a sample id another shard holds, and a shard folder of another sharded store. One append at a time: while "
         "another holds DIR, this one is refused at once (SHARDED_STORE_LOCKED, naming its pid). With --create, DIR is "
-        "made (it must not exist, unless --force).",
+        "made (it must not exist, unless --force). DIR may be an s3://, gs://, az:// URL of a sharded store: the "
+        "append runs on disk aside, then puts the new shards there, the index last, one writer at a time by a lock "
+        "object (docs/object-stores.md).",
     )
-    append.add_argument("directory", metavar="DIR", help="the sharded token store")
+    append.add_argument("directory", metavar="DIR", help="the sharded token store (a folder, or a URL)")
     append.add_argument("stores", nargs="+", metavar="STORE", help="token store folders to adopt (they are moved)")
     append.add_argument("--create", action="store_true", help="create DIR from these stores")
     append.add_argument("--force", action="store_true", help="with --create: replace an existing sharded store")
+    append.add_argument("--break-lock", action="store_true",
+                        help="DIR in an object store: remove the lock object a killed append left, then append (an "
+                        "object store cannot tell a dead holder from a live one: give it only when the holder is gone;"
+                        " docs/object-stores.md)")
     append.set_defaults(func=run_append)
 
     verify = actions.add_parser(
@@ -182,22 +188,39 @@ def run_tokenize_sharded(args, parser) -> int:
 
 def run_append(args) -> int:
     from ..batching.tokens.adopt import append_shards
+    from ..errors import BATCHING_OPERATOR, INVALID_ARGUMENT, REMOTE_OPERATOR, REMOTE_UNAVAILABLE, UmlosError
 
     if args.force and not args.create:
-        from ..errors import UmlosError, INVALID_ARGUMENT, BATCHING_OPERATOR
-
         raise UmlosError(INVALID_ARGUMENT, "--force replaces a sharded store only with --create; an append never "
                          "replaces anything", operator=BATCHING_OPERATOR)
-    if any(is_remote(path) for path in (args.directory, *args.stores)):
-        from ..errors import REMOTE_OPERATOR, REMOTE_UNAVAILABLE, UmlosError
-
-        raise UmlosError(REMOTE_UNAVAILABLE, "data append writes a sharded store on disk only, for now: an append "
-                         "into an object store (its shards under the prefix, its index last, one writer at a time "
-                         "by a conditional PUT) is not built (docs/object-stores.md); append on disk, then copy the "
-                         "store's new shards, digests and meta.json there, meta.json last", operator=REMOTE_OPERATOR)
+    if any(is_remote(path) for path in args.stores) or (is_remote(args.directory) and args.create):
+        raise UmlosError(REMOTE_UNAVAILABLE, "data append adopts token store folders on disk into a sharded store on "
+                         "disk or in an object store; creating one in an object store (--create) and adopting stores "
+                         "from one are not built (docs/object-stores.md): create the store on disk and copy it there, "
+                         "files as they are", operator=REMOTE_OPERATOR)
+    if is_remote(args.directory):
+        return _append_remote(args)
+    if args.break_lock:
+        raise UmlosError(INVALID_ARGUMENT, "--break-lock goes with a store in an object store: on disk, the lock is "
+                         "a flock the kernel drops when its holder dies", operator=BATCHING_OPERATOR)
     store = append_shards(args.directory, args.stores, create=args.create, force=args.force)
     print(f"{'created' if args.create else 'appended to'} sharded token store {args.directory}: {len(store)} samples "
           f"in {store.num_parts} shards, {store.num_tokens} tokens")
+    print(f"dataset_hash {store.dataset_hash}")
+    return 0
+
+
+def _append_remote(args) -> int:
+    """``data append URL STORE...`` (umlos_cuda/remote/append.py)."""
+    from ..remote.append import append_remote
+
+    done = append_remote(args.directory, args.stores, break_lock=args.break_lock)
+    if args.break_lock:
+        print(f"broke the lock of {args.directory}, held by {done.broken}" if done.broken is not None
+              else f"{args.directory} had no lock to break")
+    store = done.store
+    print(f"appended to sharded token store {args.directory}: {len(store)} samples in {store.num_parts} shards, "
+          f"{store.num_tokens} tokens")
     print(f"dataset_hash {store.dataset_hash}")
     return 0
 

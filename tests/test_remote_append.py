@@ -237,3 +237,25 @@ def test_an_id_already_in_the_store_fetches_only_the_shard_holding_its_hash(worl
     assert fetched == {"00001"}
     assert writes(object_store) == [("PUT", f"{prefix}/.lock"), ("POST", "")]  # the lock taken and removed alone
     assert ".lock" not in objects(object_store, bucket, prefix) and again.is_dir()
+
+
+def test_tokenize_append_into_a_bucket_puts_what_it_writes_on_disk(world, object_store, tmp_path, capsys):
+    """``data tokenize --append --output URL``: the same disk path (tokenize_sharded with append) on the private
+    folder, then the same publish."""
+    bucket = object_store.bucket()
+    url = object_store.upload_folder(world / "sharded", bucket, "grown")
+    shutil.copytree(world / "sharded", tmp_path / "disk")
+    args = ["--dataset", str(world / "part-2.jsonl"), "--tokenizer", str(world / "model"), "--append", "--quiet"]
+    assert main(["data", "tokenize", *args, "--output", str(tmp_path / "disk")]) == 0
+    disk_said = capsys.readouterr().out.splitlines()
+    assert main(["data", "tokenize", *args, "--output", url]) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[0] == disk_said[0].replace(str(tmp_path / "disk"), url) and said[1:3] == disk_said[1:3]
+    assert objects(object_store, bucket, "grown") == files(tmp_path / "disk")
+    assert objects(object_store, bucket, "grown")["meta.json"] == (world / "appended" / "meta.json").read_bytes()
+    with pytest.raises(SystemExit) as usage:
+        main(["data", "tokenize", *args, "--output", url, "--break-lock", "--engine", "ray"])
+    assert usage.value.code == 2 and "no --engine ray yet" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["data", "tokenize", *args, "--output", str(tmp_path / "disk"), "--break-lock"])
+    assert "--break-lock goes with --append to a sharded store in an object store" in capsys.readouterr().err

@@ -54,6 +54,9 @@ def register_actions(actions) -> None:
                           help="with --engine ray: the Ray cluster to run on (its head's HOST:PORT, or 'auto'); "
                           "default: the cluster RAY_ADDRESS names, else the one `ray start` started on this machine, "
                           "else a Ray started here for the job")
+    tokenize.add_argument("--break-lock", action="store_true",
+                          help="with --append to an object-store URL: remove the lock object a killed append left "
+                          "first (give it only when that append is gone; docs/object-stores.md)")
     tokenize.set_defaults(func=lambda args: run_tokenize(args, tokenize))
 
     append = actions.add_parser(
@@ -120,9 +123,12 @@ def run_tokenize(args, parser) -> int:
     if args.ray_address is not None and args.engine != "ray":
         parser.error("--ray-address goes with --engine ray")
     remote = is_remote(args.output)
-    if remote and (args.sharded or args.append or args.engine == "ray"):
-        parser.error("an object-store --output takes a token store (no --sharded, --append or --engine ray yet): "
-                     "docs/object-stores.md")
+    if remote and (args.engine == "ray" or (args.sharded and not args.append)):
+        parser.error("an object-store --output takes a token store, or --append to a sharded store there (no new "
+                     "--sharded store and no --engine ray yet): docs/object-stores.md")
+    if args.break_lock and not (remote and args.append):
+        parser.error("--break-lock goes with --append to a sharded store in an object store (on disk, the lock is a "
+                     "flock the kernel drops when its holder dies)")
     if args.engine == "ray" and has_remote(args.dataset):
         parser.error("--engine ray reads --dataset from a path its workers see; an object-store URL is copied to "
                      "this machine's disk first (docs/object-stores.md): give a shared path, or tokenize here")
@@ -158,7 +164,13 @@ def _tokenize_and_publish(staging: str, dataset, tokenizer, output: str, *, forc
 def run_tokenize_sharded(args, parser) -> int:
     from ..batching.tokens.partition import tokenize_sharded
 
+    remote = is_remote(args.output)
+
     def build(dataset, tokenizer, output, **options):
+        if remote:  # the disk append on a private copy of the store, then published (remote/append.py)
+            from ..remote.append import tokenize_append_remote
+
+            return tokenize_append_remote(output, dataset, tokenizer, break_lock=args.break_lock, **options).store
         if args.engine == "ray":  # the same store, written by a Ray Data job (batching/tokens/distributed.py)
             from ..batching.tokens.distributed import tokenize_on_ray
 
@@ -168,8 +180,14 @@ def run_tokenize_sharded(args, parser) -> int:
 
     if args.append and args.force:
         parser.error("--append adds shards and replaces nothing; --force goes with a new store")
-    before = None
-    if args.append:
+    from ..batching.tokens.logical import ShardedFacts
+
+    before: ShardedFacts | None = None
+    if args.append and remote:
+        from ..remote.sharded import RemoteShardedStore
+
+        before = RemoteShardedStore.open(args.output)
+    elif args.append:
         from ..batching.tokens.partition import open_for_append
 
         before = open_for_append(args.output)

@@ -51,7 +51,7 @@ import shutil
 import socket
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -62,9 +62,11 @@ from ..batching.tokens.index import (DIGESTS_FOLDER, INDEX_WHAT, MAX_INDEX_BYTES
                                      digests_name, id_hashes_name, invalid, shard_name)
 from ..batching.tokens.logical import ShardedTokenStore
 from ..batching.tokens.rows import DIGEST_BYTES
+from ..batching.tokens.store import TokenStore
 from ..errors import UmlosError
 from ..files import reader
 from ..files.artifacts import MARKER, MARKER_LIMIT
+from ..files.atomic import write_failed
 from ..files.folder import Folder
 from .bounded import read_object_bytes
 from .client import ObjectInfo, RemoteObject, RetryBudget, client_store, remote_error, retrying
@@ -83,8 +85,8 @@ MAX_SHARD_OBJECTS = 64
 
 @dataclass(frozen=True)
 class Appended:
-    """What :func:`append_remote` did: the store as published, and the holder of the lock it broke (None when it
-    broke none)."""
+    """What an append into an object store did: the store as published, and the holder of the lock it broke (None
+    when it broke none)."""
 
     store: RemoteShardedStore
     broken: str | None
@@ -93,47 +95,97 @@ class Appended:
 def append_remote(url: str, folders: Sequence[str | os.PathLike[str]], *, break_lock: bool = False,
                   budget: RetryBudget | None = None) -> Appended:
     """Adopt the token store ``folders`` (in order) as the next shards of the sharded store at ``url`` (module
-    docstring); ``break_lock`` removes the lock object first (its holder is gone: the user says so)."""
-    target = parse_url(url)
-    budget = budget if budget is not None else RetryBudget()
+    docstring: ``data append URL STORE...``); ``break_lock`` removes the lock object first (its holder is gone:
+    the user says so)."""
     paths = [os.path.abspath(os.fspath(folder)) for folder in folders]
     if not paths:
         raise UmlosError(errors.INVALID_ARGUMENT, "data append needs at least one token store to adopt",
                          operator=errors.BATCHING_OPERATOR)
+    for path in paths:  # a mistyped folder is refused before the store is locked (the append opens them again)
+        TokenStore.open(path)
+    with _session(url, break_lock, budget, beside=os.path.dirname(paths[0])) as session:
+        local = append_shards(session.root, paths, opener=session.opener)
+        # The folders go back where they were at once (a rename each), and are put from there: a process killed
+        # while it puts them leaves them where the user had them, for the same command to adopt again.
+        shards = dict(enumerate(paths, session.first))
+        for number, path in shards.items():
+            os.rename(local.shard_path(number), path)
+        store = session.publish(local, shards)
+        for path in paths:  # published: moved into the store, as a disk append moves them
+            shutil.rmtree(path, ignore_errors=True)
+        return Appended(store, session.broken)
+
+
+def tokenize_append_remote(url: str, dataset: Any, tokenizer: Any, *, break_lock: bool = False,
+                           budget: RetryBudget | None = None, **options: Any) -> Appended:
+    """Tokenize the input files of ``dataset`` as the next shards of the sharded store at ``url``
+    (``data tokenize --append --output URL``: :func:`~umlos_cuda.batching.tokens.partition.tokenize_sharded` with
+    ``append``, on the private folder; ``options`` are its own), then publish them as :func:`append_remote` does."""
+    from ..batching.tokens.partition import tokenize_sharded
+
+    with _session(url, break_lock, budget, beside=None) as session:
+        local = tokenize_sharded(dataset, tokenizer, session.root, append=True, opener=session.opener, **options)
+        store = session.publish(local, {number: local.shard_path(number)
+                                        for number in range(session.first, local.num_parts)})
+        return Appended(store, session.broken)
+
+
+@dataclass
+class _Session:
+    """An append's hold on the store at ``target``: its lock taken, ``root`` the private folder holding what the
+    disk append reads of it (``index``, as read at the start; ``first``, the number of its first new shard)."""
+
+    target: ObjectUrl
+    budget: RetryBudget
+    root: str
+    index: _Index
+    broken: str | None
+
+    @property
+    def first(self) -> int:
+        return len(json.loads(self.index.data)["shards"])
+
+    def opener(self, path: str) -> ShardedTokenStore:
+        """The disk append's reader of the private folder: a shard fetched when the id check opens it."""
+        return _FetchingStore.open_fetching(path, self.target, self.budget)
+
+    def publish(self, local: ShardedTokenStore, shards: dict[int, str]) -> RemoteShardedStore:
+        """Steps 3 and 4 for what the disk append wrote (``shards``: new shard number to its folder), then the store
+        opened from the URL, its index compared with the folder's."""
+        _publish(self.target, local, shards, self.index, self.budget)
+        published = RemoteShardedStore.open(str(self.target), budget=self.budget)
+        if published.meta != local.meta:
+            raise remote_error(errors.REMOTE_OBJECT_CHANGED, f"{self.index.obj.name} differs from the index this "
+                               "append put, right after it was put: another writer published to the same prefix")
+        return published
+
+
+@contextlib.contextmanager
+def _session(url: str, break_lock: bool, budget: RetryBudget | None, *, beside: str | None) -> Iterator[_Session]:
+    """The store at ``url`` locked (its lock broken first with ``break_lock``), its index, marker and digests copied
+    into a private folder (mode 0700, in ``beside``, else the temporary folder) and an interrupted append's objects
+    removed; the folder removed and the lock released when the block ends."""
+    target = parse_url(url)
+    budget = budget if budget is not None else RetryBudget()
+    _index_object(target, budget)  # no store there: refused before the lock is taken (a lock object is a write)
     lock = _Lock(target, budget)
     broken = lock.break_() if break_lock else None
     lock.take()
     try:
-        work = tempfile.mkdtemp(prefix=".umlos-append-", dir=os.path.dirname(paths[0]))  # mode 0700
         try:
-            store = _append(target, paths, work, budget)
+            work = tempfile.mkdtemp(prefix=".umlos-append-", dir=beside)
+        except OSError as exc:
+            raise write_failed(os.path.join(beside or tempfile.gettempdir(), ".umlos-append-*"), exc) from exc
+        try:
+            root = os.path.join(work, "store")
+            index = _mirror(target, root, budget)
+            session = _Session(target, budget, root, index, broken)
+            _remove_leftovers(target, session.first, index, budget)
+            yield session
         finally:
             shutil.rmtree(work, ignore_errors=True)
     finally:
         lock.release()
-    return Appended(store, broken)
-
-
-def _append(target: ObjectUrl, paths: list[str], work: str, budget: RetryBudget) -> RemoteShardedStore:
-    """Read what the disk append needs into ``work/store``, run it there, publish what it wrote."""
-    root = os.path.join(work, "store")
-    index = _mirror(target, root, budget)
-    first = len(json.loads(index.data)["shards"])
-    _remove_leftovers(target, first, index, budget)
-    local = append_shards(root, paths, opener=lambda path: _FetchingStore.open_fetching(path, target, budget))
-    # The folders go back where they were at once (a rename each), and are put from there: a process killed while
-    # it puts them leaves them where the user had them, for the same command to adopt again.
-    shards = {number: path for number, path in enumerate(paths, first)}
-    for number, path in shards.items():
-        os.rename(local.shard_path(number), path)
-    _publish(target, local, shards, index, budget)
-    for path in paths:  # published: moved into the store, as a disk append moves them
-        shutil.rmtree(path, ignore_errors=True)
-    published = RemoteShardedStore.open(str(target), budget=budget)
-    if published.meta != local.meta:
-        raise remote_error(errors.REMOTE_OBJECT_CHANGED, f"{index.obj.name} differs from the index this append put, "
-                           "right after it was put: another writer published to the same prefix")
-    return published
 
 
 # ---------------------------------------------------------------------- the lock
@@ -159,7 +211,11 @@ class _Lock:
             try:
                 obstore.put(self.store, self.key, self.body, mode="create")
             except AlreadyExistsError:
-                if self._current() != self.body:  # a retry after a reply lost finds this process's own lock
+                try:
+                    mine = self._current() == self.body  # a retry after a reply lost finds this process's own lock
+                except (FileNotFoundError, UmlosError):
+                    mine = False
+                if not mine:
                     raise self._locked() from None
 
         retrying(create, self.name, self.budget, verb="writing")
@@ -240,13 +296,7 @@ class _Index:
 def _mirror(target: ObjectUrl, root: str, budget: RetryBudget) -> _Index:
     """``root`` made to hold the store's index, marker, empty ``shards/`` and its ``digests/``: what the disk
     append reads of a store (module docstring); each object refused over its cap before it is fetched."""
-    key = target.key(INDEX_FILE)
-    try:
-        obj = RemoteObject.open(target, key, budget)
-    except FileNotFoundError:
-        raise UmlosError(errors.TOKEN_STORE_NOT_FOUND, f"no sharded token store at {target}: {target.name(key)} does "
-                         "not exist (publish one first: write it on disk with `umlos-cuda data tokenize --sharded` "
-                         "and copy it there, files as they are)", operator=errors.BATCHING_OPERATOR) from None
+    obj = _index_object(target, budget)
     if obj.info.etag is None:
         raise remote_error(errors.REMOTE_UNAVAILABLE, f"{obj.name} has no ETag: an append replaces the index only "
                            "if it is still the one it read (If-Match), which this store cannot do; append on disk")
@@ -265,6 +315,17 @@ def _mirror(target: ObjectUrl, root: str, budget: RetryBudget) -> _Index:
                 _fetch(target, f"{DIGESTS_FOLDER}/{name}", size + reader.MAX_NPY_HEADER_BYTES + 12, folder,
                        [DIGESTS_FOLDER], budget)
     return _Index(obj, data)
+
+
+def _index_object(target: ObjectUrl, budget: RetryBudget) -> RemoteObject:
+    """The store's index object (its size and ETag read now); TOKEN_STORE_NOT_FOUND when there is none."""
+    key = target.key(INDEX_FILE)
+    try:
+        return RemoteObject.open(target, key, budget)
+    except FileNotFoundError:
+        raise UmlosError(errors.TOKEN_STORE_NOT_FOUND, f"no sharded token store at {target}: {target.name(key)} does "
+                         "not exist (publish one first: write it on disk with `umlos-cuda data tokenize --sharded` "
+                         "and copy it there, files as they are)", operator=errors.BATCHING_OPERATOR) from None
 
 
 def _fetch(target: ObjectUrl, relative: str, max_bytes: int, folder: Folder, folders: list[str],

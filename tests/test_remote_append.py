@@ -69,15 +69,6 @@ def published(world, object_store, tmp_path):
     return url, bucket, "corpus/web", staged
 
 
-def objects(object_store, bucket: str, prefix: str) -> dict[str, bytes]:
-    """Every object under ``prefix`` (relative key to bytes), read from the server itself."""
-    import obstore
-
-    direct = object_store._direct(bucket)
-    keys = [meta["path"] for chunk in obstore.list(direct, prefix=prefix + "/") for meta in chunk]
-    return {key[len(prefix) + 1:]: bytes(obstore.get(direct, key).bytes()) for key in keys}
-
-
 def files(folder: Path) -> dict[str, bytes]:
     return {path.relative_to(folder).as_posix(): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
 
@@ -99,7 +90,7 @@ def test_an_append_into_a_bucket_puts_what_the_disk_append_writes(world, publish
     assert f"appended to sharded token store {url}: {len(disk)} samples in 3 shards" in said
     assert f"dataset_hash {disk.dataset_hash}" in said
     # Object for object, byte for byte the folder (the index names no path: compared whole); no lock left.
-    assert objects(object_store, bucket, prefix) == files(world / "appended")
+    assert object_store.objects(bucket, prefix) == files(world / "appended")
     remote = RemoteShardedStore.open(url, budget=FAST)
     assert remote.meta == disk.meta and rows_of(remote) == rows_of(disk)
     # The index went up last, once; every other write created a new object of shard 2 (or the lock).
@@ -124,7 +115,7 @@ def test_a_reader_opened_before_reads_the_old_rows_and_one_after_all_rows(world,
 
 def test_a_second_appender_is_refused_at_once_naming_the_lock_and_its_holder(published, object_store, capsys):
     url, bucket, prefix, staged = published
-    index = objects(object_store, bucket, prefix)["meta.json"]
+    index = object_store.objects(bucket, prefix)["meta.json"]
     holder = remote_append._Lock(remote_append.parse_url(url), FAST)
     holder.take()  # this process is the first appender
     try:
@@ -136,8 +127,8 @@ def test_a_second_appender_is_refused_at_once_naming_the_lock_and_its_holder(pub
         assert writes(object_store) == [("PUT", f"{prefix}/.lock")]  # the refused create, nothing else
     finally:
         holder.release()
-    assert objects(object_store, bucket, prefix)["meta.json"] == index and ".lock" not in objects(
-        object_store, bucket, prefix)
+    now = object_store.objects(bucket, prefix)
+    assert now["meta.json"] == index and ".lock" not in now
     assert TokenStore.open(staged).verify()["samples"] == 14
 
 
@@ -167,7 +158,7 @@ def test_a_killed_appender_leaves_the_old_store_and_its_lock_and_break_lock_reco
     finally:
         object_store.proxy.clear()
         object_store.proxy.stall_s = 5.0
-    left = objects(object_store, bucket, prefix)
+    left = object_store.objects(bucket, prefix)
     assert left["meta.json"] == (world / "sharded" / "meta.json").read_bytes()
     assert f"shards/00002/{seen[0].rsplit('/', 1)[1]}" in left  # its first object: put, never listed
     assert json.loads(left[".lock"])["pid"] == child.pid
@@ -179,14 +170,14 @@ def test_a_killed_appender_leaves_the_old_store_and_its_lock_and_break_lock_reco
     assert f"process {child.pid} on host" in capsys.readouterr().err
     assert main(["data", "append", url, str(staged), "--break-lock"]) == 0
     assert f"broke the lock of {url}, held by process {child.pid} on host" in capsys.readouterr().out
-    assert objects(object_store, bucket, prefix) == files(world / "appended")  # leftovers replaced, lock gone
+    assert object_store.objects(bucket, prefix) == files(world / "appended")  # leftovers replaced, lock gone
     for leftover in staged.parent.glob(".umlos-append-*"):  # the killed one's index and digests, removable
         shutil.rmtree(leftover)
 
 
 def test_an_index_replaced_meanwhile_refuses_the_publish(published, object_store, monkeypatch):
     url, bucket, prefix, staged = published
-    index = objects(object_store, bucket, prefix)["meta.json"]
+    index = object_store.objects(bucket, prefix)["meta.json"]
     other = json.dumps(json.loads(index), indent=1).encode()  # the same store, other bytes: another ETag
     putter = remote_append.putter
 
@@ -198,7 +189,7 @@ def test_an_index_replaced_meanwhile_refuses_the_publish(published, object_store
     monkeypatch.setattr(remote_append, "putter", racing)
     refused(lambda: remote_append.append_remote(url, [staged], budget=FAST), errors.REMOTE_OBJECT_CHANGED,
             f"{url}/meta.json was replaced since this append read it", "nothing was published")
-    now = objects(object_store, bucket, prefix)
+    now = object_store.objects(bucket, prefix)
     assert now["meta.json"] == other and ".lock" not in now
     assert TokenStore.open(staged).verify()["samples"] == 14  # back where it was
 
@@ -206,7 +197,7 @@ def test_an_index_replaced_meanwhile_refuses_the_publish(published, object_store
 def test_a_5xx_during_a_shard_put_is_retried_then_refused_without_changing_the_index(world, published,
                                                                                        object_store):
     url, bucket, prefix, staged = published
-    index = objects(object_store, bucket, prefix)["meta.json"]
+    index = object_store.objects(bucket, prefix)["meta.json"]
     shard_put = lambda request: request.method == "PUT" and "/shards/00002/" in request.key  # noqa: E731
     object_store.proxy.inject("error500", count=FAST.attempts, match=shard_put)
     try:
@@ -214,7 +205,7 @@ def test_a_5xx_during_a_shard_put_is_retried_then_refused_without_changing_the_i
                 f"{url}/shards/00002/", f"failed {FAST.attempts} times")
     finally:
         object_store.proxy.clear()
-    now = objects(object_store, bucket, prefix)
+    now = object_store.objects(bucket, prefix)
     assert now["meta.json"] == index and ".lock" not in now
     assert TokenStore.open(staged).verify()["samples"] == 14
     object_store.proxy.inject("error500", count=1, match=shard_put)  # one 500: retried, and the append succeeds
@@ -222,7 +213,7 @@ def test_a_5xx_during_a_shard_put_is_retried_then_refused_without_changing_the_i
         remote_append.append_remote(url, [staged], budget=FAST)
     finally:
         object_store.proxy.clear()
-    assert objects(object_store, bucket, prefix) == files(world / "appended")
+    assert object_store.objects(bucket, prefix) == files(world / "appended")
 
 
 def test_an_id_already_in_the_store_fetches_only_the_shard_holding_its_hash(world, published, object_store,
@@ -236,7 +227,7 @@ def test_an_id_already_in_the_store_fetches_only_the_shard_holding_its_hash(worl
     fetched = {r.key.split("/")[3] for r in object_store.proxy.gets() if "/shards/" in r.key}
     assert fetched == {"00001"}
     assert writes(object_store) == [("PUT", f"{prefix}/.lock"), ("POST", "")]  # the lock taken and removed alone
-    assert ".lock" not in objects(object_store, bucket, prefix) and again.is_dir()
+    assert ".lock" not in object_store.objects(bucket, prefix) and again.is_dir()
 
 
 def test_tokenize_append_into_a_bucket_puts_what_it_writes_on_disk(world, object_store, tmp_path, capsys):
@@ -251,8 +242,8 @@ def test_tokenize_append_into_a_bucket_puts_what_it_writes_on_disk(world, object
     assert main(["data", "tokenize", *args, "--output", url]) == 0
     said = capsys.readouterr().out.splitlines()
     assert said[0] == disk_said[0].replace(str(tmp_path / "disk"), url) and said[1:3] == disk_said[1:3]
-    assert objects(object_store, bucket, "grown") == files(tmp_path / "disk")
-    assert objects(object_store, bucket, "grown")["meta.json"] == (world / "appended" / "meta.json").read_bytes()
+    assert object_store.objects(bucket, "grown") == files(tmp_path / "disk")
+    assert object_store.objects(bucket, "grown")["meta.json"] == (world / "appended" / "meta.json").read_bytes()
     with pytest.raises(SystemExit) as usage:
         main(["data", "tokenize", *args, "--output", url, "--break-lock", "--engine", "ray"])
     assert usage.value.code == 2 and "no --engine ray yet" in capsys.readouterr().err

@@ -35,10 +35,14 @@ remove).
 **Breaking the lock** (``break_lock=True``, ``--break-lock``). An object store cannot tell a dead holder from a
 live one (there is no ``flock`` the kernel drops when its process dies), so no timeout is guessed: the user, who
 knows the holder is gone (its process is not on its host any more), says so. A lock broken while its holder still
-runs is caught at the holder's publish (step 4: its ``If-Match`` fails once another append published, or step 3:
-an object it put was removed and made again by another), so one of the two publishes, never a mix; what is left
-open is the holder removing another append's objects in the one request between its last look and its index PUT,
-which a live holder whose lock was broken can do. Break a lock only when its holder is gone.
+runs is caught at the holder's publish: its ``If-Match`` fails once another append published (step 4), or an
+object it put was removed and created again by another (step 3), and it publishes nothing; neither writes over an
+object the other created. What cannot be ruled out is another append removing and recreating one of the holder's
+objects in the one request between the holder's last look (step 3) and its index PUT. Break a lock only when its
+holder is gone.
+
+``data tokenize --append --output URL`` (:func:`tokenize_append_remote`) is the same session around the disk
+``tokenize_sharded(..., append=True)``, its private folder in the temporary folder.
 """
 
 from __future__ import annotations

@@ -344,6 +344,14 @@ class ObjectStoreServer:
 
         obstore.delete(self._direct(bucket), key)
 
+    def objects(self, bucket: str, prefix: str) -> dict[str, bytes]:
+        """Every object under ``bucket/prefix/`` (its key below the prefix to its bytes), read from the server."""
+        import obstore
+
+        direct = self._direct(bucket)
+        keys = [meta["path"] for chunk in obstore.list(direct, prefix=prefix + "/") for meta in chunk]
+        return {key[len(prefix) + 1:]: bytes(obstore.get(direct, key).bytes()) for key in keys}
+
     def upload_folder(self, folder: str | os.PathLike[str], bucket: str, prefix: str) -> str:
         """Every file under ``folder`` put at ``bucket/prefix/<relative path>``; the ``s3://`` URL of the prefix."""
         root = Path(folder)

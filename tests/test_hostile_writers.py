@@ -675,6 +675,87 @@ def _(w):
         hs.assert_untouched(before, w.state())
 
 
+def remote_store(w: Workspace) -> tuple:
+    """``(object_store, bucket, url)``: the artifacts' sharded store copied into a fresh bucket of the tests'
+    S3-compatible server (skipped without moto and obstore); the case's commands reach it through the proxy."""
+    served = w.request.getfixturevalue("object_store")
+    bucket = served.bucket()
+    return served, bucket, served.upload_folder(w.artifacts / "sharded", bucket, "store")
+
+
+@case("append/remote-while-a-lock-object-holds-the-store")
+def _(w):
+    served, bucket, url = remote_store(w)
+    staged = w.copy("staged")
+    lock = json.dumps({"host": "node-7", "pid": 4242, "started": "2026-01-01T00:00:00+00:00", "token": "x"}).encode()
+    served.put(bucket, "store/.lock", lock)
+    before, objects = w.state(), served.objects(bucket, "store")
+    outcome = w.cli("data", "append", url, staged)
+    hs.assert_refused(outcome, errors.SHARDED_STORE_LOCKED, names=f"{url}/.lock")
+    assert "process 4242 on host 'node-7'" in outcome.stderr and "--break-lock" in outcome.stderr
+    hs.assert_untouched(before, w.state())
+    assert served.objects(bucket, "store") == objects
+
+
+@case("append/remote-lock-object-over-its-cap-is-never-fetched-and-break-lock-removes-it")
+def _(w):
+    served, bucket, url = remote_store(w)
+    staged = w.copy("staged")
+    served.put(bucket, "store/.lock", b"x" * (1 << 20))
+    served.proxy.reset()
+    outcome = w.cli("data", "append", url, staged)
+    hs.assert_refused(outcome, errors.SHARDED_STORE_LOCKED, names=f"{url}/.lock")
+    assert "cannot name" in outcome.stderr and served.proxy.body_bytes("/.lock") == 0
+    hs.assert_ok(w.cli("data", "append", url, staged, "--break-lock"))
+    assert ".lock" not in served.objects(bucket, "store") and not os.path.exists(staged)
+
+
+@case("append/remote-digest-object-over-its-cap-is-refused-before-it-is-fetched")
+def _(w):
+    served, bucket, url = remote_store(w)
+    staged = w.copy("staged")
+    served.put(bucket, "store/digests/00000.npy", b"\x93NUMPY" + b"\0" * (4 << 20))
+    index = served.objects(bucket, "store")["meta.json"]
+    served.proxy.reset()
+    before = w.state()
+    hs.assert_refused(w.cli("data", "append", url, staged), errors.SHARDED_STORE_INVALID,
+                      names=f"{url}/digests/00000.npy")
+    assert served.proxy.body_bytes("/digests/00000.npy") == 0
+    hs.assert_untouched(before, w.state())
+    now = served.objects(bucket, "store")
+    assert now["meta.json"] == index and ".lock" not in now
+
+
+@case("append/remote-objects-a-killed-append-left-are-replaced-never-read")
+def _(w):
+    served, bucket, url = remote_store(w)
+    staged = w.copy("staged")
+    expected = {f"shards/00002/{path.name}": path.read_bytes() for path in Path(staged).iterdir()}
+    served.put(bucket, "store/shards/00002/tokens.npy", b"a killed append's bytes")
+    served.put(bucket, "store/shards/00002/stray.bin", b"a killed append's bytes")
+    served.put(bucket, "store/digests/00002.npy", b"a killed append's bytes")
+    hs.assert_ok(w.cli("data", "append", url, staged))
+    now = served.objects(bucket, "store")
+    assert {key: data for key, data in now.items() if key.startswith("shards/00002/")} == expected
+    assert now["digests/00002.npy"].startswith(b"\x93NUMPY")
+    outcome = hs.python(hs.API_PRELUDE + "from umlos_cuda.batching.sources import open_source\n"
+                        "source = open_source(sys.argv[1], tokens=True)\n"
+                        "guarded(lambda: [source.arrays(row) for row in range(len(source))])\n", url, cwd=w.root)
+    hs.assert_ok(outcome)
+
+
+@case("append/remote-prefix-holding-a-flat-store-is-refused-and-unlocked")
+def _(w):
+    served = w.request.getfixturevalue("object_store")
+    bucket = served.bucket()
+    url = served.upload_folder(w.artifacts / "store", bucket, "flat")
+    staged = w.copy("staged")
+    before, objects = w.state(), served.objects(bucket, "flat")
+    hs.assert_refused(w.cli("data", "append", url, staged), errors.SHARDED_STORE_INVALID, names=f"{url}/meta.json")
+    hs.assert_untouched(before, w.state())
+    assert served.objects(bucket, "flat") == objects
+
+
 @case("append/retry-after-a-killed-append-names-the-moved-shard-and-its-command")
 def _(w):
     store, staged = w.copy("sharded"), w.copy("staged")

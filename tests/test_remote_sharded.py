@@ -166,14 +166,14 @@ def test_the_sharded_store_on_disk_is_what_the_remote_one_is_compared_with(local
     assert len(again) == 90 and [len(again.shard(i)) for i in range(3)] == [25, 35, 30]
 
 
-def test_data_append_and_data_verify_on_a_url_say_what_is_not_built(local, remote, object_store, capsys):
+def test_data_append_create_and_data_verify_on_a_url_say_what_is_not_built(local, remote, object_store, capsys):
     from umlos_cuda.cli import main
 
     url, _ = remote
     object_store.proxy.reset()
-    assert main(["data", "append", url, local.shard_path(0)]) == 2
+    assert main(["data", "append", url, local.shard_path(0), "--create"]) == 2
     said = capsys.readouterr().err
-    assert "error REMOTE_UNAVAILABLE:" in said and "data append writes a sharded store on disk only" in said
+    assert "error REMOTE_UNAVAILABLE:" in said and "creating one in an object store (--create)" in said
     assert [r for r in object_store.proxy.requests if r.method in ("PUT", "POST", "DELETE")] == []
     assert main(["data", "verify", url]) == 2
     said = capsys.readouterr().err

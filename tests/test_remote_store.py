@@ -442,7 +442,7 @@ def test_tokenize_publishes_into_an_object_store_index_last(local, object_store,
     assert writes[-1] == ("PUT", "meta.json") and len(writes) == len(puts) + 1
 
 
-def test_an_object_store_output_takes_a_flat_store_only(local, capsys):
+def test_an_object_store_output_takes_a_flat_store_or_an_append_only(local, capsys):
     from umlos_cuda.cli import main
 
     store, _ = local
@@ -450,4 +450,4 @@ def test_an_object_store_output_takes_a_flat_store_only(local, capsys):
     with pytest.raises(SystemExit):
         main(["data", "tokenize", "--dataset", f"{root}/train.jsonl", "--tokenizer", f"{root}/model", "--sharded",
               "--output", "s3://bucket/sharded", "--quiet"])
-    assert "no --sharded" in capsys.readouterr().err
+    assert "no new --sharded store" in capsys.readouterr().err

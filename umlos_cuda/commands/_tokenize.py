@@ -54,6 +54,9 @@ def register_actions(actions) -> None:
                           help="with --engine ray: the Ray cluster to run on (its head's HOST:PORT, or 'auto'); "
                           "default: the cluster RAY_ADDRESS names, else the one `ray start` started on this machine, "
                           "else a Ray started here for the job")
+    tokenize.add_argument("--break-lock", action="store_true",
+                          help="with --append to an object-store URL: remove the lock object a killed append left "
+                          "first (give it only when that append is gone; docs/object-stores.md)")
     tokenize.set_defaults(func=lambda args: run_tokenize(args, tokenize))
 
     append = actions.add_parser(
@@ -63,12 +66,18 @@ def register_actions(actions) -> None:
         "replace DIR/meta.json last. Refused: another tokenizer, token dtype, vocabulary, loss-mask rule or id kind, "
         "a sample id another shard holds, and a shard folder of another sharded store. One append at a time: while "
         "another holds DIR, this one is refused at once (SHARDED_STORE_LOCKED, naming its pid). With --create, DIR is "
-        "made (it must not exist, unless --force).",
+        "made (it must not exist, unless --force). DIR may be an s3://, gs://, az:// URL of a sharded store: the "
+        "append runs on disk aside, then puts the new shards there, the index last, one writer at a time by a lock "
+        "object (docs/object-stores.md).",
     )
-    append.add_argument("directory", metavar="DIR", help="the sharded token store")
+    append.add_argument("directory", metavar="DIR", help="the sharded token store (a folder, or a URL)")
     append.add_argument("stores", nargs="+", metavar="STORE", help="token store folders to adopt (they are moved)")
     append.add_argument("--create", action="store_true", help="create DIR from these stores")
     append.add_argument("--force", action="store_true", help="with --create: replace an existing sharded store")
+    append.add_argument("--break-lock", action="store_true",
+                        help="DIR in an object store: remove the lock object a killed append left, then append (an "
+                        "object store cannot tell a dead holder from a live one: give it only when the holder is gone;"
+                        " docs/object-stores.md)")
     append.set_defaults(func=run_append)
 
     verify = actions.add_parser(
@@ -114,9 +123,12 @@ def run_tokenize(args, parser) -> int:
     if args.ray_address is not None and args.engine != "ray":
         parser.error("--ray-address goes with --engine ray")
     remote = is_remote(args.output)
-    if remote and (args.sharded or args.append or args.engine == "ray"):
-        parser.error("an object-store --output takes a token store (no --sharded, --append or --engine ray yet): "
-                     "docs/object-stores.md")
+    if remote and (args.engine == "ray" or (args.sharded and not args.append)):
+        parser.error("an object-store --output takes a token store, or --append to a sharded store there (no new "
+                     "--sharded store and no --engine ray yet): docs/object-stores.md")
+    if args.break_lock and not (remote and args.append):
+        parser.error("--break-lock goes with --append to a sharded store in an object store (on disk, the lock is a "
+                     "flock the kernel drops when its holder dies)")
     if args.engine == "ray" and has_remote(args.dataset):
         parser.error("--engine ray reads --dataset from a path its workers see; an object-store URL is copied to "
                      "this machine's disk first (docs/object-stores.md): give a shared path, or tokenize here")
@@ -152,7 +164,13 @@ def _tokenize_and_publish(staging: str, dataset, tokenizer, output: str, *, forc
 def run_tokenize_sharded(args, parser) -> int:
     from ..batching.tokens.partition import tokenize_sharded
 
+    remote = is_remote(args.output)
+
     def build(dataset, tokenizer, output, **options):
+        if remote:  # the disk append on a private copy of the store, then published (remote/append.py)
+            from ..remote.append import tokenize_append_remote
+
+            return tokenize_append_remote(output, dataset, tokenizer, break_lock=args.break_lock, **options).store
         if args.engine == "ray":  # the same store, written by a Ray Data job (batching/tokens/distributed.py)
             from ..batching.tokens.distributed import tokenize_on_ray
 
@@ -162,8 +180,14 @@ def run_tokenize_sharded(args, parser) -> int:
 
     if args.append and args.force:
         parser.error("--append adds shards and replaces nothing; --force goes with a new store")
-    before = None
-    if args.append:
+    from ..batching.tokens.logical import ShardedFacts
+
+    before: ShardedFacts | None = None
+    if args.append and remote:
+        from ..remote.sharded import RemoteShardedStore
+
+        before = RemoteShardedStore.open(args.output)
+    elif args.append:
         from ..batching.tokens.partition import open_for_append
 
         before = open_for_append(args.output)
@@ -182,22 +206,39 @@ def run_tokenize_sharded(args, parser) -> int:
 
 def run_append(args) -> int:
     from ..batching.tokens.adopt import append_shards
+    from ..errors import BATCHING_OPERATOR, INVALID_ARGUMENT, REMOTE_OPERATOR, REMOTE_UNAVAILABLE, UmlosError
 
     if args.force and not args.create:
-        from ..errors import UmlosError, INVALID_ARGUMENT, BATCHING_OPERATOR
-
         raise UmlosError(INVALID_ARGUMENT, "--force replaces a sharded store only with --create; an append never "
                          "replaces anything", operator=BATCHING_OPERATOR)
-    if any(is_remote(path) for path in (args.directory, *args.stores)):
-        from ..errors import REMOTE_OPERATOR, REMOTE_UNAVAILABLE, UmlosError
-
-        raise UmlosError(REMOTE_UNAVAILABLE, "data append writes a sharded store on disk only, for now: an append "
-                         "into an object store (its shards under the prefix, its index last, one writer at a time "
-                         "by a conditional PUT) is not built (docs/object-stores.md); append on disk, then copy the "
-                         "store's new shards, digests and meta.json there, meta.json last", operator=REMOTE_OPERATOR)
+    if any(is_remote(path) for path in args.stores) or (is_remote(args.directory) and args.create):
+        raise UmlosError(REMOTE_UNAVAILABLE, "data append adopts token store folders on disk into a sharded store on "
+                         "disk or in an object store; creating one in an object store (--create) and adopting stores "
+                         "from one are not built (docs/object-stores.md): create the store on disk and copy it there, "
+                         "files as they are", operator=REMOTE_OPERATOR)
+    if is_remote(args.directory):
+        return _append_remote(args)
+    if args.break_lock:
+        raise UmlosError(INVALID_ARGUMENT, "--break-lock goes with a store in an object store: on disk, the lock is "
+                         "a flock the kernel drops when its holder dies", operator=BATCHING_OPERATOR)
     store = append_shards(args.directory, args.stores, create=args.create, force=args.force)
     print(f"{'created' if args.create else 'appended to'} sharded token store {args.directory}: {len(store)} samples "
           f"in {store.num_parts} shards, {store.num_tokens} tokens")
+    print(f"dataset_hash {store.dataset_hash}")
+    return 0
+
+
+def _append_remote(args) -> int:
+    """``data append URL STORE...`` (umlos_cuda/remote/append.py)."""
+    from ..remote.append import append_remote
+
+    done = append_remote(args.directory, args.stores, break_lock=args.break_lock)
+    if args.break_lock:
+        print(f"broke the lock of {args.directory}, held by {done.broken}" if done.broken is not None
+              else f"{args.directory} had no lock to break")
+    store = done.store
+    print(f"appended to sharded token store {args.directory}: {len(store)} samples in {store.num_parts} shards, "
+          f"{store.num_tokens} tokens")
     print(f"dataset_hash {store.dataset_hash}")
     return 0
 

@@ -19,6 +19,8 @@ Modules:
     planned  :class:`PlannedTokenSource`: a rank's rows, each block fetched ahead and evicted by Belady's rule
     blockfiles  the planned cache's disk tier: verified block files in a folder processes share, one fetch each
     publish  a store written on disk put under a prefix, its ``meta.json`` last (``data tokenize --output s3://``)
+    append   a sharded store's next shards: the disk append on a private copy, then put, the index last (If-Match),
+             one appender at a time by a lock object (``data append s3://...``)
 """
 
 from .belady import Schedule, belady

@@ -30,7 +30,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import errors
@@ -141,7 +141,7 @@ def _stage(url: ObjectUrl, root: Folder, name: str, budget: RetryBudget) -> str:
     with root.mkdir(name) as here:
         for relative, info in objects:
             *folders, leaf = relative.split("/")
-            _copy(url, RemoteObject(url, _key(url, relative, len(objects) == 1), info, budget), here, folders, leaf)
+            copy_object(RemoteObject(url, _key(url, relative, len(objects) == 1), info, budget), here, folders, leaf)
     return os.path.join(root.path, name, objects[0][0].split("/")[0])
 
 
@@ -153,8 +153,11 @@ def _key(url: ObjectUrl, relative: str, single: bool) -> str:
     return f"{url.prefix}/{below}" if url.prefix else below
 
 
-def _copy(url: ObjectUrl, obj: RemoteObject, root: Folder, folders: list[str], leaf: str) -> None:
-    """``obj`` written to ``root/folders.../leaf``, each folder made here (never through a link), in ranges."""
+def copy_object(obj: RemoteObject, root: Folder, folders: list[str], leaf: str,
+                error: Callable[[str], UmlosError] = _unreadable) -> None:
+    """``obj`` written to ``root/folders.../leaf``, each folder made here (never through a link), in ranges of
+    :data:`PIECE` bytes, each checked against its recorded ETag and size; ``error`` names a write that fails (an
+    append into an object store copies its store's index and digests so: remote/append.py)."""
     opened: list[Folder] = []
     try:
         current = root
@@ -165,7 +168,7 @@ def _copy(url: ObjectUrl, obj: RemoteObject, root: Folder, folders: list[str], l
             for start in range(0, obj.size, PIECE):
                 handle.write(obj.read(start, min(start + PIECE, obj.size)))
     except OSError as exc:
-        raise _unreadable(f"copying {obj.name} into {root.path}: {exc.strerror or exc}") from None
+        raise error(f"copying {obj.name} into {root.path}: {exc.strerror or exc}") from None
     finally:
         for folder in opened:
             folder.close()

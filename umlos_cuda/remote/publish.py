@@ -36,14 +36,15 @@ def _not_a_store(message: str) -> UmlosError:
     return UmlosError(errors.TOKEN_STORE_INVALID, message, operator=errors.REMOTE_OPERATOR)
 
 
-def _putter(store: Any, key: str, path: str) -> Callable[[], Any]:
+def putter(store: Any, key: str, path: str, **options: Any) -> Callable[[], Any]:
     """A whole PUT of the regular file ``path`` at ``key``, the file opened again on each try and streamed
-    (the client library splits a large file into parts)."""
+    (the client library splits a large file into parts unless ``options`` ask for a conditional PUT, which is
+    one request); ``options`` go to ``obstore.put`` (``mode``: remote/append.py's conditional PUTs)."""
     import obstore
 
     def put() -> Any:
         with reader.open_regular(path, _not_a_store) as handle:
-            return obstore.put(store, key, handle)
+            return obstore.put(store, key, handle, **options)
 
     return put
 
@@ -75,7 +76,7 @@ def publish_store(folder: str | os.PathLike[str], url: str, *, force: bool = Fal
         retrying(lambda: obstore.delete(store, index_key), target.name(index_key), budget, verb="removing")
     for name in [name for name in names if name != INDEX] + [INDEX]:
         path, key = os.path.join(folder, name), target.key(name)
-        retrying(_putter(store, key, path), target.name(key), budget, verb="writing")
+        retrying(putter(store, key, path), target.name(key), budget, verb="writing")
     published = RemoteTokenStore.open(str(target), budget=budget)
     local = reader.read_json(os.path.join(folder, INDEX), _not_a_store)
     if published.meta != local:

@@ -104,18 +104,22 @@ LOCK_FILE = ".lock"
 
 
 def append_shards(directory: str | os.PathLike[str], folders: Sequence[str | os.PathLike[str]], *,
-                  create: bool = False, force: bool = False) -> ShardedTokenStore:
+                  create: bool = False, force: bool = False,
+                  opener: Callable[[str], ShardedTokenStore] = ShardedTokenStore.open) -> ShardedTokenStore:
     """Adopt the token stores ``folders`` (in order) as the next shards of the sharded store
     ``directory`` (module docstring); with ``create``, make the store first (OUTPUT_EXISTS if
     ``directory`` exists, unless ``force``, which replaces only a sharded token store).
-    SHARDED_STORE_LOCKED when another append holds the store."""
-    with adopting(directory, create=create, force=force) as adopt:
+    SHARDED_STORE_LOCKED when another append holds the store. ``opener(root)`` opens the store as the append
+    reads it: an append into an object store (remote/append.py) gives one whose shards are fetched when the id
+    check needs one (its folder holds the index and digests alone)."""
+    with adopting(directory, create=create, force=force, opener=opener) as adopt:
         return adopt(folders)
 
 
 @contextlib.contextmanager
-def adopting(directory: str | os.PathLike[str], *, create: bool = False,
-             force: bool = False) -> Iterator[Callable[[Sequence[str | os.PathLike[str]]], ShardedTokenStore]]:
+def adopting(directory: str | os.PathLike[str], *, create: bool = False, force: bool = False,
+             opener: Callable[[str], ShardedTokenStore] = ShardedTokenStore.open,
+             ) -> Iterator[Callable[[Sequence[str | os.PathLike[str]]], ShardedTokenStore]]:
     """A function that adopts folders into ``directory`` as :func:`append_shards` does, for writers that make
     the folders first (``tokenize --append``, the Ray job): an append takes the store's lock when the block
     starts and holds it to its end, so a second writer is refused before the shards are tokenized, not after
@@ -124,9 +128,9 @@ def adopting(directory: str | os.PathLike[str], *, create: bool = False,
     if create:
         yield lambda folders: _create(root, _paths(folders), force)
         return
-    ShardedTokenStore.open(root)  # not a store: refused before its folder is locked (a lock file is a write)
+    opener(root)  # not a store: refused before its folder is locked (a lock file is a write)
     with _locked(root):
-        yield lambda folders: _append(root, _paths(folders))
+        yield lambda folders: _append(root, _paths(folders), opener)
 
 
 def _paths(folders: Sequence[str | os.PathLike[str]]) -> list[str]:
@@ -139,9 +143,9 @@ def _paths(folders: Sequence[str | os.PathLike[str]]) -> list[str]:
     return paths
 
 
-def _append(root: str, paths: list[str]) -> ShardedTokenStore:
+def _append(root: str, paths: list[str], opener: Callable[[str], ShardedTokenStore]) -> ShardedTokenStore:
     """Steps 1 to 6 (module docstring), the store's lock held."""
-    old = ShardedTokenStore.open(root)  # the index this append replaces, read under the lock
+    old = opener(root)  # the index this append replaces, read under the lock
     _refuse_unlisted(old, paths)
     staged = _open_staged(paths, root, old)
     _check_together(staged, old)
@@ -498,6 +502,10 @@ def _ids_of(store: TokenStore) -> Callable[[], list[str]]:
     return lambda: store.sample_ids
 
 
+def _shard_ids(store: ShardedTokenStore, index: int) -> Callable[[], list[str]]:
+    return lambda: store.shard(index).sample_ids
+
+
 def _refuse_repeated_ids(staged: list[TokenStore], new_hashes: list[np.ndarray],
                          old: ShardedTokenStore | None) -> None:
     """SHARDED_STORE_MISMATCH when a sample id of a staged store is in the store or in another staged store.
@@ -508,9 +516,11 @@ def _refuse_repeated_ids(staged: list[TokenStore], new_hashes: list[np.ndarray],
     candidates = ordered[1:][ordered[1:] == ordered[:-1]]
     if candidates.size == 0:
         return
-    stores: list[TokenStore] = [old.shard(i) for i in range(old.num_parts)] if old is not None else []
-    stores += staged  # opening an older shard reads its meta.json and maps its arrays, never its ids
-    owners: list[tuple[str, Callable[[], list[str]]]] = [(store.root, _ids_of(store)) for store in stores]
+    # An older shard is opened only when it holds a candidate (its meta.json read and its arrays mapped, its ids
+    # read then): an append into an object store fetches that shard, and no other.
+    owners: list[tuple[str, Callable[[], list[str]]]] = \
+        [(old.shard_path(i), _shard_ids(old, i)) for i in range(old.num_parts)] if old is not None else []
+    owners += [(store.root, _ids_of(store)) for store in staged]
     seen: dict[str, str] = {}
     for (where, ids), hashes in zip(owners, parts):
         rows = np.flatnonzero(np.isin(hashes, candidates))

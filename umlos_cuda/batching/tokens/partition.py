@@ -62,19 +62,22 @@ def tokenize_shard(dataset: Any, index: int, tokenizer: Any, output: str | os.Pa
 
 def tokenize_sharded(dataset: Any, tokenizer: Any, output: str | os.PathLike[str], *, append: bool = False,
                      force: bool = False, format: str | None = None,
-                     progress: Callable[[int, int], None] | None = None, **options: Any) -> ShardedTokenStore:
+                     progress: Callable[[int, int], None] | None = None,
+                     opener: Callable[[str], ShardedTokenStore] = ShardedTokenStore.open,
+                     **options: Any) -> ShardedTokenStore:
     """Tokenize every input file of ``dataset`` as one shard and write the sharded store ``output``
     (``force`` replaces a sharded store); with ``append``, add them as new shards of the existing
     store ``output`` (their rows get content ids, as files of a growing multi-file dataset).
     The shards are written in a hidden staging folder beside ``output``, then adopted
     (:func:`~umlos_cuda.batching.tokens.adopt.adopting`: an append holds the store's lock from before the
-    first file is tokenized); the staging folder is removed."""
+    first file is tokenized); the staging folder is removed. ``opener`` is :func:`~.adopt.append_shards`'s."""
     inputs = resolve(dataset, format)
     root = check_sharded_output(output, dataset, format, tokenizer, options.get("chat_template"), append=append,
                                 force=force)
     sizes = [input_bytes(item.files) for item in inputs]
     total = max(sum(sizes), 1)
-    with adopting(root, create=not append, force=force) as adopt, staging_folder(root, "stage") as stage_path:
+    with adopting(root, create=not append, force=force, opener=opener) as adopt, \
+            staging_folder(root, "stage") as stage_path:
         staged: list[str] = []
         before = 0
         for index, size in enumerate(sizes):

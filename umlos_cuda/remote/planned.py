@@ -1,7 +1,8 @@
 """The planned cache: a rank's rows read from an object store in plan order, each block fetched ahead of its use
 and evicted by Belady's rule.
 
-What goes in: a :class:`~.store.RemoteTokenStore` (or its URL), and the
+What goes in: a flat or sharded token store in an object store (:class:`~.store.RemoteTokenStore`,
+:class:`~.sharded.RemoteShardedStore`, or its URL), and the
 :class:`~umlos_cuda.torch.PlanBatchSampler` that will index it (its plan, rank, world size and cursor: the
 rank's share of the plan from the cursor on), a cache size ``cache_bytes``, a block size, how many steps
 ahead to fetch (``lookahead``), how many requests may be in flight (``concurrency``) and the largest gap
@@ -11,7 +12,9 @@ fetched before it is asked for (as far as ``lookahead`` and the store's speed al
 ``arrays_many(rows)`` answers a microbatch's rows in one call (what ``TokenDataset.__getitems__`` asks for),
 assembled together with the fetches issued where one row at a time issues them.
 
-How: the objects are cut into blocks of ``block_bytes``. From the sampler's pass (the rows of each of this
+How: the store's data objects are cut into blocks of ``block_bytes``: its object table (:mod:`.objects`: a flat
+store's tokens and loss mask, a sharded store's of each shard) numbers them, and a block's id is its object's
+number << 40 | its own number. From the sampler's pass (the rows of each of this
 rank's steps, from the cursor to the end of its epoch) comes the sequence of blocks the rows reference, in
 order; :func:`~.belady.belady` gives, for that sequence and ``cache_bytes // block_bytes`` blocks, which
 references miss and what each evicts. The reader carries that schedule out: a miss is fetched as soon as
@@ -25,7 +28,8 @@ reference.
 
 Each epoch starts with an empty cache (the next epoch's schedule is built when the reader reaches it). A row
 asked for out of the planned order (another sampler, a retry of a step) is read directly, two GETs, and
-counted in ``unplanned_rows``. Every range is checked against the ETag and size recorded at opening
+counted in ``unplanned_rows``. A Megatron pair (its loss mask no object of its own) is refused with
+REMOTE_UNAVAILABLE. Every range is checked against the ETag and size recorded at opening
 (:mod:`.client`): a changed object fails the read with REMOTE_OBJECT_CHANGED and its bytes are not kept.
 
 A disk tier (``cache_dir``, ``disk_bytes``): each memory miss looks for its block in a folder of block files

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_remote_cache import assert_every_file_verifies
+from test_remote_cache import assert_every_file_verifies, pass_of, worker_batches
 from token_cases import copy_shard_rehashed, random_sequences, write_megatron, write_two_shards
 from umlos_cuda import errors
 from umlos_cuda.errors import UmlosError
@@ -106,12 +106,6 @@ def expected_refs(opened: RemoteShardedStore, rows, block=BLOCK) -> list[int]:
                                          (store.starts["loss_mask"] + start, store.starts["loss_mask"] + stop))):
             refs += [((2 * shard + column) << 40) | k for k in range(a // block, (b - 1) // block + 1)] if b > a else []
     return refs
-
-
-def pass_of(sampler) -> list[list[int]]:
-    fresh = PlanBatchSampler(sampler.plan, sampler.rank, sampler.world_size, epoch=sampler.epoch,
-                             microbatch_index=sampler.microbatch_index)
-    return [[int(k) for k in keys] for keys in fresh]
 
 
 def read_rows(source, store, steps) -> None:
@@ -273,20 +267,10 @@ def test_spawned_workers_fetch_their_own_steps_and_give_the_batches_of_no_worker
     opened = opened_whole(remote)
     every = sum(opened.object_table()[n].size for n in range(4)) + 4 * BLOCK
 
-    def batches(workers):
-        sampler = PlanBatchSampler(plan, rank=1, world_size=2)
-        source = PlannedTokenSource(remote, sampler, cache_bytes=every, block_bytes=BLOCK)
-        extra = {"multiprocessing_context": "spawn"} if workers else {}
-        loader = DataLoader(TokenDataset(source, plan=plan), batch_sampler=sampler, collate_fn=PlanCollator(plan),
-                            num_workers=workers, **extra)
-        out = list(loader)
-        source.close()
-        return out
-
-    here = batches(0)
+    here = worker_batches(remote, plan, 0, cache_bytes=every)
     steps = pass_of(PlanBatchSampler(plan, rank=1, world_size=2))
     object_store.proxy.reset()
-    there = batches(2)
+    there = worker_batches(remote, plan, 2, cache_bytes=every)
     assert len(here) == len(there) == len(steps) > 2
     for a, b in zip(here, there):
         assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)

@@ -8,12 +8,14 @@ What goes in: the parts of a token store read from an object store, each a flat 
 opened), and, for a sequence of global rows, each row's two spans (:class:`RowSpans`): the object number and
 byte range of its tokens and of its loss mask. The planned cache (:mod:`.planned`) numbers its blocks by this
 table (object number << 40 | block number), so one reader serves every store kind that is a list of
-(tokens, loss mask) pairs; a flat store's table is its two objects, numbered 0 and 1 as they always were.
+(tokens, loss mask) pairs; a flat store's table is its two objects, numbered 0 and 1 as they always were. An id
+has room for 2^23 objects: a sharded store's index (at most 64 MiB, some 300 bytes a shard) lists far fewer.
 
 A row is mapped to ``(part, row within the part)`` by the parts' starts, as
-:class:`~umlos_cuda.batching.tokens.concat.ConcatenatedSource` maps it, for all the rows at once (one sort,
-then one slice of each part's offsets). Asking for spans opens the parts the rows fall in (a sharded store's
-shard is opened and checked on first use), so an object is opened by the thread that plans, never by a fetch.
+:class:`~umlos_cuda.batching.tokens.concat.ConcatenatedSource` maps it, for all the rows at once (sorted by part
+once, then each part's offsets indexed by its rows; a flat store's rows need no sort). Asking for spans opens
+the parts the rows fall in (a sharded store's shard is opened and checked on first use), so an object is opened
+by the thread that plans, never by a fetch.
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ class ObjectTable:
         part's tokens and loss mask, the byte ranges there."""
         rows = np.asarray(rows, dtype=np.int64)
         n = rows.shape[0]
+        if self.row_starts.shape[0] == 2:  # one part (a flat store): its rows are the store's, nothing to sort
+            starts, stops = self._open_part(0).byte_ranges(rows)
+            return RowSpans(np.broadcast_to(np.arange(len(COLUMNS), dtype=np.int64), (n, 2)), starts, stops)
         objects, starts, stops = (np.empty((n, 2), dtype=np.int64) for _ in range(3))
         part_of = np.searchsorted(self.row_starts, rows, side="right") - 1
         order = np.argsort(part_of, kind="stable")

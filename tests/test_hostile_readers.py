@@ -3031,10 +3031,8 @@ _REMOTE_OPEN = hs.API_PRELUDE + (
 )
 
 
-@pytest.mark.parametrize("case", REMOTE_CASES, ids=[c.id for c in REMOTE_CASES])
-def test_a_hostile_remote_store_is_refused_in_bounds(case: RemoteCase, world, tmp_path, object_store):
-    """The reader of token stores in object stores (umlos_cuda/remote/) keeps the bounded reader's rules: sizes
-    and headers before allocation, depth before parsing, each failure the store's documented code."""
+def _case_url(case: RemoteCase, world: Path, tmp_path: Path, object_store) -> str:
+    """The URL of ``case``'s store (or files) copied from the world into a fresh bucket after its change."""
     here = tmp_path / "case"
     if case.files:
         here.mkdir()
@@ -3043,10 +3041,53 @@ def test_a_hostile_remote_store_is_refused_in_bounds(case: RemoteCase, world, tm
     else:
         shutil.copytree(world / case.folder, here)
     case.change(here)
-    bucket = object_store.bucket()
-    url = object_store.upload_folder(here, bucket, "case") + case.entry
+    return object_store.upload_folder(here, object_store.bucket(), "case") + case.entry
+
+
+@pytest.mark.parametrize("case", REMOTE_CASES, ids=[c.id for c in REMOTE_CASES])
+def test_a_hostile_remote_store_is_refused_in_bounds(case: RemoteCase, world, tmp_path, object_store):
+    """The reader of token stores in object stores (umlos_cuda/remote/) keeps the bounded reader's rules: sizes
+    and headers before allocation, depth before parsing, each failure the store's documented code."""
+    url = _case_url(case, world, tmp_path, object_store)
     before = hs.tree_state(tmp_path)
     outcome = hs.python(_REMOTE_OPEN if case.tokens else _REMOTE_LENGTHS, url, cwd=tmp_path, wall_s=WALL_S,
+                        env=dict(os.environ))
+    hs.assert_refused(outcome, case.code, names=case.names)
+    hs.assert_untouched(before, hs.tree_state(tmp_path))
+
+
+#: The sharded store's cases again, read through the planned cache (a shard is opened when the pass that reads its
+#: rows is planned), and a Megatron pair, which the planned cache refuses.
+PLANNED_CASES = [case for case in REMOTE_CASES if case.folder == "sharded"] + [
+    RemoteCase("user/remote-megatron-through-the-planned-cache", lambda folder: None, errors.REMOTE_UNAVAILABLE,
+               "mega", **PAIR),
+]
+
+#: A plan over the intact sharded store on disk (``argv[2]``), its first microbatch read through a planned cache
+#: of the URL (``argv[1]``).
+_REMOTE_PLANNED = hs.API_PRELUDE + (
+    "from umlos_cuda.batching import BatchingConfig\n"
+    "from umlos_cuda.batching.plans.windows import ArrayLengths, WindowDefinition, WindowedPlan\n"
+    "from umlos_cuda.batching.tokens.logical import ShardedTokenStore\n"
+    "from umlos_cuda.remote import PlannedTokenSource\n"
+    "from umlos_cuda.torch import PlanBatchSampler\n"
+    "intact = ShardedTokenStore.open(sys.argv[2])\n"
+    "config = BatchingConfig.throughput(512, (32, 64, 128), 256, seed=1)\n"
+    "plan = WindowedPlan.build(WindowDefinition(config, len(intact), 8), ArrayLengths(intact.lengths), 1)\n"
+    "rows = [int(key) for key in next(iter(PlanBatchSampler(plan)))]\n"
+    "guarded(lambda: PlannedTokenSource(sys.argv[1], PlanBatchSampler(plan), cache_bytes=4096,\n"
+    "                                   block_bytes=1024).arrays_many(rows))\n"
+)
+
+
+@pytest.mark.parametrize("case", PLANNED_CASES, ids=[c.id for c in PLANNED_CASES])
+def test_a_hostile_remote_store_is_refused_by_the_planned_cache_in_bounds(case: RemoteCase, world, tmp_path,
+                                                                          object_store):
+    """The planned cache opens a sharded store's shards through the same checks as the source layer (each
+    failure the store's documented code, in bounds), and refuses what it does not read with its code."""
+    url = _case_url(case, world, tmp_path, object_store)
+    before = hs.tree_state(tmp_path)
+    outcome = hs.python(_REMOTE_PLANNED, url, str(world / "sharded"), cwd=tmp_path, wall_s=WALL_S,
                         env=dict(os.environ))
     hs.assert_refused(outcome, case.code, names=case.names)
     hs.assert_untouched(before, hs.tree_state(tmp_path))

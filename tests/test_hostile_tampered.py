@@ -822,14 +822,32 @@ BLOCK_CACHE_READ_MANY = BLOCK_CACHE_READ.replace(
 assert BLOCK_CACHE_READ_MANY != BLOCK_CACHE_READ
 
 
+#: The same read of a sharded store at ``store/`` (two shards), its plan built from its lengths.
+BLOCK_CACHE_READ_SHARDED = BLOCK_CACHE_READ.replace(
+    "from umlos_cuda.batching.tokens.store import TokenStore\n",
+    "from umlos_cuda.batching import BatchingConfig\n"
+    "from umlos_cuda.batching.plans.windows import ArrayLengths, WindowDefinition, WindowedPlan\n"
+    "from umlos_cuda.batching.tokens.logical import ShardedTokenStore\n").replace(
+    "    store, plan = TokenStore.open('store'), load_plan('plan')\n",
+    "    store = ShardedTokenStore.open('store')\n"
+    "    config = BatchingConfig.predictable(64, (4, 8), 16, seed=7)\n"
+    "    plan = WindowedPlan.build(WindowDefinition(config, len(store), 64), ArrayLengths(store.lengths), 1)\n")
+assert "ShardedTokenStore.open('store')" in BLOCK_CACHE_READ_SHARDED
+
+
 def _block_cache_tampered(ws, tmp_path, tamper, read: str = BLOCK_CACHE_READ) -> None:
     """A block cache filled by one reader, one of its block files changed by ``tamper(path)``, then read again
     (by ``read``): every row as on disk, the bad file dropped and fetched again (never served), nothing outside
     ``cache/`` touched (a planted link's target included), and every block file left verifying."""
     from umlos_cuda.remote.blockfiles import HEADER_BYTES, decode
 
-    copy(ws, tmp_path, "plan", "store")
-    hs.assert_ok(run_api(tmp_path, BLOCK_CACHE_READ, owned=("cache",)))
+    fill = BLOCK_CACHE_READ
+    if read == BLOCK_CACHE_READ_SHARDED:
+        _two_shards(ws, tmp_path / "store")
+        fill = read
+    else:
+        copy(ws, tmp_path, "plan", "store")
+    hs.assert_ok(run_api(tmp_path, fill, owned=("cache",)))
     blocks = sorted((tmp_path / "cache").glob("*.block"))
     assert len(blocks) > 2
     tamper(blocks[1])
@@ -878,6 +896,33 @@ def tamper_block_cache_bytes_changed_read_by_microbatch(ws, tmp_path):
         path.write_bytes(bytes(data))
 
     _block_cache_tampered(ws, tmp_path, flip, BLOCK_CACHE_READ_MANY)
+
+
+def _two_shards(ws, folder) -> None:
+    """A sharded store of two shards of 200 records each at ``folder`` (the workspace's tokenizer)."""
+    from umlos_cuda.batching.tokens.sharded import tokenize_sharded
+
+    _dataset(folder.parent / "all.jsonl", 400)
+    lines = (folder.parent / "all.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    parts = [folder.parent / f"part-{i}.jsonl" for i in range(2)]
+    for i, part in enumerate(parts):
+        part.write_text("".join(lines[200 * i:200 * (i + 1)]), encoding="utf-8")
+    tokenize_sharded([str(part) for part in parts], ws / "model", folder)
+
+
+def tamper_block_cache_block_under_the_other_shards_name(ws, tmp_path):
+    """Shard 1's first tokens block replaced by shard 0's file (a whole, verified file of the same length, under
+    another block's name): its digest binds its name, so it is dropped and fetched again, never served."""
+    from umlos_cuda.remote import RemoteShardedStore
+    from umlos_cuda.remote.blockfiles import block_name
+
+    def swap(path):
+        table = RemoteShardedStore.open(f"file://{tmp_path / 'store'}").object_table()
+        first, other = (path.parent / block_name(table[number], 1024, 0) for number in (0, 2))
+        assert first.stat().st_size == other.stat().st_size  # only the digest tells them apart
+        other.write_bytes(first.read_bytes())
+
+    _block_cache_tampered(ws, tmp_path, swap, BLOCK_CACHE_READ_SHARDED)
 
 
 def tamper_block_cache_folder_is_a_link(ws, tmp_path):
@@ -1077,6 +1122,8 @@ CASES = [
     pytest.param(tamper_block_cache_bytes_changed, id="tamper/block-cache-bytes-changed"),
     pytest.param(tamper_block_cache_bytes_changed_read_by_microbatch, id="tamper/block-cache-bytes-changed-microbatch"),
     pytest.param(tamper_block_cache_folder_is_a_link, id="tamper/block-cache-folder-is-a-link"),
+    pytest.param(tamper_block_cache_block_under_the_other_shards_name,
+                 id="tamper/block-cache-block-under-the-other-shards-name"),
 ]
 
 

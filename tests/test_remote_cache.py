@@ -303,6 +303,19 @@ def assert_every_file_verifies_or_claims(folder: Path, objects: list[tuple]) -> 
 
 
 # ---------------------------------------------------------------------- DataLoader workers
+def worker_batches(url, plan, workers: int, **options) -> list:
+    """Rank 1 of 2's batches of ``plan`` from a planned cache of ``url`` (``options``: its own) through a DataLoader
+    with ``workers`` workers (started by spawn)."""
+    sampler = PlanBatchSampler(plan, rank=1, world_size=2)
+    source = PlannedTokenSource(url, sampler, block_bytes=BLOCK, **options)
+    extra = {"multiprocessing_context": "spawn"} if workers else {}
+    loader = DataLoader(TokenDataset(source, plan=plan), batch_sampler=sampler, collate_fn=PlanCollator(plan),
+                        num_workers=workers, **extra)
+    out = list(loader)
+    source.close()
+    return out
+
+
 @pytest.mark.parametrize("disk", [False, True])
 def test_workers_fetch_only_their_own_steps_and_give_the_batches_of_no_workers(local, remote, object_store, tmp_path,
                                                                                disk):
@@ -312,14 +325,7 @@ def test_workers_fetch_only_their_own_steps_and_give_the_batches_of_no_workers(l
     options = {"cache_dir": tmp_path / "c", "disk_bytes": stored + 4 * BLOCK} if disk else {}
 
     def batches(workers):
-        sampler = PlanBatchSampler(plan, rank=1, world_size=2)
-        source = PlannedTokenSource(remote, sampler, cache_bytes=stored + 4 * BLOCK, block_bytes=BLOCK, **options)
-        extra = {"multiprocessing_context": "spawn"} if workers else {}
-        loader = DataLoader(TokenDataset(source, plan=plan), batch_sampler=sampler, collate_fn=PlanCollator(plan),
-                            num_workers=workers, **extra)
-        out = list(loader)
-        source.close()
-        return out
+        return worker_batches(remote, plan, workers, cache_bytes=stored + 4 * BLOCK, **options)
 
     here = batches(0)
     steps = pass_of(PlanBatchSampler(plan, rank=1, world_size=2))

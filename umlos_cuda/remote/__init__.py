@@ -15,6 +15,7 @@ Modules:
     megatron :class:`RemoteMegatron`: a Megatron-LM pair, its ``.idx`` read bounded, its ``.bin`` by ranges
     lengths  :class:`RemoteSidecar`: a length cache's ``.u32`` sidecar, its header read bounded, its lengths once
     kinds    which kind a URL names (a suffix, a marker, an ``.idx``): :func:`open_remote_store`
+    objects  a store's object table: each part's tokens and loss mask numbered, where each row's bytes lie
     belady   Belady's rule over a known sequence of block references (a pure function)
     planned  :class:`PlannedTokenSource`: a rank's rows, each block fetched ahead and evicted by Belady's rule
     blockfiles  the planned cache's disk tier: verified block files in a folder processes share, one fetch each

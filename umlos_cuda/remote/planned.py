@@ -1,7 +1,8 @@
 """The planned cache: a rank's rows read from an object store in plan order, each block fetched ahead of its use
 and evicted by Belady's rule.
 
-What goes in: a :class:`~.store.RemoteTokenStore` (or its URL), and the
+What goes in: a flat or sharded token store in an object store (:class:`~.store.RemoteTokenStore`,
+:class:`~.sharded.RemoteShardedStore`, or its URL), and the
 :class:`~umlos_cuda.torch.PlanBatchSampler` that will index it (its plan, rank, world size and cursor: the
 rank's share of the plan from the cursor on), a cache size ``cache_bytes``, a block size, how many steps
 ahead to fetch (``lookahead``), how many requests may be in flight (``concurrency``) and the largest gap
@@ -11,7 +12,9 @@ fetched before it is asked for (as far as ``lookahead`` and the store's speed al
 ``arrays_many(rows)`` answers a microbatch's rows in one call (what ``TokenDataset.__getitems__`` asks for),
 assembled together with the fetches issued where one row at a time issues them.
 
-How: the objects are cut into blocks of ``block_bytes``. From the sampler's pass (the rows of each of this
+How: the store's data objects are cut into blocks of ``block_bytes``: its object table (:mod:`.objects`: a flat
+store's tokens and loss mask, a sharded store's of each shard) numbers them, and a block's id is its object's
+number << 40 | its own number. From the sampler's pass (the rows of each of this
 rank's steps, from the cursor to the end of its epoch) comes the sequence of blocks the rows reference, in
 order; :func:`~.belady.belady` gives, for that sequence and ``cache_bytes // block_bytes`` blocks, which
 references miss and what each evicts. The reader carries that schedule out: a miss is fetched as soon as
@@ -25,7 +28,8 @@ reference.
 
 Each epoch starts with an empty cache (the next epoch's schedule is built when the reader reaches it). A row
 asked for out of the planned order (another sampler, a retry of a step) is read directly, two GETs, and
-counted in ``unplanned_rows``. Every range is checked against the ETag and size recorded at opening
+counted in ``unplanned_rows``. A Megatron pair (its loss mask no object of its own) is refused with
+REMOTE_UNAVAILABLE. Every range is checked against the ETag and size recorded at opening
 (:mod:`.client`): a changed object fails the read with REMOTE_OBJECT_CHANGED and its bytes are not kept.
 
 A disk tier (``cache_dir``, ``disk_bytes``): each memory miss looks for its block in a folder of block files
@@ -61,16 +65,20 @@ from typing import Any
 import numpy as np
 
 from .. import checks, errors
-from ..batching.tokens.store import StoreFacts
 from ..errors import UmlosError
 from .belady import Schedule, belady
 from .blockfiles import BlockFolder
 from .client import RemoteObject, remote_error
+from .kinds import open_remote_store
+from .megatron import RemoteMegatron
+from .objects import RowSpans
+from .sharded import RemoteShardedStore
 from .store import RemoteTokenStore
 
-#: Objects a block id can name (tokens, loss mask) and the bit where the object's number starts.
-_OBJECTS = ("tokens", "loss_mask")
+#: The bit where a block id's object number (its number in the store's object table, :mod:`.objects`) starts.
 _SHIFT = 40
+#: A store the planned cache reads: one with an object table of (tokens, loss mask) pairs.
+PlannedStore = RemoteTokenStore | RemoteShardedStore
 
 
 def _argument_error(message: str) -> UmlosError:
@@ -91,44 +99,63 @@ def worker_share() -> tuple[int, int]:
     return (0, 1) if info is None else (int(info.id), int(info.num_workers))
 
 
-def block_refs(store: RemoteTokenStore, rows: Sequence[int], block_bytes: int) -> tuple[np.ndarray, np.ndarray]:
-    """The blocks ``rows`` reference, in order (each row its tokens' blocks, then its loss mask's), as block ids
-    (object number << 40 | block number), and where each row's references start (``len(rows) + 1`` values)."""
-    rows_array = np.asarray(rows, dtype=np.int64)
-    first, last = store.offsets[rows_array], store.offsets[rows_array + 1]
-    size = store.token_dtype.itemsize
-    spans = [(store.starts["tokens"] + first * size, store.starts["tokens"] + last * size),
-             (store.starts["loss_mask"] + first, store.starts["loss_mask"] + last)]
+def planned_store(store: Any) -> PlannedStore:
+    """``store`` (a flat or sharded store opened from an object store), or the store at its URL;
+    REMOTE_UNAVAILABLE for a Megatron pair, whose loss mask is no object of its own."""
+    opened = store if isinstance(store, (RemoteTokenStore, RemoteShardedStore, RemoteMegatron)) else \
+        open_remote_store(os.fspath(store))
+    if isinstance(opened, RemoteMegatron):
+        raise remote_error(errors.REMOTE_UNAVAILABLE, f"{opened.prefix} is a Megatron-LM pair, and the planned cache "
+                           "reads token stores (flat or sharded) only: read the pair by rows (TokenDataset(URL), one "
+                           "ranged GET a row), or from disk")
+    return opened
+
+
+def block_refs(store: PlannedStore, rows: Sequence[int], block_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """The blocks ``rows`` of ``store`` reference, in order (each row its tokens' blocks, then its loss mask's), as
+    block ids (the object's number in ``store.object_table()`` << 40 | block number), and where each row's
+    references start (``len(rows) + 1`` values)."""
+    return span_refs(store.object_table().spans(rows), block_bytes)
+
+
+def span_refs(spans: RowSpans, block_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`block_refs` of rows whose spans (:meth:`.objects.ObjectTable.spans`) are ``spans``."""
     counts, firsts = [], []
-    for start, stop in spans:
+    for column in (0, 1):
+        start, stop = spans.starts[:, column], spans.stops[:, column]
         low, high = start // block_bytes, np.where(stop > start, (stop - 1) // block_bytes + 1, start // block_bytes)
         counts.append(high - low)
         firsts.append(low)
-    per_row = counts[0] + counts[1]
-    row_start = np.zeros(len(rows_array) + 1, dtype=np.int64)
-    np.cumsum(per_row, out=row_start[1:])
+    n = spans.objects.shape[0]
+    row_start = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts[0] + counts[1], out=row_start[1:])
     refs = np.empty(int(row_start[-1]), dtype=np.int64)
-    for number, (count, low) in enumerate(zip(counts, firsts)):
-        base = row_start[:-1] + (counts[0] if number else 0)  # where this object's blocks of each row begin
-        owner = np.repeat(np.arange(len(rows_array)), count)
+    for column, (count, low) in enumerate(zip(counts, firsts)):
+        base = row_start[:-1] + (counts[0] if column else 0)  # where this column's blocks of each row begin
+        owner = np.repeat(np.arange(n), count)
         within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-        refs[base[owner] + within] = (number << _SHIFT) | (low[owner] + within)
+        refs[base[owner] + within] = (spans.objects[owner, column] << _SHIFT) | (low[owner] + within)
     return refs, row_start
 
 
-class PlannedTokenSource(StoreFacts):
+def is_mask(refs: np.ndarray) -> np.ndarray:
+    """Which of the block ids ``refs`` are blocks of a loss mask (an odd object number: :mod:`.objects`)."""
+    return ((refs >> _SHIFT) & 1).astype(bool)
+
+
+class PlannedTokenSource:
     """A token source reading ``store`` in the order of ``sampler``'s pass through a planned cache (module
     docstring). ``fetched_bytes`` and ``requests`` count what it fetched, ``unplanned_rows`` the rows read out of
     order; once it has read, ``schedule`` (and ``disk_schedule`` with a disk tier) is the current pass's
     :class:`~.belady.Schedule`, ``blocks`` its :class:`~.blockfiles.BlockFolder` (None without one: it counts the
     blocks fetched and found there) and ``share`` the ``(worker, workers)`` whose steps it plans. What it
-    answers from meta.json and the offsets (``len``, ``lengths``, ``tokenizer_hash``, ``identity()``) is its
-    store's."""
+    answers from meta.json (or a sharded store's index) and the offsets (``len``, ``lengths``, ``tokenizer_hash``,
+    ``identity()``, ...) is its store's."""
 
-    def __init__(self, store: RemoteTokenStore | str, sampler: Any, *, cache_bytes: int,
+    def __init__(self, store: PlannedStore | str, sampler: Any, *, cache_bytes: int,
                  block_bytes: int = 1 << 20, lookahead: int = 32, concurrency: int = 32, gap_bytes: int = 0,
                  cache_dir: str | os.PathLike[str] | None = None, disk_bytes: int | None = None) -> None:
-        self.store = store if isinstance(store, RemoteTokenStore) else RemoteTokenStore.open(store)
+        self.store = planned_store(store)
         for name in ("plan", "rank", "world_size", "epoch", "microbatch_index"):
             if not hasattr(sampler, name):
                 raise _argument_error(f"PlannedTokenSource takes the PlanBatchSampler that will index it; "
@@ -148,10 +175,9 @@ class PlannedTokenSource(StoreFacts):
             disk_bytes, "disk_bytes", self.cache_bytes, None, fail=_argument_error,
             message="{name} must be at least cache_bytes ({low}): the disk holds what memory holds, got {value!r}")
         self.sampler = sampler
-        self.meta, self.offsets, self._lengths = self.store.meta, self.store.offsets, None
         self.capacity = self.cache_bytes // self.block_bytes
         self.fetched_bytes = self.requests = self.unplanned_rows = 0
-        self._objects = [self.store.objects[name] for name in _OBJECTS]
+        self._objects = self.store.object_table()  # block ids index it: object number << 40 | block
         self._count_lock = threading.Lock()
         self._resident: dict[int, Future | bytes] = {}
         # The cursor the first pass starts at: the sampler's now (it moves once a loader iterates it).
@@ -186,6 +212,48 @@ class PlannedTokenSource(StoreFacts):
     def length_cache(self):
         return self.store.length_cache()
 
+    @property
+    def meta(self) -> dict:
+        return self.store.meta
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.store)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.store.num_tokens
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.store.lengths
+
+    @property
+    def tokenizer_hash(self) -> str:
+        return self.store.tokenizer_hash
+
+    @property
+    def tokenizer_parts(self) -> dict[str, str] | None:
+        return self.store.tokenizer_parts
+
+    @property
+    def dataset_hash(self) -> str | None:
+        return self.store.dataset_hash
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.store.vocab_size
+
+    @property
+    def ids_are_line_numbers(self) -> bool:
+        return self.store.ids_are_line_numbers
+
+    def identity(self) -> dict:
+        return self.store.identity()
+
     def __reduce__(self):
         """What a ``DataLoader`` worker started by ``spawn`` or ``forkserver`` receives: the store's URL, the
         sampler (its cursor) and the options; the worker opens the store again and plans its own share."""
@@ -212,9 +280,11 @@ class PlannedTokenSource(StoreFacts):
         steps = pass_rows(self.sampler, epoch, start)[worker::workers]
         self._rows = [row for step in steps for row in step]
         step_rows = np.cumsum([0] + [len(step) for step in steps], dtype=np.int64)
-        self._refs, self._row_start = block_refs(self.store, self._rows, self.block_bytes)
+        spans = self._objects.spans(self._rows)  # opens the parts (shards) the pass reads, here, not in a fetch
+        self._refs, self._row_start = span_refs(spans, self.block_bytes)
+        self._row_tokens = spans.tokens
         self._ref_row = np.repeat(np.arange(len(self._rows)), np.diff(self._row_start))
-        self._ref_low, self._ref_high = self._pieces()
+        self._ref_low, self._ref_high = self._pieces(spans)
         self._step_of_row = np.repeat(np.arange(len(steps)), np.diff(step_rows))
         self._step_ref = self._row_start[step_rows]  # the first reference of each step (and the end)
         self.schedule: Schedule = belady(self._refs, self.capacity)
@@ -237,16 +307,11 @@ class PlannedTokenSource(StoreFacts):
         self._resident.clear()
         self._row_pos = self._ref_pos = self._next_miss = self._pump_at = 0
 
-    def _pieces(self) -> tuple[np.ndarray, np.ndarray]:
+    def _pieces(self, spans: RowSpans) -> tuple[np.ndarray, np.ndarray]:
         """Where each reference's bytes lie in its block, ``[low, high)``: the part of the block that its row's
         range in that object covers (computed once a pass, so that reading a row only slices)."""
-        rows = np.asarray(self._rows, dtype=np.int64)[self._ref_row]
-        size = self.store.token_dtype.itemsize
-        is_mask = (self._refs >> _SHIFT).astype(bool)
-        begin = np.where(is_mask, self.store.starts["loss_mask"] + self.offsets[rows],
-                         self.store.starts["tokens"] + self.offsets[rows] * size)
-        end = np.where(is_mask, self.store.starts["loss_mask"] + self.offsets[rows + 1],
-                       self.store.starts["tokens"] + self.offsets[rows + 1] * size)
+        column = is_mask(self._refs).astype(np.int64)
+        begin, end = spans.starts[self._ref_row, column], spans.stops[self._ref_row, column]
         base = (self._refs & ((1 << _SHIFT) - 1)) * self.block_bytes
         return ((np.maximum(begin, base) - base).astype(np.int32),
                 (np.minimum(end, base + self.block_bytes) - base).astype(np.int32))
@@ -400,13 +465,13 @@ class PlannedTokenSource(StoreFacts):
         first, last = self._row_pos, self._row_pos + count
         ref_low, ref_high = int(self._row_start[first]), int(self._row_start[last])
         refs = self._refs[ref_low:ref_high]
-        is_mask = (refs >> _SHIFT).astype(bool)
+        masks = is_mask(refs)
         lows, highs = self._ref_low[ref_low:ref_high].tolist(), self._ref_high[ref_low:ref_high].tolist()
         owners = self._ref_row[ref_low:ref_high]
         steps = self._step_of_row[owners].tolist()
         parts: list[list[bytes]] = [[], []]
         step, resident = -1, self._resident
-        for i, (block, mask, low, high) in enumerate(zip(refs.tolist(), is_mask.tolist(), lows, highs)):
+        for i, (block, mask, low, high) in enumerate(zip(refs.tolist(), masks.tolist(), lows, highs)):
             if steps[i] != step or self._ref_pos >= self._pump_at:
                 step = steps[i]
                 self._row_pos = int(owners[i])
@@ -418,9 +483,8 @@ class PlannedTokenSource(StoreFacts):
         self._pump()  # what the next steps need goes out while the caller works on these rows
         ids = np.frombuffer(b"".join(parts[0]), dtype=self.store.token_dtype)
         mask_bytes = np.frombuffer(b"".join(parts[1]), dtype=np.uint8)
-        rows = np.asarray(self._rows[first:last], dtype=np.int64)
         cuts = np.zeros(count + 1, dtype=np.int64)
-        np.cumsum(self.offsets[rows + 1] - self.offsets[rows], out=cuts[1:])
+        np.cumsum(self._row_tokens[first:last], out=cuts[1:])
         bounds = cuts.tolist()
         return [(ids[a:b], mask_bytes[a:b]) for a, b in itertools.pairwise(bounds)]
 
@@ -428,5 +492,5 @@ class PlannedTokenSource(StoreFacts):
         return self.arrays(row)
 
 
-def _rebuild(store: RemoteTokenStore, sampler: Any, options: dict[str, Any]) -> PlannedTokenSource:
+def _rebuild(store: PlannedStore, sampler: Any, options: dict[str, Any]) -> PlannedTokenSource:
     return PlannedTokenSource(store, sampler, **options)

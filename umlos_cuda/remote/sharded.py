@@ -14,7 +14,8 @@ compared with the index (``check_shard``). A shard's arrays are read by ranges, 
 and size recorded when the shard was opened (:mod:`.client`).
 
 Not read here: the row digests (``digests/``), which only ``data verify`` reads (on disk). A row read with
-``arrays`` costs two ranged GETs; the planned cache (:mod:`.planned`) reads flat stores only.
+``arrays`` costs two ranged GETs; read in plan order through the planned cache (:mod:`.planned`), which numbers
+the shards' objects by :meth:`RemoteShardedStore.object_table`.
 
 A pickled store is its URL and budget: a ``DataLoader`` worker opens it again.
 """
@@ -28,6 +29,7 @@ from ..errors import UmlosError
 from ..files.reader import loads_json
 from .bounded import read_object_bytes
 from .client import RemoteObject, RetryBudget
+from .objects import ObjectTable
 from .store import RemoteTokenStore
 from .urls import ObjectUrl, parse_url
 
@@ -66,6 +68,11 @@ class RemoteShardedStore(ShardedFacts):
     def shard(self, index: int) -> RemoteTokenStore:
         """Shard ``index`` (0-based), opened and checked against the index on first use."""
         return self.part(index)
+
+    def object_table(self) -> ObjectTable:
+        """What the planned cache reads (:mod:`.objects`): each shard's tokens and loss mask, objects ``2 i`` and
+        ``2 i + 1`` for shard ``i``, its global rows mapped to the shard's as :meth:`arrays` maps them."""
+        return ObjectTable(self.starts, self.shard)
 
     def shard_path(self, index: int) -> str:
         """The URL of shard ``index``'s prefix."""

@@ -5,7 +5,8 @@ data tokenize`` and copied there as it is (docs/batching.md, "Token store": ``me
 ``loss_mask.npy``, ``offsets.npy``). What comes out: a :class:`RemoteTokenStore` that answers what a
 :class:`~umlos_cuda.batching.tokens.store.TokenStore` answers for collation and plans (``len``, ``lengths``,
 ``offsets``, ``arrays(row)``, ``tokenizer_hash``, ``identity()``, ``meta``), and the byte ranges of each row
-(:meth:`RemoteTokenStore.spans`), which the planned cache (:mod:`.planned`) fetches ahead of use.
+(:meth:`RemoteTokenStore.spans`, and its :meth:`~RemoteTokenStore.object_table`), which the planned cache
+(:mod:`.planned`) fetches ahead of use.
 
 Opening reads ``meta.json`` (bounded, checked as a local one is: tokens/store.py's ``check_meta``), records
 the size and ETag of the three arrays, reads their ``.npy`` headers (one small GET each) and the offsets
@@ -28,6 +29,7 @@ from ..errors import UmlosError
 from ..files.reader import MAX_JSON_BYTES, loads_json
 from .bounded import npy_data_offset, read_object_bytes
 from .client import RemoteObject, RetryBudget, remote_error
+from .objects import ObjectTable
 from .urls import ObjectUrl, parse_url
 
 #: The arrays of a token store, with the dtype of each (the tokens' from meta.json).
@@ -114,10 +116,21 @@ class RemoteTokenStore(StoreFacts):
         """The byte ranges ``[start, stop)`` of row ``row`` in ``tokens.npy`` and in ``loss_mask.npy``."""
         row = checks.integer(row, "row", 0, len(self) - 1, fail=_invalid,
                              message="sample {value!r} is not in the store; rows are 0 to {high}")
-        first, last = int(self.offsets[row]), int(self.offsets[row + 1])
+        starts, stops = self.byte_ranges(np.array([row], dtype=np.int64))
+        return (int(starts[0, 0]), int(stops[0, 0])), (int(starts[0, 1]), int(stops[0, 1]))
+
+    def byte_ranges(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`spans` of many rows at once (int64 ``rows`` of this store, checked by the caller): the starts and
+        the stops, int64 ``[n, 2]`` each, column 0 in ``tokens.npy`` and column 1 in ``loss_mask.npy``."""
+        first, last = self.offsets[rows], self.offsets[rows + 1]
         size = self.token_dtype.itemsize
         tokens, mask = self.starts["tokens"], self.starts["loss_mask"]
-        return (tokens + first * size, tokens + last * size), (mask + first, mask + last)
+        return (np.stack((tokens + first * size, mask + first), axis=1),
+                np.stack((tokens + last * size, mask + last), axis=1))
+
+    def object_table(self) -> ObjectTable:
+        """What the planned cache reads (:mod:`.objects`): this store's tokens (object 0) and loss mask (1)."""
+        return ObjectTable([0, len(self)], lambda part: self)
 
     def decode(self, token_bytes: bytes, mask_bytes: bytes) -> tuple[np.ndarray, np.ndarray]:
         """A row's ``(input_ids, loss_mask)`` from the bytes of its two ranges (read-only arrays)."""

@@ -3,7 +3,9 @@
 What goes in: the blocks a reader will reference, in order (integers), and how many blocks the cache holds.
 What comes out: a :class:`Schedule`: for each reference whether it misses (the block is not resident and
 is fetched) and which block it evicts to make room (-1: none). The victim is the resident block whose next
-reference is furthest in the future (never referenced again counts as furthest). Belady (1966) proved this
+reference is furthest in the future (never referenced again counts as furthest; among blocks never referenced
+again, the one whose last reference is earliest, so that a reader fetching ahead waits least for its victim's
+last use: which of those goes changes no miss). Belady (1966) proved this
 rule fetches the fewest blocks of any rule for blocks of one size; here the future is not guessed: the plan
 gives it (a pure function of seed, epoch and position), which no LRU cache of a loader that shuffles within
 shard windows can know.
@@ -58,18 +60,18 @@ def belady(refs: np.ndarray, capacity: int) -> Schedule:
     misses = np.zeros(n, dtype=bool)
     victims = np.full(n, -1, dtype=np.int64)
     resident: dict[int, int] = {}  # block -> index of its next reference
-    heap: list[tuple[int, int]] = []  # (-next reference, block); stale entries skipped
+    heap: list[tuple[int, int, int]] = []  # (-next reference, this reference, block); stale entries skipped
     for i, block in enumerate(refs.tolist()):
         if block not in resident:
             misses[i] = True
             if len(resident) >= capacity:
                 while True:
-                    negative, victim = heapq.heappop(heap)
+                    negative, _, victim = heapq.heappop(heap)
                     if resident.get(victim) == -negative:
                         break
                 del resident[victim]
                 victims[i] = victim
         nxt = int(following[i])
         resident[block] = nxt
-        heapq.heappush(heap, (-nxt, block))
+        heapq.heappush(heap, (-nxt, i, block))
     return Schedule(misses, victims, following)

@@ -71,6 +71,10 @@ from .store import RemoteTokenStore
 #: Objects a block id can name (tokens, loss mask) and the bit where the object's number starts.
 _OBJECTS = ("tokens", "loss_mask")
 _SHIFT = 40
+#: The default of ``request_bytes``: the most bytes one merged request fetches (docs/object-stores.md, "The
+#: planned cache": a whole-dataset shuffle's first pump merges nearly the whole store, and the first step's
+#: blocks waited behind runs of tens of MB).
+REQUEST_BYTES = 4 << 20
 
 
 def _argument_error(message: str) -> UmlosError:
@@ -116,6 +120,19 @@ def block_refs(store: RemoteTokenStore, rows: Sequence[int], block_bytes: int) -
     return refs, row_start
 
 
+def row_refs(store: RemoteTokenStore, rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """What :func:`block_refs` gives in rows mode (``block_bytes=0``): each row's own extents, its tokens' and
+    then its loss mask's (none for an empty row), as ids (object number << 40 | row), and where each row's start."""
+    rows_array = np.asarray(rows, dtype=np.int64)
+    present = (store.offsets[rows_array + 1] > store.offsets[rows_array]).astype(np.int64)
+    row_start = np.zeros(len(rows_array) + 1, dtype=np.int64)
+    np.cumsum(2 * present, out=row_start[1:])
+    kept = rows_array[present.astype(bool)]
+    refs = np.empty(2 * kept.shape[0], dtype=np.int64)
+    refs[0::2], refs[1::2] = kept, (1 << _SHIFT) | kept
+    return refs, row_start
+
+
 class PlannedTokenSource(StoreFacts):
     """A token source reading ``store`` in the order of ``sampler``'s pass through a planned cache (module
     docstring). ``fetched_bytes`` and ``requests`` count what it fetched, ``unplanned_rows`` the rows read out of
@@ -127,29 +144,42 @@ class PlannedTokenSource(StoreFacts):
 
     def __init__(self, store: RemoteTokenStore | str, sampler: Any, *, cache_bytes: int,
                  block_bytes: int = 1 << 20, lookahead: int = 32, concurrency: int = 32, gap_bytes: int = 0,
-                 cache_dir: str | os.PathLike[str] | None = None, disk_bytes: int | None = None) -> None:
+                 request_bytes: int = REQUEST_BYTES, cache_dir: str | os.PathLike[str] | None = None,
+                 disk_bytes: int | None = None) -> None:
         self.store = store if isinstance(store, RemoteTokenStore) else RemoteTokenStore.open(store)
         for name in ("plan", "rank", "world_size", "epoch", "microbatch_index"):
             if not hasattr(sampler, name):
                 raise _argument_error(f"PlannedTokenSource takes the PlanBatchSampler that will index it; "
                                       f"{type(sampler).__name__} has no {name}")
-        self.block_bytes = checks.integer(block_bytes, "block_bytes", 1 << 10, 1 << 30, fail=_argument_error)
-        self.cache_bytes = checks.integer(cache_bytes, "cache_bytes", self.block_bytes, None, fail=_argument_error,
-                                          message="{name} must hold at least one block (block_bytes, {low}), "
-                                                  "got {value!r}")
+        self.block_bytes = 0 if block_bytes == 0 and checks.is_integer(block_bytes) else checks.integer(
+            block_bytes, "block_bytes", 1 << 10, 1 << 30, fail=_argument_error,
+            message="{name} must be an int, 0 (each row its own extent) or from {low} to {high}, got {value!r}")
+        self.rows_mode = self.block_bytes == 0
+        # The most bytes one unit (a block, or in rows mode a row's tokens) holds: the cache holds at least one.
+        self.unit_bytes = self.block_bytes or max(1, int(np.diff(self.store.offsets).max(initial=0))
+                                                  * self.store.token_dtype.itemsize)
+        self.cache_bytes = checks.integer(cache_bytes, "cache_bytes", self.unit_bytes, None, fail=_argument_error,
+                                          message="{name} must hold at least one block (block_bytes), or in rows "
+                                                  "mode the longest row's tokens: {low}; got {value!r}")
         self.lookahead = checks.integer(lookahead, "lookahead", 0, 1 << 20, fail=_argument_error)
-        self.gap_bytes = checks.integer(gap_bytes, "gap_bytes", 0, 1 << 30, fail=_argument_error)
+        self.gap_bytes = checks.integer(gap_bytes, "gap_bytes", 0, 0 if self.rows_mode else 1 << 30,
+                                        fail=_argument_error, message="{name} must be an int from {low} to {high} "
+                                        "(0 in rows mode, block_bytes=0: only adjacent rows merge), got {value!r}")
+        self.request_bytes = checks.integer(request_bytes, "request_bytes", 1, 1 << 40, fail=_argument_error)
         self.concurrency = checks.integer(concurrency, "concurrency", 1, 256, fail=_argument_error)
         if (cache_dir is None) != (disk_bytes is None):
             raise _argument_error("cache_dir and disk_bytes come together: the folder of the disk tier and the "
                                   "most bytes this process keeps there")
+        if self.rows_mode and cache_dir is not None:
+            raise _argument_error("the disk tier keeps blocks: rows mode (block_bytes=0) has none; give block_bytes "
+                                  "to keep a cache_dir, or leave cache_dir out")
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
         self.disk_bytes = None if disk_bytes is None else checks.integer(
             disk_bytes, "disk_bytes", self.cache_bytes, None, fail=_argument_error,
             message="{name} must be at least cache_bytes ({low}): the disk holds what memory holds, got {value!r}")
         self.sampler = sampler
         self.meta, self.offsets, self._lengths = self.store.meta, self.store.offsets, None
-        self.capacity = self.cache_bytes // self.block_bytes
+        self.capacity = self.cache_bytes // self.unit_bytes
         self.fetched_bytes = self.requests = self.unplanned_rows = 0
         self._objects = [self.store.objects[name] for name in _OBJECTS]
         self._count_lock = threading.Lock()
@@ -190,8 +220,8 @@ class PlannedTokenSource(StoreFacts):
         """What a ``DataLoader`` worker started by ``spawn`` or ``forkserver`` receives: the store's URL, the
         sampler (its cursor) and the options; the worker opens the store again and plans its own share."""
         options = {"cache_bytes": self.cache_bytes, "block_bytes": self.block_bytes, "lookahead": self.lookahead,
-                   "concurrency": self.concurrency, "gap_bytes": self.gap_bytes, "cache_dir": self.cache_dir,
-                   "disk_bytes": self.disk_bytes}
+                   "concurrency": self.concurrency, "gap_bytes": self.gap_bytes,
+                   "request_bytes": self.request_bytes, "cache_dir": self.cache_dir, "disk_bytes": self.disk_bytes}
         return (_rebuild, (self.store, self.sampler, options))
 
     def close(self) -> None:
@@ -212,11 +242,17 @@ class PlannedTokenSource(StoreFacts):
         steps = pass_rows(self.sampler, epoch, start)[worker::workers]
         self._rows = [row for step in steps for row in step]
         step_rows = np.cumsum([0] + [len(step) for step in steps], dtype=np.int64)
-        self._refs, self._row_start = block_refs(self.store, self._rows, self.block_bytes)
-        self._ref_row = np.repeat(np.arange(len(self._rows)), np.diff(self._row_start))
-        self._ref_low, self._ref_high = self._pieces()
+        self._refs, self._row_start = (row_refs(self.store, self._rows) if self.rows_mode
+                                       else block_refs(self.store, self._rows, self.block_bytes))
         self._step_of_row = np.repeat(np.arange(len(steps)), np.diff(step_rows))
         self._step_ref = self._row_start[step_rows]  # the first reference of each step (and the end)
+        self._resident.clear()
+        self._row_pos = self._ref_pos = self._next_miss = self._pump_at = 0
+        early = self._first_step_blocks()
+        if early:  # out before Belady's rule runs over the pass (the longest part of building the schedule)
+            self._request(early, urgent=len(early))
+        self._ref_row = np.repeat(np.arange(len(self._rows)), np.diff(self._row_start))
+        self._ref_low, self._ref_high = self._pieces()
         self.schedule: Schedule = belady(self._refs, self.capacity)
         self._misses = np.flatnonzero(self.schedule.misses)
         self._issue_after = self._last_use_before(self._misses, self.schedule.victims[self._misses])
@@ -232,24 +268,54 @@ class PlannedTokenSource(StoreFacts):
             first = self._refs[:int(np.argmax(self.disk_schedule.victims >= 0))] if (
                 self.disk_schedule.victims >= 0).any() else self._refs
             assert self.blocks is not None
-            for block in sorted(left - set(first.tolist())):
+            for block in sorted(left - set(first.tolist()) - set(early)):
                 self.blocks.remove(self._objects[block >> _SHIFT], block & ((1 << _SHIFT) - 1))
-        self._resident.clear()
-        self._row_pos = self._ref_pos = self._next_miss = self._pump_at = 0
+        self._next_miss = len(early)  # the schedule's first misses are these blocks (_first_step_blocks)
+
+    def _first_step_blocks(self) -> list[int]:
+        """The blocks of the pass's first step in the order of first use, when the cache holds them all: from an
+        empty cache Belady's rule misses on exactly these first, evicting nothing, so they can be requested
+        before the schedule is built (none when they do not fit: then the schedule says what is evicted)."""
+        if self._step_ref.shape[0] < 2:
+            return []
+        refs = self._refs[:int(self._step_ref[1])]
+        blocks, first = np.unique(refs, return_index=True)
+        return [] if blocks.shape[0] > self.capacity else refs[np.sort(first)].tolist()
 
     def _pieces(self) -> tuple[np.ndarray, np.ndarray]:
         """Where each reference's bytes lie in its block, ``[low, high)``: the part of the block that its row's
-        range in that object covers (computed once a pass, so that reading a row only slices)."""
+        range in that object covers (computed once a pass, so that reading a row only slices); in rows mode the
+        whole extent."""
         rows = np.asarray(self._rows, dtype=np.int64)[self._ref_row]
+        begin, end = self._spans(self._refs >> _SHIFT, rows)
+        if self.rows_mode:
+            return np.zeros(self._refs.shape[0], dtype=np.int64), end - begin
+        base = (self._refs & ((1 << _SHIFT) - 1)) * self.block_bytes
+        return ((np.maximum(begin, base) - base).astype(np.int32),
+                (np.minimum(end, base + self.block_bytes) - base).astype(np.int32))
+
+    def _spans(self, numbers: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The byte ranges ``[begin, end)`` of ``rows`` in the objects ``numbers`` (0 tokens, 1 loss mask)."""
         size = self.store.token_dtype.itemsize
-        is_mask = (self._refs >> _SHIFT).astype(bool)
+        is_mask = numbers.astype(bool)
         begin = np.where(is_mask, self.store.starts["loss_mask"] + self.offsets[rows],
                          self.store.starts["tokens"] + self.offsets[rows] * size)
         end = np.where(is_mask, self.store.starts["loss_mask"] + self.offsets[rows + 1],
                        self.store.starts["tokens"] + self.offsets[rows + 1] * size)
-        base = (self._refs & ((1 << _SHIFT) - 1)) * self.block_bytes
-        return ((np.maximum(begin, base) - base).astype(np.int32),
-                (np.minimum(end, base + self.block_bytes) - base).astype(np.int32))
+        return begin, end
+
+    def _extents(self, units: list[int]) -> list[tuple[int, int]]:
+        """The byte range ``[start, stop)`` of each unit (a block, or in rows mode a row's extent) in its
+        object."""
+        ids = np.asarray(units, dtype=np.int64)
+        numbers, indices = ids >> _SHIFT, ids & ((1 << _SHIFT) - 1)
+        if self.rows_mode:
+            begin, end = self._spans(numbers, indices)
+        else:
+            sizes = np.asarray([self._objects[number].size for number in range(len(_OBJECTS))], dtype=np.int64)
+            begin = indices * self.block_bytes
+            end = np.minimum(begin + self.block_bytes, sizes[numbers])
+        return list(zip(begin.tolist(), end.tolist()))
 
     def _disk_resident(self) -> set[int]:
         """The blocks the current disk schedule holds at its end (none before the first pass)."""
@@ -279,6 +345,7 @@ class PlannedTokenSource(StoreFacts):
         step = int(self._step_of_row[self._row_pos]) if self._row_pos < len(self._rows) else len(self._step_ref) - 1
         limit = int(self._step_ref[min(step + 1 + self.lookahead, len(self._step_ref) - 1)])
         issued: list[int] = []
+        urgent_before, urgent = int(self._step_ref[min(step + 1, len(self._step_ref) - 1)]), 0
         while self._next_miss < self._misses.shape[0]:
             miss = int(self._misses[self._next_miss])
             if miss >= limit or int(self._issue_after[self._next_miss]) >= self._ref_pos:
@@ -290,6 +357,7 @@ class PlannedTokenSource(StoreFacts):
                 gone = int(self._disk_victims[self._next_miss])
                 self.blocks.remove(self._objects[gone >> _SHIFT], gone & ((1 << _SHIFT) - 1))
             issued.append(int(self._refs[miss]))
+            urgent += miss < urgent_before
             self._next_miss += 1
         # The next reference at which this loop can issue more without a new step: once past the next miss's
         # victim's last use (never, when that miss is beyond the lookahead: a new step calls the pump).
@@ -297,25 +365,35 @@ class PlannedTokenSource(StoreFacts):
         self._pump_at = (int(self._issue_after[self._next_miss]) + 1
                          if following and int(self._misses[self._next_miss]) < limit else 1 << 62)
         if issued:
-            self._request(issued)
+            self._request(issued, urgent)
 
-    def _request(self, blocks: list[int]) -> None:
-        """One ranged GET for each run of ``blocks`` (given in the order they are first used) of one object no
-        more than ``gap_bytes`` apart, the runs sent in the order of their first use, so that the step the reader
-        waits for is not queued behind the steps after it."""
+    def _request(self, blocks: list[int], urgent: int = 0) -> None:
+        """Ranged GETs for ``blocks`` (given in the order they are first used): the first ``urgent`` (the step
+        the reader is on) merged among themselves and sent first, then the rest. Each GET is a run of blocks of
+        one object no more than ``gap_bytes`` apart (in rows mode: rows adjacent in the store), cut before the
+        block that would take it past ``request_bytes``; the runs are sent in the order of their first use, so
+        that the step the reader waits for is not queued behind the steps after it."""
+        for part in (blocks[:urgent], blocks[urgent:]):
+            if part:
+                for run in self._runs(part):
+                    self._submit(run)
+
+    def _runs(self, blocks: list[int]) -> list[list[int]]:
+        """``blocks`` merged into the runs of :meth:`_request`, in the order of their first use."""
         first_use = {block: order for order, block in enumerate(blocks)}
-        gap_blocks = self.gap_bytes // self.block_bytes
+        gap = 1 + (self.gap_bytes // self.block_bytes if self.block_bytes else 0)
         ordered = sorted(blocks)
-        runs, run = [], [ordered[0]]
-        for block in ordered[1:]:
-            if block >> _SHIFT == run[-1] >> _SHIFT and block - run[-1] <= gap_blocks + 1:
+        extents = self._extents(ordered)
+        runs, run, run_start = [], [ordered[0]], extents[0][0]
+        for block, (start, stop) in zip(ordered[1:], extents[1:]):
+            if block >> _SHIFT == run[-1] >> _SHIFT and block - run[-1] <= gap and stop - run_start <= \
+                    self.request_bytes:
                 run.append(block)
             else:
                 runs.append(run)
-                run = [block]
+                run, run_start = [block], start
         runs.append(run)
-        for run in sorted(runs, key=lambda run: min(first_use[block] for block in run)):
-            self._submit(run)
+        return sorted(runs, key=lambda run: min(first_use[block] for block in run))
 
     def _submit(self, run: list[int]) -> None:
         assert self._pool is not None
@@ -332,13 +410,10 @@ class PlannedTokenSource(StoreFacts):
         if self.blocks is not None:
             found = self.blocks.blocks(obj, indices, lambda start, stop: self._get(obj, start, stop))
             return {(number << _SHIFT) | index: payload for index, payload in found.items()}
-        start, stop = indices[0] * self.block_bytes, min((indices[-1] + 1) * self.block_bytes, obj.size)
-        data = memoryview(self._get(obj, start, stop))
-        out = {}
-        for block, index in zip(run, indices):
-            offset = index * self.block_bytes - start
-            out[block] = bytes(data[offset:offset + self.block_bytes])
-        return out
+        extents = self._extents(run)
+        start = extents[0][0]
+        data = memoryview(self._get(obj, start, extents[-1][1]))
+        return {block: bytes(data[low - start:high - start]) for block, (low, high) in zip(run, extents)}
 
     def _get(self, obj: RemoteObject, start: int, stop: int) -> bytes:
         """Bytes ``[start, stop)`` of ``obj`` from the store, counted."""

@@ -51,7 +51,11 @@ def next_uses(refs: np.ndarray) -> np.ndarray:
 
 
 def belady(refs: np.ndarray, capacity: int) -> Schedule:
-    """The schedule of Belady's rule for ``refs`` with room for ``capacity`` blocks (at least 1)."""
+    """The schedule of Belady's rule for ``refs`` with room for ``capacity`` blocks (at least 1).
+
+    Until the cache is full no block is evicted, so each block's first reference misses and nothing else
+    does: that prefix is computed with NumPy, and the heap runs from the first reference that evicts (a cache
+    of every block the sequence references never does), from the state the prefix leaves."""
     if capacity < 1:
         raise ValueError(f"a cache holds at least one block, not {capacity}")
     refs = np.asarray(refs, dtype=np.int64)
@@ -59,9 +63,18 @@ def belady(refs: np.ndarray, capacity: int) -> Schedule:
     following = next_uses(refs)
     misses = np.zeros(n, dtype=bool)
     victims = np.full(n, -1, dtype=np.int64)
-    resident: dict[int, int] = {}  # block -> index of its next reference
-    heap: list[tuple[int, int, int]] = []  # (-next reference, this reference, block); stale entries skipped
-    for i, block in enumerate(refs.tolist()):
+    blocks, first = np.unique(refs, return_index=True)
+    first.sort()
+    full = int(first[capacity]) if blocks.shape[0] > capacity else n  # the first reference that evicts
+    misses[first[first < full]] = True
+    # The prefix's state: each block it references, resident, with the next use of its last reference there.
+    last = np.flatnonzero(following[:full] >= full)
+    resident: dict[int, int] = dict(zip(refs[last].tolist(), following[last].tolist()))
+    # (-next reference, this reference, block); stale entries skipped
+    heap: list[tuple[int, int, int]] = [(-int(following[i]), int(i), int(refs[i])) for i in last.tolist()]
+    heapq.heapify(heap)
+    for i in range(full, n):
+        block = int(refs[i])
         if block not in resident:
             misses[i] = True
             if len(resident) >= capacity:

@@ -81,11 +81,12 @@ def _argument_error(message: str) -> UmlosError:
     return UmlosError(errors.INVALID_ARGUMENT, message, operator=errors.REMOTE_OPERATOR)
 
 
-def pass_rows(sampler: Any, epoch: int, start: int) -> list[list[int]]:
-    """The dataset rows of each step ``sampler``'s rank takes from ``(epoch, start)`` to the end of that epoch: a
-    fresh sampler of the same plan and layout iterated once (the sampler given is not moved)."""
+def pass_rows(sampler: Any, epoch: int, start: int, steps: int | None = None) -> list[list[int]]:
+    """The dataset rows of each step ``sampler``'s rank takes from ``(epoch, start)`` to the end of that epoch (or
+    of its first ``steps``): a fresh sampler of the same plan and layout iterated (the sampler given is not
+    moved)."""
     fresh = type(sampler)(sampler.plan, sampler.rank, sampler.world_size, epoch=epoch, microbatch_index=start)
-    return [[int(getattr(key, "row", key)) for key in keys] for keys in fresh]
+    return [[int(getattr(key, "row", key)) for key in keys] for keys in itertools.islice(fresh, steps)]
 
 
 def worker_share() -> tuple[int, int]:
@@ -239,18 +240,19 @@ class PlannedTokenSource(StoreFacts):
         left = self._disk_resident()  # what the pass before keeps on disk
         self.epoch = epoch
         worker, workers = self.share
+        self._resident.clear()
+        self._row_pos = self._ref_pos = self._next_miss = self._pump_at = 0
+        # The first step's blocks go out before the pass is listed and its schedule built (most of the time
+        # before the first step can be read, at 200,000 rows: docs/object-stores.md, "The planned cache").
+        early = self._first_step_blocks(pass_rows(self.sampler, epoch, start, worker + 1)[worker:])
+        if early:
+            self._request(early, urgent=len(early))
         steps = pass_rows(self.sampler, epoch, start)[worker::workers]
         self._rows = [row for step in steps for row in step]
         step_rows = np.cumsum([0] + [len(step) for step in steps], dtype=np.int64)
-        self._refs, self._row_start = (row_refs(self.store, self._rows) if self.rows_mode
-                                       else block_refs(self.store, self._rows, self.block_bytes))
+        self._refs, self._row_start = self._references(self._rows)
         self._step_of_row = np.repeat(np.arange(len(steps)), np.diff(step_rows))
         self._step_ref = self._row_start[step_rows]  # the first reference of each step (and the end)
-        self._resident.clear()
-        self._row_pos = self._ref_pos = self._next_miss = self._pump_at = 0
-        early = self._first_step_blocks()
-        if early:  # out before Belady's rule runs over the pass (the longest part of building the schedule)
-            self._request(early, urgent=len(early))
         self._ref_row = np.repeat(np.arange(len(self._rows)), np.diff(self._row_start))
         self._ref_low, self._ref_high = self._pieces()
         self.schedule: Schedule = belady(self._refs, self.capacity)
@@ -272,13 +274,18 @@ class PlannedTokenSource(StoreFacts):
                 self.blocks.remove(self._objects[block >> _SHIFT], block & ((1 << _SHIFT) - 1))
         self._next_miss = len(early)  # the schedule's first misses are these blocks (_first_step_blocks)
 
-    def _first_step_blocks(self) -> list[int]:
-        """The blocks of the pass's first step in the order of first use, when the cache holds them all: from an
-        empty cache Belady's rule misses on exactly these first, evicting nothing, so they can be requested
-        before the schedule is built (none when they do not fit: then the schedule says what is evicted)."""
-        if self._step_ref.shape[0] < 2:
+    def _references(self, rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The units ``rows`` reference and where each row's start: blocks, or in rows mode the rows' extents."""
+        return row_refs(self.store, rows) if self.rows_mode else block_refs(self.store, rows, self.block_bytes)
+
+    def _first_step_blocks(self, first_step: list[list[int]]) -> list[int]:
+        """The blocks of the pass's first step (``first_step``: its rows, or nothing) in the order of first use,
+        when the cache holds them all: from an empty cache Belady's rule misses on exactly these first,
+        evicting nothing, so they can be requested before the schedule is built (none when they do not fit:
+        then the schedule says what is evicted)."""
+        if not first_step:
             return []
-        refs = self._refs[:int(self._step_ref[1])]
+        refs = self._references(first_step[0])[0]
         blocks, first = np.unique(refs, return_index=True)
         return [] if blocks.shape[0] > self.capacity else refs[np.sort(first)].tolist()
 

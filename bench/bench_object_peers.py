@@ -74,7 +74,7 @@ from objstore_support import _CHILD, object_store_session  # noqa: E402
 from umlos_cuda.batching import BatchingConfig  # noqa: E402
 from umlos_cuda.batching.plans.windows import ArrayLengths, WindowDefinition, WindowedPlan  # noqa: E402
 from umlos_cuda.remote import PlannedTokenSource, RemoteTokenStore  # noqa: E402
-from umlos_cuda.remote.planned import REQUEST_BYTES, block_refs, pass_rows  # noqa: E402
+from umlos_cuda.remote.planned import LOOKAHEAD, REQUEST_BYTES, block_refs, pass_rows  # noqa: E402
 
 BATCH = 32
 
@@ -223,7 +223,7 @@ def main() -> None:
     parser.add_argument("--quarter-block-kb", type=int, default=4,
                         help="blocks of the cache of 1/4 (a miss fetches a block for a row of a few hundred bytes)")
     parser.add_argument("--chunk-mb", type=float, default=4.0, help="Streaming's shards and LitData's chunks")
-    parser.add_argument("--lookahead", type=int, nargs="+", default=[32],
+    parser.add_argument("--lookahead", type=int, nargs="+", default=[LOOKAHEAD],
                         help="ours feistel is read once for each lookahead and --request-kb (the others: the first)")
     parser.add_argument("--request-kb", type=int, nargs="+", default=[REQUEST_BYTES >> 10],
                         help="the most bytes one merged request of ours fetches (request_bytes), in KiB")

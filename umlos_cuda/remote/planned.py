@@ -4,8 +4,9 @@ and evicted by Belady's rule.
 What goes in: a :class:`~.store.RemoteTokenStore` (or its URL), and the
 :class:`~umlos_cuda.torch.PlanBatchSampler` that will index it (its plan, rank, world size and cursor: the
 rank's share of the plan from the cursor on), a cache size ``cache_bytes``, a block size, how many steps
-ahead to fetch (``lookahead``), how many requests may be in flight (``concurrency``) and the largest gap
-between two ranges merged into one request (``gap_bytes``). What comes out: a token source whose
+ahead to fetch (``lookahead``), how many requests may be in flight (``concurrency``), the largest gap
+between two ranges merged into one request (``gap_bytes``) and the most bytes one merged request fetches
+(``request_bytes``). What comes out: a token source whose
 ``arrays(row)`` answers the rows in the order the sampler hands them out, from memory, with every byte
 fetched before it is asked for (as far as ``lookahead`` and the store's speed allow), and whose
 ``arrays_many(rows)`` answers a microbatch's rows in one call (what ``TokenDataset.__getitems__`` asks for),
@@ -17,11 +18,22 @@ order; :func:`~.belady.belady` gives, for that sequence and ``cache_bytes // blo
 references miss and what each evicts. The reader carries that schedule out: a miss is fetched as soon as
 its step is within ``lookahead`` steps and its victim's last use before it has been read (so memory never
 holds more than the cache's blocks), misses issued together are merged into one ranged GET per run of
-adjacent blocks (closer than ``gap_bytes``: the bytes between are fetched and dropped), sent in the order
-of their first use, at most ``concurrency`` at once. So the blocks fetched are exactly Belady's (the fewest
+adjacent blocks (closer than ``gap_bytes``: the bytes between are fetched and dropped; a run is cut before
+the block that would take it past ``request_bytes``), sent in the order of their first use, at most
+``concurrency`` at once, the blocks of the step the reader is on merged apart and sent first. The first
+step's blocks are requested before the pass is listed and its schedule built (from an empty cache Belady's
+rule misses on exactly those first, evicting nothing, when the cache holds them), so the first step's
+requests run while the reader builds the schedule. So the blocks fetched are exactly Belady's (the fewest
 the order allows for that cache), each at most once per epoch when the cache holds the blocks between two
 uses of each, and a resumed rank (a sampler at another cursor) fetches only what its steps from there
 reference.
+
+Rows mode (``block_bytes=0``): the units are not blocks but each row's own extents, its tokens' bytes and its
+loss mask's, merged into one request only with the extents of rows adjacent in the store (no gap bytes); the
+schedule is the same Belady schedule over those units, with room for ``cache_bytes`` over the longest row's
+token bytes. A pass that reads each row once fetches each row's bytes exactly once whatever the cache (at
+most the stored bytes, under any order), at the price of about two requests a row; the cache bounds only how
+far ahead the reader can fetch. It has no disk tier.
 
 Each epoch starts with an empty cache (the next epoch's schedule is built when the reader reaches it). A row
 asked for out of the planned order (another sampler, a retry of a step) is read directly, two GETs, and
@@ -75,6 +87,10 @@ _SHIFT = 40
 #: planned cache": a whole-dataset shuffle's first pump merges nearly the whole store, and the first step's
 #: blocks waited behind runs of tens of MB).
 REQUEST_BYTES = 4 << 20
+#: The default of ``lookahead``: steps ahead of the reader whose misses may be in flight (docs/performance.md,
+#: "Reading from object stores beside Streaming and LitData": at 100 ms a request, 32 steps left the reader
+#: waiting on requests; memory does not grow with it, the schedule's victims bound it).
+LOOKAHEAD = 256
 
 
 def _argument_error(message: str) -> UmlosError:
@@ -144,7 +160,7 @@ class PlannedTokenSource(StoreFacts):
     store's."""
 
     def __init__(self, store: RemoteTokenStore | str, sampler: Any, *, cache_bytes: int,
-                 block_bytes: int = 1 << 20, lookahead: int = 32, concurrency: int = 32, gap_bytes: int = 0,
+                 block_bytes: int = 1 << 20, lookahead: int = LOOKAHEAD, concurrency: int = 32, gap_bytes: int = 0,
                  request_bytes: int = REQUEST_BYTES, cache_dir: str | os.PathLike[str] | None = None,
                  disk_bytes: int | None = None) -> None:
         self.store = store if isinstance(store, RemoteTokenStore) else RemoteTokenStore.open(store)

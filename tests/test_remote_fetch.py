@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 from umlos_cuda.torch import PlanBatchSampler, PlanCollator, TokenDataset  # noqa: E402
 
 BLOCK = 1 << 10
+PREFIX = "fetch/v1"
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +45,15 @@ def local(tmp_path_factory):
 @pytest.fixture(scope="module")
 def remote(local, object_store):
     store, _ = local
-    return object_store.upload_folder(store.root, object_store.bucket(), "fetch/v1")
+    return object_store.upload_folder(store.root, object_store.bucket(), PREFIX)
 
 
 def data_gets(proxy):
-    """The GETs of sample bytes (the ranges the cache asked for), in the order the proxy saw them."""
+    """The GETs of this module's store's sample bytes (the ranges the cache asked for), in the order the proxy saw
+    them (not another module's: a source those tests left may still be fetching)."""
     from umlos_cuda.files.reader import MAX_NPY_HEADER_BYTES
 
-    return [r for r in proxy.gets() if r.key.endswith(("tokens.npy", "loss_mask.npy"))
+    return [r for r in proxy.gets() if r.key in (f"{PREFIX}/tokens.npy", f"{PREFIX}/loss_mask.npy")
             and r.span is not None and r.span != (0, 12 + MAX_NPY_HEADER_BYTES)]
 
 
@@ -117,7 +119,7 @@ def test_the_first_requests_carry_the_first_steps_blocks_and_nothing_else(local,
     # One request in flight, so the proxy sees them in the order they were sent.
     source = PlannedTokenSource(opened, sampler, cache_bytes=stored + 4 * BLOCK, block_bytes=BLOCK,
                                 lookahead=len(steps), concurrency=1, request_bytes=1 << 30)
-    read_all(source, store, steps[:1])
+    read_all(source, store, steps)  # the whole pass (closing earlier would cancel the requests queued)
     first = set(block_refs(opened, steps[0], BLOCK)[0].tolist())
     source.close()
     gets = data_gets(object_store.proxy)

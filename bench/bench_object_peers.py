@@ -10,7 +10,11 @@ empty cache), batches collated by the same ``PlanCollator`` (the peers' samples 
 reading process and its threads; ours reads each microbatch in one call, ``TokenDataset.__getitems__``):
 
 * ``ours feistel``: a windowed plan (``--window`` positions) in the ``feistel`` order, a shuffle of the whole
-  dataset, through a ``PlannedTokenSource`` with a cache of every block;
+  dataset, through a ``PlannedTokenSource`` with a cache of every block, once for each ``--lookahead`` and
+  ``--request-kb`` (``request_bytes``; the other readers of ours take the first of each);
+* ``ours rows`` (named in ``--readers``): the same plan in rows mode (``block_bytes=0``: each row's own byte
+  ranges, no blocks) with the cache of ``ours block`` (one window's working set); its bytes fetched are
+  checked equal to the rows' bytes;
 * ``ours block``: the same plan in the ``block_feistel`` order with blocks of one window (each window a shuffle
   of ``--window`` consecutive rows, the windows in shuffled order), with a cache of one window's working set
   (the most blocks one window's rows reference);

@@ -10,7 +10,11 @@ empty cache), batches collated by the same ``PlanCollator`` (the peers' samples 
 reading process and its threads; ours reads each microbatch in one call, ``TokenDataset.__getitems__``):
 
 * ``ours feistel``: a windowed plan (``--window`` positions) in the ``feistel`` order, a shuffle of the whole
-  dataset, through a ``PlannedTokenSource`` with a cache of every block;
+  dataset, through a ``PlannedTokenSource`` with a cache of every block, once for each ``--lookahead`` and
+  ``--request-kb`` (``request_bytes``; the other readers of ours take the first of each);
+* ``ours rows`` (named in ``--readers``): the same plan in rows mode (``block_bytes=0``: each row's own byte
+  ranges, no blocks) with the cache of ``ours block`` (one window's working set); its bytes fetched are
+  checked equal to the rows' bytes;
 * ``ours block``: the same plan in the ``block_feistel`` order with blocks of one window (each window a shuffle
   of ``--window`` consecutive rows, the windows in shuffled order), with a cache of one window's working set
   (the most blocks one window's rows reference);
@@ -74,7 +78,7 @@ from objstore_support import _CHILD, object_store_session  # noqa: E402
 from umlos_cuda.batching import BatchingConfig  # noqa: E402
 from umlos_cuda.batching.plans.windows import ArrayLengths, WindowDefinition, WindowedPlan  # noqa: E402
 from umlos_cuda.remote import PlannedTokenSource, RemoteTokenStore  # noqa: E402
-from umlos_cuda.remote.planned import block_refs, pass_rows  # noqa: E402
+from umlos_cuda.remote.planned import LOOKAHEAD, REQUEST_BYTES, block_refs, pass_rows  # noqa: E402
 
 BATCH = 32
 
@@ -223,11 +227,16 @@ def main() -> None:
     parser.add_argument("--quarter-block-kb", type=int, default=4,
                         help="blocks of the cache of 1/4 (a miss fetches a block for a row of a few hundred bytes)")
     parser.add_argument("--chunk-mb", type=float, default=4.0, help="Streaming's shards and LitData's chunks")
-    parser.add_argument("--lookahead", type=int, default=32)
+    parser.add_argument("--lookahead", type=int, nargs="+", default=[LOOKAHEAD],
+                        help="ours feistel is read once for each lookahead and --request-kb (the others: the first)")
+    parser.add_argument("--request-kb", type=int, nargs="+", default=[REQUEST_BYTES >> 10],
+                        help="the most bytes one merged request of ours fetches (request_bytes), in KiB")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--stall-s", type=float, default=120.0, help="give a peer up after this long without a batch")
     parser.add_argument("--limit-s", type=float, default=300.0, help="give a cache-limited peer up after this long")
-    parser.add_argument("--readers", nargs="+", default=["ours feistel", "ours block", "streaming", "litdata"])
+    parser.add_argument("--readers", nargs="+", default=["ours feistel", "ours block", "streaming", "litdata"],
+                        help="also 'ours rows': the feistel plan in rows mode (block_bytes=0), a cache of the "
+                             "lookahead's rows")
     args = parser.parse_args()
     from torch.utils.data import DataLoader
 
@@ -295,19 +304,26 @@ def main() -> None:
                   f"{fetched / stored[owner]:15.3f} {len(gets):6d} {same_chunk_pairs(batches, shard_of):7.3f}{whole}",
                   flush=True)
 
-        def ours(name: str, latency: float, cache: int, label: str, block: int = block) -> None:
+        lookahead, request = args.lookahead[0], args.request_kb[0] << 10
+
+        def ours(name: str, latency: float, cache: int, label: str, block: int = block, lookahead: int = lookahead,
+                 request: int = request) -> None:
             served.proxy.reset()
             plan = plans[name]
             sampler = PlanBatchSampler(plan, rank=0, world_size=1)
             source = PlannedTokenSource(url, sampler, cache_bytes=max(cache, block), block_bytes=block,
-                                        lookahead=args.lookahead, concurrency=args.concurrency)
+                                        lookahead=lookahead, concurrency=args.concurrency, request_bytes=request)
             loader = DataLoader(TokenDataset(source, plan=plan), batch_sampler=sampler, collate_fn=collator)
             first, rate, batches, _ = read_epoch(loader)
             source.close()
-            references = refs[name] if block == args.block_kb << 10 else block_refs(opened, passes[name], block)[0]
-            expected = belady_bytes(opened, references, max(cache, block) // block, block)
+            if block:
+                references = refs[name] if block == args.block_kb << 10 else \
+                    block_refs(opened, passes[name], block)[0]
+                expected = belady_bytes(opened, references, max(cache, block) // block, block)
+            else:  # rows mode: every row's tokens and loss mask, once
+                expected = int(lengths.sum()) * (1 + tokens.itemsize)
             if source.fetched_bytes != expected or source.unplanned_rows:
-                raise SystemExit(f"{label}: fetched {source.fetched_bytes}, Belady {expected}, "
+                raise SystemExit(f"{label}: fetched {source.fetched_bytes}, expected {expected}, "
                                  f"{source.unplanned_rows} rows out of order")
             report(label, latency, first, rate, batches, "store", "ours")
 
@@ -341,7 +357,7 @@ def main() -> None:
             half = plan.epoch_microbatches(0) // 2
             sampler = PlanBatchSampler(plan, rank=0, world_size=2, epoch=0, microbatch_index=half)
             source = PlannedTokenSource(url, sampler, cache_bytes=every * block, block_bytes=block,
-                                        lookahead=args.lookahead, concurrency=args.concurrency)
+                                        lookahead=lookahead, concurrency=args.concurrency, request_bytes=request)
             loader = DataLoader(TokenDataset(source, plan=plan), batch_sampler=sampler, collate_fn=collator)
             first, rate, batches, _ = read_epoch(loader)
             source.close()
@@ -362,7 +378,12 @@ def main() -> None:
             served.proxy.latency = latency / 1000
             for name in args.readers:
                 if name == "ours feistel":
-                    ours(name, latency, every * block, "ours feistel, every block")
+                    for ahead in args.lookahead:
+                        for kib in args.request_kb:
+                            ours(name, latency, every * block, f"ours feistel, every, {ahead}/{kib}K",
+                                 lookahead=ahead, request=kib << 10)
+                elif name == "ours rows":  # the cache of the block order's row: one window's working set
+                    ours("ours feistel", latency, working * block, "ours rows, one window", block=0)
                 elif name == "ours block":
                     ours(name, latency, working * block, "ours block, one window")
                 elif name == "streaming":

@@ -933,6 +933,28 @@ def tamper_block_cache_folder_is_a_link(ws, tmp_path):
     assert os.listdir(tmp_path / "elsewhere") == []
 
 
+def tamper_rows_mode_store_rewritten_after_opening(ws, tmp_path):
+    """Rows mode (block_bytes=0): tokens.npy rewritten in place (same size, other bytes) after the reader opened
+    the store and before it reads: the first range is refused, naming the object, and nothing of it is served."""
+    copy(ws, tmp_path, "plan", "store")
+    outcome = run_api(tmp_path,
+                      "import os\n"
+                      "from umlos_cuda.batching import load_plan\n"
+                      "from umlos_cuda.remote import PlannedTokenSource\n"
+                      "from umlos_cuda.torch import PlanBatchSampler\n"
+                      "plan = load_plan('plan')\n"
+                      "source = PlannedTokenSource('file://' + os.path.abspath('store'), PlanBatchSampler(plan),\n"
+                      "                            cache_bytes=1 << 20, block_bytes=0)\n"
+                      "data = bytearray(open('store/tokens.npy', 'rb').read())\n"
+                      "data[-64:] = bytes(255 - b for b in data[-64:])\n"
+                      "open('store/tokens.npy', 'wb').write(bytes(data))\n"
+                      "os.utime('store/tokens.npy', ns=(1, 1))\n"
+                      "keys = next(iter(PlanBatchSampler(plan)))\n"
+                      "guarded(lambda: print(source.arrays_many([int(key) for key in keys])))\n",
+                      owned=("store",))
+    hs.assert_refused(outcome, "REMOTE_OBJECT_CHANGED", names="tokens.npy")
+
+
 def _trainer_cursor(ws, tmp_path, make_cursor) -> hs.Outcome:
     """PlanTrainerData.load over a checkpoint folder whose plan_cursor.json ``make_cursor(path)`` made."""
     copy(ws, tmp_path, "plan", "store")
@@ -1124,6 +1146,7 @@ CASES = [
     pytest.param(tamper_block_cache_folder_is_a_link, id="tamper/block-cache-folder-is-a-link"),
     pytest.param(tamper_block_cache_block_under_the_other_shards_name,
                  id="tamper/block-cache-block-under-the-other-shards-name"),
+    pytest.param(tamper_rows_mode_store_rewritten_after_opening, id="tamper/rows-mode-store-rewritten-after-opening"),
 ]
 
 
@@ -1137,7 +1160,7 @@ def test_hostile(case, ws, tmp_path):
         pytest.importorskip("torch")
     if "plot" in case.__name__:
         pytest.importorskip("matplotlib")
-    if "block_cache" in case.__name__:
+    if "block_cache" in case.__name__ or "rows_mode" in case.__name__:
         pytest.importorskip("torch")
         pytest.importorskip("obstore", reason="obstore is not installed (the 'remote' extra)")
     case(ws, tmp_path)

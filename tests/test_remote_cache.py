@@ -8,11 +8,17 @@ more than ``disk_bytes``; two processes sharing a folder fetch each block once; 
 the middle of a fetch leaves only files that verify, and the next one reads through; DataLoader workers each
 fetch only their own steps and give the batches of ``num_workers=0``; a rank resumed at another world size
 fetches only what its remaining steps need; each fault is retried or refused with its code and nothing of it
-is cached.
+is cached. The fetch policy: a cap on one request (``request_bytes``) splits the merged requests and changes
+neither the rows nor the blocks fetched; the first requests carry the first step's blocks and nothing else;
+Belady's schedule evicts the block used furthest ahead, and among those never used again the one used
+earliest; rows mode (``block_bytes=0``) fetches each row's bytes once (every request a run of rows adjacent
+in the store), with the batches of block mode and of the store on disk, with spawned workers and after a
+resume at another world size, and checks its arguments.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -39,6 +45,7 @@ from umlos_cuda.torch import PlanBatchSampler, PlanCollator, TokenDataset  # noq
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BLOCK = 1 << 10
+PREFIX = "cached/v1"
 FAST = RetryBudget(attempts=4, first_delay_s=0.01, max_delay_s=0.05, timeout_s=10.0)
 #: Seconds a child of these tests may run: they finish in a few; this only stops a hang.
 CHILD_LIMIT_S = 300
@@ -62,25 +69,32 @@ def local(tmp_path_factory):
 @pytest.fixture(scope="module")
 def remote(local, object_store):
     store, _ = local
-    return object_store.upload_folder(store.root, object_store.bucket(), "cached/v1")
+    return object_store.upload_folder(store.root, object_store.bucket(), PREFIX)
 
 
 def data_gets(proxy):
     return [r for r in proxy.gets() if r.key.endswith(("tokens.npy", "loss_mask.npy"))]
 
 
-def fetched_blocks(proxy) -> list[int]:
-    """Every block the proxy's data GETs carried (object number << 40 | block), one entry per fetch; the GETs of
-    the ``.npy`` headers that opening a store makes (in a child process) are not block fetches."""
+def sample_gets(proxy):
+    """The data GETs of this module's store that a reader made for samples, in the order the proxy saw them:
+    not the GETs of the ``.npy`` headers that opening a store makes (in a child process), nor another module's
+    (a source those tests left may still be fetching)."""
     from umlos_cuda.files.reader import MAX_NPY_HEADER_BYTES
 
-    out = []
-    for request in data_gets(proxy):
-        if request.span[0] == 0 and request.span[1] == 12 + MAX_NPY_HEADER_BYTES:
-            continue
-        number = 0 if request.key.endswith("tokens.npy") else 1
-        out += [(number << 40) | b for b in range(request.span[0] // BLOCK, (request.span[1] - 1) // BLOCK + 1)]
-    return out
+    return [r for r in data_gets(proxy) if r.key.startswith(f"{PREFIX}/") and r.span is not None
+            and r.span != (0, 12 + MAX_NPY_HEADER_BYTES)]
+
+
+def blocks_of(request) -> list[int]:
+    """The blocks (object number << 40 | block) one data GET carried."""
+    number = 0 if request.key.endswith("tokens.npy") else 1
+    return [(number << 40) | b for b in range(request.span[0] // BLOCK, (request.span[1] - 1) // BLOCK + 1)]
+
+
+def fetched_blocks(proxy) -> list[int]:
+    """Every block the proxy's sample GETs carried, one entry per fetch."""
+    return [block for request in sample_gets(proxy) for block in blocks_of(request)]
 
 
 def pass_of(sampler) -> list[list[int]]:
@@ -304,10 +318,10 @@ def assert_every_file_verifies_or_claims(folder: Path, objects: list[tuple]) -> 
 
 # ---------------------------------------------------------------------- DataLoader workers
 def worker_batches(url, plan, workers: int, **options) -> list:
-    """Rank 1 of 2's batches of ``plan`` from a planned cache of ``url`` (``options``: its own) through a DataLoader
-    with ``workers`` workers (started by spawn)."""
+    """Rank 1 of 2's batches of ``plan`` from a planned cache of ``url`` (``options``: its own; blocks of
+    ``BLOCK`` unless they say otherwise) through a DataLoader with ``workers`` workers (started by spawn)."""
     sampler = PlanBatchSampler(plan, rank=1, world_size=2)
-    source = PlannedTokenSource(url, sampler, block_bytes=BLOCK, **options)
+    source = PlannedTokenSource(url, sampler, **{"block_bytes": BLOCK, **options})
     extra = {"multiprocessing_context": "spawn"} if workers else {}
     loader = DataLoader(TokenDataset(source, plan=plan), batch_sampler=sampler, collate_fn=PlanCollator(plan),
                         num_workers=workers, **extra)
@@ -488,4 +502,175 @@ def test_the_disk_tier_arguments_are_checked(local, remote, tmp_path):
         source.arrays(pass_of(sampler)[0][0])
     assert info.value.code == errors.OUTPUT_PATH_INVALID and str(tmp_path / "other") in info.value.message
     assert os.listdir(tmp_path / "other") == ["notes.txt"]
+    source.close()
+
+
+# ---------------------------------------------------------------------- the cap on one request
+def one_rank(local, remote, proxy):
+    """``(store on disk, store opened, its stored bytes, a sampler of rank 0 of 1, its steps)``, the proxy's
+    counts reset."""
+    store, plan = local
+    opened = RemoteTokenStore.open(remote)
+    sampler = PlanBatchSampler(plan, rank=0, world_size=1)
+    proxy.reset()
+    return store, opened, sum(opened.objects[name].size for name in ("tokens", "loss_mask")), sampler, \
+        pass_of(sampler)
+
+
+@pytest.mark.parametrize("cap", [BLOCK, 3 * BLOCK, 1 << 30])
+def test_a_request_cap_splits_requests_and_changes_no_byte_and_no_block(local, remote, object_store, cap):
+    store, opened, stored, sampler, steps = one_rank(local, remote, object_store.proxy)
+    source = PlannedTokenSource(opened, sampler, cache_bytes=stored + 4 * BLOCK, block_bytes=BLOCK,
+                                lookahead=len(steps), request_bytes=cap)
+    read_rows(source, store, steps)
+    source.close()
+    gets = sample_gets(object_store.proxy)
+    assert all(r.span[1] - r.span[0] <= max(cap, BLOCK) for r in gets)
+    fetched = sorted(b for r in gets for b in blocks_of(r))
+    refs = block_refs(opened, [row for step in steps for row in step], BLOCK)[0]
+    assert fetched == sorted(set(refs.tolist()))  # every block once, whatever the cap
+    if cap == BLOCK:
+        assert len(gets) == len(fetched)  # one block a request
+    if cap == 1 << 30:  # uncapped, the first pump merged the rest of the pass into a few requests
+        assert len(gets) < len(fetched) // 4
+
+
+def test_the_first_requests_carry_the_first_steps_blocks_and_nothing_else(local, remote, object_store):
+    store, opened, stored, sampler, steps = one_rank(local, remote, object_store.proxy)
+    # One request in flight, so the proxy sees them in the order they were sent.
+    source = PlannedTokenSource(opened, sampler, cache_bytes=stored + 4 * BLOCK, block_bytes=BLOCK,
+                                lookahead=len(steps), concurrency=1, request_bytes=1 << 30)
+    read_rows(source, store, steps)  # the whole pass (closing earlier would cancel the requests queued)
+    first = set(block_refs(opened, steps[0], BLOCK)[0].tolist())
+    source.close()
+    gets = sample_gets(object_store.proxy)
+    carried = [set(blocks_of(r)) for r in gets]
+    opening = next(i for i, blocks in enumerate(carried) if not blocks <= first)  # the first beyond step 0
+    assert set().union(*carried[:opening]) == first  # every block of step 0, before any other
+    assert len(gets) > opening  # and then the rest of the pass, which the cap did not hold back
+
+
+# ---------------------------------------------------------------------- Belady's victims
+def test_belady_evicts_the_furthest_next_use_and_among_the_dead_the_earliest_used():
+    rng = np.random.default_rng(5)
+    for _ in range(400):
+        refs = rng.integers(0, int(rng.integers(1, 9)), int(rng.integers(0, 40)))
+        capacity = int(rng.integers(1, 8))
+        schedule = belady(refs, capacity)
+        n, resident, last = len(refs), set(), {}
+        for i, block in enumerate(refs.tolist()):
+            nxt = {b: next((j for j in range(i, n) if refs[j] == b), n) for b in resident}
+            assert schedule.misses[i] == (block not in resident)
+            victim = int(schedule.victims[i])
+            if schedule.misses[i] and len(resident) == capacity:
+                assert nxt[victim] == max(nxt.values())
+                if nxt[victim] == n:  # never used again: the one whose last use is earliest
+                    assert last[victim] == min(last[b] for b in resident if nxt[b] == n)
+                resident.discard(victim)
+            else:
+                assert victim == -1
+            resident.add(block)
+            last[block] = i
+
+
+# ---------------------------------------------------------------------- rows mode
+def row_extents(opened, rows) -> list[tuple[int, tuple[int, int]]]:
+    """``(object number, (start, stop))`` of every non-empty row's tokens and loss mask."""
+    out = []
+    for row in rows:
+        tokens, mask = opened.spans(row)
+        if tokens[1] > tokens[0]:
+            out += [(0, tokens), (1, mask)]
+    return out
+
+
+def longest_row(opened) -> int:
+    """The longest row's token bytes: a rows-mode cache holds ``cache_bytes`` over this many units."""
+    return int(np.diff(opened.offsets).max()) * opened.token_dtype.itemsize
+
+
+def test_rows_mode_fetches_each_rows_bytes_once_in_runs_of_adjacent_rows(local, remote, object_store):
+    store, plan = local
+    opened = RemoteTokenStore.open(remote)
+    stored = sum(opened.objects[name].size for name in ("tokens", "loss_mask"))
+    sampler = PlanBatchSampler(plan, rank=0, world_size=1)
+    steps = pass_of(sampler)
+    longest = longest_row(opened)
+    object_store.proxy.reset()
+    # A cache of 4 rows' extents at most, far fewer than one step's: every row is still fetched once.
+    source = PlannedTokenSource(opened, sampler, cache_bytes=4 * longest, block_bytes=0, lookahead=3)
+    assert source.capacity == 4
+    read_rows(source, store, steps)
+    source.close()
+    rows = [row for step in steps for row in step]
+    extents = row_extents(opened, rows)
+    gets = sample_gets(object_store.proxy)
+    assert source.fetched_bytes == sum(r.sent for r in gets) == sum(b - a for _, (a, b) in extents) <= stored
+    assert source.unplanned_rows == 0
+    pieces = []
+    for request in gets:  # each request is whole rows' extents, adjacent in the store
+        number = 0 if request.key.endswith("tokens.npy") else 1
+        inside = sorted(span for n, span in extents if n == number and request.span[0] <= span[0] < request.span[1])
+        assert inside[0][0] == request.span[0] and inside[-1][1] == request.span[1]
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(inside))
+        pieces += [(number, span) for span in inside]
+    assert sorted(pieces) == sorted(extents)  # each extent in exactly one request
+
+
+def test_rows_mode_gives_the_batches_of_block_mode_and_of_the_local_store_with_workers(local, remote,
+                                                                                       object_store):
+    store, plan = local
+    opened = RemoteTokenStore.open(remote)
+    longest = longest_row(opened)
+    sampler = PlanBatchSampler(plan, rank=1, world_size=2)
+    on_disk = list(DataLoader(TokenDataset(store, plan=plan), batch_sampler=sampler, collate_fn=PlanCollator(plan)))
+    blocks = worker_batches(remote, plan, 0, cache_bytes=16 * BLOCK, block_bytes=BLOCK)
+    rows = worker_batches(remote, plan, 0, cache_bytes=8 * longest, block_bytes=0)
+    object_store.proxy.reset()
+    spawned = worker_batches(remote, plan, 2, cache_bytes=8 * longest, block_bytes=0)
+    assert len(on_disk) == len(blocks) == len(rows) == len(spawned) > 2
+    for batch in zip(on_disk, blocks, rows, spawned):
+        for other in batch[1:]:
+            assert batch[0].keys() == other.keys() and all(torch.equal(batch[0][k], other[k]) for k in batch[0])
+    # The two workers fetched their own rows, each once: together the rank's rows' bytes.
+    mine = [row for step in pass_of(PlanBatchSampler(plan, rank=1, world_size=2)) for row in step]
+    assert sum(r.sent for r in sample_gets(object_store.proxy)) == \
+        sum(b - a for _, (a, b) in row_extents(opened, mine))
+
+
+def test_rows_mode_resumed_at_another_world_size_fetches_only_its_remaining_rows(local, remote, object_store):
+    store, plan = local
+    opened = RemoteTokenStore.open(remote)
+    longest = longest_row(opened)
+    for rank in range(3):
+        resumed = PlanBatchSampler(plan, rank=rank, world_size=3, epoch=0, microbatch_index=5)
+        steps = pass_of(resumed)
+        object_store.proxy.reset()
+        source = PlannedTokenSource(opened, resumed, cache_bytes=8 * longest, block_bytes=0, lookahead=2)
+        assert sample_gets(object_store.proxy) == []  # building it fetches nothing
+        read_rows(source, store, steps)
+        source.close()
+        rows = [row for step in steps for row in step]
+        assert sum(r.sent for r in sample_gets(object_store.proxy)) == source.fetched_bytes == \
+            sum(b - a for _, (a, b) in row_extents(opened, rows))
+
+
+def test_rows_mode_arguments_are_checked(local, remote):
+    _, plan = local
+    sampler = PlanBatchSampler(plan, rank=0, world_size=1)
+    opened = RemoteTokenStore.open(remote)
+    longest = longest_row(opened)
+    for kwargs, says in (({"cache_bytes": longest - 1}, "longest row"),
+                         ({"cache_bytes": longest, "gap_bytes": 8}, "only adjacent rows merge"),
+                         ({"cache_bytes": longest, "cache_dir": "c", "disk_bytes": 2 * longest}, "disk tier"),
+                         ({"cache_bytes": longest, "request_bytes": 0}, "request_bytes")):
+        with pytest.raises(UmlosError) as info:
+            PlannedTokenSource(opened, sampler, block_bytes=0, **kwargs)
+        assert info.value.code == errors.INVALID_ARGUMENT and says in info.value.message, info.value.message
+    import pickle
+
+    source = PlannedTokenSource(opened, sampler, cache_bytes=longest, block_bytes=0, request_bytes=5000)
+    copy = pickle.loads(pickle.dumps(source))  # what a spawned DataLoader worker receives
+    assert (copy.block_bytes, copy.request_bytes, copy.capacity) == (0, 5000, 1)
+    copy.close()
     source.close()

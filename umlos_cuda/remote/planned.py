@@ -5,8 +5,9 @@ What goes in: a flat or sharded token store in an object store (:class:`~.store.
 :class:`~.sharded.RemoteShardedStore`, or its URL), and the
 :class:`~umlos_cuda.torch.PlanBatchSampler` that will index it (its plan, rank, world size and cursor: the
 rank's share of the plan from the cursor on), a cache size ``cache_bytes``, a block size, how many steps
-ahead to fetch (``lookahead``), how many requests may be in flight (``concurrency``) and the largest gap
-between two ranges merged into one request (``gap_bytes``). What comes out: a token source whose
+ahead to fetch (``lookahead``), how many requests may be in flight (``concurrency``), the largest gap
+between two ranges merged into one request (``gap_bytes``) and the most bytes one merged request fetches
+(``request_bytes``). What comes out: a token source whose
 ``arrays(row)`` answers the rows in the order the sampler hands them out, from memory, with every byte
 fetched before it is asked for (as far as ``lookahead`` and the store's speed allow), and whose
 ``arrays_many(rows)`` answers a microbatch's rows in one call (what ``TokenDataset.__getitems__`` asks for),
@@ -20,11 +21,22 @@ order; :func:`~.belady.belady` gives, for that sequence and ``cache_bytes // blo
 references miss and what each evicts. The reader carries that schedule out: a miss is fetched as soon as
 its step is within ``lookahead`` steps and its victim's last use before it has been read (so memory never
 holds more than the cache's blocks), misses issued together are merged into one ranged GET per run of
-adjacent blocks (closer than ``gap_bytes``: the bytes between are fetched and dropped), sent in the order
-of their first use, at most ``concurrency`` at once. So the blocks fetched are exactly Belady's (the fewest
+adjacent blocks (closer than ``gap_bytes``: the bytes between are fetched and dropped; a run is cut before
+the block that would take it past ``request_bytes``), sent in the order of their first use, at most
+``concurrency`` at once, the blocks of the step the reader is on merged apart and sent first. The first
+step's blocks are requested before the pass is listed and its schedule built (from an empty cache Belady's
+rule misses on exactly those first, evicting nothing, when the cache holds them), so the first step's
+requests run while the reader builds the schedule. So the blocks fetched are exactly Belady's (the fewest
 the order allows for that cache), each at most once per epoch when the cache holds the blocks between two
 uses of each, and a resumed rank (a sampler at another cursor) fetches only what its steps from there
 reference.
+
+Rows mode (``block_bytes=0``): the units are not blocks but each row's own extents, its tokens' bytes and its
+loss mask's, merged into one request only with the extents of rows adjacent in the store (no gap bytes); the
+schedule is the same Belady schedule over those units, with room for ``cache_bytes`` over the longest row's
+token bytes. A pass that reads each row once fetches each row's bytes exactly once whatever the cache (at
+most the stored bytes, under any order), at the price of about two requests a row; the cache bounds only how
+far ahead the reader can fetch. It has no disk tier.
 
 Each epoch starts with an empty cache (the next epoch's schedule is built when the reader reaches it). A row
 asked for out of the planned order (another sampler, a retry of a step) is read directly, two GETs, and
@@ -79,17 +91,26 @@ from .store import RemoteTokenStore
 _SHIFT = 40
 #: A store the planned cache reads: one with an object table of (tokens, loss mask) pairs.
 PlannedStore = RemoteTokenStore | RemoteShardedStore
+#: The default of ``request_bytes``: the most bytes one merged request fetches (docs/object-stores.md, "The
+#: planned cache": a whole-dataset shuffle's first pump merges nearly the whole store, and the first step's
+#: blocks waited behind runs of tens of MB).
+REQUEST_BYTES = 4 << 20
+#: The default of ``lookahead``: steps ahead of the reader whose misses may be in flight (docs/performance.md,
+#: "Reading from object stores beside Streaming and LitData": at 100 ms a request, 32 steps left the reader
+#: waiting on requests; memory does not grow with it, the schedule's victims bound it).
+LOOKAHEAD = 256
 
 
 def _argument_error(message: str) -> UmlosError:
     return UmlosError(errors.INVALID_ARGUMENT, message, operator=errors.REMOTE_OPERATOR)
 
 
-def pass_rows(sampler: Any, epoch: int, start: int) -> list[list[int]]:
-    """The dataset rows of each step ``sampler``'s rank takes from ``(epoch, start)`` to the end of that epoch: a
-    fresh sampler of the same plan and layout iterated once (the sampler given is not moved)."""
+def pass_rows(sampler: Any, epoch: int, start: int, steps: int | None = None) -> list[list[int]]:
+    """The dataset rows of each step ``sampler``'s rank takes from ``(epoch, start)`` to the end of that epoch (or
+    of its first ``steps``): a fresh sampler of the same plan and layout iterated (the sampler given is not
+    moved)."""
     fresh = type(sampler)(sampler.plan, sampler.rank, sampler.world_size, epoch=epoch, microbatch_index=start)
-    return [[int(getattr(key, "row", key)) for key in keys] for keys in fresh]
+    return [[int(getattr(key, "row", key)) for key in keys] for keys in itertools.islice(fresh, steps)]
 
 
 def worker_share() -> tuple[int, int]:
@@ -138,6 +159,21 @@ def span_refs(spans: RowSpans, block_bytes: int) -> tuple[np.ndarray, np.ndarray
     return refs, row_start
 
 
+def row_refs(spans: RowSpans, rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """What :func:`span_refs` gives in rows mode (``block_bytes=0``): each row's own extents, its tokens' and then
+    its loss mask's (none for an empty row), as ids (the object's number << 40 | the store's row), and where each
+    row's start."""
+    rows_array = np.asarray(rows, dtype=np.int64)
+    present = spans.tokens > 0
+    row_start = np.zeros(len(rows_array) + 1, dtype=np.int64)
+    np.cumsum(2 * present.astype(np.int64), out=row_start[1:])
+    kept = rows_array[present]
+    refs = np.empty(2 * kept.shape[0], dtype=np.int64)
+    refs[0::2] = (spans.objects[present, 0] << _SHIFT) | kept
+    refs[1::2] = (spans.objects[present, 1] << _SHIFT) | kept
+    return refs, row_start
+
+
 def is_mask(refs: np.ndarray) -> np.ndarray:
     """Which of the block ids ``refs`` are blocks of a loss mask (an odd object number: :mod:`.objects`)."""
     return ((refs >> _SHIFT) & 1).astype(bool)
@@ -153,29 +189,42 @@ class PlannedTokenSource:
     ``identity()``, ...) is its store's."""
 
     def __init__(self, store: PlannedStore | str, sampler: Any, *, cache_bytes: int,
-                 block_bytes: int = 1 << 20, lookahead: int = 32, concurrency: int = 32, gap_bytes: int = 0,
-                 cache_dir: str | os.PathLike[str] | None = None, disk_bytes: int | None = None) -> None:
+                 block_bytes: int = 1 << 20, lookahead: int = LOOKAHEAD, concurrency: int = 32, gap_bytes: int = 0,
+                 request_bytes: int = REQUEST_BYTES, cache_dir: str | os.PathLike[str] | None = None,
+                 disk_bytes: int | None = None) -> None:
         self.store = planned_store(store)
         for name in ("plan", "rank", "world_size", "epoch", "microbatch_index"):
             if not hasattr(sampler, name):
                 raise _argument_error(f"PlannedTokenSource takes the PlanBatchSampler that will index it; "
                                       f"{type(sampler).__name__} has no {name}")
-        self.block_bytes = checks.integer(block_bytes, "block_bytes", 1 << 10, 1 << 30, fail=_argument_error)
-        self.cache_bytes = checks.integer(cache_bytes, "cache_bytes", self.block_bytes, None, fail=_argument_error,
-                                          message="{name} must hold at least one block (block_bytes, {low}), "
-                                                  "got {value!r}")
+        self.block_bytes = 0 if block_bytes == 0 and checks.is_integer(block_bytes) else checks.integer(
+            block_bytes, "block_bytes", 1 << 10, 1 << 30, fail=_argument_error,
+            message="{name} must be an int, 0 (each row its own extent) or from {low} to {high}, got {value!r}")
+        self.rows_mode = self.block_bytes == 0
+        # The most bytes one unit (a block, or in rows mode a row's tokens) holds: the cache holds at least one.
+        self.unit_bytes = self.block_bytes or max(1, int(np.asarray(self.store.lengths).max(initial=0))
+                                                  * np.dtype(self.store.token_dtype).itemsize)
+        self.cache_bytes = checks.integer(cache_bytes, "cache_bytes", self.unit_bytes, None, fail=_argument_error,
+                                          message="{name} must hold at least one block (block_bytes), or in rows "
+                                                  "mode the longest row's tokens: {low}; got {value!r}")
         self.lookahead = checks.integer(lookahead, "lookahead", 0, 1 << 20, fail=_argument_error)
-        self.gap_bytes = checks.integer(gap_bytes, "gap_bytes", 0, 1 << 30, fail=_argument_error)
+        self.gap_bytes = checks.integer(gap_bytes, "gap_bytes", 0, 0 if self.rows_mode else 1 << 30,
+                                        fail=_argument_error, message="{name} must be an int from {low} to {high} "
+                                        "(0 in rows mode, block_bytes=0: only adjacent rows merge), got {value!r}")
+        self.request_bytes = checks.integer(request_bytes, "request_bytes", 1, 1 << 40, fail=_argument_error)
         self.concurrency = checks.integer(concurrency, "concurrency", 1, 256, fail=_argument_error)
         if (cache_dir is None) != (disk_bytes is None):
             raise _argument_error("cache_dir and disk_bytes come together: the folder of the disk tier and the "
                                   "most bytes this process keeps there")
+        if self.rows_mode and cache_dir is not None:
+            raise _argument_error("the disk tier keeps blocks: rows mode (block_bytes=0) has none; give block_bytes "
+                                  "to keep a cache_dir, or leave cache_dir out")
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
         self.disk_bytes = None if disk_bytes is None else checks.integer(
             disk_bytes, "disk_bytes", self.cache_bytes, None, fail=_argument_error,
             message="{name} must be at least cache_bytes ({low}): the disk holds what memory holds, got {value!r}")
         self.sampler = sampler
-        self.capacity = self.cache_bytes // self.block_bytes
+        self.capacity = self.cache_bytes // self.unit_bytes
         self.fetched_bytes = self.requests = self.unplanned_rows = 0
         self._objects = self.store.object_table()  # block ids index it: object number << 40 | block
         self._count_lock = threading.Lock()
@@ -258,8 +307,8 @@ class PlannedTokenSource:
         """What a ``DataLoader`` worker started by ``spawn`` or ``forkserver`` receives: the store's URL, the
         sampler (its cursor) and the options; the worker opens the store again and plans its own share."""
         options = {"cache_bytes": self.cache_bytes, "block_bytes": self.block_bytes, "lookahead": self.lookahead,
-                   "concurrency": self.concurrency, "gap_bytes": self.gap_bytes, "cache_dir": self.cache_dir,
-                   "disk_bytes": self.disk_bytes}
+                   "concurrency": self.concurrency, "gap_bytes": self.gap_bytes,
+                   "request_bytes": self.request_bytes, "cache_dir": self.cache_dir, "disk_bytes": self.disk_bytes}
         return (_rebuild, (self.store, self.sampler, options))
 
     def close(self) -> None:
@@ -277,16 +326,23 @@ class PlannedTokenSource:
         left = self._disk_resident()  # what the pass before keeps on disk
         self.epoch = epoch
         worker, workers = self.share
+        self._resident.clear()
+        self._row_pos = self._ref_pos = self._next_miss = self._pump_at = 0
+        # The first step's blocks go out before the pass is listed and its schedule built (most of the time
+        # before the first step can be read, at 200,000 rows: docs/object-stores.md, "The planned cache").
+        early = self._first_step_blocks(pass_rows(self.sampler, epoch, start, worker + 1)[worker:])
+        if early:
+            self._request(early, urgent=len(early))
         steps = pass_rows(self.sampler, epoch, start)[worker::workers]
         self._rows = [row for step in steps for row in step]
         step_rows = np.cumsum([0] + [len(step) for step in steps], dtype=np.int64)
         spans = self._objects.spans(self._rows)  # opens the parts (shards) the pass reads, here, not in a fetch
-        self._refs, self._row_start = span_refs(spans, self.block_bytes)
+        self._refs, self._row_start = self._references(self._rows, spans)
         self._row_tokens = spans.tokens
-        self._ref_row = np.repeat(np.arange(len(self._rows)), np.diff(self._row_start))
-        self._ref_low, self._ref_high = self._pieces(spans)
         self._step_of_row = np.repeat(np.arange(len(steps)), np.diff(step_rows))
         self._step_ref = self._row_start[step_rows]  # the first reference of each step (and the end)
+        self._ref_row = np.repeat(np.arange(len(self._rows)), np.diff(self._row_start))
+        self._ref_low, self._ref_high = self._pieces(spans)
         self.schedule: Schedule = belady(self._refs, self.capacity)
         self._misses = np.flatnonzero(self.schedule.misses)
         self._issue_after = self._last_use_before(self._misses, self.schedule.victims[self._misses])
@@ -302,19 +358,54 @@ class PlannedTokenSource:
             first = self._refs[:int(np.argmax(self.disk_schedule.victims >= 0))] if (
                 self.disk_schedule.victims >= 0).any() else self._refs
             assert self.blocks is not None
-            for block in sorted(left - set(first.tolist())):
+            for block in sorted(left - set(first.tolist()) - set(early)):
                 self.blocks.remove(self._objects[block >> _SHIFT], block & ((1 << _SHIFT) - 1))
-        self._resident.clear()
-        self._row_pos = self._ref_pos = self._next_miss = self._pump_at = 0
+        self._next_miss = len(early)  # the schedule's first misses are these blocks (_first_step_blocks)
+
+    def _references(self, rows: Sequence[int], spans: RowSpans | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The units ``rows`` (whose spans are ``spans``, when known) reference and where each row's start:
+        blocks, or in rows mode the rows' extents."""
+        spans = self._objects.spans(rows) if spans is None else spans
+        return row_refs(spans, rows) if self.rows_mode else span_refs(spans, self.block_bytes)
+
+    def _first_step_blocks(self, first_step: list[list[int]]) -> list[int]:
+        """The blocks of the pass's first step (``first_step``: its rows, or nothing) in the order of first use,
+        when the cache holds them all: from an empty cache Belady's rule misses on exactly these first,
+        evicting nothing, so they can be requested before the schedule is built (none when they do not fit:
+        then the schedule says what is evicted)."""
+        if not first_step:
+            return []
+        refs = self._references(first_step[0])[0]
+        blocks, first = np.unique(refs, return_index=True)
+        return [] if blocks.shape[0] > self.capacity else refs[np.sort(first)].tolist()
 
     def _pieces(self, spans: RowSpans) -> tuple[np.ndarray, np.ndarray]:
         """Where each reference's bytes lie in its block, ``[low, high)``: the part of the block that its row's
-        range in that object covers (computed once a pass, so that reading a row only slices)."""
+        range in that object covers (computed once a pass, so that reading a row only slices); in rows mode the
+        whole extent."""
         column = is_mask(self._refs).astype(np.int64)
         begin, end = spans.starts[self._ref_row, column], spans.stops[self._ref_row, column]
+        if self.rows_mode:
+            return np.zeros(self._refs.shape[0], dtype=np.int64), end - begin
         base = (self._refs & ((1 << _SHIFT) - 1)) * self.block_bytes
         return ((np.maximum(begin, base) - base).astype(np.int32),
                 (np.minimum(end, base + self.block_bytes) - base).astype(np.int32))
+
+    def _extents(self, units: list[int]) -> list[tuple[int, int]]:
+        """The byte range ``[start, stop)`` of each unit (a block, or in rows mode a row's extent) in its
+        object."""
+        ids = np.asarray(units, dtype=np.int64)
+        numbers, indices = ids >> _SHIFT, ids & ((1 << _SHIFT) - 1)
+        if self.rows_mode:
+            spans = self._objects.spans(indices)
+            column, each = numbers & 1, np.arange(ids.shape[0])
+            begin, end = spans.starts[each, column], spans.stops[each, column]
+        else:
+            used, where = np.unique(numbers, return_inverse=True)
+            sizes = np.asarray([self._objects[int(number)].size for number in used.tolist()], dtype=np.int64)
+            begin = indices * self.block_bytes
+            end = np.minimum(begin + self.block_bytes, sizes[where])
+        return list(zip(begin.tolist(), end.tolist()))
 
     def _disk_resident(self) -> set[int]:
         """The blocks the current disk schedule holds at its end (none before the first pass)."""
@@ -344,6 +435,7 @@ class PlannedTokenSource:
         step = int(self._step_of_row[self._row_pos]) if self._row_pos < len(self._rows) else len(self._step_ref) - 1
         limit = int(self._step_ref[min(step + 1 + self.lookahead, len(self._step_ref) - 1)])
         issued: list[int] = []
+        urgent_before, urgent = int(self._step_ref[min(step + 1, len(self._step_ref) - 1)]), 0
         while self._next_miss < self._misses.shape[0]:
             miss = int(self._misses[self._next_miss])
             if miss >= limit or int(self._issue_after[self._next_miss]) >= self._ref_pos:
@@ -355,6 +447,7 @@ class PlannedTokenSource:
                 gone = int(self._disk_victims[self._next_miss])
                 self.blocks.remove(self._objects[gone >> _SHIFT], gone & ((1 << _SHIFT) - 1))
             issued.append(int(self._refs[miss]))
+            urgent += miss < urgent_before
             self._next_miss += 1
         # The next reference at which this loop can issue more without a new step: once past the next miss's
         # victim's last use (never, when that miss is beyond the lookahead: a new step calls the pump).
@@ -362,25 +455,35 @@ class PlannedTokenSource:
         self._pump_at = (int(self._issue_after[self._next_miss]) + 1
                          if following and int(self._misses[self._next_miss]) < limit else 1 << 62)
         if issued:
-            self._request(issued)
+            self._request(issued, urgent)
 
-    def _request(self, blocks: list[int]) -> None:
-        """One ranged GET for each run of ``blocks`` (given in the order they are first used) of one object no
-        more than ``gap_bytes`` apart, the runs sent in the order of their first use, so that the step the reader
-        waits for is not queued behind the steps after it."""
+    def _request(self, blocks: list[int], urgent: int = 0) -> None:
+        """Ranged GETs for ``blocks`` (given in the order they are first used): the first ``urgent`` (the step
+        the reader is on) merged among themselves and sent first, then the rest. Each GET is a run of blocks of
+        one object no more than ``gap_bytes`` apart (in rows mode: rows adjacent in the store), cut before the
+        block that would take it past ``request_bytes``; the runs are sent in the order of their first use, so
+        that the step the reader waits for is not queued behind the steps after it."""
+        for part in (blocks[:urgent], blocks[urgent:]):
+            if part:
+                for run in self._runs(part):
+                    self._submit(run)
+
+    def _runs(self, blocks: list[int]) -> list[list[int]]:
+        """``blocks`` merged into the runs of :meth:`_request`, in the order of their first use."""
         first_use = {block: order for order, block in enumerate(blocks)}
-        gap_blocks = self.gap_bytes // self.block_bytes
+        gap = 1 + (self.gap_bytes // self.block_bytes if self.block_bytes else 0)
         ordered = sorted(blocks)
-        runs, run = [], [ordered[0]]
-        for block in ordered[1:]:
-            if block >> _SHIFT == run[-1] >> _SHIFT and block - run[-1] <= gap_blocks + 1:
+        extents = self._extents(ordered)
+        runs, run, run_start = [], [ordered[0]], extents[0][0]
+        for block, (start, stop) in zip(ordered[1:], extents[1:]):
+            if block >> _SHIFT == run[-1] >> _SHIFT and block - run[-1] <= gap and stop - run_start <= \
+                    self.request_bytes:
                 run.append(block)
             else:
                 runs.append(run)
-                run = [block]
+                run, run_start = [block], start
         runs.append(run)
-        for run in sorted(runs, key=lambda run: min(first_use[block] for block in run)):
-            self._submit(run)
+        return sorted(runs, key=lambda run: min(first_use[block] for block in run))
 
     def _submit(self, run: list[int]) -> None:
         assert self._pool is not None
@@ -397,13 +500,10 @@ class PlannedTokenSource:
         if self.blocks is not None:
             found = self.blocks.blocks(obj, indices, lambda start, stop: self._get(obj, start, stop))
             return {(number << _SHIFT) | index: payload for index, payload in found.items()}
-        start, stop = indices[0] * self.block_bytes, min((indices[-1] + 1) * self.block_bytes, obj.size)
-        data = memoryview(self._get(obj, start, stop))
-        out = {}
-        for block, index in zip(run, indices):
-            offset = index * self.block_bytes - start
-            out[block] = bytes(data[offset:offset + self.block_bytes])
-        return out
+        extents = self._extents(run)
+        start = extents[0][0]
+        data = memoryview(self._get(obj, start, extents[-1][1]))
+        return {block: bytes(data[low - start:high - start]) for block, (low, high) in zip(run, extents)}
 
     def _get(self, obj: RemoteObject, start: int, stop: int) -> bytes:
         """Bytes ``[start, stop)`` of ``obj`` from the store, counted."""

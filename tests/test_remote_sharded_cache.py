@@ -336,3 +336,32 @@ def test_a_megatron_pair_is_refused_saying_what_the_planned_cache_reads(local, o
             PlannedTokenSource(given, sampler, cache_bytes=4 * BLOCK, block_bytes=BLOCK)
         assert info.value.code == errors.REMOTE_UNAVAILABLE
         assert url in info.value.message and "token stores (flat or sharded)" in info.value.message
+
+
+def test_rows_mode_over_the_shards_fetches_each_rows_bytes_once(local, remote, object_store):
+    """Rows mode (``block_bytes=0``) numbers a row's extents by the object table too: each shard's rows are
+    fetched from that shard's objects, each row's bytes once, and the rows equal the store's on disk."""
+    store, plan = local
+    opened = opened_whole(remote)
+    sampler = PlanBatchSampler(plan, rank=0, world_size=1)
+    steps = pass_of(sampler)
+    rows = [row for step in steps for row in step]
+    longest = int(np.asarray(opened.lengths).max()) * np.dtype(opened.token_dtype).itemsize
+    keys = numbers(opened)
+    object_store.proxy.reset()
+    source = PlannedTokenSource(opened, sampler, cache_bytes=6 * longest, block_bytes=0, lookahead=2)
+    read_rows(source, store, steps)
+    source.close()
+    wanted = {}  # each data object: the bytes its rows of the pass hold, worked out from the shards' offsets
+    for row in rows:
+        shard = bisect.bisect_right(opened.starts, row) - 1
+        part, here = opened.shard(shard), row - opened.starts[shard]
+        tokens = int(part.offsets[here + 1] - part.offsets[here])
+        wanted[2 * shard] = wanted.get(2 * shard, 0) + tokens * part.token_dtype.itemsize
+        wanted[2 * shard + 1] = wanted.get(2 * shard + 1, 0) + tokens
+    sent: dict[int, int] = {}
+    for request in object_store.proxy.gets():
+        if request.key in keys:
+            sent[keys[request.key]] = sent.get(keys[request.key], 0) + request.sent
+    assert sent == {number: size for number, size in wanted.items() if size} and set(sent) == {0, 1, 2, 3}
+    assert source.fetched_bytes == sum(wanted.values()) and source.unplanned_rows == 0

@@ -71,6 +71,29 @@ def test_offsets_from_the_ids_are_the_tokenizers(variant, texts):
     assert offsets.tolist() == [list(pair) for e in encodings for pair in e.offsets]
 
 
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(normalizer=st.sampled_from(["NFC", "NFD", "NFKC", "NFKD", "sequence"]),
+       texts=st.lists(st.lists(st.one_of(PIECES, st.text(st.characters(max_codepoint=127), max_size=12)),
+                               max_size=10).map("".join), min_size=1, max_size=5))
+def test_behind_a_unicode_normal_form_only_ascii_texts_take_the_offsets_from_the_ids(normalizer, texts):
+    """Qwen2's NFC, say: ASCII is left as it is, so its offsets follow from the ids; any other text keeps the
+    tokenizer's own (covers says no)."""
+    tokenizer = byte_level("split")
+    forms = {"NFC": normalizers.NFC, "NFD": normalizers.NFD, "NFKC": normalizers.NFKC, "NFKD": normalizers.NFKD}
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.NFKD()]) if normalizer == "sequence" \
+        else forms[normalizer]()
+    assert why_not(tokenizer) is None
+    from_ids = ByteOffsets.of(tokenizer)
+    assert from_ids.covers(texts) == all(text.isascii() for text in texts)
+    ascii_texts = [text for text in texts if text.isascii()]
+    assert from_ids.covers(ascii_texts)
+    encodings = tokenizer.encode_batch(ascii_texts, add_special_tokens=False)
+    ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64)
+    offsets = from_ids.offsets(ids, np.array([len(e) for e in encodings], dtype=np.int64), ascii_texts)
+    assert offsets is not None
+    assert offsets.tolist() == [list(pair) for e in encodings for pair in e.offsets]
+
+
 def _alphabet_bpe(**options) -> Tokenizer:
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     tokenizer = Tokenizer(models.BPE({c: i for i, c in enumerate(sorted(alphabet))}, [], **options))
@@ -102,8 +125,8 @@ def _no_alphabet(_tokenizer):
 
 
 @pytest.mark.parametrize("change, why", [
-    (_set("normalizer", normalizers.NFKC()), "normalizer"),
-    (_set("normalizer", normalizers.Sequence([])), "normalizer"),
+    (_set("normalizer", normalizers.Lowercase()), "Lowercase normalizer"),
+    (_set("normalizer", normalizers.Sequence([normalizers.NFC(), normalizers.Replace("a", "b")])), "Replace"),
     (_set("pre_tokenizer", pre_tokenizers.ByteLevel(add_prefix_space=True)), "prefix space"),
     (_set("pre_tokenizer", pre_tokenizers.Sequence([pre_tokenizers.Split(" ", "removed"),
                                                     pre_tokenizers.ByteLevel(add_prefix_space=False)])), "drop"),
@@ -175,30 +198,30 @@ def test_a_chunk_whose_ids_do_not_spell_its_texts_takes_the_tokenizers_offsets()
 
 
 WORDS = st.sampled_from(["hello", "there", "héllo", "wörld", "wörld ok", "😀", "日本語", " ", "  ", "\n", "<|im_end|>",
-                         "<|im_start|>", "42", "a\u0301", "?"])
-CONTENTS = st.lists(WORDS, max_size=6).map("".join)
+                         "<|im_start|>", "42", "?", "fine", "you"])
+ASCII_WORDS = st.sampled_from(["hello", "there", " ", "  ", "\n", "<|im_end|>", "42", "?", "fine", "you"])
 
 
 @st.composite
-def conversations(draw):
+def conversations(draw, words):
     messages = []
     for _ in range(draw(st.integers(1, 3))):
-        messages.append({"role": "user", "content": draw(CONTENTS)})
-        messages.append({"role": "assistant", "content": draw(CONTENTS)})
+        for role in ("user", "assistant"):
+            messages.append({"role": role, "content": "".join(draw(st.lists(words, max_size=6)))})
     return messages
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    """Per template, a model folder whose offsets follow from the ids and one whose do not (a normalizer that
-    changes nothing: the same ids and offsets, the tokenizer's own taken)."""
+    """Per template, a model folder whose offsets follow from the ids, one behind NFC (from the ids for chunks
+    of ASCII, its own for others) and one whose never do (a normalizer that changes none of these texts: the same
+    ids and offsets, the tokenizer's own taken)."""
     root = tmp_path_factory.mktemp("byte-offsets")
     found = {}
     for name, template in (("chatml", CHATML), ("generation", GENERATION)):
-        for kind in ("ids", "own"):
+        for kind, normalizer in (("ids", None), ("nfc", normalizers.NFC()), ("own", normalizers.Replace("~", "-"))):
             tokenizer = byte_level()
-            if kind == "own":
-                tokenizer.normalizer = normalizers.Sequence([])
+            tokenizer.normalizer = normalizer
             found[name, kind] = write_model_dir(root / f"{name}-{kind}", tokenizer,
                                                 {"chat_template": template, "eos_token": "<|im_end|>"})
     return found
@@ -206,20 +229,21 @@ def folders(tmp_path_factory):
 
 @settings(max_examples=8, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(chats=st.lists(conversations(), min_size=1, max_size=12), template=st.sampled_from(["chatml", "generation"]))
+@given(data=st.data(), ascii_only=st.booleans(), template=st.sampled_from(["chatml", "generation"]))
 def test_a_store_is_the_same_bytes_with_the_offsets_from_the_ids_or_the_tokenizers(folders, tmp_path_factory,
-                                                                                   chats, template):
+                                                                                   data, ascii_only, template):
     """Span edges at added tokens (ChatML's ends) and inside the text between them (its starts, and every edge
     of the generation blocks), contents that start or end with spaces and newlines, non-ASCII, empty ones."""
+    chats = data.draw(st.lists(conversations(ASCII_WORDS if ascii_only else WORDS), min_size=1, max_size=12))
     folder = tmp_path_factory.mktemp("store")
     dataset = folder / "chat.jsonl"
     dataset.write_text("".join(json.dumps({"messages": chat}) + "\n" for chat in chats), encoding="utf-8")
     stores = {}
-    for kind in ("ids", "own"):
+    for kind in ("ids", "nfc", "own"):
         model = folders[template, kind]
-        assert (why_not(Tokenizer.from_file(str(model / "tokenizer.json"))) is None) == (kind == "ids")
+        assert (why_not(Tokenizer.from_file(str(model / "tokenizer.json"))) is None) == (kind != "own")
         tokenize_dataset(dataset, model, folder / kind, messages_field="messages", skipped=SkippedLines(),
                          chunk_size=4)
         stores[kind] = {name: (folder / kind / name).read_bytes()
                         for name in ("tokens.npy", "loss_mask.npy", "offsets.npy")}
-    assert stores["ids"] == stores["own"]
+    assert stores["ids"] == stores["nfc"] == stores["own"]

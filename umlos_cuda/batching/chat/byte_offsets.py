@@ -25,7 +25,11 @@ character that byte-level BPE cuts in two gives both tokens its offsets),
 which is what this computes.
 
 When that holds, checked once a tokenizer on its parts (:meth:`of`): no
-normalizer (it could change the text before the offsets are taken); a
+normalizer (it could change the text before the offsets are taken), or only
+Unicode normal forms (NFC, NFD, NFKC, NFKD, as Qwen2's NFC), which leave
+ASCII as it is, and then only for a chunk whose texts are all ASCII
+(:meth:`covers`: whether Python's Unicode tables and the tokenizer's agree
+on other text is not this module's to assume); a
 pre-tokenizer that is ``ByteLevel`` without ``add_prefix_space``, alone or
 in a ``Sequence`` with ``Split`` steps that keep what they split on (a
 ``Removed`` split drops characters); a BPE model without a subword prefix or
@@ -56,18 +60,29 @@ import numpy as np
 
 #: Post-processors that leave an encoding's offsets as they are when no special tokens are added.
 _KEEPING_PROCESSORS = ("TemplateProcessing", "ByteLevel")
+#: Normalizers that leave ASCII text as it is (and alignments one to one).
+_ASCII_KEEPING_NORMALIZERS = ("NFC", "NFD", "NFKC", "NFKD")
 
 
 @dataclass(frozen=True, eq=False)
 class ByteOffsets:
-    """``lengths[id]``: the bytes of the text token ``id`` stands for (0: an id whose offsets are not known)."""
+    """``lengths[id]``: the bytes of the text token ``id`` stands for (0: an id whose offsets are not known);
+    ``ascii_only``: the tokenizer normalizes to a Unicode normal form, so only ASCII texts are covered."""
 
     lengths: np.ndarray
+    ascii_only: bool = False
 
     @classmethod
     def of(cls, tokenizer: Any) -> ByteOffsets | None:
         """The byte lengths of ``tokenizer``'s tokens, or None when its offsets do not follow from its ids."""
-        return None if why_not(tokenizer) else cls(_byte_lengths(tokenizer))
+        if why_not(tokenizer):
+            return None
+        return cls(_byte_lengths(tokenizer), ascii_only=bool(_parts(tokenizer.normalizer, "normalizers")))
+
+    def covers(self, texts: Sequence[str]) -> bool:
+        """Whether the offsets of ``texts``' tokens follow from their ids (all of them, but ASCII texts only
+        behind a normalizer), so that they are encoded without the tokenizer's offsets."""
+        return not self.ascii_only or all(text.isascii() for text in texts)
 
     def offsets(self, ids: np.ndarray, counts: np.ndarray, texts: Sequence[str]) -> np.ndarray | None:
         """The ``(start, end)`` character offsets of each token in its record's text, one ``(n, 2)`` int64 array
@@ -105,8 +120,9 @@ def why_not(tokenizer: Any) -> str | None:
     """Why ``tokenizer``'s offsets do not follow from its ids (the module's conditions), or None when they do."""
     from tokenizers import models, pre_tokenizers
 
-    if tokenizer.normalizer is not None:
-        return "it has a normalizer"
+    for step in _parts(tokenizer.normalizer, "normalizers"):
+        if step.get("type") not in _ASCII_KEEPING_NORMALIZERS:
+            return f"it has a {step.get('type')} normalizer, which may change the text"
     if tokenizer.truncation is not None or tokenizer.padding is not None:
         return "it truncates or pads"
     steps = _parts(tokenizer.pre_tokenizer, "pretokenizers")

@@ -158,6 +158,7 @@ def encode_chunk(source: ChunkEncoder, chunk: RecordChunk, token_dtype: np.dtype
     of its records concatenated (run by a worker: ``source`` is what it received)."""
     texts = source.texts(chunk)
     from_ids = source.byte_offsets  # chat records whose token offsets follow from their ids (chat/byte_offsets.py)
+    from_ids = from_ids if from_ids is not None and from_ids.covers(texts) else None
     encodings = source.encode(texts, chunk, offsets=source.is_chat and from_ids is None)
     encoded = np.fromiter((len(e) for e in encodings), dtype=np.int64, count=len(encodings))
     total = int(encoded.sum())

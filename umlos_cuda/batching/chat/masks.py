@@ -4,7 +4,9 @@ What goes in: one encoding's token character offsets (``Encoding.offsets``
 of the ``tokenizers`` library) and the ``(start, end)`` character spans of
 the assistant's output. What comes out: one uint8 per token, 1 on every
 token that overlaps a span (:func:`token_mask`); or the masks of a chunk's
-encodings, concatenated (:func:`chunk_masks`, what the token store writes).
+encodings, concatenated (:func:`chunk_masks`, what the token store writes;
+:func:`stacked_masks` when the offsets are one array already, as
+umlos_cuda/batching/chat/byte_offsets.py computes them from the ids).
 
 The rule is the loop of ``apply_chat_template(..., return_assistant_tokens_mask=True)``
 (transformers 5.x): walk the tokens in order with a pointer into the spans;

@@ -35,9 +35,8 @@ def cpu() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--conversations", type=int, default=4096)
-    parser.add_argument("--chunk", type=int, default=1024)
-    parser.add_argument("--repeat", type=int, default=7)
+    for flag, default in (("--conversations", 4096), ("--chunk", 1024), ("--repeat", 7)):
+        parser.add_argument(flag, type=int, default=default)
     args = parser.parse_args()
     from tokenizers import Tokenizer
 

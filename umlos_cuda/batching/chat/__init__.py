@@ -10,6 +10,7 @@ Modules:
     render       render one conversation: the text and its generation spans
     turns        the assistant spans: the template's markers, or the generation-prompt difference
     masks        token masks from character spans, as transformers' ``assistant_masks``
+    byte_offsets a byte-level BPE's token offsets from its ids, where they are provably the tokenizer's own
     chunks       a chunk of records rendered in a worker under the budget, then encoded there (``ChatWork``)
     encode       one conversation to ids and an assistant mask (``encode_chat``)
     preference   conversational preference records (pairs, implicit-prompt pairs, unpaired) rendered as TRL does,

@@ -4,7 +4,9 @@ What goes in: one encoding's token character offsets (``Encoding.offsets``
 of the ``tokenizers`` library) and the ``(start, end)`` character spans of
 the assistant's output. What comes out: one uint8 per token, 1 on every
 token that overlaps a span (:func:`token_mask`); or the masks of a chunk's
-encodings, concatenated (:func:`chunk_masks`, what the token store writes).
+encodings, concatenated (:func:`chunk_masks`, what the token store writes;
+:func:`stacked_masks` when the offsets are one array already, as
+umlos_cuda/batching/chat/byte_offsets.py computes them from the ids).
 
 The rule is the loop of ``apply_chat_template(..., return_assistant_tokens_mask=True)``
 (transformers 5.x): walk the tokens in order with a pointer into the spans;
@@ -29,7 +31,7 @@ import numpy as np
 
 
 
-def token_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> np.ndarray:
+def token_mask(offsets: Sequence[tuple[int, int]] | np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:
     """The 0/1 mask of the tokens whose ``offsets`` overlap ``spans``."""
     count = len(offsets)
     mask = np.zeros(count, dtype=np.uint8)
@@ -59,6 +61,14 @@ def chunk_masks(offsets: Sequence[Sequence[tuple[int, int]]], spans: Sequence[Se
     """The :func:`token_mask` of each encoding's ``offsets`` and its ``spans``, concatenated: one search for
     the whole chunk when every encoding's token starts and span ends rise, each encoding's own otherwise."""
     tokens, counts = _stacked(offsets)
+    return stacked_masks(tokens, counts, spans)
+
+
+def stacked_masks(tokens: np.ndarray, counts: np.ndarray, spans: Sequence[Sequence[tuple[int, int]]]
+                  ) -> np.ndarray:
+    """:func:`chunk_masks` of the encodings' offsets already stacked: ``tokens`` an ``(n, 2)`` int64 array of
+    every encoding's offsets in turn, ``counts`` how many each has (as umlos_cuda/batching/chat/byte_offsets.py
+    gives them)."""
     span_array, span_counts = _stacked(spans)
     mask = np.zeros(tokens.shape[0], dtype=np.uint8)
     if not tokens.shape[0] or not span_array.shape[0]:
@@ -69,7 +79,8 @@ def chunk_masks(offsets: Sequence[Sequence[tuple[int, int]]], spans: Sequence[Se
     span_record = np.repeat(np.arange(len(span_counts), dtype=np.int64), span_counts)
     span_starts, span_ends = span_array[:, 0] + span_record * stride, span_array[:, 1] + span_record * stride
     if not (np.all(starts[1:] >= starts[:-1]) and np.all(span_ends[1:] >= span_ends[:-1])):
-        return np.concatenate([token_mask(o, s) for o, s in zip(offsets, spans)])
+        each = np.split(tokens, np.cumsum(counts)[:-1])
+        return np.concatenate([token_mask(o, s) for o, s in zip(each, spans)])
     pointer = np.searchsorted(span_ends, starts, side="right")  # past a token's own spans: a later encoding's,
     inside = pointer < span_ends.shape[0]  # which starts after the token ends (it masks nothing)
     mask[inside] = ends[inside] > span_starts[pointer[inside]]

@@ -25,10 +25,12 @@ where a chunk was encoded.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ... import errors
 from ...errors import UmlosError
+from ..chat.byte_offsets import ByteOffsets
 from ..records.chunk import RecordChunk
 from ..templates import sft_prompt, sft_text
 from .pairs import PAIR_ROWS
@@ -72,6 +74,13 @@ class ChunkEncoder:
         """True for rendered prompts and completions (encoded without special tokens, masks from the
         prompt's tokens: umlos_cuda/batching/chat/completions.py)."""
         return self.mode == "completion"
+
+    @cached_property
+    def byte_offsets(self) -> ByteOffsets | None:
+        """How a chat record's token offsets follow from its ids (umlos_cuda/batching/chat/byte_offsets.py), so
+        that it is encoded without the tokenizer's own; None for other records and where they do not. Found
+        once, where the chunks are encoded (a worker, which receives this object before it is found)."""
+        return ByteOffsets.of(self.encoder) if self.is_chat and self.encoder is not None else None
 
     def texts(self, chunk: RecordChunk) -> list[str]:
         """The text each record of ``chunk`` is encoded from."""

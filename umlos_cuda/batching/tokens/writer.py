@@ -60,7 +60,7 @@ from ..lengths.workers import check_workers
 from ...hashing import sha256_array
 from .store import LENGTHS_FILE, STORE_FORMAT, TokenStore
 from ..chat.completions import completion_masks, completion_starts, shared_prompts
-from ..chat.masks import chunk_masks
+from ..chat.masks import chunk_masks, stacked_masks
 from ..chat.turns import ChatText
 
 #: Bytes reserved for a streamed .npy header (the shape is known only at the end).
@@ -156,14 +156,21 @@ def encode_chunk(source: ChunkEncoder, chunk: RecordChunk, token_dtype: np.dtype
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(lengths, token ids, loss mask)`` of one chunk, the ids and masks
     of its records concatenated (run by a worker: ``source`` is what it received)."""
-    encodings = source.encode(source.texts(chunk), chunk, offsets=source.is_chat)
+    texts = source.texts(chunk)
+    from_ids = source.byte_offsets  # chat records whose token offsets follow from their ids (chat/byte_offsets.py)
+    from_ids = from_ids if from_ids is not None and from_ids.covers(texts) else None
+    encodings = source.encode(texts, chunk, offsets=source.is_chat and from_ids is None)
     encoded = np.fromiter((len(e) for e in encodings), dtype=np.int64, count=len(encodings))
     total = int(encoded.sum())
     ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=total)
     if source.is_chat:  # the assistant spans of each record (umlos_cuda/batching/chat/masks.py)
-        rendered = cast(list[ChatText], chunk.values[0])  # the worker rendered each record first (ChatWork)
-        mask = chunk_masks([e.offsets for e in encodings], [chat.spans for chat in rendered])
-        return encoded, _as_tokens(ids, token_dtype, vocab_size), mask
+        spans = [chat.spans for chat in cast(list[ChatText], chunk.values[0])]  # rendered first (ChatWork)
+        tokens = from_ids.offsets(ids, encoded, texts) if from_ids is not None else None
+        if tokens is not None:
+            return encoded, _as_tokens(ids, token_dtype, vocab_size), stacked_masks(tokens, encoded, spans)
+        if from_ids is not None:  # the ids do not spell the texts (unreachable: chat/byte_offsets.py); the
+            encodings = source.encode(texts, chunk, offsets=True)  # tokenizer's own offsets, as without it
+        return encoded, _as_tokens(ids, token_dtype, vocab_size), chunk_masks([e.offsets for e in encodings], spans)
     if source.is_completion:  # TRL's prompt length (umlos_cuda/batching/chat/completions.py)
         _texts, prompt_texts, records = chunk.values  # each row's text, its prompt's, its record (chat/preference.py)
         firsts, prompt_of_row = shared_prompts(records)

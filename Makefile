@@ -34,7 +34,13 @@ DEMO_WORKDIR ?= demo-workdir
 # tests/test_docs.py, which run documents from the repository's root, one after
 # another). Two: CI's machine has two cores; TEST_WORKERS=1 runs it in one process.
 TEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+# The suite starts hundreds of Python processes (every command of the documents tests/test_docs.py runs,
+# every test of a subprocess), each importing this package from its source. Python caches the compiled
+# modules (__pycache__, ignored by git and by tests/test_docs.py) unless PYTHONDONTWRITEBYTECODE is set, as
+# some container images set it; then every process compiles the package again. The suite runs without it:
+# docs/batching.md's snippets took 100 s of CPU with it set and 76 s without.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest \
+	$(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 # setuptools announces every editable install of a package whose folders are
 # mapped (kernels/ -> umlos_cuda/_kernels) with an information-only warning
 # ("Editable installation."); it asks nothing of us, so it is filtered here and

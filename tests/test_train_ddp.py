@@ -6,14 +6,18 @@ stay within a stated bound of the 2-rank run's (measured: equal, see docs/traini
 checkpoint store's tape records every step of the plan once, each the plan's rows (``plan.step``
 records, ``plan explain --check-tape``).
 
-One module-scoped fixture runs the five launches (uninterrupted; killed; resumed on 2 ranks;
-resumed on 1 rank from a copy of the killed run's folder) and the tests read their folders.
+One module-scoped fixture runs the four launches (uninterrupted; killed; resumed on 2 ranks;
+resumed on 1 rank from a copy of the killed run's folder) and the tests read their folders. They are the
+launches docs/training.md's "torchrun" section shows, in its folders' names (``runs/ddp``, ...): that block
+and the check after it are skipped by tests/test_docs.py, whose documents run one after another, and run
+here instead, the commands compared with the document's and its check run on these runs' folders.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -27,6 +31,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from dist_scripts.torchrun import ROOT, environment, finish
+from test_docs import fenced_blocks, snippet_env
 
 EXAMPLE = os.path.join(ROOT, "examples", "train_ddp.py")
 #: The default data give 65 microbatches per epoch and 2 epochs: 33 steps an epoch (the last one short).
@@ -42,11 +47,18 @@ RESUME_FROM = 30
 LOSS_REL_BOUND = 1e-4
 #: How long the killed job's processes may take to disappear after the launcher's exit.
 GONE_WITHIN_S = 30
+#: The launches, in order: (ranks, run folder under the fixture's folder, arguments), as docs/training.md
+#: writes them: ``--checkpoint-every`` is left at the example's default, CHECKPOINT_EVERY (the resume from
+#: RESUME_FROM says so).
+FULL, KILLED, ONE_RANK = "runs/ddp", "runs/ddp-killed", "runs/ddp-one-rank"
+LAUNCHES = ((2, FULL, ()), (2, KILLED, ("--kill-at-step", str(KILL_AT))), (2, KILLED, ("--resume",)),
+            (1, ONE_RANK, ("--resume",)))
+DOCUMENT = os.path.join("docs", "training.md")
 
 
-def launch(nproc: int, workdir, *args: str) -> subprocess.Popen:
+def launch(nproc: int, workdir, args: tuple[str, ...]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", EXAMPLE,
-           "--workdir", str(workdir), "--checkpoint-every", str(CHECKPOINT_EVERY), *args]
+           "--workdir", str(workdir), *args]
     return subprocess.Popen(cmd, env=environment(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
 
@@ -77,9 +89,11 @@ def live_processes_naming(text: str) -> list[int]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("train-ddp")
-    full, killed, one = base / "full", base / "killed", base / "one-rank"
-    outputs = {"full_log": finish(launch(2, full), "the uninterrupted 2-rank run")}
-    proc = launch(2, killed, "--kill-at-step", str(KILL_AT))
+    full, killed, one = (base / name for name in (FULL, KILLED, ONE_RANK))
+    (nproc_full, _, args_full), (nproc_kill, _, args_kill), (nproc_resume2, _, args_resume2), \
+        (nproc_resume1, _, args_resume1) = LAUNCHES
+    outputs = {"full_log": finish(launch(nproc_full, full, args_full), "the uninterrupted 2-rank run")}
+    proc = launch(nproc_kill, killed, args_kill)
     outputs["kill"] = finish(proc, "the 2-rank run killed at a step", expect_success=False)
     outputs["kill_code"] = proc.returncode
     deadline = time.monotonic() + GONE_WITHIN_S
@@ -88,9 +102,9 @@ def runs(tmp_path_factory):
     outputs["survivors"] = live_processes_naming(str(killed))
     outputs["killed_trace"] = trace(killed)
     shutil.copytree(killed, one)  # the state the kill left, for the 1-rank resume
-    outputs["resume2"] = finish(launch(2, killed, "--resume"), "the 2-rank resume")
-    outputs["resume1"] = finish(launch(1, one, "--resume"), "the 1-rank resume")
-    return {"full": full, "killed": killed, "one": one, **outputs}
+    outputs["resume2"] = finish(launch(nproc_resume2, killed, args_resume2), "the 2-rank resume")
+    outputs["resume1"] = finish(launch(nproc_resume1, one, args_resume1), "the 1-rank resume")
+    return {"base": base, "full": full, "killed": killed, "one": one, **outputs}
 
 
 def test_the_uninterrupted_run_reads_every_microbatch_of_the_plan_once_an_epoch_and_learns(runs):
@@ -151,3 +165,43 @@ def test_a_resume_on_1_rank_consumes_the_same_global_microbatches_and_stays_with
     assert one[RESUME_FROM]["losses"] == full[RESUME_FROM]["losses"]
     worst = max(abs(float(a["loss"]) - float(b["loss"])) / float(b["loss"]) for a, b in zip(one, full))
     assert worst <= LOSS_REL_BOUND, f"relative loss difference {worst:.3g} after the resume on 1 rank"
+
+
+def documented_blocks() -> tuple[str, str]:
+    """docs/training.md's torchrun launches (sh) and the check of their traces after them (python)."""
+    blocks = fenced_blocks(DOCUMENT)
+    at = next(i for i, block in enumerate(blocks) if block.lang == "sh" and "examples/train_ddp.py" in block.code)
+    launches, check = blocks[at], blocks[at + 1]
+    assert launches.skip_reason and "tests/test_train_ddp.py" in launches.skip_reason, launches.where
+    assert check.lang == "python" and check.skip_reason and "tests/test_train_ddp.py" in check.skip_reason
+    return launches.code, check.code
+
+
+def test_the_document_s_launches_are_these():
+    """docs/training.md shows the launches this file runs: the same ranks, folders and arguments, in order,
+    the 1-rank run from a copy of the killed run's folder made before its 2-rank resume."""
+    code, _ = documented_blocks()
+    commands = [" ".join(line.split()) for line in code.replace("\\\n", " ").splitlines()]
+    torchrun = [re.match(r"torchrun --standalone --nproc-per-node (\d+) examples/train_ddp.py --workdir (\S+)"
+                         r"((?: --[\w-]+(?: \d+)?)*)", command) for command in commands]
+    documented = [(int(m.group(1)), m.group(2), tuple(m.group(3).split())) for m in torchrun if m]
+    assert documented == list(LAUNCHES), documented
+    copy = commands.index(f"cp -r {KILLED} {ONE_RANK}")
+    assert [i for i, m in enumerate(torchrun) if m] == [1, 2, copy + 1, copy + 2]
+    assert "--checkpoint-every" not in code  # the default, which the resume from RESUME_FROM pins
+
+
+def test_the_document_s_checks_hold_on_these_runs(runs):
+    """The document's ``plan explain --check-tape`` of each run and its Python check of the traces, run in the
+    folder that holds this file's ``runs/``, pass."""
+    code, check = documented_blocks()
+    loop = code[code.index("for run in"):]
+    env = snippet_env()
+    explained = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", loop], cwd=runs["base"], env=env,
+                               capture_output=True, text=True, timeout=300)
+    assert explained.returncode == 0, explained.stderr[-3000:]
+    assert explained.stdout.count(f"{STEPS} steps") == 3, explained.stdout
+    printed = subprocess.run([sys.executable, "-c", check], cwd=runs["base"], env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert printed.returncode == 0, printed.stderr[-3000:]
+    assert printed.stdout.startswith(f"{STEPS} steps, loss "), printed.stdout

@@ -38,7 +38,7 @@ from .state_fingerprint import order_hash
 ORDER = "nextbatch_v2_train_order_of_derived_manifest"
 #: ``extra.derived_for`` of the derived manifest.
 DERIVED_FOR = NEXTBATCH_V1_OPERATOR
-#: Positions computed per step while striding an epoch (32 MiB of uint64).
+#: Positions of a shard computed per call of ``epoch_indices`` (32 MiB of uint64).
 CHUNK = 1 << 22
 
 
@@ -186,22 +186,17 @@ def _run(call: _Call, streams: Any, backend: str) -> BatchV1:
 
 
 def _strided(call: _Call, backend: str) -> tuple[np.ndarray, str]:
-    """``order[rank::world_size]``, computed in windows that start at a position
-    of the shard: each window of ``step`` positions gives every
-    ``world_size``-th of them. No window is longer than the shard itself, so
-    none asks ``epoch_indices`` for more than the call returns."""
+    """``order[rank::world_size]``: the order at the shard's positions ``rank, rank + W, ...`` alone
+    (``epoch_indices`` with ``stride``: each position is mapped by itself, O(1) each), so a rank's shard costs
+    O(N / W) whatever the world size, never the whole epoch. Computed in windows of at most ``CHUNK``
+    positions, so that no call asks ``epoch_indices`` (or a device) for more than one window."""
     from ..backends import get_backend, to_numpy
 
     engine = get_backend(backend)
     out = np.empty(shard_size(call.n, call.world_size, call.rank), dtype=np.uint64)
-    step = min(CHUNK, out.size)
-    position, filled = call.rank, 0
-    while filled < out.size:
-        count = 1 if call.world_size >= step else min(step, call.n - position)
-        window = to_numpy(epoch_indices(call.derived, call.key, epoch=call.epoch, start=position, count=count,
-                                        backend=engine.name))
-        part = window[:: call.world_size]
-        out[filled : filled + part.size] = part
-        filled += part.size
-        position += part.size * call.world_size
+    for first in range(0, out.size, CHUNK):
+        count = min(CHUNK, out.size - first)
+        out[first : first + count] = to_numpy(epoch_indices(
+            call.derived, call.key, epoch=call.epoch, start=call.rank + first * call.world_size, count=count,
+            stride=call.world_size, backend=engine.name))
     return out, engine.name

@@ -31,11 +31,16 @@ import time
 import numpy as np
 
 
+def documents(rng: np.random.Generator, samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """The benches' corpus: ``samples`` documents of log-normal lengths in [1, 2048] (a median of about 200
+    tokens) and their uint16 ids below 32,000, drawn from ``rng`` (lengths first, then ids)."""
+    lengths = np.clip(rng.lognormal(5.3, 0.8, samples).astype(np.int64), 1, 2048)
+    return lengths, rng.integers(0, 32000, int(lengths.sum()), dtype=np.uint16)
+
+
 def write_source(prefix: str, samples: int, seed: int = 0) -> np.ndarray:
     """A Megatron indexed dataset (uint16 ids) of lognormal lengths in [1, 2048]."""
-    rng = np.random.default_rng(seed)
-    lengths = np.clip(rng.lognormal(5.3, 0.8, samples).astype(np.int64), 1, 2048)
-    tokens = rng.integers(0, 32000, int(lengths.sum()), dtype=np.uint16)
+    lengths, tokens = documents(np.random.default_rng(seed), samples)
     tokens.tofile(prefix + ".bin")
     pointers = np.concatenate(([0], np.cumsum(lengths)[:-1])) * 2
     with open(prefix + ".idx", "wb") as handle:

@@ -26,6 +26,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+from bench_collate import documents  # noqa: E402
 from bench_object_peers import HELD_CHILD  # noqa: E402
 from bench_sharded_store import write_store  # noqa: E402
 from objstore_support import object_store_session  # noqa: E402
@@ -64,8 +65,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    lengths = np.clip(rng.lognormal(5.3, 0.8, args.samples).astype(np.int64), 1, 2048)
-    tokens = rng.integers(0, 32000, int(lengths.sum()), dtype=np.uint16)
+    lengths, tokens = documents(rng, args.samples)
     results: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as folder, object_store_session(HELD_CHILD) as served:
         write_store(os.path.join(folder, "store"), tokens, lengths, 0)

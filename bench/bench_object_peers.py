@@ -74,6 +74,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+from bench_collate import documents  # noqa: E402
 from bench_object_store import belady_bytes  # noqa: E402
 from bench_sharded_store import write_store  # noqa: E402
 from objstore_support import _CHILD, object_store_session  # noqa: E402
@@ -253,8 +254,7 @@ def main() -> None:
     downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
 
     rng = np.random.default_rng(0)
-    lengths = np.clip(rng.lognormal(5.3, 0.8, args.samples).astype(np.int64), 1, 2048)
-    tokens = rng.integers(0, 32000, int(lengths.sum()), dtype=np.uint16)
+    lengths, tokens = documents(rng, args.samples)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     block, chunk_bytes = args.block_kb << 10, int(args.chunk_mb * (1 << 20))
     plans = {}

@@ -35,6 +35,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+from bench_collate import documents  # noqa: E402
 from bench_sharded_store import write_store  # noqa: E402
 from objstore_support import object_store_session  # noqa: E402
 
@@ -85,8 +86,7 @@ def main() -> None:
     from umlos_cuda.torch import PlanBatchSampler, TokenDataset
 
     rng = np.random.default_rng(0)
-    lengths = np.clip(rng.lognormal(5.3, 0.8, args.samples).astype(np.int64), 1, 2048)
-    tokens = rng.integers(0, 32000, int(lengths.sum()), dtype=np.uint16)
+    lengths, tokens = documents(rng, args.samples)
     block = args.block_kb << 10
     with tempfile.TemporaryDirectory() as folder, object_store_session() as served:
         local = os.path.join(folder, "store")

@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_collate import documents
 from bench_sharded_store import write_store
 
 from umlos_cuda.batching import BatchingConfig
@@ -40,8 +41,7 @@ def main() -> None:
     from umlos_cuda.torch import PlanBatchSampler, PlanCollator, TokenDataset
 
     rng = np.random.default_rng(0)
-    lengths = np.clip(rng.lognormal(5.3, 0.8, args.samples).astype(np.int64), 1, 2048)
-    tokens = rng.integers(0, 32000, int(lengths.sum()), dtype=np.uint16)
+    lengths, tokens = documents(rng, args.samples)
     config = BatchingConfig.throughput(40960, (2048,), 4096, seed=1, order="feistel")
     plan = WindowedPlan.build(WindowDefinition(config, args.samples, 4096),
                               ArrayLengths(lengths.astype(np.uint32)), 1)

@@ -36,13 +36,13 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_collate import best_of
+from bench_collate import best_of, documents
 
 from umlos_cuda.batching.lengths.cache import LengthCache
-from umlos_cuda.hashing import sha256_array
 from umlos_cuda.batching.tokens.sharded import ShardedTokenStore, append_shards
 from umlos_cuda.batching.tokens.store import STORE_FORMAT, TokenStore
 from umlos_cuda.files.artifacts import MARKER
+from umlos_cuda.hashing import sha256_array
 
 TOKENIZER_HASH = "bench-" + "0" * 58
 
@@ -90,8 +90,7 @@ def main() -> None:
     parser.add_argument("--folder", default=None)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    lengths = np.clip(rng.lognormal(5.3, 0.8, args.samples).astype(np.int64), 1, 2048)
-    tokens = rng.integers(0, 32000, int(lengths.sum()), dtype=np.uint16)
+    lengths, tokens = documents(rng, args.samples)
     cuts = np.linspace(0, args.samples, args.shards + 1).astype(np.int64)
     starts = np.concatenate(([0], np.cumsum(lengths)))
     with tempfile.TemporaryDirectory() as temporary:

@@ -247,32 +247,39 @@ def test_open_in_place_takes_a_folder_another_process_created_a_moment_before(tm
     assert artifacts.marker_artifact((tmp_path / "cache" / MARKER).read_bytes()) == "token store"
 
 
-def _open_at_once(path, barrier, results):
-    barrier.wait()
-    try:
-        with open_in_place(path, STORE, foreign=_foreign) as folder:
-            folder.write_bytes(f"{os.getpid()}.bin", b"x")  # what a worker's first block does next
-        results.put("ok")
-    except UmlosError as exc:
-        results.put(f"{exc.code}: {exc.message}")
+def _open_at_once(paths, barrier, results):
+    """In a process of its own: open each of ``paths`` at the moment the others do (``barrier``)."""
+    for path in paths:
+        barrier.wait(timeout=120)
+        try:
+            with open_in_place(path, STORE, foreign=_foreign) as folder:
+                folder.write_bytes(f"{os.getpid()}.bin", b"x")  # what a worker's first block does next
+            results.put((str(path), "ok"))
+        except UmlosError as exc:
+            results.put((str(path), f"{exc.code}: {exc.message}"))
 
 
 def test_processes_opening_one_new_folder_at_once_all_succeed(tmp_path):
     """Four processes open each of ten new folders at the same moment: each opens it, one marker is written,
-    and no process sees another's half-written marker or takes the others' files for a foreign folder."""
+    and no process sees another's half-written marker or takes the others' files for a foreign folder. The
+    processes are started by ``spawn`` (a fork of a test process with threads could hang on a lock they held)."""
     import multiprocessing
 
-    context = multiprocessing.get_context("fork")
-    for round_ in range(10):
-        path = tmp_path / f"cache{round_}"
-        barrier, results = context.Barrier(4), context.Queue()
-        workers = [context.Process(target=_open_at_once, args=(path, barrier, results)) for _ in range(4)]
-        for worker in workers:
-            worker.start()
-        outcomes = [results.get(timeout=60) for _ in workers]
+    context = multiprocessing.get_context("spawn")
+    paths = [tmp_path / f"cache{round_}" for round_ in range(10)]
+    barrier, results = context.Barrier(4), context.Queue()
+    workers = [context.Process(target=_open_at_once, args=(paths, barrier, results)) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    try:
+        outcomes = [results.get(timeout=180) for _ in range(4 * len(paths))]
+    finally:
         for worker in workers:
             worker.join(timeout=60)
-        assert outcomes == ["ok"] * 4
+            if worker.is_alive():
+                worker.kill()
+    assert sorted(outcomes) == sorted((str(path), "ok") for path in paths for _ in range(4))
+    for path in paths:
         assert (path / MARKER).read_bytes() == STORE.marker_bytes() and len(os.listdir(path)) == 5
 
 

@@ -73,7 +73,7 @@ from ..files.artifacts import MARKER, MARKER_LIMIT
 from ..files.atomic import write_failed
 from ..files.folder import Folder
 from .bounded import read_object_bytes
-from .client import ObjectInfo, RemoteObject, RetryBudget, client_store, remote_error, retrying
+from .client import RemoteObject, RetryBudget, client_store, list_objects, remote_error, retrying
 from .inputs import copy_object
 from .publish import putter
 from .sharded import RemoteShardedStore
@@ -372,31 +372,16 @@ class _FetchingStore(ShardedTokenStore):
 def _fetch_shard(target: ObjectUrl, relative: str, root: str, budget: RetryBudget) -> None:
     """Every object under ``PREFIX/relative/`` copied into ``root/relative/``: at most
     :data:`MAX_SHARD_OBJECTS`, each a plain name (a shard is a flat folder), else SHARDED_STORE_INVALID."""
-    import obstore
-
     below = target.key(relative) + "/"
-    found: list[dict[str, Any]] = []
-
-    def listed() -> None:
-        found.clear()
-        for chunk in obstore.list(client_store(target, budget), prefix=below, chunk_size=1000):
-            found.extend(chunk)
-            if len(found) > MAX_SHARD_OBJECTS:
-                return
-
-    retrying(listed, target.name(below), budget, verb="listing")
-    names = [meta["path"][len(below):] for meta in found]
+    found = list_objects(target, below, target.name(below), budget, most=MAX_SHARD_OBJECTS)
+    names = [key[len(below):] for key, _ in found]
     if len(found) > MAX_SHARD_OBJECTS or any(name in ("", ".", "..") or "/" in name for name in names):
         raise invalid(f"{target.name(below)} is not a shard: a shard is a flat folder of a token store's files "
                       f"(at most {MAX_SHARD_OBJECTS})")
     with Folder.open(root) as folder:
-        for meta, name in zip(found, names):
-            obj = RemoteObject(target, meta["path"], _info(meta), budget)
+        for (key, info), name in zip(found, names):
+            obj = RemoteObject(target, key, info, budget)
             copy_object(obj, folder, relative.split("/"), name, error=_copy_failed)
-
-
-def _info(meta: dict[str, Any]) -> ObjectInfo:
-    return ObjectInfo(int(meta["size"]), meta.get("e_tag"))
 
 
 # ---------------------------------------------------------------------- leftovers and publishing
@@ -409,11 +394,7 @@ def _remove_leftovers(target: ObjectUrl, listed: int, index: _Index, budget: Ret
     keys: list[str] = []
     for folder in (SHARDS_FOLDER, DIGESTS_FOLDER):
         below = target.key(folder) + "/"
-
-        def listed_keys(below: str = below) -> list[str]:
-            return [meta["path"] for chunk in obstore.list(store, prefix=below, chunk_size=1000) for meta in chunk]
-
-        for key in retrying(listed_keys, target.name(below), budget, verb="listing"):
+        for key, _ in list_objects(target, below, target.name(below), budget):
             head = key[len(below):].split("/", 1)[0].split(".", 1)[0]  # shards/NNNNN/..., digests/NNNNN(.ids).npy
             number = checks.integer_or_none(head)
             if number is not None and head == shard_name(number) and number >= listed:

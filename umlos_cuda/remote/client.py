@@ -211,6 +211,36 @@ def retrying(call: Callable[[], T], name: str, budget: RetryBudget, *, verb: str
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
 
+def list_objects(url: ObjectUrl, below: str, name: str, budget: RetryBudget, *, most: int | None = None,
+                 bad_key: Callable[[str], UmlosError] | None = None) -> list[tuple[str, ObjectInfo]]:
+    """``(key, info)`` of every object of ``url``'s bucket whose key starts with ``below`` (every object when it is
+    empty), listed under ``budget`` as ``name`` (a listing cut off by a failure starts again); with ``most``, the
+    listing stops at ``most + 1`` objects (one more says there are more than ``most``). ``bad_key(message)``: the
+    error for a key the client will not name (an empty or '..' part), raised at once, never retried; without
+    it, such a listing fails as any other does."""
+    import obstore
+    from obstore.exceptions import InvalidPathError
+
+    store = client_store(url, budget)
+    found: list[tuple[str, ObjectInfo]] = []
+
+    def listed() -> None:
+        found.clear()
+        try:
+            for chunk in obstore.list(store, prefix=below or None, chunk_size=1000):
+                for meta in chunk:
+                    found.append((meta["path"], ObjectInfo(int(meta["size"]), meta.get("e_tag"))))
+                    if most is not None and len(found) > most:
+                        return
+        except InvalidPathError as exc:
+            if bad_key is None:
+                raise
+            raise bad_key(" ".join(str(exc).split())[:300]) from None
+
+    retrying(listed, name, budget, verb="listing")
+    return found
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= 300 else text[:300] + " ..."

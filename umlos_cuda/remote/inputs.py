@@ -36,7 +36,7 @@ from typing import Any
 from .. import errors
 from ..errors import UmlosError
 from ..files.folder import Folder
-from .client import ObjectInfo, RemoteObject, RetryBudget, client_store, retrying
+from .client import ObjectInfo, RemoteObject, RetryBudget, list_objects
 from .urls import ObjectUrl, is_remote, parse_url
 
 #: The most objects one URL may name (a ``datasets`` folder holds a few files per split).
@@ -88,33 +88,22 @@ def staged_dataset(dataset: Any, *, budget: RetryBudget | None = None) -> Iterat
 
 def _listing(url: ObjectUrl, budget: RetryBudget) -> list[tuple[str, ObjectInfo]]:
     """``(relative path, info)`` of the objects ``url`` names: itself, else those under it as a folder."""
-    import obstore
-    from obstore.exceptions import InvalidPathError
-
     try:
         single = RemoteObject.open(url, url.prefix, budget)
         return [(os.path.basename(url.prefix) or "object", single.info)]
     except FileNotFoundError:
         pass
-    store, below = client_store(url, budget), (url.prefix + "/" if url.prefix else "")
-    found: list[tuple[str, ObjectInfo]] = []
+    below = url.prefix + "/" if url.prefix else ""
 
-    def listed() -> None:
-        found.clear()
-        try:
-            for chunk in obstore.list(store, prefix=below or None, chunk_size=1000):
-                for meta in chunk:
-                    found.append((meta["path"][len(below):], ObjectInfo(int(meta["size"]), meta.get("e_tag"))))
-                    if len(found) > MAX_OBJECTS:
-                        return
-        except InvalidPathError as exc:  # a key the client will not name (an empty or '..' part): never retried
-            raise _unreadable(f"{url} holds an object whose key is not a plain path ({' '.join(str(exc).split())[:300]}"
-                              "); it is not copied: give the URLs of the dataset's files") from None
+    def bad_key(message: str) -> UmlosError:
+        return _unreadable(f"{url} holds an object whose key is not a plain path ({message}); it is not copied: give "
+                           "the URLs of the dataset's files")
 
     try:
-        retrying(listed, str(url), budget, verb="listing")
+        found = [(key[len(below):], info)
+                 for key, info in list_objects(url, below, str(url), budget, most=MAX_OBJECTS, bad_key=bad_key)]
     except FileNotFoundError:  # no such bucket
-        found.clear()
+        found = []
     if not found:
         raise _unreadable(f"{url} does not exist: no object has that key and none is under it (give the URL of a "
                           "dataset file, or of a folder of one)")
